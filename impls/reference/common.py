@@ -1,0 +1,37 @@
+"""Small helpers shared by the reference stages: accumulation dtype, chunk padding, head repetition."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def acc_dtype(*tensors) -> torch.dtype:
+    """float64 if any input is float64 (the ground-truth mode), else float32."""
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def chunked(t: torch.Tensor, chunk_size: int, dtype=None) -> torch.Tensor:
+    """(batch, seqlen, ...) -> (batch, nchunks, chunk_size, ...), zero-padded at the end."""
+    seqlen = t.shape[1]
+    nchunks = math.ceil(seqlen / chunk_size)
+    pad = nchunks * chunk_size - seqlen
+    if dtype is not None:
+        t = t.to(dtype)
+    if pad:
+        t = F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))
+    return t.reshape(t.shape[0], nchunks, chunk_size, *t.shape[2:])
+
+
+def per_head(t: torch.Tensor, nheads: int) -> torch.Tensor:
+    """Repeats the group dimension (-2) of B or C so that head h reads group h // (nheads // ngroups)."""
+    return t.repeat_interleave(nheads // t.shape[-2], dim=-2)
+
+
+def chunk_last_index(seqlen: int, chunk_size: int, device) -> torch.Tensor:
+    """Position of the last valid token of every chunk."""
+    nchunks = math.ceil(seqlen / chunk_size)
+    ends = torch.arange(1, nchunks + 1, device=device) * chunk_size
+    return ends.clamp(max=seqlen) - 1

@@ -1,0 +1,49 @@
+"""Stage 2, reference: each chunk's own state, then the states carried across chunks."""
+
+from __future__ import annotations
+
+import torch
+
+from impls.reference.common import acc_dtype, chunk_last_index, chunked, per_head
+
+
+def chunk_local_states(B, x, dt, dA_cumsum, seq_idx=None):
+    """State each chunk builds from zero: sum_t exp(dA_cs[last] - dA_cs[t]) dt_t x_t B_tᵀ, counting only the
+    tokens of the sequence that is active at the chunk's last token. (batch, nchunks, nheads, headdim, dstate)."""
+    dtype = acc_dtype(x, dt)
+    nheads, chunk = x.shape[2], dt.shape[-1]
+    weight = torch.exp(dA_cumsum[..., -1:] - dA_cumsum) * dt  # (batch, nheads, nchunks, chunk)
+    if seq_idx is not None:
+        same = chunked(seq_idx, chunk) == seq_idx[:, chunk_last_index(x.shape[1], chunk, x.device)][..., None]
+        weight = weight * same[:, None].to(weight.dtype)
+    xc = chunked(x, chunk, dtype)
+    Bc = per_head(chunked(B, chunk, dtype), nheads)
+    return torch.einsum("bhcs,bcshp,bcshn->bchpn", weight.to(dtype), xc, Bc)
+
+
+def pass_states(local, chunk_decay, initial_states=None, chunk_seq=None):
+    """S_0 = initial (or 0); S_{c+1} = exp(dA_c) S_c [same sequence] + local_c. Returns (S_0..S_{C-1}, S_C)."""
+    batch, nchunks, nheads, headdim, dstate = local.shape
+    state = torch.zeros(batch, nheads, headdim, dstate, dtype=local.dtype, device=local.device)
+    if initial_states is not None:
+        state = state + initial_states.to(local.dtype)
+    entering = torch.empty_like(local)
+    previous_seq = torch.zeros(batch, dtype=torch.long, device=local.device)
+    for c in range(nchunks):
+        entering[:, c] = state
+        decay = torch.exp(chunk_decay[:, :, c])  # (batch, nheads)
+        if chunk_seq is not None:
+            decay = decay * (chunk_seq[:, c] == previous_seq)[:, None].to(decay.dtype)
+            previous_seq = chunk_seq[:, c].long()
+        state = decay[..., None, None] * state + local[:, c]
+    return entering, state
+
+
+def fwd_pass_state(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, state_dtype=None):
+    local = chunk_local_states(B, x, dt, dA_cumsum, seq_idx)
+    chunk_seq = None
+    if seq_idx is not None:
+        chunk_seq = seq_idx[:, chunk_last_index(x.shape[1], dt.shape[-1], x.device)]
+    entering, final = pass_states(local, dA_cumsum[..., -1], initial_states, chunk_seq)
+    final_dtype = torch.float64 if final.dtype == torch.float64 else torch.float32
+    return entering.to(state_dtype or x.dtype), final.to(final_dtype)

@@ -1,0 +1,194 @@
+"""The backend registry: one class per backend, registered by name, built with its typed switches.
+
+A backend answers `available()` (can it run in this process at all) and `supports(problem)` (can it run this
+problem), each as (ok, reason). `get_backend` raises with that reason rather than falling back to anything else:
+a benchmark that silently timed another kernel would be worse than no number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from impls.problem import Problem
+
+# Where each backend lives. Modules are imported on first use, so a missing optional dependency (cuda.tile,
+# fla, tilegym) only matters to whoever asks for that backend.
+BACKEND_MODULES: dict[str, str] = {
+    "reference": "impls.reference",
+    "mamba_ssm": "impls.mamba_ssm",
+    "cutile": "impls.cutile",
+    "triton": "impls.triton",
+    "tilegym": "impls.tilegym",
+    "fla": "impls.fla",
+}
+
+_REGISTRY: dict[str, type["Backend"]] = {}
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run here, or cannot run this problem; the message says why."""
+
+
+@dataclass(frozen=True)
+class NoSwitches:
+    """A backend without switches."""
+
+
+def switch(default, help: str, sm90: str | None = None, sm100: str | None = None, choices=None):
+    """Declares one switch: its default and what it means, per architecture where that differs."""
+    meta = {"help": help, "sm90": sm90 or help, "sm100": sm100 or help, "choices": choices}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def switch_table(switches_cls) -> list[dict[str, Any]]:
+    """One row per declared switch: name, default, meaning on sm_90 and sm_100, allowed values."""
+    return [
+        {
+            "name": f.name,
+            "default": f.default,
+            "help": f.metadata.get("help", ""),
+            "sm90": f.metadata.get("sm90", ""),
+            "sm100": f.metadata.get("sm100", ""),
+            "choices": f.metadata.get("choices"),
+        }
+        for f in dataclasses.fields(switches_cls)
+    ]
+
+
+class Backend:
+    """Base class. Subclasses implement the three stages; `ssd_forward` composes them unless overridden."""
+
+    name: ClassVar[str]
+    Switches: ClassVar[type] = NoSwitches
+    # Switches that other backends have and this one cannot express: name -> why.
+    CANNOT_EXPRESS: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, switches=None, **overrides):
+        self.switches = make_switches(self.name, self.Switches, self.CANNOT_EXPRESS, switches, overrides)
+
+    # --- capability -------------------------------------------------------------------------------------
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, problem: Problem) -> tuple[bool, str]:
+        return True, ""
+
+    def check_device(self, device: torch.device) -> tuple[bool, str]:
+        """Whether tensors on `device` can be handled (e.g. GPU-only kernels refuse CPU tensors)."""
+        return True, ""
+
+    # --- the three stages (see impls/README.md for the contract) ------------------------------------------
+    def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
+        raise NotImplementedError
+
+    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        raise NotImplementedError
+
+    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
+        raise NotImplementedError
+
+    def varlen_states(self, B, x, dt, dA_cumsum, states, cu_seqlens):
+        """Final state of every packed sequence; by default the vectorised PyTorch version."""
+        from impls.reference.varlen import varlen_states
+
+        return varlen_states(B, x, dt, dA_cumsum, states, cu_seqlens)
+
+    def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                    dt_softplus, dt_limit, state_dtype):
+        dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
+        states, final_states = self.fwd_pass_state(B, x, dt_out, dA_cumsum, initial_states, seq_idx, state_dtype)
+        y = self.compute_out(C, B, x, dt_out, dA_cumsum, states, D, z, seq_idx)
+        varlen = None
+        if cu_seqlens is not None:
+            varlen = self.varlen_states(B, x, dt_out, dA_cumsum, states, cu_seqlens)
+        return ForwardResult(y, final_states, varlen, dt_out, dA_cumsum, states)
+
+    # --- what ran -------------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "switches": dataclasses.asdict(self.switches)}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.switches})"
+
+
+@dataclass
+class ForwardResult:
+    """What `ssd_forward` returns. `varlen_states` only with cu_seqlens; dt/dA_cumsum/states are the
+    intermediates of the stages (the fused upstream forward returns them too)."""
+
+    y: torch.Tensor
+    final_states: torch.Tensor
+    varlen_states: torch.Tensor | None = None
+    dt: torch.Tensor | None = None
+    dA_cumsum: torch.Tensor | None = None
+    states: torch.Tensor | None = None
+
+
+def make_switches(backend: str, switches_cls, cannot_express: dict[str, str], switches, overrides):
+    given = dict(dataclasses.asdict(switches)) if dataclasses.is_dataclass(switches) else dict(switches or {})
+    given.update(overrides)
+    known = {f.name: f for f in dataclasses.fields(switches_cls)}
+    for key, value in given.items():
+        if key in cannot_express:
+            raise ValueError(f"switch {key!r}: backend {backend!r} cannot express it ({cannot_express[key]})")
+        if key not in known:
+            raise ValueError(f"switch {key!r}: backend {backend!r} has no such switch; it has {sorted(known)}")
+        choices = known[key].metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise ValueError(f"switch {key!r} of backend {backend!r}: expected one of {choices}, got {value!r}")
+    return switches_cls(**given)
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    """Class decorator: makes a backend available by its `name`."""
+    if cls.name not in BACKEND_MODULES:
+        raise ValueError(f"backend name {cls.name!r} is not listed in impls.registry.BACKEND_MODULES")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def backend_class(name: str) -> type[Backend]:
+    if name not in BACKEND_MODULES:
+        raise ValueError(f"backend: expected one of {sorted(BACKEND_MODULES)}, got {name!r}")
+    if name not in _REGISTRY:
+        try:
+            importlib.import_module(BACKEND_MODULES[name])
+        except ImportError as exc:
+            raise BackendUnavailable(f"backend {name!r} cannot be imported: {exc}") from exc
+    if name not in _REGISTRY:
+        raise BackendUnavailable(f"backend {name!r}: module {BACKEND_MODULES[name]} registered nothing")
+    return _REGISTRY[name]
+
+
+def get_backend(name: str | Backend, switches=None, **overrides) -> Backend:
+    """The backend `name` built with `switches`; raises BackendUnavailable if it cannot run in this process."""
+    if isinstance(name, Backend):
+        if switches or overrides:
+            raise ValueError("switches: pass them when building the backend, not with a built one")
+        return name
+    cls = backend_class(name)
+    ok, reason = cls.available()
+    if not ok:
+        raise BackendUnavailable(f"backend {name!r} is not available: {reason}")
+    return cls(switches, **overrides)
+
+
+def require(backend: Backend, problem: Problem, device: torch.device) -> None:
+    """Raises BackendUnavailable with the backend's reason if it cannot run `problem` on `device`."""
+    for ok, reason in (backend.check_device(device), backend.supports(problem)):
+        if not ok:
+            raise BackendUnavailable(f"backend {backend.name!r} does not support this problem: {reason}")
+
+
+def list_backends() -> list[str]:
+    return list(BACKEND_MODULES)
+
+
+INF = math.inf

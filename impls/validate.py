@@ -1,0 +1,111 @@
+"""Argument checks shared by every public entry point.
+
+Metadata checks (shapes, dtypes, devices, sizes) read no tensor values: no device sync, safe under CUDA-graph
+capture. Value checks (NaN/inf, seq_idx monotone, cu_seqlens consistent with seqlen) read values and run only
+when asked for (`check_values=True`) and in the harness's correctness gate.
+Every failure is a ValueError naming the argument, what was expected and what was received.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def fail(arg: str, expected: str, got) -> None:
+    raise ValueError(f"{arg}: expected {expected}, got {got}")
+
+
+def tensor(arg: str, t, shape: tuple[int, ...] | None = None, dtypes=FLOAT_DTYPES, device=None) -> None:
+    """`t` is a tensor of `shape` (None entries are free) with one of `dtypes`, on `device`."""
+    if not isinstance(t, torch.Tensor):
+        fail(arg, "a torch.Tensor", type(t).__name__)
+    if shape is not None:
+        if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+            fail(arg, f"shape {want}", tuple(t.shape))
+    if dtypes is not None and t.dtype not in dtypes:
+        fail(arg, f"dtype in {[str(d) for d in dtypes]}", t.dtype)
+    if device is not None and t.device != device:
+        fail(arg, f"a tensor on {device} (the device of x)", t.device)
+    if t.numel() > 0 and any(st < 0 for st in t.stride()):
+        fail(arg, "non-negative strides", t.stride())
+
+
+def optional(arg: str, t, **kw) -> None:
+    if t is not None:
+        tensor(arg, t, **kw)
+
+
+def chunk_size(value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 16 or value & (value - 1):
+        fail("chunk_size", "a power of two >= 16", value)
+
+
+def dims(x: torch.Tensor, B: torch.Tensor) -> tuple[int, int, int, int, int, int]:
+    """Reads (batch, seqlen, nheads, headdim, ngroups, dstate) off x and B, checking that they agree."""
+    tensor("x", x, shape=(None, None, None, None))
+    batch, seqlen, nheads, headdim = x.shape
+    tensor("B", B, shape=(batch, seqlen, None, None), device=x.device)
+    ngroups, dstate = B.shape[2], B.shape[3]
+    if seqlen < 1:
+        fail("x", "seqlen >= 1 (dimension 1)", seqlen)
+    if min(batch, nheads, headdim, ngroups, dstate) < 1:
+        fail("x/B", "non-empty batch, nheads, headdim, ngroups and dstate", (batch, nheads, headdim, ngroups, dstate))
+    if nheads % ngroups:
+        fail("B", f"ngroups (dimension 2) dividing nheads={nheads}", ngroups)
+    return batch, seqlen, nheads, headdim, ngroups, dstate
+
+
+def dt_limit(value) -> None:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        fail("dt_limit", "a pair (low, high) of numbers", value)
+    if math.isnan(lo) or math.isnan(hi) or not lo < hi or lo < 0:
+        fail("dt_limit", "0 <= low < high", value)
+
+
+def state_dtype(value) -> None:
+    if value is not None and value not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        fail("state_dtype", "None or a float dtype", value)
+
+
+def seq_idx(value, batch: int, seqlen: int, device) -> None:
+    optional("seq_idx", value, shape=(batch, seqlen), dtypes=INDEX_DTYPES, device=device)
+
+
+def cu_seqlens(value, batch: int, device) -> None:
+    if value is None:
+        return
+    tensor("cu_seqlens", value, shape=(None,), dtypes=INDEX_DTYPES, device=device)
+    if value.shape[0] < 2:
+        fail("cu_seqlens", "at least 2 entries (0 and seqlen)", value.shape[0])
+    if batch != 1:
+        fail("cu_seqlens", "batch == 1 (packed sequences share one row of x)", f"batch={batch}")
+
+
+def chunked(arg: str, t, batch: int, nheads: int, nchunks: int, chunk: int, device) -> None:
+    """dt or dA_cumsum as chunk_cumsum returns them: (batch, nheads, nchunks, chunk_size), fp32."""
+    tensor(arg, t, shape=(batch, nheads, nchunks, chunk), dtypes=(torch.float32, torch.float64), device=device)
+
+
+def values(**tensors) -> None:
+    """Value checks (reads data, syncs): every float tensor finite, seq_idx non-decreasing from 0 per row,
+    cu_seqlens starting at 0, non-decreasing and ending at seqlen (passed as `seqlen`)."""
+    seqlen = tensors.pop("seqlen", None)
+    for arg, t in tensors.items():
+        if t is None:
+            continue
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            fail(arg, "finite values (no NaN or inf)", "non-finite entries")
+        if arg == "seq_idx":
+            if bool((t[:, 1:] < t[:, :-1]).any()) or bool((t[:, 0] < 0).any()):
+                fail("seq_idx", "non-negative values, non-decreasing along seqlen", "a decrease or a negative value")
+        if arg == "cu_seqlens":
+            if int(t[0]) != 0 or bool((t[1:] < t[:-1]).any()) or (seqlen is not None and int(t[-1]) != seqlen):
+                fail("cu_seqlens", f"0 = cu_seqlens[0] <= ... <= cu_seqlens[-1] = seqlen ({seqlen})", t.tolist())
