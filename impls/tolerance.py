@@ -37,3 +37,30 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     if t.is_floating_point():
         return t.fill_(float("nan"))
     return t.fill_(torch.iinfo(t.dtype).min)
+
+
+class poisoned_allocations:
+    """Within the block, torch.empty / empty_like / empty_strided return NaN-filled float tensors, so a kernel
+    that leaves part of its (internally allocated) output unwritten shows NaN instead of stale zeros."""
+
+    _names = ("empty", "empty_like", "empty_strided")
+
+    def __enter__(self):
+        self._saved = {name: getattr(torch, name) for name in self._names}
+        for name, real in self._saved.items():
+            setattr(torch, name, self._poisoning(real))
+        return self
+
+    def __exit__(self, *exc):
+        for name, real in self._saved.items():
+            setattr(torch, name, real)
+
+    @staticmethod
+    def _poisoning(real):
+        def allocate(*args, **kwargs):
+            t = real(*args, **kwargs)
+            if t.is_floating_point() and t.numel():
+                t.fill_(float("nan"))
+            return t
+
+        return allocate

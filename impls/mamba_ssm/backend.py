@@ -1,0 +1,103 @@
+"""Registers upstream mamba-ssm's SSD forward as the backend "mamba_ssm"."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from impls.mamba_ssm import upstream
+from impls.mamba_ssm.chunk_cumsum import chunk_cumsum
+from impls.mamba_ssm.compute_out import compute_out
+from impls.mamba_ssm.fwd_pass_state import fwd_pass_state
+from impls.mamba_ssm.layout import upstream_layout
+from impls.problem import Problem
+from impls.registry import Backend, ForwardResult, register, switch
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MambaSSMSwitches:
+    fused: bool = switch(
+        True, "ssd_forward calls upstream's fused forward (_mamba_chunk_scan_combined_fwd, what "
+              "mamba_chunk_scan_combined runs) instead of composing the five upstream kernels stage by stage")
+
+
+@register
+class MambaSSMBackend(Backend):
+    """mamba-ssm 2.3.2.post1: its Triton kernels, unchanged; on CPU tensors only under TRITON_INTERPRET=1."""
+
+    name = "mamba_ssm"
+    Switches = MambaSSMSwitches
+    _up = None
+
+    @classmethod
+    def available(cls):
+        try:
+            cls.upstream()
+        except ImportError as exc:
+            return False, f"mamba-ssm SSD kernels cannot be imported ({exc}); install as the README says"
+        got = upstream.version()
+        if got != upstream.VERSION_REQUIRED:
+            return False, f"mamba-ssm {upstream.VERSION_REQUIRED} is pinned, found {got}"
+        return True, ""
+
+    @classmethod
+    def upstream(cls):
+        if cls._up is None:
+            cls._up = upstream.load()
+        return cls._up
+
+    def check_device(self, device):
+        if device.type == "cuda":
+            return True, ""
+        if device.type == "cpu" and upstream.interpreting():
+            return True, ""
+        return False, f"Triton kernels need a CUDA device, or CPU tensors with TRITON_INTERPRET=1 (got {device})"
+
+    def supports(self, problem: Problem):
+        if problem.varlen and problem.has_initial_states:
+            return False, ("upstream chunk_state_varlen ignores the initial state for a first sequence that ends "
+                           "inside the first chunk")
+        if self.switches.fused and problem.state_dtype not in (None, problem.dtype):
+            return False, ("the fused forward stores states in C's dtype; state_dtype needs fused=False "
+                           "(the stage-by-stage path)")
+        return True, ""
+
+    def tf32(self, dtype: torch.dtype, device: torch.device) -> bool:
+        # tl.dot on fp32 inputs uses tf32 on the GPU (Triton's default input_precision); exact in the interpreter
+        return dtype == torch.float32 and device.type == "cuda"
+
+    def _mode(self, device):
+        return upstream.interpreter_mode(self.upstream()) if device.type == "cpu" else contextlib.nullcontext()
+
+    def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
+        with self._mode(dt.device):
+            return chunk_cumsum(self.upstream(), dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
+
+    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        with self._mode(x.device):
+            return fwd_pass_state(self.upstream(), B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype)
+
+    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
+        with self._mode(x.device):
+            return compute_out(self.upstream(), C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
+
+    def varlen_states(self, B, x, dt, dA_cumsum, states, cu_seqlens):
+        B, x = upstream_layout(B=B, x=x)
+        with self._mode(x.device):
+            return self.upstream().ssd_chunk_state.chunk_state_varlen(
+                B[0], x[0], dt[0], dA_cumsum[0], cu_seqlens, states[0])
+
+    def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                    dt_softplus, dt_limit, state_dtype):
+        if not self.switches.fused:
+            return super().ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                                       cu_seqlens, dt_softplus, dt_limit, state_dtype)
+        with self._mode(x.device):
+            res = self.upstream().ssd_combined._mamba_chunk_scan_combined_fwd(
+                x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=dt_limit)
+        out, _out_x, dt_out, dA_cumsum, states, final_states = res[:6]
+        return ForwardResult(out, final_states, res[6] if cu_seqlens is not None else None, dt_out, dA_cumsum,
+                             states)

@@ -1,0 +1,73 @@
+"""What the correctness tests share: cases with readable ids, and stage-by-stage comparison against float64."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import impls
+from impls.inputs import Inputs, make_inputs
+from impls.problem import Problem, Shape
+from impls.tolerance import poisoned_allocations, rel_err, tolerance
+
+TINY = Shape(batch=2, seqlen=100, nheads=4, headdim=16, ngroups=2, dstate=16, chunk_size=32)
+
+# Each case covers a part of the contract; ids read as what they test.
+CASES = [
+    pytest.param(Problem(TINY), id="headline"),
+    pytest.param(Problem(dataclasses.replace(TINY, seqlen=64)), id="seqlen-multiple-of-chunk"),
+    pytest.param(Problem(dataclasses.replace(TINY, ngroups=1)), id="ngroups1"),
+    pytest.param(Problem(TINY, has_initial_states=True), id="initial-states"),
+    pytest.param(Problem(TINY, nseqs=3), id="seq_idx-3-seqs"),
+    pytest.param(Problem(dataclasses.replace(TINY, batch=1), varlen=True, nseqs=3), id="cu_seqlens-3-seqs"),
+    pytest.param(Problem(TINY, D_per_channel=True, has_z=True), id="D-per-channel-z"),
+    pytest.param(Problem(TINY, has_D=False, has_z=True), id="no-D-z"),
+    pytest.param(Problem(TINY, dt_limit=(0.005, 0.05)), id="dt_limit"),
+    pytest.param(Problem(TINY, dt_softplus=False, has_dt_bias=False), id="no-softplus-no-bias"),
+    pytest.param(Problem(TINY, state_dtype="float32"), id="state_dtype-fp32"),
+]
+
+
+def float64_forward(inputs: Inputs) -> impls.ForwardResult:
+    """The chunked reference in float64 (itself checked against the sequential definition)."""
+    return impls.ssd_forward(**inputs.to(torch.float64).forward_kwargs(), backend="reference")
+
+
+def forward_errors(backend, inputs: Inputs, ref: impls.ForwardResult) -> dict[str, float]:
+    """Relative errors of `backend`'s full forward and of each stage fed the float64 reference's inputs."""
+    kw = inputs.forward_kwargs()
+    dtype = inputs.x.dtype
+    errors = {}
+    with poisoned_allocations():
+        out = impls.ssd_forward(**kw, backend=backend)
+        errors["forward.y"] = rel_err(out.y, ref.y)
+        errors["forward.final_states"] = rel_err(out.final_states, ref.final_states)
+        if ref.varlen_states is not None:
+            errors["forward.varlen_states"] = rel_err(out.varlen_states, ref.varlen_states)
+        dt, dA = impls.chunk_cumsum(inputs.dt, inputs.A, inputs.chunk_size, inputs.dt_bias, inputs.dt_softplus,
+                                    inputs.dt_limit, backend=backend)
+        errors["chunk_cumsum.dt"] = rel_err(dt, ref.dt)
+        errors["chunk_cumsum.dA_cumsum"] = rel_err(dA, ref.dA_cumsum)
+        # later stages get the reference's fp32 intermediates, so each stage is judged on its own
+        ref_dt, ref_dA = ref.dt.float(), ref.dA_cumsum.float()
+        states, final = impls.fwd_pass_state(inputs.B, inputs.x, ref_dt, ref_dA, inputs.initial_states,
+                                             inputs.seq_idx, inputs.state_dtype, backend=backend)
+        errors["fwd_pass_state.states"] = rel_err(states, ref.states)
+        errors["fwd_pass_state.final_states"] = rel_err(final, ref.final_states)
+        y = impls.compute_out(inputs.C, inputs.B, inputs.x, ref_dt, ref_dA,
+                              ref.states.to(inputs.state_dtype or dtype), inputs.D, inputs.z, inputs.seq_idx,
+                              backend=backend)
+        errors["compute_out.y"] = rel_err(y, ref.y)
+    return errors
+
+
+def failures(errors: dict[str, float], dtype: torch.dtype, tf32: bool = False) -> dict[str, float]:
+    tol = tolerance(dtype, tf32)
+    return {name: err for name, err in errors.items() if not err <= tol}
+
+
+def run_case(backend, problem: Problem, dtype: torch.dtype, seed: int = 0, device="cpu") -> dict[str, float]:
+    inputs = make_inputs(problem, device=device, seed=seed, dtype=dtype)
+    return forward_errors(backend, inputs, float64_forward(inputs))

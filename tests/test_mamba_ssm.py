@@ -1,0 +1,52 @@
+"""Upstream mamba-ssm under the Triton interpreter against the float64 reference, per stage and full forward.
+
+bf16 is GPU-only: the interpreter computes bf16 dots wrongly (triton-lang/triton#11584)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import impls
+from impls.mamba_ssm import upstream
+from tests.common import CASES, failures, run_case
+
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16")]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "stages"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("problem", CASES)
+def test_mamba_ssm_matches_reference(problem, dtype, fused):
+    backend = impls.get_backend("mamba_ssm", fused=fused)
+    ok, reason = backend.supports(problem)
+    if not ok:
+        pytest.skip(reason)
+    errors = run_case(backend, problem, dtype, seed=7)
+    assert not failures(errors, dtype), errors
+
+
+def test_interpreter_mode_restores_upstream_configs():
+    mods = impls.get_backend("mamba_ssm").upstream()
+    before = {id(t): list(t.configs) for t in upstream.autotuners(mods)}
+    assert before, "no upstream autotuners found"
+    with upstream.interpreter_mode(mods):
+        assert all(len(t.configs) == 1 for t in upstream.autotuners(mods))
+    assert {id(t): list(t.configs) for t in upstream.autotuners(mods)} == before
+
+
+def test_refuses_cpu_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    ok, reason = impls.get_backend("mamba_ssm").check_device(torch.device("cpu"))
+    assert not ok and "TRITON_INTERPRET" in reason
+
+
+def test_refuses_what_it_cannot_map():
+    problem = impls.Problem(CASES[0].values[0].shape, varlen=True, nseqs=2, has_initial_states=True)
+    ok, reason = impls.get_backend("mamba_ssm").supports(problem)
+    assert not ok and "initial state" in reason
+    with pytest.raises(impls.BackendUnavailable, match="state_dtype"):
+        from impls.registry import require
+
+        require(impls.get_backend("mamba_ssm"), impls.Problem(problem.shape, state_dtype="float32"),
+                torch.device("cpu"))

@@ -1,0 +1,119 @@
+"""Every validation rule raises ValueError naming the argument, before any backend runs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import impls
+from impls.inputs import make_inputs
+from impls.problem import Problem
+from tests.common import TINY
+
+
+def inputs(**changes):
+    problem = Problem(dataclasses.replace(TINY, batch=1), has_z=True, has_initial_states=True)
+    kw = make_inputs(problem, seed=0, dtype=torch.float32).forward_kwargs()
+    kw.update(changes)
+    return kw
+
+
+def _call(**changes):
+    return impls.ssd_forward(**inputs(**changes))
+
+
+S = TINY
+BAD_FORWARD = [
+    pytest.param("x", {"x": torch.randn(1, S.seqlen, S.nheads)}, id="x-3d"),
+    pytest.param("x", {"x": torch.zeros(1, S.seqlen, S.nheads, S.headdim, dtype=torch.int32)}, id="x-int"),
+    pytest.param("B", {"B": torch.randn(1, S.seqlen + 1, S.ngroups, S.dstate)}, id="B-seqlen"),
+    pytest.param("B", {"B": torch.randn(1, S.seqlen, 3, S.dstate), "C": torch.randn(1, S.seqlen, 3, S.dstate)},
+                 id="ngroups-not-dividing-nheads"),
+    pytest.param("C", {"C": torch.randn(1, S.seqlen, S.ngroups, S.dstate + 1)}, id="C-shape"),
+    pytest.param("dt", {"dt": torch.randn(1, S.seqlen, S.nheads + 1)}, id="dt-shape"),
+    pytest.param("A", {"A": torch.randn(S.nheads, 1)}, id="A-shape"),
+    pytest.param("chunk_size", {"chunk_size": 24}, id="chunk-not-power-of-two"),
+    pytest.param("chunk_size", {"chunk_size": 8}, id="chunk-below-16"),
+    pytest.param("dt_limit", {"dt_limit": (0.1, 0.01)}, id="dt_limit-unordered"),
+    pytest.param("dt_limit", {"dt_limit": (-1.0, 1.0)}, id="dt_limit-negative"),
+    pytest.param("dt_bias", {"dt_bias": torch.randn(S.nheads + 1)}, id="dt_bias-shape"),
+    pytest.param("D", {"D": torch.randn(S.headdim)}, id="D-shape"),
+    pytest.param("z", {"z": torch.randn(1, S.seqlen, S.nheads, S.headdim + 1)}, id="z-shape"),
+    pytest.param("initial_states", {"initial_states": torch.randn(1, S.nheads, S.headdim, S.dstate + 1)},
+                 id="initial-states-shape"),
+    pytest.param("seq_idx", {"seq_idx": torch.zeros(1, S.seqlen, dtype=torch.float32)}, id="seq_idx-float"),
+    pytest.param("seq_idx", {"seq_idx": torch.zeros(1, S.seqlen + 1, dtype=torch.int32)}, id="seq_idx-shape"),
+    pytest.param("cu_seqlens", {"cu_seqlens": torch.tensor([0], dtype=torch.int32)}, id="cu_seqlens-short"),
+    pytest.param("state_dtype", {"state_dtype": torch.int8}, id="state_dtype-int"),
+    pytest.param("x", {"x": torch.randn(1, 0, S.nheads, S.headdim), "dt": torch.randn(1, 0, S.nheads),
+                       "B": torch.randn(1, 0, S.ngroups, S.dstate), "C": torch.randn(1, 0, S.ngroups, S.dstate),
+                       "z": None}, id="empty-sequence"),
+]
+
+
+@pytest.mark.parametrize("arg, changes", BAD_FORWARD)
+def test_forward_rejects(arg, changes):
+    with pytest.raises(ValueError, match=rf"^{arg}"):
+        _call(**changes)
+
+
+def test_cu_seqlens_needs_batch_1():
+    kw = make_inputs(Problem(TINY), seed=0, dtype=torch.float32).forward_kwargs()
+    kw["cu_seqlens"] = torch.tensor([0, 10, S.seqlen], dtype=torch.int32)
+    with pytest.raises(ValueError, match="^cu_seqlens: expected batch == 1"):
+        impls.ssd_forward(**kw)
+
+
+@pytest.mark.parametrize("arg, changes", [
+    pytest.param("x", {"x": torch.full((1, S.seqlen, S.nheads, S.headdim), float("nan"))}, id="x-nan"),
+    pytest.param("dt", {"dt": torch.full((1, S.seqlen, S.nheads), float("inf"))}, id="dt-inf"),
+    pytest.param("seq_idx", {"seq_idx": torch.arange(S.seqlen, 0, -1, dtype=torch.int32)[None]},
+                 id="seq_idx-decreasing"),
+    pytest.param("cu_seqlens", {"cu_seqlens": torch.tensor([0, 10, S.seqlen - 1], dtype=torch.int32)},
+                 id="cu_seqlens-not-ending-at-seqlen"),
+    pytest.param("seq_idx", {"seq_idx": torch.zeros(1, S.seqlen, dtype=torch.int32),
+                             "cu_seqlens": torch.tensor([0, 10, S.seqlen], dtype=torch.int32)},
+                 id="seq_idx-disagrees-with-cu_seqlens"),
+])
+def test_value_checks(arg, changes):
+    with pytest.raises(ValueError, match=rf"^{arg}"):
+        impls.ssd_forward(**inputs(**changes), check_values=True)
+
+
+def test_value_checks_are_opt_in():
+    """Without check_values nothing reads tensor data: NaN input just flows through (no sync)."""
+    out = impls.ssd_forward(**inputs(x=torch.full((1, S.seqlen, S.nheads, S.headdim), float("nan"))))
+    assert torch.isnan(out.y).any()
+
+
+STAGE_ERRORS = [
+    pytest.param(lambda kw, r: impls.chunk_cumsum(kw["dt"], kw["A"], 48), "chunk_size", id="chunk_cumsum-chunk"),
+    pytest.param(lambda kw, r: impls.chunk_cumsum(kw["dt"][0], kw["A"], 32), "dt", id="chunk_cumsum-dt-2d"),
+    pytest.param(lambda kw, r: impls.fwd_pass_state(kw["B"], kw["x"], r.dt[:, :, :-1], r.dA_cumsum), "dt",
+                 id="fwd_pass_state-nchunks"),
+    pytest.param(lambda kw, r: impls.fwd_pass_state(kw["B"], kw["x"], r.dt, r.dA_cumsum.double()[..., :16]),
+                 "dA_cumsum", id="fwd_pass_state-dA-shape"),
+    pytest.param(lambda kw, r: impls.compute_out(kw["C"], kw["B"], kw["x"], r.dt, r.dA_cumsum, r.states[:, :1]),
+                 "states", id="compute_out-states"),
+    pytest.param(lambda kw, r: impls.compute_out(kw["C"], kw["B"], kw["x"], r.dt.half(), r.dA_cumsum, r.states),
+                 "dt", id="compute_out-dt-fp16"),
+]
+
+
+@pytest.mark.parametrize("call, arg", STAGE_ERRORS)
+def test_stage_rejects(call, arg):
+    kw = inputs()
+    ref = impls.ssd_forward(**kw)
+    with pytest.raises(ValueError, match=rf"^{arg}"):
+        call(kw, ref)
+
+
+def test_unknown_backend_and_switch():
+    with pytest.raises(ValueError, match="^backend"):
+        impls.get_backend("no_such_backend")
+    with pytest.raises(ValueError, match="^switch 'nope'"):
+        impls.get_backend("mamba_ssm", nope=True)
+    with pytest.raises(ValueError, match="^switch 'fused'"):
+        impls.get_backend("reference", fused=True)
