@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Creates .venv (or $VENV) with everything the project and its tests need, in the one order that works:
+#   1. torch first (TORCH_SPEC, default the CPU build 2.13.0; on a CUDA machine pass the build you want,
+#      or VENV_SYSTEM_SITE=1 to reuse an installed torch),
+#   2. the project with its extras,
+#   3. mamba-ssm's pure-Python build (its SSD kernels are Triton; the CUDA extension is skipped), which must see
+#      torch at build time and so cannot be a plain dependency.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+EXTRAS=${EXTRAS:-cutile,mamba,tracking,analysis,dev}
+if [ ! -x "$VENV/bin/python" ]; then
+  if [ "${VENV_SYSTEM_SITE:-0}" = 1 ]; then python3 -m venv --system-site-packages "$VENV"; else python3 -m venv "$VENV"; fi
+fi
+py="$VENV/bin/python"
+"$py" -m pip install -q --upgrade pip
+"$py" -c "import torch" 2>/dev/null || "$py" -m pip install -q "$TORCH_SPEC"
+"$py" -m pip install -q -e ".[$EXTRAS]"
+MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE "$py" -m pip install -q --no-build-isolation --no-deps \
+  mamba-ssm==2.3.2.post1
+"$py" - <<'PY'
+import importlib.metadata as m
+for name in ("torch", "triton", "cuda-tile", "mamba_ssm", "hydra-core"):
+    try:
+        print(f"{name} {m.version(name)}")
+    except m.PackageNotFoundError:
+        print(f"{name} absent")
+PY
