@@ -1,0 +1,44 @@
+"""Reference and upstream mamba-ssm on the GPU at real sizes, against the float64 reference (on the GPU too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import impls
+from impls.mamba_ssm import upstream
+from impls.problem import Problem, Shape
+from tests.common import failures, run_case
+
+S1 = Shape(8, 4096, 80, 64, 1, 128, 256)
+MEDIUM = Shape(2, 1000, 8, 64, 2, 64, 256)  # seqlen not a multiple of the chunk, ngroups > 1
+
+GPU_CASES = [
+    pytest.param(Problem(S1), torch.bfloat16, id="S1-headline-bf16"),
+    pytest.param(Problem(MEDIUM), torch.bfloat16, id="medium-bf16"),
+    pytest.param(Problem(MEDIUM), torch.float16, id="medium-fp16"),
+    pytest.param(Problem(MEDIUM), torch.float32, id="medium-fp32"),
+    pytest.param(Problem(MEDIUM, has_initial_states=True, has_z=True, D_per_channel=True), torch.bfloat16,
+                 id="medium-init-z-Dchannel-bf16"),
+    pytest.param(Problem(MEDIUM, nseqs=3), torch.bfloat16, id="medium-seq_idx-bf16"),
+    pytest.param(Problem(Shape(1, 3000, 8, 64, 2, 64, 256), varlen=True, nseqs=3), torch.bfloat16,
+                 id="cu_seqlens-bf16"),
+]
+
+
+@pytest.mark.parametrize("problem, dtype", GPU_CASES)
+@pytest.mark.parametrize("backend", ["reference", "mamba_ssm"])
+def test_matches_float64_reference(backend, problem, dtype):
+    errors = run_case(backend, problem, dtype, seed=1, device="cuda")
+    tf32 = backend == "mamba_ssm" and dtype == torch.float32
+    assert not failures(errors, dtype, tf32=tf32), errors
+
+
+def test_upstream_autotune_configs_intact_on_gpu():
+    """The interpreter's one-config trimming never touches the compiled path."""
+    run_case("mamba_ssm", Problem(MEDIUM), torch.bfloat16, device="cuda")
+    mods = impls.get_backend("mamba_ssm").upstream()
+    counts = {t.fn.__name__: len(t.configs) for t in upstream.autotuners(mods)}
+    assert upstream.interpreter_calls == 0
+    assert counts["_chunk_scan_fwd_kernel"] > 1 and counts["_chunk_state_fwd_kernel"] > 1, counts
+    assert all(n > 1 for n in counts.values()), counts
