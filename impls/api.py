@@ -81,7 +81,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None, *,
                 check_values: bool = False):
     """-> y (batch, seqlen, nheads, headdim) in x's dtype."""
     batch, seqlen, nheads, headdim, ngroups, dstate, chunk, nchunks = _check_chunked(B, x, dt, dA_cumsum)
-    check.tensor("C", C, shape=tuple(B.shape), device=x.device)
+    check.tensor("C", C, shape=tuple(B.shape), dtypes=(x.dtype,), device=x.device)
     check.tensor("states", states, shape=(batch, nchunks, nheads, headdim, dstate), device=x.device)
     _check_D_z(D, z, x)
     check.seq_idx(seq_idx, batch, seqlen, x.device)
@@ -98,7 +98,7 @@ def _check_D_z(D, z, x):
         check.tensor("D", D, device=x.device)
         if tuple(D.shape) not in ((nheads,), (nheads, headdim)):
             check.fail("D", f"shape ({nheads},) or ({nheads}, {headdim})", tuple(D.shape))
-    check.optional("z", z, shape=tuple(x.shape), device=x.device)
+    check.optional("z", z, shape=tuple(x.shape), dtypes=(x.dtype,), device=x.device)
 
 
 def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
@@ -110,7 +110,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, i
     batch, seqlen, nheads, headdim, ngroups, dstate = check.dims(x, B)
     check.tensor("dt", dt, shape=(batch, seqlen, nheads), device=x.device)
     check.tensor("A", A, shape=(nheads,), device=x.device)
-    check.tensor("C", C, shape=tuple(B.shape), device=x.device)
+    check.tensor("C", C, shape=tuple(B.shape), dtypes=(x.dtype,), device=x.device)
     check.chunk_size(chunk_size)
     check.dt_limit(dt_limit)
     check.optional("dt_bias", dt_bias, shape=(nheads,), device=x.device)

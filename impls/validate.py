@@ -41,16 +41,21 @@ def optional(arg: str, t, **kw) -> None:
         tensor(arg, t, **kw)
 
 
+MAX_CHUNK_SIZE = 2048  # the intra-chunk term is quadratic in the chunk: Q×Q per head and chunk
+
+
 def chunk_size(value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 16 or value & (value - 1):
         fail("chunk_size", "a power of two >= 16", value)
+    if value > MAX_CHUNK_SIZE:
+        fail("chunk_size", f"at most {MAX_CHUNK_SIZE}", value)
 
 
 def dims(x: torch.Tensor, B: torch.Tensor) -> tuple[int, int, int, int, int, int]:
     """Reads (batch, seqlen, nheads, headdim, ngroups, dstate) off x and B, checking that they agree."""
     tensor("x", x, shape=(None, None, None, None))
     batch, seqlen, nheads, headdim = x.shape
-    tensor("B", B, shape=(batch, seqlen, None, None), device=x.device)
+    tensor("B", B, shape=(batch, seqlen, None, None), dtypes=(x.dtype,), device=x.device)
     ngroups, dstate = B.shape[2], B.shape[3]
     if seqlen < 1:
         fail("x", "seqlen >= 1 (dimension 1)", seqlen)
