@@ -1,0 +1,300 @@
+"""Typed schemas behind every config group, their registration, and the start-up checks Hydra cannot do.
+
+Hydra type-checks each group against these dataclasses (a mistyped key or value fails at composition). What
+depends on the backends — which switches exist — is checked by `validate`, which the runner calls before
+anything runs (and the sweep callback calls for every job of a multirun before the first one starts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from impls.problem import DTYPES, Problem, Shape
+from impls.registry import BACKEND_MODULES, BackendUnavailable, backend_class, make_switches
+
+# Enums make a misspelt name fail at composition, naming the allowed values.
+BackendName = enum.Enum("BackendName", {name: name for name in BACKEND_MODULES})
+DtypeName = enum.Enum("DtypeName", {name: name for name in DTYPES})
+STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
+FORWARD = "forward"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run: raised at start-up, never recorded as a result."""
+
+
+@dataclass
+class BackendConfig:
+    name: BackendName = MISSING
+    # Overrides of the backend's Switches dataclass (defaults come from the dataclass, never from here).
+    switches: dict[str, Any] = field(default_factory=dict)
+    # "none", "all_off", "<switch>" (a bool switch turned off) or "<switch>:<value>" (a non-default choice).
+    ablation: str = "none"
+
+
+@dataclass
+class ShapeConfig:
+    name: str = MISSING
+    batch: int = MISSING
+    seqlen: int = MISSING
+    nheads: int = MISSING
+    headdim: int = MISSING
+    ngroups: int = MISSING
+    dstate: int = MISSING
+    chunk_size: int = MISSING
+
+
+@dataclass
+class ProblemConfig:
+    name: str = MISSING
+    has_dt_bias: bool = True
+    dt_softplus: bool = True
+    dt_limit: list[float] = field(default_factory=lambda: [0.0, math.inf])
+    has_D: bool = True
+    D_per_channel: bool = False
+    has_z: bool = False
+    has_initial_states: bool = False
+    nseqs: int = 1
+    varlen: bool = False
+    state_dtype: DtypeName | None = None
+
+
+@dataclass
+class DtypeConfig:
+    name: DtypeName = DtypeName.bfloat16
+    tf32: bool = False  # float32 matmuls through tf32: the looser tolerance of impls.tolerance
+
+
+@dataclass
+class BenchConfig:
+    name: str = "default"
+    check: bool = True  # the correctness gate; a point that fails it is recorded and not timed
+    reference: str = "auto"  # auto | float64 | fp32-chunked (auto: float64 where it fits in memory)
+    time: bool = True
+    stages: list[str] = field(default_factory=lambda: [*STAGES, FORWARD])
+    warmup_ms: int = 25  # do_bench's warm-up and repetition budgets, in milliseconds
+    rep_ms: int = 100
+    statistic: str = "median"
+    quantiles: list[float] = field(default_factory=lambda: [0.2, 0.8])
+    flush_l2: bool = True  # do_bench zeroes a 256 MB buffer before every repetition; it cannot be turned off
+    cuda_graph: bool = False  # also time CUDA-graph replay (do_bench_cudagraph)
+    ceilings: bool = True  # measure a matmul and a copy in the same run (GPU only)
+    cpu_warmup: int = 1  # CPU: wall-clock median over a few repetitions
+    cpu_reps: int = 3
+
+
+@dataclass
+class LoggerConfig:
+    kind: str = "auto"  # auto | wandb | local
+    project: str = "ssd-kernels"
+    entity: str | None = None
+    mode: str = "offline"  # used only when WANDB_MODE is not set in the environment
+    dir: str = "."  # W&B writes under <dir>/wandb/; relative to the directory the command was started in
+
+
+@dataclass
+class LaunchConfig:
+    # One process per GPU (experiments.multigpu): process `shard` of `num_shards` runs the jobs whose number
+    # modulo num_shards is its shard; the others are skipped.
+    num_shards: int = 1
+    shard: int = 0
+
+
+@dataclass
+class Config:
+    backend: BackendConfig = MISSING
+    shape: ShapeConfig = MISSING
+    problem: ProblemConfig = MISSING
+    dtype: DtypeConfig = MISSING
+    bench: BenchConfig = MISSING
+    logger: LoggerConfig = MISSING
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    results_dir: str = "results/scratch"
+    sweep_name: str = "adhoc"
+    force: bool = False  # re-run points whose config hash is already stored
+
+
+def register_schemas() -> None:
+    ConfigStore.instance().store(name="schema", node=Config)
+
+
+# --- start-up validation ------------------------------------------------------------------------------
+
+def _plain(value):
+    if isinstance(value, enum.Enum):
+        return value.name
+    return value
+
+
+def backend_name(cfg: DictConfig) -> str:
+    return _plain(cfg.backend.name)
+
+
+def shape_of(cfg: DictConfig) -> Shape:
+    s = cfg.shape
+    return Shape(s.batch, s.seqlen, s.nheads, s.headdim, s.ngroups, s.dstate, s.chunk_size)
+
+
+def problem_of(cfg: DictConfig) -> Problem:
+    p = cfg.problem
+    return Problem(shape=shape_of(cfg), dtype=_plain(cfg.dtype.name), has_dt_bias=p.has_dt_bias,
+                   dt_softplus=p.dt_softplus, dt_limit=tuple(float(v) for v in p.dt_limit), has_D=p.has_D,
+                   D_per_channel=p.D_per_channel, has_z=p.has_z, has_initial_states=p.has_initial_states,
+                   nseqs=p.nseqs, varlen=p.varlen, state_dtype=_plain(p.state_dtype))
+
+
+def check_shape(shape: Shape, name: str = "") -> None:
+    """Raises ConfigError naming the first impossible dimension."""
+    where = f"shape {name!r}: " if name else "shape: "
+    for key, value in dataclasses.asdict(shape).items():
+        if value < 1:
+            raise ConfigError(f"{where}{key} must be >= 1, got {value}")
+    if shape.nheads % shape.ngroups:
+        raise ConfigError(f"{where}nheads ({shape.nheads}) must be a multiple of ngroups ({shape.ngroups})")
+    if shape.chunk_size & (shape.chunk_size - 1):
+        raise ConfigError(f"{where}chunk_size must be a power of two, got {shape.chunk_size}")
+
+
+def check_problem(problem: Problem) -> None:
+    lo, hi = problem.dt_limit
+    if not lo < hi:
+        raise ConfigError(f"problem: dt_limit must be (lo, hi) with lo < hi, got {problem.dt_limit}")
+    if problem.nseqs < 1:
+        raise ConfigError(f"problem: nseqs must be >= 1, got {problem.nseqs}")
+    if problem.varlen and problem.shape.batch != 1:
+        raise ConfigError(f"problem: varlen packs sequences into batch 1, got batch {problem.shape.batch}")
+    if problem.has_seq_idx and problem.nseqs > problem.shape.seqlen:
+        raise ConfigError(f"problem: nseqs ({problem.nseqs}) exceeds seqlen ({problem.shape.seqlen})")
+
+
+def ablation_points(switches_cls) -> list[str]:
+    """The ablation sweep of a Switches dataclass: default, each bool switch that defaults to on turned off
+    alone, then all of them off. Non-bool switches (tile sizes, tuning mode) have no "off"; an explicit
+    "<switch>:<value>" ablation still sets one of them."""
+    points = ["none"] + [f.name for f in dataclasses.fields(switches_cls) if f.default is True]
+    if len(points) > 2:
+        points.append("all_off")
+    return points
+
+
+def apply_ablation(switches_cls, given: dict[str, Any], ablation: str) -> dict[str, Any]:
+    """`given` switch overrides with the ablation applied on top."""
+    out = dict(given)
+    fields = {f.name: f for f in dataclasses.fields(switches_cls)}
+    if ablation == "none":
+        return out
+    if ablation == "all_off":
+        for f in fields.values():
+            if isinstance(f.default, bool) and f.default:
+                out[f.name] = False
+        return out
+    name, _, value = ablation.partition(":")
+    if name not in fields:
+        raise ConfigError(f"backend.ablation {ablation!r}: the backend has no switch {name!r}; it has "
+                          f"{sorted(fields)}")
+    f = fields[name]
+    if not value:
+        if not isinstance(f.default, bool):
+            raise ConfigError(f"backend.ablation {ablation!r}: switch {name!r} is not a bool; write {name}:<value>")
+        out[name] = False
+        return out
+    choices = f.metadata.get("choices") or []
+    matches = [c for c in choices if str(c) == value]
+    if not matches:
+        raise ConfigError(f"backend.ablation {ablation!r}: {value!r} is not a choice of {name!r} ({choices})")
+    out[name] = matches[0]
+    return out
+
+
+def resolved_switches(cfg: DictConfig):
+    """The backend's Switches instance this config asks for; raises ConfigError naming a bad switch.
+
+    Returns None when the backend's module cannot be imported here (the point is then recorded as failed)."""
+    name = backend_name(cfg)
+    try:
+        cls = backend_class(name)
+    except BackendUnavailable:
+        return None
+    given = OmegaConf.to_container(cfg.backend.switches, resolve=True)
+    given = apply_ablation(cls.Switches, given, cfg.backend.ablation)
+    try:
+        return make_switches(name, cls.Switches, cls.CANNOT_EXPRESS, given, {})
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def validate(cfg: DictConfig):
+    """All start-up checks; returns (problem, switches or None)."""
+    name = backend_name(cfg)
+    if name not in BACKEND_MODULES:
+        raise ConfigError(f"backend: expected one of {sorted(BACKEND_MODULES)}, got {name!r}")
+    shape = shape_of(cfg)
+    check_shape(shape, cfg.shape.name)
+    problem = problem_of(cfg)
+    check_problem(problem)
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device: expected auto, cpu or cuda, got {cfg.device!r}")
+    if cfg.logger.kind not in ("auto", "wandb", "local"):
+        raise ConfigError(f"logger.kind: expected auto, wandb or local, got {cfg.logger.kind!r}")
+    if cfg.bench.reference not in ("auto", "float64", "fp32-chunked"):
+        raise ConfigError(f"bench.reference: expected auto, float64 or fp32-chunked, got {cfg.bench.reference!r}")
+    if cfg.bench.statistic != "median":
+        raise ConfigError(f"bench.statistic: only 'median' is recorded, got {cfg.bench.statistic!r}")
+    bad = [s for s in cfg.bench.stages if s not in (*STAGES, FORWARD)]
+    if bad:
+        raise ConfigError(f"bench.stages: unknown {bad}; expected some of {[*STAGES, FORWARD]}")
+    if not 0 <= cfg.launch.shard < cfg.launch.num_shards:
+        raise ConfigError(f"launch.shard must be in [0, num_shards), got {cfg.launch.shard}/{cfg.launch.num_shards}")
+    return problem, resolved_switches(cfg)
+
+
+# --- identity of a point ------------------------------------------------------------------------------
+
+def semantic_config(cfg: DictConfig, switches, device_name: str) -> dict[str, Any]:
+    """What defines a measurement: backend and its full switches, shape, problem, dtype, timing settings,
+    seed, and the device it runs on. Not: logging, output places, force, sharding, names of presets."""
+    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    shape = {k: v for k, v in container["shape"].items() if k != "name"}
+    problem = {k: v for k, v in container["problem"].items() if k != "name"}
+    bench = {k: v for k, v in container["bench"].items() if k != "name"}
+    return {
+        "backend": container["backend"]["name"],
+        "switches": dataclasses.asdict(switches) if switches is not None else container["backend"]["switches"],
+        "ablation": container["backend"]["ablation"] if switches is None else None,
+        "shape": shape,
+        "problem": problem,
+        "dtype": container["dtype"],
+        "bench": bench,
+        "seed": container["seed"],
+        "device": device_name,
+    }
+
+
+def config_hash(semantic: dict[str, Any]) -> str:
+    text = json.dumps(semantic, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def register_resolvers() -> None:
+    """`${ssd_ablations:<backend>}`: the comma list of ablation points, read off the backend's Switches when the
+    sweep starts (so the ablate_<backend> overlays follow the backend's code, not a copy of it)."""
+    def ablations(name: str) -> str:
+        try:
+            cls = backend_class(name)
+        except BackendUnavailable:
+            return "none"
+        return ",".join(ablation_points(cls.Switches))
+
+    if not OmegaConf.has_resolver("ssd_ablations"):
+        OmegaConf.register_new_resolver("ssd_ablations", ablations)

@@ -1,0 +1,164 @@
+"""The correctness gate run before any timing: each stage and the whole forward against the reference.
+
+The ground truth is the reference in float64 (on the GPU when it fits, else on the CPU for CPU runs), or — for
+shapes whose float64 work would not fit — the chunked reference in fp32 on the GPU; the row records which.
+Every tensor the backend allocates with torch.empty* while it is checked is NaN-filled first (an unwritten
+output then fails the check instead of passing on stale memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import torch
+
+from impls.inputs import Inputs
+from impls.reference.compute_out import BLOCK_ELEMENTS
+from impls.registry import get_backend
+from impls.tolerance import poison_, rel_err, tolerance
+
+STAGE_OUTPUTS = {"chunk_cumsum": ("dt", "dA_cumsum"), "fwd_pass_state": ("states", "final_states"),
+                 "compute_out": ("y",), "forward": ("y", "final_states", "varlen_states")}
+
+
+class GateFailure(RuntimeError):
+    """The backend's output is wrong (error over tolerance, NaN or inf)."""
+
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """NaN-fills every tensor created by torch.empty / empty_like / empty_strided / Tensor.new_empty inside."""
+    originals = {name: getattr(torch, name) for name in ("empty", "empty_like", "empty_strided")}
+    new_empty = torch.Tensor.new_empty
+
+    def wrap(fn):
+        def poisoned(*args, **kwargs):
+            t = fn(*args, **kwargs)
+            if t.numel():
+                poison_(t)
+            return t
+        return poisoned
+
+    try:
+        for name, fn in originals.items():
+            setattr(torch, name, wrap(fn))
+        torch.Tensor.new_empty = wrap(new_empty)
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
+        torch.Tensor.new_empty = new_empty
+
+
+def reference_kind(inputs: Inputs, device: torch.device, requested: str) -> str:
+    """'float64' when the float64 reference's working set fits in half of the free device memory."""
+    if requested != "auto":
+        return requested
+    if device.type != "cuda":
+        return "float64"
+    x = inputs.x
+    b, L, h, p = x.shape
+    n = inputs.B.shape[-1]
+    nchunks = math.ceil(L / inputs.chunk_size)
+    need = 8 * (6 * x.numel() + 2 * b * nchunks * h * p * n + 6 * BLOCK_ELEMENTS)
+    free, _ = torch.cuda.mem_get_info(device)
+    return "float64" if need < 0.5 * free else "fp32-chunked"
+
+
+def reference_forward(inputs: Inputs, kind: str):
+    """The reference's ForwardResult (with its intermediates) in float64 or fp32."""
+    dtype = torch.float64 if kind == "float64" else torch.float32
+    kwargs = _kwargs(inputs.to(dtype=dtype))
+    kwargs["state_dtype"] = dtype
+    return get_backend("reference").ssd_forward(**{k: kwargs[k] for k in _FORWARD_ARGS})
+
+
+_FORWARD_ARGS = ("x", "dt", "A", "B", "C", "chunk_size", "D", "z", "dt_bias", "initial_states", "seq_idx",
+                 "cu_seqlens", "dt_softplus", "dt_limit", "state_dtype")
+
+
+def _kwargs(inputs: Inputs) -> dict:
+    kw = inputs.forward_kwargs()
+    if kw["cu_seqlens"] is not None and kw["seq_idx"] is None:
+        from impls.api import seq_idx_from_cu_seqlens
+        kw["seq_idx"] = seq_idx_from_cu_seqlens(kw["cu_seqlens"], inputs.x.shape[1])
+    kw["dt_limit"] = tuple(float(v) for v in kw["dt_limit"])
+    return kw
+
+
+def run_stages(backend, inputs: Inputs, device=None, first_call: dict | None = None) -> dict:
+    """The backend's stages chained on its own outputs, then its whole forward: stage -> {name: tensor}.
+    With `first_call`, each call's wall time (synchronised) is stored there: the first call of a stage pays
+    its compilation and autotuning."""
+    kw = _kwargs(inputs)
+    timed = {} if first_call is None else first_call
+    device = device or inputs.x.device
+
+    def call(stage, fn):
+        t0 = time.perf_counter()
+        result = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        timed.setdefault(stage, time.perf_counter() - t0)
+        return result
+
+    out = {}
+    dt, dA = call("chunk_cumsum", lambda: backend.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"],
+                                                                kw["dt_softplus"], kw["dt_limit"]))
+    out["chunk_cumsum"] = {"dt": dt, "dA_cumsum": dA}
+    states, final = call("fwd_pass_state", lambda: backend.fwd_pass_state(
+        kw["B"], kw["x"], dt, dA, kw["initial_states"], kw["seq_idx"], kw["state_dtype"]))
+    out["fwd_pass_state"] = {"states": states, "final_states": final}
+    y = call("compute_out", lambda: backend.compute_out(kw["C"], kw["B"], kw["x"], dt, dA, states, kw["D"], kw["z"],
+                                                        kw["seq_idx"]))
+    out["compute_out"] = {"y": y}
+    res = call("forward", lambda: backend.ssd_forward(**{k: kw[k] for k in _FORWARD_ARGS}))
+    out["forward"] = {"y": res.y, "final_states": res.final_states, "varlen_states": res.varlen_states}
+    return out
+
+
+def stage_callables(backend, inputs: Inputs) -> dict:
+    """Zero-argument calls to time: each stage on the outputs of the same backend's previous stage, and the
+    whole forward."""
+    kw = _kwargs(inputs)
+    dt, dA = backend.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"], kw["dt_softplus"],
+                                  kw["dt_limit"])
+    states, _ = backend.fwd_pass_state(kw["B"], kw["x"], dt, dA, kw["initial_states"], kw["seq_idx"],
+                                       kw["state_dtype"])
+    return {
+        "chunk_cumsum": lambda: backend.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"],
+                                                     kw["dt_softplus"], kw["dt_limit"]),
+        "fwd_pass_state": lambda: backend.fwd_pass_state(kw["B"], kw["x"], dt, dA, kw["initial_states"],
+                                                         kw["seq_idx"], kw["state_dtype"]),
+        "compute_out": lambda: backend.compute_out(kw["C"], kw["B"], kw["x"], dt, dA, states, kw["D"], kw["z"],
+                                                   kw["seq_idx"]),
+        "forward": lambda: backend.ssd_forward(**{k: kw[k] for k in _FORWARD_ARGS}),
+    }
+
+
+def check(backend, inputs: Inputs, ref, dtype: torch.dtype, tf32: bool = False, device=None,
+          first_call: dict | None = None) -> dict[str, dict]:
+    """Per stage: {"rel_err": max over its outputs, "tol", "ok", "error"}; never raises for wrong numbers."""
+    tol = tolerance(dtype, tf32)
+    with poisoned_allocations():
+        got = run_stages(backend, inputs, device, first_call)
+    report = {}
+    for stage, names in STAGE_OUTPUTS.items():
+        errs = {}
+        for name in names:
+            expected = getattr(ref, name)
+            actual = got[stage].get(name)
+            if expected is None:
+                continue
+            if actual is None:
+                errs[name] = math.inf
+                continue
+            errs[name] = rel_err(actual, expected)
+        worst = max(errs.values()) if errs else math.nan
+        ok = bool(errs) and all(math.isfinite(e) and e <= tol for e in errs.values())
+        bad = {k: v for k, v in errs.items() if not (math.isfinite(v) and v <= tol)}
+        report[stage] = {"rel_err": worst, "tol": tol, "ok": ok, "errors": errs,
+                         "error": None if ok else f"{stage}: rel_err {bad} > tol {tol} (NaN/inf counts as inf)"}
+    return report

@@ -1,0 +1,86 @@
+"""What a result was measured with: machine, GPU, versions, source tree. Anything missing is None or "absent";
+nothing here raises (a benchmark must not die because nvidia-smi is not on the PATH)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = {"torch": "torch", "triton": "triton", "cuda_tile": "cuda-tile", "tileiras": "nvidia-cuda-tileiras",
+            "mamba_ssm": "mamba_ssm", "wandb": "wandb", "hydra": "hydra-core", "fla": "fla-core",
+            "tilegym": "tilegym"}
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def _run(args: list[str], cwd=None) -> str | None:
+    try:
+        out = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.cache
+def git_state() -> dict:
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO)
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
+    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def _nvidia_smi(index: int) -> dict:
+    fields = ["name", "uuid", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem"]
+    text = _run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", "-i", str(index)])
+    if not text:
+        return {}
+    values = [v.strip() for v in text.splitlines()[0].split(",")]
+    return dict(zip(fields, values))
+
+
+def gpu_info(device: torch.device) -> dict:
+    info = {"gpu_name": None, "gpu_uuid": None, "gpu_clock_sm_mhz": None, "gpu_clock_mem_mhz": None,
+            "gpu_clock_max_sm_mhz": None, "gpu_clock_max_mem_mhz": None, "driver": None, "gpu_cc": None}
+    if device.type != "cuda":
+        return info
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    info["gpu_name"] = props.name
+    info["gpu_cc"] = f"{props.major}.{props.minor}"
+    uuid = getattr(props, "uuid", None)
+    info["gpu_uuid"] = str(uuid) if uuid is not None else None
+    smi = _nvidia_smi(index)
+    info["driver"] = smi.get("driver_version")
+    info["gpu_uuid"] = smi.get("uuid") or info["gpu_uuid"]
+    for key, field in (("gpu_clock_sm_mhz", "clocks.sm"), ("gpu_clock_mem_mhz", "clocks.mem"),
+                       ("gpu_clock_max_sm_mhz", "clocks.max.sm"), ("gpu_clock_max_mem_mhz", "clocks.max.mem")):
+        try:
+            info[key] = float(smi[field])
+        except (KeyError, ValueError):
+            pass
+    return info
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device.index or 0).name
+    return f"cpu:{platform.processor() or platform.machine()}"
+
+
+def collect(device: torch.device) -> dict:
+    """The provenance columns shared by every row of a point."""
+    row = {"python": platform.python_version(), "host": platform.node(), "cuda": torch.version.cuda or "absent"}
+    row.update({f"v_{key}": _version(dist) for key, dist in PACKAGES.items()})
+    row.update(gpu_info(device))
+    row.update(git_state())
+    return row

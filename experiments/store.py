@@ -1,0 +1,114 @@
+"""Results on disk: long-format rows, one per (point, stage, metric), in Parquet; the schema is COLUMNS below
+and experiments/README.md explains it.
+
+Each job writes its own file, atomically (a temporary file in the same directory, then os.replace), so a
+crashed or concurrent job never leaves a half-written file and never clobbers another's.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+
+# name -> (pandas dtype, meaning). Every row has every column; missing values are null.
+COLUMNS: dict[str, tuple[str, str]] = {
+    "schema_version": ("Int64", "version of this schema"),
+    "run_id": ("string", "one id per job (point) execution"),
+    "sweep_id": ("string", "one id per multirun (or single run); the W&B group"),
+    "sweep_name": ("string", "experiment overlay name (sweep_name in the config)"),
+    "job_num": ("Int64", "Hydra job number within the sweep"),
+    "timestamp": ("string", "UTC ISO time the point started"),
+    "config_hash": ("string", "hash of the semantic config + device (experiments.config.semantic_config)"),
+    "status": ("string", "ok | failed (correctness gate, unavailable backend, exception)"),
+    "error": ("string", "why the point failed (null when ok)"),
+    "stage": ("string", "chunk_cumsum | fwd_pass_state | compute_out | forward | ceiling | point"),
+    "metric": ("string", "see README: median_ms, p20_ms, p80_ms, graph_median_ms, compile_s, rel_err, tol, "
+                         "flops, bytes, bytes_fused, tflops, gbps, frac_floor, frac_floor_fused, matmul_tflops, "
+                         "copy_gbps, ok"),
+    "value": ("float64", "the metric's value"),
+    "unit": ("string", "ms, s, 1, flop, byte, TFLOP/s, GB/s"),
+    "backend": ("string", "backend name"),
+    "switches": ("string", "JSON: the backend's full resolved switches"),
+    "ablation": ("string", "ablation applied on top of the switches"),
+    "describe": ("string", "JSON: backend.describe() after the run (what actually ran)"),
+    "tuning": ("string", "tuning source the backend reports (search/record/fallback), or 'none'"),
+    "shape_name": ("string", "shape preset name"),
+    "batch": ("Int64", ""), "seqlen": ("Int64", ""), "nheads": ("Int64", ""), "headdim": ("Int64", ""),
+    "ngroups": ("Int64", ""), "dstate": ("Int64", ""), "chunk_size": ("Int64", ""),
+    "problem_name": ("string", "problem preset name"),
+    "problem": ("string", "JSON: impls.problem.Problem fields"),
+    "dtype": ("string", "input dtype"),
+    "tf32": ("boolean", "float32 matmuls via tf32 allowed"),
+    "seed": ("Int64", "seed of impls.inputs.make_inputs"),
+    "distribution": ("string", "impls.inputs.DISTRIBUTION"),
+    "device": ("string", "cpu or cuda:N"),
+    "device_name": ("string", "GPU name or cpu:<arch>"),
+    "reference": ("string", "float64 | fp32-chunked: what the gate compared against"),
+    "timer": ("string", "do_bench | cpu-wall | none"),
+    "statistic": ("string", "median"),
+    "warmup": ("float64", "do_bench warm-up budget (ms) or CPU warm-up calls"),
+    "reps": ("float64", "do_bench repetition budget (ms) or CPU repetitions"),
+    "flush_l2": ("boolean", "L2 flushed before each repetition"),
+    "cost_model": ("string", "experiments.cost_model.MODEL_VERSION"),
+    "logger": ("string", "wandb | local: where the point was logged besides Parquet"),
+    "wandb_run": ("string", "W&B run path/id (null when local)"),
+    "hydra_choices": ("string", "JSON: Hydra's runtime choices (group -> option)"),
+    "config": ("string", "YAML: the full resolved config"),
+    "python": ("string", ""), "host": ("string", ""), "cuda": ("string", "torch.version.cuda or 'absent'"),
+    "v_torch": ("string", ""), "v_triton": ("string", ""), "v_cuda_tile": ("string", ""),
+    "v_tileiras": ("string", ""), "v_mamba_ssm": ("string", ""), "v_wandb": ("string", ""),
+    "v_hydra": ("string", ""), "v_fla": ("string", ""), "v_tilegym": ("string", ""),
+    "gpu_name": ("string", ""), "gpu_uuid": ("string", ""), "gpu_cc": ("string", "compute capability"),
+    "gpu_clock_sm_mhz": ("float64", "SM clock when the point ran"), "gpu_clock_mem_mhz": ("float64", ""),
+    "gpu_clock_max_sm_mhz": ("float64", ""), "gpu_clock_max_mem_mhz": ("float64", ""),
+    "driver": ("string", "NVIDIA driver version"),
+    "git_commit": ("string", ""), "git_dirty": ("boolean", "tracked files modified"),
+}
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows -> a DataFrame with exactly COLUMNS, typed."""
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    for name, (dtype, _) in COLUMNS.items():
+        df[name] = df[name].astype(dtype)
+    return df
+
+
+def write_atomic(df: pd.DataFrame, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+    return path
+
+
+def write_rows(rows: list[dict], results_dir: Path, name: str) -> Path:
+    return write_atomic(frame(rows), Path(results_dir) / f"{name}.parquet")
+
+
+def parquet_files(root: Path) -> list[Path]:
+    root = Path(root)
+    if root.is_file():
+        return [root]
+    return sorted(p for p in root.rglob("*.parquet") if not p.name.startswith("."))
+
+
+def load(root: Path) -> pd.DataFrame:
+    files = parquet_files(root)
+    if not files:
+        return frame([])
+    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+
+
+def stored_hashes(root: Path) -> set[str]:
+    """Config hashes already stored under root (failed points included: re-run them with force=true)."""
+    hashes: set[str] = set()
+    for f in parquet_files(root):
+        hashes.update(pd.read_parquet(f, columns=["config_hash"])["config_hash"].dropna().unique())
+    return hashes

@@ -1,0 +1,122 @@
+"""Every config group option and experiment overlay composes; bad overrides fail at start-up, naming the culprit."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from experiments import config as conf
+
+REPO = Path(__file__).resolve().parent.parent
+CONF = REPO / "conf"
+conf.register_schemas()
+conf.register_resolvers()
+
+GROUPS = ["backend", "shape", "problem", "dtype", "bench", "logger", "launch"]
+OPTIONS = [pytest.param(g, p.stem, id=f"{g}-{p.stem}") for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
+EXPERIMENTS = [pytest.param(p.stem, id=p.stem) for p in sorted((CONF / "experiment").glob("*.yaml"))]
+
+
+def _compose(overrides, hydra_cfg=False):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=overrides, return_hydra_config=hydra_cfg)
+
+
+@pytest.mark.parametrize("group,option", OPTIONS)
+def test_every_option_composes(group, option):
+    cfg = _compose([f"{group}={option}"])
+    assert cfg[group] is not None
+    if group == "shape":
+        conf.check_shape(conf.shape_of(cfg), option)
+
+
+def test_groups_are_complete():
+    names = {p.stem for p in (CONF / "backend").glob("*.yaml")}
+    assert names == {"reference", "mamba_ssm", "cutile", "triton", "tilegym", "fla"}
+    shapes = {p.stem for p in (CONF / "shape").glob("*.yaml")}
+    assert {"S1", "S2", "S3", "S4", "tiny", "long_64k", "long_256k", "mamba2_130m", "mamba2_2p7b"} <= shapes
+    s1 = _compose(["shape=S1"]).shape
+    assert (s1.batch, s1.seqlen, s1.nheads, s1.headdim, s1.ngroups, s1.dstate, s1.chunk_size) == \
+        (8, 4096, 80, 64, 1, 128, 256)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes(name):
+    cfg = _compose([f"experiment={name}"], hydra_cfg=True)
+    assert cfg.sweep_name == name
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    params = cfg.hydra.sweeper.params
+    assert params and all(str(v) for v in params.values())  # resolves (ablation lists read the Switches)
+
+
+def test_ablation_lists_follow_the_switches():
+    from impls.registry import backend_class
+
+    points = conf.ablation_points(backend_class("mamba_ssm").Switches)
+    bools = [f for f, d in backend_class("mamba_ssm").Switches.__dataclass_fields__.items() if d.default is True]
+    assert points[0] == "none" and set(bools) <= set(points)
+    cfg = _compose(["experiment=ablate_mamba_ssm"], hydra_cfg=True)
+    assert cfg.hydra.sweeper.params["backend.ablation"] == ",".join(points)
+
+
+def test_slurm_launcher_config_only_when_selected():
+    cfg = _compose(["hydra/launcher=slurm"], hydra_cfg=True)
+    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
+    assert "Slurm" not in _compose([], hydra_cfg=True).hydra.launcher._target_
+
+
+@pytest.mark.parametrize("overrides,named", [
+    pytest.param(["backend=nope"], "nope", id="unknown-backend-option"),
+    pytest.param(["backend.name=nope"], "nope", id="unknown-backend-name"),
+    pytest.param(["shape.seqlen=lots"], "lots", id="mistyped-shape"),
+    pytest.param(["shape.seqlne=4"], "seqlne", id="misspelt-key"),
+    pytest.param(["dtype=float8"], "float8", id="unknown-dtype"),
+])
+def test_bad_overrides_fail_at_composition(overrides, named):
+    with pytest.raises((HydraException, OmegaConfBaseException)) as err:
+        _compose(overrides)
+    assert named in str(err.value)
+
+
+@pytest.mark.parametrize("overrides,named", [
+    pytest.param(["backend=mamba_ssm", "+backend.switches.bogus=1"], "bogus", id="unknown-switch"),
+    pytest.param(["backend=reference", "+backend.switches.fused=false"], "fused", id="switch-backend-lacks"),
+    pytest.param(["backend=mamba_ssm", "backend.ablation=nothing"], "nothing", id="unknown-ablation"),
+    pytest.param(["shape.chunk_size=100"], "chunk_size", id="chunk-not-power-of-two"),
+    pytest.param(["shape.nheads=5"], "ngroups", id="heads-not-multiple-of-groups"),
+    pytest.param(["shape.seqlen=0"], "seqlen", id="empty-sequence"),
+    pytest.param(["problem=varlen", "shape=S1"], "batch", id="varlen-needs-batch-1"),
+])
+def test_bad_overrides_fail_validation(overrides, named):
+    with pytest.raises(conf.ConfigError, match=named):
+        conf.validate(_compose(overrides))
+
+
+def test_good_switch_override_validates():
+    _, switches = conf.validate(_compose(["backend=mamba_ssm", "backend.ablation=fused"]))
+    assert switches.fused is False
+
+
+def _bench(args, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    return subprocess.run([sys.executable, "-m", "experiments.bench", *args, f"results_dir={tmp_path}/res",
+                           f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep", "logger=local"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_bad_switch_fails_at_start_up(tmp_path):
+    out = _bench(["backend=reference", "+backend.switches.fused=false"], tmp_path)
+    assert out.returncode != 0 and "fused" in out.stderr
+    assert not (tmp_path / "res").exists()
+
+
+def test_multirun_checks_every_job_before_the_first(tmp_path):
+    # the second job (reference has no switch "fused") is bad: the sweep must stop before the first job runs
+    out = _bench(["-m", "backend=mamba_ssm,reference", "+backend.switches.fused=false"], tmp_path)
+    assert out.returncode != 0 and "fused" in out.stderr and "backend=reference" in out.stderr
+    assert not (tmp_path / "res").exists()

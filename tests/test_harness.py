@@ -1,0 +1,151 @@
+"""A real multirun on CPU: rows with provenance, W&B offline runs, a failed point recorded, a re-run skipped;
+the correctness gate catches unwritten outputs; per-job GPU assignment."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from experiments import correctness, multigpu, store
+from impls.inputs import make_inputs
+from impls.problem import Problem, Shape
+from impls.reference.backend import ReferenceBackend
+
+REPO = Path(__file__).resolve().parent.parent
+PROVENANCE = ["run_id", "sweep_id", "config_hash", "backend", "switches", "describe", "tuning", "problem", "dtype",
+              "seed", "distribution", "device", "device_name", "timer", "statistic", "warmup", "reps", "cost_model",
+              "logger", "hydra_choices", "config", "python", "cuda", "v_torch", "v_triton", "v_cuda_tile",
+              "v_tileiras", "v_mamba_ssm", "git_commit", "git_dirty"]
+GPU_ONLY = ["gpu_name", "gpu_uuid", "gpu_cc", "gpu_clock_sm_mhz", "driver"]
+
+
+def bench(tmp_path, *args):
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.bench", "-m", *args, f"results_dir={tmp_path}/results",
+         f"logger.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}/multirun", "bench.cpu_warmup=0", "bench.cpu_reps=1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """reference and mamba_ssm (interpreter) at the tiny shape in float32, and cutile (needs a GPU: must fail)."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    args = ["backend=reference,mamba_ssm,cutile", "shape=tiny", "dtype=float32", "logger=wandb", "sweep_name=t"]
+    first = bench(tmp, *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    files = store.parquet_files(tmp / "results")
+    second = bench(tmp, *args)
+    return tmp, first, second, files
+
+
+def test_rows_have_provenance(sweep):
+    tmp, first, _, files = sweep
+    df = store.load(tmp / "results")
+    assert list(df.columns) == list(store.COLUMNS)
+    assert set(df["backend"]) == {"reference", "mamba_ssm", "cutile"} and len(files) == 3
+    ok = df[df["status"] == "ok"]
+    assert set(ok["backend"]) == {"reference", "mamba_ssm"}
+    assert ok[PROVENANCE].notna().all().all(), ok[PROVENANCE].isna().sum()[lambda s: s > 0]
+    assert ok[GPU_ONLY].isna().all().all()  # CPU run: recorded as null, not invented
+    assert set(ok["timer"]) == {"cpu-wall"} and set(ok["reference"]) == {"float64"}
+    for backend, rows in ok.groupby("backend"):
+        metrics = set(zip(rows["stage"], rows["metric"]))
+        for stage in ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward"):
+            assert {(stage, m) for m in ("median_ms", "p20_ms", "p80_ms", "rel_err", "compile_s", "gbps")} <= metrics
+        assert rows[rows["metric"] == "rel_err"]["value"].max() < 1e-4
+    assert json.loads(ok[ok["backend"] == "mamba_ssm"]["describe"].iloc[0])["backend"] == "mamba_ssm"
+
+
+def test_failed_point_recorded_and_sweep_finishes(sweep):
+    tmp, first, _, _ = sweep
+    df = store.load(tmp / "results")
+    failed = df[df["backend"] == "cutile"]
+    assert set(failed["status"]) == {"failed"} and set(failed["stage"]) >= {"point"}
+    assert failed["error"].iloc[0]
+    assert "3 points, 1 failed" in first.stdout  # the summary table of on_multirun_end
+
+
+def test_wandb_offline_runs_hold_config_and_table(sweep):
+    tmp, _, _, _ = sweep
+    df = store.load(tmp / "results")
+    runs = sorted((tmp / "wandb").glob("offline-run-*"))
+    assert len(runs) == 3
+    assert set(df["logger"]) == {"wandb"} and df["wandb_run"].notna().all()
+    for run in runs:
+        (record,) = run.glob("run-*.wandb")  # offline runs keep the config in their record log
+        assert b"results_dir" in record.read_bytes() and b"sweep_name" in record.read_bytes()
+        tables = list((run / "files" / "media" / "table").glob("*.table.json"))
+        assert len(tables) == 1
+        data = json.loads(tables[0].read_text())
+        run_id = data["data"][0][data["columns"].index("run_id")]
+        assert len(data["data"]) == int((df["run_id"] == run_id).sum())
+
+
+def test_rerun_skips_stored_points(sweep):
+    tmp, _, second, files = sweep
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert second.stdout.count("already stored") == 3
+    assert store.parquet_files(tmp / "results") == files
+
+
+def test_gate_catches_an_output_the_kernel_never_writes():
+    class Lazy(ReferenceBackend):
+        def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
+            y = super().compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
+            out = torch.empty_like(y)
+            out[:, :-1] = y[:, :-1]  # forgets the last position
+            return out
+
+    problem = Problem(Shape(1, 64, 2, 8, 1, 8, 32), dtype="float32")
+    inputs = make_inputs(problem, seed=1)
+    ref = correctness.reference_forward(inputs, "float64")
+    report = correctness.check(Lazy(), inputs, ref, torch.float32)
+    assert report["chunk_cumsum"]["ok"] and report["fwd_pass_state"]["ok"]
+    assert not report["compute_out"]["ok"] and report["compute_out"]["rel_err"] == float("inf")
+    assert correctness.check(ReferenceBackend(), inputs, ref, torch.float32)["forward"]["ok"]
+
+
+@pytest.mark.parametrize("job,shards,expected", [
+    pytest.param(0, 4, 0, id="job0"), pytest.param(5, 4, 1, id="job5"), pytest.param(7, 2, 1, id="job7-2gpus"),
+])
+def test_per_job_gpu_assignment(job, shards, expected):
+    assert multigpu.gpu_for_job(job, list(range(shards))) == expected
+    assert [multigpu.owns_job(job, s, shards) for s in range(shards)].count(True) == 1
+    assert multigpu.owns_job(job, expected, shards)
+
+
+def test_shard_commands_pin_one_gpu_each():
+    cmds = multigpu.shard_commands([2, 3], ["experiment=headline"], "sw")
+    assert [env["CUDA_VISIBLE_DEVICES"] for env, _ in cmds] == ["2", "3"]
+    assert all(env["SSD_SWEEP_ID"] == "sw" for env, _ in cmds)
+    assert cmds[1][1][-2:] == ["launch.num_shards=2", "launch.shard=1"]
+    with pytest.raises(ValueError):
+        multigpu.owns_job(0, 2, 2)
+
+
+def test_sharded_sweep_runs_only_its_jobs(tmp_path):
+    out = bench(tmp_path, "backend=reference", "seed=1,2,3,4", "shape=tiny", "logger=local",
+                "launch.num_shards=2", "launch.shard=1", "bench.time=false")
+    assert out.returncode == 0, out.stderr[-2000:]
+    df = store.load(tmp_path / "results")
+    assert sorted(df.drop_duplicates("run_id")["job_num"]) == [1, 3]
+
+
+@pytest.mark.slow
+def test_no_arguments_runs_the_cpu_preset(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("WANDB_MODE", None)
+    out = subprocess.run([sys.executable, "-m", "experiments.bench"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "experiment=cpu" in out.stdout and "2 points, 0 failed" in out.stdout
+    df = pd.concat(pd.read_parquet(f) for f in (tmp_path / "results" / "scratch").rglob("*.parquet"))
+    assert set(df["backend"]) == {"reference", "mamba_ssm"}
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 2
