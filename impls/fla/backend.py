@@ -1,0 +1,141 @@
+"""The "fla" backend: FLA 0.6.0's chunked simple GLA (Triton) computing the SSD forward through an exact map.
+
+FLA has no stage split: only the whole forward (`ssd_forward` = `prepare` -> `peer` -> `finish`); the stage
+methods raise NotImplementedError and `STAGES = ("forward",)` says so. mapping.py holds the map; docs/peers.md
+derives it and quantifies each way a near-miss mapping goes wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from impls.fla import mapping, peer
+from impls.problem import Problem
+from impls.registry import Backend, ForwardResult, register, switch
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+NO_STAGES = ("fla: FLA's chunk_simple_gla has no stage split matching the contract (chunk-local states, state "
+             "passing and output are its internal kernels, on its own chunk); only ssd_forward is available")
+INTERPRETER_FAILS = ("FLA 0.6.0's chunk_fwd_kernel_h calls `.to(tl.int64)` on its `range` loop index, which the "
+                     "Triton 3.6 interpreter (TRITON_INTERPRET=1) hands over as a Python int: AttributeError; so "
+                     "FLA runs on CUDA devices only")
+
+
+@dataclass(frozen=True)
+class FlaSwitches:
+    chunk: str = switch(
+        "fla", "FLA's chunk length: 'fla' = its own default (64) whatever the problem's chunk_size (the result "
+               "does not depend on it); 'requested' = pass the problem's chunk_size (FLA 0.6.0 takes any power of "
+               "two through its chunk_size keyword)", choices=("fla", "requested"))
+    state_v_first: bool = switch(
+        False, "FLA's state_v_first: store states (headdim, dstate) — the contract's layout — instead of FLA's "
+               "default (dstate, headdim), which costs a transposed copy of the initial state in `prepare`")
+
+
+@register
+class FlaBackend(Backend):
+    """FLA 0.6.0 chunk_simple_gla (Triton); CUDA only; whole forward only."""
+
+    name = "fla"
+    Switches = FlaSwitches
+    STAGES = ("forward",)  # proposal for the registry: the harness runs only what a backend lists
+
+    # --- capability -------------------------------------------------------------------------------------
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        got = peer.version()
+        if got is None:
+            return False, "fla-core is not installed"
+        if got != peer.VERSION_REQUIRED:
+            return False, f"fla-core {peer.VERSION_REQUIRED} is pinned, found {got}"
+        try:
+            peer.load()
+        except Exception as exc:
+            return False, f"fla.ops.simple_gla cannot be imported: {exc}"
+        return True, ""
+
+    def check_device(self, device) -> tuple[bool, str]:
+        device = torch.device(device)
+        if device.type != "cuda":
+            return False, f"{device.type} tensors: {INTERPRETER_FAILS}"
+        return True, ""
+
+    def supports(self, problem: Problem) -> tuple[bool, str]:
+        s = problem.shape
+        if problem.dtype not in FLOAT_DTYPES:
+            return False, f"dtype {problem.dtype}: FLA's kernels take {FLOAT_DTYPES}"
+        if problem.has_seq_idx and not problem.varlen:
+            return False, ("seq_idx without cu_seqlens: FLA marks packed sequences by cu_seqlens only (batch 1); "
+                           "deriving them from seq_idx would need a device-to-host sync")
+        if problem.varlen and s.batch != 1:
+            return False, "cu_seqlens: FLA (like the contract) takes packed sequences in batch 1 only"
+        if problem.state_dtype not in (None, problem.dtype):
+            return False, ("state_dtype: FLA keeps its per-chunk states internal (in the input dtype); the forward "
+                           "returns none, so a different state dtype cannot be honoured")
+        if s.ngroups and s.nheads % s.ngroups:
+            return False, f"ngroups {s.ngroups} does not divide nheads {s.nheads}"
+        if self.switches.chunk == "requested" and (s.chunk_size & (s.chunk_size - 1) or s.chunk_size < 16):
+            return False, f"chunk='requested': FLA needs a power-of-two chunk_size >= 16, got {s.chunk_size}"
+        return True, ""
+
+    def tf32(self, dtype: torch.dtype, device=None) -> bool:
+        # tl.dot on fp32 inputs runs in tf32 (Triton's default input_precision)
+        return dtype == torch.float32
+
+    def chunk_used(self, requested: int) -> int:
+        return requested if self.switches.chunk == "requested" else peer.FLA_DEFAULT_CHUNK
+
+    # --- stages: none ---------------------------------------------------------------------------------------
+    def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
+        raise NotImplementedError(NO_STAGES)
+
+    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        raise NotImplementedError(NO_STAGES)
+
+    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
+        raise NotImplementedError(NO_STAGES)
+
+    def varlen_states(self, B, x, dt, dA_cumsum, states, cu_seqlens):
+        raise NotImplementedError(NO_STAGES + " (ssd_forward returns the per-sequence states with cu_seqlens)")
+
+    # --- the whole forward: prepare (adapter) -> peer (FLA) -> finish (adapter) ------------------------------
+    def prepare(self, x, dt, A, B, C, chunk_size, dt_bias=None, initial_states=None, cu_seqlens=None,
+                dt_softplus=False, dt_limit=(0.0, float("inf"))) -> mapping.GlaArgs:
+        """mapping.STEPS "prepare.*": FLA's q, k, v, g, initial state and cu_seqlens."""
+        return mapping.gla_args(x, dt, A, B, C, self.chunk_used(chunk_size), dt_bias, initial_states, cu_seqlens,
+                                dt_softplus, dt_limit, self.switches.state_v_first)
+
+    def peer(self, args: mapping.GlaArgs):
+        """FLA's kernels only: (o, final states in FLA's layout)."""
+        return peer.run(args)
+
+    def finish(self, raw, x, D=None, z=None, varlen=False) -> ForwardResult:
+        """mapping.STEPS "finish.*"."""
+        o, ht = raw
+        y, final, per_seq = mapping.finish(o, ht, x, D, z, self.switches.state_v_first, varlen)
+        return ForwardResult(y, final, per_seq)
+
+    def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                    dt_softplus, dt_limit, state_dtype):
+        if seq_idx is not None and cu_seqlens is None:
+            raise NotImplementedError("fla: seq_idx needs cu_seqlens (supports() refuses it)")
+        args = self.prepare(x, dt, A, B, C, chunk_size, dt_bias, initial_states, cu_seqlens, dt_softplus,
+                            dt_limit)
+        return self.finish(self.peer(args), x, D, z, varlen=cu_seqlens is not None)
+
+    # --- what ran -----------------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out.update({
+            "peer": f"fla-core {peer.version()} (fla.ops.simple_gla.chunk_simple_gla)",
+            "stages": list(self.STAGES),
+            "chunk_size_used": "the problem's chunk_size" if self.switches.chunk == "requested"
+            else peer.FLA_DEFAULT_CHUNK,
+            "adapter_steps": dict(mapping.STEPS),
+            "mapping": "q=C, k=B (groups repeated to heads), v=dt·x, g=dt·A (natural log, fp32), scale=1",
+            "tf32": "float32 inputs: tl.dot runs in tf32",
+        })
+        return out

@@ -1,0 +1,92 @@
+"""The exact map from the SSD contract to FLA's chunked simple GLA, and back (docs/peers.md derives it).
+
+Simple GLA (one scalar gate per head and token):   S_t = exp(g_t) S_{t-1} + k_tᵀ v_t,   o_t = scale · q_t S_t
+with S_t of shape (K, V). The SSD recurrence h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_tᵀ, y_t = h_t C_t is that
+with S = hᵀ (K = dstate, V = headdim) and
+
+    q = C,  k = B  (each head reads its group: repeated to nheads),  v = dt·x,  g = dt·A  (natural log, fp32),
+    scale = 1 (FLA's default is K^-1/2),  initial_state = h_{-1}ᵀ,  final state = S_Tᵀ,
+
+then y = o + D·x, gated by silu(z). dt is the contract's processed dt (bias, softplus, clamp), which FLA lacks.
+Every step here is PyTorch, outside FLA's kernels, so a harness can time `prepare`/`finish` apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from impls.reference.chunk_cumsum import process_dt
+from impls.reference.common import acc_dtype, per_head
+
+
+@dataclass
+class GlaArgs:
+    """Arguments of fla.ops.simple_gla.chunk_simple_gla, plus what `finish` needs."""
+
+    q: torch.Tensor  # (b, t, h, n) = C per head
+    k: torch.Tensor  # (b, t, h, n) = B per head
+    v: torch.Tensor  # (b, t, h, p) = dt·x in x's dtype
+    g: torch.Tensor  # (b, t, h) = dt·A, fp32 (float64 for float64 inputs)
+    initial_state: torch.Tensor | None  # (N, h, n, p), or (N, h, p, n) with state_v_first
+    cu_seqlens: torch.Tensor | None  # int64
+    state_v_first: bool
+    chunk_size: int
+    scale: float = 1.0
+
+
+STEPS = {
+    "prepare.dt": "dt + dt_bias, softplus (threshold 20), clamp to dt_limit, fp32 (FLA has no dt processing)",
+    "prepare.g": "g = dt·A, fp32 (b, t, h): FLA's log-gate in natural log (it scales by 1/ln 2 itself)",
+    "prepare.v": "v = dt·x computed in fp32, rounded once to x's dtype (b, t, h, headdim): one copy",
+    "prepare.qk": "q = C, k = B with groups repeated to heads (h // ngroups each): two copies (b, t, h, dstate) "
+                  "when ngroups < nheads; FLA's kernels index q/k with head stride dstate, so views cannot do",
+    "prepare.initial_state": "h_{-1} transposed to FLA's (K, V) = (dstate, headdim) layout (a copy) unless "
+                             "state_v_first; with cu_seqlens, zeros for every sequence but the first",
+    "prepare.cu_seqlens": "cast to int64",
+    "finish.D_z": "y = o + D·x (per head or per channel), then y·silu(z): fp32, one rounding to x's dtype "
+                  "(FLA has neither)",
+    "finish.states": "final state(s) transposed back to (headdim, dstate): a view",
+}
+
+
+def gla_args(x, dt, A, B, C, chunk_size, dt_bias=None, initial_states=None, cu_seqlens=None, dt_softplus=False,
+             dt_limit=(0.0, float("inf")), state_v_first=False) -> GlaArgs:
+    nheads = x.shape[2]
+    work = acc_dtype(x, dt, A)
+    dt_p = process_dt(dt, dt_bias, dt_softplus, dt_limit, work)  # (b, t, h)
+    g = (dt_p * A.to(work)).contiguous()
+    v = (x.to(work) * dt_p[..., None]).to(x.dtype)
+    q = per_head(C, nheads).contiguous()
+    k = per_head(B, nheads).contiguous()
+    h0 = None
+    if initial_states is not None:
+        h0 = initial_states.to(acc_dtype(x, initial_states))  # (b, h, p, n)
+        h0 = h0 if state_v_first else h0.transpose(-1, -2)  # FLA's default state layout is (K, V) = (n, p)
+        if cu_seqlens is not None:  # one state per packed sequence; the contract's initial state is sequence 0's
+            per_seq = h0.new_zeros(cu_seqlens.shape[0] - 1, *h0.shape[1:])
+            per_seq[0] = h0[0]
+            h0 = per_seq
+        h0 = h0.contiguous()
+    cu = cu_seqlens.to(torch.int64) if cu_seqlens is not None else None
+    return GlaArgs(q, k, v, g, h0, cu, state_v_first, chunk_size)
+
+
+def finish(o, ht, x, D=None, z=None, state_v_first=False, varlen=False):
+    """-> (y in x's dtype, final states (b, h, p, n) fp32, per-sequence states (nseqs, h, p, n) or None)."""
+    y = o
+    if D is not None or z is not None:
+        work = acc_dtype(x)
+        y = o.to(work)
+        if D is not None:
+            Dw = D.to(work)
+            y = y + x.to(work) * (Dw[:, None] if Dw.dim() == 1 else Dw)
+        if z is not None:
+            zw = z.to(work)
+            y = y * zw * torch.sigmoid(zw)
+        y = y.to(x.dtype)
+    states = ht if state_v_first else ht.transpose(-1, -2)  # (N, h, p, n)
+    if varlen:
+        return y, states[-1:], states  # batch 1: the row's final state is its last sequence's
+    return y, states, None

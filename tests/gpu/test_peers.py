@@ -1,0 +1,93 @@
+"""The external peers on the GPU against the float64 reference (on the GPU too): TileGym's cuTile Mamba-2 (on
+its fallback configs — TileGym's own first config, no minutes-long search) and FLA's chunked simple GLA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import impls
+from impls import tuning
+from impls.inputs import make_inputs
+from impls.problem import Problem, Shape
+from impls.tolerance import poisoned_allocations, rel_err
+from tests.common import failures, float64_forward, run_case
+
+S1_CHUNK128 = Shape(8, 4096, 80, 64, 1, 128, 128)  # the headline shape at the chunk TileGym was measured with
+MEDIUM64 = Shape(2, 1024, 8, 64, 2, 64, 64)
+MEDIUM128 = Shape(2, 1024, 8, 64, 1, 128, 128)
+SMALL_HEADDIM = Shape(2, 512, 16, 32, 4, 64, 64)
+
+TILEGYM_CASES = [
+    pytest.param(Problem(S1_CHUNK128), torch.bfloat16, id="S1-chunk128-bf16"),
+    pytest.param(Problem(MEDIUM64), torch.bfloat16, id="medium-chunk64-bf16"),
+    pytest.param(Problem(MEDIUM64), torch.float32, id="medium-chunk64-fp32"),
+    pytest.param(Problem(MEDIUM128), torch.bfloat16, id="medium-chunk128-bf16"),
+    pytest.param(Problem(MEDIUM128), torch.float32, id="medium-chunk128-fp32"),
+    pytest.param(Problem(SMALL_HEADDIM, has_initial_states=True, has_z=True, D_per_channel=True), torch.bfloat16,
+                 id="headdim32-init-z-Dchannel-bf16"),
+    pytest.param(Problem(MEDIUM64, has_D=False, state_dtype="float32"), torch.bfloat16,
+                 id="no-D-state-fp32-bf16"),
+]
+
+
+@pytest.mark.parametrize("problem, dtype", TILEGYM_CASES)
+def test_tilegym_matches_float64_reference(problem, dtype):
+    backend = impls.get_backend("tilegym", tuning="fallback")
+    assert backend.supports(problem) == (True, "")
+    errors = run_case(backend, problem, dtype, seed=1, device="cuda")  # forward and each stage, outputs poisoned
+    assert not failures(errors, dtype, tf32=backend.tf32(dtype)), errors
+    assert {v["source"] for v in backend.describe()["tuning_sources"].values()} == {"fallback"}
+
+
+@pytest.mark.parametrize("swap, bht", [pytest.param(True, True, id="swap-bht"),
+                                       pytest.param(False, False, id="noswap-bth")])
+def test_tilegym_fwd_pass_state_variants(swap, bht):
+    backend = impls.get_backend("tilegym", tuning="fallback", swap=swap, bht=bht)
+    errors = run_case(backend, Problem(MEDIUM128), torch.bfloat16, seed=2, device="cuda")
+    assert not failures(errors, torch.bfloat16), errors
+    config = backend.describe()["tuning_sources"]["fwd_pass_state"]["config"]
+    assert (config["SWAP"], config["BHT"]) == (swap, bht)
+
+
+def test_tilegym_record_mode_reuses_a_stored_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
+    first = impls.get_backend("tilegym", tuning="fallback")
+    run_case(first, Problem(MEDIUM64), torch.bfloat16, device="cuda")
+    gpu = torch.cuda.get_device_name()
+    for stage, info in first.describe()["tuning_sources"].items():
+        tuning.store("tilegym", stage, gpu, info["key"], info["config"], [], {})
+    second = impls.get_backend("tilegym", tuning="record")
+    errors = run_case(second, Problem(MEDIUM64), torch.bfloat16, device="cuda")
+    assert not failures(errors, torch.bfloat16), errors
+    assert {v["source"] for v in second.describe()["tuning_sources"].values()} == {"record"}
+
+
+FLA_CASES = [
+    pytest.param(Problem(Shape(8, 4096, 80, 64, 1, 128, 256)), {}, torch.bfloat16, id="S1-bf16"),
+    pytest.param(Problem(Shape(2, 1000, 8, 64, 2, 64, 256)), {}, torch.bfloat16, id="medium-bf16"),
+    pytest.param(Problem(Shape(2, 1000, 8, 64, 2, 64, 256)), {}, torch.float32, id="medium-fp32"),
+    pytest.param(Problem(Shape(2, 1000, 8, 64, 2, 64, 256), has_initial_states=True, has_z=True,
+                         D_per_channel=True), {}, torch.bfloat16, id="medium-init-z-Dchannel-bf16"),
+    pytest.param(Problem(Shape(2, 1000, 8, 64, 2, 64, 256), has_initial_states=True), {"state_v_first": True},
+                 torch.float32, id="medium-init-state_v_first-fp32"),
+    pytest.param(Problem(Shape(2, 1024, 8, 64, 1, 128, 128)), {"chunk": "requested"}, torch.bfloat16,
+                 id="chunk128-requested-bf16"),
+    pytest.param(Problem(Shape(1, 3000, 8, 64, 2, 64, 256), varlen=True, nseqs=3, has_initial_states=True), {},
+                 torch.bfloat16, id="cu_seqlens-init-bf16"),
+]
+
+
+@pytest.mark.parametrize("problem, switches, dtype", FLA_CASES)
+def test_fla_matches_float64_reference(problem, switches, dtype):
+    backend = impls.get_backend("fla", **switches)
+    assert backend.supports(problem) == (True, "")
+    inputs = make_inputs(problem, device="cuda", seed=1, dtype=dtype)
+    ref = float64_forward(inputs)
+    with poisoned_allocations():
+        out = impls.ssd_forward(**inputs.forward_kwargs(), backend=backend)
+    errors = {"forward.y": rel_err(out.y, ref.y), "forward.final_states": rel_err(out.final_states, ref.final_states)}
+    if problem.varlen:
+        errors["forward.varlen_states"] = rel_err(out.varlen_states, ref.varlen_states)
+    assert out.y.dtype == dtype and out.final_states.dtype == torch.float32
+    assert not failures(errors, dtype, tf32=backend.tf32(dtype)), errors
