@@ -68,6 +68,8 @@ class Backend:
     Switches: ClassVar[type] = NoSwitches
     # Switches that other backends have and this one cannot express: name -> why.
     CANNOT_EXPRESS: ClassVar[dict[str, str]] = {}
+    # What can be called (and timed) on its own; a forward-only peer lists just ("forward",).
+    STAGES: ClassVar[tuple[str, ...]] = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
 
     def __init__(self, switches=None, **overrides):
         self.switches = make_switches(self.name, self.Switches, self.CANNOT_EXPRESS, switches, overrides)
