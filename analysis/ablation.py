@@ -1,0 +1,135 @@
+"""The ablation table: for each switch of a backend, the time with and without it, on top of the others and
+alone, with switches that are no-ops on the run's architecture labelled as such instead of measured.
+
+Effect of a switch = 1 − t_with / t_without: the fraction of the time without it that the switch saves.
++0.5 halves the time; −0.10 means the switch costs 10 % (t_with = 1.1 · t_without).
+- on top of the others: t_with = the default point (every switch at its default), t_without = the same point
+  with this switch off (the `ablation=<switch>` points of the sweep);
+- alone: t_without = the all-off point, t_with = all off except this switch (present only if the sweep ran it;
+  the standard sweep does not, and the table says "not measured").
+Points are matched by their resolved switches (the `switches` JSON), not by the ablation label. Non-bool
+settings that differ from the default in one key (e.g. cb_precision=fp32) get a row "<switch>=<value>": the
+effect there is that of the default setting over this one. Intervals use p20/p80 (or repeats), pairing ends
+conservatively.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import timed, wide
+from analysis.switches import meaning, noop_table, switch_meta
+
+COLUMNS = ["backend", "stage", "shape_name", "dtype", "gpu_name", "arch", "switch", "status", "t_default_ms",
+           "t_without_ms", "effect_on_top", "effect_on_top_lo", "effect_on_top_hi", "t_all_off_ms", "t_alone_ms",
+           "effect_alone", "effect_alone_lo", "effect_alone_hi", "meaning"]
+
+
+def _summaries(g: pd.DataFrame) -> dict[str, dict]:
+    """switches JSON (canonical) -> {time, lo, hi, ablation, switches}."""
+    out = {}
+    for key, p in g.groupby(g["switch_dict"].map(lambda d: json.dumps(d, sort_keys=True)), sort=False):
+        med = p["median_ms"].to_numpy(float)
+        if len(med) >= 2:
+            lo, hi = med.min(), med.max()
+        else:
+            lo = p["p20_ms"].iloc[0] if pd.notna(p["p20_ms"].iloc[0]) else med[0]
+            hi = p["p80_ms"].iloc[0] if pd.notna(p["p80_ms"].iloc[0]) else med[0]
+        out[key] = {"time": float(np.median(med)), "lo": float(lo), "hi": float(hi),
+                    "ablation": set(p["ablation"].fillna("none")), "switches": p["switch_dict"].iloc[0]}
+    return out
+
+
+def _effect(with_, without):
+    """(effect, lo, hi) of 1 − t_with / t_without; NaNs when either point is missing."""
+    if with_ is None or without is None:
+        return (np.nan,) * 3
+    return (1 - with_["time"] / without["time"], 1 - with_["hi"] / without["lo"], 1 - with_["lo"] / without["hi"])
+
+
+def _default_point(candidates: list[dict], backend: str) -> dict:
+    """The point run at the backend's declared defaults; several ablation-"none" points exist when a sweep also
+    set switches explicitly (e.g. one switch alone): prefer the declared defaults, else the most switches on."""
+    declared = {r["name"]: r["default"] for r in switch_meta(backend)}
+    for p in candidates:
+        shared = set(declared) & set(p["switches"])
+        if shared and all(p["switches"][k] == declared[k] for k in shared):
+            return p
+    return max(candidates, key=lambda p: sum(v is True for v in p["switches"].values()))
+
+
+def _noop_status(arch: str, reason: str) -> str:
+    if reason.lower().startswith("no-op on"):
+        return reason
+    return f"no-op on {arch}" if reason == "no-op" else f"no-op on {arch} ({reason})"
+
+
+def ablation_table(results, backend: str, stage: str = "forward", noop_switches=None) -> pd.DataFrame:
+    """One row per (shape, dtype, GPU, switch) of `backend` at `stage`; see the module docstring."""
+    w = results if "label" in getattr(results, "columns", []) else wide(results)
+    rows = timed(w)
+    rows = rows[(rows["backend"] == backend) & (rows["stage"] == stage)]
+    out = []
+    for (shape_name, dtype, gpu, arch), g in rows.groupby(
+            ["shape_name", "dtype", rows["gpu_name"].fillna(rows["device_name"]), "arch"], sort=False):
+        points = _summaries(g)
+        defaults = [p for p in points.values() if "none" in p["ablation"]]
+        if not defaults or len(points) < 2:  # no ablation was run at this shape
+            continue
+        base = _default_point(defaults, backend)
+        D = base["switches"]
+        def find(d, points=points):
+            return points.get(json.dumps(d, sort_keys=True))
+
+        bools = [k for k, v in D.items() if v is True]
+        all_off = find({**D, **{k: False for k in bools}})
+        table = noop_table(backend, noop_switches)
+        noop = {k: r for k in D if (r := table.reason(arch, k, stage, dtype))}
+        common = {"backend": backend, "stage": stage, "shape_name": shape_name, "dtype": dtype, "gpu_name": gpu,
+                  "arch": arch, "t_default_ms": base["time"],
+                  "t_all_off_ms": all_off["time"] if all_off else np.nan}
+        for s in bools:
+            without, alone = find({**D, s: False}), find({**D, **{k: False for k in bools}, s: True})
+            top, solo = _effect(base, without), _effect(alone, all_off)
+            if s in noop:
+                status = _noop_status(arch, noop[s])
+                top, solo = (np.nan,) * 3, (np.nan,) * 3  # never a measured effect: the difference is noise
+            elif without is None and alone is None:
+                status = "not measured"
+            elif alone is None:
+                status = "measured (on top); alone not measured"
+            elif without is None:
+                status = "measured (alone); on top not measured"
+            else:
+                status = "measured"
+            out.append({**common, "switch": s, "status": status,
+                        "t_without_ms": without["time"] if without else np.nan,
+                        "t_alone_ms": alone["time"] if alone else np.nan,
+                        "effect_on_top": top[0], "effect_on_top_lo": top[1], "effect_on_top_hi": top[2],
+                        "effect_alone": solo[0], "effect_alone_lo": solo[1], "effect_alone_hi": solo[2],
+                        "meaning": meaning(backend, s, arch)})
+        for p in points.values():  # one non-bool setting changed from the default
+            diff = [k for k in set(D) | set(p["switches"]) if p["switches"].get(k) != D.get(k)]
+            if len(diff) != 1 or D.get(diff[0]) is True:
+                continue
+            k = diff[0]
+            top = _effect(base, p)
+            status = _noop_status(arch, noop[k]) if k in noop else "measured (on top)"
+            if k in noop:
+                top = (np.nan,) * 3
+            out.append({**common, "switch": f"{k}={p['switches'].get(k)}", "status": status,
+                        "t_without_ms": p["time"], "t_alone_ms": np.nan, "effect_on_top": top[0],
+                        "effect_on_top_lo": top[1], "effect_on_top_hi": top[2], "effect_alone": np.nan,
+                        "effect_alone_lo": np.nan, "effect_alone_hi": np.nan,
+                        "meaning": f"default {D.get(k)!r} vs {p['switches'].get(k)!r}: " + meaning(backend, k, arch)})
+        if bools:
+            eff = _effect(base, all_off)
+            out.append({**common, "switch": "all (default vs all off)",
+                        "status": "measured" if all_off else "not measured", "t_without_ms": common["t_all_off_ms"],
+                        "t_alone_ms": np.nan, "effect_on_top": eff[0], "effect_on_top_lo": eff[1],
+                        "effect_on_top_hi": eff[2], "effect_alone": np.nan, "effect_alone_lo": np.nan,
+                        "effect_alone_hi": np.nan, "meaning": "every bool switch at its default vs all of them off"})
+    return pd.DataFrame(out, columns=COLUMNS)

@@ -1,0 +1,140 @@
+"""Results into DataFrames: the long store format (one row per point, stage, metric) and the wide analysis
+format (one row per point and stage, one column per metric).
+
+Sources: a Parquet file, a folder of them (a sweep directory or a whole results tree, read recursively), or
+`wandb:<entity>/<project>[/<group>]` through W&B's public API (lazily imported; needs the user's login).
+A path that does not exist is an error naming it: nothing falls back to other data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments import store
+
+METRICS = ("median_ms", "p20_ms", "p80_ms", "graph_median_ms", "compile_s", "rel_err", "tol", "flops", "bytes",
+           "bytes_fused", "tflops", "gbps", "frac_floor", "frac_floor_fused", "matmul_tflops", "copy_gbps", "ok")
+SHAPE = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
+TIMED_STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
+STAGE_ORDER = {s: i for i, s in enumerate((*TIMED_STAGES, "ceiling", "point"))}
+# Columns that differ between the rows of one point: they become the metric columns of the wide frame.
+_PER_ROW = ("stage", "metric", "value", "unit")
+ENV_RESULTS = "SSD_RESULTS"
+DEFAULT_RESULTS = "results/h200/"
+
+
+def repo_root(start: Path | None = None) -> Path:
+    """The checkout root: the first folder upwards holding pyproject.toml (falls back to this file's parent)."""
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "pyproject.toml").is_file():
+            return folder
+    return Path(__file__).resolve().parents[1]
+
+
+def resolve_results(path: str | os.PathLike | None = None) -> str:
+    """Where results are read from: `path`, else $SSD_RESULTS, else results/h200/; a relative path is taken
+    from the current folder, then from the checkout root (notebooks run in notebooks/). W&B sources pass
+    through. Raises FileNotFoundError, naming both places tried, when neither exists."""
+    source = str(path or os.environ.get(ENV_RESULTS) or DEFAULT_RESULTS)
+    if source.startswith("wandb:"):
+        return source
+    p = Path(source).expanduser()
+    candidates = [p] if p.is_absolute() else [Path.cwd() / p, repo_root() / p]
+    for candidate in candidates:
+        if candidate.exists():
+            return str(candidate.resolve())
+    raise FileNotFoundError(f"results {source!r} not found (tried {', '.join(str(c) for c in candidates)}); "
+                            f"pass a path or set ${ENV_RESULTS}")
+
+
+def load_results(source: str | os.PathLike | pd.DataFrame | None = None) -> pd.DataFrame:
+    """The long frame (experiments.store schema) from a path, a W&B source, or a frame given directly."""
+    if isinstance(source, pd.DataFrame):
+        df = source.copy()
+    else:
+        resolved = resolve_results(source)
+        df = load_wandb(resolved[len("wandb:"):]) if resolved.startswith("wandb:") else store.load(Path(resolved))
+    missing = [c for c in store.COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"results lack schema columns {missing}; expected experiments.store.COLUMNS "
+                         f"(schema version {store.SCHEMA_VERSION})")
+    return df
+
+
+def load_wandb(path: str) -> pd.DataFrame:
+    """Rows of every run under <entity>/<project>[/<group>] (each run logged its rows as the table "rows")."""
+    try:
+        import wandb
+    except ImportError as exc:
+        raise RuntimeError("W&B source given but the wandb package is not installed (pip install wandb)") from exc
+    parts = path.strip("/").split("/")
+    if len(parts) not in (2, 3):
+        raise ValueError(f"W&B source must be wandb:<entity>/<project>[/<group>], got wandb:{path}")
+    try:
+        api = wandb.Api()
+        runs = api.runs("/".join(parts[:2]), filters={"group": parts[2]} if len(parts) == 3 else None)
+        frames = []
+        for run in runs:
+            for artifact in run.logged_artifacts():
+                if artifact.type == "run_table":
+                    frames.append(artifact.get("rows").get_dataframe())
+    except wandb.errors.CommError as exc:  # no login / no network / no such project
+        raise RuntimeError(f"W&B API could not read {path!r}: {exc} (run `wandb login` or set WANDB_API_KEY)") from exc
+    if not frames:
+        return store.frame([])
+    df = pd.concat(frames, ignore_index=True)
+    return store.frame(df.to_dict("records"))
+
+
+def arch_of(gpu_cc) -> str:
+    """'9.0' -> 'sm_90', '10.0' -> 'sm_100'; 'cpu' when there is no GPU."""
+    if gpu_cc is None or (isinstance(gpu_cc, float) and np.isnan(gpu_cc)) or pd.isna(gpu_cc) or not str(gpu_cc):
+        return "cpu"
+    major, _, minor = str(gpu_cc).partition(".")
+    return f"sm_{int(major)}{int(minor or 0)}"
+
+
+def shape_label(row) -> str:
+    return "b{}-l{}-h{}-p{}-g{}-n{}-c{}".format(*(int(row[c]) for c in SHAPE))
+
+
+def wide(long: pd.DataFrame) -> pd.DataFrame:
+    """One row per (point, stage): the point's descriptive columns, one column per metric (NaN where absent),
+    plus `arch` (sm_XY or cpu), `shape` (the shape label), `label` (backend, with the ablation when not none)
+    and `switch_dict` (the switches JSON parsed)."""
+    long = load_results(long)
+    if long.empty:
+        cols = [c for c in long.columns if c not in _PER_ROW] + list(METRICS)
+        return pd.DataFrame(columns=[*cols, "stage", "arch", "shape", "label", "switch_dict"])
+    values = long.pivot_table(index=["run_id", "stage"], columns="metric", values="value", aggfunc="first")
+    values = values.reindex(columns=[*METRICS, *(c for c in values.columns if c not in METRICS)])
+    values.columns.name = None
+    info = long.drop(columns=list(_PER_ROW)).drop_duplicates("run_id").set_index("run_id")
+    out = values.reset_index().join(info, on="run_id")
+    out["arch"] = out["gpu_cc"].map(arch_of)
+    out["shape"] = out.apply(shape_label, axis=1)
+    ablation = out["ablation"].fillna("none")
+    out["label"] = np.where(ablation == "none", out["backend"], out["backend"] + "[" + ablation + "]")
+    out["switch_dict"] = out["switches"].map(lambda s: json.loads(s) if isinstance(s, str) and s else {})
+    out["_order"] = out["stage"].map(STAGE_ORDER).fillna(99)
+    out = out.sort_values(["backend", "shape_name", "_order", "timestamp"], kind="stable").drop(columns="_order")
+    return out.reset_index(drop=True)
+
+
+def is_synthetic(long_or_wide: pd.DataFrame) -> bool:
+    """Whether the rows are the hand-made fixture (tests/fixtures), not measurements."""
+    return bool(long_or_wide["sweep_id"].astype(str).str.startswith("synthetic").any()) if len(long_or_wide) else False
+
+
+def timed(w: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
+    """Rows of timed stages (with a median_ms), of points that passed (status ok) unless ok_only is False."""
+    sel = w["stage"].isin(TIMED_STAGES) & w["median_ms"].notna()
+    if ok_only:
+        sel &= w["status"] == "ok"
+    return w[sel]

@@ -1,0 +1,183 @@
+"""Switch metadata for the analysis: what each backend's switches mean (impls.registry.switch_table) and which
+are no-ops on which architecture, so an ablation never reports a no-op's timing noise as an effect.
+
+The no-op table comes from the caller (`noop_switches=`) or from impls/<backend>/switch_effects.json when the
+backend ships one (impls/cutile/switch_effects.py writes per-stage, per-dtype rows: {"rows": [{"stage",
+"dtype", "switch", "arch", "effect": "no-op on sm_90" | ...}]}). Other accepted layouts:
+  {"sm_90": {"tma": "why"}}  |  {"sm_90": ["tma"]}  |  {"tma": {"sm_90": "no-op: why"}}
+  {"tma": {"sm_90": {"noop": true, "why": "..."}}}, optionally wrapped in {"noop": ...} / {"switches": ...},
+  or keyed by backend name first ({"cutile": {...}}).
+Architectures are written sm_XY (from "sm90", "9.0", "sm_90").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.load import repo_root
+
+_ARCH = re.compile(r"^(?:sm_?)?(\d+)(?:\.(\d))?$")
+
+
+def norm_arch(key: Any) -> str | None:
+    """'sm90' / 'sm_90' / '9.0' / '90' -> 'sm_90'; None when `key` is not an architecture."""
+    m = _ARCH.match(str(key).strip().lower())
+    if not m:
+        return None
+    major, minor = m.groups()
+    if minor is not None:  # compute capability "9.0"
+        return f"sm_{major}{minor}"
+    return f"sm_{major}"
+
+
+def _noop_reason(value) -> str | None:
+    if value is True:
+        return "no-op"
+    if isinstance(value, str):
+        return value if value.lower().replace("-", "").replace("_", "").startswith("noop") else None
+    if isinstance(value, dict):
+        flag = value.get("noop", value.get("no_op", value.get("no-op")))
+        if flag:
+            return str(value.get("why") or value.get("reason") or value.get("note") or "no-op")
+    return None
+
+
+@dataclass(frozen=True)
+class NoopEntry:
+    """`switch` is a no-op on `arch` (for one stage / dtype when given, else for all)."""
+
+    arch: str
+    switch: str
+    reason: str
+    stage: str | None = None
+    dtype: str | None = None
+
+
+class NoopTable:
+    """Which switches are no-ops where. `reason(arch, switch, stage, dtype)` -> why, or None when the switch
+    is not known to be a no-op there. For the whole forward, a per-stage table counts a switch as a no-op only
+    when it is one in every stage the table lists for that dtype."""
+
+    def __init__(self, entries=(), per_stage_total: dict | None = None):
+        self.entries = list(entries)
+        # (arch, switch, dtype) -> number of stages the per-stage table examined
+        self.per_stage_total = dict(per_stage_total or {})
+
+    def __bool__(self):
+        return bool(self.entries)
+
+    def reason(self, arch: str, switch: str, stage: str | None = None, dtype: str | None = None) -> str | None:
+        hits = [e for e in self.entries if e.arch == arch and e.switch == switch
+                and (e.dtype is None or dtype is None or e.dtype == dtype)]
+        general = [e for e in hits if e.stage is None]
+        if general:
+            return general[0].reason
+        staged = [e for e in hits if e.stage is not None]
+        if not staged:
+            return None
+        if stage in (None, "forward"):
+            stages = {e.stage for e in staged}
+            total = self.per_stage_total.get((arch, switch, dtype), len(stages))
+            return f"{staged[0].reason} in all {len(stages)} stages" if stages and len(stages) == total else None
+        same = [e for e in staged if e.stage == stage]
+        return same[0].reason if same else None
+
+
+def _from_rows(rows) -> NoopTable:
+    """The per-stage layout impls/cutile/switch_effects.py writes: rows of {stage, dtype, switch, arch, effect}."""
+    entries, totals = [], {}
+    for r in rows:
+        arch = norm_arch(r.get("arch", "")) or str(r.get("arch"))
+        key = (arch, r["switch"], r.get("dtype"))
+        totals[key] = totals.get(key, 0) + 1
+        reason = _noop_reason(r.get("effect")) or _noop_reason(r)
+        if reason:
+            entries.append(NoopEntry(arch, r["switch"], reason, r.get("stage"), r.get("dtype")))
+    return NoopTable(entries, totals)
+
+
+def normalise_noop(obj, backend: str | None = None) -> NoopTable:
+    """Any accepted layout -> NoopTable."""
+    if not obj:
+        return NoopTable()
+    if isinstance(obj, NoopTable):
+        return obj
+    if not isinstance(obj, dict):
+        raise ValueError(f"no-op table: expected a mapping, got {type(obj).__name__}")
+    if isinstance(obj.get("rows"), list):
+        return _from_rows(obj["rows"])
+    for wrapper in ("noop", "no_op", "switches", "effects"):
+        if wrapper in obj and isinstance(obj[wrapper], (dict, list)) and all(
+                k in (wrapper, "backend", "source", "version", "generated_by") for k in obj):
+            inner = obj[wrapper]
+            return _from_rows(inner) if isinstance(inner, list) else normalise_noop(inner, backend)
+    if backend is not None and backend in obj and isinstance(obj[backend], dict):
+        return normalise_noop(obj[backend], None)
+    entries = []
+    if all(norm_arch(k) for k in obj):  # arch first
+        for arch, switches in obj.items():
+            a = norm_arch(arch)
+            if isinstance(switches, (list, tuple, set)):
+                entries += [NoopEntry(a, s, "no-op") for s in switches]
+            elif isinstance(switches, dict):
+                for s, v in switches.items():
+                    reason = v if isinstance(v, str) and v else _noop_reason(v)
+                    if reason:
+                        entries.append(NoopEntry(a, s, reason))
+        return NoopTable(entries)
+    for switch, per_arch in obj.items():  # switch first
+        if not isinstance(per_arch, dict):
+            continue
+        for arch, v in per_arch.items():
+            a, reason = norm_arch(arch), _noop_reason(v)
+            if a and reason:
+                entries.append(NoopEntry(a, switch, reason))
+    return NoopTable(entries)
+
+
+def effects_file(backend: str) -> Path | None:
+    for name in ("switch_effects.json", "switch_effects.yaml", "switch_effects.yml"):
+        path = repo_root() / "impls" / backend / name
+        if path.is_file():
+            return path
+    return None
+
+
+def noop_table(backend: str, noop_switches=None) -> NoopTable:
+    """The no-op table of `backend`: from `noop_switches` when given (any accepted layout, optionally keyed by
+    backend name), else from impls/<backend>/switch_effects.*, else empty."""
+    if noop_switches is not None:
+        return normalise_noop(noop_switches, backend)
+    path = effects_file(backend)
+    if path is None:
+        return NoopTable()
+    if path.suffix == ".json":
+        obj = json.loads(path.read_text())
+    else:
+        import yaml
+
+        obj = yaml.safe_load(path.read_text())
+    return normalise_noop(obj, backend)
+
+
+def switch_meta(backend: str) -> list[dict[str, Any]]:
+    """impls.registry.switch_table of the backend's Switches ([] when the backend cannot be imported here)."""
+    try:
+        from impls.registry import backend_class, switch_table
+
+        return switch_table(backend_class(backend).Switches)
+    except Exception:  # noqa: BLE001 - metadata is optional for the analysis (e.g. cuda.tile absent)
+        return []
+
+
+def meaning(backend: str, switch: str, arch: str) -> str:
+    """What `switch` does on `arch` (sm_90 / sm_100 text of the declaration, else its help)."""
+    for row in switch_meta(backend):
+        if row["name"] == switch:
+            key = {"sm_90": "sm90", "sm_100": "sm100"}.get(arch)
+            return str(row.get(key) or row.get("help") or "")
+    return ""

@@ -1,0 +1,260 @@
+"""CPU tests of the analysis package on small hand-made frames with known answers (a 2x speedup reads 2.0, a
+switch costing 10 % reads -10 %, a no-op switch is labelled and gets no effect), the loaders, the claims
+statuses, and the report CLI on the synthetic fixture (every section and table present, figures as PNG+SVG)."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import (
+    ablation_table,
+    accuracy_table,
+    compare_claims,
+    compile_table,
+    load_claims,
+    load_results,
+    resolve_results,
+    roofline_table,
+    seqlen_table,
+    speedup_table,
+    wide,
+)
+from analysis.markdown import fmt
+from analysis.switches import normalise_noop
+from experiments import store
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "h200_synthetic.parquet"
+S1 = (8, 4096, 80, 64, 1, 128, 256)
+DIMS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
+
+
+def point(backend, ms, *, shape_name="S1", dims=S1, stage="forward", spread=0.0, switches=None, ablation="none",
+          gpu_cc="9.0", dtype="bfloat16", extra=None, ceilings=None, status="ok"):
+    """Rows of one point: `stage` timed at `ms` (p20/p80 at ±spread), plus `extra` {(stage, metric): value}."""
+    base = {"schema_version": 1, "run_id": uuid.uuid4().hex, "sweep_id": "test", "sweep_name": "test",
+            "backend": backend, "switches": json.dumps(switches or {}, sort_keys=True), "ablation": ablation,
+            "shape_name": shape_name, **dict(zip(DIMS, dims)), "dtype": dtype, "gpu_name": "NVIDIA H200",
+            "gpu_cc": gpu_cc, "device_name": "NVIDIA H200", "status": status, "timestamp": "t"}
+    values = {}
+    if ms is not None:
+        values.update({(stage, "median_ms"): ms, (stage, "p20_ms"): ms * (1 - spread),
+                       (stage, "p80_ms"): ms * (1 + spread)})
+    values.update(extra or {})
+    for k, v in (ceilings or {}).items():
+        values[("ceiling", k)] = v
+    values[("point", "ok")] = 1.0
+    return [{**base, "stage": s, "metric": m, "value": float(v)} for (s, m), v in values.items()]
+
+
+def frame(*points):
+    return store.frame([r for p in points for r in p])
+
+
+# --- speedup ------------------------------------------------------------------------------------------------
+def test_twice_as_fast_reads_2():
+    t = speedup_table(frame(point("mamba_ssm", 2.0), point("cutile", 1.0)), with_geomean=False)
+    row = t[t["backend"] == "cutile"].iloc[0]
+    assert row["speedup"] == pytest.approx(2.0)
+    assert t[t["backend"] == "mamba_ssm"]["speedup"].iloc[0] == pytest.approx(1.0)
+
+
+def test_geomean_and_p20_p80_interval():
+    s2 = (1, 65536, 80, 64, 1, 128, 256)
+    t = speedup_table(frame(point("mamba_ssm", 2.0, spread=0.1), point("cutile", 1.0, spread=0.1),
+                            point("mamba_ssm", 8.0, shape_name="S2", dims=s2), point("cutile", 1.0, shape_name="S2",
+                                                                                       dims=s2)))
+    s1 = t[(t["backend"] == "cutile") & (t["case"] == "S1")].iloc[0]
+    assert s1["speedup_lo"] == pytest.approx(1.8 / 1.1) and s1["speedup_hi"] == pytest.approx(2.2 / 0.9)
+    assert s1["spread"] == "p20-p80"
+    geo = t[(t["backend"] == "cutile") & (t["shape_name"] == "geomean")].iloc[0]
+    assert geo["speedup"] == pytest.approx(4.0)  # sqrt(2 * 8)
+
+
+def test_repeats_give_the_median_and_min_max():
+    t = speedup_table(frame(point("mamba_ssm", 2.0), point("cutile", 1.0), point("cutile", 1.5),
+                            point("cutile", 1.2)), with_geomean=False)
+    row = t[t["backend"] == "cutile"].iloc[0]
+    assert row["time_ms"] == pytest.approx(1.2) and row["n_runs"] == 3
+    assert row["spread"] == "repeats min-max" and (row["time_lo"], row["time_hi"]) == (1.0, 1.5)
+
+
+def test_ablation_points_and_failed_points_stay_out_of_speedups():
+    t = speedup_table(frame(point("mamba_ssm", 2.0), point("cutile", 1.0),
+                            point("cutile", 0.1, ablation="tma"), point("cutile", 0.1, status="failed")),
+                      with_geomean=False)
+    assert t[t["backend"] == "cutile"]["speedup"].tolist() == [pytest.approx(2.0)]
+
+
+def test_missing_baseline_is_an_error_naming_the_backends():
+    with pytest.raises(ValueError, match="cutile"):
+        speedup_table(frame(point("cutile", 1.0)), baseline="mamba_ssm")
+
+
+# --- ablation -----------------------------------------------------------------------------------------------
+D = {"costly": True, "good": True, "noop": True, "untested": True, "tile": 0}
+
+
+def ablation_frame():
+    off = dict.fromkeys(["costly", "good", "noop", "untested"], False)
+    return frame(
+        point("cutile", 1.1, switches=D),                                               # default
+        point("cutile", 1.0, switches={**D, "costly": False}, ablation="costly"),       # costs 10 %
+        point("cutile", 2.2, switches={**D, "good": False}, ablation="good"),           # halves the time
+        point("cutile", 1.1, switches={**D, "noop": False}, ablation="noop"),
+        point("cutile", 2.0, switches={**D, **off}, ablation="all_off"),
+        point("cutile", 2.2, switches={**D, **off, "costly": True}),                    # costly alone
+        point("cutile", 1.21, switches={**D, "tile": 64}, ablation="tile:64"),
+    )
+
+
+def test_switch_costing_10_percent_reads_minus_10():
+    t = ablation_table(ablation_frame(), "cutile", noop_switches={"sm_90": {"noop": "identical SASS"}})
+    r = t.set_index("switch")
+    assert r.loc["costly", "effect_on_top"] == pytest.approx(-0.10)
+    assert r.loc["costly", "effect_alone"] == pytest.approx(-0.10)  # 1 - 2.2 / 2.0
+    assert r.loc["costly", "status"] == "measured"
+    assert r.loc["good", "effect_on_top"] == pytest.approx(0.5)
+    assert r.loc["all (default vs all off)", "effect_on_top"] == pytest.approx(1 - 1.1 / 2.0)
+    assert r.loc["tile=64", "effect_on_top"] == pytest.approx(1 - 1.1 / 1.21)
+
+
+def test_noop_switch_is_labelled_never_measured():
+    t = ablation_table(ablation_frame(), "cutile", noop_switches={"sm_90": {"noop": "identical SASS"}}).set_index(
+        "switch")
+    assert t.loc["noop", "status"].startswith("no-op on sm_90")
+    assert math.isnan(t.loc["noop", "effect_on_top"]) and math.isnan(t.loc["noop", "effect_alone"])
+    assert t.loc["untested", "status"] == "not measured"
+    # the same switch on another architecture is measured as usual
+    t100 = ablation_table(ablation_frame(), "cutile", noop_switches={"sm_100": ["noop"]}).set_index("switch")
+    assert t100.loc["noop", "effect_on_top"] == pytest.approx(0.0)
+
+
+def test_noop_table_layouts():
+    rows = {"generated_by": "x", "rows": [
+        {"stage": s, "dtype": "bfloat16", "switch": "tma", "arch": "sm_90", "effect": "no-op on sm_90"}
+        for s in ("chunk_cumsum", "fwd_pass_state", "compute_out")] + [
+        {"stage": "chunk_cumsum", "dtype": "bfloat16", "switch": "exp2", "arch": "sm_90", "effect": "no-op on sm_90"},
+        {"stage": "compute_out", "dtype": "bfloat16", "switch": "exp2", "arch": "sm_90",
+         "effect": "changes sm_90 SASS"}]}
+    t = normalise_noop(rows)
+    assert t.reason("sm_90", "tma", "forward", "bfloat16")  # a no-op in every stage: a no-op for the forward
+    assert t.reason("sm_90", "exp2", "forward", "bfloat16") is None
+    assert t.reason("sm_90", "exp2", "chunk_cumsum", "bfloat16")
+    assert t.reason("sm_100", "tma", "forward", "bfloat16") is None
+    assert normalise_noop({"tma": {"sm90": {"noop": True, "why": "w"}}}).reason("sm_90", "tma") == "w"
+    assert normalise_noop({"cutile": {"9.0": ["tma"]}}, "cutile").reason("sm_90", "tma") == "no-op"
+
+
+# --- roofline, scaling, accuracy, compile -------------------------------------------------------------------
+def test_roofline_at_the_compute_ceiling_reads_1():
+    f = frame(point("cutile", 10.0, stage="compute_out", ceilings={"matmul_tflops": 100.0, "copy_gbps": 1000.0},
+                    extra={("compute_out", "flops"): 1e12, ("compute_out", "bytes"): 1e9}))
+    r = roofline_table(f).iloc[0]
+    assert r["tflops"] == pytest.approx(100.0) and r["gbps"] == pytest.approx(100.0)
+    assert r["floor_ms"] == pytest.approx(10.0) and r["frac_floor"] == pytest.approx(1.0) and r["bound"] == "compute"
+    ncu = pd.DataFrame({"run_id": [r.name if False else f["run_id"].iloc[0]], "stage": ["compute_out"],
+                        "dram_bytes": [3e9]})
+    assert roofline_table(f, ncu=ncu).iloc[0]["traffic_excess"] == pytest.approx(3.0)
+
+
+def test_seqlen_scaling_linear_reads_1():
+    pts = [point("triton", 0.5 * L / 1024, dims=(1, L, 80, 64, 1, 128, 256), shape_name="sl") for L in (1024, 4096)]
+    t = seqlen_table(frame(*pts))
+    assert t["scaling"].tolist() == pytest.approx([1.0, 1.0])
+    assert t["tokens_per_s"].iloc[0] == pytest.approx(1024 / 0.5e-3)
+
+
+def test_accuracy_worst_error_over_tolerance():
+    pts = [point("triton", None, extra={("forward", "rel_err"): e, ("forward", "tol"): 0.02}) for e in (0.01, 0.03)]
+    t = accuracy_table(frame(*pts))
+    r = t[t["stage"] == "forward"].iloc[0]
+    assert r["rel_err"] == pytest.approx(0.03) and r["err_over_tol"] == pytest.approx(1.5) and r["n"] == 2
+
+
+def test_compile_cost_calls_to_amortize():
+    t = compile_table(frame(point("cutile", 2.0, extra={("forward", "compile_s"): 4.0})))
+    assert t.iloc[0]["calls_to_amortize"] == pytest.approx(2000.0)
+
+
+# --- claims -------------------------------------------------------------------------------------------------
+def claim(**kw):
+    return {"id": "c", "source": "s", "url": "https://example.org", "quote": "q", "kind": "speedup",
+            "claimed": {"low": 2.0, "high": 2.0}, "comparable_arch": ["sm_90"],
+            "ours": {"backend": "cutile", "baseline": "mamba_ssm", "stage": "forward"}, **kw}
+
+
+@pytest.mark.parametrize("kw, status", [
+    pytest.param({}, "reproduced", id="reproduced"),
+    pytest.param({"claimed": {"low": 3.0, "high": 3.5}}, "not reproduced", id="not-reproduced"),
+    pytest.param({"comparable_arch": ["sm_100"]}, "not comparable", id="other-arch"),
+    pytest.param({"blackwell_only": True}, "not reproducible here: Blackwell-only", id="blackwell"),
+    pytest.param({"proxy": "not their kernel"}, "context only", id="proxy"),
+    pytest.param({"url": None}, "source not located", id="no-source"),
+    pytest.param({"ours": {"backend": "fla", "baseline": "mamba_ssm"}}, "not measured", id="not-measured"),
+])
+def test_claim_status(kw, status):
+    t = compare_claims(frame(point("mamba_ssm", 2.0), point("cutile", 1.0)), [claim(**kw)])
+    assert t["status"].iloc[0].startswith(status)
+
+
+def test_claims_file_has_sources_and_quotes():
+    claims = load_claims()
+    assert {"megatron_cutedsl_ssd", "pytorch_fused_triton_ssd", "tilelang_chunk_scan_h800"} <= {c["id"] for c in claims}
+    for c in claims:
+        assert c.get("url") or "not" in str(c.get("note", "")), c["id"]
+        if c.get("url"):
+            assert c["url"].startswith("https://") and c.get("quote") and c.get("gpu"), c["id"]
+
+
+# --- loading and the report -----------------------------------------------------------------------------------
+def test_missing_results_path_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("SSD_RESULTS", raising=False)
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        resolve_results(tmp_path / "nowhere")
+
+
+def test_folder_of_parquet_and_real_cpu_bench_rows(tmp_path):
+    f = frame(point("mamba_ssm", 2.0), point("cutile", 1.0))
+    store.write_atomic(f.iloc[:5], tmp_path / "a" / "x.parquet")
+    store.write_atomic(f.iloc[5:], tmp_path / "b" / "y.parquet")
+    assert len(load_results(tmp_path)) == len(f)
+    w = wide(ROOT / "tests" / "fixtures" / "cpu_bench")  # two real points from `experiments.bench experiment=cpu`
+    assert set(w["backend"]) == {"reference", "mamba_ssm"} and (w["arch"] == "cpu").all()
+    assert not w.duplicated(["run_id", "stage"]).any() and w["median_ms"].notna().sum() == 8
+    assert speedup_table(w, baseline="reference")["speedup"].notna().all()
+
+
+def test_schema_is_checked():
+    with pytest.raises(ValueError, match="schema columns"):
+        load_results(pd.DataFrame({"stage": ["forward"]}))
+
+
+def test_markdown_formats_effects_as_signed_percent():
+    assert fmt(-0.1, "effect_on_top") == "-10.0 %" and fmt(np.nan, "x") == ""
+
+
+def test_report_contains_every_table_and_figure(tmp_path):
+    from analysis import report
+
+    assert report.main([str(FIXTURE), "-o", str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    for section in report.SECTIONS:
+        assert f"## {section}" in md, section
+    assert "SYNTHETIC FIXTURE" in md
+    tables = report.tables(wide(load_results(FIXTURE)))
+    for name, t in tables.items():
+        if len(t.columns) and len(t):
+            header = "| " + " | ".join(str(c) for c in t.columns if c != "meaning") + " |"
+            assert header in md or name == "speedup", name  # the speedup table appears as matrices and in full
+    for fig in ("speedup_forward", "ablation", "roofline", "seqlen_scaling", "accuracy", "compile_cost"):
+        assert (tmp_path / "figures" / f"{fig}.png").stat().st_size > 1000
+        assert (tmp_path / "figures" / f"{fig}.svg").is_file()
+    assert "| megatron_cutedsl_ssd |" in md and "not reproducible here: Blackwell-only" in md
