@@ -64,6 +64,11 @@ class SweepCallback(Callback):
     def __init__(self) -> None:
         self.bar = None
 
+    def __getstate__(self) -> dict:
+        # hydra-submitit-launcher pickles the Hydra context, callbacks included, into every SLURM job; a live
+        # tqdm bar does not survive unpickling (RecursionError in tqdm.utils.__getattr__) and a job has no bar.
+        return {**self.__dict__, "bar": None}
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         count = None
         if "basic_sweeper" in str(config.hydra.sweeper.get("_target_", "")):

@@ -182,9 +182,11 @@ def ablation_points(switches_cls) -> list[str]:
     """The ablation sweep of a Switches dataclass: default, each bool switch that defaults to on turned off
     alone, then all of them off. Non-bool switches (tile sizes, tuning mode) have no "off"; an explicit
     "<switch>:<value>" ablation still sets one of them."""
-    points = ["none"] + [f.name for f in dataclasses.fields(switches_cls) if f.default is True]
-    if len(points) > 2:
-        points.append("all_off")
+    on_by_default = [f.name for f in dataclasses.fields(switches_cls) if f.default is True]
+    points = ["none"] + on_by_default
+    if len(on_by_default) > 1:
+        # all off, then each switch alone on top of all-off: the "alone" column of the ablation table
+        points += ["all_off"] + [f"only:{name}" for name in on_by_default]
     return points
 
 
@@ -198,6 +200,14 @@ def apply_ablation(switches_cls, given: dict[str, Any], ablation: str) -> dict[s
         for f in fields.values():
             if isinstance(f.default, bool) and f.default:
                 out[f.name] = False
+        return out
+    if ablation.startswith("only:"):
+        keep = ablation[len("only:"):]
+        if keep not in fields:
+            raise ConfigError(f"backend.ablation {ablation!r}: the backend has no switch {keep!r}")
+        for f in fields.values():
+            if isinstance(f.default, bool) and f.default:
+                out[f.name] = f.name == keep
         return out
     name, _, value = ablation.partition(":")
     if name not in fields:

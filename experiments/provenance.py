@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -83,4 +84,5 @@ def collect(device: torch.device) -> dict:
     row.update({f"v_{key}": _version(dist) for key, dist in PACKAGES.items()})
     row.update(gpu_info(device))
     row.update(git_state())
+    row["slurm_job_id"] = os.environ.get("SLURM_JOB_ID")  # null outside SLURM
     return row

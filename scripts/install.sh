@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-EXTRAS=${EXTRAS:-cutile,mamba,tracking,analysis,dev}
+EXTRAS=${EXTRAS:-cutile,mamba,tracking,analysis,dev,slurm}
 if [ ! -x "$VENV/bin/python" ]; then
   if [ "${VENV_SYSTEM_SITE:-0}" = 1 ]; then python3 -m venv --system-site-packages "$VENV"; else python3 -m venv "$VENV"; fi
 fi
