@@ -65,7 +65,7 @@ def ceilings(device: torch.device, dtype: torch.dtype, rep_ms: int) -> dict[str,
     a = torch.randn(n, n, device=device, dtype=dtype if dtype != torch.float64 else torch.float32)
     b = torch.randn_like(a)
     mm_ms = do_bench(lambda: a @ b, rep=rep_ms, return_mode="median")
-    src = torch.empty(1 << 28, device=device, dtype=torch.float32)  # 1 GiB
+    src = torch.randn(1 << 28, device=device, dtype=torch.float32)  # 1 GiB of random data, never zeros
     dst = torch.empty_like(src)
     copy_ms = do_bench(lambda: dst.copy_(src), rep=rep_ms, return_mode="median")
     return {"matmul_tflops": 2 * n**3 / (mm_ms * 1e-3) / 1e12, "copy_gbps": 2 * src.numel() * 4 / (copy_ms * 1e-3) / 1e9}
