@@ -1,0 +1,189 @@
+"""Ahead-of-time compilation of the cuTile stages on a machine without a GPU, and SASS facts read from the cubin.
+
+`build_call(stage, dtype, switches, ...)` makes the same `KernelCall` the launcher makes, with `ArraySpec`
+placeholders for the tensors; `export(call, arch)` turns it into a cubin with
+`cuda.tile.compilation.export_kernel`; `sass(cubin)` disassembles it with the cuobjdump of the venv
+(`nvidia-cuda-cuobjdump` wheel; it needs an nvdisasm, taken from triton's bundle when none is on PATH).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import inspect
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from impls.cutile.common import ArraySpec, KernelCall, ct_dtype
+
+STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
+# A small problem with every optional piece present: the shape does not enter the code (all sizes are runtime
+# values), only the tile sizes derived from it do.
+AOT_DIMS = dict(batch=2, seqlen=512, nheads=8, headdim=64, ngroups=2, dstate=128, chunk=128)
+
+
+def array_constraint(spec: ArraySpec):
+    import cuda.tile as ct
+    from cuda.tile.compilation import ArrayConstraint
+
+    elem = torch.empty((), dtype=spec.dtype).element_size()
+    per16 = max(1, 16 // elem)
+    stride_div = [per16] * (spec.ndim - 1) + [1 if spec.unit_last_stride else per16]
+    return ArrayConstraint(ct_dtype(spec.dtype), spec.ndim, index_dtype=ct.int32, stride_lower_bound_incl=0,
+                           alias_groups=(), may_alias_internally=False,
+                           stride_constant=[None] * (spec.ndim - 1) + [1 if spec.unit_last_stride else None],
+                           stride_divisible_by=stride_div, base_addr_divisible_by=16)
+
+
+def signature(call: KernelCall):
+    """The KernelSignature of `call`: arrays from their specs, runtime scalars int32/fp32, constants as given."""
+    import cuda.tile as ct
+    from cuda.tile.compilation import CallingConvention, KernelSignature, ScalarConstraint
+
+    pyfunc = call.kernel._annotated_function.pyfunc
+    params = list(inspect.signature(pyfunc).parameters.values())
+    out = []
+    for param, arg in zip(params, call.args):
+        constant = "Constant" in str(param.annotation)
+        if isinstance(arg, ArraySpec):
+            out.append(array_constraint(arg))
+        elif constant:
+            out.append(arg)
+        elif isinstance(arg, float):
+            out.append(ScalarConstraint(ct.float32))
+        else:
+            out.append(ScalarConstraint(ct.int32))
+    return KernelSignature(out, CallingConvention.cutile_python_v1()).with_mangled_symbol(pyfunc.__name__)
+
+
+def export(call: KernelCall, arch: str) -> bytes:
+    from cuda.tile.compilation import export_kernel
+
+    buf = io.BytesIO()
+    export_kernel(call.kernel, [signature(call)], buf, gpu_code=arch, output_format="cubin")
+    return buf.getvalue()
+
+
+def build_call(stage: str, dtype: torch.dtype, switches, dims: dict | None = None, config: dict | None = None,
+               optional: bool = True) -> KernelCall:
+    """The stage's KernelCall for `dtype` with placeholders; `optional` turns on every optional input."""
+    d = dict(AOT_DIMS, **(dims or {}))
+    config = dict(config or {})
+    f32, i32 = torch.float32, torch.int32
+    dims6 = (d["batch"], d["seqlen"], d["nheads"], d["headdim"], d["ngroups"], d["dstate"])
+    tf32 = dtype == f32 and switches.cb_precision == "tf32"
+    if stage == "chunk_cumsum":
+        from impls.cutile import chunk_cumsum as mod
+
+        arrays = (ArraySpec(dtype, 3), ArraySpec(f32, 1), ArraySpec(f32, 1), ArraySpec(f32, 4), ArraySpec(f32, 4))
+        return mod.make_call(arrays, (d["batch"], d["seqlen"], d["nheads"]), d["chunk"], optional, optional,
+                             (0.0, 0.1) if optional else (0.0, float("inf")), switches, config.get("occupancy", 0))
+    if stage == "fwd_pass_state":
+        from impls.cutile import fwd_pass_state as mod
+
+        arrays = (ArraySpec(dtype, 4), ArraySpec(dtype, 4), ArraySpec(f32, 4), ArraySpec(f32, 4), ArraySpec(f32, 4),
+                  ArraySpec(i32, 2), ArraySpec(dtype, 5), ArraySpec(f32, 4))
+        return mod.make_call(arrays, dims6, d["chunk"], optional, optional, tf32, switches, config)
+    if stage == "compute_out":
+        from impls.cutile import compute_out as mod
+
+        arrays = (ArraySpec(dtype, 4), ArraySpec(dtype, 4), ArraySpec(dtype, 4), ArraySpec(f32, 4), ArraySpec(f32, 4),
+                  ArraySpec(dtype, 5), ArraySpec(f32, 2), ArraySpec(dtype, 4), ArraySpec(i32, 2), ArraySpec(dtype, 4))
+        return mod.make_call(arrays, dims6, d["chunk"], 2 if optional else 0, optional, optional, tf32, switches,
+                             config)
+    raise ValueError(f"stage: expected one of {STAGES}, got {stage!r}")
+
+
+# --- SASS ------------------------------------------------------------------------------------------------------
+def _nvidia_bin(name: str) -> str | None:
+    site = Path(torch.__file__).resolve().parent.parent
+    for candidate in (site / "nvidia" / "cu13" / "bin" / name, site / "triton" / "backends" / "nvidia" / "bin" / name):
+        if candidate.exists():
+            return str(candidate)
+    return shutil.which(name)
+
+
+def cuobjdump_path() -> str | None:
+    return _nvidia_bin("cuobjdump")
+
+
+def sass(cubin: bytes) -> str:
+    """The disassembly of a cubin (cuobjdump -sass)."""
+    tool = cuobjdump_path()
+    if tool is None:
+        raise RuntimeError("cuobjdump not found (install the nvidia-cuda-cuobjdump wheel)")
+    env = dict(os.environ)
+    nvdisasm = _nvidia_bin("nvdisasm")
+    if nvdisasm:
+        env["PATH"] = str(Path(nvdisasm).parent) + os.pathsep + env.get("PATH", "")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+        fh.write(cubin)
+        fh.flush()
+        res = subprocess.run([tool, "-sass", fh.name], capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed: {res.stderr.strip()}")
+    return res.stdout
+
+
+_OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_x]+)*)")
+
+
+def opcodes(sass_text: str) -> collections.Counter:
+    """Full opcode (with modifiers) -> count."""
+    return collections.Counter(_OPCODE.findall(sass_text))
+
+
+def facts(sass_text: str) -> dict:
+    """The machine-code facts the tests check: TMA bulk copies, warpgroup / tcgen05 MMAs, instruction count."""
+    ops = opcodes(sass_text)
+
+    def count(prefix):
+        return sum(n for op, n in ops.items() if op.split(".")[0] == prefix)
+
+    return {
+        "UTMALDG": count("UTMALDG"),
+        "UTMASTG": count("UTMASTG"),
+        "HGMMA": count("HGMMA"),
+        "UTCMMA": sum(n for op, n in ops.items() if re.match(r"UTC\w*MMA", op.split(".")[0])),
+        "MUFU.EX2": sum(n for op, n in ops.items() if op.startswith("MUFU.EX2")),
+        "instructions": sum(ops.values()),
+    }
+
+
+def normalized(sass_text: str) -> str:
+    """SASS without addresses/encodings/symbol names, for 'identical code' comparisons."""
+    lines = []
+    for line in sass_text.splitlines():
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if m:
+            lines.append(m.group(1))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:  # pragma: no cover - a convenience for looking at one variant
+    import argparse
+
+    from impls.cutile.switches import CutileSwitches
+
+    p = argparse.ArgumentParser(description="AOT-compile one cuTile stage and print its SASS facts")
+    p.add_argument("stage", choices=STAGES)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--off", nargs="*", default=[], help="switches to turn off")
+    a = p.parse_args(argv)
+    sw = dataclasses.replace(CutileSwitches(), **{k: (False if k != "cb_precision" else "fp32") for k in a.off})
+    text = sass(export(build_call(a.stage, getattr(torch, a.dtype), sw), a.arch))
+    print(facts(text))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

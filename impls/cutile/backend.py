@@ -1,0 +1,157 @@
+"""The "cutile" backend: the three SSD stages as cuTile kernels, launched on the current torch stream."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+
+import torch
+
+from impls.cutile.switches import CutileSwitches
+from impls.problem import Problem
+from impls.registry import Backend, register
+
+MIN_DIM, MAX_DIM = 32, 256  # headdim and dstate the kernels are built and tested for
+
+
+def _stage(name: str):
+    return importlib.import_module(f"impls.cutile.{name}")
+
+
+@register
+class CutileBackend(Backend):
+    """cuTile 1.7 kernels; GPU (sm_90 / sm_100) only. Switches: see impls/cutile/switches.py."""
+
+    name = "cutile"
+    Switches = CutileSwitches
+
+    def __init__(self, switches=None, **overrides):
+        super().__init__(switches, **overrides)
+        self._sources: dict[str, dict] = {}
+
+    # --- capability -------------------------------------------------------------------------------------
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        try:
+            import cuda.tile  # noqa: F401
+        except Exception as exc:  # ImportError, or a broken install raising at import
+            return False, f"cuda.tile cannot be imported: {exc}"
+        if not torch.cuda.is_available():
+            return False, "no CUDA device visible to torch"
+        return True, ""
+
+    def check_device(self, device) -> tuple[bool, str]:
+        device = torch.device(device)
+        if device.type != "cuda":
+            return False, f"cuTile kernels run on CUDA devices only, got a {device.type} tensor"
+        return True, ""
+
+    def supports(self, problem: Problem) -> tuple[bool, str]:
+        from impls.cutile.common import too_large
+
+        s = problem.shape
+        if problem.dtype not in ("float32", "float16", "bfloat16"):
+            return False, f"dtype {problem.dtype}: the kernels take float32, float16 or bfloat16"
+        if problem.state_dtype not in (None, "float32", "float16", "bfloat16"):
+            return False, f"state_dtype {problem.state_dtype} is not supported"
+        if s.headdim and not MIN_DIM <= s.headdim <= MAX_DIM:
+            return False, f"headdim {s.headdim} outside {MIN_DIM}..{MAX_DIM}"
+        if s.dstate and not MIN_DIM <= s.dstate <= MAX_DIM:
+            return False, f"dstate {s.dstate} outside {MIN_DIM}..{MAX_DIM}"
+        if s.ngroups and s.nheads % s.ngroups:
+            return False, f"ngroups {s.ngroups} does not divide nheads {s.nheads}"
+        if s.chunk_size & (s.chunk_size - 1) or not 16 <= s.chunk_size <= 256:
+            return False, f"chunk_size {s.chunk_size}: the kernels take powers of two 16..256"
+        padded = s.batch * s.nchunks * s.chunk_size
+        reason = too_large(padded * s.nheads * max(1, s.headdim), padded * max(1, s.ngroups) * max(1, s.dstate),
+                           s.batch * s.nchunks * s.nheads * max(1, s.headdim) * max(1, s.dstate))
+        if reason:
+            return False, reason
+        return True, ""
+
+    # --- stages -----------------------------------------------------------------------------------------
+    def _config(self, stage: str, key_shape: str, dtype, device, make_call):
+        from impls.cutile import tune
+        from impls.tuning import tuning_key
+
+        key = tuning_key(key_shape, str(dtype).replace("torch.", ""),
+                         **{k: v for k, v in dataclasses.asdict(self.switches).items()
+                            if k in ("transposed_layout", "operand_swap", "cb_precision")})
+        config, source = tune.resolve(stage, self.switches, device, key, make_call)
+        self._sources[stage] = {"source": source, "config": config}
+        return config
+
+    def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
+        mod = _stage("chunk_cumsum")
+        batch, seqlen, nheads = dt.shape
+        label = f"b{batch}-l{seqlen}-h{nheads}-c{chunk_size}"
+
+        def make(cfg):
+            from impls.cutile.common import dummy
+
+            nchunks = math.ceil(seqlen / chunk_size)
+            out = torch.empty(2, batch, nheads, nchunks, chunk_size, device=dt.device)
+            bias = dt_bias if dt_bias is not None else dummy(dt.device)
+            return mod.make_call((dt, A, bias, out[0], out[1]), (batch, seqlen, nheads), chunk_size,
+                                 dt_bias is not None, dt_softplus, dt_limit, self.switches, cfg.get("occupancy", 0))
+
+        cfg = self._config("chunk_cumsum", label, dt.dtype, dt.device, make)
+        return mod.run(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit, self.switches, cfg.get("occupancy", 0))
+
+    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        mod = _stage("fwd_pass_state")
+        label = _label(x, B, dt.shape[-1])
+
+        def make(cfg):
+            from impls.cutile.common import dummy
+
+            batch, seqlen, nheads, headdim = x.shape
+            nchunks = dt.shape[2]
+            st = torch.empty(batch, nchunks, nheads, headdim, B.shape[3], device=x.device,
+                             dtype=state_dtype or x.dtype)
+            if self.switches.transposed_layout:
+                st = st.transpose(-1, -2).contiguous()
+            final = torch.empty(batch, nheads, headdim, B.shape[3], device=x.device)
+            init = initial_states if initial_states is not None else dummy(x.device, ndim=4)
+            seq = seq_idx if seq_idx is not None else dummy(x.device, torch.int32, ndim=2)
+            return mod.make_call((x, B, dt, dA_cumsum, init, seq, st, final),
+                                 (batch, seqlen, nheads, headdim, B.shape[2], B.shape[3]), dt.shape[-1],
+                                 initial_states is not None, seq_idx is not None, self._tf32(x), self.switches, cfg)
+
+        cfg = self._config("fwd_pass_state", label, x.dtype, x.device, make)
+        return mod.run(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, self.switches, cfg)
+
+    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
+        mod = _stage("compute_out")
+        label = _label(x, B, dt.shape[-1])
+
+        def make(cfg):
+            from impls.cutile.common import dummy
+
+            y = torch.empty_like(x)
+            d_mode = 0 if D is None else (1 if D.dim() == 1 else 2)
+            return mod.make_call(
+                (C, B, x, dt, dA_cumsum, mod.states_storage(states, self.switches.transposed_layout),
+                 D if D is not None else dummy(x.device), z if z is not None else dummy(x.device, x.dtype, 4),
+                 seq_idx if seq_idx is not None else dummy(x.device, torch.int32, 2), y),
+                tuple(x.shape) + (B.shape[2], B.shape[3]), dt.shape[-1], d_mode, z is not None,
+                seq_idx is not None, self._tf32(x), self.switches, cfg)
+
+        cfg = self._config("compute_out", label, x.dtype, x.device, make)
+        return mod.run(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, self.switches, cfg)
+
+    def _tf32(self, x) -> bool:
+        return x.dtype == torch.float32 and self.switches.cb_precision == "tf32"
+
+    def describe(self) -> dict:
+        out = super().describe()
+        out["stages"] = {k: dict(v) for k, v in self._sources.items()}  # which config source ran per stage
+        return out
+
+
+def _label(x, B, chunk) -> str:
+    from impls.problem import Shape
+
+    b, l, h, p = x.shape
+    return Shape(b, l, h, p, B.shape[2], B.shape[3], chunk).label()

@@ -1,0 +1,169 @@
+"""Stage 3 in cuTile: y = (C·Bᵀ ∘ decay ∘ causal mask)·(dt x) inside each chunk + exp(dA)·C·state + D x, gated by
+silu(z).
+
+One tile program owns (batch, chunk, a block of BL output rows, head, headdim block). It starts from the
+off-chunk term C_l·stateᵀ scaled by exp(dA_l), then walks the source blocks j <= its own row block like a causal
+attention: scores = C_l·B_jᵀ ∘ exp(dA_l − dA_j) ∘ dt_j (masked by causality and, with seq_idx, by sequence
+equality), acc += scores·x_j. The score tile is cast to the input dtype for the second MMA (as upstream).
+
+Switches: operand_swap accumulates yᵀ (headdim × rows): state·C_lᵀ and x_jᵀ·scoresᵀ; transposed_layout reads the
+states stored (dstate, headdim) by stage 2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.tile as ct
+import torch
+
+from impls.cutile.common import LOG2E, KernelCall, kernel_for, next_pow2
+
+ZERO = ct.PaddingMode.ZERO
+
+
+def _mma(a, b, acc, TF32):
+    if TF32:
+        return ct.mma(a.astype(ct.tfloat32), b.astype(ct.tfloat32), acc)
+    return ct.mma(a, b, acc)
+
+
+def _exp(v, EXP2):
+    """v is already scaled by log2(e) when EXP2."""
+    if EXP2:
+        return ct.exp2(v)
+    return ct.exp(v)
+
+
+def _load_rows(t, b, row_block, h, col_block, BL, BC, tma, lat):
+    """(BL, BC) tile of a (batch, seqlen, heads_or_groups, cols) tensor; rows past seqlen read as zero."""
+    tile = ct.load(t, (b, row_block, h, col_block), (1, BL, 1, BC), padding_mode=ZERO, allow_tma=tma, latency=lat)
+    return tile.reshape((BL, BC))
+
+
+def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, y, heads_per_group,
+                       CHUNK: ct.Constant[int], BL: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
+                       D_MODE: ct.Constant[int], HAS_Z: ct.Constant[bool], HAS_SEQ: ct.Constant[bool],
+                       SWAP: ct.Constant[bool], TRANS: ct.Constant[bool], TF32: ct.Constant[bool],
+                       EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int]):
+    pid, h, pb = ct.bid(0), ct.bid(1), ct.bid(2)
+    nsub = CHUNK // BL
+    nchunks = dA.shape[2]
+    i = pid % nsub
+    c = (pid // nsub) % nchunks
+    b = pid // (nsub * nchunks)
+    g = h // heads_per_group
+    row_block = c * nsub + i
+    tma = None if TMA else False
+    lat = LAT if LAT > 0 else None
+    scale = LOG2E if EXP2 else 1.0
+
+    c_l = _load_rows(C, b, row_block, g, 0, BL, BN, tma, lat)
+    dA_l = ct.load(dA, (b, h, c, i), (1, 1, 1, BL), allow_tma=tma).reshape((BL,)) * scale
+    rows = i * BL + ct.arange(BL, dtype=ct.int32)
+
+    # off-chunk term: C_l · stateᵀ, scaled by exp(dA_l) (zero for rows of a sequence that began in this chunk)
+    state_scale = _exp(dA_l, EXP2)
+    if HAS_SEQ:
+        s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
+        s_before = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
+        state_scale = ct.where(s_l == s_before, state_scale, 0.0)
+    if TRANS:
+        s_np = ct.load(states, (b, c, h, 0, pb), (1, 1, 1, BN, BP), padding_mode=ZERO, allow_tma=tma, latency=lat)
+        s_np = s_np.reshape((BN, BP)).astype(C.dtype)
+    else:
+        s_pn = ct.load(states, (b, c, h, pb, 0), (1, 1, 1, BP, BN), padding_mode=ZERO, allow_tma=tma, latency=lat)
+        s_np = ct.transpose(s_pn.reshape((BP, BN)).astype(C.dtype))
+    if SWAP:
+        acc = _mma(ct.transpose(s_np), ct.transpose(c_l), ct.zeros((BP, BL), ct.float32), TF32)
+        acc = acc * state_scale.reshape((1, BL))
+    else:
+        acc = _mma(c_l, s_np, ct.zeros((BL, BP), ct.float32), TF32)
+        acc = acc * state_scale.reshape((BL, 1))
+
+    # in-chunk term, causal over source blocks j <= i
+    for j in range(i + 1):
+        src_block = c * nsub + j
+        b_s = _load_rows(B, b, src_block, g, 0, BL, BN, tma, lat)
+        x_s = _load_rows(x, b, src_block, h, pb, BL, BP, tma, lat)
+        dA_s = ct.load(dA, (b, h, c, j), (1, 1, 1, BL), allow_tma=tma).reshape((BL,)) * scale
+        dt_s = ct.load(dt, (b, h, c, j), (1, 1, 1, BL), allow_tma=tma).reshape((BL,))
+        srcs = j * BL + ct.arange(BL, dtype=ct.int32)
+        if SWAP:
+            # (source, row) orientation
+            keep = srcs.reshape((BL, 1)) <= rows.reshape((1, BL))
+            if HAS_SEQ:
+                s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
+                keep = keep & (s_s.reshape((BL, 1)) == s_l.reshape((1, BL)))
+            diff = ct.where(keep, dA_l.reshape((1, BL)) - dA_s.reshape((BL, 1)), -math.inf)
+            cb = _mma(b_s, ct.transpose(c_l), ct.zeros((BL, BL), ct.float32), TF32)
+            scores = (cb * _exp(diff, EXP2) * dt_s.reshape((BL, 1))).astype(x.dtype)
+            acc = _mma(ct.transpose(x_s), scores, acc, TF32)
+        else:
+            keep = rows.reshape((BL, 1)) >= srcs.reshape((1, BL))
+            if HAS_SEQ:
+                s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
+                keep = keep & (s_l.reshape((BL, 1)) == s_s.reshape((1, BL)))
+            diff = ct.where(keep, dA_l.reshape((BL, 1)) - dA_s.reshape((1, BL)), -math.inf)
+            cb = _mma(c_l, ct.transpose(b_s), ct.zeros((BL, BL), ct.float32), TF32)
+            scores = (cb * _exp(diff, EXP2) * dt_s.reshape((1, BL))).astype(x.dtype)
+            acc = _mma(scores, x_s, acc, TF32)
+    if SWAP:
+        acc = ct.transpose(acc)
+
+    if D_MODE > 0 or HAS_Z:
+        x_l = _load_rows(x, b, row_block, h, pb, BL, BP, tma, None).astype(ct.float32)
+    if D_MODE == 1:
+        acc = acc + x_l * ct.load(D, (h,), (1,), allow_tma=tma).astype(ct.float32).reshape((1, 1))
+    if D_MODE == 2:
+        d_p = ct.load(D, (h, pb), (1, BP), padding_mode=ZERO, allow_tma=tma).astype(ct.float32)
+        acc = acc + x_l * d_p
+    if HAS_Z:
+        z_l = _load_rows(z, b, row_block, h, pb, BL, BP, tma, None).astype(ct.float32)
+        acc = acc * z_l / (1.0 + _exp(-z_l * scale, EXP2))
+    ct.store(y, (b, row_block, h, pb), acc.astype(y.dtype).reshape((1, BL, 1, BP)), allow_tma=tma)
+
+
+def blocks(chunk: int, headdim: int, dstate: int, config: dict) -> tuple[int, int, int]:
+    bl = min(config.get("block_rows") or 64, chunk)
+    bp = min(config.get("block_headdim") or 64, next_pow2(headdim))
+    return bl, bp, next_pow2(dstate)
+
+
+def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config) -> KernelCall:
+    """arrays = (C, B, x, dt, dA, states_storage, D, z, seq, y): tensors, or ArraySpec for AOT compiles."""
+    batch, seqlen, nheads, headdim, ngroups, dstate = dims
+    nchunks = math.ceil(seqlen / chunk_size)
+    bl, bp, bn = blocks(chunk_size, headdim, dstate, config)
+    args = (*arrays, nheads // ngroups, chunk_size, bl, bp, bn, int(d_mode), bool(has_z), bool(has_seq),
+            sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
+    grid = (batch * nchunks * (chunk_size // bl), nheads, math.ceil(headdim / bp))
+    return KernelCall(kernel_for(compute_out_kernel, config.get("occupancy", 0)), grid, args)
+
+
+def states_storage(states: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """The (b, c, h, n, p) or (b, c, h, p, n) view the kernel reads; a copy only if the given layout differs."""
+    if transposed:
+        storage = states.transpose(-1, -2)
+    else:
+        storage = states
+    return storage if storage.stride(-1) == 1 else storage.contiguous()
+
+
+def run(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, sw, config):
+    from impls.cutile.common import dummy, launch
+
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    chunk = dt.shape[3]
+    y = torch.empty(batch, seqlen, nheads, headdim, device=x.device, dtype=x.dtype)
+    d_mode = 0 if D is None else (1 if D.dim() == 1 else 2)
+    Dt = D if D is not None else dummy(x.device)
+    zt = z if z is not None else dummy(x.device, x.dtype, ndim=4)
+    seq = seq_idx if seq_idx is not None else dummy(x.device, torch.int32, ndim=2)
+    tf32 = x.dtype == torch.float32 and sw.cb_precision == "tf32"
+    call = make_call((C, B, x, dt, dA_cumsum, states_storage(states, sw.transposed_layout), Dt, zt, seq, y),
+                     (batch, seqlen, nheads, headdim, ngroups, dstate), chunk, d_mode, z is not None,
+                     seq_idx is not None, tf32, sw, config)
+    launch(call)
+    return y

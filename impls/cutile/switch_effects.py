@@ -1,0 +1,59 @@
+"""Writes impls/cutile/switch_effects.json: for every stage, dtype and code switch, whether turning the switch off
+alone changes the sm_90 machine code (SASS, addresses and encodings stripped) compared with the defaults.
+
+"no-op on sm_90" means the SASS is identical: such a switch must never be reported as having a measured effect
+on the H200. Run: `python -m impls.cutile.switch_effects` (CPU only, about 2-3 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from impls.cutile.aot import STAGES, build_call, export, facts, normalized, sass
+from impls.cutile.switches import CODE_SWITCHES, CutileSwitches
+
+PATH = Path(__file__).with_name("switch_effects.json")
+OFF_VALUE = {"cb_precision": "fp32"}  # every other code switch is a bool whose "off" is False
+DTYPES = ("bfloat16", "float32")
+
+
+def off(name: str) -> CutileSwitches:
+    return dataclasses.replace(CutileSwitches(), **{name: OFF_VALUE.get(name, False)})
+
+
+def effect(stage: str, dtype: str, name: str, arch: str = "sm_90", cache: dict | None = None) -> dict:
+    cache = {} if cache is None else cache
+
+    def compiled(sw):
+        key = (stage, dtype, arch, dataclasses.astuple(sw))
+        if key not in cache:
+            cache[key] = sass(export(build_call(stage, getattr(torch, dtype), sw), arch))
+        return cache[key]
+
+    base, changed = compiled(CutileSwitches()), compiled(off(name))
+    same = normalized(base) == normalized(changed)
+    return {"stage": stage, "dtype": dtype, "switch": name, "arch": arch,
+            "effect": "no-op on sm_90" if same else "changes sm_90 SASS",
+            "default": facts(base), "off": facts(changed)}
+
+
+def build() -> list[dict]:
+    cache: dict = {}
+    return [effect(stage, dtype, name, cache=cache) for stage in STAGES for dtype in DTYPES for name in CODE_SWITCHES]
+
+
+def main() -> int:
+    rows = build()
+    PATH.write_text(json.dumps({"generated_by": "python -m impls.cutile.switch_effects", "rows": rows}, indent=1))
+    for r in rows:
+        print(f"{r['stage']:15s} {r['dtype']:9s} {r['switch']:18s} {r['effect']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The cuTile backend's switches: compile-time constants of its kernels, defaults = every trick on.
+
+Meanings per architecture are in the field metadata (`sm90=`, `sm100=`); docs/cutile-switches.md says, per stage,
+which tensor each switch transposes or swaps and who pays for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from impls.registry import switch
+
+
+@dataclass(frozen=True)
+class CutileSwitches:
+    transposed_layout: bool = switch(
+        True,
+        "stage 2 stores the chunk states (b, c, h, dstate, headdim) in memory (returned as a transposed view); "
+        "stage 3 loads them in that form",
+        sm90="states written dstate-major so that stage 3's C·stateᵀ reads its B operand in (K=dstate, N=headdim) "
+             "form straight from the TMA box",
+        sm100="same layout; stage 3's state operand arrives in the (K, N) form the tcgen05 MMA's B operand in shared "
+              "memory takes")
+    operand_swap: bool = switch(
+        True,
+        "swap the matmul operands: stage 2 computes stateᵀ = Bᵀ·(w x) (dstate on M, headdim on N); stage 3 "
+        "computes yᵀ = state·Cᵀ + xᵀ·scoresᵀ (headdim on M, chunk rows on N)",
+        sm90="which operand is the warpgroup MMA's A (M side, 64-row granules) and which dimension lands on N",
+        sm100="which operand the tcgen05 MMA keeps in Tensor Memory as the accumulator's M side, i.e. TMEM placement "
+              "of the (headdim × rows) vs (rows × headdim) accumulator")
+    latency_hints: bool = switch(
+        True, "pass `latency=` hints on the big operand loads (x, B, C, states), letting the compiler deepen "
+              "the prefetch pipeline")
+    tma: bool = switch(
+        True, "allow tensor-memory-accelerator (TMA) bulk loads/stores (allow_tma=None, the compiler decides); off "
+              "forces allow_tma=False (per-thread loads)")
+    exp2: bool = switch(
+        True, "work in base 2: dA_cumsum scaled by log2(e) once per tile, decays via exp2 (and softplus via "
+              "exp2/log2) instead of exp")
+    cb_precision: str = switch(
+        "tf32", "precision of the matmuls for fp32 inputs (C·Bᵀ and the others): tf32 tensor cores or full fp32; "
+                "ignored for fp16/bf16 inputs", choices=("tf32", "fp32"))
+    block_rows: int = switch(
+        0, "stage 3 rows (and source positions) of the chunk per tile; 0 = from tuning", choices=(0, 32, 64, 128))
+    block_headdim: int = switch(
+        0, "headdim columns per tile (stages 2, 3); 0 = from tuning", choices=(0, 32, 64, 128, 256))
+    block_dstate: int = switch(
+        0, "dstate columns per tile in stage 2; 0 = from tuning", choices=(0, 32, 64, 128, 256))
+    occupancy: int = switch(
+        0, "`ct.kernel(occupancy=)` hint, CTAs per SM; 0 = from tuning", choices=(0, 1, 2, 4))
+    tuning: str = switch(
+        "auto", "where tile sizes/occupancy come from (impls/tuning.py modes)",
+        choices=("auto", "search", "record", "fallback"))
+
+
+# Switches that change generated code (the rest pick sizes or where sizes come from).
+CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "cb_precision")
