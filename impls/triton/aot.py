@@ -1,0 +1,117 @@
+"""Ahead-of-time compilation of the Triton backend's kernels for a GPU architecture, on a machine without a GPU.
+
+`triton.compile` runs the whole pipeline (Triton IR -> TTGIR -> LLVM IR -> PTX -> cubin via the bundled ptxas)
+for a `GPUTarget`, so compile errors and the shared memory a configuration needs show up without a device. The
+process must not run under the interpreter (TRITON_INTERPRET unset when impls.triton is imported); the CPU tests
+call this module in a subprocess:
+
+    python -m impls.triton.aot --arch 90 --dtype bfloat16 [--all-variants]
+
+It prints one line per kernel variant: name, switches, shared-memory bytes; exit status 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+import triton
+
+SHARED_MEMORY_LIMIT = {90: 232448, 100: 232448}  # bytes of dynamic shared memory per block (sm_90, sm_100)
+POINTER = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
+
+
+def _compile(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int, num_stages: int) -> int:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = kernel.arg_names
+    signature = {}
+    for name in names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in pointers:
+            signature[name] = pointers[name]
+        elif name in ("dt_min", "dt_max"):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    source = ASTSource(kernel, signature, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    return compiled.metadata.shared
+
+
+def variants(dtype: str, all_variants: bool):
+    """(kernel name, kernel, pointer types, constexprs, num_warps, num_stages) for the defaults and all-off, or
+    for every combination of the code switches and features when `all_variants`."""
+    from impls.triton import config as cfg
+    from impls.triton.chunk_cumsum import chunk_cumsum_kernel
+    from impls.triton.compute_out import compute_out_kernel
+    from impls.triton.fwd_pass_state import chunk_state_kernel, state_passing_kernel
+
+    p = POINTER[dtype]
+    dims = {"nheads": 80, "chunk": 256, "headdim": 64, "dstate": 128}
+    itemsize = cfg.DTYPE_BYTES[dtype]
+    flags = list(itertools.product((True, False), repeat=3)) if all_variants else [(True,) * 3, (False,) * 3]
+    precisions = ("tf32", "ieee") if dtype == "float32" else ("tf32",)
+    for swap, exp2, feature in flags:
+        base = cfg.fallback("sm90", "chunk_cumsum", dims, itemsize, {})
+        yield ("chunk_cumsum", chunk_cumsum_kernel,
+               {"dt_ptr": p, "A_ptr": "*fp32", "bias_ptr": "*fp32", "dt_out_ptr": "*fp32", "dA_ptr": "*fp32"},
+               dict(CHUNK=256, BLOCK_H=base["block_heads"], HAS_BIAS=feature, SOFTPLUS=feature, HAS_LIMIT=feature,
+                    EXP2=exp2), base["num_warps"], 1)
+        for precision in precisions:
+            c = cfg.fallback("sm90", "chunk_state", dims, itemsize, {})
+            yield ("chunk_state", chunk_state_kernel,
+                   {"x_ptr": p, "B_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "seq_ptr": "*i32",
+                    "out_ptr": "*fp32"},
+                   dict(CHUNK=256, BLOCK_P=c["block_headdim"], BLOCK_N=c["block_dstate"],
+                        BLOCK_K=c["block_positions"], HAS_SEQ=feature, SWAP=swap, EXP2=exp2,
+                        DOT_PRECISION=precision), c["num_warps"], c["num_stages"])
+            for dstate in (128, 256):
+                d = dict(dims, dstate=dstate)
+                c = cfg.fallback("sm90", "compute_out", d, itemsize, {})
+                yield ("compute_out", compute_out_kernel,
+                       {"C_ptr": p, "B_ptr": p, "x_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "st_ptr": p,
+                        "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "y_ptr": p},
+                       dict(CHUNK=256, BLOCK_M=c["block_rows"], BLOCK_K=c["block_positions"],
+                            BLOCK_P=c["block_headdim"], BLOCK_DSTATE=dstate, HAS_D=feature, HAS_Z=feature,
+                            HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precision),
+                       c["num_warps"], c["num_stages"])
+        s = cfg.fallback("sm90", "state_passing", dims, itemsize, {})
+        yield ("state_passing", state_passing_kernel,
+               {"local_ptr": "*fp32", "out_ptr": p, "final_ptr": "*fp32", "init_ptr": "*fp32", "dA_ptr": "*fp32",
+                "seq_ptr": "*i64"},
+               dict(CHUNK=256, BLOCK_S=s["block_state"], DSTATE_MAJOR=swap, HAS_INIT=feature, HAS_SEQ=feature,
+                    EXP2=exp2), s["num_warps"], 1)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(POINTER))
+    parser.add_argument("--all-variants", action="store_true")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("TRITON_INTERPRET is set: unset it to compile for a GPU", file=sys.stderr)
+        return 2
+    failed = 0
+    for name, kernel, pointers, constexprs, warps, stages in variants(args.dtype, args.all_variants):
+        label = f"{name} sm_{args.arch} {args.dtype} " + " ".join(f"{k}={v}" for k, v in constexprs.items())
+        try:
+            shared = _compile(kernel, pointers, constexprs, args.arch, warps, stages)
+        except Exception as exc:  # report every failing variant, not only the first
+            failed += 1
+            print(f"FAIL {label}: {type(exc).__name__}: {str(exc)[:500]}")
+            continue
+        fits = shared <= SHARED_MEMORY_LIMIT.get(args.arch, 232448)
+        failed += not fits
+        print(f"{'ok  ' if fits else 'SMEM'} {label} shared={shared}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

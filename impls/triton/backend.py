@@ -1,0 +1,198 @@
+"""The Triton backend ("triton"): the three stages as Triton kernels, written with the same stage boundaries,
+layouts and operand orders as the cuTile backend, so that comparing the two isolates the language.
+
+This file wires the stages to the switches and to the tuning machinery: for every stage it resolves a launch
+configuration (impls/tuning.py: search / record / fallback / auto), applies the pinned switches, clamps block
+sizes to the problem and remembers what ran, which `describe()` reports. Outputs are allocated with
+torch.empty looked up at call time, so tests can NaN-poison them with impls.tolerance.poisoned_allocations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from impls import tuning
+from impls.problem import Problem, Shape, dtype_name
+from impls.registry import Backend, register
+from impls.triton import config as cfg
+from impls.triton.chunk_cumsum import chunk_cumsum as _chunk_cumsum
+from impls.triton.compute_out import compute_out as _compute_out
+from impls.triton.fwd_pass_state import chunk_states as _chunk_states
+from impls.triton.fwd_pass_state import pass_states as _pass_states
+
+
+@register
+class TritonBackend(Backend):
+    """Triton kernels on CUDA tensors; on CPU tensors only under the Triton interpreter (TRITON_INTERPRET=1)."""
+
+    name = "triton"
+    Switches = cfg.TritonSwitches
+    CANNOT_EXPRESS = {
+        "latency_hints": "Triton has no per-load latency hint; the nearest analogues are the num_stages "
+                         "(software-pipelining depth) and num_warps switches",
+        "tma": "this backend has no TMA path: it loads through pointers (a tl.make_tensor_descriptor path "
+               "would be a new kernel variant, not written)",
+        "occupancy": "Triton has no CTAs-per-SM hint; occupancy follows from num_warps and the registers and "
+                     "shared memory of the launch configuration",
+    }
+
+    def __init__(self, switches=None, **overrides):
+        super().__init__(switches, **overrides)
+        self._resolved: dict[tuple[str, str], cfg.Resolved] = {}
+        self.last_tuning: dict[str, dict[str, Any]] = {}
+
+    # --- capability -------------------------------------------------------------------------------------
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        if cfg.interpreting() or torch.cuda.is_available():
+            return True, ""
+        return False, "no CUDA device, and the Triton interpreter is off (TRITON_INTERPRET=1 before import)"
+
+    def supports(self, problem: Problem) -> tuple[bool, str]:
+        if problem.dtype not in ("float32", "float16", "bfloat16"):
+            return False, f"dtype {problem.dtype}: the kernels take float32, float16 or bfloat16 inputs"
+        if problem.shape.dstate > cfg.MAX_DSTATE:
+            return False, (f"dstate {problem.shape.dstate} > {cfg.MAX_DSTATE}: compute_out holds all of dstate "
+                           "in one tile")
+        return True, ""
+
+    def check_device(self, device: torch.device) -> tuple[bool, str]:
+        device = torch.device(device)
+        if device.type == "cuda" or (device.type == "cpu" and cfg.interpreting()):
+            return True, ""
+        return False, f"tensors on {device}: Triton runs CUDA tensors (CPU ones only under TRITON_INTERPRET=1)"
+
+    # --- stages -------------------------------------------------------------------------------------------
+    def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
+        batch, seqlen, nheads = dt.shape
+        shape = Shape(batch, seqlen, nheads, 0, 0, 0, chunk_size)
+        dims = {"nheads": nheads, "chunk": chunk_size}
+        flags = {"bias": dt_bias is not None, "softplus": bool(dt_softplus),
+                 "limit": tuple(dt_limit) != (0.0, math.inf)}
+
+        def launch(config):
+            return _chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit, config=config,
+                                 switches=self.switches, empty=self._empty)
+
+        config = self._config("chunk_cumsum", shape, dtype_name(dt.dtype), flags, dims, dt.device, launch)
+        return launch(config)
+
+    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        shape, dims = self._shape(x, B, dt)
+        dtype = dtype_name(x.dtype)
+        precision = self._dot_precision(x)
+
+        def launch_local(config):
+            return _chunk_states(B, x, dt, dA_cumsum, seq_idx, config=config, switches=self.switches,
+                                 empty=self._empty, dot_precision=precision)
+
+        local_config = self._config("chunk_state", shape, dtype, {"seq": seq_idx is not None}, dims, x.device,
+                                    launch_local)
+        local = launch_local(local_config)
+        out_dtype = state_dtype or x.dtype
+
+        def launch_pass(config):
+            return _pass_states(local, dA_cumsum, initial_states, seq_idx, x.shape[1], out_dtype, config=config,
+                                switches=self.switches, empty=self._empty)
+
+        flags = {"seq": seq_idx is not None, "init": initial_states is not None, "state": dtype_name(out_dtype)}
+        pass_config = self._config("state_passing", shape, dtype, flags, dims, x.device, launch_pass)
+        return launch_pass(pass_config)
+
+    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
+        shape, dims = self._shape(x, B, dt)
+        precision = self._dot_precision(x)
+        flags = {"seq": seq_idx is not None, "z": z is not None, "D": "none" if D is None else D.dim()}
+
+        def launch(config):
+            return _compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, config=config,
+                                switches=self.switches, empty=self._empty, dot_precision=precision)
+
+        config = self._config("compute_out", shape, dtype_name(x.dtype), flags, dims, x.device, launch)
+        return launch(config)
+
+    # --- what ran -----------------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["stages"] = {stage: dict(info) for stage, info in self.last_tuning.items()}
+        out["tuning_mode"] = self.switches.tuning
+        return out
+
+    # --- helpers ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _empty(shape, dtype, device) -> torch.Tensor:
+        # looked up at call time, so that impls.tolerance.poisoned_allocations can NaN-fill every output
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    def _dot_precision(self, x: torch.Tensor) -> str:
+        # input_precision only means something for fp32 operands; fp16/bf16 dots get Triton's default
+        if x.dtype == torch.float32 and self.switches.cb_precision == "fp32":
+            return "ieee"
+        return "tf32"
+
+    @staticmethod
+    def _shape(x, B, dt) -> tuple[Shape, dict[str, int]]:
+        batch, seqlen, nheads, headdim = x.shape
+        ngroups, dstate = B.shape[2], B.shape[3]
+        chunk = dt.shape[3]
+        shape = Shape(batch, seqlen, nheads, headdim, ngroups, dstate, chunk)
+        return shape, {"nheads": nheads, "chunk": chunk, "headdim": headdim, "dstate": dstate}
+
+    def _config(self, stage: str, shape: Shape, dtype: str, flags: dict, dims: dict[str, int],
+                device: torch.device, launch: Callable[[dict], Any]) -> dict[str, int]:
+        """The launch configuration of `stage` for this call (cached per tuning key), and records its source."""
+        key = tuning.tuning_key(shape.label(), dtype, **cfg.code_switches(self.switches), **flags)
+        resolved = self._resolved.get((stage, key))
+        if resolved is None:
+            resolved = self._resolve(stage, key, dims, device, launch, cfg.DTYPE_BYTES[dtype])
+            self._resolved[(stage, key)] = resolved
+        self.last_tuning[stage] = {**resolved.as_dict(), "key": key}
+        return resolved.config
+
+    def _resolve(self, stage, key, dims, device, launch, itemsize) -> cfg.Resolved:
+        pins = cfg.pinned(self.switches, stage)
+        if set(pins) == set(cfg.STAGE_FIELDS[stage]):
+            return cfg.Resolved(cfg.clamp(stage, pins, dims), "switches", tuple(sorted(pins)))
+        arch = cfg.arch(device)
+        fallback = cfg.fallback(arch, stage, dims, itemsize, pins)
+
+        def search():
+            return _search(stage, pins, dims, fallback, launch)
+
+        config, source = tuning.resolve(self.switches.tuning, self.name, stage, cfg.device_name(device), key,
+                                        fallback, search)
+        # a record holds the tuned fields; the pinned switches still win over it
+        config = cfg.clamp(stage, {**config, **pins}, dims)
+        return cfg.Resolved(config, source, tuple(sorted(pins)))
+
+
+def _search(stage, pins, dims, fallback, launch) -> tuple[dict, dict]:
+    """Times every configuration of the stage's declared space (pinned fields fixed) with
+    triton.testing.do_bench(return_mode="median") and returns the fastest, with what the record keeps.
+    Under the interpreter only the fallback configuration is tried (and not timed)."""
+    space = {k: list(v) for k, v in cfg.SEARCH_SPACE[stage].items()}
+    if cfg.interpreting():
+        launch(fallback)
+        return fallback, {"search_space": space, "versions": cfg.versions(), "median_ms": None, "tried": 1,
+                          "note": "Triton interpreter: one configuration, not timed"}
+    from triton.testing import do_bench
+
+    timings, failures = [], []
+    for config in cfg.search_space(stage, pins, dims):
+        try:
+            ms = do_bench(lambda config=config: launch(config), return_mode="median")
+        except Exception as exc:  # a configuration that does not compile or fit (shared memory, registers)
+            failures.append({"config": config, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+            continue
+        timings.append((ms, config))
+    if not timings:
+        raise RuntimeError(f"triton {stage}: no configuration of the search space ran; first failure: "
+                           f"{failures[0] if failures else 'none tried'}")
+    best_ms, best = min(timings, key=lambda item: item[0])
+    return best, {"search_space": space, "versions": cfg.versions(), "median_ms": best_ms,
+                  "tried": len(timings), "failed": len(failures), "pinned": sorted(pins)}
+

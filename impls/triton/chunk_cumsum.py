@@ -1,0 +1,98 @@
+"""Stage 1, Triton: dt pre-processing (bias, softplus, clamp) and the cumulative decay dA inside each chunk.
+
+One program per (chunk, batch, block of heads) holds a (heads x chunk) tile; the cumulative sum runs along the
+chunk axis with tl.cumsum. Outputs are fp32 (batch, nheads, nchunks, chunk), contiguous; positions past seqlen
+carry dt = 0 (so dA_cumsum stays flat there), as the contract says.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# Constants are spelled out inside the kernels (log2 e = 1.4426950408889634, ln 2 = 0.6931471805599453, the
+# softplus threshold 20, above which softplus(v) == v in fp32 -- the reference's cut).
+
+
+@triton.jit
+def _exp(v, EXP2: tl.constexpr):
+    if EXP2:
+        return tl.exp2(v * 1.4426950408889634)
+    else:
+        return tl.exp(v)
+
+
+@triton.jit
+def _log(v, EXP2: tl.constexpr):
+    if EXP2:
+        return tl.log2(v) * 0.6931471805599453
+    else:
+        return tl.log(v)
+
+
+@triton.jit
+def _softplus(v, EXP2: tl.constexpr):
+    # log1p(exp(v)) without a log1p: log(u)·e/(u−1) with u = 1 + e cancels the rounding of u (Goldberg's trick);
+    # a plain log(1 + e) loses ~1e-4 relative at the e ~ 1e-3 that typical dt produce, more than fp32's budget.
+    e = _exp(v, EXP2)
+    u = 1.0 + e
+    denom = tl.where(u == 1.0, 1.0, u - 1.0)
+    soft = tl.where(u == 1.0, e, _log(u, EXP2) * (e / denom))
+    return tl.where(v <= 20.0, soft, v)
+
+
+@triton.jit
+def chunk_cumsum_kernel(
+    dt_ptr, A_ptr, bias_ptr, dt_out_ptr, dA_ptr,
+    seqlen, nheads, dt_min, dt_max,
+    s_dt_b, s_dt_l, s_dt_h, s_A, s_bias,
+    s_o_b, s_o_h, s_o_c,
+    CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr, EXP2: tl.constexpr,
+):
+    c = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    offs_h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_l = tl.arange(0, CHUNK)
+    start = c * CHUNK
+    mask_h = offs_h < nheads
+    valid = (start + offs_l) < seqlen
+    dt_base = dt_ptr + b * s_dt_b + start.to(tl.int64) * s_dt_l
+    dt = tl.load(dt_base + offs_h[:, None] * s_dt_h + offs_l[None, :] * s_dt_l,
+                 mask=mask_h[:, None] & valid[None, :], other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        dt += tl.load(bias_ptr + offs_h * s_bias, mask=mask_h, other=0.0).to(tl.float32)[:, None]
+    if SOFTPLUS:
+        dt = _softplus(dt, EXP2)
+    if HAS_LIMIT:
+        dt = tl.minimum(tl.maximum(dt, dt_min), dt_max)
+    dt = tl.where(mask_h[:, None] & valid[None, :], dt, 0.0)  # padding carries dt = 0 whatever bias/softplus give
+    A = tl.load(A_ptr + offs_h * s_A, mask=mask_h, other=0.0).to(tl.float32)
+    dA_cumsum = tl.cumsum(dt * A[:, None], axis=1)
+    out = b * s_o_b + offs_h[:, None].to(tl.int64) * s_o_h + c.to(tl.int64) * s_o_c + offs_l[None, :]
+    tl.store(dt_out_ptr + out, dt, mask=mask_h[:, None])
+    tl.store(dA_ptr + out, dA_cumsum, mask=mask_h[:, None])
+
+
+def chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit, *, config, switches, empty):
+    """-> (dt processed, dA_cumsum), each fp32 (batch, nheads, nchunks, chunk_size). `empty` allocates outputs."""
+    batch, seqlen, nheads = dt.shape
+    nchunks = math.ceil(seqlen / chunk_size)
+    dt_out = empty((batch, nheads, nchunks, chunk_size), torch.float32, dt.device)
+    dA_cumsum = empty((batch, nheads, nchunks, chunk_size), torch.float32, dt.device)
+    has_limit = tuple(dt_limit) != (0.0, math.inf)
+    bias = dt_bias if dt_bias is not None else A  # never read without HAS_BIAS; any pointer will do
+    grid = (nchunks, batch, triton.cdiv(nheads, config["block_heads"]))
+    chunk_cumsum_kernel[grid](
+        dt, A, bias, dt_out, dA_cumsum,
+        seqlen, nheads, float(dt_limit[0]), float(dt_limit[1]),
+        dt.stride(0), dt.stride(1), dt.stride(2), A.stride(0), bias.stride(0),
+        dt_out.stride(0), dt_out.stride(1), dt_out.stride(2),
+        CHUNK=chunk_size, BLOCK_H=config["block_heads"],
+        HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus), HAS_LIMIT=has_limit, EXP2=switches.exp2,
+        num_warps=config["num_warps"],
+    )
+    return dt_out, dA_cumsum

@@ -1,0 +1,202 @@
+"""Stage 3, Triton: y = (C·Bᵀ ∘ L)·x + exp(dA_cs)·C·stateᵀ + D·x inside each chunk, gated by silu(z).
+
+One program per (headdim tile, tile of chunk rows, head, chunk, batch). It holds its rows of C (all of dstate)
+and computes, in fp32:
+  1. the state term C_m·S_cᵀ scaled by exp(dA_cs[m]) (zero for rows whose sequence started inside the chunk);
+  2. for every BLOCK_K-wide tile of earlier positions k (up to the causal edge): the scores C_m·B_kᵀ on the fly
+     (no precomputed C·Bᵀ tensor), times exp(dA_cs[m] − dA_cs[k])·dt_k on the causal, same-sequence part, then
+     the MMA with x_k;
+  3. the D skip and the silu(z) gate, and one store in x's dtype.
+Operands of each MMA are in the input dtype (fp32 accumulation); with fp32 inputs `cb_precision` picks tf32 or
+ieee. A state tensor in another dtype (state_dtype) is cast to the input dtype for its MMA.
+
+Switches: `operand_swap` computes the transposed tile yᵀ = S_c·C_mᵀ + xᵀ·(B·Cᵀ ∘ Lᵀ), putting chunk positions
+on the MMA's N dimension and headdim on M; `exp2` turns every exp into exp2 with log2 e folded into dA_cs as
+loaded; `transposed_layout` only matters through the strides of `states` (fwd_pass_state's output): this kernel
+reads states through their strides.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _decay(v, EXP2: tl.constexpr):
+    # v is already in the exp's base: log2 e has been folded in when EXP2
+    if EXP2:
+        return tl.exp2(v)
+    else:
+        return tl.exp(v)
+
+
+@triton.jit
+def compute_out_kernel(
+    C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, y_ptr,
+    seqlen, nheads, nchunks, headdim, dstate, heads_per_group,
+    s_C_b, s_C_l, s_C_g, s_C_n,
+    s_B_b, s_B_l, s_B_g, s_B_n,
+    s_x_b, s_x_l, s_x_h, s_x_p,
+    s_dt_b, s_dt_h, s_dt_c, s_dt_l,
+    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
+    s_st_b, s_st_c, s_st_h, s_st_p, s_st_n,
+    s_D_h, s_D_p,
+    s_z_b, s_z_l, s_z_h, s_z_p,
+    s_seq_b, s_seq_l,
+    s_y_b, s_y_l, s_y_h, s_y_p,
+    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_DSTATE: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SEQ: tl.constexpr,
+    SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head, chunk, batch
+    pid = tl.program_id(0)
+    tiles_p = tl.cdiv(headdim, BLOCK_P)
+    tiles = tiles_p * (CHUNK // BLOCK_M)
+    tile = pid % tiles
+    h = (pid // tiles) % nheads
+    bc = pid // (tiles * nheads)
+    c = bc % nchunks
+    b = (bc // nchunks).to(tl.int64)
+    g = h // heads_per_group
+    m0 = (tile // tiles_p) * BLOCK_M
+    offs_p = (tile % tiles_p) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_DSTATE)
+    start = c * CHUNK
+    chunk_len = tl.minimum(CHUNK, seqlen - start)
+    mask_m = offs_m < chunk_len
+    mask_p = offs_p < headdim
+    mask_n = offs_n < dstate
+    # 64-bit base offsets: batch·stride, position·stride and chunk·stride pass 2^31 at a million tokens
+    start64 = start.to(tl.int64)
+    C_base = C_ptr + b * s_C_b + start64 * s_C_l + g.to(tl.int64) * s_C_g
+    B_base = B_ptr + b * s_B_b + start64 * s_B_l + g.to(tl.int64) * s_B_g
+    x_base = x_ptr + b * s_x_b + start64 * s_x_l + h.to(tl.int64) * s_x_h
+    dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
+    dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
+    st_base = st_ptr + b * s_st_b + c.to(tl.int64) * s_st_c + h.to(tl.int64) * s_st_h
+    dtype = x_ptr.dtype.element_ty
+
+    dA_m = tl.load(dA_base + offs_m * s_dA_l, mask=mask_m, other=0.0).to(tl.float32)
+    if EXP2:
+        dA_m = dA_m * 1.4426950408889634
+    state_scale = _decay(dA_m, EXP2)
+    if HAS_SEQ:
+        seq_base = seq_ptr + b * s_seq_b + start64 * s_seq_l
+        seq_m = tl.load(seq_base + offs_m * s_seq_l, mask=mask_m, other=0)
+        # the entering state belongs to the sequence active just before the chunk (sequence 0 before chunk 0)
+        seq_before = tl.load(seq_base - s_seq_l, mask=c > 0, other=0)
+        state_scale = tl.where(seq_m == seq_before, state_scale, 0.0)
+
+    # 1. the entering state's contribution
+    if SWAP:
+        Ct = tl.load(C_base + offs_n[:, None] * s_C_n + offs_m[None, :] * s_C_l,
+                     mask=mask_n[:, None] & mask_m[None, :], other=0.0).to(dtype)  # (dstate, rows)
+        S = tl.load(st_base + offs_p[:, None] * s_st_p + offs_n[None, :] * s_st_n,
+                    mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)  # (headdim, dstate)
+        acc = tl.dot(S, Ct, input_precision=DOT_PRECISION) * state_scale[None, :]  # (headdim, rows)
+    else:
+        Cm = tl.load(C_base + offs_m[:, None] * s_C_l + offs_n[None, :] * s_C_n,
+                     mask=mask_m[:, None] & mask_n[None, :], other=0.0).to(dtype)  # (rows, dstate)
+        St = tl.load(st_base + offs_n[:, None] * s_st_n + offs_p[None, :] * s_st_p,
+                     mask=mask_n[:, None] & mask_p[None, :], other=0.0).to(dtype)  # (dstate, headdim)
+        acc = tl.dot(Cm, St, input_precision=DOT_PRECISION) * state_scale[:, None]  # (rows, headdim)
+
+    # 2. the chunk's own tokens, up to the causal edge of this row tile
+    k_end = tl.minimum(chunk_len, m0 + BLOCK_M)
+    for k0 in range(0, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < chunk_len
+        dA_k = tl.load(dA_base + offs_k * s_dA_l, mask=mask_k, other=0.0).to(tl.float32)
+        if EXP2:
+            dA_k = dA_k * 1.4426950408889634
+        dt_k = tl.load(dt_base + offs_k * s_dt_l, mask=mask_k, other=0.0).to(tl.float32)
+        if HAS_SEQ:
+            seq_k = tl.load(seq_base + offs_k * s_seq_l, mask=mask_k, other=0)
+        if SWAP:
+            Bk = tl.load(B_base + offs_k[:, None] * s_B_l + offs_n[None, :] * s_B_n,
+                         mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(dtype)  # (k, dstate)
+            scores = tl.dot(Bk, Ct, input_precision=DOT_PRECISION)  # (k, rows)
+            keep = (offs_k[:, None] <= offs_m[None, :]) & mask_k[:, None]
+            if HAS_SEQ:
+                keep = keep & (seq_k[:, None] == seq_m[None, :])
+            # mask the exponent, not the exp: above the diagonal it is positive and may overflow
+            decay = _decay(tl.where(keep, dA_m[None, :] - dA_k[:, None], float("-inf")), EXP2)
+            scores = scores * decay * dt_k[:, None]
+            xt = tl.load(x_base + offs_p[:, None] * s_x_p + offs_k[None, :] * s_x_l,
+                         mask=mask_p[:, None] & mask_k[None, :], other=0.0).to(dtype)  # (headdim, k)
+            acc = tl.dot(xt, scores.to(dtype), acc, input_precision=DOT_PRECISION)
+        else:
+            Bt = tl.load(B_base + offs_n[:, None] * s_B_n + offs_k[None, :] * s_B_l,
+                         mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(dtype)  # (dstate, k)
+            scores = tl.dot(Cm, Bt, input_precision=DOT_PRECISION)  # (rows, k)
+            keep = (offs_m[:, None] >= offs_k[None, :]) & mask_k[None, :]
+            if HAS_SEQ:
+                keep = keep & (seq_m[:, None] == seq_k[None, :])
+            decay = _decay(tl.where(keep, dA_m[:, None] - dA_k[None, :], float("-inf")), EXP2)
+            scores = scores * decay * dt_k[None, :]
+            xk = tl.load(x_base + offs_k[:, None] * s_x_l + offs_p[None, :] * s_x_p,
+                         mask=mask_k[:, None] & mask_p[None, :], other=0.0).to(dtype)  # (k, headdim)
+            acc = tl.dot(scores.to(dtype), xk, acc, input_precision=DOT_PRECISION)
+
+    # 3. D skip, z gate, store; the epilogue runs in the accumulator's orientation
+    if SWAP:
+        offs_row = offs_p[:, None] * s_x_p + offs_m[None, :] * s_x_l
+        mask_tile = mask_p[:, None] & mask_m[None, :]
+        z_offs = offs_p[:, None] * s_z_p + offs_m[None, :] * s_z_l
+        y_offs = offs_p[:, None] * s_y_p + offs_m[None, :] * s_y_l
+    else:
+        offs_row = offs_m[:, None] * s_x_l + offs_p[None, :] * s_x_p
+        mask_tile = mask_m[:, None] & mask_p[None, :]
+        z_offs = offs_m[:, None] * s_z_l + offs_p[None, :] * s_z_p
+        y_offs = offs_m[:, None] * s_y_l + offs_p[None, :] * s_y_p
+    if HAS_D:
+        D = tl.load(D_ptr + h.to(tl.int64) * s_D_h + offs_p * s_D_p, mask=mask_p, other=0.0).to(tl.float32)
+        x_tile = tl.load(x_base + offs_row, mask=mask_tile, other=0.0).to(tl.float32)
+        if SWAP:
+            acc += x_tile * D[:, None]
+        else:
+            acc += x_tile * D[None, :]
+    if HAS_Z:
+        z_base = z_ptr + b * s_z_b + start64 * s_z_l + h.to(tl.int64) * s_z_h
+        zt = tl.load(z_base + z_offs, mask=mask_tile, other=0.0).to(tl.float32)
+        if EXP2:
+            acc = acc * zt / (1.0 + tl.exp2(-zt * 1.4426950408889634))
+        else:
+            acc = acc * zt / (1.0 + tl.exp(-zt))
+    y_base = y_ptr + b * s_y_b + start64 * s_y_l + h.to(tl.int64) * s_y_h
+    tl.store(y_base + y_offs, acc.to(y_ptr.dtype.element_ty), mask=mask_tile)
+
+
+def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switches, empty, dot_precision):
+    """-> y (batch, seqlen, nheads, headdim) in x's dtype, contiguous."""
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    nchunks, chunk = dt.shape[2], dt.shape[3]
+    y = empty((batch, seqlen, nheads, headdim), x.dtype, x.device)
+    block_dstate = max(16, triton.next_power_of_2(dstate))
+    # D of shape (nheads,) is read as (nheads, headdim) with a zero headdim stride
+    if D is not None:
+        D_strides = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
+    else:
+        D_strides = (0, 0)
+    D_arg = D if D is not None else dt  # never read without HAS_D
+    z_arg = z if z is not None else x  # never read without HAS_Z
+    seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
+    tiles = triton.cdiv(headdim, config["block_headdim"]) * (chunk // config["block_rows"])
+    grid = (tiles * nheads * nchunks * batch,)
+    compute_out_kernel[grid](
+        C, B, x, dt, dA_cumsum, states, D_arg, z_arg, seq, y,
+        seqlen, nheads, nchunks, headdim, dstate, nheads // ngroups,
+        *C.stride(), *B.stride(), *x.stride(), *dt.stride(), *dA_cumsum.stride(), *states.stride(),
+        *D_strides, *z_arg.stride(), seq.stride(0), seq.stride(1), *y.stride(),
+        CHUNK=chunk, BLOCK_M=config["block_rows"], BLOCK_K=config["block_positions"], BLOCK_P=config["block_headdim"],
+        BLOCK_DSTATE=block_dstate,
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
+        SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision,
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
+    )
+    return y
+

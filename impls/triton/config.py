@@ -1,0 +1,240 @@
+"""Switches and launch configurations of the Triton backend, and how a configuration is chosen per stage.
+
+Two kinds of knobs:
+- *switches* (`TritonSwitches`) change what the kernels compute with: layout of the states, operand order of the
+  MMAs, exp vs exp2, tf32 vs fp32 dots. They are part of the kernel's identity (and of the tuning key).
+- *launch configurations* (per kernel, a dict of block sizes, num_warps, num_stages) change how the work is tiled and
+  scheduled. They come from the tuning machinery in impls/tuning.py (search / record / fallback / auto); a
+  tile-size or num_warps/num_stages switch left at 0 means "tuned", a value pins that field in every stage
+  where it applies (the search then only varies the other fields; a stage whose fields are all pinned reports
+  the source "switches").
+
+Block sizes are clamped to the problem (e.g. a 64-row tile on a 32-long chunk becomes 32): the result is the same,
+only fewer masked lanes. `describe()` reports the configuration after clamping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from impls.registry import switch
+from impls.tuning import MODES
+
+STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "compute_out")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+MAX_DSTATE = 256  # compute_out holds a whole (rows x dstate) tile of C; above 256 it would spill
+
+
+@dataclass(frozen=True)
+class TritonSwitches:
+    """Defaults: every switch on, launch configuration tuned (tuning mode "auto"). Names follow the cuTile
+    backend's switches where both have the knob."""
+
+    transposed_layout: bool = switch(
+        True,
+        "states (the entering-state tensor of fwd_pass_state, and its fp32 chunk-local scratch) are stored "
+        "(batch, nchunks, nheads, dstate, headdim), i.e. dstate-major, and returned as a .transpose(-1, -2) view; "
+        "compute_out then reads the (dstate x headdim) operand of C·stateᵀ with headdim contiguous")
+    operand_swap: bool = switch(
+        True,
+        "MMAs computed transposed: chunk state as Bᵀ·x (dstate on M, headdim on N) instead of xᵀ·B; output tile "
+        "as yᵀ = xᵀ·(B·Cᵀ ∘ Lᵀ) + state·Cᵀ (headdim on M, chunk positions on N) instead of "
+        "y = (C·Bᵀ ∘ L)·x + C·stateᵀ (chunk positions on M, headdim on N)",
+        sm90="the order of tl.dot's operands decides which tile is the warpgroup MMA's M side (64-row granules) and "
+             "which lands on N; Triton picks the instruction and layouts",
+        sm100="the order of tl.dot's operands decides the M side of the accumulator; Triton picks the MMA "
+              "instruction (tcgen05 where it applies) and the layouts")
+    exp2: bool = switch(
+        True, "every exp(v) computed as exp2(v·log2 e), with log2 e folded into the dA_cumsum values as loaded "
+        "(one multiply per loaded element instead of per exponent); softplus via exp2/log2 too")
+    cb_precision: str = switch(
+        "tf32", "fp32 inputs: tl.dot input_precision of every MMA ('tf32' = tensor cores at tf32, 'fp32' = "
+        "input_precision='ieee'); fp16/bf16 inputs are unaffected", choices=("tf32", "fp32"))
+    tuning: str = switch("auto", "where launch configurations come from (impls/tuning.py modes)", choices=MODES)
+    # Launch sizes: 0 = from tuning (as in the cuTile backend); a value pins that field wherever it applies.
+    block_rows: int = switch(0, "compute_out: chunk rows (output positions) per program; 0 = from tuning",
+                             choices=(0, 16, 32, 64, 128))
+    block_positions: int = switch(
+        0, "chunk positions per inner step: compute_out's source positions, chunk_state's reduction step; "
+           "0 = from tuning", choices=(0, 16, 32, 64, 128))
+    block_headdim: int = switch(0, "headdim columns per program (chunk_state, compute_out); 0 = from tuning",
+                                choices=(0, 16, 32, 64, 128, 256))
+    block_dstate: int = switch(0, "dstate columns per program in chunk_state (compute_out takes all of dstate); "
+                                  "0 = from tuning", choices=(0, 16, 32, 64, 128, 256))
+    block_heads: int = switch(0, "chunk_cumsum: heads per program; 0 = from tuning", choices=(0, 1, 2, 4, 8, 16))
+    block_state: int = switch(0, "state_passing: state elements per program; 0 = from tuning",
+                              choices=(0, 64, 128, 256, 512, 1024, 2048, 4096))
+    num_warps: int = switch(0, "warps per program in every stage; 0 = from tuning", choices=(0, 1, 2, 4, 8, 16))
+    num_stages: int = switch(
+        0, "software-pipelining depth of the loops (chunk_state, compute_out); 0 = from tuning. Triton's "
+           "nearest analogue of cuTile's latency hints", choices=(0, 1, 2, 3, 4, 5))
+
+
+# Which launch fields each stage has; a pinned switch of the same name overrides the tuned value.
+STAGE_FIELDS: dict[str, tuple[str, ...]] = {
+    "chunk_cumsum": ("block_heads", "num_warps"),
+    "chunk_state": ("block_headdim", "block_dstate", "block_positions", "num_warps", "num_stages"),
+    "state_passing": ("block_state", "num_warps"),
+    "compute_out": ("block_rows", "block_positions", "block_headdim", "num_warps", "num_stages"),
+}
+
+# Fixed configurations per architecture (tuning mode "fallback", or "auto" without a record). sm_90 and sm_100
+# share them until measurements say otherwise; the interpreter gets 16-wide tiles so that the CPU tests walk
+# through several tiles and inner steps even at tiny shapes.
+_GPU_FALLBACK: dict[str, dict[str, int]] = {
+    "chunk_cumsum": {"block_heads": 8, "num_warps": 4},
+    "chunk_state": {"block_headdim": 64, "block_dstate": 64, "block_positions": 64, "num_warps": 4,
+                    "num_stages": 3},
+    "state_passing": {"block_state": 1024, "num_warps": 4},
+    "compute_out": {"block_rows": 64, "block_positions": 64, "block_headdim": 64, "num_warps": 4,
+                    "num_stages": 2},
+}
+FALLBACK: dict[str, dict[str, dict[str, int]]] = {
+    "sm90": _GPU_FALLBACK,
+    "sm100": _GPU_FALLBACK,
+    "other": _GPU_FALLBACK,
+    "interpreter": {
+        "chunk_cumsum": {"block_heads": 2, "num_warps": 1},
+        "chunk_state": {"block_headdim": 16, "block_dstate": 16, "block_positions": 16, "num_warps": 1,
+                        "num_stages": 1},
+        "state_passing": {"block_state": 64, "num_warps": 1},
+        "compute_out": {"block_rows": 16, "block_positions": 16, "block_headdim": 16, "num_warps": 1,
+                        "num_stages": 1},
+    },
+}
+
+# The declared search spaces (cartesian products; duplicates after clamping are tried once).
+SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
+    "chunk_cumsum": {"block_heads": (1, 2, 4, 8, 16), "num_warps": (1, 2, 4, 8)},
+    "chunk_state": {"block_headdim": (32, 64, 128), "block_dstate": (32, 64, 128), "block_positions": (32, 64),
+                    "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+    "state_passing": {"block_state": (256, 512, 1024, 2048), "num_warps": (1, 2, 4, 8)},
+    "compute_out": {"block_rows": (32, 64, 128), "block_positions": (32, 64), "block_headdim": (32, 64, 128),
+                    "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+}
+
+
+SMEM_BUDGET = 160 * 1024  # bytes of staged operands a fallback configuration may plan for (H200: 227 KiB max)
+
+
+def compute_out_smem(config: dict[str, int], dims: dict[str, int], itemsize: int) -> int:
+    """Rough shared-memory need of compute_out: C rows and the state tile once, B and x tiles per stage."""
+    dstate = pow2_at_least_16(dims.get("dstate", 16))
+    once = config["block_rows"] * dstate + dstate * config["block_headdim"]
+    staged = config["num_stages"] * config["block_positions"] * (dstate + config["block_headdim"])
+    return itemsize * (once + staged)
+
+
+def fallback(arch_name: str, stage: str, dims: dict[str, int], itemsize: int, pins: dict[str, int]) -> dict:
+    """The fixed configuration of `stage` on `arch_name`, pinned fields applied, clamped, and for compute_out
+    shrunk (fewer stages, then narrower inner steps) until its operands fit SMEM_BUDGET (fp32 at dstate 256)."""
+    config = clamp(stage, {**FALLBACK[arch_name][stage], **pins}, dims)
+    if stage == "compute_out" and arch_name != "interpreter":
+        while compute_out_smem(config, dims, itemsize) > SMEM_BUDGET:
+            if config["num_stages"] > 1 and "num_stages" not in pins:
+                config["num_stages"] -= 1
+            elif config["block_positions"] > 32 and "block_positions" not in pins:
+                config["block_positions"] //= 2
+            elif config["block_rows"] > 32 and "block_rows" not in pins:
+                config["block_rows"] //= 2
+            else:
+                break
+    return config
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 when the kernels were defined)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from impls.triton.chunk_cumsum import chunk_cumsum_kernel
+
+    return isinstance(chunk_cumsum_kernel, InterpretedFunction)
+
+
+def arch(device: torch.device) -> str:
+    if interpreting() or device.type != "cuda":
+        return "interpreter"
+    major, _ = torch.cuda.get_device_capability(device)
+    return {9: "sm90", 10: "sm100"}.get(major, "other")
+
+
+def device_name(device: torch.device) -> str:
+    if interpreting() or device.type != "cuda":
+        return "triton-interpreter"
+    return torch.cuda.get_device_name(device)
+
+
+def pinned(switches: TritonSwitches, stage: str) -> dict[str, int]:
+    """The launch fields of `stage` that a switch fixes."""
+    return {f: getattr(switches, f) for f in STAGE_FIELDS[stage] if getattr(switches, f)}
+
+
+def pow2_at_least_16(n: int) -> int:
+    return max(16, triton_next_pow2(n))
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def clamp(stage: str, config: dict[str, int], dims: dict[str, int]) -> dict[str, int]:
+    """Block sizes no larger than the (power-of-two, >= 16) extent they tile; block sizes are powers of two."""
+    out = dict(config)
+    limits = {
+        "block_heads": triton_next_pow2(dims.get("nheads", 1)),
+        "block_rows": dims.get("chunk", 16),
+        "block_positions": dims.get("chunk", 16),
+        "block_headdim": pow2_at_least_16(dims.get("headdim", 16)),
+        "block_dstate": pow2_at_least_16(dims.get("dstate", 16)),
+        "block_state": max(16, triton_next_pow2(dims.get("headdim", 1) * dims.get("dstate", 1))),
+    }
+    for key, value in out.items():
+        if key.startswith("block_"):
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"switch {key!r} of backend 'triton': expected a power of two, got {value}")
+            if key in ("block_rows", "block_positions", "block_headdim", "block_dstate") and value < 16:
+                raise ValueError(f"switch {key!r} of backend 'triton': tl.dot needs >= 16, got {value}")
+            out[key] = min(value, limits[key])
+    return out
+
+
+def search_space(stage: str, fixed: dict[str, int], dims: dict[str, int]) -> list[dict[str, int]]:
+    """Every configuration of the declared space with the pinned fields fixed, clamped, without duplicates."""
+    space = {k: ((fixed[k],) if k in fixed else v) for k, v in SEARCH_SPACE[stage].items()}
+    seen, configs = set(), []
+    for values in itertools.product(*space.values()):
+        config = clamp(stage, dict(zip(space, values)), dims)
+        key = tuple(sorted(config.items()))
+        if key not in seen:
+            seen.add(key)
+            configs.append(config)
+    return configs
+
+
+def versions() -> dict[str, str]:
+    import triton
+
+    return {"triton": triton.__version__, "torch": torch.__version__}
+
+
+@dataclass
+class Resolved:
+    """What one stage ran with: the configuration after pinning and clamping, and where it came from."""
+
+    config: dict[str, int]
+    source: str  # "search" | "record" | "fallback" | "switches" (every field pinned)
+    pinned: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"config": dict(self.config), "source": self.source, "pinned": list(self.pinned)}
+
+
+def code_switches(switches: TritonSwitches) -> dict[str, Any]:
+    """The switches that change the kernels' code (part of the tuning key)."""
+    return {k: v for k, v in dataclasses.asdict(switches).items()
+            if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision")}

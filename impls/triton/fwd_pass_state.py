@@ -1,0 +1,212 @@
+"""Stage 2, Triton: each chunk's own state (one tiled MMA per chunk), then the states carried across chunks.
+
+Two kernels:
+- `chunk_state_kernel`: one program per (headdim tile, dstate tile, head, chunk, batch) accumulates
+  sum_t exp(dA_cs[last] − dA_cs[t])·dt_t·x_t B_tᵀ over the chunk in steps of BLOCK_K positions with tl.dot,
+  counting only the tokens of the sequence active at the chunk's last token. It writes an fp32 scratch tensor
+  (so the carry below does not compound the rounding of a narrow state dtype).
+- `state_passing_kernel`: one program per (block of state elements, head, batch) walks the chunks in order:
+  S_0 = initial (or 0), S_{c+1} = exp(dA_cs[c, last])·[same sequence]·S_c + local_c, writing S_c (the state
+  entering chunk c) in state_dtype and S_C (the final state) in fp32.
+
+Switches: `transposed_layout` stores the scratch and the entering states (b, c, h, dstate, headdim) and returns
+the logical (b, c, h, headdim, dstate) as a transposed view; `operand_swap` computes the chunk state as
+Bᵀ·(dt-weighted x) (dstate on the MMA's M) instead of (dt-weighted x)ᵀ·B; `exp2` computes the decays with exp2.
+The kernels address every tensor through its strides, so any layout of the inputs (and of states) works.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from impls.triton.chunk_cumsum import _exp
+
+
+@triton.jit
+def chunk_state_kernel(
+    x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, out_ptr,
+    seqlen, nheads, nchunks, headdim, dstate, heads_per_group,
+    s_x_b, s_x_l, s_x_h, s_x_p,
+    s_B_b, s_B_l, s_B_g, s_B_n,
+    s_dt_b, s_dt_h, s_dt_c, s_dt_l,
+    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
+    s_seq_b, s_seq_l,
+    s_o_b, s_o_c, s_o_h, s_o_p, s_o_n,
+    CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # flat grid (axis 0 has no 65535 limit): tile fastest, then head, then chunk, then batch
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(dstate, BLOCK_N)
+    tiles = tl.cdiv(headdim, BLOCK_P) * tiles_n
+    tile = pid % tiles
+    h = (pid // tiles) % nheads
+    bc = pid // (tiles * nheads)
+    c = bc % nchunks
+    b = (bc // nchunks).to(tl.int64)
+    g = h // heads_per_group
+    offs_p = (tile // tiles_n) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = (tile % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_p = offs_p < headdim
+    mask_n = offs_n < dstate
+    start = c * CHUNK
+    chunk_len = tl.minimum(CHUNK, seqlen - start)
+    # 64-bit base offsets: batch·stride and position·stride pass 2^31 at a million tokens
+    x_base = x_ptr + b * s_x_b + start.to(tl.int64) * s_x_l + h.to(tl.int64) * s_x_h
+    B_base = B_ptr + b * s_B_b + start.to(tl.int64) * s_B_l + g.to(tl.int64) * s_B_g
+    dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
+    dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
+    dA_last = tl.load(dA_base + (CHUNK - 1) * s_dA_l).to(tl.float32)
+    if HAS_SEQ:
+        seq_base = seq_ptr + b * s_seq_b + start.to(tl.int64) * s_seq_l
+        seq_last = tl.load(seq_base + (chunk_len - 1) * s_seq_l)
+    dtype = x_ptr.dtype.element_ty
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_P), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, chunk_len, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < chunk_len
+        dA_k = tl.load(dA_base + offs_k * s_dA_l, mask=mask_k, other=0.0).to(tl.float32)
+        dt_k = tl.load(dt_base + offs_k * s_dt_l, mask=mask_k, other=0.0).to(tl.float32)
+        weight = _exp(dA_last - dA_k, EXP2) * dt_k  # dA_cs is non-increasing: the exponent is <= 0
+        keep = mask_k
+        if HAS_SEQ:
+            seq_k = tl.load(seq_base + offs_k * s_seq_l, mask=mask_k, other=0)
+            keep = keep & (seq_k == seq_last)
+        weight = tl.where(keep, weight, 0.0)
+        if SWAP:
+            Bt = tl.load(B_base + offs_n[:, None] * s_B_n + offs_k[None, :] * s_B_l,
+                         mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(dtype)
+            xk = tl.load(x_base + offs_k[:, None] * s_x_l + offs_p[None, :] * s_x_p,
+                         mask=mask_k[:, None] & mask_p[None, :], other=0.0)
+            xk = (xk.to(tl.float32) * weight[:, None]).to(dtype)
+            acc = tl.dot(Bt, xk, acc, input_precision=DOT_PRECISION)
+        else:
+            xt = tl.load(x_base + offs_p[:, None] * s_x_p + offs_k[None, :] * s_x_l,
+                         mask=mask_p[:, None] & mask_k[None, :], other=0.0)
+            xt = (xt.to(tl.float32) * weight[None, :]).to(dtype)
+            Bk = tl.load(B_base + offs_k[:, None] * s_B_l + offs_n[None, :] * s_B_n,
+                         mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(dtype)
+            acc = tl.dot(xt, Bk, acc, input_precision=DOT_PRECISION)
+    out_base = out_ptr + b * s_o_b + c.to(tl.int64) * s_o_c + h.to(tl.int64) * s_o_h
+    if SWAP:
+        tl.store(out_base + offs_n[:, None] * s_o_n + offs_p[None, :] * s_o_p, acc,
+                 mask=mask_n[:, None] & mask_p[None, :])
+    else:
+        tl.store(out_base + offs_p[:, None] * s_o_p + offs_n[None, :] * s_o_n, acc,
+                 mask=mask_p[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def state_passing_kernel(
+    local_ptr, out_ptr, final_ptr, init_ptr, dA_ptr, seq_ptr,
+    seqlen, nchunks, headdim, dstate,
+    s_l_b, s_l_c, s_l_h, s_l_p, s_l_n,
+    s_o_b, s_o_c, s_o_h, s_o_p, s_o_n,
+    s_f_b, s_f_h, s_f_p, s_f_n,
+    s_i_b, s_i_h, s_i_p, s_i_n,
+    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
+    s_seq_b, s_seq_l,
+    CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, DSTATE_MAJOR: tl.constexpr,
+    HAS_INIT: tl.constexpr, HAS_SEQ: tl.constexpr, EXP2: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    mask = offs < headdim * dstate
+    # walk the elements in the order they lie in memory, so that loads and stores are contiguous
+    if DSTATE_MAJOR:
+        p = offs % headdim
+        n = offs // headdim
+    else:
+        p = offs // dstate
+        n = offs % dstate
+    local_ptrs = local_ptr + b * s_l_b + h * s_l_h + p * s_l_p + n * s_l_n
+    out_ptrs = out_ptr + b * s_o_b + h * s_o_h + p * s_o_p + n * s_o_n
+    if HAS_INIT:
+        state = tl.load(init_ptr + b * s_i_b + h * s_i_h + p * s_i_p + n * s_i_n, mask=mask, other=0.0)
+        state = state.to(tl.float32)
+    else:
+        state = tl.zeros((BLOCK_S,), dtype=tl.float32)
+    # every per-chunk pointer advances by its stride (pointer arithmetic is 64-bit; chunk·stride may not fit 32)
+    dA_last_ptr = dA_ptr + b * s_dA_b + h * s_dA_h + (CHUNK - 1) * s_dA_l
+    seq_base = seq_ptr + b * s_seq_b
+    for c in range(0, nchunks):
+        tl.store(out_ptrs, state.to(out_ptr.dtype.element_ty), mask=mask)
+        decay = _exp(tl.load(dA_last_ptr).to(tl.float32), EXP2)
+        if HAS_SEQ:
+            # the carry survives only if the sequence at this chunk's last token is the one at the previous
+            # chunk's last token (sequence 0 before the first chunk); positions·stride fit 32 bits (seqlen does)
+            last = tl.minimum((c + 1) * CHUNK, seqlen) - 1
+            current = tl.load(seq_base + last * s_seq_l)
+            previous = tl.load(seq_base + (c * CHUNK - 1) * s_seq_l, mask=c > 0, other=0)
+            decay = tl.where(current == previous, decay, 0.0)
+        state = decay * state + tl.load(local_ptrs, mask=mask, other=0.0)
+        local_ptrs += s_l_c
+        out_ptrs += s_o_c
+        dA_last_ptr += s_dA_c
+    tl.store(final_ptr + b * s_f_b + h * s_f_h + p * s_f_p + n * s_f_n, state, mask=mask)
+
+
+def _state_buffer(batch, nchunks, nheads, headdim, dstate, dtype, device, transposed, empty):
+    """(batch, nchunks, nheads, headdim, dstate) logical; (…, dstate, headdim) in memory when transposed."""
+    if transposed:
+        return empty((batch, nchunks, nheads, dstate, headdim), dtype, device).transpose(-1, -2)
+    return empty((batch, nchunks, nheads, headdim, dstate), dtype, device)
+
+
+def chunk_states(B, x, dt, dA_cumsum, seq_idx, *, config, switches, empty, dot_precision):
+    """fp32 (batch, nchunks, nheads, headdim, dstate): the state each chunk builds from zero."""
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    nchunks, chunk = dt.shape[2], dt.shape[3]
+    local = _state_buffer(batch, nchunks, nheads, headdim, dstate, torch.float32, x.device,
+                          switches.transposed_layout, empty)
+    seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
+    tiles = triton.cdiv(headdim, config["block_headdim"]) * triton.cdiv(dstate, config["block_dstate"])
+    grid = (tiles * nheads * nchunks * batch,)
+    chunk_state_kernel[grid](
+        x, B, dt, dA_cumsum, seq, local,
+        seqlen, nheads, nchunks, headdim, dstate, nheads // ngroups,
+        *x.stride(), *B.stride(), *dt.stride(), *dA_cumsum.stride(),
+        seq.stride(0), seq.stride(1), *local.stride(),
+        CHUNK=chunk, BLOCK_P=config["block_headdim"], BLOCK_N=config["block_dstate"], BLOCK_K=config["block_positions"],
+        HAS_SEQ=seq_idx is not None, SWAP=switches.operand_swap, EXP2=switches.exp2,
+        DOT_PRECISION=dot_precision, num_warps=config["num_warps"], num_stages=config["num_stages"],
+    )
+    return local
+
+
+def pass_states(local, dA_cumsum, initial_states, seq_idx, seqlen, state_dtype, *, config, switches, empty):
+    """-> (states entering every chunk in state_dtype, final states fp32 (batch, nheads, headdim, dstate))."""
+    batch, nchunks, nheads, headdim, dstate = local.shape
+    chunk = dA_cumsum.shape[3]
+    states = _state_buffer(batch, nchunks, nheads, headdim, dstate, state_dtype, local.device,
+                           switches.transposed_layout, empty)
+    final = empty((batch, nheads, headdim, dstate), torch.float32, local.device)
+    init = initial_states if initial_states is not None else final  # never read without HAS_INIT
+    seq = seq_idx if seq_idx is not None else dA_cumsum  # never read without HAS_SEQ
+    grid = (triton.cdiv(headdim * dstate, config["block_state"]), nheads, batch)
+    state_passing_kernel[grid](
+        local, states, final, init, dA_cumsum, seq,
+        seqlen, nchunks, headdim, dstate,
+        *local.stride(), *states.stride(), *final.stride(), *init.stride(), *dA_cumsum.stride(),
+        seq.stride(0), seq.stride(1),
+        CHUNK=chunk, BLOCK_S=config["block_state"], DSTATE_MAJOR=switches.transposed_layout,
+        HAS_INIT=initial_states is not None, HAS_SEQ=seq_idx is not None, EXP2=switches.exp2,
+        num_warps=config["num_warps"],
+    )
+    return states, final
+
+
+def fwd_pass_state(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, *, configs, switches, empty,
+                   dot_precision):
+    local = chunk_states(B, x, dt, dA_cumsum, seq_idx, config=configs["chunk_state"], switches=switches,
+                         empty=empty, dot_precision=dot_precision)
+    return pass_states(local, dA_cumsum, initial_states, seq_idx, x.shape[1], state_dtype or x.dtype,
+                       config=configs["state_passing"], switches=switches, empty=empty)
+

@@ -1,0 +1,349 @@
+"""The Triton backend under the Triton interpreter (CPU) against the float64 reference.
+
+What runs here: every switch combination (transposed_layout x operand_swap x exp2) in fp32 and fp16 on a problem
+that uses most of the contract at once (seqlen not a multiple of chunk_size, ngroups dividing nheads, seq_idx with
+3 sequences, initial states, z, per-channel D, a strided x), each stage's output checked; then one case per
+remaining part of the contract (both D shapes, cu_seqlens, dt_limit, no softplus/bias, state dtypes, dims that are
+not powers of two, several tiles per program dimension, x/z/B/C/dt as views of one fused projection, stage outputs
+chained with the reference backend's); the tuning modes; switch errors. Outputs are NaN-poisoned
+(impls.tolerance.poisoned_allocations). The full factorial (x cb_precision x 3 problems) is marked slow.
+
+bf16 is GPU-only: the interpreter computes bf16 dots wrongly (triton-lang/triton#11584). The interpreter also
+ignores tl.dot's input_precision, so fp32 results are held to the plain fp32 tolerance (tighter than tf32's).
+
+TRITON_INTERPRET must be set before the backend's kernels are defined: tests/conftest.py sets it for the CPU
+suite; if impls.triton was already imported compiled (a GPU run), this module skips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+if "impls.triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import impls  # noqa: E402
+from impls.inputs import make_inputs  # noqa: E402
+from impls.problem import Problem, Shape  # noqa: E402
+from impls.registry import get_backend  # noqa: E402
+from impls.tolerance import poisoned_allocations, rel_err, tolerance  # noqa: E402
+from impls.triton import config as cfg  # noqa: E402
+from tests.common import failures, float64_forward, forward_errors  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not cfg.interpreting(), reason="impls.triton was imported without TRITON_INTERPRET=1"
+                                " (its kernels are compiled, not interpreted): run the CPU suite on its own")
+
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16")]
+RICH = Problem(Shape(1, 70, 4, 16, 2, 16, 32), has_z=True, has_initial_states=True, nseqs=3, D_per_channel=True)
+BOOL_SWITCHES = ("transposed_layout", "operand_swap", "exp2")
+
+
+def _combo_id(values) -> str:
+    return "-".join(f"{'' if v else 'no_'}{k}" for k, v in zip(BOOL_SWITCHES, values))
+
+
+COMBOS = [pytest.param(dict(zip(BOOL_SWITCHES, v)), id=_combo_id(v))
+          for v in itertools.product((True, False), repeat=3)]
+
+
+def transposed_x(inputs):
+    """x with headdim not the fastest dimension (memory (batch, seqlen, headdim, nheads))."""
+    b, l, h, p = inputs.x.shape
+    storage = torch.empty(b, l, p, h, dtype=inputs.x.dtype)
+    storage.copy_(inputs.x.transpose(-1, -2))
+    inputs.x = storage.transpose(-1, -2)
+    assert not inputs.x.is_contiguous()
+    return inputs
+
+
+def fused_projection(inputs):
+    """z, x, B, C, dt as column slices of one (batch, seqlen, width) tensor, as Mamba-2's in_proj returns them."""
+    b, l, h, p = inputs.x.shape
+    g, n = inputs.B.shape[2:]
+    widths = [h * p, h * p, g * n, g * n, h]
+    proj = torch.randn(b, l, sum(widths) + 3, dtype=inputs.x.dtype)
+    offsets = [3 + sum(widths[:i]) for i in range(len(widths))]
+    z, x, B, C, dt = (proj[..., o: o + w] for o, w in zip(offsets, widths))
+    for view, value in ((z, inputs.z), (x, inputs.x), (B, inputs.B), (C, inputs.C), (dt, inputs.dt)):
+        view.copy_(value.reshape(b, l, -1))
+    inputs.z, inputs.x = z.view(b, l, h, p), x.view(b, l, h, p)
+    inputs.B, inputs.C, inputs.dt = B.view(b, l, g, n), C.view(b, l, g, n), dt
+    assert not any(t.is_contiguous() for t in (inputs.x, inputs.z, inputs.B, inputs.C, inputs.dt))
+    return inputs
+
+
+def forward_stage_errors(backend, inputs, ref) -> tuple[dict[str, float], impls.ForwardResult]:
+    """The full forward's output and every stage's intermediate (chained: each stage fed the previous one)."""
+    with poisoned_allocations():
+        out = impls.ssd_forward(**inputs.forward_kwargs(), backend=backend)
+    errors = {
+        "chunk_cumsum.dt": rel_err(out.dt, ref.dt),
+        "chunk_cumsum.dA_cumsum": rel_err(out.dA_cumsum, ref.dA_cumsum),
+        "fwd_pass_state.states": rel_err(out.states, ref.states),
+        "fwd_pass_state.final_states": rel_err(out.final_states, ref.final_states),
+        "compute_out.y": rel_err(out.y, ref.y),
+    }
+    if ref.varlen_states is not None:
+        errors["varlen_states"] = rel_err(out.varlen_states, ref.varlen_states)
+    return errors, out
+
+
+# --- every switch combination ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("switches", COMBOS)
+def test_switch_combinations(switches, dtype):
+    backend = get_backend("triton", **switches)
+    inputs = transposed_x(make_inputs(RICH, seed=3, dtype=dtype))
+    errors, out = forward_stage_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, dtype), errors
+    # the switch decides the memory order of the states: dstate-major means headdim has stride 1
+    assert (out.states.stride(-2) == 1) == switches["transposed_layout"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", [pytest.param({}, id="defaults"),
+                                     pytest.param({k: False for k in BOOL_SWITCHES}, id="all-off")])
+def test_each_stage_alone(variant, dtype):
+    """Each stage fed the float64 reference's intermediates (tests.common.forward_errors), so errors cannot hide
+    behind one another; the full forward and its final states too."""
+    backend = get_backend("triton", **variant)
+    inputs = make_inputs(RICH, seed=4, dtype=dtype)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, dtype), errors
+
+
+def test_cb_precision_fp32_maps_to_ieee():
+    x = torch.zeros(1, 1, 1, 1)
+    assert get_backend("triton", cb_precision="fp32")._dot_precision(x) == "ieee"
+    assert get_backend("triton")._dot_precision(x) == "tf32"
+    assert get_backend("triton", cb_precision="fp32")._dot_precision(x.half()) == "tf32"  # fp16: Triton's default
+    inputs = make_inputs(RICH, seed=5, dtype=torch.float32)
+    errors, _ = forward_stage_errors(get_backend("triton", cb_precision="fp32"), inputs, float64_forward(inputs))
+    assert not failures(errors, torch.float32), errors
+
+
+# --- the rest of the contract ---------------------------------------------------------------------------------
+SMALL = Shape(1, 70, 4, 16, 2, 16, 32)
+CASES = [
+    pytest.param(Problem(SMALL), {}, None, id="D-per-head"),
+    pytest.param(Problem(SMALL, has_D=False, has_z=True), {}, None, id="no-D-z"),
+    pytest.param(Problem(SMALL, varlen=True, nseqs=3, has_z=True), {}, None, id="cu_seqlens-3-seqs"),
+    pytest.param(Problem(SMALL, nseqs=4, has_initial_states=True), {}, None, id="seq_idx-4-seqs-initial"),
+    pytest.param(Problem(SMALL, dt_limit=(0.005, 0.05)), {}, None, id="dt_limit"),
+    pytest.param(Problem(SMALL, dt_softplus=False, has_dt_bias=False), {}, None, id="no-softplus-no-bias"),
+    pytest.param(Problem(SMALL, dt_softplus=False, has_dt_bias=True), {}, None, id="bias-no-softplus"),
+    pytest.param(Problem(dataclasses.replace(SMALL, ngroups=1)), {}, None, id="ngroups1"),
+    pytest.param(Problem(dataclasses.replace(SMALL, ngroups=4)), {}, None, id="ngroups-eq-nheads"),
+    pytest.param(Problem(dataclasses.replace(SMALL, seqlen=64)), {}, None, id="seqlen-multiple-of-chunk"),
+    pytest.param(Problem(dataclasses.replace(SMALL, seqlen=20)), {}, None, id="seqlen-below-chunk"),
+    pytest.param(Problem(Shape(2, 40, 2, 24, 1, 40, 16), has_z=True, nseqs=2), {}, None, id="p24-n40-batch2"),
+    pytest.param(Problem(Shape(1, 100, 2, 32, 1, 32, 64), has_initial_states=True),
+                 {"block_rows": 32, "block_positions": 16, "block_headdim": 16, "block_dstate": 16}, None,
+                 id="several-tiles-pinned"),
+    pytest.param(Problem(SMALL, state_dtype="float32"), {}, None, id="state_dtype-fp32"),
+    pytest.param(Problem(SMALL, has_z=True, nseqs=2), {}, "fused", id="fused-projection-views"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("problem,switches,layout", CASES)
+def test_contract(problem, switches, layout, dtype):
+    backend = get_backend("triton", **switches)
+    inputs = make_inputs(problem, seed=11, dtype=dtype)
+    if layout == "fused":
+        inputs = fused_projection(inputs)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, dtype), errors
+
+
+def test_state_dtype_fp16_under_fp32_inputs():
+    inputs = make_inputs(Problem(SMALL, has_initial_states=True, nseqs=2), seed=12, dtype=torch.float32)
+    inputs.state_dtype = torch.float16
+    ref = float64_forward(inputs)
+    with poisoned_allocations():
+        out = impls.ssd_forward(**inputs.forward_kwargs(), backend="triton")
+    assert out.states.dtype == torch.float16 and out.final_states.dtype == torch.float32
+    assert rel_err(out.states, ref.states) <= tolerance(torch.float16)
+    assert rel_err(out.final_states, ref.final_states) <= tolerance(torch.float32)
+    assert rel_err(out.y, ref.y) <= tolerance(torch.float16)
+
+
+def test_stages_chain_with_the_reference_backend():
+    """Triton's transposed states into the reference's compute_out, and the reference's contiguous states into
+    Triton's: strides are free, so either must work."""
+    inputs = make_inputs(RICH, seed=13, dtype=torch.float32)
+    ref = float64_forward(inputs)
+    kw = dict(C=inputs.C, B=inputs.B, x=inputs.x, D=inputs.D, z=inputs.z, seq_idx=inputs.seq_idx)
+    with poisoned_allocations():
+        dt, dA = impls.chunk_cumsum(inputs.dt, inputs.A, inputs.chunk_size, inputs.dt_bias, True, backend="triton")
+        states, _ = impls.fwd_pass_state(inputs.B, inputs.x, dt, dA, inputs.initial_states, inputs.seq_idx,
+                                         backend="triton")
+        assert states.stride(-2) == 1  # the transposed layout (default)
+        y_ref_stage = impls.compute_out(dt=dt, dA_cumsum=dA, states=states, backend="reference", **kw)
+        ref_states, _ = impls.fwd_pass_state(inputs.B, inputs.x, dt, dA, inputs.initial_states, inputs.seq_idx,
+                                             backend="reference")
+        y_triton_stage = impls.compute_out(dt=dt, dA_cumsum=dA, states=ref_states, backend="triton", **kw)
+    assert rel_err(y_ref_stage, ref.y) <= tolerance(torch.float32)
+    assert rel_err(y_triton_stage, ref.y) <= tolerance(torch.float32)
+
+
+def test_poisoned_outputs_would_fail():
+    """The check can fail: a stage that leaves part of its output unwritten shows NaN (rel_err = inf)."""
+    with poisoned_allocations():
+        y = torch.empty(2, 3)
+    y[0] = 1.0
+    assert rel_err(y, torch.ones(2, 3)) == math.inf
+
+
+def test_long_sequence_method_of_the_gpu_test():
+    """The million-token GPU test's method (float32 reference in chunk groups, sampled chunks) at a small size, so
+    the check itself is exercised on CPU: it passes on the backend and catches a corrupted sampled chunk."""
+    from tests.gpu.test_triton import long_inputs, long_sequence_errors
+
+    backend = get_backend("triton", block_rows=32, block_positions=32, block_headdim=16, block_dstate=16)
+    inp = long_inputs(Shape(1, 256, 2, 16, 1, 16, 32), "cpu", torch.float32)
+    errors = long_sequence_errors(backend, inp, sampled=(0, 3, 7), group=3)
+    assert len(errors) == 3 + 3 * 3 and max(errors.values()) <= tolerance(torch.float32), errors
+    original = backend.compute_out
+
+    def broken_compute_out(*args):  # drops the entering state's term: (state term with x = 0) subtracted
+        y = original(*args)
+        return y - original(args[0], args[1], args[2] * 0, *args[3:])
+
+    backend.compute_out = broken_compute_out
+    errors = long_sequence_errors(backend, inp, sampled=(3,), group=3)
+    assert errors["y[3]"] > tolerance(torch.float32) and errors["states[3]"] <= tolerance(torch.float32), errors
+
+
+# --- tuning modes ---------------------------------------------------------------------------------------------
+def _stage_sources(backend) -> dict[str, str]:
+    return {stage: info["source"] for stage, info in backend.describe()["stages"].items()}
+
+
+def test_tuning_modes(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
+    inputs = make_inputs(Problem(SMALL), seed=14, dtype=torch.float32)
+    ref = float64_forward(inputs)
+    with pytest.raises(ValueError, match="no record"):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tuning="record"))
+    auto = get_backend("triton")
+    impls.ssd_forward(**inputs.forward_kwargs(), backend=auto)
+    assert set(_stage_sources(auto).values()) == {"fallback"}
+    search = get_backend("triton", tuning="search")
+    out = impls.ssd_forward(**inputs.forward_kwargs(), backend=search)
+    assert rel_err(out.y, ref.y) <= tolerance(torch.float32)
+    assert set(_stage_sources(search)) == set(cfg.STAGES) and set(_stage_sources(search).values()) == {"search"}
+    files = sorted(p.name for p in tmp_path.rglob("*.json"))
+    assert files == sorted(f"triton_{stage}.json" for stage in cfg.STAGES)
+    for backend in (get_backend("triton", tuning="record"), get_backend("triton")):
+        out = impls.ssd_forward(**inputs.forward_kwargs(), backend=backend)
+        assert set(_stage_sources(backend).values()) == {"record"}
+        assert rel_err(out.y, ref.y) <= tolerance(torch.float32)
+    fallback = get_backend("triton", tuning="fallback")
+    impls.ssd_forward(**inputs.forward_kwargs(), backend=fallback)
+    assert set(_stage_sources(fallback).values()) == {"fallback"}
+
+
+def test_pinned_switches_override_and_report():
+    backend = get_backend("triton", block_rows=32, block_positions=32, block_headdim=16, num_warps=2,
+                          num_stages=1, block_heads=4, block_state=128, block_dstate=16)
+    inputs = make_inputs(Problem(SMALL), seed=15, dtype=torch.float32)
+    errors, _ = forward_stage_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, torch.float32), errors
+    stages = backend.describe()["stages"]
+    assert {info["source"] for info in stages.values()} == {"switches"}
+    assert stages["compute_out"]["config"] == {"block_rows": 32, "block_positions": 32, "block_headdim": 16,
+                                               "num_warps": 2, "num_stages": 1}
+    assert stages["chunk_cumsum"]["config"] == {"block_heads": 4, "num_warps": 2}
+
+
+def test_search_space_respects_pins_and_clamps():
+    dims = {"nheads": 4, "chunk": 32, "headdim": 16, "dstate": 16}
+    space = cfg.search_space("compute_out", {"num_warps": 4}, dims)
+    assert all(c["num_warps"] == 4 and c["block_rows"] <= 32 and c["block_headdim"] == 16 for c in space)
+    assert len(space) == len({tuple(sorted(c.items())) for c in space})
+
+
+def test_fallback_shrinks_compute_out_to_fit_shared_memory():
+    dims = {"nheads": 80, "chunk": 256, "headdim": 64, "dstate": 256}
+    config = cfg.fallback("sm90", "compute_out", dims, 4, {})
+    assert cfg.compute_out_smem(config, dims, 4) <= cfg.SMEM_BUDGET
+    assert cfg.fallback("sm90", "compute_out", dims, 2, {}) == cfg.clamp("compute_out",
+                                                                          cfg.FALLBACK["sm90"]["compute_out"], dims)
+
+
+# --- what the backend refuses -------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["latency_hints", "tma", "occupancy"])
+def test_cannot_express_raises_naming_backend_and_switch(name):
+    with pytest.raises(ValueError, match=rf"switch '{name}': backend 'triton' cannot express it"):
+        get_backend("triton", **{name: True})
+
+
+def test_bad_switch_values_raise():
+    with pytest.raises(ValueError, match="block_rows"):
+        get_backend("triton", block_rows=48)
+    with pytest.raises(ValueError, match="cb_precision"):
+        get_backend("triton", cb_precision="bf16")
+    with pytest.raises(ValueError, match="no such switch"):
+        get_backend("triton", block_m=64)
+
+
+def test_supports_and_devices():
+    backend = get_backend("triton")
+    assert not backend.supports(Problem(SMALL, dtype="float64"))[0]
+    assert not backend.supports(Problem(dataclasses.replace(SMALL, dstate=512)))[0]
+    assert backend.supports(Problem(SMALL, dtype="bfloat16"))[0]
+    assert backend.check_device(torch.device("cpu"))[0]  # interpreter
+
+
+# --- compiled for the GPU, ahead of time (no device needed) -----------------------------------------------------
+def _aot(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    return subprocess.run([sys.executable, "-m", "impls.triton.aot", *args], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=1200)
+
+
+def test_kernels_compile_for_sm90():
+    """Defaults and all-off, bf16, through ptxas for sm_90 at S1's sizes; shared memory within the limit. The
+    interpreter accepts programs the compiler rejects, so this is the CPU suite's guard on the compiled path."""
+    result = _aot("--arch", "90", "--dtype", "bfloat16")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("ok  ") == 10, result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("arch", ["90", "100"])
+def test_every_variant_compiles(arch, dtype):
+    result = _aot("--arch", arch, "--dtype", dtype, "--all-variants")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- the full factorial ---------------------------------------------------------------------------------------
+FACTORIAL_PROBLEMS = [
+    pytest.param(RICH, id="rich"),
+    pytest.param(Problem(Shape(1, 90, 4, 24, 1, 40, 32), varlen=True, nseqs=3, has_z=True), id="varlen-p24-n40"),
+    pytest.param(Problem(dataclasses.replace(SMALL, seqlen=64), has_D=False, dt_limit=(0.005, 0.05)),
+                 id="multiple-noD-limit"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cb_precision", ["tf32", "fp32"])
+@pytest.mark.parametrize("switches", COMBOS)
+@pytest.mark.parametrize("problem", FACTORIAL_PROBLEMS)
+def test_full_factorial(problem, switches, cb_precision, dtype):
+    backend = get_backend("triton", cb_precision=cb_precision, **switches)
+    inputs = make_inputs(problem, seed=21, dtype=dtype)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, dtype), errors
