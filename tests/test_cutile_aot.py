@@ -1,0 +1,159 @@
+"""CPU tests of the cuTile backend: ahead-of-time compiles to sm_90 and sm_100 (no GPU needed), machine-code facts
+read from the cubins with cuobjdump, the switch-effects table, and the backend's refusals.
+
+Default set (dominated by tileiras; see the report for the measured time): every stage compiles for bf16 with the
+defaults, each code switch off alone and all off (sm_90), for fp16/fp32 with the defaults (sm_90), and for bf16
+with the defaults (sm_100). Marked slow: all-off for fp16/fp32 and sm_100, and the full factorial
+(2^6 switch settings x stages x dtypes x arches, cubin only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("cuda.tile")
+
+from impls.cutile.aot import STAGES, build_call, cuobjdump_path, export, facts, normalized, sass  # noqa: E402
+from impls.cutile.switch_effects import OFF_VALUE, off  # noqa: E402
+from impls.cutile.switch_effects import PATH as EFFECTS_PATH
+from impls.cutile.switches import CODE_SWITCHES, CutileSwitches  # noqa: E402
+from impls.problem import Problem, Shape  # noqa: E402
+from impls.registry import switch_table  # noqa: E402
+
+pytestmark = pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
+
+ALL_OFF = CutileSwitches(**{k: OFF_VALUE.get(k, False) for k in CODE_SWITCHES})
+DEFAULTS = CutileSwitches()
+MMA_STAGES = ("fwd_pass_state", "compute_out")
+_SASS: dict = {}
+
+
+def compiled(stage: str, dtype: str, sw: CutileSwitches, arch: str = "sm_90") -> str:
+    """SASS of one variant, compiled once per test session."""
+    key = (stage, dtype, arch, dataclasses.astuple(sw))
+    if key not in _SASS:
+        _SASS[key] = sass(export(build_call(stage, getattr(torch, dtype), sw), arch))
+    return _SASS[key]
+
+
+def _covering():
+    out = []
+    for stage in STAGES:
+        for name in CODE_SWITCHES:
+            out.append(pytest.param(stage, "bfloat16", name, "sm_90", id=f"{stage}-bf16-no-{name}-sm90"))
+        for dtype in ("bfloat16", "float16", "float32"):
+            for variant in ("defaults", "all-off"):
+                marks = [pytest.mark.slow] if (variant == "all-off" and dtype != "bfloat16") else []
+                out.append(pytest.param(stage, dtype, variant, "sm_90", id=f"{stage}-{dtype}-{variant}-sm90",
+                                        marks=marks))
+        for variant in ("defaults", "all-off"):
+            marks = [pytest.mark.slow] if variant == "all-off" else []
+            out.append(pytest.param(stage, "bfloat16", variant, "sm_100", id=f"{stage}-bf16-{variant}-sm100",
+                                    marks=marks))
+    return out
+
+
+def _switches(variant: str) -> CutileSwitches:
+    return {"defaults": DEFAULTS, "all-off": ALL_OFF}.get(variant) or off(variant)
+
+
+@pytest.mark.parametrize("stage,dtype,variant,arch", _covering())
+def test_compiles(stage, dtype, variant, arch):
+    text = compiled(stage, dtype, _switches(variant), arch)
+    f = facts(text)
+    assert f["instructions"] > 100
+    if stage in MMA_STAGES and arch == "sm_90" and not (dtype == "float32" and _switches(variant).cb_precision ==
+                                                         "fp32"):
+        assert f["HGMMA"] > 0, "tensor-core stages must use the Hopper warpgroup MMA"
+    if stage in MMA_STAGES and arch == "sm_100":
+        assert f["UTCMMA"] > 0 and f["HGMMA"] == 0, "sm_100 uses tcgen05 MMAs, not HGMMA"
+
+
+@pytest.mark.parametrize("stage", MMA_STAGES)
+def test_tma_switch_controls_bulk_copies(stage):
+    on, no = facts(compiled(stage, "bfloat16", DEFAULTS)), facts(compiled(stage, "bfloat16", off("tma")))
+    assert on["UTMALDG"] > 0, "with tma on the big operand loads are TMA bulk tensor loads"
+    assert no["UTMALDG"] == 0 and no["UTMASTG"] == 0, "with tma off no bulk tensor copy may remain"
+
+
+@pytest.mark.parametrize("stage", MMA_STAGES)
+def test_fp32_precision_switch(stage):
+    """tf32 -> HGMMA on tf32 operands; fp32 -> no tensor-core MMA (cuTile emulates an fp32 MMA with FFMAs)."""
+    tf32, fp32 = compiled(stage, "float32", DEFAULTS), compiled(stage, "float32", off("cb_precision"))
+    assert facts(tf32)["HGMMA"] > 0 and ".TF32" in tf32
+    assert facts(fp32)["HGMMA"] == 0
+
+
+def test_exp2_switch_changes_every_stage():
+    for stage in STAGES:
+        assert normalized(compiled(stage, "bfloat16", DEFAULTS)) != normalized(compiled(stage, "bfloat16", off("exp2")))
+
+
+def test_switch_effects_table_is_current():
+    """The committed table has a row per stage x dtype x code switch, and the rows this session compiled agree."""
+    rows = json.loads(EFFECTS_PATH.read_text())["rows"]
+    assert {(r["stage"], r["dtype"], r["switch"]) for r in rows} == set(
+        itertools.product(STAGES, ("bfloat16", "float32"), CODE_SWITCHES))
+    checked = 0
+    for r in rows:
+        if r["dtype"] != "bfloat16":
+            continue
+        same = normalized(compiled(r["stage"], "bfloat16", DEFAULTS)) == normalized(
+            compiled(r["stage"], "bfloat16", off(r["switch"])))
+        assert r["effect"] == ("no-op on sm_90" if same else "changes sm_90 SASS"), r
+        checked += 1
+    assert checked == len(STAGES) * len(CODE_SWITCHES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("stage", STAGES)
+def test_full_factorial(stage, dtype, arch):
+    """Every switch combination compiles (cubin only: the bundled nvdisasm 12.8 cannot decode every sm_90 cubin)."""
+    for values in itertools.product(*[(True, False) if k != "cb_precision" else ("tf32", "fp32")
+                                      for k in CODE_SWITCHES]):
+        sw = CutileSwitches(**dict(zip(CODE_SWITCHES, values)))
+        assert len(export(build_call(stage, getattr(torch, dtype), sw), arch)) > 1000
+
+
+# --- the backend object, without a GPU ---------------------------------------------------------------------------
+def test_import_without_cuda_tile():
+    code = ("import sys; sys.modules['cuda.tile'] = None\n"
+            "from impls.cutile import CutileBackend\n"
+            "ok, why = CutileBackend.available(); assert not ok and 'cuda.tile' in why, why\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_refusals():
+    from impls.cutile import CutileBackend
+
+    be = CutileBackend()
+    assert not be.check_device(torch.device("cpu"))[0]
+    base = Shape(2, 512, 8, 64, 2, 128, 128)
+    assert be.supports(Problem(base))[0]
+    for shape, word in [(dataclasses.replace(base, headdim=16), "headdim"),
+                        (dataclasses.replace(base, dstate=512), "dstate"),
+                        (dataclasses.replace(base, ngroups=3), "ngroups"),
+                        (dataclasses.replace(base, batch=64, seqlen=1 << 20, nheads=64), "64-bit")]:
+        ok, reason = be.supports(Problem(shape))
+        assert not ok and word in reason, reason
+    assert not be.supports(Problem(base, dtype="float64"))[0]
+
+
+def test_switch_metadata():
+    rows = {r["name"]: r for r in switch_table(CutileSwitches)}
+    assert set(CODE_SWITCHES) <= set(rows)
+    assert rows["operand_swap"]["sm90"] != rows["operand_swap"]["sm100"]
+    assert "TMEM" in rows["operand_swap"]["sm100"] or "Tensor Memory" in rows["operand_swap"]["sm100"]
+    from impls.cutile import CutileBackend
+
+    with pytest.raises(ValueError):
+        CutileBackend(cb_precision="fp16")
