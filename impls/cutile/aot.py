@@ -3,7 +3,7 @@
 `build_call(stage, dtype, switches, ...)` makes the same `KernelCall` the launcher makes, with `ArraySpec`
 placeholders for the tensors; `export(call, arch)` turns it into a cubin with
 `cuda.tile.compilation.export_kernel`; `sass(cubin)` disassembles it with the cuobjdump of the venv
-(`nvidia-cuda-cuobjdump` wheel; it needs an nvdisasm, taken from triton's bundle when none is on PATH).
+(`nvidia-cuda-cuobjdump` wheel; with the `nvidia-cuda-nvdisasm` wheel beside it; triton's older bundled copy is the last resort).
 """
 
 from __future__ import annotations
