@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call: the GPU test suite and/or sweeps, writing one log and merged Parquet files under $OUT.
+#   scripts/gpu_session.sh tests                 tests/gpu in parallel workers (pytest-xdist, on the image)
+#   scripts/gpu_session.sh sweep EXP [EXP ...]   experiment overlays, e.g. headline ablate_cutile
+# Run it through the device tool with carry [".gpu"] after `source .gpu/setup.sh &&` (../shared/gpu/README.md).
+set -uo pipefail
+OUT=${OUT:-results/scratch/gpu}
+mkdir -p "$OUT"
+log="$OUT/session.log"
+budget=${GPU_SESSION_BUDGET_S:-560}      # stop starting work before the device call's 600 s limit
+start=$(date +%s)
+left() { echo $(( budget - ($(date +%s) - start) )); }
+{
+  echo "== $(date -u +%FT%TZ) $(hostname)"
+  nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+} 2>&1 | tee -a "$log"
+phase=$1; shift
+case "$phase" in
+  tests)
+    timeout "$(left)" python -m pytest tests/gpu -q -n "${GPU_TEST_WORKERS:-8}" -p no:cacheprovider \
+      --junitxml="$OUT/gpu-tests.xml" -ra "$@" 2>&1 | tee -a "$log"
+    ;;
+  sweep)
+    for exp in "$@"; do
+      echo "== sweep $exp ($(left) s left)" | tee -a "$log"
+      [ "$(left)" -gt 30 ] || { echo "skipped $exp: out of time" | tee -a "$log"; continue; }
+      timeout "$(left)" python -m experiments.bench -m "experiment=$exp" "results_dir=/tmp/sweeps/$exp" \
+        logger=local ${SWEEP_OVERRIDES:-} 2>&1 | tee -a "$log"
+      python -m experiments.merge "/tmp/sweeps/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$log"
+    done
+    ;;
+  *) echo "unknown phase $phase" >&2; exit 2 ;;
+esac
+echo "== done in $(( $(date +%s) - start )) s" | tee -a "$log"
