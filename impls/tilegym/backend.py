@@ -152,23 +152,24 @@ class TilegymBackend(Backend):
         variant = self._variant() if stage == "fwd_pass_state" else {}
         sd = dtype_name(state_dtype) if state_dtype is not None else None
         key = tune.config_key(stage, shape, dtype, variant, sd)
-        if key not in self._entries:
+        entry_key = (stage, key)  # stages share tuning keys (shape and dtype); their configs differ
+        if entry_key not in self._entries:
             gpu = torch.cuda.get_device_name(key_args[0].device)
             mode = self.switches.tuning
             if mode == "search":
                 result, cfg = tune.search(mod, stage, shape, variant, call, key_args)
                 space = [dict(vars(c)) for c in tune.space(mod, stage, shape, variant)]
                 tuning.store(tune.BACKEND, stage, gpu, key, cfg, space, tune.versions())
-                self._entries[key] = tune.install(mod, stage, shape, cfg, self._kernels)
+                self._entries[entry_key] = tune.install(mod, stage, shape, cfg, self._kernels)
                 self._sources[stage] = {"source": "search", "config": cfg, "key": key}
                 return result
             configs = tune.space(mod, stage, shape, variant)
             if not configs:
                 raise ValueError(f"tilegym {stage}: TileGym's search space is empty for {shape.label()}")
             cfg, source = tuning.resolve(mode, tune.BACKEND, stage, gpu, key, dict(vars(configs[0])))
-            self._entries[key] = tune.install(mod, stage, shape, cfg, self._kernels)
+            self._entries[entry_key] = tune.install(mod, stage, shape, cfg, self._kernels)
             self._sources[stage] = {"source": source, "config": cfg, "key": key}
-        return tune.run_with(mod, stage, self._entries[key], call, key_args)
+        return tune.run_with(mod, stage, self._entries[entry_key], call, key_args)
 
     # --- stages -----------------------------------------------------------------------------------------
     @staticmethod

@@ -54,7 +54,8 @@ def _params():
             if case == "S1" and variant not in ("defaults", "all-off"):
                 continue  # the big shape: defaults and all-off only (the reference is heavy)
             for dt in dtypes:
-                out.append(pytest.param(case, variant, dt, id=f"{case}-{variant}-{dt}"))
+                marks = pytest.mark.heavy if case == "S1" else ()
+                out.append(pytest.param(case, variant, dt, id=f"{case}-{variant}-{dt}", marks=marks))
     return out
 
 

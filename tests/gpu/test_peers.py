@@ -19,7 +19,7 @@ MEDIUM128 = Shape(2, 1024, 8, 64, 1, 128, 128)
 SMALL_HEADDIM = Shape(2, 512, 16, 32, 4, 64, 64)
 
 TILEGYM_CASES = [
-    pytest.param(Problem(S1_CHUNK128), torch.bfloat16, id="S1-chunk128-bf16"),
+    pytest.param(Problem(S1_CHUNK128), torch.bfloat16, id="S1-chunk128-bf16", marks=pytest.mark.heavy),
     pytest.param(Problem(MEDIUM64), torch.bfloat16, id="medium-chunk64-bf16"),
     pytest.param(Problem(MEDIUM64), torch.float32, id="medium-chunk64-fp32"),
     pytest.param(Problem(MEDIUM128), torch.bfloat16, id="medium-chunk128-bf16"),
@@ -64,7 +64,7 @@ def test_tilegym_record_mode_reuses_a_stored_config(tmp_path, monkeypatch):
 
 
 FLA_CASES = [
-    pytest.param(Problem(Shape(8, 4096, 80, 64, 1, 128, 256)), {}, torch.bfloat16, id="S1-bf16"),
+    pytest.param(Problem(Shape(8, 4096, 80, 64, 1, 128, 256)), {}, torch.bfloat16, id="S1-bf16", marks=pytest.mark.heavy),
     pytest.param(Problem(Shape(2, 1000, 8, 64, 2, 64, 256)), {}, torch.bfloat16, id="medium-bf16"),
     pytest.param(Problem(Shape(2, 1000, 8, 64, 2, 64, 256)), {}, torch.float32, id="medium-fp32"),
     pytest.param(Problem(Shape(2, 1000, 8, 64, 2, 64, 256), has_initial_states=True, has_z=True,

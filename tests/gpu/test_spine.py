@@ -14,7 +14,7 @@ S1 = Shape(8, 4096, 80, 64, 1, 128, 256)
 MEDIUM = Shape(2, 1000, 8, 64, 2, 64, 256)  # seqlen not a multiple of the chunk, ngroups > 1
 
 GPU_CASES = [
-    pytest.param(Problem(S1), torch.bfloat16, id="S1-headline-bf16"),
+    pytest.param(Problem(S1), torch.bfloat16, id="S1-headline-bf16", marks=pytest.mark.heavy),
     pytest.param(Problem(MEDIUM), torch.bfloat16, id="medium-bf16"),
     pytest.param(Problem(MEDIUM), torch.float16, id="medium-fp16"),
     pytest.param(Problem(MEDIUM), torch.float32, id="medium-fp32"),

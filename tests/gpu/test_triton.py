@@ -71,7 +71,8 @@ def _params():
             if case.startswith("p256") and variant not in ("defaults", "all-off"):
                 continue  # the largest tiles: do they fit shared memory (fp32 especially)
             for dt in dtypes:
-                out.append(pytest.param(case, variant, dt, id=f"{case}-{variant}-{dt}"))
+                marks = pytest.mark.heavy if case == "S1" else ()
+                out.append(pytest.param(case, variant, dt, id=f"{case}-{variant}-{dt}", marks=marks))
     return out
 
 
@@ -240,6 +241,7 @@ def long_sequence_errors(backend, inp: dict, sampled, group: int = 128) -> dict[
 MILLION_SAMPLED = (0, 1, 1637, 1638, 2048, 3276, 3277, 3278, 4094, 4095)
 
 
+@pytest.mark.heavy
 def test_million_tokens(request):
     if not _in_shard(request.node.name):
         pytest.skip("other shard")
