@@ -33,8 +33,8 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from experiments import correctness, cost_model, provenance, store, timing, wandb_log  # noqa: E402
 from experiments import config as conf  # noqa: E402
+from experiments import correctness, cost_model, provenance, store, timing, wandb_log  # noqa: E402
 from impls.inputs import DISTRIBUTION, make_inputs  # noqa: E402
 from impls.problem import DTYPES  # noqa: E402
 from impls.registry import get_backend, require  # noqa: E402
@@ -80,7 +80,7 @@ def base_row(cfg: DictConfig, problem, switches, semantic, chash, device, hc, sw
     row = {
         "schema_version": store.SCHEMA_VERSION, "run_id": uuid.uuid4().hex, "sweep_id": sweep_id,
         "sweep_name": cfg.sweep_name, "job_num": job_num,
-        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "config_hash": chash, "backend": conf.backend_name(cfg),
         "switches": json.dumps(semantic["switches"], sort_keys=True, default=str),
         "ablation": cfg.backend.ablation, "tuning": "none", "describe": None,

@@ -45,7 +45,7 @@ class Inputs:
                     cu_seqlens=self.cu_seqlens, dt_softplus=self.dt_softplus, dt_limit=self.dt_limit,
                     state_dtype=self.state_dtype)
 
-    def to(self, dtype: torch.dtype | None = None, device=None) -> "Inputs":
+    def to(self, dtype: torch.dtype | None = None, device=None) -> Inputs:
         """A copy with the float tensors cast to `dtype` (A, dt_bias, D keep fp32 unless dtype is float64)."""
         def cast(t, keep_fp32=False):
             if t is None or not t.is_floating_point():

@@ -99,7 +99,7 @@ class Problem:
         seq_idx=None,
         cu_seqlens=None,
         state_dtype=None,
-    ) -> "Problem":
+    ) -> Problem:
         batch, seqlen, nheads, headdim = x.shape
         ngroups, dstate = B.shape[2], B.shape[3]
         nseqs = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else (2 if seq_idx is not None else 1)

@@ -28,7 +28,7 @@ BACKEND_MODULES: dict[str, str] = {
     "fla": "impls.fla",
 }
 
-_REGISTRY: dict[str, type["Backend"]] = {}
+_REGISTRY: dict[str, type[Backend]] = {}
 
 
 class BackendUnavailable(RuntimeError):

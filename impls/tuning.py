@@ -16,8 +16,9 @@ import datetime as _dt
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 MODES = ("auto", "search", "record", "fallback")
 ROOT = Path(__file__).resolve().parent.parent / "tuning"
@@ -58,7 +59,7 @@ def store(backend: str, stage: str, gpu_name: str, key: str, config: dict, searc
     path.parent.mkdir(parents=True, exist_ok=True)
     data = _read(path) or {"backend": backend, "stage": stage, "gpu": gpu_name, "entries": {}}
     record = {"config": config, "search_space": search_space, "versions": versions,
-              "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **extra}
+              "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), **extra}
     data["entries"][key] = record
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     with tmp.open("w") as fh:

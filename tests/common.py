@@ -74,3 +74,34 @@ def failures(errors: dict[str, float], dtype: torch.dtype, tf32: bool = False) -
 def run_case(backend, problem: Problem, dtype: torch.dtype, seed: int = 0, device="cpu") -> dict[str, float]:
     inputs = make_inputs(problem, device=device, seed=seed, dtype=dtype)
     return forward_errors(backend, inputs, float64_forward(inputs))
+
+
+def as_fused_projection_views(inputs: Inputs) -> Inputs:
+    """x and z as column slices of one (batch, seqlen, 2·nheads·headdim + 8) projection, as in Mamba-2's in_proj
+    (non-contiguous, with a gap between them); values unchanged."""
+    b, l, h, p = inputs.x.shape
+    proj = torch.randn(b, l, 2 * h * p + 8, device=inputs.x.device, dtype=inputs.x.dtype)
+    x = proj[..., : h * p].view(b, l, h, p)
+    z = proj[..., h * p + 8:].view(b, l, h, p)
+    x.copy_(inputs.x)
+    if inputs.z is not None:
+        z.copy_(inputs.z)
+    assert not x.is_contiguous() and not z.is_contiguous()
+    inputs.x, inputs.z = x, (z if inputs.z is not None else None)
+    return inputs
+
+
+def switch_variant_params(cases, variants, heavy=("S1",), skip=lambda case, variant: False):
+    """(case, variant, dtype) params: every variant in bf16; defaults, all-off and the fp32 MMA variant also in
+    fp16 and fp32; cases named in `heavy` carry the heavy mark (float64 references of tens of GB)."""
+    out = []
+    for case in cases:
+        for variant in variants:
+            if skip(case, variant):
+                continue
+            dtypes = ["bfloat16"]
+            if variant in ("defaults", "all-off", "no-cb_precision"):
+                dtypes += ["float16", "float32"]
+            marks = pytest.mark.heavy if case in heavy else ()
+            out += [pytest.param(case, variant, dt, id=f"{case}-{variant}-{dt}", marks=marks) for dt in dtypes]
+    return out

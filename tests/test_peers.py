@@ -15,8 +15,8 @@ import sys
 import pytest
 import torch
 
-import impls
-from impls.fla import mapping, peer as fla_peer
+from impls.fla import mapping
+from impls.fla import peer as fla_peer
 from impls.fla.backend import FlaBackend
 from impls.fla.mapping_study import gla_sequential
 from impls.inputs import make_inputs

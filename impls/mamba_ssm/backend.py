@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
@@ -13,7 +14,6 @@ from impls.mamba_ssm.fwd_pass_state import fwd_pass_state
 from impls.mamba_ssm.layout import upstream_layout
 from impls.problem import Problem
 from impls.registry import Backend, ForwardResult, register, switch
-from dataclasses import dataclass
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ harness can time the peer's kernels alone and the adapter's work apart. docs/pee
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 

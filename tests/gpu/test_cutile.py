@@ -12,15 +12,19 @@ and compile in parallel (e.g. `for i in 0..7: CUTILE_TEST_SHARD=$i/8 pytest test
 from __future__ import annotations
 
 import dataclasses
-import os
-import zlib
 
 import pytest
 import torch
 
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
-from tests.common import failures, float64_forward, forward_errors
+from tests.common import (
+    as_fused_projection_views,
+    failures,
+    float64_forward,
+    forward_errors,
+    switch_variant_params,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -44,46 +48,15 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-off": dict(OFF)}
 
 
-def _params():
-    out = []
-    for case in CASES:
-        for variant in VARIANTS:
-            dtypes = ["bfloat16"]
-            if variant in ("defaults", "all-off", "no-cb_precision"):
-                dtypes += ["float16", "float32"]
-            if case == "S1" and variant not in ("defaults", "all-off"):
-                continue  # the big shape: defaults and all-off only (the reference is heavy)
-            for dt in dtypes:
-                marks = pytest.mark.heavy if case == "S1" else ()
-                out.append(pytest.param(case, variant, dt, id=f"{case}-{variant}-{dt}", marks=marks))
-    return out
 
 
-def _in_shard(test_id: str) -> bool:
-    shard = os.environ.get("CUTILE_TEST_SHARD")
-    if not shard:
-        return True
-    i, n = (int(v) for v in shard.split("/"))
-    return zlib.crc32(test_id.encode()) % n == i
 
-
-def _strided_views(inputs):
-    """x and z as column slices of one (batch, seqlen, 2·nheads·headdim + 8) projection, as in Mamba-2's in_proj."""
-    b, l, h, p = inputs.x.shape
-    proj = torch.randn(b, l, 2 * h * p + 8, device=inputs.x.device, dtype=inputs.x.dtype)
-    x = proj[..., : h * p].view(b, l, h, p)
-    z = proj[..., h * p + 8:].view(b, l, h, p)
-    x.copy_(inputs.x)
-    z.copy_(inputs.z)
-    assert not x.is_contiguous() and not z.is_contiguous()
-    inputs.x, inputs.z = x, z
-    return inputs
-
-
-@pytest.mark.parametrize("case,variant,dtype", _params())
+@pytest.mark.parametrize(
+    "case,variant,dtype",
+    # the big shape: defaults and all-off only (its float64 reference is heavy)
+    switch_variant_params(CASES, VARIANTS, skip=lambda case, variant: case == "S1" and variant not in ("defaults", "all-off")),
+)
 def test_cutile_matches_float64(case, variant, dtype, request):
-    if not _in_shard(request.node.callspec.id):
-        pytest.skip("other shard")
     from impls.cutile import CutileBackend
 
     ok, reason = CutileBackend.available()
@@ -94,7 +67,7 @@ def test_cutile_matches_float64(case, variant, dtype, request):
     torch_dtype = getattr(torch, dtype)
     inputs = make_inputs(problem, device="cuda", seed=1, dtype=torch_dtype)
     if case.startswith("Dhead-noncontig"):
-        inputs = _strided_views(inputs)
+        inputs = as_fused_projection_views(inputs)
     ref = float64_forward(inputs)
     errors = forward_errors(backend, inputs, ref)
     tf32 = torch_dtype == torch.float32 and backend.switches.cb_precision == "tf32"

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import zlib
 
 import pytest
 import torch
@@ -34,7 +32,13 @@ import impls
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.tolerance import poisoned_allocations, rel_err, tolerance
-from tests.common import failures, float64_forward, forward_errors
+from tests.common import (
+    as_fused_projection_views,
+    failures,
+    float64_forward,
+    forward_errors,
+    switch_variant_params,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -59,66 +63,23 @@ OFF = {"transposed_layout": False, "operand_swap": False, "exp2": False, "cb_pre
 VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-off": dict(OFF)}
 
 
-def _params():
-    out = []
-    for case in CASES:
-        for variant in VARIANTS:
-            dtypes = ["bfloat16"]
-            if variant in ("defaults", "all-off", "no-cb_precision"):
-                dtypes += ["float16", "float32"]
-            if case == "S1" and variant not in ("defaults", "all-off"):
-                continue  # the big shape: defaults and all-off only (the float64 reference is heavy)
-            if case.startswith("p256") and variant not in ("defaults", "all-off"):
-                continue  # the largest tiles: do they fit shared memory (fp32 especially)
-            for dt in dtypes:
-                marks = pytest.mark.heavy if case == "S1" else ()
-                out.append(pytest.param(case, variant, dt, id=f"{case}-{variant}-{dt}", marks=marks))
-    return out
 
 
-def _in_shard(test_id: str) -> bool:
-    shard = os.environ.get("TRITON_TEST_SHARD")
-    if not shard:
-        return True
-    i, n = (int(v) for v in shard.split("/"))
-    return zlib.crc32(test_id.encode()) % n == i
+
+def _skip(case, variant):
+    # the big shape: defaults and all-off only (its float64 reference is heavy); the largest tiles: do they fit
+    # shared memory (fp32 especially)
+    return (case == "S1" or case.startswith("p256")) and variant not in ("defaults", "all-off")
 
 
-def _backend(**switches):
-    from impls.triton import TritonBackend
-    from impls.triton.config import interpreting
-
-    if interpreting():
-        pytest.skip("impls.triton was imported under TRITON_INTERPRET=1: run `pytest tests/gpu` on its own")
-    ok, reason = TritonBackend.available()
-    if not ok:
-        pytest.skip(reason)
-    return TritonBackend(**switches)
-
-
-def _strided_views(inputs):
-    """x and z as column slices of one (batch, seqlen, 2·nheads·headdim + 8) projection, as in Mamba-2's in_proj."""
-    b, l, h, p = inputs.x.shape
-    proj = torch.randn(b, l, 2 * h * p + 8, device=inputs.x.device, dtype=inputs.x.dtype)
-    x = proj[..., : h * p].view(b, l, h, p)
-    z = proj[..., h * p + 8:].view(b, l, h, p)
-    x.copy_(inputs.x)
-    z.copy_(inputs.z)
-    assert not x.is_contiguous() and not z.is_contiguous()
-    inputs.x, inputs.z = x, z
-    return inputs
-
-
-@pytest.mark.parametrize("case,variant,dtype", _params())
+@pytest.mark.parametrize("case,variant,dtype", switch_variant_params(CASES, VARIANTS, skip=_skip))
 def test_triton_matches_float64(case, variant, dtype, request):
-    if not _in_shard(request.node.callspec.id):
-        pytest.skip("other shard")
     backend = _backend(**VARIANTS[variant])
     problem = CASES[case]
     torch_dtype = getattr(torch, dtype)
     inputs = make_inputs(problem, device="cuda", seed=1, dtype=torch_dtype)
     if case.startswith("Dhead-noncontig"):
-        inputs = _strided_views(inputs)
+        inputs = as_fused_projection_views(inputs)
     ref = float64_forward(inputs)
     errors = forward_errors(backend, inputs, ref)
     tf32 = torch_dtype == torch.float32 and backend.switches.cb_precision == "tf32"
@@ -131,8 +92,6 @@ def test_triton_matches_float64(case, variant, dtype, request):
 def test_search_then_record_on_gpu(tmp_path, monkeypatch, request):
     """tuning="search" times a small declared space (most fields pinned) with do_bench and stores records;
     "record" then reads them back; results stay correct."""
-    if not _in_shard(request.node.name):
-        pytest.skip("other shard")
     monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
     pins = dict(block_rows=64, block_positions=64, block_headdim=64, block_dstate=64, block_heads=8,
                 num_stages=2)
@@ -243,8 +202,6 @@ MILLION_SAMPLED = (0, 1, 1637, 1638, 2048, 3276, 3277, 3278, 4094, 4095)
 
 @pytest.mark.heavy
 def test_million_tokens(request):
-    if not _in_shard(request.node.name):
-        pytest.skip("other shard")
     backend = _backend()
     errors = long_sequence_errors(backend, long_inputs(MILLION, "cuda", torch.bfloat16), MILLION_SAMPLED)
     tol = tolerance(torch.bfloat16)
