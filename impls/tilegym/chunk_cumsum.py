@@ -7,11 +7,16 @@ needs the base-2 decays scaled back by ln 2 (one copy, `adapter.to_natural`).
 
 from __future__ import annotations
 
+import dataclasses
+
 from impls.tilegym import adapter
 
 
 def peer_chunk_cumsum(mod, run, shape, dtype, A, dt32):
     """TileGym's kernel only: (decay_bth, decay_bht, dt_bht)."""
+    # its tuning depends on (batch, seqlen, nheads, chunk) only: the stage call (which sees dt alone) and the
+    # whole forward must look up the same record
+    shape = dataclasses.replace(shape, headdim=0, ngroups=0, dstate=0)
     A32 = A.to(dt32.dtype).contiguous()  # fp32 (float64 only in the CPU mapping tests' float64 mode)
     return run("chunk_cumsum", shape, dtype, lambda: mod._chunk_cumsum(A32, dt32, chunk_size=shape.chunk_size),
                (A32, dt32, shape.chunk_size))

@@ -66,6 +66,18 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
 
 
 
+def _backend(**switches):
+    from impls.triton import TritonBackend
+    from impls.triton.config import interpreting
+
+    if interpreting():
+        pytest.skip("impls.triton was imported under TRITON_INTERPRET=1: run `pytest tests/gpu` on its own")
+    ok, reason = TritonBackend.available()
+    if not ok:
+        pytest.skip(reason)
+    return TritonBackend(**switches)
+
+
 def _skip(case, variant):
     # the big shape: defaults and all-off only (its float64 reference is heavy); the largest tiles: do they fit
     # shared memory (fp32 especially)
