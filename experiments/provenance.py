@@ -35,7 +35,13 @@ def _run(args: list[str], cwd=None) -> str | None:
 
 @functools.cache
 def git_state() -> dict:
+    """Commit and dirty flag of the checkout; where the tree came without .git (the offline GPU machine gets a
+    copy of the working tree), SSD_GIT_COMMIT / SSD_GIT_DIRTY (0 or 1) set by whoever sent it."""
     commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO)
+    if not commit:
+        dirty = os.environ.get("SSD_GIT_DIRTY")
+        return {"git_commit": os.environ.get("SSD_GIT_COMMIT") or None,
+                "git_dirty": None if dirty is None else dirty.strip() not in ("", "0")}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
 

@@ -3,6 +3,8 @@
 #   scripts/gpu_session.sh tests                 tests/gpu in parallel workers (pytest-xdist, on the image)
 #   scripts/gpu_session.sh sweep EXP [EXP ...]   experiment overlays, e.g. headline ablate_cutile
 # Run it through the device tool with carry [".gpu"] after `source .gpu/setup.sh &&` (../shared/gpu/README.md).
+# The device gets the working tree without .git: put the commit into the command for the rows' provenance,
+#   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> scripts/gpu_session.sh ...
 set -uo pipefail
 OUT=${OUT:-results/scratch/gpu}
 mkdir -p "$OUT"
