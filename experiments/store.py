@@ -85,6 +85,8 @@ def write_atomic(df: pd.DataFrame, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     df.to_parquet(tmp, index=False)
+    with open(tmp, "rb") as fh:  # on disk before it gets its name: a crash leaves the old file or the new one
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
     return path
 
