@@ -60,11 +60,7 @@ def load_results(source: str | os.PathLike | pd.DataFrame | None = None) -> pd.D
     else:
         resolved = resolve_results(source)
         df = load_wandb(resolved[len("wandb:"):]) if resolved.startswith("wandb:") else store.load(Path(resolved))
-    missing = [c for c in store.COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"results lack schema columns {missing}; expected experiments.store.COLUMNS "
-                         f"(schema version {store.SCHEMA_VERSION})")
-    return df
+    return store.conform(df)
 
 
 def load_wandb(path: str) -> pd.DataFrame:

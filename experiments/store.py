@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Columns added after version 1, with the version that added them: files written before read them as null.
+ADDED_IN = {"slurm_job_id": 2}
 
 # name -> (pandas dtype, meaning). Every row has every column; missing values are null.
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -72,6 +74,19 @@ COLUMNS: dict[str, tuple[str, str]] = {
 }
 
 
+def conform(df: pd.DataFrame) -> pd.DataFrame:
+    """A frame read from any schema version, with exactly COLUMNS: columns added since (ADDED_IN) are null where
+    an older file lacks them; any other missing column is an error."""
+    missing = [c for c in COLUMNS if c not in df.columns and c not in ADDED_IN]
+    if missing:
+        raise ValueError(f"results lack schema columns {missing}; expected experiments.store.COLUMNS "
+                         f"(schema version {SCHEMA_VERSION})")
+    df = df.reindex(columns=list(COLUMNS))
+    for name in ADDED_IN:
+        df[name] = df[name].astype(COLUMNS[name][0])
+    return df
+
+
 def frame(rows: list[dict]) -> pd.DataFrame:
     """Rows -> a DataFrame with exactly COLUMNS, typed."""
     df = pd.DataFrame(rows, columns=list(COLUMNS))
@@ -106,7 +121,7 @@ def load(root: Path) -> pd.DataFrame:
     files = parquet_files(root)
     if not files:
         return frame([])
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    return pd.concat([conform(pd.read_parquet(f)) for f in files], ignore_index=True)
 
 
 def stored_hashes(root: Path) -> set[str]:
