@@ -2,6 +2,8 @@
 # One device call: the GPU test suite and/or sweeps, writing one log and merged Parquet files under $OUT.
 #   scripts/gpu_session.sh tests                 tests/gpu in parallel workers (pytest-xdist, on the image)
 #   scripts/gpu_session.sh sweep EXP [EXP ...]   experiment overlays, e.g. headline ablate_cutile
+#   scripts/gpu_session.sh first_call            the same points in two fresh processes: cold, then with the
+#                                                compile caches and tuning records the first one left
 # Run it through the device tool with carry [".gpu"] after `source .gpu/setup.sh &&` (../shared/gpu/README.md).
 # The device gets the working tree without .git: put the commit into the command for the rows' provenance,
 #   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> scripts/gpu_session.sh ...
@@ -34,6 +36,16 @@ case "$phase" in
         logger=local ${SWEEP_OVERRIDES:-} 2>&1 | tee -a "$log"
       python -m experiments.merge "/tmp/sweeps/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$log"
     done
+    ;;
+  first_call)
+    # each backend's first point in a process pays compilation (and autotuning): compile_s of the gate's calls
+    for run in cold warm; do
+      echo "== first_call $run ($(left) s left)" | tee -a "$log"
+      timeout "$(left)" python -m experiments.bench -m "backend=${FIRST_CALL_BACKENDS:-mamba_ssm,triton,cutile}" \
+        shape=S1 bench=check_only force=true sweep_name="first_call_$run" "results_dir=/tmp/sweeps/first_call" \
+        logger=local 2>&1 | tee -a "$log"
+    done
+    python -m experiments.merge /tmp/sweeps/first_call "$OUT/first_call.parquet" 2>&1 | tee -a "$log"
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
