@@ -116,9 +116,10 @@ def count_oob_control(counter) -> None:
 # --- the driver ---------------------------------------------------------------------------------------------
 def sanitizer() -> str:
     found = shutil.which("compute-sanitizer")
-    for candidate in (found, "/usr/local/cuda/bin/compute-sanitizer", "/usr/local/cuda/compute-sanitizer/compute-sanitizer"):
+    toolkit = Path("/usr/local/cuda")
+    for candidate in (found, toolkit / "bin/compute-sanitizer", toolkit / "compute-sanitizer/compute-sanitizer"):
         if candidate and Path(candidate).exists():
-            return candidate
+            return str(candidate)
     raise SystemExit("compute-sanitizer not found (it ships with the CUDA toolkit)")
 
 

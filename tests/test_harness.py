@@ -55,7 +55,7 @@ def test_rows_have_provenance(sweep):
     assert ok[PROVENANCE].notna().all().all(), ok[PROVENANCE].isna().sum()[lambda s: s > 0]
     assert ok[GPU_ONLY].isna().all().all()  # CPU run: recorded as null, not invented
     assert set(ok["timer"]) == {"cpu-wall"} and set(ok["reference"]) == {"float64"}
-    for backend, rows in ok.groupby("backend"):
+    for _backend, rows in ok.groupby("backend"):
         metrics = set(zip(rows["stage"], rows["metric"]))
         for stage in ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward"):
             assert {(stage, m) for m in ("median_ms", "p20_ms", "p80_ms", "rel_err", "compile_s", "gbps")} <= metrics

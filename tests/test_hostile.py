@@ -17,8 +17,8 @@ from tests.common import TINY, failures, run_case
 BACKENDS = ["reference", "mamba_ssm"]
 
 
-def kwargs(problem=Problem(TINY), dtype=torch.float32, **changes):
-    kw = make_inputs(problem, seed=2, dtype=dtype).forward_kwargs()
+def kwargs(problem=None, dtype=torch.float32, **changes):
+    kw = make_inputs(problem or Problem(TINY), seed=2, dtype=dtype).forward_kwargs()
     kw.update(changes)
     return kw
 

@@ -4,8 +4,6 @@ Example counts are bounded so the CPU suite stays fast."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
