@@ -19,9 +19,12 @@ py="$VENV/bin/python"
 "$py" -m pip install -q -e ".[$EXTRAS]"
 MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE "$py" -m pip install -q --no-build-isolation --no-deps \
   mamba-ssm==2.3.2.post1
+# the external peers, without their dependencies: TileGym pins an old transformers and brings its whole op
+# library; the adapters load only what they use (impls/tilegym/loader.py, impls/fla/peer.py)
+"$py" -m pip install -q --no-deps tilegym==1.5.1 fla-core==0.6.0
 "$py" - <<'PY'
 import importlib.metadata as m
-for name in ("torch", "triton", "cuda-tile", "mamba_ssm", "hydra-core"):
+for name in ("torch", "triton", "cuda-tile", "mamba_ssm", "hydra-core", "tilegym", "fla-core"):
     try:
         print(f"{name} {m.version(name)}")
     except m.PackageNotFoundError:
