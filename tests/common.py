@@ -105,3 +105,18 @@ def switch_variant_params(cases, variants, heavy=("S1",), skip=lambda case, vari
             marks = pytest.mark.heavy if case in heavy else ()
             out += [pytest.param(case, variant, dt, id=f"{case}-{variant}-{dt}", marks=marks) for dt in dtypes]
     return out
+
+
+def assert_matches_float64(backend, problem: Problem, dtype_name: str, label: str, fused_views: bool = False):
+    """One GPU switch-variant check: fresh inputs, every stage and the forward against float64 (outputs
+    poisoned), at the tolerance of the dtype (tf32's where the backend's cb_precision uses it)."""
+    dtype = getattr(torch, dtype_name)
+    inputs = make_inputs(problem, device="cuda", seed=1, dtype=dtype)
+    if fused_views:
+        inputs = as_fused_projection_views(inputs)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    tf32 = dtype == torch.float32 and backend.switches.cb_precision == "tf32"
+    bad = failures(errors, dtype, tf32)
+    worst = max(errors, key=errors.get)
+    print(f"[{label}] worst {worst}={errors[worst]:.2e} {backend.describe().get('stages')}")
+    assert not bad, f"over tolerance: {bad} (all: {errors})"

@@ -14,17 +14,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
-from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
-from tests.common import (
-    as_fused_projection_views,
-    failures,
-    float64_forward,
-    forward_errors,
-    switch_variant_params,
-)
+from tests.common import assert_matches_float64, switch_variant_params
 
 pytestmark = pytest.mark.gpu
 
@@ -63,15 +55,5 @@ def test_cutile_matches_float64(case, variant, dtype, request):
     if not ok:
         pytest.skip(reason)
     backend = CutileBackend(**VARIANTS[variant])
-    problem = CASES[case]
-    torch_dtype = getattr(torch, dtype)
-    inputs = make_inputs(problem, device="cuda", seed=1, dtype=torch_dtype)
-    if case.startswith("Dhead-noncontig"):
-        inputs = as_fused_projection_views(inputs)
-    ref = float64_forward(inputs)
-    errors = forward_errors(backend, inputs, ref)
-    tf32 = torch_dtype == torch.float32 and backend.switches.cb_precision == "tf32"
-    bad = failures(errors, torch_dtype, tf32)
-    worst = max(errors, key=errors.get)
-    print(f"[cutile] {case} {variant} {dtype}: worst {worst}={errors[worst]:.2e} {backend.describe()['stages']}")
-    assert not bad, f"over tolerance: {bad} (all: {errors})"
+    assert_matches_float64(backend, CASES[case], dtype, f"cutile {case} {variant} {dtype}",
+                           fused_views=case.startswith("Dhead-noncontig"))

@@ -32,13 +32,7 @@ import impls
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.tolerance import poisoned_allocations, rel_err, tolerance
-from tests.common import (
-    as_fused_projection_views,
-    failures,
-    float64_forward,
-    forward_errors,
-    switch_variant_params,
-)
+from tests.common import assert_matches_float64, float64_forward, switch_variant_params
 
 pytestmark = pytest.mark.gpu
 
@@ -87,18 +81,8 @@ def _skip(case, variant):
 @pytest.mark.parametrize("case,variant,dtype", switch_variant_params(CASES, VARIANTS, skip=_skip))
 def test_triton_matches_float64(case, variant, dtype, request):
     backend = _backend(**VARIANTS[variant])
-    problem = CASES[case]
-    torch_dtype = getattr(torch, dtype)
-    inputs = make_inputs(problem, device="cuda", seed=1, dtype=torch_dtype)
-    if case.startswith("Dhead-noncontig"):
-        inputs = as_fused_projection_views(inputs)
-    ref = float64_forward(inputs)
-    errors = forward_errors(backend, inputs, ref)
-    tf32 = torch_dtype == torch.float32 and backend.switches.cb_precision == "tf32"
-    bad = failures(errors, torch_dtype, tf32)
-    worst = max(errors, key=errors.get)
-    print(f"[triton] {case} {variant} {dtype}: worst {worst}={errors[worst]:.2e} {backend.describe()['stages']}")
-    assert not bad, f"over tolerance: {bad} (all: {errors})"
+    assert_matches_float64(backend, CASES[case], dtype, f"triton {case} {variant} {dtype}",
+                           fused_views=case.startswith("Dhead-noncontig"))
 
 
 def test_search_then_record_on_gpu(tmp_path, monkeypatch, request):
