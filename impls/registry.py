@@ -148,6 +148,14 @@ def make_switches(backend: str, switches_cls, cannot_express: dict[str, str], sw
     return switches_cls(**given)
 
 
+def cuda_only(device, what: str) -> tuple[bool, str]:
+    """check_device() of a backend whose kernels run on CUDA devices only."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False, f"{what} run on CUDA devices only, got a {device.type} tensor"
+    return True, ""
+
+
 def register(cls: type[Backend]) -> type[Backend]:
     """Class decorator: makes a backend available by its `name`."""
     if cls.name not in BACKEND_MODULES:

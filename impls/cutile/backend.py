@@ -10,7 +10,7 @@ import torch
 
 from impls.cutile.switches import CutileSwitches
 from impls.problem import Problem
-from impls.registry import Backend, register
+from impls.registry import Backend, cuda_only, register
 
 MIN_DIM, MAX_DIM = 32, 256  # headdim and dstate the kernels are built and tested for
 
@@ -42,10 +42,7 @@ class CutileBackend(Backend):
         return True, ""
 
     def check_device(self, device) -> tuple[bool, str]:
-        device = torch.device(device)
-        if device.type != "cuda":
-            return False, f"cuTile kernels run on CUDA devices only, got a {device.type} tensor"
-        return True, ""
+        return cuda_only(device, "cuTile kernels")
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
         from impls.cutile.common import too_large

@@ -14,7 +14,7 @@ import torch
 
 from impls import tuning
 from impls.problem import Problem, Shape, dtype_name
-from impls.registry import Backend, ForwardResult, register, switch
+from impls.registry import Backend, ForwardResult, cuda_only, register, switch
 from impls.tilegym import adapter, loader, tune
 from impls.tilegym.chunk_cumsum import chunk_cumsum, peer_chunk_cumsum
 from impls.tilegym.compute_out import compute_out, peer_compute_out
@@ -98,10 +98,7 @@ class TilegymBackend(Backend):
         return True, ""
 
     def check_device(self, device) -> tuple[bool, str]:
-        device = torch.device(device)
-        if device.type != "cuda":
-            return False, f"TileGym's cuTile kernels run on CUDA devices only, got a {device.type} tensor"
-        return True, ""
+        return cuda_only(device, "TileGym's cuTile kernels")
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
         s = problem.shape
