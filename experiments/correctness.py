@@ -8,7 +8,6 @@ output then fails the check instead of passing on stale memory).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 
@@ -17,7 +16,7 @@ import torch
 from impls.inputs import Inputs
 from impls.reference.compute_out import BLOCK_ELEMENTS
 from impls.registry import get_backend
-from impls.tolerance import poison_, rel_err, tolerance
+from impls.tolerance import poisoned_allocations, rel_err, tolerance
 
 STAGE_OUTPUTS = {"chunk_cumsum": ("dt", "dA_cumsum"), "fwd_pass_state": ("states", "final_states"),
                  "compute_out": ("y",), "forward": ("y", "final_states", "varlen_states")}
@@ -25,31 +24,6 @@ STAGE_OUTPUTS = {"chunk_cumsum": ("dt", "dA_cumsum"), "fwd_pass_state": ("states
 
 class GateFailure(RuntimeError):
     """The backend's output is wrong (error over tolerance, NaN or inf)."""
-
-
-@contextlib.contextmanager
-def poisoned_allocations():
-    """NaN-fills every tensor created by torch.empty / empty_like / empty_strided / Tensor.new_empty inside."""
-    originals = {name: getattr(torch, name) for name in ("empty", "empty_like", "empty_strided")}
-    new_empty = torch.Tensor.new_empty
-
-    def wrap(fn):
-        def poisoned(*args, **kwargs):
-            t = fn(*args, **kwargs)
-            if t.numel():
-                poison_(t)
-            return t
-        return poisoned
-
-    try:
-        for name, fn in originals.items():
-            setattr(torch, name, wrap(fn))
-        torch.Tensor.new_empty = wrap(new_empty)
-        yield
-    finally:
-        for name, fn in originals.items():
-            setattr(torch, name, fn)
-        torch.Tensor.new_empty = new_empty
 
 
 def reference_kind(inputs: Inputs, device: torch.device, requested: str) -> str:

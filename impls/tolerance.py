@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 REL_TOL: dict[torch.dtype, float] = {
@@ -39,28 +41,29 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(torch.iinfo(t.dtype).min)
 
 
-class poisoned_allocations:
-    """Within the block, torch.empty / empty_like / empty_strided return NaN-filled float tensors, so a kernel
-    that leaves part of its (internally allocated) output unwritten shows NaN instead of stale zeros."""
+@contextlib.contextmanager
+def poisoned_allocations():
+    """Within the block, torch.empty / empty_like / empty_strided / Tensor.new_empty return poisoned tensors
+    (NaN for floats, the minimum for integers), so a kernel that leaves part of its (internally allocated)
+    output unwritten shows it instead of passing on stale memory."""
+    originals = {name: getattr(torch, name) for name in ("empty", "empty_like", "empty_strided")}
+    new_empty = torch.Tensor.new_empty
 
-    _names = ("empty", "empty_like", "empty_strided")
-
-    def __enter__(self):
-        self._saved = {name: getattr(torch, name) for name in self._names}
-        for name, real in self._saved.items():
-            setattr(torch, name, self._poisoning(real))
-        return self
-
-    def __exit__(self, *exc):
-        for name, real in self._saved.items():
-            setattr(torch, name, real)
-
-    @staticmethod
-    def _poisoning(real):
+    def poisoning(fn):
         def allocate(*args, **kwargs):
-            t = real(*args, **kwargs)
-            if t.is_floating_point() and t.numel():
-                t.fill_(float("nan"))
+            t = fn(*args, **kwargs)
+            if t.numel():
+                poison_(t)
             return t
 
         return allocate
+
+    try:
+        for name, fn in originals.items():
+            setattr(torch, name, poisoning(fn))
+        torch.Tensor.new_empty = poisoning(new_empty)
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
+        torch.Tensor.new_empty = new_empty
