@@ -22,10 +22,11 @@ left() { echo $(( budget - ($(date +%s) - start) )); }
 phase=$1; shift
 case "$phase" in
   tests)
-    # light tests in many workers, then the heavy ones (float64 references of tens of GB) two at a time
+    # light tests in many workers, then the heavy ones (float64 references and 2^20-token problems of tens of GB)
+    # one at a time
     timeout "$(left)" python -m pytest tests/gpu -q -n "${GPU_TEST_WORKERS:-8}" -p no:cacheprovider -m "not heavy" \
       --junitxml="$OUT/gpu-tests.xml" -ra "$@" 2>&1 | tee -a "$log"
-    timeout "$(left)" python -m pytest tests/gpu -q -n 2 -p no:cacheprovider -m heavy \
+    timeout "$(left)" python -m pytest tests/gpu -q -p no:cacheprovider -m heavy \
       --junitxml="$OUT/gpu-tests-heavy.xml" -ra "$@" 2>&1 | tee -a "$log"
     ;;
   sweep)

@@ -42,3 +42,19 @@ def test_upstream_autotune_configs_intact_on_gpu():
     assert upstream.interpreter_calls == 0
     assert counts["_chunk_scan_fwd_kernel"] > 1 and counts["_chunk_state_fwd_kernel"] > 1, counts
     assert all(n > 1 for n in counts.values()), counts
+
+
+@pytest.mark.parametrize("problem, dtype", [
+    pytest.param(Problem(MEDIUM), torch.bfloat16, id="medium-bf16"),
+    pytest.param(Problem(MEDIUM, has_initial_states=True, has_z=True), torch.float16, id="medium-init-z-fp16"),
+])
+@pytest.mark.parametrize("backend", ["cutile", "triton"])
+def test_error_at_most_twice_mamba_ssm(backend, problem, dtype):
+    """On the GPU a backend's error must also be at most 2x upstream's own on the same inputs (impls/README.md)."""
+    from impls.tolerance import MAMBA_SSM_FACTOR
+
+    ours = run_case(backend, problem, dtype, seed=3, device="cuda")
+    upstream_errors = run_case("mamba_ssm", problem, dtype, seed=3, device="cuda")
+    worse = {k: (v, upstream_errors[k]) for k, v in ours.items()
+             if k.startswith("forward") and v > MAMBA_SSM_FACTOR * upstream_errors[k]}
+    assert not worse, worse
