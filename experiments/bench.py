@@ -156,7 +156,7 @@ def measure(cfg, point: Point, problem, switches, device) -> None:
             for key, value in ceilings.items():
                 point.add("ceiling", key, value)
         for stage, fn in correctness.stage_callables(backend, inputs).items():
-            if stage not in bench.stages:
+            if stage not in bench.stages and not stage.startswith("part:"):
                 continue
             if device.type == "cuda":
                 times = timing.gpu_times(fn, bench.warmup_ms, bench.rep_ms, bench.cuda_graph)
@@ -164,17 +164,32 @@ def measure(cfg, point: Point, problem, switches, device) -> None:
                 times = timing.cpu_times(fn, bench.cpu_warmup, bench.cpu_reps)
             for key, value in times.items():
                 point.add(stage, key, value)
+            if stage not in costs:  # parts of a forward have no cost-model entry of their own
+                continue
             derived = cost_model.derived(costs[stage], times["median_ms"], ceilings.get("matmul_tflops"),
                                          ceilings.get("copy_gbps"))
             for key, value in derived.items():
                 point.add(stage, key, value)
     describe = backend.describe()
     point.base["describe"] = json.dumps(describe, sort_keys=True, default=str)
-    point.base["tuning"] = json.dumps(describe["tuning"], sort_keys=True, default=str) \
-        if "tuning" in describe and not isinstance(describe["tuning"], str) else describe.get("tuning", "none")
+    point.base["tuning"] = tuning_sources(describe)
     for row in point.rows:  # describe() is known only now: fill it into the rows already made
         row["describe"], row["tuning"], row["reference"] = (point.base["describe"], point.base["tuning"],
                                                             point.base.get("reference"))
+
+
+def tuning_sources(describe: dict) -> str:
+    """Where each stage's config came from (search / record / fallback), as the backend reports it in
+    describe() ("tuning", or per-stage "source" under "stages" or "tuning_sources"); "none" for untuned backends."""
+    if isinstance(describe.get("tuning"), str):
+        return describe["tuning"]
+    sources = describe.get("tuning") or {
+        stage: info["source"]
+        for key in ("stages", "tuning_sources")
+        for stage, info in (describe.get(key) or {}).items()
+        if isinstance(info, dict) and "source" in info
+    }
+    return json.dumps(sources, sort_keys=True) if sources else "none"
 
 
 def timing_fields(cfg, device) -> dict:

@@ -99,6 +99,9 @@ def stage_callables(backend, inputs: Inputs) -> dict:
     whole forward."""
     kw = _kwargs(inputs)
     forward = {"forward": lambda: backend.ssd_forward(**{k: kw[k] for k in _FORWARD_ARGS})}
+    # a peer's adapter steps and its own kernels, timed apart as stages "part:<name>"
+    forward.update({f"part:{name}": fn
+                    for name, fn in backend.forward_parts(**{k: kw[k] for k in _FORWARD_ARGS}).items()})
     if "chunk_cumsum" not in backend.STAGES:
         return forward
     dt, dA = backend.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"], kw["dt_softplus"],

@@ -11,7 +11,7 @@ import dataclasses
 import importlib
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -111,6 +111,12 @@ class Backend:
         if cu_seqlens is not None:
             varlen = self.varlen_states(B, x, dt_out, dA_cumsum, states, cu_seqlens)
         return ForwardResult(y, final_states, varlen, dt_out, dA_cumsum, states)
+
+    def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                      dt_softplus, dt_limit, state_dtype) -> dict[str, Callable[[], object]]:
+        """The pieces of ssd_forward that the harness times apart, as zero-argument calls on ready inputs
+        (a peer's adapter steps and its own kernels); none for a backend whose stages say it all."""
+        return {}
 
     # --- what ran -------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -149,3 +149,25 @@ def test_no_arguments_runs_the_cpu_preset(tmp_path):
     df = pd.concat(pd.read_parquet(f) for f in (tmp_path / "results" / "scratch").rglob("*.parquet"))
     assert set(df["backend"]) == {"reference", "mamba_ssm"}
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 2
+
+
+def test_forward_parts_are_timed_apart():
+    """A backend's forward_parts (a peer's adapter steps and kernels) become stages "part:<name>"."""
+    import torch
+
+    from experiments import correctness
+    from impls.inputs import make_inputs
+    from impls.problem import Problem, Shape
+    from impls.reference.backend import ReferenceBackend
+
+    calls = []
+
+    class WithParts(ReferenceBackend):
+        def forward_parts(self, *args, **kwargs):
+            return {"adapter_prepare": lambda: calls.append("prepare"), "peer": lambda: calls.append("peer")}
+
+    inputs = make_inputs(Problem(Shape(1, 40, 2, 16, 1, 16, 16)), seed=0, dtype=torch.float32)
+    callables = correctness.stage_callables(WithParts(), inputs)
+    assert {"part:adapter_prepare", "part:peer", "forward", "compute_out"} <= set(callables)
+    callables["part:peer"]()
+    assert calls == ["peer"]

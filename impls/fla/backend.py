@@ -126,6 +126,18 @@ class FlaBackend(Backend):
                             dt_limit)
         return self.finish(self.peer(args), x, D, z, varlen=cu_seqlens is not None)
 
+    def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                      dt_softplus, dt_limit, state_dtype):
+        args = self.prepare(x, dt, A, B, C, chunk_size, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
+        raw = self.peer(args)
+        varlen = cu_seqlens is not None
+        return {
+            "adapter_prepare": lambda: self.prepare(x, dt, A, B, C, chunk_size, dt_bias, initial_states, cu_seqlens,
+                                                    dt_softplus, dt_limit),
+            "peer": lambda: self.peer(args),
+            "adapter_finish": lambda: self.finish(raw, x, D, z, varlen=varlen),
+        }
+
     # --- what ran -----------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         out = super().describe()

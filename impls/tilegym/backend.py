@@ -231,6 +231,18 @@ class TilegymBackend(Backend):
                          state_dtype)
         return self.finish(p, self.peer(p))
 
+    def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                      dt_softplus, dt_limit, state_dtype):
+        p = self.prepare(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, dt_softplus, dt_limit,
+                         state_dtype)
+        raw = self.peer(p)
+        return {
+            "adapter_prepare": lambda: self.prepare(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
+                                                    dt_softplus, dt_limit, state_dtype),
+            "peer": lambda: self.peer(p),
+            "adapter_finish": lambda: self.finish(p, raw),
+        }
+
     # --- what ran -----------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         out = super().describe()
