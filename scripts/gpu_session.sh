@@ -4,6 +4,8 @@
 #   scripts/gpu_session.sh sweep EXP [EXP ...]   experiment overlays, e.g. headline ablate_cutile
 #   scripts/gpu_session.sh first_call            the same points in two fresh processes: cold, then with the
 #                                                compile caches and tuning records the first one left
+#   scripts/gpu_session.sh sanitize              compute-sanitizer over every cuTile and Triton stage
+#                                                (experiments/sanitize.py), with its negative control
 # Run it through the device tool with carry [".gpu"] after `source .gpu/setup.sh &&` (../shared/gpu/README.md).
 # The device gets the working tree without .git: put the commit into the command for the rows' provenance,
 #   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> scripts/gpu_session.sh ...
@@ -47,6 +49,9 @@ case "$phase" in
         logger=local 2>&1 | tee -a "$log"
     done
     python -m experiments.merge /tmp/sweeps/first_call "$OUT/first_call.parquet" 2>&1 | tee -a "$log"
+    ;;
+  sanitize)
+    timeout "$(left)" python -m experiments.sanitize --out "$OUT" "$@" 2>&1 | tee -a "$log"
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
