@@ -29,6 +29,7 @@ class CutileBackend(Backend):
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)
         self._sources: dict[str, dict] = {}
+        self._resolved: dict[tuple[str, str], tuple[dict, str]] = {}
 
     # --- capability -------------------------------------------------------------------------------------
     @classmethod
@@ -75,7 +76,10 @@ class CutileBackend(Backend):
         key = tuning_key(key_shape, str(dtype).replace("torch.", ""),
                          **{k: v for k, v in dataclasses.asdict(self.switches).items()
                             if k in ("transposed_layout", "operand_swap", "cb_precision")})
-        config, source = tune.resolve(stage, self.switches, device, key, make_call)
+        # resolved once per (stage, key): a search runs once, and no call reads the record file again
+        if (stage, key) not in self._resolved:
+            self._resolved[(stage, key)] = tune.resolve(stage, self.switches, device, key, make_call)
+        config, source = self._resolved[(stage, key)]
         self._sources[stage] = {"source": source, "config": config}
         return config
 
