@@ -61,11 +61,11 @@ def ablation_bars(table: pd.DataFrame):
     empty bars labelled 'no-op', never as a value."""
     if table.empty:
         return _empty("ablation")
-    groups = list(dict.fromkeys(zip(table["shape_name"], table["dtype"])))
+    groups = list(dict.fromkeys(zip(table["backend"], table["shape_name"], table["dtype"])))  # one panel each
     fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 0.45 * table["switch"].nunique() + 1.5),
                              squeeze=False)
-    for ax, (shape, dtype) in zip(axes[0], groups):
-        d = table[(table["shape_name"] == shape) & (table["dtype"] == dtype)]
+    for ax, (backend, shape, dtype) in zip(axes[0], groups):
+        d = table[(table["backend"] == backend) & (table["shape_name"] == shape) & (table["dtype"] == dtype)]
         y = np.arange(len(d))
         eff = d["effect_on_top"].to_numpy(float) * 100
         noop = d["status"].str.startswith("no-op").to_numpy()
@@ -79,7 +79,8 @@ def ablation_bars(table: pd.DataFrame):
         ax.set_yticks(y, d["switch"])
         ax.axvline(0, color="k", lw=0.8)
         ax.set_xlabel("time saved by the switch (%)")
-        ax.set_title(f"{d['backend'].iloc[0]} {shape} {dtype} ({d['stage'].iloc[0]})", fontsize=9)
+        ax.set_title(f"{backend} {shape} {dtype} ({d['stage'].iloc[0]})", fontsize=9)
+    fig.tight_layout()
     return fig
 
 
