@@ -43,3 +43,16 @@ def test_reference_low_precision(problem, dtype):
     errors = run_case("reference", problem, dtype, seed=5)
     bad = {k: v for k, v in errors.items() if not v <= tolerance(dtype)}
     assert not bad, bad
+
+
+@pytest.mark.parametrize("problem", [CASES[0], CASES[4], CASES[5]])
+def test_blockwise_reference_matches_sequential(problem, monkeypatch):
+    """One chunk per block (as at 2^20 tokens, where the work is split to bound memory) changes nothing."""
+    import sys
+
+    for module in ("impls.reference.compute_out", "impls.reference.fwd_pass_state"):
+        monkeypatch.setattr(sys.modules[module], "BLOCK_ELEMENTS", 1)
+    inputs = make_inputs(problem, seed=13, dtype=torch.float64)
+    chunked, seq = float64_forward(inputs), sequential(inputs)
+    assert rel_err(chunked.y, seq.y) < tolerance(torch.float64)
+    assert rel_err(chunked.final_states, seq.final_states) < tolerance(torch.float64)

@@ -35,3 +35,11 @@ def chunk_last_index(seqlen: int, chunk_size: int, device) -> torch.Tensor:
     nchunks = math.ceil(seqlen / chunk_size)
     ends = torch.arange(1, nchunks + 1, device=device) * chunk_size
     return ends.clamp(max=seqlen) - 1
+
+
+def chunk_blocks(nchunks: int, chunk_size: int, seqlen: int, chunks_per_block: int):
+    """Blocks of whole chunks: (slice of chunk indices, slice of the tokens they hold)."""
+    step = max(1, chunks_per_block)
+    for c0 in range(0, nchunks, step):
+        c1 = min(nchunks, c0 + step)
+        yield slice(c0, c1), slice(c0 * chunk_size, min(seqlen, c1 * chunk_size))

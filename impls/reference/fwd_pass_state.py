@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import torch
 
-from impls.reference.common import acc_dtype, chunk_last_index, chunked, per_head
+from impls.reference.common import acc_dtype, chunk_blocks, chunk_last_index, chunked, per_head
+
+BLOCK_ELEMENTS = 1 << 27  # bound on the head-repeated B (and x) materialised at once
 
 
 def chunk_local_states(B, x, dt, dA_cumsum, seq_idx=None):
     """State each chunk builds from zero: sum_t exp(dA_cs[last] - dA_cs[t]) dt_t x_t B_tᵀ, counting only the
-    tokens of the sequence that is active at the chunk's last token. (batch, nchunks, nheads, headdim, dstate)."""
+    tokens of the sequence that is active at the chunk's last token. (batch, nchunks, nheads, headdim, dstate).
+    Works through blocks of chunks so the head-repeated B stays bounded at any sequence length."""
     dtype = acc_dtype(x, dt)
-    nheads, chunk = x.shape[2], dt.shape[-1]
+    batch, seqlen, nheads, headdim = x.shape
+    nchunks, chunk = dt.shape[2], dt.shape[3]
     weight = torch.exp(dA_cumsum[..., -1:] - dA_cumsum) * dt  # (batch, nheads, nchunks, chunk)
     if seq_idx is not None:
-        same = chunked(seq_idx, chunk) == seq_idx[:, chunk_last_index(x.shape[1], chunk, x.device)][..., None]
+        same = chunked(seq_idx, chunk) == seq_idx[:, chunk_last_index(seqlen, chunk, x.device)][..., None]
         weight = weight * same[:, None].to(weight.dtype)
-    xc = chunked(x, chunk, dtype)
-    Bc = per_head(chunked(B, chunk, dtype), nheads)
-    return torch.einsum("bhcs,bcshp,bcshn->bchpn", weight.to(dtype), xc, Bc)
+    weight = weight.to(dtype)
+    local = torch.empty(batch, nchunks, nheads, headdim, B.shape[-1], dtype=dtype, device=x.device)
+    per_block = BLOCK_ELEMENTS // max(1, batch * chunk * nheads * max(headdim, B.shape[-1]))
+    for sl, tokens in chunk_blocks(nchunks, chunk, seqlen, per_block):
+        xc = chunked(x[:, tokens], chunk, dtype)
+        Bc = per_head(chunked(B[:, tokens], chunk, dtype), nheads)
+        local[:, sl] = torch.einsum("bhcs,bcshp,bcshn->bchpn", weight[:, :, sl], xc, Bc)
+    return local
 
 
 def pass_states(local, chunk_decay, initial_states=None, chunk_seq=None):
