@@ -30,6 +30,23 @@ CASES = [
 ]
 
 
+# The GPU switch-variant suites' cases (cutile, triton): the headline S1 and shapes covering the contract.
+S1 = Shape(batch=8, seqlen=4096, nheads=80, headdim=64, ngroups=1, dstate=128, chunk_size=256)
+GPU_SMALL = Shape(batch=2, seqlen=1000, nheads=8, headdim=64, ngroups=2, dstate=64, chunk_size=256)
+GPU_CONTRACT_CASES = {
+    "S1": Problem(S1),
+    "seqlen1000-chunk256": Problem(GPU_SMALL),
+    "ngroups8": Problem(Shape(2, 512, 16, 64, 8, 128, 128)),
+    "seq_idx-3-seqs": Problem(dataclasses.replace(GPU_SMALL, seqlen=700, chunk_size=128), nseqs=3),
+    "cu_seqlens-4-seqs": Problem(dataclasses.replace(GPU_SMALL, batch=1, seqlen=900, chunk_size=64), varlen=True,
+                                 nseqs=4),
+    "init-z-Dchannel-fp32states": Problem(GPU_SMALL, has_initial_states=True, has_z=True, D_per_channel=True,
+                                          state_dtype="float32", dt_limit=(0.001, 0.08)),
+    "Dhead-noncontig-x-z": Problem(GPU_SMALL, has_z=True),  # x and z made strided views by the test
+    "p80-n48": Problem(Shape(1, 300, 4, 80, 2, 48, 64), has_z=True, nseqs=2),
+}
+
+
 def float64_forward(inputs: Inputs) -> impls.ForwardResult:
     """The chunked reference in float64 (itself checked against the sequential definition)."""
     return impls.ssd_forward(**inputs.to(torch.float64).forward_kwargs(), backend="reference")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from impls.reference.chunk_cumsum import process_dt
-from impls.reference.common import acc_dtype, per_head
+from impls.reference.common import acc_dtype, per_head, skip_and_gate
 
 
 @dataclass
@@ -77,15 +77,7 @@ def finish(o, ht, x, D=None, z=None, state_v_first=False, varlen=False):
     """-> (y in x's dtype, final states (b, h, p, n) fp32, per-sequence states (nseqs, h, p, n) or None)."""
     y = o
     if D is not None or z is not None:
-        work = acc_dtype(x)
-        y = o.to(work)
-        if D is not None:
-            Dw = D.to(work)
-            y = y + x.to(work) * (Dw[:, None] if Dw.dim() == 1 else Dw)
-        if z is not None:
-            zw = z.to(work)
-            y = y * zw * torch.sigmoid(zw)
-        y = y.to(x.dtype)
+        y = skip_and_gate(o.to(acc_dtype(x)), x, D, z).to(x.dtype)
     states = ht if state_v_first else ht.transpose(-1, -2)  # (N, h, p, n)
     if varlen:
         return y, states[-1:], states  # batch 1: the row's final state is its last sequence's

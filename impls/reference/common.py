@@ -37,6 +37,19 @@ def chunk_last_index(seqlen: int, chunk_size: int, device) -> torch.Tensor:
     return ends.clamp(max=seqlen) - 1
 
 
+def skip_and_gate(y: torch.Tensor, x: torch.Tensor, D=None, z=None) -> torch.Tensor:
+    """The output epilogue, in y's dtype: y + D ⊙ x (D per head (nheads,) or per channel (nheads, headdim)),
+    then the gate y ⊙ z ⊙ sigmoid(z)."""
+    dtype = y.dtype
+    if D is not None:
+        Dv = D.to(dtype)
+        y = y + x.to(dtype) * (Dv[:, None] if Dv.dim() == 1 else Dv)
+    if z is not None:
+        zf = z.to(dtype)
+        y = y * zf * torch.sigmoid(zf)
+    return y
+
+
 def chunk_blocks(nchunks: int, chunk_size: int, seqlen: int, chunks_per_block: int):
     """Blocks of whole chunks: (slice of chunk indices, slice of the tokens they hold)."""
     step = max(1, chunks_per_block)

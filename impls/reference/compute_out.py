@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from impls.reference.common import acc_dtype, chunk_blocks, chunked, per_head
+from impls.reference.common import acc_dtype, chunk_blocks, chunked, per_head, skip_and_gate
 
 BLOCK_ELEMENTS = 1 << 27  # bound on the (chunk × chunk) work tensors materialised at once
 
@@ -41,13 +41,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None):
             * state_decay.permute(0, 1, 3, 2)[..., None]
         y[:, sl] = y_block
     y = y.reshape(batch, nchunks * chunk, nheads, headdim)[:, :seqlen]
-    if D is not None:
-        Dv = D.to(dtype)
-        y = y + x.to(dtype) * (Dv[:, None] if Dv.dim() == 1 else Dv)
-    if z is not None:
-        zf = z.to(dtype)
-        y = y * zf * torch.sigmoid(zf)
-    return y.to(x.dtype)
+    return skip_and_gate(y, x, D, z).to(x.dtype)
 
 
 def _continues_previous_chunk(seq, seq_idx, chunk):

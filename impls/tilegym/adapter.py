@@ -13,7 +13,7 @@ import math
 import torch
 
 from impls.reference.chunk_cumsum import process_dt
-from impls.reference.common import acc_dtype
+from impls.reference.common import acc_dtype, skip_and_gate
 
 LOG2E = math.log2(math.e)  # TileGym's decays are natural-log cumulative sums times this
 
@@ -61,14 +61,8 @@ def finish_y(y, x, D, z):
     (float64 for float64 inputs), rounding once to x's dtype. Returns y itself when neither applies."""
     if not needs_finish(D, z):
         return y
-    dtype = acc_dtype(x)
-    out = y.to(dtype)
-    if D is not None and D.dim() == 2:
-        out = out + x.to(dtype) * D.to(dtype)
-    if z is not None:
-        zf = z.to(dtype)
-        out = out * zf * torch.sigmoid(zf)
-    return out.to(x.dtype)
+    per_channel_D = D if D is not None and D.dim() == 2 else None  # a per-head D is in TileGym's kernel
+    return skip_and_gate(y.to(acc_dtype(x)), x, per_channel_D, z).to(x.dtype)
 
 
 STEPS = {

@@ -11,30 +11,15 @@ and compile in parallel (e.g. `for i in 0..7: CUTILE_TEST_SHARD=$i/8 pytest test
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 
-from impls.problem import Problem, Shape
-from tests.common import assert_matches_float64, switch_variant_params
+from tests.common import GPU_CONTRACT_CASES, assert_matches_float64, switch_variant_params
 
 pytestmark = pytest.mark.gpu
 
-S1 = Shape(batch=8, seqlen=4096, nheads=80, headdim=64, ngroups=1, dstate=128, chunk_size=256)
-SMALL = Shape(batch=2, seqlen=1000, nheads=8, headdim=64, ngroups=2, dstate=64, chunk_size=256)
 
-CASES = {
-    "S1": Problem(S1),
-    "seqlen1000-chunk256": Problem(SMALL),
-    "ngroups8": Problem(Shape(2, 512, 16, 64, 8, 128, 128)),
-    "seq_idx-3-seqs": Problem(dataclasses.replace(SMALL, seqlen=700, chunk_size=128), nseqs=3),
-    "cu_seqlens-4-seqs": Problem(dataclasses.replace(SMALL, batch=1, seqlen=900, chunk_size=64), varlen=True,
-                                 nseqs=4),
-    "init-z-Dchannel-fp32states": Problem(SMALL, has_initial_states=True, has_z=True, D_per_channel=True,
-                                          state_dtype="float32", dt_limit=(0.001, 0.08)),
-    "Dhead-noncontig-x-z": Problem(SMALL, has_z=True),  # x and z made strided views below
-    "p80-n48": Problem(Shape(1, 300, 4, 80, 2, 48, 64), has_z=True, nseqs=2),
-}
+CASES = GPU_CONTRACT_CASES
 OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False, "tma": False, "exp2": False,
        "cb_precision": "fp32"}
 VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-off": dict(OFF)}

@@ -22,7 +22,6 @@ x's, the states' and y's element offsets cross 2^31 (the 64-bit-offset paths).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -32,25 +31,21 @@ import impls
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.tolerance import poisoned_allocations, rel_err, tolerance
-from tests.common import assert_matches_float64, float64_forward, switch_variant_params
+from tests.common import (
+    GPU_CONTRACT_CASES,
+    GPU_SMALL,
+    assert_matches_float64,
+    float64_forward,
+    switch_variant_params,
+)
 
 pytestmark = pytest.mark.gpu
 
-S1 = Shape(batch=8, seqlen=4096, nheads=80, headdim=64, ngroups=1, dstate=128, chunk_size=256)
-SMALL = Shape(batch=2, seqlen=1000, nheads=8, headdim=64, ngroups=2, dstate=64, chunk_size=256)
+SMALL = GPU_SMALL
 MILLION = Shape(batch=1, seqlen=1 << 20, nheads=80, headdim=64, ngroups=1, dstate=128, chunk_size=256)
 
 CASES = {
-    "S1": Problem(S1),
-    "seqlen1000-chunk256": Problem(SMALL),
-    "ngroups8": Problem(Shape(2, 512, 16, 64, 8, 128, 128)),
-    "seq_idx-3-seqs": Problem(dataclasses.replace(SMALL, seqlen=700, chunk_size=128), nseqs=3),
-    "cu_seqlens-4-seqs": Problem(dataclasses.replace(SMALL, batch=1, seqlen=900, chunk_size=64), varlen=True,
-                                 nseqs=4),
-    "init-z-Dchannel-fp32states": Problem(SMALL, has_initial_states=True, has_z=True, D_per_channel=True,
-                                          state_dtype="float32", dt_limit=(0.001, 0.08)),
-    "Dhead-noncontig-x-z": Problem(SMALL, has_z=True),  # x and z made strided views below
-    "p80-n48": Problem(Shape(1, 300, 4, 80, 2, 48, 64), has_z=True, nseqs=2),
+    **GPU_CONTRACT_CASES,
     "p256-n256-fp32-smem": Problem(Shape(1, 300, 2, 256, 1, 256, 128), has_initial_states=True),
 }
 OFF = {"transposed_layout": False, "operand_swap": False, "exp2": False, "cb_precision": "fp32"}
