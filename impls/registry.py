@@ -154,6 +154,15 @@ def make_switches(backend: str, switches_cls, cannot_express: dict[str, str], sw
     return switches_cls(**given)
 
 
+def pinned_version(dist: str, found: str | None, required: str) -> tuple[bool, str]:
+    """available() of a backend built on a pinned package: (False, why) when it is missing or another version."""
+    if found is None:
+        return False, f"{dist} is not installed"
+    if found != required:
+        return False, f"{dist} {required} is pinned, found {found}"
+    return True, ""
+
+
 def cuda_only(device, what: str) -> tuple[bool, str]:
     """check_device() of a backend whose kernels run on CUDA devices only."""
     device = torch.device(device)

@@ -14,7 +14,7 @@ import torch
 
 from impls.fla import mapping, peer
 from impls.problem import Problem
-from impls.registry import Backend, ForwardResult, register, switch
+from impls.registry import Backend, ForwardResult, pinned_version, register, switch
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 NO_STAGES = ("fla: FLA's chunk_simple_gla has no stage split matching the contract (chunk-local states, state "
@@ -46,11 +46,9 @@ class FlaBackend(Backend):
     # --- capability -------------------------------------------------------------------------------------
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        got = peer.version()
-        if got is None:
-            return False, "fla-core is not installed"
-        if got != peer.VERSION_REQUIRED:
-            return False, f"fla-core {peer.VERSION_REQUIRED} is pinned, found {got}"
+        ok, reason = pinned_version("fla-core", peer.version(), peer.VERSION_REQUIRED)
+        if not ok:
+            return ok, reason
         try:
             peer.load()
         except Exception as exc:

@@ -13,7 +13,7 @@ from impls.mamba_ssm.compute_out import compute_out
 from impls.mamba_ssm.fwd_pass_state import fwd_pass_state
 from impls.mamba_ssm.layout import upstream_layout
 from impls.problem import Problem
-from impls.registry import Backend, ForwardResult, register, switch
+from impls.registry import Backend, ForwardResult, pinned_version, register, switch
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,7 @@ class MambaSSMBackend(Backend):
             cls.upstream()
         except ImportError as exc:
             return False, f"mamba-ssm SSD kernels cannot be imported ({exc}); install as the README says"
-        got = upstream.version()
-        if got != upstream.VERSION_REQUIRED:
-            return False, f"mamba-ssm {upstream.VERSION_REQUIRED} is pinned, found {got}"
-        return True, ""
+        return pinned_version("mamba-ssm", upstream.version(), upstream.VERSION_REQUIRED)
 
     @classmethod
     def upstream(cls):

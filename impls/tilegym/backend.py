@@ -14,7 +14,7 @@ import torch
 
 from impls import tuning
 from impls.problem import Problem, Shape, dtype_name
-from impls.registry import Backend, ForwardResult, cuda_only, register, switch
+from impls.registry import Backend, ForwardResult, cuda_only, pinned_version, register, switch
 from impls.tilegym import adapter, loader, tune
 from impls.tilegym.chunk_cumsum import chunk_cumsum, peer_chunk_cumsum
 from impls.tilegym.compute_out import compute_out, peer_compute_out
@@ -84,11 +84,9 @@ class TilegymBackend(Backend):
     # --- capability -------------------------------------------------------------------------------------
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        got = loader.version()
-        if got is None:
-            return False, "tilegym is not installed"
-        if got != loader.VERSION_REQUIRED:
-            return False, f"tilegym {loader.VERSION_REQUIRED} is pinned, found {got}"
+        ok, reason = pinned_version("tilegym", loader.version(), loader.VERSION_REQUIRED)
+        if not ok:
+            return ok, reason
         try:
             loader.load()
         except Exception as exc:  # ImportError, or cuda.tile raising at import
