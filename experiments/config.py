@@ -180,10 +180,13 @@ def check_problem(problem: Problem) -> None:
 
 def ablation_points(switches_cls) -> list[str]:
     """The ablation sweep of a Switches dataclass: default, each bool switch that defaults to on turned off
-    alone, then all of them off. Non-bool switches (tile sizes, tuning mode) have no "off"; an explicit
+    alone, each that defaults to off turned on alone ("<switch>:True"), then all of the default-on ones off.
+    Non-bool switches (tile sizes, tuning mode) have no "off"; an explicit
     "<switch>:<value>" ablation still sets one of them."""
     on_by_default = [f.name for f in dataclasses.fields(switches_cls) if f.default is True]
-    points = ["none"] + on_by_default
+    # a trick whose measured default is off (evidence in docs/perf-notes.md) is ablated by turning it on
+    off_by_default = [f"{f.name}:True" for f in dataclasses.fields(switches_cls) if f.default is False]
+    points = ["none"] + on_by_default + off_by_default
     if len(on_by_default) > 1:
         # all off, then each switch alone on top of all-off: the "alone" column of the ablation table
         points += ["all_off"] + [f"only:{name}" for name in on_by_default]
@@ -218,6 +221,12 @@ def apply_ablation(switches_cls, given: dict[str, Any], ablation: str) -> dict[s
         if not isinstance(f.default, bool):
             raise ConfigError(f"backend.ablation {ablation!r}: switch {name!r} is not a bool; write {name}:<value>")
         out[name] = False
+        return out
+    if isinstance(f.default, bool):
+        if value not in ("True", "False"):
+            raise ConfigError(f"backend.ablation {ablation!r}: switch {name!r} is a bool; write {name}:True or "
+                              f"{name}:False")
+        out[name] = value == "True"
         return out
     choices = f.metadata.get("choices") or []
     matches = [c for c in choices if str(c) == value]

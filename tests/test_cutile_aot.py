@@ -141,11 +141,41 @@ def test_refusals():
     assert be.supports(Problem(base))[0]
     for shape, word in [(dataclasses.replace(base, headdim=16), "headdim"),
                         (dataclasses.replace(base, dstate=512), "dstate"),
-                        (dataclasses.replace(base, ngroups=3), "ngroups"),
-                        (dataclasses.replace(base, batch=64, seqlen=1 << 20, nheads=64), "64-bit")]:
+                        (dataclasses.replace(base, ngroups=3), "ngroups")]:
         ok, reason = be.supports(Problem(shape))
         assert not ok and word in reason, reason
     assert not be.supports(Problem(base, dtype="float64"))[0]
+    # past 2^31 elements the int64-indexed kernels take over (test_int64_indexed_kernels_compile)
+    assert be.supports(Problem(dataclasses.replace(base, batch=1, seqlen=1 << 20, nheads=80, ngroups=1)))[0]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_int64_indexed_kernels_compile(stage):
+    """Arrays whose offsets pass 2^31 get the ct.IndexedWithInt64 build: it compiles for sm_90 and its address
+    arithmetic differs from the int32 build's."""
+    wide = build_call(stage, torch.bfloat16, DEFAULTS, wide=True)
+    assert wide.wide and wide.kernel is not build_call(stage, torch.bfloat16, DEFAULTS).kernel
+    text = sass(export(wide, "sm_90"))
+    assert facts(text)["instructions"] > 100
+    assert normalized(text) != normalized(compiled(stage, "bfloat16", DEFAULTS))
+
+
+def test_int64_indexing_chosen_by_span():
+    """The launcher picks the int64 build from the largest element offset of any array, views included."""
+    from impls.cutile.common import INT32_LIMIT, needs_int64, span
+
+    small = torch.empty(4, 8)
+    assert span(small) == 32 and not needs_int64(small)
+    # a view whose last offset passes 2^31 with few elements (a stride of 2^30 elements on a 3-row view)
+    view = torch.empty(0, device="meta").as_strided((3, 1), (2**30, 1))
+    assert span(view) == 2 * 2**30 + 1 > INT32_LIMIT and needs_int64(view)
+
+
+def test_heads_per_tile_must_divide_heads_per_group():
+    sw = dataclasses.replace(DEFAULTS, heads_per_tile=2)
+    with pytest.raises(ValueError, match="heads_per_tile"):
+        build_call("compute_out", torch.bfloat16, sw, dims=dict(nheads=6, ngroups=2), config={"heads_per_tile": 2})
+    assert build_call("compute_out", torch.bfloat16, sw, config={"heads_per_tile": 2}).grid[1] == 8 // 2
 
 
 def test_switch_metadata():

@@ -37,7 +37,8 @@ def array_constraint(spec: ArraySpec):
     elem = torch.empty((), dtype=spec.dtype).element_size()
     per16 = max(1, 16 // elem)
     stride_div = [per16] * (spec.ndim - 1) + [1 if spec.unit_last_stride else per16]
-    return ArrayConstraint(ct_dtype(spec.dtype), spec.ndim, index_dtype=ct.int32, stride_lower_bound_incl=0,
+    index = ct.int64 if spec.wide else ct.int32
+    return ArrayConstraint(ct_dtype(spec.dtype), spec.ndim, index_dtype=index, stride_lower_bound_incl=0,
                            alias_groups=(), may_alias_internally=False,
                            stride_constant=[None] * (spec.ndim - 1) + [1 if spec.unit_last_stride else None],
                            stride_divisible_by=stride_div, base_addr_divisible_by=16)
@@ -73,30 +74,35 @@ def export(call: KernelCall, arch: str) -> bytes:
 
 
 def build_call(stage: str, dtype: torch.dtype, switches, dims: dict | None = None, config: dict | None = None,
-               optional: bool = True) -> KernelCall:
-    """The stage's KernelCall for `dtype` with placeholders; `optional` turns on every optional input."""
+               optional: bool = True, wide: bool = False) -> KernelCall:
+    """The stage's KernelCall for `dtype` with placeholders; `optional` turns on every optional input; `wide`
+    builds the int64-indexed kernel (arrays whose offsets pass 2^31)."""
     d = dict(AOT_DIMS, **(dims or {}))
     config = dict(config or {})
     f32, i32 = torch.float32, torch.int32
+
+    def spec(dt, ndim):  # every placeholder of this call, int32- or int64-indexed
+        return ArraySpec(dt, ndim, wide=wide)
+
     dims6 = (d["batch"], d["seqlen"], d["nheads"], d["headdim"], d["ngroups"], d["dstate"])
     tf32 = dtype == f32 and switches.cb_precision == "tf32"
     if stage == "chunk_cumsum":
         from impls.cutile import chunk_cumsum as mod
 
-        arrays = (ArraySpec(dtype, 3), ArraySpec(f32, 1), ArraySpec(f32, 1), ArraySpec(f32, 4), ArraySpec(f32, 4))
+        arrays = (spec(dtype, 3), spec(f32, 1), spec(f32, 1), spec(f32, 4), spec(f32, 4))
         return mod.make_call(arrays, (d["batch"], d["seqlen"], d["nheads"]), d["chunk"], optional, optional,
-                             (0.0, 0.1) if optional else (0.0, float("inf")), switches, config.get("occupancy", 0))
+                             (0.0, 0.1) if optional else (0.0, float("inf")), switches, config)
     if stage == "fwd_pass_state":
         from impls.cutile import fwd_pass_state as mod
 
-        arrays = (ArraySpec(dtype, 4), ArraySpec(dtype, 4), ArraySpec(f32, 4), ArraySpec(f32, 4), ArraySpec(f32, 4),
-                  ArraySpec(i32, 2), ArraySpec(dtype, 5), ArraySpec(f32, 4))
+        arrays = (spec(dtype, 4), spec(dtype, 4), spec(f32, 4), spec(f32, 4), spec(f32, 4),
+                  spec(i32, 2), spec(dtype, 5), spec(f32, 4))
         return mod.make_call(arrays, dims6, d["chunk"], optional, optional, tf32, switches, config)
     if stage == "compute_out":
         from impls.cutile import compute_out as mod
 
-        arrays = (ArraySpec(dtype, 4), ArraySpec(dtype, 4), ArraySpec(dtype, 4), ArraySpec(f32, 4), ArraySpec(f32, 4),
-                  ArraySpec(dtype, 5), ArraySpec(f32, 2), ArraySpec(dtype, 4), ArraySpec(i32, 2), ArraySpec(dtype, 4))
+        arrays = (spec(dtype, 4), spec(dtype, 4), spec(dtype, 4), spec(f32, 4), spec(f32, 4),
+                  spec(dtype, 5), spec(f32, 2), spec(dtype, 4), spec(i32, 2), spec(dtype, 4))
         return mod.make_call(arrays, dims6, d["chunk"], 2 if optional else 0, optional, optional, tf32, switches,
                              config)
     raise ValueError(f"stage: expected one of {STAGES}, got {stage!r}")

@@ -46,8 +46,6 @@ class CutileBackend(Backend):
         return cuda_only(device, "cuTile kernels")
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
-        from impls.cutile.common import too_large
-
         s = problem.shape
         if problem.dtype not in ("float32", "float16", "bfloat16"):
             return False, f"dtype {problem.dtype}: the kernels take float32, float16 or bfloat16"
@@ -61,11 +59,6 @@ class CutileBackend(Backend):
             return False, f"ngroups {s.ngroups} does not divide nheads {s.nheads}"
         if s.chunk_size & (s.chunk_size - 1) or not 16 <= s.chunk_size <= 256:
             return False, f"chunk_size {s.chunk_size}: the kernels take powers of two 16..256"
-        padded = s.batch * s.nchunks * s.chunk_size
-        reason = too_large(padded * s.nheads * max(1, s.headdim), padded * max(1, s.ngroups) * max(1, s.dstate),
-                           s.batch * s.nchunks * s.nheads * max(1, s.headdim) * max(1, s.dstate))
-        if reason:
-            return False, reason
         return True, ""
 
     # --- stages -----------------------------------------------------------------------------------------
@@ -95,10 +88,10 @@ class CutileBackend(Backend):
             out = torch.empty(2, batch, nheads, nchunks, chunk_size, device=dt.device)
             bias = dt_bias if dt_bias is not None else dummy(dt.device)
             return mod.make_call((dt, A, bias, out[0], out[1]), (batch, seqlen, nheads), chunk_size,
-                                 dt_bias is not None, dt_softplus, dt_limit, self.switches, cfg.get("occupancy", 0))
+                                 dt_bias is not None, dt_softplus, dt_limit, self.switches, cfg)
 
         cfg = self._config("chunk_cumsum", label, dt.dtype, dt.device, make)
-        return mod.run(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit, self.switches, cfg.get("occupancy", 0))
+        return mod.run(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit, self.switches, cfg)
 
     def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
         mod = _stage("fwd_pass_state")

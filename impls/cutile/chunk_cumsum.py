@@ -1,7 +1,9 @@
 """Stage 1 in cuTile: dt pre-processing (bias, softplus, clamp) and the cumulative decay inside each chunk.
 
 One tile = one chunk × a block of heads, read straight from dt's (batch, seqlen, nheads) layout; the scan runs
-along the chunk axis and the tile is written transposed into the (batch, nheads, nchunks, chunk) outputs.
+along the chunk axis and the tile is written transposed into the (batch, nheads, nchunks, chunk) outputs. The
+block of heads (`block_heads`) sets how many tiles there are: small blocks give the memory system enough tiles in
+flight (batch × nchunks × nheads / block_heads of them).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import math
 import cuda.tile as ct
 import torch
 
-from impls.cutile.common import LN2, LOG2E, KernelCall, kernel_for, next_pow2
+from impls.cutile.common import LN2, LOG2E, KernelCall, kernel_call, next_pow2
 
 SOFTPLUS_THRESHOLD = 20.0  # as the reference: above it softplus(v) == v
 
@@ -52,26 +54,26 @@ def chunk_cumsum_kernel(dt, A, dt_bias, dt_out, dA_out, seqlen, lo, hi,
     ct.store(dA_out, (b, hb, c, 0), ct.transpose(cs).reshape((1, BH, 1, CHUNK)), allow_tma=tma)
 
 
-def block_heads(nheads: int) -> int:
-    return min(64, next_pow2(nheads))
+def block_heads(nheads: int, config: dict) -> int:
+    return min(config.get("block_heads") or 16, next_pow2(nheads))
 
 
 def make_call(arrays, dims, chunk_size: int, has_bias: bool, dt_softplus: bool, dt_limit, sw,
-              occupancy: int = 0) -> KernelCall:
+              config: dict) -> KernelCall:
     """arrays = (dt, A, dt_bias, dt_out, dA_out): tensors, or ArraySpec when compiling ahead of time."""
     batch, seqlen, nheads = dims
     nchunks = math.ceil(seqlen / chunk_size)
-    bh = block_heads(nheads)
+    bh = block_heads(nheads, config)
     has_limit = tuple(dt_limit) != (0.0, math.inf)
     # an infinite upper limit is passed as the largest fp32 (the kernel takes fp32 scalars)
     lo, hi = (float(dt_limit[0]), float(min(dt_limit[1], 3.0e38))) if has_limit else (0.0, 0.0)
     args = (*arrays, seqlen, lo, hi, chunk_size, bh, bool(has_bias), bool(dt_softplus), has_limit,
             sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
     grid = (batch * nchunks, math.ceil(nheads / bh), 1)
-    return KernelCall(kernel_for(chunk_cumsum_kernel, occupancy), grid, args)
+    return kernel_call(chunk_cumsum_kernel, grid, args, config.get("occupancy", 0))
 
 
-def run(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit, sw, occupancy=0):
+def run(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit, sw, config):
     from impls.cutile.common import dummy, launch
 
     batch, seqlen, nheads = dt.shape
@@ -80,5 +82,5 @@ def run(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit, sw, occupancy=0):
     dA_out = torch.empty_like(dt_out)
     bias = dt_bias if dt_bias is not None else dummy(dt.device)
     launch(make_call((dt, A, bias, dt_out, dA_out), (batch, seqlen, nheads), chunk_size, dt_bias is not None,
-                     dt_softplus, dt_limit, sw, occupancy))
+                     dt_softplus, dt_limit, sw, config))
     return dt_out, dA_out

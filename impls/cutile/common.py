@@ -32,27 +32,70 @@ class ArraySpec:
     dtype: torch.dtype
     ndim: int
     unit_last_stride: bool = True
+    wide: bool = False  # its element offsets pass 2^31 (the kernel then indexes every array with int64)
 
     @classmethod
     def like(cls, t: torch.Tensor) -> ArraySpec:
-        return cls(t.dtype, t.dim(), t.stride(-1) == 1)
+        return cls(t.dtype, t.dim(), t.stride(-1) == 1, needs_int64(t))
+
+
+def span(t: torch.Tensor) -> int:
+    """1 + the largest element offset a kernel may form into `t` (its numel when contiguous, more for views)."""
+    return 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
+
+
+def needs_int64(t) -> bool:
+    if isinstance(t, ArraySpec):
+        return t.wide
+    return isinstance(t, torch.Tensor) and span(t) > INT32_LIMIT
 
 
 @dataclass
 class KernelCall:
-    """One launch: the kernel object (with its compiler options), its grid, its positional arguments."""
+    """One launch: the kernel object (with its compiler options), its grid, its positional arguments; `wide` when
+    the kernel indexes its arrays with int64."""
 
     kernel: Any
     grid: tuple[int, ...]
     args: tuple
+    wide: bool = False
+
+
+def kernel_call(pyfunc, grid, args, occupancy: int = 0) -> KernelCall:
+    """The launch of `pyfunc` on `args`: the int64-indexed build of the kernel when any array's offsets pass 2^31
+    (int32 otherwise: cheaper address arithmetic)."""
+    import inspect
+
+    names = list(inspect.signature(pyfunc).parameters)
+    arrays = tuple(n for n, a in zip(names, args) if isinstance(a, (torch.Tensor, ArraySpec)))
+    wide = any(needs_int64(a) for a in args)
+    return KernelCall(kernel_for(pyfunc, occupancy, arrays if wide else ()), tuple(grid), tuple(args), wide)
 
 
 @functools.cache
-def kernel_for(pyfunc, occupancy: int = 0):
-    """The `ct.kernel` of a Python function, one object per occupancy hint (0 = compiler's choice)."""
+def kernel_for(pyfunc, occupancy: int = 0, int64_arrays: tuple[str, ...] = ()):
+    """The `ct.kernel` of a Python function, one object per occupancy hint (0 = compiler's choice) and per set of
+    parameters annotated `ct.IndexedWithInt64` (empty = all int32)."""
     import cuda.tile as ct
 
-    return ct.kernel(pyfunc, occupancy=occupancy) if occupancy else ct.kernel(pyfunc)
+    fn = _with_int64_index(pyfunc, int64_arrays) if int64_arrays else pyfunc
+    return ct.kernel(fn, occupancy=occupancy) if occupancy else ct.kernel(fn)
+
+
+def _with_int64_index(pyfunc, names: tuple[str, ...]):
+    """A copy of the kernel function (same code, so the same source for cuTile's front end) whose array parameters
+    `names` carry the `ct.IndexedWithInt64` annotation: shapes, strides and offsets in int64."""
+    import types
+    import typing
+
+    import cuda.tile as ct
+
+    clone = types.FunctionType(pyfunc.__code__, pyfunc.__globals__, pyfunc.__name__, pyfunc.__defaults__,
+                               pyfunc.__closure__)
+    clone.__qualname__, clone.__module__ = pyfunc.__qualname__, pyfunc.__module__
+    hints = typing.get_type_hints(pyfunc, include_extras=True)
+    clone.__annotations__ = {**hints, **{n: ct.IndexedWithInt64 for n in names}}
+    return clone
 
 
 def ct_dtype(dtype: torch.dtype):
@@ -72,11 +115,3 @@ def launch(call: KernelCall) -> None:
 
     ct.launch(torch.cuda.current_stream(), call.grid, call.kernel, call.args)
 
-
-def too_large(*numels: int) -> str:
-    """Reason to refuse when any array would need 64-bit offsets, else ''."""
-    big = max(numels)
-    if big > INT32_LIMIT:
-        return (f"a tensor of {big} elements needs 64-bit offsets; the cuTile kernels index with int32 "
-                f"(no IndexedWithInt64 variant is built)")
-    return ""

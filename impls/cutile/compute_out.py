@@ -1,10 +1,13 @@
 """Stage 3 in cuTile: y = (C·Bᵀ ∘ decay ∘ causal mask)·(dt x) inside each chunk + exp(dA)·C·state + D x, gated by
 silu(z).
 
-One tile program owns (batch, chunk, a block of BL output rows, head, headdim block). It starts from the
-off-chunk term C_l·stateᵀ scaled by exp(dA_l), then walks the source blocks j <= its own row block like a causal
-attention: scores = C_l·B_jᵀ ∘ exp(dA_l − dA_j) ∘ dt_j (masked by causality and, with seq_idx, by sequence
-equality), acc += scores·x_j. The score tile is cast to the input dtype for the second MMA (as upstream).
+One tile program owns (batch, chunk, a block of BL output rows, a block of HB heads of one group, a headdim block).
+It starts from the off-chunk term C_l·stateᵀ scaled by exp(dA_l), then walks the source blocks j <= its own row
+block like a causal attention: cb = C_l·B_jᵀ once for the head block (the heads of a group share B and C), then per
+head scores = cb ∘ exp(dA_l − dA_j) ∘ dt_j (masked by causality and, with seq_idx, by sequence equality) and
+acc += scores·x_j, as one batched (HB-deep) MMA. The score tile is cast to the input dtype for the second MMA (as
+upstream). `heads_per_tile` = HB: 1 recomputes C·Bᵀ for every head; HB > 1 computes it once per HB heads (it must
+divide nheads / ngroups).
 
 Switches: operand_swap accumulates yᵀ (headdim × rows): state·C_lᵀ and x_jᵀ·scoresᵀ; transposed_layout reads the
 states stored (dstate, headdim) by stage 2.
@@ -17,7 +20,7 @@ import math
 import cuda.tile as ct
 import torch
 
-from impls.cutile.common import LOG2E, KernelCall, kernel_for, next_pow2
+from impls.cutile.common import LOG2E, KernelCall, kernel_call, next_pow2
 
 ZERO = ct.PaddingMode.ZERO
 
@@ -26,6 +29,16 @@ def _mma(a, b, acc, TF32):
     if TF32:
         return ct.mma(a.astype(ct.tfloat32), b.astype(ct.tfloat32), acc)
     return ct.mma(a, b, acc)
+
+
+def _bmm(a, b, acc, TF32, HB):
+    """acc (HB, M, N) += a·b, a (HB or 1, M, K), b (HB or 1, K, N): one 2-D MMA when HB == 1, else batched."""
+    if HB == 1:
+        m, k, n = a.shape[1], a.shape[2], b.shape[2]
+        out = _mma(a.reshape((m, k)), b.reshape((k, n)), acc.reshape((m, n)), TF32)
+        return out.reshape((1, m, n))
+    return _mma(ct.broadcast_to(a, (HB, a.shape[1], a.shape[2])), ct.broadcast_to(b, (HB, b.shape[1], b.shape[2])),
+                acc, TF32)
 
 
 def _exp(v, EXP2):
@@ -41,25 +54,37 @@ def _load_rows(t, b, row_block, h, col_block, BL, BC, tma, lat):
     return tile.reshape((BL, BC))
 
 
+def _load_heads(t, b, row_block, hb, pb, BL, HB, BP, tma, lat):
+    """(HB, BL, BP) tile of a (batch, seqlen, nheads, headdim) tensor (x, z): HB heads from head block hb."""
+    tile = ct.load(t, (b, row_block, hb, pb), (1, BL, HB, BP), padding_mode=ZERO, allow_tma=tma, latency=lat)
+    return ct.permute(tile.reshape((BL, HB, BP)), (1, 0, 2))
+
+
+def _per_head(t, b, hb, c, blk, HB, BL, tma):
+    """(HB, BL) slice of a (batch, nheads, nchunks, chunk) fp32 tensor (dt, dA_cumsum)."""
+    return ct.load(t, (b, hb, c, blk), (1, HB, 1, BL), allow_tma=tma).reshape((HB, BL))
+
+
 def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, y, heads_per_group,
                        CHUNK: ct.Constant[int], BL: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
-                       D_MODE: ct.Constant[int], HAS_Z: ct.Constant[bool], HAS_SEQ: ct.Constant[bool],
-                       SWAP: ct.Constant[bool], TRANS: ct.Constant[bool], TF32: ct.Constant[bool],
-                       EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int]):
-    pid, h, pb = ct.bid(0), ct.bid(1), ct.bid(2)
+                       HB: ct.Constant[int], D_MODE: ct.Constant[int], HAS_Z: ct.Constant[bool],
+                       HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool], TRANS: ct.Constant[bool],
+                       TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
+                       LAT: ct.Constant[int]):
+    pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
     nsub = CHUNK // BL
     nchunks = dA.shape[2]
     i = pid % nsub
     c = (pid // nsub) % nchunks
     b = pid // (nsub * nchunks)
-    g = h // heads_per_group
+    g = (hb * HB) // heads_per_group  # HB divides heads_per_group: the block's heads share one group
     row_block = c * nsub + i
     tma = None if TMA else False
     lat = LAT if LAT > 0 else None
     scale = LOG2E if EXP2 else 1.0
 
     c_l = _load_rows(C, b, row_block, g, 0, BL, BN, tma, lat)
-    dA_l = ct.load(dA, (b, h, c, i), (1, 1, 1, BL), allow_tma=tma).reshape((BL,)) * scale
+    dA_l = _per_head(dA, b, hb, c, i, HB, BL, tma) * scale
     rows = i * BL + ct.arange(BL, dtype=ct.int32)
 
     # off-chunk term: C_l · stateᵀ, scaled by exp(dA_l) (zero for rows of a sequence that began in this chunk)
@@ -67,27 +92,28 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, y, heads_per_group,
     if HAS_SEQ:
         s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
         s_before = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
-        state_scale = ct.where(s_l == s_before, state_scale, 0.0)
+        state_scale = ct.where((s_l == s_before).reshape((1, BL)), state_scale, 0.0)
     if TRANS:
-        s_np = ct.load(states, (b, c, h, 0, pb), (1, 1, 1, BN, BP), padding_mode=ZERO, allow_tma=tma, latency=lat)
-        s_np = s_np.reshape((BN, BP)).astype(C.dtype)
+        s_np = ct.load(states, (b, c, hb, 0, pb), (1, 1, HB, BN, BP), padding_mode=ZERO, allow_tma=tma, latency=lat)
+        s_np = s_np.reshape((HB, BN, BP)).astype(C.dtype)
     else:
-        s_pn = ct.load(states, (b, c, h, pb, 0), (1, 1, 1, BP, BN), padding_mode=ZERO, allow_tma=tma, latency=lat)
-        s_np = ct.transpose(s_pn.reshape((BP, BN)).astype(C.dtype))
+        s_pn = ct.load(states, (b, c, hb, pb, 0), (1, 1, HB, BP, BN), padding_mode=ZERO, allow_tma=tma, latency=lat)
+        s_np = ct.transpose(s_pn.reshape((HB, BP, BN)).astype(C.dtype), 1, 2)
     if SWAP:
-        acc = _mma(ct.transpose(s_np), ct.transpose(c_l), ct.zeros((BP, BL), ct.float32), TF32)
-        acc = acc * state_scale.reshape((1, BL))
+        acc = _bmm(ct.transpose(s_np, 1, 2), ct.transpose(c_l).reshape((1, BN, BL)),
+                   ct.zeros((HB, BP, BL), ct.float32), TF32, HB)
+        acc = acc * state_scale.reshape((HB, 1, BL))
     else:
-        acc = _mma(c_l, s_np, ct.zeros((BL, BP), ct.float32), TF32)
-        acc = acc * state_scale.reshape((BL, 1))
+        acc = _bmm(c_l.reshape((1, BL, BN)), s_np, ct.zeros((HB, BL, BP), ct.float32), TF32, HB)
+        acc = acc * state_scale.reshape((HB, BL, 1))
 
     # in-chunk term, causal over source blocks j <= i
     for j in range(i + 1):
         src_block = c * nsub + j
         b_s = _load_rows(B, b, src_block, g, 0, BL, BN, tma, lat)
-        x_s = _load_rows(x, b, src_block, h, pb, BL, BP, tma, lat)
-        dA_s = ct.load(dA, (b, h, c, j), (1, 1, 1, BL), allow_tma=tma).reshape((BL,)) * scale
-        dt_s = ct.load(dt, (b, h, c, j), (1, 1, 1, BL), allow_tma=tma).reshape((BL,))
+        x_s = _load_heads(x, b, src_block, hb, pb, BL, HB, BP, tma, lat)
+        dA_s = _per_head(dA, b, hb, c, j, HB, BL, tma) * scale
+        dt_s = _per_head(dt, b, hb, c, j, HB, BL, tma)
         srcs = j * BL + ct.arange(BL, dtype=ct.int32)
         if SWAP:
             # (source, row) orientation
@@ -95,33 +121,46 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, y, heads_per_group,
             if HAS_SEQ:
                 s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
                 keep = keep & (s_s.reshape((BL, 1)) == s_l.reshape((1, BL)))
-            diff = ct.where(keep, dA_l.reshape((1, BL)) - dA_s.reshape((BL, 1)), -math.inf)
             cb = _mma(b_s, ct.transpose(c_l), ct.zeros((BL, BL), ct.float32), TF32)
-            scores = (cb * _exp(diff, EXP2) * dt_s.reshape((BL, 1))).astype(x.dtype)
-            acc = _mma(ct.transpose(x_s), scores, acc, TF32)
+            diff = ct.where(keep.reshape((1, BL, BL)), dA_l.reshape((HB, 1, BL)) - dA_s.reshape((HB, BL, 1)),
+                            -math.inf)
+            scores = cb.reshape((1, BL, BL)) * _exp(diff, EXP2) * dt_s.reshape((HB, BL, 1))
+            acc = _bmm(ct.transpose(x_s, 1, 2), scores.astype(x.dtype), acc, TF32, HB)
         else:
             keep = rows.reshape((BL, 1)) >= srcs.reshape((1, BL))
             if HAS_SEQ:
                 s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
                 keep = keep & (s_l.reshape((BL, 1)) == s_s.reshape((1, BL)))
-            diff = ct.where(keep, dA_l.reshape((BL, 1)) - dA_s.reshape((1, BL)), -math.inf)
             cb = _mma(c_l, ct.transpose(b_s), ct.zeros((BL, BL), ct.float32), TF32)
-            scores = (cb * _exp(diff, EXP2) * dt_s.reshape((1, BL))).astype(x.dtype)
-            acc = _mma(scores, x_s, acc, TF32)
+            diff = ct.where(keep.reshape((1, BL, BL)), dA_l.reshape((HB, BL, 1)) - dA_s.reshape((HB, 1, BL)),
+                            -math.inf)
+            scores = cb.reshape((1, BL, BL)) * _exp(diff, EXP2) * dt_s.reshape((HB, 1, BL))
+            acc = _bmm(scores.astype(x.dtype), x_s, acc, TF32, HB)
     if SWAP:
-        acc = ct.transpose(acc)
+        acc = ct.transpose(acc, 1, 2)
 
+    # epilogue on (HB, BL, BP): D skip, z gate, one store of the head block
     if D_MODE > 0 or HAS_Z:
-        x_l = _load_rows(x, b, row_block, h, pb, BL, BP, tma, None).astype(ct.float32)
+        x_l = _load_heads(x, b, row_block, hb, pb, BL, HB, BP, tma, None).astype(ct.float32)
     if D_MODE == 1:
-        acc = acc + x_l * ct.load(D, (h,), (1,), allow_tma=tma).astype(ct.float32).reshape((1, 1))
+        d_h = ct.load(D, (hb,), (HB,), allow_tma=tma).astype(ct.float32)
+        acc = acc + x_l * d_h.reshape((HB, 1, 1))
     if D_MODE == 2:
-        d_p = ct.load(D, (h, pb), (1, BP), padding_mode=ZERO, allow_tma=tma).astype(ct.float32)
-        acc = acc + x_l * d_p
+        d_hp = ct.load(D, (hb, pb), (HB, BP), padding_mode=ZERO, allow_tma=tma).astype(ct.float32)
+        acc = acc + x_l * d_hp.reshape((HB, 1, BP))
     if HAS_Z:
-        z_l = _load_rows(z, b, row_block, h, pb, BL, BP, tma, None).astype(ct.float32)
+        z_l = _load_heads(z, b, row_block, hb, pb, BL, HB, BP, tma, None).astype(ct.float32)
         acc = acc * z_l / (1.0 + _exp(-z_l * scale, EXP2))
-    ct.store(y, (b, row_block, h, pb), acc.astype(y.dtype).reshape((1, BL, 1, BP)), allow_tma=tma)
+    out = ct.permute(acc.astype(y.dtype), (1, 0, 2)).reshape((1, BL, HB, BP))
+    ct.store(y, (b, row_block, hb, pb), out, allow_tma=tma)
+
+
+def head_block(heads_per_group: int, config: dict) -> int:
+    """Heads per tile: the configured value, which must divide nheads / ngroups (1 when unset)."""
+    hb = config.get("heads_per_tile") or 1
+    if heads_per_group % hb:
+        raise ValueError(f"heads_per_tile={hb} must divide nheads/ngroups={heads_per_group} (cutile compute_out)")
+    return hb
 
 
 def blocks(chunk: int, headdim: int, dstate: int, config: dict) -> tuple[int, int, int]:
@@ -135,10 +174,11 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     nchunks = math.ceil(seqlen / chunk_size)
     bl, bp, bn = blocks(chunk_size, headdim, dstate, config)
-    args = (*arrays, nheads // ngroups, chunk_size, bl, bp, bn, int(d_mode), bool(has_z), bool(has_seq),
+    hb = head_block(nheads // ngroups, config)
+    args = (*arrays, nheads // ngroups, chunk_size, bl, bp, bn, hb, int(d_mode), bool(has_z), bool(has_seq),
             sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
-    grid = (batch * nchunks * (chunk_size // bl), nheads, math.ceil(headdim / bp))
-    return KernelCall(kernel_for(compute_out_kernel, config.get("occupancy", 0)), grid, args)
+    grid = (batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp))
+    return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0))
 
 
 def states_storage(states: torch.Tensor, transposed: bool) -> torch.Tensor:

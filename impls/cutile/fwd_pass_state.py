@@ -17,7 +17,7 @@ import math
 import cuda.tile as ct
 import torch
 
-from impls.cutile.common import LOG2E, KernelCall, kernel_for, next_pow2
+from impls.cutile.common import LOG2E, KernelCall, kernel_call, next_pow2
 
 ZERO = ct.PaddingMode.ZERO
 
@@ -107,7 +107,7 @@ def make_call(arrays, dims, chunk_size, has_init, has_seq, tf32, sw, config) -> 
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bp, bn, bool(has_init), bool(has_seq),
             sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
     grid = (batch * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
-    return KernelCall(kernel_for(fwd_pass_state_kernel, config.get("occupancy", 0)), grid, args)
+    return kernel_call(fwd_pass_state_kernel, grid, args, config.get("occupancy", 0))
 
 
 def run(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, sw, config):

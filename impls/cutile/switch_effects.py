@@ -1,5 +1,6 @@
-"""Writes impls/cutile/switch_effects.json: for every stage, dtype and code switch, whether turning the switch off
-alone changes the sm_90 machine code (SASS, addresses and encodings stripped) compared with the defaults.
+"""Writes impls/cutile/switch_effects.json: for every stage, dtype and code switch, whether turning the switch
+away from its default alone changes the sm_90 machine code (SASS, addresses and encodings stripped) compared
+with the defaults.
 
 "no-op on sm_90" means the SASS is identical: such a switch must never be reported as having a measured effect
 on the H200. Run: `python -m impls.cutile.switch_effects` (CPU only, about 2-3 minutes on 2 cores).
@@ -23,7 +24,11 @@ DTYPES = ("bfloat16", "float32")
 
 
 def off(name: str) -> CutileSwitches:
-    return dataclasses.replace(CutileSwitches(), **{name: OFF_VALUE.get(name, False)})
+    """The defaults with `name` turned away from its default: off for a default-on trick, on for a default-off
+    one (operand_swap), the other precision for cb_precision."""
+    default = getattr(CutileSwitches(), name)
+    value = (not default) if isinstance(default, bool) else OFF_VALUE[name]
+    return dataclasses.replace(CutileSwitches(), **{name: value})
 
 
 def effect(stage: str, dtype: str, name: str, arch: str = "sm_90", cache: dict | None = None) -> dict:

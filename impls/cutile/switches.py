@@ -1,4 +1,5 @@
-"""The cuTile backend's switches: compile-time constants of its kernels, defaults = every trick on.
+"""The cuTile backend's switches: compile-time constants of its kernels, defaults = every trick on, except
+`operand_swap`, which measured slower on the H200 in both MMA stages (docs/perf-notes.md, version 1).
 
 Meanings per architecture are in the field metadata (`sm90=`, `sm100=`); docs/cutile-switches.md says, per stage,
 which tensor each switch transposes or swaps and who pays for it.
@@ -22,7 +23,7 @@ class CutileSwitches:
         sm100="same layout; stage 3's state operand arrives in the (K, N) form the tcgen05 MMA's B operand in shared "
               "memory takes")
     operand_swap: bool = switch(
-        True,
+        False,
         "swap the matmul operands: stage 2 computes stateᵀ = Bᵀ·(w x) (dstate on M, headdim on N); stage 3 "
         "computes yᵀ = state·Cᵀ + xᵀ·scoresᵀ (headdim on M, chunk rows on N)",
         sm90="which operand is the warpgroup MMA's A (M side, 64-row granules) and which dimension lands on N",
@@ -40,12 +41,18 @@ class CutileSwitches:
     cb_precision: str = switch(
         "tf32", "precision of the matmuls for fp32 inputs (C·Bᵀ and the others): tf32 tensor cores or full fp32; "
                 "ignored for fp16/bf16 inputs", choices=("tf32", "fp32"))
+    block_heads: int = switch(
+        0, "stage 1 heads per tile (the tile count is batch x nchunks x nheads / block_heads); 0 = from tuning",
+        choices=(0, 4, 8, 16, 32, 64))
     block_rows: int = switch(
         0, "stage 3 rows (and source positions) of the chunk per tile; 0 = from tuning", choices=(0, 32, 64, 128))
     block_headdim: int = switch(
         0, "headdim columns per tile (stages 2, 3); 0 = from tuning", choices=(0, 32, 64, 128, 256))
     block_dstate: int = switch(
         0, "dstate columns per tile in stage 2; 0 = from tuning", choices=(0, 32, 64, 128, 256))
+    heads_per_tile: int = switch(
+        0, "stage 3 heads of one group per tile, sharing one C·Bᵀ (must divide nheads / ngroups; a value that "
+           "does not raises); 0 = from tuning", choices=(0, 1, 2, 4, 8))
     occupancy: int = switch(
         0, "`ct.kernel(occupancy=)` hint, CTAs per SM; 0 = from tuning", choices=(0, 1, 2, 4))
     tuning: str = switch(

@@ -14,19 +14,20 @@ from impls import tuning
 
 # Fixed configs per architecture (compute capability major). 0 = the compiler's choice of occupancy.
 FALLBACK = {
-    9: {"chunk_cumsum": {"occupancy": 0},
+    9: {"chunk_cumsum": {"block_heads": 16, "occupancy": 0},
         "fwd_pass_state": {"block_headdim": 64, "block_dstate": 128, "occupancy": 0},
-        "compute_out": {"block_rows": 64, "block_headdim": 64, "occupancy": 0}},
-    10: {"chunk_cumsum": {"occupancy": 0},
+        "compute_out": {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 0}},
+    10: {"chunk_cumsum": {"block_heads": 16, "occupancy": 0},
          "fwd_pass_state": {"block_headdim": 64, "block_dstate": 128, "occupancy": 0},
-         "compute_out": {"block_rows": 128, "block_headdim": 64, "occupancy": 0}},
+         "compute_out": {"block_rows": 128, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 0}},
 }
 SPACE = {
-    "chunk_cumsum": {"occupancy": [0, 1, 2, 4]},
-    "fwd_pass_state": {"block_headdim": [32, 64, 128], "block_dstate": [64, 128], "occupancy": [0, 1, 2]},
-    "compute_out": {"block_rows": [64, 128], "block_headdim": [32, 64, 128], "occupancy": [0, 1, 2]},
+    "chunk_cumsum": {"block_heads": [4, 8, 16], "occupancy": [0, 4]},
+    "fwd_pass_state": {"block_headdim": [64], "block_dstate": [32, 64, 128], "occupancy": [0, 2]},
+    "compute_out": {"block_rows": [64, 128], "block_headdim": [64], "heads_per_tile": [1, 2],
+                    "occupancy": [0, 1, 2]},
 }
-SWITCH_KEYS = {"block_rows", "block_headdim", "block_dstate", "occupancy"}
+SWITCH_KEYS = {"block_heads", "block_rows", "block_headdim", "block_dstate", "heads_per_tile", "occupancy"}
 
 
 def fallback(stage: str, device) -> dict:
@@ -34,9 +35,10 @@ def fallback(stage: str, device) -> dict:
     return dict(FALLBACK.get(major, FALLBACK[9])[stage])
 
 
-def configs(stage: str) -> list[dict]:
+def configs(stage: str, valid=lambda cfg: True) -> list[dict]:
+    """The declared space of the stage, less the points `valid` rejects for the problem at hand."""
     space = SPACE[stage]
-    return [dict(zip(space, values)) for values in itertools.product(*space.values())]
+    return [cfg for cfg in (dict(zip(space, values)) for values in itertools.product(*space.values())) if valid(cfg)]
 
 
 def explicit(stage: str, sw) -> dict:
@@ -55,12 +57,24 @@ def resolve(stage: str, sw, device, key: str, make_call) -> tuple[dict, str]:
         import cuda.tile as ct
         from cuda.tile.tune import exhaustive_search
 
-        space = [dict(cfg, **fixed) for cfg in configs(stage)]
-        calls = {i: make_call(cfg) for i, cfg in enumerate(space)}
+        space, calls = [], {}
+        for cfg in configs(stage):
+            cfg = dict(cfg, **fixed)
+            try:
+                call = make_call(cfg)
+            except ValueError:  # a point the problem cannot take (heads_per_tile not dividing nheads/ngroups)
+                continue
+            calls[len(space)] = call
+            space.append(cfg)
         result = exhaustive_search(list(range(len(space))), torch.cuda.current_stream(), lambda i: calls[i].grid,
                                    lambda i: calls[i].kernel, lambda i: calls[i].args, quiet=True)
         best = space[result.best.config]
-        return best, {"search_space": SPACE[stage], "median_us": result.best.mean_us,
+        # cuda.tile.tune reports means (with a 95 % half-interval), not medians: recorded under their own names
+        return best, {"search_space": SPACE[stage], "mean_us": result.best.mean_us,
+                      "measurements": [{"config": space[m.config], "mean_us": round(m.mean_us, 2),
+                                        "error_margin_us": round(m.error_margin_us, 2)} for m in result.successes],
+                      "failures": [{"config": space[c], "error": f"{t.__name__}: {msg[:200]}"}
+                                   for c, t, msg in result.failures],
                       "versions": {"cuda.tile": ct.__version__, "torch": torch.__version__}}
 
     config, source = tuning.resolve(sw.tuning, "cutile", stage, gpu, key, fallback(stage, device), search)

@@ -11,7 +11,6 @@ and compile in parallel (e.g. `for i in 0..7: CUTILE_TEST_SHARD=$i/8 pytest test
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.common import GPU_CONTRACT_CASES, assert_matches_float64, switch_variant_params
@@ -22,7 +21,13 @@ pytestmark = pytest.mark.gpu
 CASES = GPU_CONTRACT_CASES
 OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False, "tma": False, "exp2": False,
        "cb_precision": "fp32"}
-VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-off": dict(OFF)}
+# each code switch away from its default (operand_swap defaults to off: its variant turns it on), then all off;
+# heads_per_tile 2 (one C·Bᵀ shared by two heads) at the defaults
+VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
+            "operand_swap": {"operand_swap": True},
+            **{f"no-{k}": {k: OFF[k]} for k in ("latency_hints", "tma", "exp2", "cb_precision")},
+            "all-off": dict(OFF), "heads2": {"heads_per_tile": 2},
+            "heads2-swap": {"heads_per_tile": 2, "operand_swap": True}}
 
 
 
@@ -31,7 +36,8 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
 @pytest.mark.parametrize(
     "case,variant,dtype",
     # the big shape: defaults and all-off only (its float64 reference is heavy)
-    switch_variant_params(CASES, VARIANTS, skip=lambda case, variant: case == "S1" and variant not in ("defaults", "all-off")),
+    switch_variant_params(CASES, VARIANTS,
+                          skip=lambda case, variant: case == "S1" and variant not in ("defaults", "all-off")),
 )
 def test_cutile_matches_float64(case, variant, dtype, request):
     from impls.cutile import CutileBackend
@@ -42,3 +48,25 @@ def test_cutile_matches_float64(case, variant, dtype, request):
     backend = CutileBackend(**VARIANTS[variant])
     assert_matches_float64(backend, CASES[case], dtype, f"cutile {case} {variant} {dtype}",
                            fused_views=case.startswith("Dhead-noncontig"))
+
+
+@pytest.mark.heavy
+def test_million_tokens():
+    """1,048,576 tokens x 80 heads (5.4e9 elements of x): the int64-indexed kernels (tests/gpu/long_sequence.py
+    says what is checked; cuTile's fused fwd_pass_state keeps no chunk-local states to compare)."""
+    import torch
+
+    from impls.cutile import CutileBackend
+    from impls.tolerance import tolerance
+    from tests.gpu.long_sequence import MILLION, MILLION_SAMPLED, long_inputs, long_sequence_errors
+
+    ok, reason = CutileBackend.available()
+    if not ok:
+        pytest.skip(reason)
+    backend = CutileBackend()
+    errors = long_sequence_errors(backend, long_inputs(MILLION, "cuda", torch.bfloat16), MILLION_SAMPLED)
+    tol = tolerance(torch.bfloat16)
+    bad = {k: v for k, v in errors.items() if not v <= tol}
+    print(f"[cutile] million tokens: worst {max(errors, key=errors.get)}={max(errors.values()):.2e} "
+          f"{backend.describe()['stages']}")
+    assert not bad, f"over tolerance: {bad} (all: {errors})"
