@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SHAPES = {  # (batch, seqlen, nheads, headdim, ngroups, dstate, chunk): a ragged last chunk; a full-size head
@@ -155,13 +156,16 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--out", default="results/scratch/sanitize")
     parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--jobs", type=int, default=1, help="sanitizer processes at once (they share the GPU)")
     args = parser.parse_args(argv)
     if args.target:
         run_target(*args.target)
         return 0
-    rows = [check("memcheck", "oob-control", "write_past_end", "-", args.timeout)]
-    for tool, backend, shape, stage in itertools.product(args.tools, args.backends, args.shapes, STAGES):
-        rows.append(check(tool, backend, stage, shape, args.timeout))
+    jobs = [("memcheck", "oob-control", "write_past_end", "-")] + [
+        (tool, backend, stage, shape)
+        for tool, backend, shape, stage in itertools.product(args.tools, args.backends, args.shapes, STAGES)]
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # each job is its own sanitizer process
+        rows = list(pool.map(lambda job: check(*job, args.timeout), jobs))
     for row in rows:
         row["verdict"] = verdict(row)
     out = Path(args.out)

@@ -187,3 +187,20 @@ def test_switch_metadata():
 
     with pytest.raises(ValueError):
         CutileBackend(cb_precision="fp16")
+
+
+@pytest.mark.parametrize("stage,switches,expect", [
+    ("compute_out", {"heads_per_tile": 2}, {"heads_per_tile": 2}),
+    ("compute_out", {"block_rows": 128, "occupancy": 3}, {"block_rows": 128, "occupancy": 3}),
+    ("chunk_cumsum", {"block_heads": 4}, {"block_heads": 4}),
+    ("fwd_pass_state", {"heads_per_tile": 2}, {}),  # a size the stage does not read
+], ids=["heads_per_tile", "rows-occupancy", "block_heads", "not-read"])
+def test_size_switches_override_tuning(stage, switches, expect):
+    """Every size switch a stage reads overrides the record/fallback, searched or not (no switch is ignored)."""
+    from impls.cutile import tune
+
+    sw = dataclasses.replace(DEFAULTS, tuning="fallback", **switches)
+    assert tune.explicit(stage, sw) == expect
+    config, source = tune.resolve(stage, sw, "cpu", "key", make_call=None)
+    assert source in ("fallback", "switches") and {k: config[k] for k in expect} == expect
+    assert set(config) >= set(tune.FALLBACK[9][stage]) or source == "switches"

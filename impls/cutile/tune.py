@@ -13,21 +13,30 @@ import torch
 from impls import tuning
 
 # Fixed configs per architecture (compute capability major). 0 = the compiler's choice of occupancy.
+# sm_90: the winners of the first search at S1 (tuning/NVIDIA_H200, docs/perf-notes.md version 1): occupancy 2
+# was worth 1.57x on compute_out and 1.27x on fwd_pass_state over the compiler's choice; sm_100 is unmeasured.
 FALLBACK = {
-    9: {"chunk_cumsum": {"block_heads": 16, "occupancy": 0},
-        "fwd_pass_state": {"block_headdim": 64, "block_dstate": 128, "occupancy": 0},
-        "compute_out": {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 0}},
-    10: {"chunk_cumsum": {"block_heads": 16, "occupancy": 0},
+    9: {"chunk_cumsum": {"block_heads": 8, "occupancy": 4},
+        "fwd_pass_state": {"block_headdim": 64, "block_dstate": 128, "occupancy": 2},
+        "compute_out": {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 2}},
+    10: {"chunk_cumsum": {"block_heads": 8, "occupancy": 0},
          "fwd_pass_state": {"block_headdim": 64, "block_dstate": 128, "occupancy": 0},
          "compute_out": {"block_rows": 128, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 0}},
 }
+# heads_per_tile > 1 is left out of the search: on sm_90 its batched MMA lowers to HMMA.16816 with spills, not
+# HGMMA (impls/cutile/aot.py facts), and it measured 1.19x slower at S1; the switch still sets it.
 SPACE = {
-    "chunk_cumsum": {"block_heads": [4, 8, 16], "occupancy": [0, 4]},
-    "fwd_pass_state": {"block_headdim": [64], "block_dstate": [32, 64, 128], "occupancy": [0, 2]},
-    "compute_out": {"block_rows": [64, 128], "block_headdim": [64], "heads_per_tile": [1, 2],
-                    "occupancy": [0, 1, 2]},
+    "chunk_cumsum": {"block_heads": [4, 8, 16], "occupancy": [4, 8]},
+    "fwd_pass_state": {"block_headdim": [64], "block_dstate": [64, 128], "occupancy": [2, 3, 4]},
+    "compute_out": {"block_rows": [64, 128], "block_headdim": [64], "occupancy": [2, 3, 4]},
 }
-SWITCH_KEYS = {"block_heads", "block_rows", "block_headdim", "block_dstate", "heads_per_tile", "occupancy"}
+# the size switches each stage reads (a superset of its search space)
+STAGE_KEYS = {
+    "chunk_cumsum": ("block_heads", "occupancy"),
+    "fwd_pass_state": ("block_headdim", "block_dstate", "occupancy"),
+    "compute_out": ("block_rows", "block_headdim", "heads_per_tile", "occupancy"),
+}
+SWITCH_KEYS = {k for keys in STAGE_KEYS.values() for k in keys}
 
 
 def fallback(stage: str, device) -> dict:
@@ -43,7 +52,7 @@ def configs(stage: str, valid=lambda cfg: True) -> list[dict]:
 
 def explicit(stage: str, sw) -> dict:
     """The sizes the switches fix (non-zero), restricted to those the stage uses."""
-    return {k: getattr(sw, k) for k in SPACE[stage] if getattr(sw, k)}
+    return {k: getattr(sw, k) for k in STAGE_KEYS[stage] if getattr(sw, k)}
 
 
 def resolve(stage: str, sw, device, key: str, make_call) -> tuple[dict, str]:
