@@ -29,7 +29,9 @@ SHAPES = {  # (batch, seqlen, nheads, headdim, ngroups, dstate, chunk): a ragged
     "d128": (1, 4096, 16, 64, 1, 128, 256),
 }
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
-SUMMARY = re.compile(r"ERROR SUMMARY:\s+(\d+)\s+error")
+# memcheck ends with "ERROR SUMMARY: N errors"; racecheck with "RACECHECK SUMMARY: H hazards displayed (N errors,
+# W warnings)" (seen on the H200, compute-sanitizer of CUDA 13.0)
+SUMMARY = re.compile(r"ERROR SUMMARY:\s+(\d+)\s+error|RACECHECK SUMMARY:\s+\d+\s+hazards? displayed\s+\((\d+)\s+error")
 LAUNCHES = re.compile(r"^LAUNCHES (\d+)$", re.M)
 
 
@@ -136,7 +138,7 @@ def check(tool: str, backend: str, stage: str, shape: str, timeout: int) -> dict
     launches = LAUNCHES.search(out)
     return {"tool": tool, "backend": backend, "stage": stage, "shape": shape,
             "launches": int(launches.group(1)) if launches else 0,
-            "errors": int(summary.group(1)) if summary else -1,  # -1: no summary (the process died)
+            "errors": int(summary.group(1) or summary.group(2)) if summary else -1,  # -1: no summary (it died)
             "tail": out[-400:].replace("\n", " | ")}
 
 
