@@ -183,10 +183,12 @@ def tuning_sources(describe: dict) -> str:
     describe() ("tuning", or per-stage "source" under "stages" or "tuning_sources"); "none" for untuned backends."""
     if isinstance(describe.get("tuning"), str):
         return describe["tuning"]
+    # "stages" may also be a plain list of the stages a backend has (fla): only a mapping carries sources
     sources = describe.get("tuning") or {
         stage: info["source"]
         for key in ("stages", "tuning_sources")
-        for stage, info in (describe.get(key) or {}).items()
+        if isinstance(describe.get(key), dict)
+        for stage, info in describe[key].items()
         if isinstance(info, dict) and "source" in info
     }
     return json.dumps(sources, sort_keys=True) if sources else "none"

@@ -171,3 +171,14 @@ def test_forward_parts_are_timed_apart():
     assert {"part:adapter_prepare", "part:peer", "forward", "compute_out"} <= set(callables)
     callables["part:peer"]()
     assert calls == ["peer"]
+
+
+@pytest.mark.parametrize("describe,expect", [
+    ({"backend": "fla", "stages": ["forward"]}, "none"),  # FLA lists its stages: seen failing every H200 point
+    ({"stages": {"compute_out": {"source": "record", "config": {}}}}, '{"compute_out": "record"}'),
+    ({"tuning": "fallback"}, "fallback"),
+], ids=["stage-list", "per-stage-sources", "one-source"])
+def test_tuning_sources(describe, expect):
+    from experiments.bench import tuning_sources
+
+    assert tuning_sources(describe) == expect
