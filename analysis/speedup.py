@@ -4,7 +4,9 @@ speedup = baseline time / backend time (2.0: twice as fast as the baseline). Tim
 median per point; the median over points when a configuration was run more than once). The spread is
 conservative: with repeats, the min-max of the per-run medians; with one run, the run's p20-p80. A speedup
 interval pairs the baseline's fast end with the backend's slow end and vice versa.
-Only default-switch points enter (ablation "none"); ablations are analysis.ablation's business.
+Only default-switch points enter (ablation "none"); ablations are analysis.ablation's business. Points whose tile
+configs came from a tuning search or a stored record are a column of their own, "<backend>[tuned]", apart from the
+same backend's fallback-config points: the two are different configurations, never pooled as repeats.
 """
 
 from __future__ import annotations
@@ -42,6 +44,13 @@ def time_summary(w: pd.DataFrame, stages=TIMED_STAGES) -> pd.DataFrame:
                                       "spread", "n_runs"])
 
 
+def tuned_label(w: pd.DataFrame) -> pd.Series:
+    """backend, or "<backend>[tuned]" where the row's `tuning` sources include a search or a stored record."""
+    tuning = w["tuning"].fillna("none").astype(str) if "tuning" in w else pd.Series("none", index=w.index)
+    tuned = tuning.str.contains('"search"|"record"', regex=True) | tuning.isin(["search", "record"])
+    return w["backend"].where(~tuned, w["backend"] + "[tuned]")
+
+
 def geomean(values) -> float:
     v = np.asarray(list(values), float)
     v = v[np.isfinite(v) & (v > 0)]
@@ -62,6 +71,7 @@ def speedup_table(results, baseline: str = "mamba_ssm", stages=TIMED_STAGES, wit
     ValueError when the baseline has no timed point."""
     w = results if "label" in getattr(results, "columns", []) else wide(results)
     w = w[w["ablation"].fillna("none") == "none"]
+    w = w.assign(backend=tuned_label(w))
     if shape_names is not None:
         w = w[w["shape_name"].isin(list(shape_names))]
     t = time_summary(w, stages)

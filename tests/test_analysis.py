@@ -258,3 +258,15 @@ def test_report_contains_every_table_and_figure(tmp_path):
         assert (tmp_path / "figures" / f"{fig}.png").stat().st_size > 1000
         assert (tmp_path / "figures" / f"{fig}.svg").is_file()
     assert "| megatron_cutedsl_ssd |" in md and "not reproducible here: Blackwell-only" in md
+
+
+def test_tuned_points_are_not_pooled_with_fallback_points():
+    """A backend's points on searched/recorded configs form their own "[tuned]" column (results/h200 has both)."""
+    import pandas as pd
+
+    from analysis.speedup import tuned_label
+
+    w = pd.DataFrame({"backend": ["cutile", "cutile", "cutile", "mamba_ssm"],
+                      "tuning": ['{"compute_out": "fallback"}', '{"compute_out": "search"}',
+                                 '{"compute_out": "record"}', "none"]})
+    assert tuned_label(w).tolist() == ["cutile", "cutile[tuned]", "cutile[tuned]", "mamba_ssm"]

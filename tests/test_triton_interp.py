@@ -207,11 +207,13 @@ def test_poisoned_outputs_would_fail():
 def test_long_sequence_method_of_the_gpu_test():
     """The million-token GPU test's method (float32 reference in chunk groups, sampled chunks) at a small size, so
     the check itself is exercised on CPU: it passes on the backend and catches a corrupted sampled chunk."""
-    from tests.gpu.test_triton import long_inputs, long_sequence_errors
+    from tests.gpu.long_sequence import long_inputs, long_sequence_errors
+    from tests.gpu.test_triton import _triton_local_states
 
     backend = get_backend("triton", block_rows=32, block_positions=32, block_headdim=16, block_dstate=16)
     inp = long_inputs(Shape(1, 256, 2, 16, 1, 16, 32), "cpu", torch.float32)
-    errors = long_sequence_errors(backend, inp, sampled=(0, 3, 7), group=3)
+    errors = long_sequence_errors(backend, inp, sampled=(0, 3, 7), group=3,
+                                  local_states=lambda i, dt, dA: _triton_local_states(backend, i, dt, dA))
     assert len(errors) == 3 + 3 * 3 and max(errors.values()) <= tolerance(torch.float32), errors
     original = backend.compute_out
 
