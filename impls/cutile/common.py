@@ -61,15 +61,21 @@ class KernelCall:
     wide: bool = False
 
 
-def kernel_call(pyfunc, grid, args, occupancy: int = 0) -> KernelCall:
-    """The launch of `pyfunc` on `args`: the int64-indexed build of the kernel when any array's offsets pass 2^31
-    (int32 otherwise: cheaper address arithmetic)."""
+@functools.cache
+def _param_names(pyfunc) -> tuple[str, ...]:
     import inspect
 
-    names = list(inspect.signature(pyfunc).parameters)
-    arrays = tuple(n for n, a in zip(names, args) if isinstance(a, (torch.Tensor, ArraySpec)))
+    return tuple(inspect.signature(pyfunc).parameters)
+
+
+def kernel_call(pyfunc, grid, args, occupancy: int = 0) -> KernelCall:
+    """The launch of `pyfunc` on `args`: the int64-indexed build of the kernel when any array's offsets pass 2^31
+    (int32 otherwise: cheaper address arithmetic). Runs on every stage call: the signature is read once."""
     wide = any(needs_int64(a) for a in args)
-    return KernelCall(kernel_for(pyfunc, occupancy, arrays if wide else ()), tuple(grid), tuple(args), wide)
+    arrays = ()
+    if wide:
+        arrays = tuple(n for n, a in zip(_param_names(pyfunc), args) if isinstance(a, (torch.Tensor, ArraySpec)))
+    return KernelCall(kernel_for(pyfunc, occupancy, arrays), tuple(grid), tuple(args), wide)
 
 
 @functools.cache

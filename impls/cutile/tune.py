@@ -44,10 +44,9 @@ def fallback(stage: str, device) -> dict:
     return dict(FALLBACK.get(major, FALLBACK[9])[stage])
 
 
-def configs(stage: str, valid=lambda cfg: True) -> list[dict]:
-    """The declared space of the stage, less the points `valid` rejects for the problem at hand."""
+def configs(stage: str) -> list[dict]:
     space = SPACE[stage]
-    return [cfg for cfg in (dict(zip(space, values)) for values in itertools.product(*space.values())) if valid(cfg)]
+    return [dict(zip(space, values)) for values in itertools.product(*space.values())]
 
 
 def explicit(stage: str, sw) -> dict:
