@@ -36,7 +36,6 @@ STAGE_KEYS = {
     "fwd_pass_state": ("block_headdim", "block_dstate", "occupancy"),
     "compute_out": ("block_rows", "block_headdim", "heads_per_tile", "occupancy"),
 }
-SWITCH_KEYS = {k for keys in STAGE_KEYS.values() for k in keys}
 
 
 def fallback(stage: str, device) -> dict:
@@ -65,15 +64,8 @@ def resolve(stage: str, sw, device, key: str, make_call) -> tuple[dict, str]:
         import cuda.tile as ct
         from cuda.tile.tune import exhaustive_search
 
-        space, calls = [], {}
-        for cfg in configs(stage):
-            cfg = dict(cfg, **fixed)
-            try:
-                call = make_call(cfg)
-            except ValueError:  # a point the problem cannot take (heads_per_tile not dividing nheads/ngroups)
-                continue
-            calls[len(space)] = call
-            space.append(cfg)
+        space = [dict(cfg, **fixed) for cfg in configs(stage)]
+        calls = {i: make_call(cfg) for i, cfg in enumerate(space)}  # a switch the problem cannot take raises
         result = exhaustive_search(list(range(len(space))), torch.cuda.current_stream(), lambda i: calls[i].grid,
                                    lambda i: calls[i].kernel, lambda i: calls[i].args, quiet=True)
         best = space[result.best.config]
