@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from experiments import config as conf  # noqa: E402
 from experiments import correctness, cost_model, provenance, store, timing, wandb_log  # noqa: E402
-from impls.inputs import DISTRIBUTION, make_inputs  # noqa: E402
+from impls.inputs import DEVICE_DRAW_ELEMENTS, DISTRIBUTION, make_inputs  # noqa: E402
 from impls.problem import DTYPES  # noqa: E402
 from impls.registry import get_backend, require  # noqa: E402
 
@@ -54,6 +54,13 @@ def resolve_device(requested: str) -> torch.device:
     if not torch.cuda.is_available():
         raise conf.ConfigError("device=cuda but torch.cuda.is_available() is False")
     return torch.device("cuda", torch.cuda.current_device())
+
+
+def draw_device(problem, device: torch.device) -> str:
+    """Where the inputs' random numbers are drawn: on the GPU for problems too big to draw on the CPU quickly."""
+    s = problem.shape
+    big = s.batch * s.seqlen * s.nheads * s.headdim > DEVICE_DRAW_ELEMENTS
+    return device.type if big and device.type == "cuda" else "cpu"
 
 
 def original_cwd() -> Path:
@@ -88,6 +95,7 @@ def base_row(cfg: DictConfig, problem, switches, semantic, chash, device, hc, sw
         "problem_name": cfg.problem.name,
         "problem": json.dumps(dataclasses.asdict(problem), sort_keys=True, default=str),
         "dtype": problem.dtype, "tf32": bool(cfg.dtype.tf32), "seed": int(cfg.seed), "distribution": DISTRIBUTION,
+        "inputs_drawn_on": draw_device(problem, device),
         "device": str(device), "device_name": semantic["device"], "statistic": cfg.bench.statistic,
         "cost_model": cost_model.MODEL_VERSION,
         "hydra_choices": json.dumps({k: v for k, v in hc.runtime.choices.items()}, sort_keys=True, default=str),
@@ -122,7 +130,7 @@ def measure(cfg, point: Point, problem, switches, device) -> None:
     backend = get_backend(conf.backend_name(cfg), switches)
     require(backend, problem, device)
     dtype = DTYPES[problem.dtype]
-    inputs = make_inputs(problem, device=device, seed=int(cfg.seed))
+    inputs = make_inputs(problem, device=device, seed=int(cfg.seed), draw_device=draw_device(problem, device))
     costs = cost_model.costs(problem)
     for stage, cost in costs.items():
         for key, value in cost.items():

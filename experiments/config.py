@@ -78,7 +78,7 @@ class DtypeConfig:
 class BenchConfig:
     name: str = "default"
     check: bool = True  # the correctness gate; a point that fails it is recorded and not timed
-    reference: str = "auto"  # auto | float64 | fp32-chunked (auto: float64 where it fits in memory)
+    reference: str = "auto"  # auto | float64 | fp32-chunked | sampled (auto: the most exact that fits in memory)
     time: bool = True
     stages: list[str] = field(default_factory=lambda: [*STAGES, FORWARD])
     warmup_ms: int = 25  # do_bench's warm-up and repetition budgets, in milliseconds
@@ -266,8 +266,12 @@ def validate(cfg: DictConfig):
         raise ConfigError(f"device: expected auto, cpu or cuda, got {cfg.device!r}")
     if cfg.logger.kind not in ("auto", "wandb", "local"):
         raise ConfigError(f"logger.kind: expected auto, wandb or local, got {cfg.logger.kind!r}")
-    if cfg.bench.reference not in ("auto", "float64", "fp32-chunked"):
-        raise ConfigError(f"bench.reference: expected auto, float64 or fp32-chunked, got {cfg.bench.reference!r}")
+    if cfg.bench.reference not in ("auto", "float64", "fp32-chunked", "sampled"):
+        raise ConfigError("bench.reference: expected auto, float64, fp32-chunked or sampled, "
+                          f"got {cfg.bench.reference!r}")
+    if cfg.bench.reference == "sampled" and problem.has_seq_idx:
+        raise ConfigError("bench.reference=sampled does not handle packed sequences (problem.nseqs > 1 or "
+                          "varlen); use auto, float64 or fp32-chunked")
     if cfg.bench.statistic != "median":
         raise ConfigError(f"bench.statistic: only 'median' is recorded, got {cfg.bench.statistic!r}")
     bad = [s for s in cfg.bench.stages if s not in (*STAGES, FORWARD)]

@@ -1,7 +1,9 @@
 """The correctness gate run before any timing: each stage and the whole forward against the reference.
 
-The ground truth is the reference in float64 (on the GPU when it fits, else on the CPU for CPU runs), or — for
-shapes whose float64 work would not fit — the chunked reference in fp32 on the GPU; the row records which.
+The ground truth is the reference in float64 (on the GPU when it fits, else on the CPU for CPU runs); for shapes
+whose float64 work would not fit, the chunked reference in fp32 on the GPU; and where that would not fit either
+(the 2^20-token problem), the reference on sampled chunks (impls/reference/sampled.py: dt/dA_cumsum everywhere,
+states and y on sampled chunks, the final state). The row records which ("reference").
 Every tensor the backend allocates with torch.empty* while it is checked is NaN-filled first (an unwritten
 output then fails the check instead of passing on stale memory).
 """
@@ -15,6 +17,7 @@ import torch
 
 from impls.inputs import Inputs
 from impls.reference.compute_out import BLOCK_ELEMENTS
+from impls.reference.sampled import sampled_reference
 from impls.registry import get_backend
 from impls.tolerance import poisoned_allocations, rel_err, tolerance
 
@@ -26,23 +29,39 @@ class GateFailure(RuntimeError):
     """The backend's output is wrong (error over tolerance, NaN or inf)."""
 
 
+REFERENCE_KINDS = ("float64", "fp32-chunked", "sampled")
+
+
+def reference_bytes(inputs: Inputs, itemsize: int) -> int:
+    """Working set of the full reference at `itemsize` bytes per element: copies of x-sized tensors, the entering
+    and chunk-local states, and its bounded block work tensors."""
+    b, L, h, p = inputs.x.shape
+    n = inputs.B.shape[-1]
+    nchunks = math.ceil(L / inputs.chunk_size)
+    return itemsize * (6 * inputs.x.numel() + 2 * b * nchunks * h * p * n + 6 * BLOCK_ELEMENTS)
+
+
 def reference_kind(inputs: Inputs, device: torch.device, requested: str) -> str:
-    """'float64' when the float64 reference's working set fits in half of the free device memory."""
+    """`requested`, or with "auto" the most exact reference whose working set fits in half of the free device
+    memory (the backend's own outputs need the rest): float64, then fp32-chunked, then sampled."""
     if requested != "auto":
+        if requested not in REFERENCE_KINDS:
+            raise ValueError(f"bench.reference: expected auto or one of {REFERENCE_KINDS}, got {requested!r}")
         return requested
     if device.type != "cuda":
         return "float64"
-    x = inputs.x
-    b, L, h, p = x.shape
-    n = inputs.B.shape[-1]
-    nchunks = math.ceil(L / inputs.chunk_size)
-    need = 8 * (6 * x.numel() + 2 * b * nchunks * h * p * n + 6 * BLOCK_ELEMENTS)
     free, _ = torch.cuda.mem_get_info(device)
-    return "float64" if need < 0.5 * free else "fp32-chunked"
+    if reference_bytes(inputs, 8) < 0.5 * free:
+        return "float64"
+    if reference_bytes(inputs, 4) < 0.5 * free:
+        return "fp32-chunked"
+    return "sampled"
 
 
 def reference_forward(inputs: Inputs, kind: str):
-    """The reference's ForwardResult (with its intermediates) in float64 or fp32."""
+    """The reference's ForwardResult (with its intermediates) in float64 or fp32, or a SampledReference."""
+    if kind == "sampled":
+        return sampled_reference(**_kwargs(inputs))
     dtype = torch.float64 if kind == "float64" else torch.float32
     kwargs = _kwargs(inputs.to(dtype=dtype))
     kwargs["state_dtype"] = dtype
@@ -138,6 +157,8 @@ def check(backend, inputs: Inputs, ref, dtype: torch.dtype, tf32: bool = False, 
             if actual is None:
                 errs[name] = math.inf
                 continue
+            if hasattr(ref, "pick"):  # a sampled reference holds only part of each output
+                actual = ref.pick(name, actual)
             errs[name] = rel_err(actual, expected)
         worst = max(errs.values()) if errs else math.nan
         ok = bool(errs) and all(math.isfinite(e) and e <= tol for e in errs.values())

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Columns added after version 1, with the version that added them: files written before read them as null.
-ADDED_IN = {"slurm_job_id": 2}
+ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3}
 
 # name -> (pandas dtype, meaning). Every row has every column; missing values are null.
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -48,9 +48,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "tf32": ("boolean", "float32 matmuls via tf32 allowed"),
     "seed": ("Int64", "seed of impls.inputs.make_inputs"),
     "distribution": ("string", "impls.inputs.DISTRIBUTION"),
+    "inputs_drawn_on": ("string", "cpu | cuda: the random generator's device (cuda above "
+                                  "impls.inputs.DEVICE_DRAW_ELEMENTS elements of x; another stream, same law)"),
     "device": ("string", "cpu or cuda:N"),
     "device_name": ("string", "GPU name or cpu:<arch>"),
-    "reference": ("string", "float64 | fp32-chunked: what the gate compared against"),
+    "reference": ("string", "float64 | fp32-chunked | sampled: what the gate compared against"),
     "timer": ("string", "do_bench | cpu-wall | none"),
     "statistic": ("string", "median"),
     "warmup": ("float64", "do_bench warm-up budget (ms) or CPU warm-up calls"),

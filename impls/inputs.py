@@ -58,17 +58,26 @@ class Inputs:
                       cast(self.seq_idx), cast(self.cu_seqlens), self.dt_softplus, self.dt_limit, self.state_dtype)
 
 
-def make_inputs(problem: Problem, device="cpu", seed: int = 0, dtype: torch.dtype | None = None) -> Inputs:
-    """Draws the inputs of `problem` on `device` in `dtype` (default: the problem's dtype)."""
+DEVICE_DRAW_ELEMENTS = 1 << 30  # above this many elements of x the harness draws on the device (see make_inputs)
+
+
+def make_inputs(problem: Problem, device="cpu", seed: int = 0, dtype: torch.dtype | None = None,
+                draw_device=None) -> Inputs:
+    """Draws the inputs of `problem` on `device` in `dtype` (default: the problem's dtype).
+
+    The random numbers come from a generator on `draw_device` (default: the CPU, so that a seed gives the same
+    inputs on every machine). Drawing 5.4e9 elements of x on the CPU takes minutes; drawing them on the GPU
+    (draw_device=device) takes a second, from the same distributions but another random stream."""
     s = problem.shape
     dtype = dtype or problem.torch_dtype
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    draw = torch.device(draw_device or "cpu")
+    gen = torch.Generator(device=draw).manual_seed(seed)
 
     def normal(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
+        return (torch.randn(*shape, generator=gen, device=draw) * scale).to(device=device, dtype=dtype)
 
     def uniform(*shape):
-        return torch.rand(*shape, generator=gen, dtype=torch.float64)
+        return torch.rand(*shape, generator=gen, dtype=torch.float64, device=draw)
 
     log_lo, log_hi = math.log(1e-3), math.log(1e-1)
     step = torch.exp(log_lo + (log_hi - log_lo) * uniform(s.nheads))  # per head
@@ -83,7 +92,8 @@ def make_inputs(problem: Problem, device="cpu", seed: int = 0, dtype: torch.dtyp
             raw = raw + inv_softplus.to(device=device, dtype=dtype)
         dt = raw
     else:
-        jitter = torch.exp(0.5 * torch.randn(s.batch, s.seqlen, s.nheads, generator=gen, dtype=torch.float64))
+        jitter = torch.exp(0.5 * torch.randn(s.batch, s.seqlen, s.nheads, generator=gen, dtype=torch.float64,
+                                             device=draw))
         dt = (step * jitter).to(device=device, dtype=dtype)
         if problem.has_dt_bias:
             dt_bias = (step * 0.1).to(device=device, dtype=fp)
@@ -102,15 +112,15 @@ def make_inputs(problem: Problem, device="cpu", seed: int = 0, dtype: torch.dtyp
     )
     if problem.has_D:
         shape = (s.nheads, s.headdim) if problem.D_per_channel else (s.nheads,)
-        inputs.D = (1.0 + 0.1 * torch.randn(*shape, generator=gen)).to(device=device, dtype=fp)
+        inputs.D = (1.0 + 0.1 * torch.randn(*shape, generator=gen, device=draw)).to(device=device, dtype=fp)
     if problem.has_z:
         inputs.z = normal(s.batch, s.seqlen, s.nheads, s.headdim)
     if problem.has_initial_states:
-        inputs.initial_states = (0.5 * torch.randn(s.batch, s.nheads, s.headdim, s.dstate, generator=gen)).to(
-            device=device, dtype=fp)
+        draw_states = torch.randn(s.batch, s.nheads, s.headdim, s.dstate, generator=gen, device=draw)
+        inputs.initial_states = (0.5 * draw_states).to(device=device, dtype=fp)
     if problem.has_seq_idx:
         nseqs = max(problem.nseqs, 2) if not problem.varlen else problem.nseqs
-        cuts = torch.randperm(s.seqlen - 1, generator=gen)[: nseqs - 1].sort().values + 1
+        cuts = torch.randperm(s.seqlen - 1, generator=gen, device=draw)[: nseqs - 1].sort().values.cpu() + 1
         bounds = torch.cat([torch.zeros(1, dtype=torch.long), cuts, torch.tensor([s.seqlen])])
         seq_idx = torch.searchsorted(bounds[1:], torch.arange(s.seqlen), right=True).to(torch.int32)
         inputs.seq_idx = seq_idx[None].expand(s.batch, -1).contiguous().to(device)

@@ -15,6 +15,7 @@ from experiments import correctness, multigpu, store
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.reference.backend import ReferenceBackend
+from impls.tolerance import rel_err
 
 REPO = Path(__file__).resolve().parent.parent
 PROVENANCE = ["run_id", "sweep_id", "config_hash", "backend", "switches", "describe", "tuning", "problem", "dtype",
@@ -182,3 +183,67 @@ def test_tuning_sources(describe, expect):
     from experiments.bench import tuning_sources
 
     assert tuning_sources(describe) == expect
+
+
+# --- the sampled reference: the gate of problems whose full reference does not fit --------------------------
+SAMPLED_CASES = {
+    "headline": Problem(Shape(2, 200, 4, 8, 2, 8, 32), dtype="float32"),
+    "z-init-Dchannel": Problem(Shape(1, 256, 4, 8, 1, 8, 32), dtype="float32", has_z=True,
+                               has_initial_states=True, D_per_channel=True),
+}
+
+
+@pytest.mark.parametrize("case", list(SAMPLED_CASES), ids=list(SAMPLED_CASES))
+def test_sampled_reference_matches_the_full_reference(case):
+    from impls.reference.sampled import sampled_reference
+
+    inputs = make_inputs(SAMPLED_CASES[case], seed=3)
+    full = correctness.reference_forward(inputs, "float64")
+    ref = sampled_reference(**inputs.forward_kwargs(), chunks=(0, 2, 6), group=3)
+    assert ref.chunks == (0, 2, 6) and ref.states.shape[1] == 3
+    for name in ("dt", "dA_cumsum", "states", "final_states", "y"):
+        assert rel_err(ref.pick(name, getattr(full, name)), getattr(ref, name)) < 1e-5, name
+
+
+def test_sampled_gate_passes_a_right_backend_and_catches_a_wrong_chunk():
+    class OffByOneChunk(ReferenceBackend):  # corrupts y in chunk 3 only (sampled: 0, 1, 3, 5, 6 of 7)
+        def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
+            y = super().compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
+            y[:, 96:128] *= 1.01
+            return y
+
+    inputs = make_inputs(SAMPLED_CASES["headline"], seed=4)
+    ref = correctness.reference_forward(inputs, "sampled")
+    good = correctness.check(ReferenceBackend(), inputs, ref, torch.float32)
+    assert all(r["ok"] for r in good.values()), good
+    bad = correctness.check(OffByOneChunk(), inputs, ref, torch.float32)
+    assert bad["fwd_pass_state"]["ok"] and not bad["compute_out"]["ok"]
+
+
+def test_sampled_chunks_include_the_int32_crossings():
+    from impls.reference.sampled import sampled_chunks
+
+    chunks = sampled_chunks(1, 1 << 20, 80, 64, 128, 256)
+    assert {0, 1, 1637, 1638, 3276, 3277, 4094, 4095} <= set(chunks)  # x/y at token 419431, states at chunk 3277
+    assert sampled_chunks(1, 1024, 4, 8, 8, 256) == (0, 1, 2, 3)  # no crossing in a small problem
+
+
+def test_sampled_reference_refuses_packed_sequences():
+    from impls.reference.sampled import sampled_reference
+
+    inputs = make_inputs(Problem(Shape(1, 128, 2, 8, 1, 8, 32), dtype="float32", nseqs=2), seed=5)
+    with pytest.raises(ValueError, match="seq_idx"):
+        sampled_reference(**inputs.forward_kwargs())
+    with pytest.raises(ValueError, match="bench.reference"):
+        correctness.reference_kind(inputs, torch.device("cpu"), "float32")
+
+
+def test_inputs_are_drawn_on_the_cpu_unless_the_problem_is_huge():
+    from experiments.bench import draw_device
+
+    problem = Problem(Shape(2, 512, 4, 16, 1, 16, 256), dtype="float32")
+    assert torch.equal(make_inputs(problem, seed=0).x, make_inputs(problem, seed=0, draw_device="cpu").x)
+    million = Problem(Shape(1, 1 << 20, 80, 64, 1, 128, 256))
+    assert draw_device(problem, torch.device("cuda", 0)) == "cpu"
+    assert draw_device(million, torch.device("cuda", 0)) == "cuda"
+    assert draw_device(million, torch.device("cpu")) == "cpu"
