@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from impls.reference.chunk_cumsum import process_dt
-from impls.reference.common import acc_dtype, per_head, skip_and_gate
+from impls.reference.common import acc_dtype, skip_and_gate
 
 
 @dataclass
@@ -39,14 +39,15 @@ class GlaArgs:
 STEPS = {
     "prepare.dt": "dt + dt_bias, softplus (threshold 20), clamp to dt_limit, fp32 (FLA has no dt processing)",
     "prepare.g": "g = dt·A, fp32 (b, t, h): FLA's log-gate in natural log (it scales by 1/ln 2 itself)",
-    "prepare.v": "v = dt·x computed in fp32, rounded once to x's dtype (b, t, h, headdim): one copy",
+    "prepare.v": "v = dt·x computed in fp32, rounded once to x's dtype (b, t, h, headdim): one kernel "
+                 "reading x, writing v",
     "prepare.qk": "q = C, k = B with groups repeated to heads (h // ngroups each): two copies (b, t, h, dstate) "
                   "when ngroups < nheads; FLA's kernels index q/k with head stride dstate, so views cannot do",
     "prepare.initial_state": "h_{-1} transposed to FLA's (K, V) = (dstate, headdim) layout (a copy) unless "
                              "state_v_first; with cu_seqlens, zeros for every sequence but the first",
     "prepare.cu_seqlens": "cast to int64",
     "finish.D_z": "y = o + D·x (per head or per channel), then y·silu(z): fp32, one rounding to x's dtype "
-                  "(FLA has neither)",
+                  "(FLA has neither); without z one kernel reading o and x, writing y",
     "finish.states": "final state(s) transposed back to (headdim, dstate): a view",
 }
 
@@ -57,9 +58,9 @@ def gla_args(x, dt, A, B, C, chunk_size, dt_bias=None, initial_states=None, cu_s
     work = acc_dtype(x, dt, A)
     dt_p = process_dt(dt, dt_bias, dt_softplus, dt_limit, work)  # (b, t, h)
     g = (dt_p * A.to(work)).contiguous()
-    v = (x.to(work) * dt_p[..., None]).to(x.dtype)
-    q = per_head(C, nheads).contiguous()
-    k = per_head(B, nheads).contiguous()
+    v = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    torch.mul(x, dt_p[..., None], out=v)  # computed in `work`, rounded once on the store
+    q, k = heads_from_groups(C, nheads), heads_from_groups(B, nheads)
     h0 = None
     if initial_states is not None:
         h0 = initial_states.to(acc_dtype(x, initial_states))  # (b, h, p, n)
@@ -73,11 +74,22 @@ def gla_args(x, dt, A, B, C, chunk_size, dt_bias=None, initial_states=None, cu_s
     return GlaArgs(q, k, v, g, h0, cu, state_v_first, chunk_size)
 
 
+def heads_from_groups(t, nheads):
+    """(b, t, g, n) -> (b, t, nheads, n), head h reading group h // (nheads // g): one contiguous copy (the same
+    order as impls.reference.common.per_head's repeat_interleave, as a broadcast copy)."""
+    b, L, g, n = t.shape
+    return t.unsqueeze(3).expand(b, L, g, nheads // g, n).reshape(b, L, nheads, n)
+
+
 def finish(o, ht, x, D=None, z=None, state_v_first=False, varlen=False):
     """-> (y in x's dtype, final states (b, h, p, n) fp32, per-sequence states (nseqs, h, p, n) or None)."""
     y = o
-    if D is not None or z is not None:
+    if z is not None:
         y = skip_and_gate(o.to(acc_dtype(x)), x, D, z).to(x.dtype)
+    elif D is not None:
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        Dv = D.to(acc_dtype(x, D))
+        torch.addcmul(o, x, Dv[:, None] if Dv.dim() == 1 else Dv, out=y)  # in fp32, rounded once on the store
     states = ht if state_v_first else ht.transpose(-1, -2)  # (N, h, p, n)
     if varlen:
         return y, states[-1:], states  # batch 1: the row's final state is its last sequence's
