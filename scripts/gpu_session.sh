@@ -6,6 +6,7 @@
 #                                                compile caches and tuning records the first one left
 #   scripts/gpu_session.sh sanitize              compute-sanitizer over every cuTile and Triton stage
 #                                                (experiments/sanitize.py), with its negative control
+#   scripts/gpu_session.sh profile [args]        Nsight Compute over one forward per backend (experiments/profile.py)
 # Run it through the device tool with carry [".gpu"] after `source .gpu/setup.sh &&` (../shared/gpu/README.md).
 # The device gets the working tree without .git: put the commit into the command for the rows' provenance,
 #   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> scripts/gpu_session.sh ...
@@ -52,6 +53,9 @@ case "$phase" in
     ;;
   sanitize)
     timeout "$(left)" python -m experiments.sanitize --out "$OUT" "$@" 2>&1 | tee -a "$log"
+    ;;
+  profile)
+    timeout "$(left)" python -m experiments.profile --out "$OUT" "$@" 2>&1 | tee -a "$log"
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

@@ -1,0 +1,221 @@
+"""Nsight Compute over one forward per backend: DRAM bytes, achieved occupancy, registers and spills per kernel.
+
+    python -m experiments.profile [--backends cutile mamba_ssm triton tilegym fla] [--shape S1] [--out DIR]
+
+Each backend runs in its own process under `ncu --clock-control none` (the device tool's METHOD.md: leave the
+clocks alone) with `--profile-from-start off`: the target process draws the headline problem's inputs (bf16),
+runs the forward twice outside the profiled range (compilation, autotuning, caches), then one forward inside
+`cudaProfilerStart`/`cudaProfilerStop`, so only that forward's kernels are measured. ncu replays each kernel
+once per metric pass and restores device memory between passes, so the figures are those of one forward.
+
+Writes `profile.parquet` under --out: one row per (backend, kernel launch, metric) — METRICS below, with units —
+plus per backend the sums over its launches (kernel "forward") and the cost model's minimum bytes and floor
+(experiments/cost_model.py) beside them, so measured DRAM traffic and the model can be read off one table.
+Exits 1 if a backend's target launched no kernel in the profiled range or ncu failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import io
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# ncu metric -> (our name, unit, how launches add up over a forward)
+METRICS = {
+    "gpu__time_duration.sum": ("duration_ns", "ns", "sum"),
+    "dram__bytes_read.sum": ("dram_read_bytes", "byte", "sum"),
+    "dram__bytes_write.sum": ("dram_write_bytes", "byte", "sum"),
+    "sm__warps_active.avg.pct_of_peak_sustained_active": ("achieved_occupancy_pct", "%", "time-weighted"),
+    "launch__registers_per_thread": ("registers_per_thread", "1", "max"),
+    "launch__occupancy_limit_registers": ("occupancy_limit_registers", "blocks/SM", "min"),
+    "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum": ("local_load_bytes", "byte", "sum"),
+    "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum": ("local_store_bytes", "byte", "sum"),
+}
+PROFILED_MARK = "PROFILED_FORWARD_DONE"
+
+
+# --- the target process -----------------------------------------------------------------------------------
+def run_target(backend_name: str, shape_name: str) -> None:
+    import torch
+
+    import impls
+    from impls.inputs import make_inputs
+
+    problem = headline_problem(shape_name)
+    backend = impls.get_backend(backend_name)
+    inputs = make_inputs(problem, device="cuda", seed=0)
+    kw = inputs.forward_kwargs()
+    for _ in range(2):  # compile, autotune, warm the caches: outside the profiled range
+        impls.ssd_forward(**kw, backend=backend)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    impls.ssd_forward(**kw, backend=backend)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(PROFILED_MARK, flush=True)
+
+
+def headline_problem(shape_name: str):
+    """The headline problem (conf/problem/headline.yaml) in bf16 at a shape preset of conf/shape/."""
+    from omegaconf import OmegaConf
+
+    from impls.problem import Problem, Shape
+
+    path = Path(__file__).resolve().parent.parent / "conf" / "shape" / f"{shape_name}.yaml"
+    if not path.exists():
+        raise SystemExit(f"--shape: no preset {shape_name!r} in conf/shape/")
+    s = OmegaConf.load(path)
+    shape = Shape(s.batch, s.seqlen, s.nheads, s.headdim, s.ngroups, s.dstate, s.chunk_size)
+    return Problem(shape, dtype="bfloat16")
+
+
+# --- the driver ---------------------------------------------------------------------------------------------
+def ncu() -> str:
+    found = shutil.which("ncu")
+    candidates = [found, "/usr/local/cuda/bin/ncu", *sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    raise SystemExit("ncu (Nsight Compute) not found: it ships with the CUDA toolkit and in /opt/nvidia")
+
+
+def ncu_command(backend: str, shape: str) -> list[str]:
+    return [ncu(), "--clock-control", "none", "--profile-from-start", "off", "--target-processes", "all",
+            "--metrics", ",".join(METRICS), "--csv", "--page", "raw", "--print-units", "base",
+            sys.executable, "-m", "experiments.profile", "--target", backend, shape]
+
+
+def parse_ncu_csv(text: str) -> list[dict]:
+    """ncu --csv --page raw output -> [{"kernel", "launch", metric name: float}], one per kernel launch. The
+    CSV starts at the line holding the "Kernel Name" header; the line after it holds the units (no ID)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if '"Kernel Name"' in line), None)
+    if start is None:
+        return []
+    launches = []
+    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        if not (row.get("ID") or "").strip().isdigit():
+            continue  # the units line, or a line of the target's own output
+        values = {}
+        for metric, (name, _unit, _how) in METRICS.items():
+            raw = (row.get(metric) or "").replace(",", "").strip()
+            try:
+                values[name] = float(raw)
+            except ValueError:
+                values[name] = float("nan")
+        launches.append({"kernel": row["Kernel Name"], "launch": int(row["ID"]), **values})
+    return launches
+
+
+def forward_totals(launches: list[dict]) -> dict[str, float]:
+    """The launches of one forward added up per METRICS' rule (occupancy weighted by each launch's time)."""
+    import math
+
+    totals = {}
+    time = sum(l["duration_ns"] for l in launches)
+    for name, _unit, how in METRICS.values():
+        values = [l[name] for l in launches if not math.isnan(l[name])]
+        if not values:
+            totals[name] = float("nan")
+        elif how == "sum":
+            totals[name] = sum(values)
+        elif how == "max":
+            totals[name] = max(values)
+        elif how == "min":
+            totals[name] = min(values)
+        else:
+            totals[name] = sum(l[name] * l["duration_ns"] for l in launches) / time if time else float("nan")
+    return totals
+
+
+def backend_rows(backend: str, shape: str, launches: list[dict], problem) -> list[dict]:
+    from experiments import cost_model
+
+    units = {name: unit for name, unit, _ in METRICS.values()}
+    rows = []
+    for launch in launches:
+        rows += [{"backend": backend, "shape_name": shape, "kernel": launch["kernel"], "launch": launch["launch"],
+                  "metric": name, "value": launch[name], "unit": units[name]} for name in units]
+    totals = forward_totals(launches)
+    rows += [{"backend": backend, "shape_name": shape, "kernel": "forward", "launch": -1, "metric": name,
+              "value": value, "unit": units[name]} for name, value in totals.items()]
+    rows.append({"backend": backend, "shape_name": shape, "kernel": "forward", "launch": -1,
+                 "metric": "launches", "value": float(len(launches)), "unit": "1"})
+    costs = cost_model.costs(problem)["forward"]
+    for key in ("bytes", "bytes_fused", "flops"):
+        rows.append({"backend": backend, "shape_name": shape, "kernel": "cost_model", "launch": -1,
+                     "metric": key, "value": float(costs[key]), "unit": "flop" if key == "flops" else "byte"})
+    measured = totals["dram_read_bytes"] + totals["dram_write_bytes"]
+    rows.append({"backend": backend, "shape_name": shape, "kernel": "forward", "launch": -1,
+                 "metric": "dram_bytes_over_model", "value": measured / costs["bytes"], "unit": "1"})
+    return rows
+
+
+def profile_backend(backend: str, shape: str, timeout: int) -> tuple[list[dict], str]:
+    try:
+        res = subprocess.run(ncu_command(backend, shape), capture_output=True, text=True, timeout=timeout,
+                             env=os.environ)
+        out = res.stdout + "\n" + res.stderr
+    except subprocess.TimeoutExpired as exc:
+        return [], f"timeout after {timeout} s: {exc}"
+    if PROFILED_MARK not in out:
+        return [], f"the target did not finish: {out[-1500:]}"
+    return parse_ncu_csv(res.stdout), out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", nargs=2, metavar=("BACKEND", "SHAPE"), help=argparse.SUPPRESS)
+    parser.add_argument("--backends", nargs="+", default=["cutile", "mamba_ssm", "triton", "tilegym", "fla"])
+    parser.add_argument("--shape", default="S1")
+    parser.add_argument("--out", default="results/scratch/profile")
+    parser.add_argument("--timeout", type=int, default=300)
+    args = parser.parse_args(argv)
+    if args.target:
+        run_target(*args.target)
+        return 0
+    import pandas as pd
+    import torch
+
+    from experiments import provenance, store
+
+    problem = headline_problem(args.shape)
+    prov = provenance.collect(torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
+    rows, failures = [], []
+    for backend in args.backends:
+        launches, log = profile_backend(backend, args.shape, args.timeout)
+        if not launches:
+            failures.append(backend)
+            print(f"[profile] {backend}: no kernel profiled — {log[-600:]}", flush=True)
+            continue
+        rows += backend_rows(backend, args.shape, launches, problem)
+        t = forward_totals(launches)
+        print(f"[profile] {backend} {args.shape}: {len(launches)} launches, {t['duration_ns'] / 1e3:.1f} us, "
+              f"DRAM read {t['dram_read_bytes'] / 1e9:.3f} GB write {t['dram_write_bytes'] / 1e9:.3f} GB, "
+              f"occupancy {t['achieved_occupancy_pct']:.1f} %, max regs {t['registers_per_thread']:.0f}, "
+              f"local ld/st {t['local_load_bytes'] / 1e6:.1f}/{t['local_store_bytes'] / 1e6:.1f} MB", flush=True)
+        for launch in launches:
+            print(f"    {launch['kernel'][:60]:60} {launch['duration_ns'] / 1e3:9.1f} us "
+                  f"R {launch['dram_read_bytes'] / 1e6:9.1f} MB W {launch['dram_write_bytes'] / 1e6:9.1f} MB "
+                  f"occ {launch['achieved_occupancy_pct']:5.1f} % regs {launch['registers_per_thread']:4.0f} "
+                  f"local {(launch['local_load_bytes'] + launch['local_store_bytes']) / 1e6:7.1f} MB", flush=True)
+    if rows:
+        df = pd.DataFrame(rows)
+        for key in ("v_torch", "v_triton", "v_cuda_tile", "v_tileiras", "v_mamba_ssm", "v_tilegym", "v_fla",
+                    "gpu_name", "gpu_uuid", "driver", "git_commit", "git_dirty"):
+            df[key] = prov.get(key)
+        df["tool"] = "ncu --clock-control none"
+        df["problem"] = f"headline bf16 {problem.shape.label()}"
+        path = store.write_atomic(df, Path(args.out) / "profile.parquet")
+        print(f"[profile] {len(df)} rows -> {path}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
