@@ -204,3 +204,36 @@ def test_size_switches_override_tuning(stage, switches, expect):
     config, source = tune.resolve(stage, sw, "cpu", "key", make_call=None)
     assert source in ("fallback", "switches") and {k: config[k] for k in expect} == expect
     assert set(config) >= set(tune.FALLBACK[9][stage]) or source == "switches"
+
+
+# --- shared C·Bᵀ (cb_mode / the shared_cb config) ----------------------------------------------------------------
+def _shared_sass(stage: str, shared: bool, arch: str = "sm_90") -> str:
+    key = ("shared", stage, shared, arch)
+    if key not in _SASS:
+        _SASS[key] = sass(export(build_call(stage, torch.bfloat16, DEFAULTS, config={"shared_cb": shared}), arch))
+    return _SASS[key]
+
+
+def test_cb_kernel_compiles_to_one_warpgroup_mma_tile():
+    f = facts(_shared_sass("compute_out_cb", True))
+    assert f["HGMMA"] > 0 and f["UTMALDG"] > 0 and f["MUFU.EX2"] == 0  # C·Bᵀ only: no decay in it
+
+
+def test_shared_cb_drops_the_per_head_cb_mma():
+    inline, shared = facts(_shared_sass("compute_out", False)), facts(_shared_sass("compute_out", True))
+    assert 0 < shared["HGMMA"] < inline["HGMMA"], (inline, shared)
+
+
+@pytest.mark.parametrize("mode,config,expect", [
+    pytest.param("tuned", {"shared_cb": True}, True, id="tuned-reads-config"),
+    pytest.param("tuned", {}, False, id="tuned-default-inline"),
+    pytest.param("inline", {"shared_cb": True}, False, id="switch-overrides-config"),
+    pytest.param("shared", {}, True, id="switch-shared"),
+])
+def test_cb_mode_switch(mode, config, expect):
+    from impls.cutile import compute_out, tune
+
+    sw = dataclasses.replace(DEFAULTS, cb_mode=mode)
+    assert compute_out.shared_cb(sw, config) is expect
+    if mode != "tuned":
+        assert tune.explicit("compute_out", sw) == {"shared_cb": mode == "shared"}

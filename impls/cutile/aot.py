@@ -25,6 +25,7 @@ import torch
 from impls.cutile.common import ArraySpec, KernelCall, ct_dtype
 
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
+KERNELS = (*STAGES, "compute_out_cb")  # compute_out_cb: stage 3's C·Bᵀ kernel, launched when shared_cb
 # A small problem with every optional piece present: the shape does not enter the code (all sizes are runtime
 # values), only the tile sizes derived from it do.
 AOT_DIMS = dict(batch=2, seqlen=512, nheads=8, headdim=64, ngroups=2, dstate=128, chunk=128)
@@ -102,10 +103,15 @@ def build_call(stage: str, dtype: torch.dtype, switches, dims: dict | None = Non
         from impls.cutile import compute_out as mod
 
         arrays = (spec(dtype, 4), spec(dtype, 4), spec(dtype, 4), spec(f32, 4), spec(f32, 4),
-                  spec(dtype, 5), spec(f32, 2), spec(dtype, 4), spec(i32, 2), spec(dtype, 4))
+                  spec(dtype, 5), spec(f32, 2), spec(dtype, 4), spec(i32, 2), spec(f32, 5), spec(dtype, 4))
         return mod.make_call(arrays, dims6, d["chunk"], 2 if optional else 0, optional, optional, tf32, switches,
                              config)
-    raise ValueError(f"stage: expected one of {STAGES}, got {stage!r}")
+    if stage == "compute_out_cb":
+        from impls.cutile import compute_out as mod
+
+        return mod.make_cb_call((spec(dtype, 4), spec(dtype, 4), spec(f32, 5)), dims6, d["chunk"], tf32, switches,
+                                config)
+    raise ValueError(f"stage: expected one of {KERNELS}, got {stage!r}")
 
 
 # --- SASS ------------------------------------------------------------------------------------------------------
@@ -180,13 +186,16 @@ def main(argv=None) -> int:  # pragma: no cover - a convenience for looking at o
     from impls.cutile.switches import CutileSwitches
 
     p = argparse.ArgumentParser(description="AOT-compile one cuTile stage and print its SASS facts")
-    p.add_argument("stage", choices=STAGES)
+    p.add_argument("stage", choices=KERNELS)
+    p.add_argument("--config", default="{}", help="JSON tile config, e.g. '{\"shared_cb\": true}'")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--off", nargs="*", default=[], help="switches to turn off")
     a = p.parse_args(argv)
+    import json
+
     sw = dataclasses.replace(CutileSwitches(), **{k: (False if k != "cb_precision" else "fp32") for k in a.off})
-    text = sass(export(build_call(a.stage, getattr(torch, a.dtype), sw), a.arch))
+    text = sass(export(build_call(a.stage, getattr(torch, a.dtype), sw, config=json.loads(a.config)), a.arch))
     print(facts(text))
     return 0
 

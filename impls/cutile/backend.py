@@ -120,17 +120,10 @@ class CutileBackend(Backend):
         mod = _stage("compute_out")
         label = _label(x, B, dt.shape[-1])
 
-        def make(cfg):
-            from impls.cutile.common import dummy
-
-            y = torch.empty_like(x)
-            d_mode = 0 if D is None else (1 if D.dim() == 1 else 2)
-            return mod.make_call(
-                (C, B, x, dt, dA_cumsum, mod.states_storage(states, self.switches.transposed_layout),
-                 D if D is not None else dummy(x.device), z if z is not None else dummy(x.device, x.dtype, 4),
-                 seq_idx if seq_idx is not None else dummy(x.device, torch.int32, 2), y),
-                tuple(x.shape) + (B.shape[2], B.shape[3]), dt.shape[-1], d_mode, z is not None,
-                seq_idx is not None, self._tf32(x), self.switches, cfg)
+        def make(cfg):  # for the search: cb_kernel runs here when the config shares C·Bᵀ; the search times the
+            # main kernel (cb_kernel, ~1 % of the stage at S1, is in every stage timing of the harness)
+            return mod.stage_call(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, torch.empty_like(x),
+                                  self.switches, cfg)
 
         cfg = self._config("compute_out", label, x.dtype, x.device, make)
         return mod.run(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, self.switches, cfg)

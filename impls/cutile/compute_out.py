@@ -9,6 +9,12 @@ acc += scores·x_j, as one batched (HB-deep) MMA. The score tile is cast to the 
 upstream). `heads_per_tile` = HB: 1 recomputes C·Bᵀ for every head; HB > 1 computes it once per HB heads (it must
 divide nheads / ngroups).
 
+With `shared_cb` (a tuning choice, or the `cb_mode` switch) C·Bᵀ is computed once per (batch, chunk, group) by a
+small kernel of its own (`cb_kernel`, fp32, every (row block, source block) pair) and read by the heads of the group
+from memory (L2 at the headline shapes: 33.5 MB at S1) instead of being recomputed for every head: at S1 (80 heads,
+one group) that removes 53 % of the stage's matmul work. The numbers are the same either way (the tile is fp32 in
+both, from the same operands).
+
 Switches: operand_swap accumulates yᵀ (headdim × rows): state·C_lᵀ and x_jᵀ·scoresᵀ; transposed_layout reads the
 states stored (dstate, headdim) by stage 2.
 """
@@ -65,12 +71,30 @@ def _per_head(t, b, hb, c, blk, HB, BL, tma):
     return ct.load(t, (b, hb, c, blk), (1, HB, 1, BL), allow_tma=tma).reshape((HB, BL))
 
 
-def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, y, heads_per_group,
+def cb_kernel(C, B, cb, CHUNK: ct.Constant[int], BL: ct.Constant[int], BN: ct.Constant[int],
+              TF32: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int]):
+    """cb[b, c, g, rows of block i, sources of block j] = C_i·B_jᵀ in fp32, for every pair (i, j) of a chunk."""
+    pid, g = ct.bid(0), ct.bid(1)
+    nsub = CHUNK // BL
+    nchunks = cb.shape[1]
+    j = pid % nsub
+    i = (pid // nsub) % nsub
+    c = (pid // (nsub * nsub)) % nchunks
+    b = pid // (nsub * nsub * nchunks)
+    tma = None if TMA else False
+    lat = LAT if LAT > 0 else None
+    c_l = _load_rows(C, b, c * nsub + i, g, 0, BL, BN, tma, lat)
+    b_s = _load_rows(B, b, c * nsub + j, g, 0, BL, BN, tma, lat)
+    out = _mma(c_l, ct.transpose(b_s), ct.zeros((BL, BL), ct.float32), TF32)
+    ct.store(cb, (b, c, g, i, j), out.reshape((1, 1, 1, BL, BL)), allow_tma=tma)
+
+
+def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_group,
                        CHUNK: ct.Constant[int], BL: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                        HB: ct.Constant[int], D_MODE: ct.Constant[int], HAS_Z: ct.Constant[bool],
                        HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool], TRANS: ct.Constant[bool],
                        TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
-                       LAT: ct.Constant[int]):
+                       LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool]):
     pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
     nsub = CHUNK // BL
     nchunks = dA.shape[2]
@@ -110,7 +134,10 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, y, heads_per_group,
     # in-chunk term, causal over source blocks j <= i
     for j in range(i + 1):
         src_block = c * nsub + j
-        b_s = _load_rows(B, b, src_block, g, 0, BL, BN, tma, lat)
+        if SHARED_CB:  # (rows, sources), computed once for the group by cb_kernel
+            cb = ct.load(cbm, (b, c, g, i, j), (1, 1, 1, BL, BL), allow_tma=tma, latency=lat).reshape((BL, BL))
+        else:
+            b_s = _load_rows(B, b, src_block, g, 0, BL, BN, tma, lat)
         x_s = _load_heads(x, b, src_block, hb, pb, BL, HB, BP, tma, lat)
         dA_s = _per_head(dA, b, hb, c, j, HB, BL, tma) * scale
         dt_s = _per_head(dt, b, hb, c, j, HB, BL, tma)
@@ -121,7 +148,10 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, y, heads_per_group,
             if HAS_SEQ:
                 s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
                 keep = keep & (s_s.reshape((BL, 1)) == s_l.reshape((1, BL)))
-            cb = _mma(b_s, ct.transpose(c_l), ct.zeros((BL, BL), ct.float32), TF32)
+            if SHARED_CB:
+                cb = ct.transpose(cb)
+            else:
+                cb = _mma(b_s, ct.transpose(c_l), ct.zeros((BL, BL), ct.float32), TF32)
             diff = ct.where(keep.reshape((1, BL, BL)), dA_l.reshape((HB, 1, BL)) - dA_s.reshape((HB, BL, 1)),
                             -math.inf)
             scores = cb.reshape((1, BL, BL)) * _exp(diff, EXP2) * dt_s.reshape((HB, BL, 1))
@@ -131,7 +161,8 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, y, heads_per_group,
             if HAS_SEQ:
                 s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
                 keep = keep & (s_l.reshape((BL, 1)) == s_s.reshape((1, BL)))
-            cb = _mma(c_l, ct.transpose(b_s), ct.zeros((BL, BL), ct.float32), TF32)
+            if not SHARED_CB:
+                cb = _mma(c_l, ct.transpose(b_s), ct.zeros((BL, BL), ct.float32), TF32)
             diff = ct.where(keep.reshape((1, BL, BL)), dA_l.reshape((HB, BL, 1)) - dA_s.reshape((HB, 1, BL)),
                             -math.inf)
             scores = cb.reshape((1, BL, BL)) * _exp(diff, EXP2) * dt_s.reshape((HB, 1, BL))
@@ -169,16 +200,60 @@ def blocks(chunk: int, headdim: int, dstate: int, config: dict) -> tuple[int, in
     return bl, bp, next_pow2(dstate)
 
 
+CB_MODES = {"shared": True, "inline": False}
+
+
+def shared_cb(sw, config: dict) -> bool:
+    """C·Bᵀ once per group (cb_kernel) or inside the main kernel per head: the cb_mode switch, else the config."""
+    if sw.cb_mode != "tuned":
+        return CB_MODES[sw.cb_mode]
+    return bool(config.get("shared_cb", False))
+
+
 def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config) -> KernelCall:
-    """arrays = (C, B, x, dt, dA, states_storage, D, z, seq, y): tensors, or ArraySpec for AOT compiles."""
+    """arrays = (C, B, x, dt, dA, states_storage, D, z, seq, cb, y): tensors, or ArraySpec for AOT compiles; cb is
+    the (b, c, g, chunk, chunk) fp32 output of cb_kernel when shared_cb, else a 5-d stand-in."""
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     nchunks = math.ceil(seqlen / chunk_size)
     bl, bp, bn = blocks(chunk_size, headdim, dstate, config)
     hb = head_block(nheads // ngroups, config)
     args = (*arrays, nheads // ngroups, chunk_size, bl, bp, bn, hb, int(d_mode), bool(has_z), bool(has_seq),
-            sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
+            sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0,
+            shared_cb(sw, config))
     grid = (batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp))
     return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0))
+
+
+def make_cb_call(arrays, dims, chunk_size, tf32, sw, config) -> KernelCall:
+    """arrays = (C, B, cb): cb_kernel's launch, with the main kernel's row block as its tile."""
+    batch, seqlen, _nheads, headdim, ngroups, dstate = dims
+    nchunks = math.ceil(seqlen / chunk_size)
+    bl, _bp, bn = blocks(chunk_size, headdim, dstate, config)
+    nsub = chunk_size // bl
+    args = (*arrays, chunk_size, bl, bn, bool(tf32), sw.tma, 4 if sw.latency_hints else 0)
+    return kernel_call(cb_kernel, (batch * nchunks * nsub * nsub, ngroups), args)
+
+
+def cb_matrix(C, B, chunk, tf32, sw, config) -> torch.Tensor:
+    """C·Bᵀ of every chunk and group, (b, c, g, chunk, chunk) fp32, by cb_kernel (written everywhere)."""
+    from impls.cutile.common import launch
+
+    batch, seqlen, ngroups, dstate = B.shape
+    nchunks = math.ceil(seqlen / chunk)
+    cb = torch.empty(batch, nchunks, ngroups, chunk, chunk, device=B.device, dtype=torch.float32)
+    launch(make_cb_call((C, B, cb), (batch, seqlen, 0, 0, ngroups, dstate), chunk, tf32, sw, config))
+    return cb
+
+
+def stage_arrays(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, y, tf32, sw, config) -> tuple:
+    """The main kernel's array arguments (stand-ins for absent optional tensors); computes cb when shared."""
+    from impls.cutile.common import dummy
+
+    chunk = dt.shape[3]
+    cb = cb_matrix(C, B, chunk, tf32, sw, config) if shared_cb(sw, config) else dummy(x.device, ndim=5)
+    return (C, B, x, dt, dA_cumsum, states_storage(states, sw.transposed_layout),
+            D if D is not None else dummy(x.device), z if z is not None else dummy(x.device, x.dtype, ndim=4),
+            seq_idx if seq_idx is not None else dummy(x.device, torch.int32, ndim=2), cb, y)
 
 
 def states_storage(states: torch.Tensor, transposed: bool) -> torch.Tensor:
@@ -190,20 +265,20 @@ def states_storage(states: torch.Tensor, transposed: bool) -> torch.Tensor:
     return storage if storage.stride(-1) == 1 else storage.contiguous()
 
 
-def run(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, sw, config):
-    from impls.cutile.common import dummy, launch
-
+def stage_call(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, y, sw, config) -> KernelCall:
+    """The main kernel's launch on these tensors (cb_kernel launched first when shared_cb)."""
     batch, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2], B.shape[3]
-    chunk = dt.shape[3]
-    y = torch.empty(batch, seqlen, nheads, headdim, device=x.device, dtype=x.dtype)
     d_mode = 0 if D is None else (1 if D.dim() == 1 else 2)
-    Dt = D if D is not None else dummy(x.device)
-    zt = z if z is not None else dummy(x.device, x.dtype, ndim=4)
-    seq = seq_idx if seq_idx is not None else dummy(x.device, torch.int32, ndim=2)
     tf32 = x.dtype == torch.float32 and sw.cb_precision == "tf32"
-    call = make_call((C, B, x, dt, dA_cumsum, states_storage(states, sw.transposed_layout), Dt, zt, seq, y),
-                     (batch, seqlen, nheads, headdim, ngroups, dstate), chunk, d_mode, z is not None,
-                     seq_idx is not None, tf32, sw, config)
-    launch(call)
+    arrays = stage_arrays(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, y, tf32, sw, config)
+    return make_call(arrays, (batch, seqlen, nheads, headdim, ngroups, dstate), dt.shape[3], d_mode,
+                     z is not None, seq_idx is not None, tf32, sw, config)
+
+
+def run(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, sw, config):
+    from impls.cutile.common import launch
+
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    launch(stage_call(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, y, sw, config))
     return y

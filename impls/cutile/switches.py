@@ -41,6 +41,10 @@ class CutileSwitches:
     cb_precision: str = switch(
         "tf32", "precision of the matmuls for fp32 inputs (C·Bᵀ and the others): tf32 tensor cores or full fp32; "
                 "ignored for fp16/bf16 inputs", choices=("tf32", "fp32"))
+    cb_mode: str = switch(
+        "tuned", "stage 3's C·Bᵀ: 'shared' = once per (batch, chunk, group) by a kernel of its own, read by every "
+                 "head of the group; 'inline' = recomputed inside the main kernel for each head; 'tuned' = the "
+                 "tuning config's choice (shared_cb)", choices=("tuned", "shared", "inline"))
     block_heads: int = switch(
         0, "stage 1 heads per tile (the tile count is batch x nchunks x nheads / block_heads); 0 = from tuning",
         choices=(0, 4, 8, 16, 32, 64))
@@ -62,3 +66,5 @@ class CutileSwitches:
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
 CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "cb_precision")
+# cb_mode picks between two kernels' arrangements like a tile size (its "tuned" default reads the config); its
+# ablation points are cb_mode:inline and cb_mode:shared

@@ -28,7 +28,8 @@ FALLBACK = {
 SPACE = {
     "chunk_cumsum": {"block_heads": [4, 8, 16], "occupancy": [4, 8]},
     "fwd_pass_state": {"block_headdim": [64], "block_dstate": [64, 128], "occupancy": [2, 3, 4]},
-    "compute_out": {"block_rows": [64, 128], "block_headdim": [64], "occupancy": [2, 3, 4]},
+    "compute_out": {"block_rows": [64, 128], "block_headdim": [64], "occupancy": [2, 3, 4],
+                    "shared_cb": [False, True]},
 }
 # the size switches each stage reads (a superset of its search space)
 STAGE_KEYS = {
@@ -49,8 +50,12 @@ def configs(stage: str) -> list[dict]:
 
 
 def explicit(stage: str, sw) -> dict:
-    """The sizes the switches fix (non-zero), restricted to those the stage uses."""
-    return {k: getattr(sw, k) for k in STAGE_KEYS[stage] if getattr(sw, k)}
+    """The config the switches fix: the non-zero size switches the stage uses, and compute_out's shared_cb when
+    cb_mode is not "tuned"."""
+    fixed = {k: getattr(sw, k) for k in STAGE_KEYS[stage] if getattr(sw, k)}
+    if stage == "compute_out" and sw.cb_mode != "tuned":
+        fixed["shared_cb"] = sw.cb_mode == "shared"
+    return fixed
 
 
 def resolve(stage: str, sw, device, key: str, make_call) -> tuple[dict, str]:
@@ -64,7 +69,10 @@ def resolve(stage: str, sw, device, key: str, make_call) -> tuple[dict, str]:
         import cuda.tile as ct
         from cuda.tile.tune import exhaustive_search
 
-        space = [dict(cfg, **fixed) for cfg in configs(stage)]
+        space = []  # the configs with the fixed values put in, each once
+        for cfg in configs(stage):
+            if dict(cfg, **fixed) not in space:
+                space.append(dict(cfg, **fixed))
         calls = {i: make_call(cfg) for i, cfg in enumerate(space)}  # a switch the problem cannot take raises
         result = exhaustive_search(list(range(len(space))), torch.cuda.current_stream(), lambda i: calls[i].grid,
                                    lambda i: calls[i].kernel, lambda i: calls[i].args, quiet=True)

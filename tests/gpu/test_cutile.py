@@ -22,12 +22,15 @@ CASES = GPU_CONTRACT_CASES
 OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False, "tma": False, "exp2": False,
        "cb_precision": "fp32"}
 # each code switch away from its default (operand_swap defaults to off: its variant turns it on), then all off;
-# heads_per_tile 2 (one C·Bᵀ shared by two heads) at the defaults
+# heads_per_tile 2 (one C·Bᵀ shared by two heads) at the defaults; C·Bᵀ once per group by its own kernel
+# (cb_mode shared) and inside the main kernel (inline)
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
             **{f"no-{k}": {k: OFF[k]} for k in ("latency_hints", "tma", "exp2", "cb_precision")},
             "all-off": dict(OFF), "heads2": {"heads_per_tile": 2},
-            "heads2-swap": {"heads_per_tile": 2, "operand_swap": True}}
+            "heads2-swap": {"heads_per_tile": 2, "operand_swap": True},
+            "cb-shared": {"cb_mode": "shared"}, "cb-shared-swap": {"cb_mode": "shared", "operand_swap": True},
+            "cb-shared-all-off": {"cb_mode": "shared", **OFF}, "cb-inline": {"cb_mode": "inline"}}
 
 
 
@@ -37,7 +40,7 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
     "case,variant,dtype",
     # the big shape: defaults and all-off only (its float64 reference is heavy)
     switch_variant_params(CASES, VARIANTS,
-                          skip=lambda case, variant: case == "S1" and variant not in ("defaults", "all-off")),
+                          skip=lambda case, variant: case == "S1" and variant not in ("defaults", "all-off", "cb-shared")),
 )
 def test_cutile_matches_float64(case, variant, dtype, request):
     from impls.cutile import CutileBackend
@@ -51,7 +54,8 @@ def test_cutile_matches_float64(case, variant, dtype, request):
 
 
 @pytest.mark.heavy
-def test_million_tokens():
+@pytest.mark.parametrize("cb_mode", ["inline", "shared"])
+def test_million_tokens(cb_mode):
     """1,048,576 tokens x 80 heads (5.4e9 elements of x): the int64-indexed kernels (tests/gpu/long_sequence.py
     says what is checked; cuTile's fused fwd_pass_state keeps no chunk-local states to compare)."""
     import torch
@@ -63,7 +67,7 @@ def test_million_tokens():
     ok, reason = CutileBackend.available()
     if not ok:
         pytest.skip(reason)
-    backend = CutileBackend()
+    backend = CutileBackend(cb_mode=cb_mode)
     errors = long_sequence_errors(backend, long_inputs(MILLION, "cuda", torch.bfloat16), MILLION_SAMPLED)
     tol = tolerance(torch.bfloat16)
     bad = {k: v for k, v in errors.items() if not v <= tol}
