@@ -165,6 +165,26 @@ def test_contract(problem, switches, layout, dtype):
     assert not failures(errors, dtype), errors
 
 
+SHARED_CB_CASES = [
+    pytest.param(RICH, id="rich"),
+    pytest.param(Problem(SMALL, varlen=True, nseqs=3, has_z=True), id="cu_seqlens-3-seqs"),
+    pytest.param(Problem(dataclasses.replace(SMALL, ngroups=4)), id="ngroups-eq-nheads"),
+    pytest.param(Problem(dataclasses.replace(SMALL, seqlen=20)), id="seqlen-below-chunk"),
+    pytest.param(Problem(Shape(1, 100, 2, 32, 1, 32, 128)), id="chunk128-two-cb-tiles"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("swap", [pytest.param(True, id="swap"), pytest.param(False, id="no-swap")])
+@pytest.mark.parametrize("problem", SHARED_CB_CASES)
+def test_shared_cb(problem, swap, dtype):
+    """C·Bᵀ once per group (cb_kernel) read back by every head: each stage against the float64 reference."""
+    backend = get_backend("triton", cb_mode="shared", operand_swap=swap)
+    inputs = make_inputs(problem, seed=6, dtype=dtype)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, dtype), errors
+
+
 def test_state_dtype_fp16_under_fp32_inputs():
     inputs = make_inputs(Problem(SMALL, has_initial_states=True, nseqs=2), seed=12, dtype=torch.float32)
     inputs.state_dtype = torch.float16
@@ -319,7 +339,7 @@ def test_kernels_compile_for_sm90():
     interpreter accepts programs the compiler rejects, so this is the CPU suite's guard on the compiled path."""
     result = _aot("--arch", "90", "--dtype", "bfloat16")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("ok  ") == 10, result.stdout
+    assert result.stdout.count("ok  ") == 12, result.stdout
 
 
 @pytest.mark.slow

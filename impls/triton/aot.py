@@ -49,7 +49,7 @@ def variants(dtype: str, all_variants: bool):
     for every combination of the code switches and features when `all_variants`."""
     from impls.triton import config as cfg
     from impls.triton.chunk_cumsum import chunk_cumsum_kernel
-    from impls.triton.compute_out import compute_out_kernel
+    from impls.triton.compute_out import CB_BLOCK, cb_kernel, compute_out_kernel
     from impls.triton.fwd_pass_state import chunk_state_kernel, state_passing_kernel
 
     p = POINTER[dtype]
@@ -76,11 +76,13 @@ def variants(dtype: str, all_variants: bool):
                 c = cfg.fallback("sm90", "compute_out", d, itemsize, {})
                 yield ("compute_out", compute_out_kernel,
                        {"C_ptr": p, "B_ptr": p, "x_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "st_ptr": p,
-                        "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "y_ptr": p},
+                        "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "cb_ptr": "*fp32", "y_ptr": p},
                        dict(CHUNK=256, BLOCK_M=c["block_rows"], BLOCK_K=c["block_positions"],
                             BLOCK_P=c["block_headdim"], BLOCK_DSTATE=dstate, HAS_D=feature, HAS_Z=feature,
-                            HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precision),
+                            HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precision, SHARED_CB=feature),
                        c["num_warps"], c["num_stages"])
+            yield ("cb", cb_kernel, {"C_ptr": p, "B_ptr": p, "cb_ptr": "*fp32"},
+                   dict(CHUNK=256, BLOCK=CB_BLOCK, BLOCK_DSTATE=128, DOT_PRECISION=precision), 4, 1)
         s = cfg.fallback("sm90", "state_passing", dims, itemsize, {})
         yield ("state_passing", state_passing_kernel,
                {"local_ptr": "*fp32", "out_ptr": p, "final_ptr": "*fp32", "init_ptr": "*fp32", "dA_ptr": "*fp32",

@@ -3,8 +3,9 @@
 One program per (headdim tile, tile of chunk rows, head, chunk, batch). It holds its rows of C (all of dstate)
 and computes, in fp32:
   1. the state term C_m·S_cᵀ scaled by exp(dA_cs[m]) (zero for rows whose sequence started inside the chunk);
-  2. for every BLOCK_K-wide tile of earlier positions k (up to the causal edge): the scores C_m·B_kᵀ on the fly
-     (no precomputed C·Bᵀ tensor), times exp(dA_cs[m] − dA_cs[k])·dt_k on the causal, same-sequence part, then
+  2. for every BLOCK_K-wide tile of earlier positions k (up to the causal edge): the scores C_m·B_kᵀ — on the fly
+     (switch cb_mode="inline"), or read from the (b, c, g, chunk, chunk) fp32 C·Bᵀ that `cb_kernel` computed once
+     per group ("shared": the heads of a group then stop recomputing it) — times exp(dA_cs[m] − dA_cs[k])·dt_k on the causal, same-sequence part, then
      the MMA with x_k;
   3. the D skip and the silu(z) gate, and one store in x's dtype.
 Operands of each MMA are in the input dtype (fp32 accumulation); with fp32 inputs `cb_precision` picks tf32 or
@@ -18,6 +19,7 @@ reads states through their strides.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -32,8 +34,34 @@ def _decay(v, EXP2: tl.constexpr):
 
 
 @triton.jit
+def cb_kernel(C_ptr, B_ptr, cb_ptr, seqlen, nchunks,
+              s_C_b, s_C_l, s_C_g, s_C_n, s_B_b, s_B_l, s_B_g, s_B_n, s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k,
+              dstate, CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_DSTATE: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """cb[b, c, g, m, k] = C_m·B_kᵀ (fp32) for one (BLOCK x BLOCK) tile of one chunk; grid (tiles, c·b, g)."""
+    tiles = CHUNK // BLOCK
+    t = tl.program_id(0)
+    bc = tl.program_id(1)
+    g = tl.program_id(2).to(tl.int64)
+    c = bc % nchunks
+    b = (bc // nchunks).to(tl.int64)
+    offs_m = (t // tiles) * BLOCK + tl.arange(0, BLOCK)
+    offs_k = (t % tiles) * BLOCK + tl.arange(0, BLOCK)
+    offs_n = tl.arange(0, BLOCK_DSTATE)
+    start64 = (c * CHUNK).to(tl.int64)
+    chunk_len = tl.minimum(CHUNK, seqlen - c * CHUNK)
+    Cm = tl.load(C_ptr + b * s_C_b + start64 * s_C_l + g * s_C_g + offs_m[:, None] * s_C_l + offs_n[None, :] * s_C_n,
+                 mask=(offs_m < chunk_len)[:, None] & (offs_n < dstate)[None, :], other=0.0)
+    Bt = tl.load(B_ptr + b * s_B_b + start64 * s_B_l + g * s_B_g + offs_n[:, None] * s_B_n + offs_k[None, :] * s_B_l,
+                 mask=(offs_n < dstate)[:, None] & (offs_k < chunk_len)[None, :], other=0.0)
+    cb = tl.dot(Cm, Bt, input_precision=DOT_PRECISION)
+    cb_base = cb_ptr + b * s_cb_b + c.to(tl.int64) * s_cb_c + g * s_cb_g
+    tl.store(cb_base + offs_m[:, None] * s_cb_m + offs_k[None, :] * s_cb_k, cb)
+
+
+@triton.jit
 def compute_out_kernel(
-    C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, y_ptr,
+    C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr,
     seqlen, nheads, nchunks, headdim, dstate, heads_per_group,
     s_C_b, s_C_l, s_C_g, s_C_n,
     s_B_b, s_B_l, s_B_g, s_B_n,
@@ -45,10 +73,11 @@ def compute_out_kernel(
     s_z_b, s_z_l, s_z_h, s_z_p,
     s_seq_b, s_seq_l,
     s_y_b, s_y_l, s_y_h, s_y_p,
+    s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_DSTATE: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SEQ: tl.constexpr,
-    SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr,
 ):
     # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head, chunk, batch
     pid = tl.program_id(0)
@@ -77,6 +106,7 @@ def compute_out_kernel(
     dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
     dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
     st_base = st_ptr + b * s_st_b + c.to(tl.int64) * s_st_c + h.to(tl.int64) * s_st_h
+    cb_base = cb_ptr + b * s_cb_b + c.to(tl.int64) * s_cb_c + g.to(tl.int64) * s_cb_g
     dtype = x_ptr.dtype.element_ty
 
     dA_m = tl.load(dA_base + offs_m * s_dA_l, mask=mask_m, other=0.0).to(tl.float32)
@@ -116,9 +146,13 @@ def compute_out_kernel(
         if HAS_SEQ:
             seq_k = tl.load(seq_base + offs_k * s_seq_l, mask=mask_k, other=0)
         if SWAP:
-            Bk = tl.load(B_base + offs_k[:, None] * s_B_l + offs_n[None, :] * s_B_n,
-                         mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(dtype)  # (k, dstate)
-            scores = tl.dot(Bk, Ct, input_precision=DOT_PRECISION)  # (k, rows)
+            if SHARED_CB:
+                scores = tl.load(cb_base + offs_k[:, None] * s_cb_k + offs_m[None, :] * s_cb_m,
+                                 mask=mask_k[:, None] & mask_m[None, :], other=0.0)  # (k, rows)
+            else:
+                Bk = tl.load(B_base + offs_k[:, None] * s_B_l + offs_n[None, :] * s_B_n,
+                             mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(dtype)  # (k, dstate)
+                scores = tl.dot(Bk, Ct, input_precision=DOT_PRECISION)  # (k, rows)
             keep = (offs_k[:, None] <= offs_m[None, :]) & mask_k[:, None]
             if HAS_SEQ:
                 keep = keep & (seq_k[:, None] == seq_m[None, :])
@@ -129,9 +163,13 @@ def compute_out_kernel(
                          mask=mask_p[:, None] & mask_k[None, :], other=0.0).to(dtype)  # (headdim, k)
             acc = tl.dot(xt, scores.to(dtype), acc, input_precision=DOT_PRECISION)
         else:
-            Bt = tl.load(B_base + offs_n[:, None] * s_B_n + offs_k[None, :] * s_B_l,
-                         mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(dtype)  # (dstate, k)
-            scores = tl.dot(Cm, Bt, input_precision=DOT_PRECISION)  # (rows, k)
+            if SHARED_CB:
+                scores = tl.load(cb_base + offs_m[:, None] * s_cb_m + offs_k[None, :] * s_cb_k,
+                                 mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (rows, k)
+            else:
+                Bt = tl.load(B_base + offs_n[:, None] * s_B_n + offs_k[None, :] * s_B_l,
+                             mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(dtype)  # (dstate, k)
+                scores = tl.dot(Cm, Bt, input_precision=DOT_PRECISION)  # (rows, k)
             keep = (offs_m[:, None] >= offs_k[None, :]) & mask_k[None, :]
             if HAS_SEQ:
                 keep = keep & (seq_m[:, None] == seq_k[None, :])
@@ -185,18 +223,37 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
     D_arg = D if D is not None else dt  # never read without HAS_D
     z_arg = z if z is not None else x  # never read without HAS_Z
     seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
+    shared = switches.cb_mode == "shared"
+    cb = cb_matrix(C, B, chunk, empty, dot_precision) if shared else dt  # never read unless shared
+    cb_strides = cb.stride() if shared else (0,) * 5
     tiles = triton.cdiv(headdim, config["block_headdim"]) * (chunk // config["block_rows"])
     grid = (tiles * nheads * nchunks * batch,)
     compute_out_kernel[grid](
-        C, B, x, dt, dA_cumsum, states, D_arg, z_arg, seq, y,
+        C, B, x, dt, dA_cumsum, states, D_arg, z_arg, seq, cb, y,
         seqlen, nheads, nchunks, headdim, dstate, nheads // ngroups,
         *C.stride(), *B.stride(), *x.stride(), *dt.stride(), *dA_cumsum.stride(), *states.stride(),
-        *D_strides, *z_arg.stride(), seq.stride(0), seq.stride(1), *y.stride(),
+        *D_strides, *z_arg.stride(), seq.stride(0), seq.stride(1), *y.stride(), *cb_strides,
         CHUNK=chunk, BLOCK_M=config["block_rows"], BLOCK_K=config["block_positions"], BLOCK_P=config["block_headdim"],
         BLOCK_DSTATE=block_dstate,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
-        SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision,
+        SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     return y
 
+
+
+CB_BLOCK = 64  # cb_kernel's tile (or the whole chunk when shorter)
+
+
+def cb_matrix(C, B, chunk, empty, dot_precision):
+    """C·Bᵀ of every chunk and group, (batch, nchunks, ngroups, chunk, chunk) fp32, every element written."""
+    batch, seqlen, ngroups, dstate = B.shape
+    nchunks = triton.cdiv(seqlen, chunk)
+    cb = empty((batch, nchunks, ngroups, chunk, chunk), torch.float32, B.device)
+    block = min(CB_BLOCK, chunk)
+    grid = ((chunk // block) ** 2, nchunks * batch, ngroups)
+    cb_kernel[grid](C, B, cb, seqlen, nchunks, *C.stride(), *B.stride(), *cb.stride(), dstate,
+                    CHUNK=chunk, BLOCK=block, BLOCK_DSTATE=max(16, triton.next_power_of_2(dstate)),
+                    DOT_PRECISION=dot_precision, num_warps=4)
+    return cb

@@ -55,6 +55,10 @@ class TritonSwitches:
     cb_precision: str = switch(
         "tf32", "fp32 inputs: tl.dot input_precision of every MMA ('tf32' = tensor cores at tf32, 'fp32' = "
         "input_precision='ieee'); fp16/bf16 inputs are unaffected", choices=("tf32", "fp32"))
+    cb_mode: str = switch(
+        "inline", "compute_out's C·Bᵀ: 'inline' = recomputed on the fly for each head; 'shared' = once per (batch, "
+                  "chunk, group) by cb_kernel (fp32, read back by every head of the group)",
+        choices=("inline", "shared"))
     tuning: str = switch("auto", "where launch configurations come from (impls/tuning.py modes)", choices=MODES)
     # Launch sizes: 0 = from tuning (as in the cuTile backend); a value pins that field wherever it applies.
     block_rows: int = switch(0, "compute_out: chunk rows (output positions) per program; 0 = from tuning",
@@ -237,4 +241,4 @@ class Resolved:
 def code_switches(switches: TritonSwitches) -> dict[str, Any]:
     """The switches that change the kernels' code (part of the tuning key)."""
     return {k: v for k, v in dataclasses.asdict(switches).items()
-            if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision")}
+            if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")}

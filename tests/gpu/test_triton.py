@@ -47,7 +47,8 @@ CASES = {
     "p256-n256-fp32-smem": Problem(Shape(1, 300, 2, 256, 1, 256, 128), has_initial_states=True),
 }
 OFF = {"transposed_layout": False, "operand_swap": False, "exp2": False, "cb_precision": "fp32"}
-VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-off": dict(OFF)}
+VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-off": dict(OFF),
+            "cb-shared": {"cb_mode": "shared"}, "cb-shared-no-swap": {"cb_mode": "shared", "operand_swap": False}}
 
 
 
@@ -68,7 +69,7 @@ def _backend(**switches):
 def _skip(case, variant):
     # the big shape: defaults and all-off only (its float64 reference is heavy); the largest tiles: do they fit
     # shared memory (fp32 especially)
-    return (case == "S1" or case.startswith("p256")) and variant not in ("defaults", "all-off")
+    return (case == "S1" or case.startswith("p256")) and variant not in ("defaults", "all-off", "cb-shared")
 
 
 @pytest.mark.parametrize("case,variant,dtype", switch_variant_params(CASES, VARIANTS, skip=_skip))
