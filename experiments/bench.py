@@ -124,8 +124,20 @@ class Point:
         return self.rows
 
 
+# After a kernel's illegal memory access the process's CUDA context is unusable: every later point of the same
+# process would fail with the same error and be misattributed. Such points are refused with the first culprit.
+_CUDA_CONTEXT_LOST: list[str] = []
+
+
+def context_lost(exc: BaseException) -> bool:
+    return "illegal memory access" in str(exc) or "unspecified launch failure" in str(exc)
+
+
 def measure(cfg, point: Point, problem, switches, device) -> None:
     """Everything after the start-up checks; raises on any failure (the caller records it)."""
+    if _CUDA_CONTEXT_LOST:
+        raise RuntimeError(f"not run: this process's CUDA context was lost by an earlier point "
+                           f"({_CUDA_CONTEXT_LOST[0]}); run the point in a process of its own")
     bench = cfg.bench
     backend = get_backend(conf.backend_name(cfg), switches)
     require(backend, problem, device)
@@ -255,6 +267,8 @@ def run_point(cfg: DictConfig) -> dict:
         measure(cfg, point, problem, switches, device)
     except Exception as exc:  # noqa: BLE001 - a failed point is a result; the sweep goes on
         status, error = "failed", f"{type(exc).__name__}: {exc}"
+        if context_lost(exc) and not _CUDA_CONTEXT_LOST:
+            _CUDA_CONTEXT_LOST.append(f"{conf.backend_name(cfg)} {cfg.shape.name}: {type(exc).__name__}")
         print(f"[bench] FAILED {conf.backend_name(cfg)} {cfg.shape.name}: {error}")
         if os.environ.get("SSD_BENCH_TRACEBACK"):
             traceback.print_exc()

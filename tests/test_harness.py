@@ -247,3 +247,14 @@ def test_inputs_are_drawn_on_the_cpu_unless_the_problem_is_huge():
     assert draw_device(problem, torch.device("cuda", 0)) == "cpu"
     assert draw_device(million, torch.device("cuda", 0)) == "cuda"
     assert draw_device(million, torch.device("cpu")) == "cpu"
+
+
+def test_points_after_a_lost_cuda_context_are_refused(monkeypatch):
+    """An illegal memory access poisons the process: later points say so instead of blaming their backend."""
+    from experiments import bench
+
+    assert bench.context_lost(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not bench.context_lost(RuntimeError("out of memory"))
+    monkeypatch.setattr(bench, "_CUDA_CONTEXT_LOST", ["mamba_ssm long_1m: AcceleratorError"])
+    with pytest.raises(RuntimeError, match="mamba_ssm long_1m"):
+        bench.measure(None, None, None, None, None)
