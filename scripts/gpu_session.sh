@@ -2,6 +2,8 @@
 # One device call: the GPU test suite and/or sweeps, writing one log and merged Parquet files under $OUT.
 #   scripts/gpu_session.sh tests                 tests/gpu in parallel workers (pytest-xdist, on the image)
 #   scripts/gpu_session.sh sweep EXP [EXP ...]   experiment overlays, e.g. headline ablate_cutile
+#   scripts/gpu_session.sh sweep_each EXP B...   one experiment, each backend B in a process of its own (a kernel's
+#                                                illegal memory access loses the whole process's CUDA context)
 #   scripts/gpu_session.sh first_call            the same points in two fresh processes: cold, then with the
 #                                                compile caches and tuning records the first one left
 #   scripts/gpu_session.sh sanitize              compute-sanitizer over every cuTile and Triton stage
@@ -40,6 +42,16 @@ case "$phase" in
         logger=local ${SWEEP_OVERRIDES:-} 2>&1 | tee -a "$log"
       python -m experiments.merge "/tmp/sweeps/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$log"
     done
+    ;;
+  sweep_each)
+    exp=$1; shift
+    for backend in "$@"; do
+      echo "== sweep $exp backend=$backend ($(left) s left)" | tee -a "$log"
+      [ "$(left)" -gt 20 ] || { echo "skipped $backend: out of time" | tee -a "$log"; continue; }
+      timeout "$(left)" python -m experiments.bench -m "experiment=$exp" "backend=$backend" \
+        "results_dir=/tmp/sweeps/$exp" logger=local ${SWEEP_OVERRIDES:-} 2>&1 | tee -a "$log"
+    done
+    python -m experiments.merge "/tmp/sweeps/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$log"
     ;;
   first_call)
     # each backend's first point in a process pays compilation (and autotuning): compile_s of the gate's calls
