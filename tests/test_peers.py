@@ -270,3 +270,11 @@ def test_fla_mapping_near_misses_are_caught(fla_math):
         bad = dataclasses.replace(args, **change)
         o, ht = gla_sequential(bad.q, bad.k, bad.v, bad.g, bad.scale)
         assert rel_err(mapping.finish(o, ht, inputs.x, inputs.D)[0], ref) > 1e-2
+
+
+@pytest.mark.parametrize("ngroups", [1, 2], ids=["one-group", "two-groups"])
+def test_fla_head_copies_are_real_contiguous_copies(ngroups):
+    """q/k must be dense (b, t, h, n): a stride-0 head view would make FLA copy inside its own timed call."""
+    B = torch.randn(2, 8, ngroups, 4)
+    k = mapping.heads_from_groups(B, 4)
+    assert k.is_contiguous() and k.stride(2) == 4 and torch.equal(k, B.repeat_interleave(4 // ngroups, dim=2))

@@ -78,7 +78,8 @@ def heads_from_groups(t, nheads):
     """(b, t, g, n) -> (b, t, nheads, n), head h reading group h // (nheads // g): one contiguous copy (the same
     order as impls.reference.common.per_head's repeat_interleave, as a broadcast copy)."""
     b, L, g, n = t.shape
-    return t.unsqueeze(3).expand(b, L, g, nheads // g, n).reshape(b, L, nheads, n)
+    # reshape alone would return a stride-0 view when g == 1: FLA would then make (and time) the copy itself
+    return t.unsqueeze(3).expand(b, L, g, nheads // g, n).reshape(b, L, nheads, n).contiguous()
 
 
 def finish(o, ht, x, D=None, z=None, state_v_first=False, varlen=False):
