@@ -6,7 +6,9 @@ versions it was found with, the date and the measured median. Modes:
 - "search":   run the backend's search, store the winner, use it;
 - "record":   use the stored record; none stored is an error;
 - "fallback": a fixed config per architecture, no file read;
-- "auto":     record when one is stored, else fallback (the default).
+- "auto":     record when one is stored, else fallback (the default);
+- "resume":   record when one is stored, else search and store: an interrupted search (a device call's time limit)
+              picks up at the first stage without a record.
 Every result row records which source ran ("search", "record" or "fallback").
 """
 
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-MODES = ("auto", "search", "record", "fallback")
+MODES = ("auto", "search", "record", "fallback", "resume")
 ROOT = Path(__file__).resolve().parent.parent / "tuning"
 
 
@@ -78,6 +80,8 @@ def resolve(mode: str, backend: str, stage: str, gpu_name: str, key: str, fallba
         raise ValueError(f"tuning: expected one of {MODES}, got {mode!r}")
     if mode == "fallback":
         return dict(fallback), "fallback"
+    if mode == "resume":
+        mode = "record" if lookup(backend, stage, gpu_name, key) is not None else "search"
     if mode == "search":
         if search is None:
             raise ValueError(f"tuning: backend {backend!r} stage {stage!r} has no search")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from impls import tuning
 from impls.registry import switch
 
 
@@ -61,7 +62,7 @@ class CutileSwitches:
         0, "`ct.kernel(occupancy=)` hint, CTAs per SM; 0 = from tuning", choices=(0, 1, 2, 4))
     tuning: str = switch(
         "auto", "where tile sizes/occupancy come from (impls/tuning.py modes)",
-        choices=("auto", "search", "record", "fallback"))
+        choices=tuning.MODES)
 
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).

@@ -29,7 +29,8 @@ class TilegymSwitches:
     tuning: str = switch(
         "auto", "where each stage's config comes from: search (TileGym's exhaustive search, minutes per shape, "
                 "stored), record (stored result, error if none), fallback (TileGym's first config, what it runs "
-                "with TILEGYM_DISABLE_AUTOTUNE=1), auto (record if stored else fallback)", choices=tuning.MODES)
+                "with TILEGYM_DISABLE_AUTOTUNE=1), auto (record if stored else fallback), resume (record if stored "
+                "else search)", choices=tuning.MODES)
     swap: bool | None = switch(
         None, "fwd_pass_state kernel's SWAP variant: None = whatever tuning picks; True = state kept transposed "
               "(dstate × headdim), computed as (B·dt·decay)ᵀ·x; False = headdim × dstate, xᵀ·(B·dt·decay)",
@@ -150,6 +151,8 @@ class TilegymBackend(Backend):
         if entry_key not in self._entries:
             gpu = torch.cuda.get_device_name(key_args[0].device)
             mode = self.switches.tuning
+            if mode == "resume":
+                mode = "record" if tuning.lookup(tune.BACKEND, stage, gpu, key) is not None else "search"
             if mode == "search":
                 result, cfg = tune.search(mod, stage, shape, variant, call, key_args)
                 space = [dict(vars(c)) for c in tune.space(mod, stage, shape, variant)]

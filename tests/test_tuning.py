@@ -1,0 +1,60 @@
+"""impls.tuning's modes on a scratch record directory: which source runs, when a search is called and stored."""
+
+from __future__ import annotations
+
+import pytest
+
+from impls import tuning
+
+GPU = "Test GPU"
+
+
+@pytest.fixture(autouse=True)
+def scratch_records(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
+
+
+def _search_counting(calls: list):
+    def search():
+        calls.append(1)
+        return {"block": 64}, {"search_space": [{"block": 32}, {"block": 64}], "versions": {"x": "1"}}
+    return search
+
+
+@pytest.mark.parametrize("mode, expect_source, expect_searches", [
+    pytest.param("auto", "fallback", 0, id="auto-without-record-falls-back"),
+    pytest.param("fallback", "fallback", 0, id="fallback"),
+    pytest.param("search", "search", 1, id="search"),
+    pytest.param("resume", "search", 1, id="resume-without-record-searches"),
+])
+def test_modes_without_a_record(mode, expect_source, expect_searches):
+    calls = []
+    config, source = tuning.resolve(mode, "b", "s", GPU, "k", {"block": 16}, _search_counting(calls))
+    assert source == expect_source and len(calls) == expect_searches
+    assert config == ({"block": 16} if source == "fallback" else {"block": 64})
+    assert (tuning.lookup("b", "s", GPU, "k") is not None) == (expect_searches == 1)
+
+
+def test_record_mode_without_a_record_raises_naming_the_file():
+    with pytest.raises(ValueError, match="no record for b/s"):
+        tuning.resolve("record", "b", "s", GPU, "k", {"block": 16})
+
+
+@pytest.mark.parametrize("mode, expect_source, expect_searches", [
+    pytest.param("auto", "record", 0, id="auto"),
+    pytest.param("record", "record", 0, id="record"),
+    pytest.param("resume", "record", 0, id="resume-reuses-the-record"),
+    pytest.param("search", "search", 1, id="search-searches-again"),
+    pytest.param("fallback", "fallback", 0, id="fallback-ignores-it"),
+])
+def test_modes_with_a_record(mode, expect_source, expect_searches):
+    tuning.store("b", "s", GPU, "k", {"block": 128}, [], {})
+    calls = []
+    config, source = tuning.resolve(mode, "b", "s", GPU, "k", {"block": 16}, _search_counting(calls))
+    assert source == expect_source and len(calls) == expect_searches
+    assert config == {"record": {"block": 128}, "search": {"block": 64}, "fallback": {"block": 16}}[source]
+
+
+def test_unknown_mode_names_the_choices():
+    with pytest.raises(ValueError, match="tuning: expected one of"):
+        tuning.resolve("sometimes", "b", "s", GPU, "k", {})
