@@ -185,6 +185,29 @@ def test_shared_cb(problem, swap, dtype):
     assert not failures(errors, dtype), errors
 
 
+DECAY_FACTOR_CASES = [
+    pytest.param(RICH, {}, id="rich"),  # seq_idx with 3 sequences: the sequence mask on factored tiles
+    pytest.param(Problem(SMALL, varlen=True, nseqs=3, has_z=True), {}, id="cu_seqlens-3-seqs"),
+    pytest.param(Problem(dataclasses.replace(SMALL, seqlen=20)), {}, id="seqlen-below-chunk"),
+    pytest.param(Problem(Shape(1, 100, 2, 32, 1, 32, 64), has_initial_states=True),
+                 {"block_rows": 32, "block_positions": 16}, id="rows32-positions16"),
+    pytest.param(Problem(Shape(1, 100, 2, 32, 1, 32, 64)), {"block_rows": 16, "block_positions": 32},
+                 id="rows16-positions32"),  # a source tile straddles the row tile: it stays masked
+    pytest.param(Problem(SMALL, dt_limit=(0.005, 0.05)), {"cb_mode": "shared"}, id="dt_limit-shared-cb"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("swap", [pytest.param(True, id="swap"), pytest.param(False, id="no-swap")])
+@pytest.mark.parametrize("problem,switches", DECAY_FACTOR_CASES)
+def test_decay_factor(problem, switches, swap, dtype):
+    """The factored decay on source tiles before the row tile: each stage against the float64 reference."""
+    backend = get_backend("triton", decay_factor=True, operand_swap=swap, **switches)
+    inputs = make_inputs(problem, seed=7, dtype=dtype)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, dtype), errors
+
+
 def test_state_dtype_fp16_under_fp32_inputs():
     inputs = make_inputs(Problem(SMALL, has_initial_states=True, nseqs=2), seed=12, dtype=torch.float32)
     inputs.state_dtype = torch.float16

@@ -191,10 +191,12 @@ def main(argv=None) -> int:  # pragma: no cover - a convenience for looking at o
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--off", nargs="*", default=[], help="switches to turn off")
+    p.add_argument("--on", nargs="*", default=[], help="bool switches to turn on")
     a = p.parse_args(argv)
     import json
 
-    sw = dataclasses.replace(CutileSwitches(), **{k: (False if k != "cb_precision" else "fp32") for k in a.off})
+    sw = dataclasses.replace(CutileSwitches(), **{k: (False if k != "cb_precision" else "fp32") for k in a.off},
+                             **{k: True for k in a.on})
     text = sass(export(build_call(a.stage, getattr(torch, a.dtype), sw, config=json.loads(a.config)), a.arch))
     print(facts(text))
     return 0

@@ -66,9 +66,11 @@ class CutileBackend(Backend):
         from impls.cutile import tune
         from impls.tuning import tuning_key
 
+        # decay_factor joins the key only when on, so the records found without it keep their keys
         key = tuning_key(key_shape, str(dtype).replace("torch.", ""),
                          **{k: v for k, v in dataclasses.asdict(self.switches).items()
-                            if k in ("transposed_layout", "operand_swap", "cb_precision")})
+                            if k in ("transposed_layout", "operand_swap", "cb_precision")},
+                         **({"decay_factor": True} if self.switches.decay_factor and stage == "compute_out" else {}))
         # resolved once per (stage, key): a search runs once, and no call reads the record file again
         if (stage, key) not in self._resolved:
             self._resolved[(stage, key)] = tune.resolve(stage, self.switches, device, key, make_call)

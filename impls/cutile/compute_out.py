@@ -89,12 +89,69 @@ def cb_kernel(C, B, cb, CHUNK: ct.Constant[int], BL: ct.Constant[int], BN: ct.Co
     ct.store(cb, (b, c, g, i, j), out.reshape((1, 1, 1, BL, BL)), allow_tma=tma)
 
 
+def _by_source(v, HB, BL, SWAP):
+    """(HB, BL) per-source values shaped to broadcast over the score tile: (HB, 1, BL), or (HB, BL, 1) with SWAP."""
+    if SWAP:
+        return v.reshape((HB, BL, 1))
+    return v.reshape((HB, 1, BL))
+
+
+def _by_row(v, HB, BL, SWAP):
+    """(HB, BL) per-row values shaped to broadcast over the score tile: (HB, BL, 1), or (HB, 1, BL) with SWAP."""
+    if SWAP:
+        return v.reshape((HB, 1, BL))
+    return v.reshape((HB, BL, 1))
+
+
+def _source_block(C, B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_ref, s_l, rows, b, c, g, hb, pb, i, j, nsub, BL, BP,
+                  BN, HB, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, FACTORED):
+    """acc += scores(rows of block i, sources of block j)·x_j for the HB heads, scores = C_l·B_jᵀ ∘ decay ∘ dt_j
+    (∘ causal and sequence masks). FACTORED (j < i, switch decay_factor): the decay's source factor
+    exp(dA_ref - dA_s)·dt_s only, the row factor exp(dA_l - dA_ref) is applied by the caller to the block sum; no
+    causal mask is needed off the diagonal. SWAP accumulates the transposed (headdim × rows) product."""
+    tma = None if TMA else False
+    lat = LAT if LAT > 0 else None
+    scale = LOG2E if EXP2 else 1.0
+    src_block = c * nsub + j
+    if SHARED_CB:  # (rows, sources), computed once for the group by cb_kernel
+        cb = ct.load(cbm, (b, c, g, i, j), (1, 1, 1, BL, BL), allow_tma=tma, latency=lat).reshape((BL, BL))
+        if SWAP:
+            cb = ct.transpose(cb)
+    else:
+        b_s = _load_rows(B, b, src_block, g, 0, BL, BN, tma, lat)
+        if SWAP:
+            cb = _mma(b_s, ct.transpose(c_l), ct.zeros((BL, BL), ct.float32), TF32)
+        else:
+            cb = _mma(c_l, ct.transpose(b_s), ct.zeros((BL, BL), ct.float32), TF32)
+    x_s = _load_heads(x, b, src_block, hb, pb, BL, HB, BP, tma, lat)
+    dA_s = _per_head(dA, b, hb, c, j, HB, BL, tma) * scale
+    dt_s = _per_head(dt, b, hb, c, j, HB, BL, tma)
+    srcs = j * BL + ct.arange(BL, dtype=ct.int32)
+    if FACTORED:
+        w = _exp(dA_ref - dA_s, EXP2) * dt_s  # (HB, BL) per source
+        scores = cb.reshape((1, BL, BL)) * _by_source(w, HB, BL, SWAP)
+        if HAS_SEQ:
+            s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((1, BL))
+            same = _by_row(s_l.reshape((1, BL)), 1, BL, SWAP) == _by_source(s_s, 1, BL, SWAP)
+            scores = ct.where(same, scores, 0.0)
+    else:
+        keep = _by_row(rows.reshape((1, BL)), 1, BL, SWAP) >= _by_source(srcs.reshape((1, BL)), 1, BL, SWAP)
+        if HAS_SEQ:
+            s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((1, BL))
+            keep = keep & (_by_row(s_l.reshape((1, BL)), 1, BL, SWAP) == _by_source(s_s, 1, BL, SWAP))
+        diff = ct.where(keep, _by_row(dA_l, HB, BL, SWAP) - _by_source(dA_s, HB, BL, SWAP), -math.inf)
+        scores = cb.reshape((1, BL, BL)) * _exp(diff, EXP2) * _by_source(dt_s, HB, BL, SWAP)
+    if SWAP:
+        return _bmm(ct.transpose(x_s, 1, 2), scores.astype(x.dtype), acc, TF32, HB)
+    return _bmm(scores.astype(x.dtype), x_s, acc, TF32, HB)
+
+
 def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_group,
                        CHUNK: ct.Constant[int], BL: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                        HB: ct.Constant[int], D_MODE: ct.Constant[int], HAS_Z: ct.Constant[bool],
                        HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool], TRANS: ct.Constant[bool],
                        TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
-                       LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool]):
+                       LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool]):
     pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
     nsub = CHUNK // BL
     nchunks = dA.shape[2]
@@ -113,6 +170,7 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
 
     # off-chunk term: C_l · stateᵀ, scaled by exp(dA_l) (zero for rows of a sequence that began in this chunk)
     state_scale = _exp(dA_l, EXP2)
+    s_l = rows  # a stand-in when there is no seq_idx (never read then)
     if HAS_SEQ:
         s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
         s_before = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
@@ -132,41 +190,22 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
         acc = acc * state_scale.reshape((HB, BL, 1))
 
     # in-chunk term, causal over source blocks j <= i
-    for j in range(i + 1):
-        src_block = c * nsub + j
-        if SHARED_CB:  # (rows, sources), computed once for the group by cb_kernel
-            cb = ct.load(cbm, (b, c, g, i, j), (1, 1, 1, BL, BL), allow_tma=tma, latency=lat).reshape((BL, BL))
-        else:
-            b_s = _load_rows(B, b, src_block, g, 0, BL, BN, tma, lat)
-        x_s = _load_heads(x, b, src_block, hb, pb, BL, HB, BP, tma, lat)
-        dA_s = _per_head(dA, b, hb, c, j, HB, BL, tma) * scale
-        dt_s = _per_head(dt, b, hb, c, j, HB, BL, tma)
-        srcs = j * BL + ct.arange(BL, dtype=ct.int32)
-        if SWAP:
-            # (source, row) orientation
-            keep = srcs.reshape((BL, 1)) <= rows.reshape((1, BL))
-            if HAS_SEQ:
-                s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
-                keep = keep & (s_s.reshape((BL, 1)) == s_l.reshape((1, BL)))
-            if SHARED_CB:
-                cb = ct.transpose(cb)
-            else:
-                cb = _mma(b_s, ct.transpose(c_l), ct.zeros((BL, BL), ct.float32), TF32)
-            diff = ct.where(keep.reshape((1, BL, BL)), dA_l.reshape((HB, 1, BL)) - dA_s.reshape((HB, BL, 1)),
-                            -math.inf)
-            scores = cb.reshape((1, BL, BL)) * _exp(diff, EXP2) * dt_s.reshape((HB, BL, 1))
-            acc = _bmm(ct.transpose(x_s, 1, 2), scores.astype(x.dtype), acc, TF32, HB)
-        else:
-            keep = rows.reshape((BL, 1)) >= srcs.reshape((1, BL))
-            if HAS_SEQ:
-                s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
-                keep = keep & (s_l.reshape((BL, 1)) == s_s.reshape((1, BL)))
-            if not SHARED_CB:
-                cb = _mma(c_l, ct.transpose(b_s), ct.zeros((BL, BL), ct.float32), TF32)
-            diff = ct.where(keep.reshape((1, BL, BL)), dA_l.reshape((HB, BL, 1)) - dA_s.reshape((HB, 1, BL)),
-                            -math.inf)
-            scores = cb.reshape((1, BL, BL)) * _exp(diff, EXP2) * dt_s.reshape((HB, 1, BL))
-            acc = _bmm(scores.astype(x.dtype), x_s, acc, TF32, HB)
+    if DECAY_FACTOR:
+        # blocks j < i: exp(dA_l - dA_s) = exp(dA_l - dA_ref) * exp(dA_ref - dA_s), dA_ref = dA at the block's first
+        # row; the source factor (times dt) scales the C·Bᵀ tile's source side, the row factor the sum afterwards
+        dA_ref = ct.load(dA, (b, hb, c, i * BL), (1, HB, 1, 1), allow_tma=tma).reshape((HB, 1)) * scale
+        off = ct.zeros((HB, BP, BL), ct.float32) if SWAP else ct.zeros((HB, BL, BP), ct.float32)
+        for j in range(i):
+            off = _source_block(C, B, x, dt, dA, seq, cbm, off, c_l, dA_l, dA_ref, s_l, rows, b, c, g, hb, pb, i, j,
+                                nsub, BL, BP, BN, HB, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, True)
+        row_scale = _exp(dA_l - dA_ref, EXP2)
+        acc = acc + off * _by_row(row_scale, HB, BL, SWAP)
+        acc = _source_block(C, B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_ref, s_l, rows, b, c, g, hb, pb, i, i,
+                            nsub, BL, BP, BN, HB, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, False)
+    else:
+        for j in range(i + 1):
+            acc = _source_block(C, B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_l, s_l, rows, b, c, g, hb, pb, i, j,
+                                nsub, BL, BP, BN, HB, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, False)
     if SWAP:
         acc = ct.transpose(acc, 1, 2)
 
@@ -219,7 +258,7 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
     hb = head_block(nheads // ngroups, config)
     args = (*arrays, nheads // ngroups, chunk_size, bl, bp, bn, hb, int(d_mode), bool(has_z), bool(has_seq),
             sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0,
-            shared_cb(sw, config))
+            shared_cb(sw, config), sw.decay_factor)
     grid = (batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp))
     return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0))
 

@@ -39,6 +39,14 @@ class CutileSwitches:
     exp2: bool = switch(
         True, "work in base 2: dA_cumsum scaled by log2(e) once per tile, decays via exp2 (and softplus via "
               "exp2/log2) instead of exp")
+    decay_factor: bool = switch(
+        False, "stage 3, source blocks before the row block: the decay exp(dA_l - dA_s) taken as exp(dA_l - dA_ref) · "
+               "exp(dA_ref - dA_s) with dA_ref at the row block's first row (both factors <= 1 since dA_cumsum falls "
+               "monotonically inside a chunk when dt >= 0, so neither overflows where the product does not); the "
+               "source factor times dt scales the C·Bᵀ tile's columns, the row factor the blocks' sum, so those "
+               "tiles need no causal mask and no exp per element — the diagonal block keeps the masked form",
+        sm90="one multiply and a cast per score element instead of a compare, select, subtract, exp2 and two "
+             "multiplies")
     cb_precision: str = switch(
         "tf32", "precision of the matmuls for fp32 inputs (C·Bᵀ and the others): tf32 tensor cores or full fp32; "
                 "ignored for fp16/bf16 inputs", choices=("tf32", "fp32"))
@@ -66,6 +74,6 @@ class CutileSwitches:
 
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
-CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "cb_precision")
+CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "cb_precision")
 # cb_mode picks between two kernels' arrangements like a tile size (its "tuned" default reads the config); its
 # ablation points are cb_mode:inline and cb_mode:shared

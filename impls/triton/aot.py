@@ -79,7 +79,8 @@ def variants(dtype: str, all_variants: bool):
                         "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "cb_ptr": "*fp32", "y_ptr": p},
                        dict(CHUNK=256, BLOCK_M=c["block_rows"], BLOCK_K=c["block_positions"],
                             BLOCK_P=c["block_headdim"], BLOCK_DSTATE=dstate, HAS_D=feature, HAS_Z=feature,
-                            HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precision, SHARED_CB=feature),
+                            HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precision, SHARED_CB=feature,
+                            DECAY_FACTOR=feature),
                        c["num_warps"], c["num_stages"])
             yield ("cb", cb_kernel, {"C_ptr": p, "B_ptr": p, "cb_ptr": "*fp32"},
                    dict(CHUNK=256, BLOCK=CB_BLOCK, BLOCK_DSTATE=128, DOT_PRECISION=precision), 4, 1)

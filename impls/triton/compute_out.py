@@ -13,7 +13,8 @@ ieee. A state tensor in another dtype (state_dtype) is cast to the input dtype f
 
 Switches: `operand_swap` computes the transposed tile yᵀ = S_c·C_mᵀ + xᵀ·(B·Cᵀ ∘ Lᵀ), putting chunk positions
 on the MMA's N dimension and headdim on M; `exp2` turns every exp into exp2 with log2 e folded into dA_cs as
-loaded; `transposed_layout` only matters through the strides of `states` (fwd_pass_state's output): this kernel
+loaded; `decay_factor` takes the source tiles wholly before the row tile with the factored decay of impls/README.md
+(no mask, no exp per (row, source) pair; the row factor scales their sum); `transposed_layout` only matters through the strides of `states` (fwd_pass_state's output): this kernel
 reads states through their strides.
 """
 
@@ -60,6 +61,54 @@ def cb_kernel(C_ptr, B_ptr, cb_ptr, seqlen, nchunks,
 
 
 @triton.jit
+def _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2: tl.constexpr):
+    """dA_cumsum (in the exp's base) and dt at the source positions offs_k."""
+    dA_k = tl.load(dA_base + offs_k * s_dA_l, mask=mask_k, other=0.0).to(tl.float32)
+    if EXP2:
+        dA_k = dA_k * 1.4426950408889634
+    dt_k = tl.load(dt_base + offs_k * s_dt_l, mask=mask_k, other=0.0).to(tl.float32)
+    return dA_k, dt_k
+
+
+@triton.jit
+def _cb_tile(cb_base, B_base, CmT, offs_m, offs_k, offs_n, mask_m, mask_k, mask_n, s_cb_m, s_cb_k, s_B_l, s_B_n,
+             dtype, SWAP: tl.constexpr, SHARED_CB: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """C·Bᵀ for (rows offs_m, sources offs_k) in fp32: (rows, k), or (k, rows) with SWAP (CmT is then Cᵀ)."""
+    if SHARED_CB:
+        if SWAP:
+            cb = tl.load(cb_base + offs_k[:, None] * s_cb_k + offs_m[None, :] * s_cb_m,
+                         mask=mask_k[:, None] & mask_m[None, :], other=0.0)
+        else:
+            cb = tl.load(cb_base + offs_m[:, None] * s_cb_m + offs_k[None, :] * s_cb_k,
+                         mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+    else:
+        if SWAP:
+            Bk = tl.load(B_base + offs_k[:, None] * s_B_l + offs_n[None, :] * s_B_n,
+                         mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(dtype)  # (k, dstate)
+            cb = tl.dot(Bk, CmT, input_precision=DOT_PRECISION)
+        else:
+            Bt = tl.load(B_base + offs_n[:, None] * s_B_n + offs_k[None, :] * s_B_l,
+                         mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(dtype)  # (dstate, k)
+            cb = tl.dot(CmT, Bt, input_precision=DOT_PRECISION)
+    return cb
+
+
+@triton.jit
+def _scores_x(x_base, scores, acc, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p, dtype, SWAP: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """acc + scores·x_k (rows, headdim), or + x_kᵀ·scores (headdim, rows) with SWAP; scores cast to x's dtype."""
+    if SWAP:
+        xt = tl.load(x_base + offs_p[:, None] * s_x_p + offs_k[None, :] * s_x_l,
+                     mask=mask_p[:, None] & mask_k[None, :], other=0.0).to(dtype)  # (headdim, k)
+        acc = tl.dot(xt, scores.to(dtype), acc, input_precision=DOT_PRECISION)
+    else:
+        xk = tl.load(x_base + offs_k[:, None] * s_x_l + offs_p[None, :] * s_x_p,
+                     mask=mask_k[:, None] & mask_p[None, :], other=0.0).to(dtype)  # (k, headdim)
+        acc = tl.dot(scores.to(dtype), xk, acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
 def compute_out_kernel(
     C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr,
     seqlen, nheads, nchunks, headdim, dstate, heads_per_group,
@@ -78,6 +127,7 @@ def compute_out_kernel(
     BLOCK_DSTATE: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SEQ: tl.constexpr,
     SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr,
+    DECAY_FACTOR: tl.constexpr,
 ):
     # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head, chunk, batch
     pid = tl.program_id(0)
@@ -127,57 +177,76 @@ def compute_out_kernel(
         S = tl.load(st_base + offs_p[:, None] * s_st_p + offs_n[None, :] * s_st_n,
                     mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)  # (headdim, dstate)
         acc = tl.dot(S, Ct, input_precision=DOT_PRECISION) * state_scale[None, :]  # (headdim, rows)
+        CmT = Ct
     else:
         Cm = tl.load(C_base + offs_m[:, None] * s_C_l + offs_n[None, :] * s_C_n,
                      mask=mask_m[:, None] & mask_n[None, :], other=0.0).to(dtype)  # (rows, dstate)
         St = tl.load(st_base + offs_n[:, None] * s_st_n + offs_p[None, :] * s_st_p,
                      mask=mask_n[:, None] & mask_p[None, :], other=0.0).to(dtype)  # (dstate, headdim)
         acc = tl.dot(Cm, St, input_precision=DOT_PRECISION) * state_scale[:, None]  # (rows, headdim)
+        CmT = Cm
 
     # 2. the chunk's own tokens, up to the causal edge of this row tile
     k_end = tl.minimum(chunk_len, m0 + BLOCK_M)
-    for k0 in range(0, k_end, BLOCK_K):
+    k_masked = 0
+    if DECAY_FACTOR:
+        # source tiles wholly before the row tile: exp(dA_m - dA_k) = exp(dA_m - dA_ref)·exp(dA_ref - dA_k) with
+        # dA_ref at the tile's first row (impls/README.md, factored decay): no mask, no exp per (row, source)
+        k_masked = (m0 // BLOCK_K) * BLOCK_K
+        dA_ref = tl.load(dA_base + m0 * s_dA_l, mask=m0 < chunk_len, other=0.0).to(tl.float32)
+        if EXP2:
+            dA_ref = dA_ref * 1.4426950408889634
+        if SWAP:
+            off = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
+        else:
+            off = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+        for k0 in range(0, k_masked, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < chunk_len
+            dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
+            w = _decay(dA_ref - dA_k, EXP2) * dt_k
+            scores = _cb_tile(cb_base, B_base, CmT, offs_m, offs_k, offs_n, mask_m, mask_k, mask_n,
+                              s_cb_m, s_cb_k, s_B_l, s_B_n, dtype, SWAP, SHARED_CB, DOT_PRECISION)
+            if SWAP:
+                scores = scores * w[:, None]
+            else:
+                scores = scores * w[None, :]
+            if HAS_SEQ:
+                seq_k = tl.load(seq_base + offs_k * s_seq_l, mask=mask_k, other=0)
+                if SWAP:
+                    scores = tl.where(seq_k[:, None] == seq_m[None, :], scores, 0.0)
+                else:
+                    scores = tl.where(seq_m[:, None] == seq_k[None, :], scores, 0.0)
+            off = _scores_x(x_base, scores, off, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p, dtype, SWAP,
+                            DOT_PRECISION)
+        row_scale = _decay(dA_m - dA_ref, EXP2)
+        if SWAP:
+            acc += off * row_scale[None, :]
+        else:
+            acc += off * row_scale[:, None]
+    for k0 in range(k_masked, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < chunk_len
-        dA_k = tl.load(dA_base + offs_k * s_dA_l, mask=mask_k, other=0.0).to(tl.float32)
-        if EXP2:
-            dA_k = dA_k * 1.4426950408889634
-        dt_k = tl.load(dt_base + offs_k * s_dt_l, mask=mask_k, other=0.0).to(tl.float32)
+        dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
         if HAS_SEQ:
             seq_k = tl.load(seq_base + offs_k * s_seq_l, mask=mask_k, other=0)
+        scores = _cb_tile(cb_base, B_base, CmT, offs_m, offs_k, offs_n, mask_m, mask_k, mask_n,
+                          s_cb_m, s_cb_k, s_B_l, s_B_n, dtype, SWAP, SHARED_CB, DOT_PRECISION)
         if SWAP:
-            if SHARED_CB:
-                scores = tl.load(cb_base + offs_k[:, None] * s_cb_k + offs_m[None, :] * s_cb_m,
-                                 mask=mask_k[:, None] & mask_m[None, :], other=0.0)  # (k, rows)
-            else:
-                Bk = tl.load(B_base + offs_k[:, None] * s_B_l + offs_n[None, :] * s_B_n,
-                             mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(dtype)  # (k, dstate)
-                scores = tl.dot(Bk, Ct, input_precision=DOT_PRECISION)  # (k, rows)
             keep = (offs_k[:, None] <= offs_m[None, :]) & mask_k[:, None]
             if HAS_SEQ:
                 keep = keep & (seq_k[:, None] == seq_m[None, :])
             # mask the exponent, not the exp: above the diagonal it is positive and may overflow
             decay = _decay(tl.where(keep, dA_m[None, :] - dA_k[:, None], float("-inf")), EXP2)
             scores = scores * decay * dt_k[:, None]
-            xt = tl.load(x_base + offs_p[:, None] * s_x_p + offs_k[None, :] * s_x_l,
-                         mask=mask_p[:, None] & mask_k[None, :], other=0.0).to(dtype)  # (headdim, k)
-            acc = tl.dot(xt, scores.to(dtype), acc, input_precision=DOT_PRECISION)
         else:
-            if SHARED_CB:
-                scores = tl.load(cb_base + offs_m[:, None] * s_cb_m + offs_k[None, :] * s_cb_k,
-                                 mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (rows, k)
-            else:
-                Bt = tl.load(B_base + offs_n[:, None] * s_B_n + offs_k[None, :] * s_B_l,
-                             mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(dtype)  # (dstate, k)
-                scores = tl.dot(Cm, Bt, input_precision=DOT_PRECISION)  # (rows, k)
             keep = (offs_m[:, None] >= offs_k[None, :]) & mask_k[None, :]
             if HAS_SEQ:
                 keep = keep & (seq_m[:, None] == seq_k[None, :])
             decay = _decay(tl.where(keep, dA_m[:, None] - dA_k[None, :], float("-inf")), EXP2)
             scores = scores * decay * dt_k[None, :]
-            xk = tl.load(x_base + offs_k[:, None] * s_x_l + offs_p[None, :] * s_x_p,
-                         mask=mask_k[:, None] & mask_p[None, :], other=0.0).to(dtype)  # (k, headdim)
-            acc = tl.dot(scores.to(dtype), xk, acc, input_precision=DOT_PRECISION)
+        acc = _scores_x(x_base, scores, acc, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p, dtype, SWAP,
+                        DOT_PRECISION)
 
     # 3. D skip, z gate, store; the epilogue runs in the accumulator's orientation
     if SWAP:
@@ -237,7 +306,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         BLOCK_DSTATE=block_dstate,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        DECAY_FACTOR=switches.decay_factor, num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     return y
 

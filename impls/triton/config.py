@@ -59,6 +59,11 @@ class TritonSwitches:
         "inline", "compute_out's C·Bᵀ: 'inline' = recomputed on the fly for each head; 'shared' = once per (batch, "
                   "chunk, group) by cb_kernel (fp32, read back by every head of the group)",
         choices=("inline", "shared"))
+    decay_factor: bool = switch(
+        False, "compute_out: source tiles wholly before the row tile use the factored decay exp(dA_m - dA_ref)·"
+               "exp(dA_ref - dA_k), dA_ref at the row tile's first row (impls/README.md): the source factor times dt "
+               "scales the C·Bᵀ tile's columns, the row factor the tiles' sum — no causal mask and no exp per "
+               "(row, source) pair there; off by default until measured (as cuTile's)")
     tuning: str = switch("auto", "where launch configurations come from (impls/tuning.py modes)", choices=MODES)
     # Launch sizes: 0 = from tuning (as in the cuTile backend); a value pins that field wherever it applies.
     block_rows: int = switch(0, "compute_out: chunk rows (output positions) per program; 0 = from tuning",
@@ -241,4 +246,5 @@ class Resolved:
 def code_switches(switches: TritonSwitches) -> dict[str, Any]:
     """The switches that change the kernels' code (part of the tuning key)."""
     return {k: v for k, v in dataclasses.asdict(switches).items()
-            if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")}
+            if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
+            or (k == "decay_factor" and v)}  # in the key only when on: records found without it keep their keys

@@ -20,17 +20,22 @@ pytestmark = pytest.mark.gpu
 
 CASES = GPU_CONTRACT_CASES
 OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False, "tma": False, "exp2": False,
-       "cb_precision": "fp32"}
+       "decay_factor": False, "cb_precision": "fp32"}
 # each code switch away from its default (operand_swap defaults to off: its variant turns it on), then all off;
 # heads_per_tile 2 (one C·Bᵀ shared by two heads) at the defaults; C·Bᵀ once per group by its own kernel
-# (cb_mode shared) and inside the main kernel (inline)
+# (cb_mode shared) and inside the main kernel (inline); the factored decay (decay_factor) alone, with the swap, with
+# the shared C·Bᵀ, with 32-row blocks (8 blocks per chunk of 256: 7 factored source blocks for the last) and all off
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
             **{f"no-{k}": {k: OFF[k]} for k in ("latency_hints", "tma", "exp2", "cb_precision")},
             "all-off": dict(OFF), "heads2": {"heads_per_tile": 2},
             "heads2-swap": {"heads_per_tile": 2, "operand_swap": True},
             "cb-shared": {"cb_mode": "shared"}, "cb-shared-swap": {"cb_mode": "shared", "operand_swap": True},
-            "cb-shared-all-off": {"cb_mode": "shared", **OFF}, "cb-inline": {"cb_mode": "inline"}}
+            "cb-shared-all-off": {"cb_mode": "shared", **OFF}, "cb-inline": {"cb_mode": "inline"},
+            "decay_factor": {"decay_factor": True}, "decay_factor-swap": {"decay_factor": True, "operand_swap": True},
+            "decay_factor-cb-shared": {"decay_factor": True, "cb_mode": "shared"},
+            "decay_factor-rows32": {"decay_factor": True, "block_rows": 32},
+            "decay_factor-all-off": {**OFF, "decay_factor": True}}
 
 
 
@@ -40,7 +45,8 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
     "case,variant,dtype",
     # the big shape: defaults and all-off only (its float64 reference is heavy)
     switch_variant_params(CASES, VARIANTS,
-                          skip=lambda case, variant: case == "S1" and variant not in ("defaults", "all-off", "cb-shared")),
+                          skip=lambda case, variant: case == "S1" and variant not in ("defaults", "all-off", "cb-shared",
+                                                                          "decay_factor")),
 )
 def test_cutile_matches_float64(case, variant, dtype, request):
     from impls.cutile import CutileBackend

@@ -48,7 +48,9 @@ CASES = {
 }
 OFF = {"transposed_layout": False, "operand_swap": False, "exp2": False, "cb_precision": "fp32"}
 VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-off": dict(OFF),
-            "cb-shared": {"cb_mode": "shared"}, "cb-shared-no-swap": {"cb_mode": "shared", "operand_swap": False}}
+            "cb-shared": {"cb_mode": "shared"}, "cb-shared-no-swap": {"cb_mode": "shared", "operand_swap": False},
+            "decay_factor": {"decay_factor": True}, "decay_factor-no-swap": {"decay_factor": True, "operand_swap": False},
+            "decay_factor-cb-shared": {"decay_factor": True, "cb_mode": "shared"}}
 
 
 
@@ -69,7 +71,8 @@ def _backend(**switches):
 def _skip(case, variant):
     # the big shape: defaults and all-off only (its float64 reference is heavy); the largest tiles: do they fit
     # shared memory (fp32 especially)
-    return (case == "S1" or case.startswith("p256")) and variant not in ("defaults", "all-off", "cb-shared")
+    return (case == "S1" or case.startswith("p256")) and variant not in ("defaults", "all-off", "cb-shared",
+                                                                                  "decay_factor")
 
 
 @pytest.mark.parametrize("case,variant,dtype", switch_variant_params(CASES, VARIANTS, skip=_skip))
