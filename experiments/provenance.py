@@ -7,6 +7,8 @@ import functools
 import importlib.metadata
 import os
 import platform
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -23,6 +25,19 @@ def _version(dist: str) -> str:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "absent"
+
+
+@functools.cache
+def tileiras_version() -> str:
+    """The wheel's version, else the `tileiras` on PATH (the GPU bundle installs the binary without its wheel's
+    metadata: ../shared/gpu/README.md), read off `tileiras --version` ("... V13.4.92"); "absent" if neither."""
+    version = _version(PACKAGES["tileiras"])
+    if version != "absent":
+        return version
+    tool = shutil.which("tileiras")
+    text = _run([tool, "--version"]) if tool else None
+    match = re.search(r"\bV(\d+\.\d+\.\d+)", text or "")
+    return match.group(1) if match else "absent"
 
 
 def _run(args: list[str], cwd=None) -> str | None:
@@ -88,6 +103,7 @@ def collect(device: torch.device) -> dict:
     """The provenance columns shared by every row of a point."""
     row = {"python": platform.python_version(), "host": platform.node(), "cuda": torch.version.cuda or "absent"}
     row.update({f"v_{key}": _version(dist) for key, dist in PACKAGES.items()})
+    row["v_tileiras"] = tileiras_version()
     row.update(gpu_info(device))
     row.update(git_state())
     row["slurm_job_id"] = os.environ.get("SLURM_JOB_ID")  # null outside SLURM
