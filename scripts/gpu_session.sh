@@ -54,7 +54,12 @@ case "$phase" in
     python -m experiments.merge "/tmp/sweeps/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$log"
     ;;
   first_call)
-    # each backend's first point in a process pays compilation (and autotuning): compile_s of the gate's calls
+    # each backend's first point in a process pays compilation (and autotuning): compile_s of the gate's calls.
+    # Both processes use compile caches of their own, emptied before the cold one, so that "cold" is cold even
+    # after other phases of the same call compiled the same kernels (cuTile's and Triton's disk caches)
+    caches=/tmp/first_call_caches
+    rm -rf "$caches"
+    export CUDA_TILE_CACHE_DIR="$caches/cutile" TRITON_CACHE_DIR="$caches/triton"
     for run in cold warm; do
       echo "== first_call $run ($(left) s left)" | tee -a "$log"
       timeout "$(left)" python -m experiments.bench -m "backend=${FIRST_CALL_BACKENDS:-mamba_ssm,triton,cutile}" \
