@@ -100,10 +100,24 @@ def shape_label(row) -> str:
     return "b{}-l{}-h{}-p{}-g{}-n{}-c{}".format(*(int(row[c]) for c in SHAPE))
 
 
+def point_label(backend: str, ablation: str, switches: dict) -> str:
+    """"backend", "backend[<ablation>]" for an ablation point, or "backend{k=v,...}" for a point run with
+    switches set away from the declared defaults outside an ablation (so such points are never pooled with the
+    backend's default points)."""
+    if ablation != "none":
+        return f"{backend}[{ablation}]"
+    from analysis.switches import explicit_switches
+
+    changed = explicit_switches(backend, switches)
+    if not changed:
+        return backend
+    return backend + "{" + ",".join(f"{k}={v}" for k, v in sorted(changed.items())) + "}"
+
+
 def wide(long: pd.DataFrame) -> pd.DataFrame:
     """One row per (point, stage): the point's descriptive columns, one column per metric (NaN where absent),
-    plus `arch` (sm_XY or cpu), `shape` (the shape label), `label` (backend, with the ablation when not none)
-    and `switch_dict` (the switches JSON parsed)."""
+    plus `arch` (sm_XY or cpu), `shape` (the shape label), `label` (`point_label`: backend, with the ablation
+    or the switches set away from the defaults) and `switch_dict` (the switches JSON parsed)."""
     long = load_results(long)
     if long.empty:
         cols = [c for c in long.columns if c not in _PER_ROW] + list(METRICS)
@@ -115,9 +129,9 @@ def wide(long: pd.DataFrame) -> pd.DataFrame:
     out = values.reset_index().join(info, on="run_id")
     out["arch"] = out["gpu_cc"].map(arch_of)
     out["shape"] = out.apply(shape_label, axis=1)
-    ablation = out["ablation"].fillna("none")
-    out["label"] = np.where(ablation == "none", out["backend"], out["backend"] + "[" + ablation + "]")
     out["switch_dict"] = out["switches"].map(lambda s: json.loads(s) if isinstance(s, str) and s else {})
+    out["label"] = [point_label(b, a, sw) for b, a, sw in
+                    zip(out["backend"], out["ablation"].fillna("none"), out["switch_dict"])]
     out["_order"] = out["stage"].map(STAGE_ORDER).fillna(99)
     out = out.sort_values(["backend", "shape_name", "_order", "timestamp"], kind="stable").drop(columns="_order")
     return out.reset_index(drop=True)

@@ -71,7 +71,7 @@ def speedup_table(results, baseline: str = "mamba_ssm", stages=TIMED_STAGES, wit
     ValueError when the baseline has no timed point."""
     w = results if "label" in getattr(results, "columns", []) else wide(results)
     w = w[w["ablation"].fillna("none") == "none"]
-    w = w.assign(backend=tuned_label(w))
+    w = w.assign(backend=tuned_label(w.assign(backend=w["label"])))  # variants (label) apart from the defaults
     if shape_names is not None:
         w = w[w["shape_name"].isin(list(shape_names))]
     t = time_summary(w, stages)

@@ -174,6 +174,19 @@ def switch_meta(backend: str) -> list[dict[str, Any]]:
         return []
 
 
+# where a config comes from, not what ran differently: left out of a point's label
+NOT_A_VARIANT = ("tuning",)
+
+
+def explicit_switches(backend: str, switches: dict) -> dict:
+    """The switches of a point that differ from the backend's declared defaults (tuning mode aside): what makes a
+    point a variant rather than the backend as published. {} when the backend's metadata is unavailable."""
+    declared = {r["name"]: r["default"] for r in switch_meta(backend)}
+    # None: not recorded (a row written before the switch existed ran what is now its default)
+    return {k: v for k, v in switches.items()
+            if k in declared and k not in NOT_A_VARIANT and v is not None and v != declared[k]}
+
+
 def meaning(backend: str, switch: str, arch: str) -> str:
     """What `switch` does on `arch` (sm_90 / sm_100 text of the declaration, else its help)."""
     for row in switch_meta(backend):

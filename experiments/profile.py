@@ -8,7 +8,7 @@ runs the forward twice outside the profiled range (compilation, autotuning, cach
 `cudaProfilerStart`/`cudaProfilerStop`, so only that forward's kernels are measured. ncu replays each kernel
 once per metric pass and restores device memory between passes, so the figures are those of one forward.
 
-Writes `profile.parquet` under --out: one row per (backend, kernel launch, metric) — METRICS below, with units —
+Writes `profile.ncu.parquet` under --out (a table of its own: the results store skips `*.ncu.parquet`): one row per (backend, kernel launch, metric) — METRICS below, with units —
 plus per backend the sums over its launches (kernel "forward") and the cost model's minimum bytes and floor
 (experiments/cost_model.py) beside them, so measured DRAM traffic and the model can be read off one table.
 Exits 1 if a backend's target launched no kernel in the profiled range or ncu failed.
@@ -212,7 +212,7 @@ def main(argv=None) -> int:
             df[key] = prov.get(key)
         df["tool"] = "ncu --clock-control none"
         df["problem"] = f"headline bf16 {problem.shape.label()}"
-        path = store.write_atomic(df, Path(args.out) / "profile.parquet")
+        path = store.write_atomic(df, Path(args.out) / "profile.ncu.parquet")
         print(f"[profile] {len(df)} rows -> {path}")
     return 1 if failures else 0
 

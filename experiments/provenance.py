@@ -50,15 +50,24 @@ def _run(args: list[str], cwd=None) -> str | None:
 
 @functools.cache
 def git_state() -> dict:
-    """Commit and dirty flag of the checkout; where the tree came without .git (the offline GPU machine gets a
-    copy of the working tree), SSD_GIT_COMMIT / SSD_GIT_DIRTY (0 or 1) set by whoever sent it."""
+    """Commit and dirty flag of the source tree. SSD_GIT_COMMIT / SSD_GIT_DIRTY (0 or 1), set by whoever sent the
+    tree, come first: the offline GPU machine gets a copy of the working tree whose own .git (where it has one)
+    is the checkout the session started from, not the commit that was sent (seen on the H200 machine: every row
+    of a session carried its first commit, dirty). Else the checkout's `git rev-parse HEAD` and status."""
+    sent = os.environ.get("SSD_GIT_COMMIT")
+    if sent:
+        dirty = os.environ.get("SSD_GIT_DIRTY")
+        return {"git_commit": _full_commit(sent), "git_dirty": None if dirty is None else dirty.strip() not in ("", "0")}
     commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO)
     if not commit:
-        dirty = os.environ.get("SSD_GIT_DIRTY")
-        return {"git_commit": os.environ.get("SSD_GIT_COMMIT") or None,
-                "git_dirty": None if dirty is None else dirty.strip() not in ("", "0")}
+        return {"git_commit": None, "git_dirty": None}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def _full_commit(ref: str) -> str:
+    """The full hash of an abbreviated one where this checkout knows it, else the reference as given."""
+    return _run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=REPO) or ref
 
 
 def _nvidia_smi(index: int) -> dict:

@@ -112,11 +112,17 @@ def write_rows(rows: list[dict], results_dir: Path, name: str) -> Path:
     return write_atomic(frame(rows), Path(results_dir) / f"{name}.parquet")
 
 
+# Parquet files of another table that may sit beside results (experiments/profile.py's Nsight Compute rows):
+# never read as result rows
+OTHER_TABLES = (".ncu.parquet",)
+
+
 def parquet_files(root: Path) -> list[Path]:
     root = Path(root)
     if root.is_file():
         return [root]
-    return sorted(p for p in root.rglob("*.parquet") if not p.name.startswith("."))
+    return sorted(p for p in root.rglob("*.parquet")
+                  if not p.name.startswith(".") and not p.name.endswith(OTHER_TABLES))
 
 
 def load(root: Path) -> pd.DataFrame:

@@ -270,3 +270,18 @@ def test_tuned_points_are_not_pooled_with_fallback_points():
                       "tuning": ['{"compute_out": "fallback"}', '{"compute_out": "search"}',
                                  '{"compute_out": "record"}', "none"]})
     assert tuned_label(w).tolist() == ["cutile", "cutile[tuned]", "cutile[tuned]", "mamba_ssm"]
+
+
+@pytest.mark.parametrize("ablation, switches, expect", [
+    pytest.param("none", {"exp2": True, "operand_swap": True}, "triton", id="declared-defaults"),
+    pytest.param("none", {"exp2": True, "tuning": "search"}, "triton", id="tuning-mode-is-not-a-variant"),
+    pytest.param("none", {"decay_factor": None}, "triton", id="not-recorded-is-the-default"),
+    pytest.param("none", {"decay_factor": True, "block_rows": 64}, "triton{block_rows=64,decay_factor=True}",
+                 id="switches-set-outside-an-ablation"),
+    pytest.param("exp2", {"exp2": False}, "triton[exp2]", id="ablation-point"),
+])
+def test_point_label_keeps_variants_apart(ablation, switches, expect):
+    """Points run with switches away from the defaults (outside an ablation) are never pooled with the defaults."""
+    from analysis.load import point_label
+
+    assert point_label("triton", ablation, switches) == expect

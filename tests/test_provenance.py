@@ -48,3 +48,27 @@ def test_collect_records_it(tmp_path, monkeypatch, no_tileiras_wheel):
 
     _fake_tool(tmp_path, monkeypatch, "Cuda compilation tools, release 13.3, V13.3.1")
     assert provenance.collect(torch.device("cpu"))["v_tileiras"] == "13.3.1"
+
+
+@pytest.fixture
+def fresh_git_state():
+    provenance.git_state.cache_clear()
+    yield
+    provenance.git_state.cache_clear()
+
+
+@pytest.mark.parametrize("dirty, expect_dirty", [("0", False), ("1", True), (None, None)])
+def test_sent_commit_wins_over_the_checkouts_own(monkeypatch, fresh_git_state, dirty, expect_dirty):
+    """The GPU machine's copy may hold a stale .git: the commit the sender names is the one recorded."""
+    monkeypatch.setenv("SSD_GIT_COMMIT", "0123abc")
+    if dirty is None:
+        monkeypatch.delenv("SSD_GIT_DIRTY", raising=False)
+    else:
+        monkeypatch.setenv("SSD_GIT_DIRTY", dirty)
+    assert provenance.git_state() == {"git_commit": "0123abc", "git_dirty": expect_dirty}
+
+
+def test_without_a_sent_commit_the_checkout_answers(monkeypatch, fresh_git_state):
+    monkeypatch.delenv("SSD_GIT_COMMIT", raising=False)
+    monkeypatch.setattr(provenance, "_run", lambda args, cwd=None: {"rev-parse": "f" * 40, "status": ""}[args[1]])
+    assert provenance.git_state() == {"git_commit": "f" * 40, "git_dirty": False}

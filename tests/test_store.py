@@ -51,3 +51,17 @@ def test_sync_replays_local_rows_offline(tmp_path, monkeypatch):
     (table,) = (run / "files" / "media" / "table").glob("*.table.json")
     assert len(json.loads(table.read_text())["data"]) == 4
     assert os.path.exists(run)
+
+
+def test_profile_tables_beside_results_are_not_read_as_rows(tmp_path):
+    """experiments/profile.py writes *.ncu.parquet (another table) into result folders; load skips it, and a
+    foreign Parquet file under any other name still fails loudly."""
+    store.write_rows(rows("a", 3), tmp_path, "a")
+    pd.DataFrame({"backend": ["cutile"], "kernel": ["k"], "metric": ["duration_ns"], "value": [1.0]}).to_parquet(
+        tmp_path / "profile.ncu.parquet")
+    assert len(store.load(tmp_path)) == 3
+    pd.DataFrame({"backend": ["cutile"]}).to_parquet(tmp_path / "stray.parquet")
+    import pytest
+
+    with pytest.raises(ValueError, match="lack schema columns"):
+        store.load(tmp_path)
