@@ -8,7 +8,8 @@ runs the forward twice outside the profiled range (compilation, autotuning, cach
 `cudaProfilerStart`/`cudaProfilerStop`, so only that forward's kernels are measured. ncu replays each kernel
 once per metric pass and restores device memory between passes, so the figures are those of one forward.
 
-Writes `profile.ncu.parquet` under --out (a table of its own: the results store skips `*.ncu.parquet`): one row per (backend, kernel launch, metric) — METRICS below, with units —
+Writes `profile.ncu.parquet` under --out (a table of its own: the results store skips `*.ncu.parquet`): one row
+per (backend, kernel launch, metric) — METRICS below, with units —
 plus per backend the sums over its launches (kernel "forward") and the cost model's minimum bytes and floor
 (experiments/cost_model.py) beside them, so measured DRAM traffic and the model can be read off one table.
 Exits 1 if a backend's target launched no kernel in the profiled range or ncu failed.

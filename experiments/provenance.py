@@ -57,7 +57,8 @@ def git_state() -> dict:
     sent = os.environ.get("SSD_GIT_COMMIT")
     if sent:
         dirty = os.environ.get("SSD_GIT_DIRTY")
-        return {"git_commit": _full_commit(sent), "git_dirty": None if dirty is None else dirty.strip() not in ("", "0")}
+        return {"git_commit": _full_commit(sent),
+                "git_dirty": None if dirty is None else dirty.strip() not in ("", "0")}
     commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO)
     if not commit:
         return {"git_commit": None, "git_dirty": None}

@@ -72,6 +72,14 @@ def store(backend: str, stage: str, gpu_name: str, key: str, config: dict, searc
     return record
 
 
+def effective_mode(mode: str, backend: str, stage: str, gpu_name: str, key: str) -> str:
+    """"resume" turned into what it means for this record: "record" when one is stored, else "search"; any other
+    mode as given."""
+    if mode == "resume":
+        return "record" if lookup(backend, stage, gpu_name, key) is not None else "search"
+    return mode
+
+
 def resolve(mode: str, backend: str, stage: str, gpu_name: str, key: str, fallback: dict,
             search: Callable[[], tuple[dict, dict]] | None = None) -> tuple[dict, str]:
     """The config to run and where it came from. `search()` returns (config, record extras incl. search_space
@@ -80,8 +88,7 @@ def resolve(mode: str, backend: str, stage: str, gpu_name: str, key: str, fallba
         raise ValueError(f"tuning: expected one of {MODES}, got {mode!r}")
     if mode == "fallback":
         return dict(fallback), "fallback"
-    if mode == "resume":
-        mode = "record" if lookup(backend, stage, gpu_name, key) is not None else "search"
+    mode = effective_mode(mode, backend, stage, gpu_name, key)
     if mode == "search":
         if search is None:
             raise ValueError(f"tuning: backend {backend!r} stage {stage!r} has no search")

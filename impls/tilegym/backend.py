@@ -150,9 +150,7 @@ class TilegymBackend(Backend):
         entry_key = (stage, key)  # stages share tuning keys (shape and dtype); their configs differ
         if entry_key not in self._entries:
             gpu = torch.cuda.get_device_name(key_args[0].device)
-            mode = self.switches.tuning
-            if mode == "resume":
-                mode = "record" if tuning.lookup(tune.BACKEND, stage, gpu, key) is not None else "search"
+            mode = tuning.effective_mode(self.switches.tuning, tune.BACKEND, stage, gpu, key)
             if mode == "search":
                 result, cfg = tune.search(mod, stage, shape, variant, call, key_args)
                 space = [dict(vars(c)) for c in tune.space(mod, stage, shape, variant)]

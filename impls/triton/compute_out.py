@@ -14,7 +14,8 @@ ieee. A state tensor in another dtype (state_dtype) is cast to the input dtype f
 Switches: `operand_swap` computes the transposed tile yᵀ = S_c·C_mᵀ + xᵀ·(B·Cᵀ ∘ Lᵀ), putting chunk positions
 on the MMA's N dimension and headdim on M; `exp2` turns every exp into exp2 with log2 e folded into dA_cs as
 loaded; `decay_factor` takes the source tiles wholly before the row tile with the factored decay of impls/README.md
-(no mask, no exp per (row, source) pair; the row factor scales their sum); `transposed_layout` only matters through the strides of `states` (fwd_pass_state's output): this kernel
+(no mask, no exp per (row, source) pair; the row factor scales their sum); `transposed_layout` only matters
+through the strides of `states` (fwd_pass_state's output): this kernel
 reads states through their strides.
 """
 

@@ -45,8 +45,8 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
     "case,variant,dtype",
     # the big shape: defaults and all-off only (its float64 reference is heavy)
     switch_variant_params(CASES, VARIANTS,
-                          skip=lambda case, variant: case == "S1" and variant not in ("defaults", "all-off", "cb-shared",
-                                                                          "decay_factor")),
+                          skip=lambda case, variant: case == "S1" and variant not in (
+                              "defaults", "all-off", "cb-shared", "decay_factor")),
 )
 def test_cutile_matches_float64(case, variant, dtype, request):
     from impls.cutile import CutileBackend

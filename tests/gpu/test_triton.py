@@ -49,7 +49,8 @@ CASES = {
 OFF = {"transposed_layout": False, "operand_swap": False, "exp2": False, "cb_precision": "fp32"}
 VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-off": dict(OFF),
             "cb-shared": {"cb_mode": "shared"}, "cb-shared-no-swap": {"cb_mode": "shared", "operand_swap": False},
-            "decay_factor": {"decay_factor": True}, "decay_factor-no-swap": {"decay_factor": True, "operand_swap": False},
+            "decay_factor": {"decay_factor": True},
+            "decay_factor-no-swap": {"decay_factor": True, "operand_swap": False},
             "decay_factor-cb-shared": {"decay_factor": True, "cb_mode": "shared"}}
 
 
