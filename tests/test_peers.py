@@ -23,7 +23,7 @@ from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.reference.compute_out import compute_out as ref_compute_out
 from impls.reference.fwd_pass_state import fwd_pass_state as ref_fwd_pass_state
-from impls.tilegym import adapter, loader, tune
+from impls.tilegym import adapter, loader, precompile, tune
 from impls.tilegym.backend import TilegymBackend
 from impls.tolerance import rel_err, tolerance
 from tests.common import TINY, float64_forward
@@ -278,3 +278,56 @@ def test_fla_head_copies_are_real_contiguous_copies(ngroups):
     B = torch.randn(2, 8, ngroups, 4)
     k = mapping.heads_from_groups(B, 4)
     assert k.is_contiguous() and k.stride(2) == 4 and torch.equal(k, B.repeat_interleave(4 // ngroups, dim=2))
+
+
+# --- parallel precompilation before TileGym's search -----------------------------------------------------
+def test_precompile_shares_cover_every_config_once():
+    configs = [{"i": i} for i in range(7)]
+    parts = precompile.shares(configs, 3)
+    assert [len(p) for p in parts] == [3, 2, 2]
+    assert sorted(c["i"] for p in parts for c in p) == list(range(7))
+    assert precompile.shares(configs[:2], 8) == [[{"i": 0}], [{"i": 1}]]
+    with pytest.raises(ValueError, match="workers=0"):
+        precompile.shares(configs, 0)
+
+
+def test_precompile_runs_each_config_under_the_wrappers_key(monkeypatch):
+    """compile_share installs each config where TileGym's `_chunk_cumsum` looks it up, and runs the wrapper."""
+    mod = loader.load()
+    seen = []
+
+    def wrapper(a, dt, chunk_size=64):
+        cfg, _kernel = mod._chunk_cumsum_tune_cache[mod._tuning_key(a, dt, chunk_size, mod.is_autotune_disabled())]
+        seen.append(cfg.BLOCK_H)
+        if cfg.BLOCK_H == 16:
+            raise RuntimeError("this config does not compile")
+
+    monkeypatch.setattr(mod, "_chunk_cumsum", wrapper)
+    A, dt = torch.randn(8), torch.randn(1, 64, 8)
+    call = precompile.WrapperCall(mod, "_chunk_cumsum", dict(a=A, dt=dt, chunk_size=64))
+    configs = [{"BLOCK_H": bh, "occupancy": 4} for bh in (4, 8, 16)]
+    out = precompile.compile_share("chunk_cumsum", Shape(1, 64, 8, 0, 0, 0, 64), call, (A, dt, 64), configs)
+    assert seen == [4, 8, 16]
+    assert out["compiled"] == 2 and out["failures"][0]["config"]["BLOCK_H"] == 16
+    assert "does not compile" in out["failures"][0]["error"]
+    mod._chunk_cumsum_tune_cache.clear()
+
+
+def test_precompile_call_travels_without_its_module():
+    import pickle
+
+    call = precompile.WrapperCall(object(), "_compute_out", {"chunk_size": 128})
+    back = pickle.loads(pickle.dumps(call))
+    assert back.mod is None and back.name == "_compute_out" and back.kwargs == {"chunk_size": 128}
+
+
+def test_precompile_reports_failing_workers_instead_of_hanging():
+    """Two spawned workers run TileGym's real wrapper on CPU tensors: every launch fails, and the summary says so
+    (config by config) — the parent neither hangs nor raises."""
+    mod = loader.load()
+    A, dt = torch.randn(8), torch.randn(1, 64, 8)
+    call = precompile.WrapperCall(mod, "_chunk_cumsum", dict(a=A, dt=dt, chunk_size=64))
+    configs = [{"BLOCK_H": bh, "occupancy": 4} for bh in (4, 8, 16)]
+    out = precompile.precompile("chunk_cumsum", Shape(1, 64, 8, 0, 0, 0, 64), call, (A, dt, 64), configs, 2)
+    assert out["workers"] == 2 and out["configs"] == 3 and out["compiled"] == 0
+    assert sorted(f["config"]["BLOCK_H"] for f in out["failures"]) == [4, 8, 16]

@@ -19,6 +19,7 @@ from impls.tilegym import adapter, loader, tune
 from impls.tilegym.chunk_cumsum import chunk_cumsum, peer_chunk_cumsum
 from impls.tilegym.compute_out import compute_out, peer_compute_out
 from impls.tilegym.fwd_pass_state import fwd_pass_state, peer_fwd_pass_state
+from impls.tilegym.precompile import precompile
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 BOOL_OR_TUNED = (None, True, False)
@@ -39,6 +40,10 @@ class TilegymSwitches:
         None, "fwd_pass_state kernel's BHT variant: None = whatever tuning picks; True = read dt/decays in "
               "(b, h, t) layout; False = (b, t, h) (in TileGym's search space only for chunk_size >= 128)",
         choices=BOOL_OR_TUNED)
+    precompile_workers: int = switch(
+        0, "before a search: compile the stage's whole search space in this many worker processes (cuTile's disk "
+           "cache), so that the search itself only times; 0 = the search compiles each config in turn "
+           "(impls/tilegym/precompile.py). Changes nothing but the search's duration", choices=(0, 2, 4, 8, 12, 16))
 
 
 def _variants(chunk_size: int) -> list[tuple[bool, bool]]:
@@ -152,6 +157,9 @@ class TilegymBackend(Backend):
             gpu = torch.cuda.get_device_name(key_args[0].device)
             mode = tuning.effective_mode(self.switches.tuning, tune.BACKEND, stage, gpu, key)
             if mode == "search":
+                if self.switches.precompile_workers:
+                    configs = [dict(vars(c)) for c in tune.space(mod, stage, shape, variant)]
+                    precompile(stage, shape, call, key_args, configs, self.switches.precompile_workers)
                 result, cfg = tune.search(mod, stage, shape, variant, call, key_args)
                 space = [dict(vars(c)) for c in tune.space(mod, stage, shape, variant)]
                 tuning.store(tune.BACKEND, stage, gpu, key, cfg, space, tune.versions())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from impls.tilegym import adapter
+from impls.tilegym.precompile import WrapperCall
 
 
 def peer_chunk_cumsum(mod, run, shape, dtype, A, dt32):
@@ -18,8 +19,8 @@ def peer_chunk_cumsum(mod, run, shape, dtype, A, dt32):
     # whole forward must look up the same record
     shape = dataclasses.replace(shape, headdim=0, ngroups=0, dstate=0)
     A32 = A.to(dt32.dtype).contiguous()  # fp32 (float64 only in the CPU mapping tests' float64 mode)
-    return run("chunk_cumsum", shape, dtype, lambda: mod._chunk_cumsum(A32, dt32, chunk_size=shape.chunk_size),
-               (A32, dt32, shape.chunk_size))
+    call = WrapperCall(mod, "_chunk_cumsum", dict(a=A32, dt=dt32, chunk_size=shape.chunk_size))
+    return run("chunk_cumsum", shape, dtype, call, (A32, dt32, shape.chunk_size))
 
 
 def chunk_cumsum(mod, run, shape, dtype, dt, A, dt_bias, dt_softplus, dt_limit):

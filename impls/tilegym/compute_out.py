@@ -8,16 +8,14 @@ need the base-2 scaling (one copy). D per channel and z are added by `adapter.fi
 from __future__ import annotations
 
 from impls.tilegym import adapter
+from impls.tilegym.precompile import WrapperCall
 
 
 def peer_compute_out(mod, run, shape, dtype, x, B, C, d, dt_bht, decay_bht, hiddens):
     """TileGym's kernel only: y (b, t, h, p) in x's dtype, D_h·x included."""
     args = (x, B, C, d, dt_bht, decay_bht, hiddens, shape.chunk_size)
-
-    def call():
-        return mod._compute_out(x=x, b=B, c=C, d=d, dt_bht=dt_bht, decay_bht=decay_bht, hiddens=hiddens,
-                                chunk_size=shape.chunk_size)
-
+    call = WrapperCall(mod, "_compute_out", dict(x=x, b=B, c=C, d=d, dt_bht=dt_bht, decay_bht=decay_bht,
+                                            hiddens=hiddens, chunk_size=shape.chunk_size))
     return run("compute_out", shape, dtype, call, args)
 
 

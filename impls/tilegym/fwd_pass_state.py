@@ -8,6 +8,7 @@ TileGym writes states (b, h, c, headdim, dstate); the contract's (b, c, h, headd
 from __future__ import annotations
 
 from impls.tilegym import adapter
+from impls.tilegym.precompile import WrapperCall
 
 
 def peer_fwd_pass_state(mod, run, shape, dtype, x, B, dt_bht, decay_bht, init32, state_dtype):
@@ -15,10 +16,9 @@ def peer_fwd_pass_state(mod, run, shape, dtype, x, B, dt_bht, decay_bht, init32,
     dt_bth, decay_bth = dt_bht.transpose(1, 2), decay_bht.transpose(1, 2)
     args = (x, B, dt_bth, dt_bht, decay_bth, decay_bht, init32, shape.chunk_size, state_dtype)
 
-    def call():
-        return mod._fwd_pass_state(x=x, b=B, dt=dt_bth, dt_bht=dt_bht, decay_bth=decay_bth, decay_bht=decay_bht,
-                                   init_state=init32, chunk_size=shape.chunk_size, state_dtype=state_dtype)
-
+    call = WrapperCall(mod, "_fwd_pass_state", dict(x=x, b=B, dt=dt_bth, dt_bht=dt_bht, decay_bth=decay_bth,
+                                               decay_bht=decay_bht, init_state=init32, chunk_size=shape.chunk_size,
+                                               state_dtype=state_dtype))
     return run("fwd_pass_state", shape, dtype, call, args, state_dtype=state_dtype)
 
 
