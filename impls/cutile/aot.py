@@ -25,7 +25,8 @@ import torch
 from impls.cutile.common import ArraySpec, KernelCall, ct_dtype
 
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
-KERNELS = (*STAGES, "compute_out_cb")  # compute_out_cb: stage 3's C·Bᵀ kernel, launched when shared_cb
+# compute_out_cb: stage 3's C·Bᵀ kernel, launched when shared_cb; fused: stages 2 and 3 in one (fuse_state_out)
+KERNELS = (*STAGES, "compute_out_cb", "fused")
 # A small problem with every optional piece present: the shape does not enter the code (all sizes are runtime
 # values), only the tile sizes derived from it do.
 AOT_DIMS = dict(batch=2, seqlen=512, nheads=8, headdim=64, ngroups=2, dstate=128, chunk=128)
@@ -111,6 +112,13 @@ def build_call(stage: str, dtype: torch.dtype, switches, dims: dict | None = Non
 
         return mod.make_cb_call((spec(dtype, 4), spec(dtype, 4), spec(f32, 5)), dims6, d["chunk"], tf32, switches,
                                 config)
+    if stage == "fused":
+        from impls.cutile import fused as mod
+
+        arrays = (spec(dtype, 4), spec(dtype, 4), spec(dtype, 4), spec(f32, 4), spec(f32, 4), spec(f32, 4),
+                  spec(f32, 2), spec(dtype, 4), spec(dtype, 4), spec(f32, 4))
+        return mod.make_call(arrays, dims6, d["chunk"], optional, 2 if optional else 0, optional, tf32, switches,
+                             config)
     raise ValueError(f"stage: expected one of {KERNELS}, got {stage!r}")
 
 

@@ -10,9 +10,11 @@ import torch
 
 from impls.cutile.switches import CutileSwitches
 from impls.problem import Problem
-from impls.registry import Backend, cuda_only, register
+from impls.registry import Backend, ForwardResult, cuda_only, register
 
 MIN_DIM, MAX_DIM = 32, 256  # headdim and dstate the kernels are built and tested for
+FUSED_NO_SEQ = ("switch fuse_state_out: the fused state/output kernel has no packed sequences (seq_idx, "
+                "cu_seqlens); run the three stages (fuse_state_out=False)")
 
 
 def _stage(name: str):
@@ -59,6 +61,8 @@ class CutileBackend(Backend):
             return False, f"ngroups {s.ngroups} does not divide nheads {s.nheads}"
         if s.chunk_size & (s.chunk_size - 1) or not 16 <= s.chunk_size <= 256:
             return False, f"chunk_size {s.chunk_size}: the kernels take powers of two 16..256"
+        if self.switches.fuse_state_out and problem.has_seq_idx:
+            return False, FUSED_NO_SEQ
         return True, ""
 
     # --- stages -----------------------------------------------------------------------------------------
@@ -129,6 +133,40 @@ class CutileBackend(Backend):
 
         cfg = self._config("compute_out", label, x.dtype, x.device, make)
         return mod.run(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, self.switches, cfg)
+
+    # --- the fused arrangement (switch fuse_state_out): chunk_cumsum, then stages 2 and 3 in one kernel ----------
+    def fused_state_out(self, C, B, x, dt, dA_cumsum, initial_states, D, z):
+        """-> (y, final states): impls/cutile/fused.py on stage 1's outputs."""
+        mod = _stage("fused")
+        label = _label(x, B, dt.shape[-1])
+
+        def make(cfg):
+            final = torch.empty(x.shape[0], x.shape[2], x.shape[3], B.shape[3], device=x.device)
+            return mod.stage_call(C, B, x, dt, dA_cumsum, initial_states, D, z, torch.empty_like(x), final,
+                                  self.switches, cfg)
+
+        cfg = self._config("fused", label, x.dtype, x.device, make)
+        return mod.run(C, B, x, dt, dA_cumsum, initial_states, D, z, self.switches, cfg)
+
+    def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                    dt_softplus, dt_limit, state_dtype):
+        if not self.switches.fuse_state_out:
+            return super().ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                                       cu_seqlens, dt_softplus, dt_limit, state_dtype)
+        if seq_idx is not None or cu_seqlens is not None:
+            raise ValueError(f"seq_idx / cu_seqlens: {FUSED_NO_SEQ}")
+        dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
+        y, final = self.fused_state_out(C, B, x, dt_out, dA_cumsum, initial_states, D, z)
+        # the per-chunk states exist only in registers: none to return (state_dtype has nothing to apply to)
+        return ForwardResult(y, final, None, dt_out, dA_cumsum, None)
+
+    def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                      dt_softplus, dt_limit, state_dtype):
+        """With fuse_state_out, the fused kernel on ready stage-1 outputs, timed apart as "part:fused_state_out"."""
+        if not self.switches.fuse_state_out:
+            return {}
+        dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
+        return {"fused_state_out": lambda: self.fused_state_out(C, B, x, dt_out, dA_cumsum, initial_states, D, z)}
 
     def _tf32(self, x) -> bool:
         return x.dtype == torch.float32 and self.switches.cb_precision == "tf32"

@@ -39,6 +39,52 @@ def _store_state(states, b, c, h, pb, nb, st, BP, BN, SWAP, TRANS, tma):
         ct.store(states, (b, c, h, pb, nb), tile.reshape((1, 1, 1, BP, BN)), allow_tma=tma)
 
 
+def initial_state(init, b, h, pb, nb, BP, BN, HAS_INIT, SWAP, tma):
+    """The state entering chunk 0 in fp32: the (BP, BN) tile of initial_states (zeros when absent), transposed
+    to (BN, BP) when SWAP."""
+    if HAS_INIT:
+        st = ct.load(init, (b, h, pb, nb), (1, 1, BP, BN), padding_mode=ZERO, allow_tma=tma)
+        st = st.reshape((BP, BN)).astype(ct.float32)
+        if SWAP:
+            st = ct.transpose(st)
+        return st
+    if SWAP:
+        return ct.zeros((BN, BP), ct.float32)
+    return ct.zeros((BP, BN), ct.float32)
+
+
+def carry(st, x, B, dt, dA, seq, seqlen, b, c, h, g, pb, nb, CHUNK, BP, BN, HAS_SEQ, SWAP, TF32, EXP2, tma, lat):
+    """The state leaving chunk c from the state st entering it: exp(dA_last)·st + the chunk's local state
+    (w x)ᵀ·B with w_t = exp(dA_last − dA_t)·dt_t, on the tensor cores; st is (BN, BP) when SWAP else (BP, BN).
+    seq_idx: tokens of another sequence than the chunk's last token get w = 0, and the carry is zeroed when the
+    sequence at the chunk's last token differs from the previous chunk's."""
+    dA_t = ct.load(dA, (b, h, c, 0), (1, 1, 1, CHUNK), allow_tma=tma).reshape((CHUNK,))
+    dt_t = ct.load(dt, (b, h, c, 0), (1, 1, 1, CHUNK), allow_tma=tma).reshape((CHUNK,))
+    last = ct.extract(dA_t, (CHUNK - 1,), (1,))
+    if EXP2:
+        w = ct.exp2((last - dA_t) * LOG2E) * dt_t
+        decay = ct.exp2(last * LOG2E)
+    else:
+        w = ct.exp(last - dA_t) * dt_t
+        decay = ct.exp(last)
+    if HAS_SEQ:
+        s_t = ct.load(seq, (b, c), (1, CHUNK), padding_mode=ZERO, allow_tma=tma).reshape((CHUNK,))
+        last_pos = ct.minimum(seqlen, (c + 1) * CHUNK) - 1
+        s_last = ct.gather(seq, (b, last_pos))
+        s_prev = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
+        w = ct.where(s_t == s_last, w, 0.0)
+        decay = ct.where(s_last == s_prev, decay, 0.0)
+    xt = ct.load(x, (b, c, h, pb), (1, CHUNK, 1, BP), padding_mode=ZERO, allow_tma=tma, latency=lat)
+    bt = ct.load(B, (b, c, g, nb), (1, CHUNK, 1, BN), padding_mode=ZERO, allow_tma=tma, latency=lat)
+    xt = xt.reshape((CHUNK, BP))
+    bt = bt.reshape((CHUNK, BN))
+    # the decay weights go on x (in fp32, then back to the input dtype for the tensor cores)
+    xw = (xt.astype(ct.float32) * w.reshape((CHUNK, 1))).astype(xt.dtype)
+    if SWAP:
+        return _mma(ct.transpose(bt), xw, st * decay.reshape((1, 1)), TF32)
+    return _mma(ct.transpose(xw), bt, st * decay.reshape((1, 1)), TF32)
+
+
 def fwd_pass_state_kernel(x, B, dt, dA, init, seq, states, final, seqlen, heads_per_group,
                           CHUNK: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                           HAS_INIT: ct.Constant[bool], HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool],
@@ -51,44 +97,11 @@ def fwd_pass_state_kernel(x, B, dt, dA, init, seq, states, final, seqlen, heads_
     g = h // heads_per_group
     tma = None if TMA else False
     lat = LAT if LAT > 0 else None
-    if HAS_INIT:
-        st = ct.load(init, (b, h, pb, nb), (1, 1, BP, BN), padding_mode=ZERO, allow_tma=tma)
-        st = st.reshape((BP, BN)).astype(ct.float32)
-        if SWAP:
-            st = ct.transpose(st)
-    else:
-        if SWAP:
-            st = ct.zeros((BN, BP), ct.float32)
-        else:
-            st = ct.zeros((BP, BN), ct.float32)
+    st = initial_state(init, b, h, pb, nb, BP, BN, HAS_INIT, SWAP, tma)
     for c in range(nchunks):
         _store_state(states, b, c, h, pb, nb, st, BP, BN, SWAP, TRANS, tma)
-        dA_t = ct.load(dA, (b, h, c, 0), (1, 1, 1, CHUNK), allow_tma=tma).reshape((CHUNK,))
-        dt_t = ct.load(dt, (b, h, c, 0), (1, 1, 1, CHUNK), allow_tma=tma).reshape((CHUNK,))
-        last = ct.extract(dA_t, (CHUNK - 1,), (1,))
-        if EXP2:
-            w = ct.exp2((last - dA_t) * LOG2E) * dt_t
-            decay = ct.exp2(last * LOG2E)
-        else:
-            w = ct.exp(last - dA_t) * dt_t
-            decay = ct.exp(last)
-        if HAS_SEQ:
-            s_t = ct.load(seq, (b, c), (1, CHUNK), padding_mode=ZERO, allow_tma=tma).reshape((CHUNK,))
-            last_pos = ct.minimum(seqlen, (c + 1) * CHUNK) - 1
-            s_last = ct.gather(seq, (b, last_pos))
-            s_prev = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
-            w = ct.where(s_t == s_last, w, 0.0)
-            decay = ct.where(s_last == s_prev, decay, 0.0)
-        xt = ct.load(x, (b, c, h, pb), (1, CHUNK, 1, BP), padding_mode=ZERO, allow_tma=tma, latency=lat)
-        bt = ct.load(B, (b, c, g, nb), (1, CHUNK, 1, BN), padding_mode=ZERO, allow_tma=tma, latency=lat)
-        xt = xt.reshape((CHUNK, BP))
-        bt = bt.reshape((CHUNK, BN))
-        # the decay weights go on x (in fp32, then back to the input dtype for the tensor cores)
-        xw = (xt.astype(ct.float32) * w.reshape((CHUNK, 1))).astype(xt.dtype)
-        if SWAP:
-            st = _mma(ct.transpose(bt), xw, st * decay.reshape((1, 1)), TF32)
-        else:
-            st = _mma(ct.transpose(xw), bt, st * decay.reshape((1, 1)), TF32)
+        st = carry(st, x, B, dt, dA, seq, seqlen, b, c, h, g, pb, nb, CHUNK, BP, BN, HAS_SEQ, SWAP, TF32, EXP2, tma,
+                   lat)
     if SWAP:
         st = ct.transpose(st)
     ct.store(final, (b, h, pb, nb), st.reshape((1, 1, BP, BN)), allow_tma=tma)

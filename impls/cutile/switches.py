@@ -54,6 +54,13 @@ class CutileSwitches:
         "tuned", "stage 3's C·Bᵀ: 'shared' = once per (batch, chunk, group) by a kernel of its own, read by every "
                  "head of the group; 'inline' = recomputed inside the main kernel for each head; 'tuned' = the "
                  "tuning config's choice (shared_cb)", choices=("tuned", "shared", "inline"))
+    fuse_state_out: bool = switch(
+        False, "the whole forward as two kernels: chunk_cumsum, then one kernel that walks the chunks in order with "
+               "the state in registers and writes y and the final state only (impls/cutile/fused.py; the per-chunk "
+               "states are not stored, so the forward returns none). The stage calls keep the three-stage contract. "
+               "No seq_idx / cu_seqlens",
+        sm90="removes the states' write (stage 2) and read-back (stage 3) and one launch; the work of stages 2 and "
+             "3 runs in batch x nheads x headdim-block programs, each serial over the chunks")
     block_heads: int = switch(
         0, "stage 1 heads per tile (the tile count is batch x nchunks x nheads / block_heads); 0 = from tuning",
         choices=(0, 4, 8, 16, 32, 64))
@@ -75,5 +82,6 @@ class CutileSwitches:
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
 CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "cb_precision")
-# cb_mode picks between two kernels' arrangements like a tile size (its "tuned" default reads the config); its
-# ablation points are cb_mode:inline and cb_mode:shared
+# fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in
+# tests/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
+# default reads the config); its ablation points are cb_mode:inline and cb_mode:shared

@@ -18,10 +18,13 @@ from impls import tuning
 FALLBACK = {
     9: {"chunk_cumsum": {"block_heads": 8, "occupancy": 4},
         "fwd_pass_state": {"block_headdim": 64, "block_dstate": 128, "occupancy": 2},
-        "compute_out": {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 2}},
+        "compute_out": {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 2},
+        # fused (fuse_state_out): 64-column blocks spill at 168 registers, 32 fit two CTAs per SM (AOT facts)
+        "fused": {"block_rows": 64, "block_headdim": 32, "occupancy": 2}},
     10: {"chunk_cumsum": {"block_heads": 8, "occupancy": 0},
          "fwd_pass_state": {"block_headdim": 64, "block_dstate": 128, "occupancy": 0},
-         "compute_out": {"block_rows": 128, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 0}},
+         "compute_out": {"block_rows": 128, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 0},
+         "fused": {"block_rows": 64, "block_headdim": 32, "occupancy": 0}},
 }
 # heads_per_tile > 1 is left out of the search: on sm_90 its batched MMA lowers to HMMA.16816 with spills, not
 # HGMMA (impls/cutile/aot.py facts), and it measured 1.19x slower at S1; the switch still sets it.
@@ -30,12 +33,14 @@ SPACE = {
     "fwd_pass_state": {"block_headdim": [64], "block_dstate": [64, 128], "occupancy": [2, 3, 4]},
     "compute_out": {"block_rows": [64, 128], "block_headdim": [64], "occupancy": [2, 3, 4],
                     "shared_cb": [False, True]},
+    "fused": {"block_rows": [64], "block_headdim": [32, 64], "occupancy": [2]},
 }
 # the size switches each stage reads (a superset of its search space)
 STAGE_KEYS = {
     "chunk_cumsum": ("block_heads", "occupancy"),
     "fwd_pass_state": ("block_headdim", "block_dstate", "occupancy"),
     "compute_out": ("block_rows", "block_headdim", "heads_per_tile", "occupancy"),
+    "fused": ("block_rows", "block_headdim", "occupancy"),
 }
 
 
