@@ -4,7 +4,7 @@ read from the cubins with cuobjdump, the switch-effects table, and the backend's
 Default set (dominated by tileiras; see the report for the measured time): every stage compiles for bf16 with the
 defaults, each code switch off alone and all off (sm_90), for fp16/fp32 with the defaults (sm_90), and for bf16
 with the defaults (sm_100). Marked slow: all-off for fp16/fp32 and sm_100, and the full factorial
-(2^6 switch settings x stages x dtypes x arches, cubin only).
+(2^7 switch settings x stages x dtypes x arches, cubin only).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 import subprocess
 import sys
 
@@ -20,7 +21,7 @@ import torch
 
 pytest.importorskip("cuda.tile")
 
-from impls.cutile.aot import STAGES, build_call, cuobjdump_path, export, facts, normalized, sass  # noqa: E402
+from impls.cutile.aot import AOT_DIMS, STAGES, build_call, cuobjdump_path, export, facts, normalized, sass  # noqa: E402
 from impls.cutile.switch_effects import OFF_VALUE, off  # noqa: E402
 from impls.cutile.switch_effects import PATH as EFFECTS_PATH
 from impls.cutile.switches import CODE_SWITCHES, CutileSwitches  # noqa: E402
@@ -118,9 +119,10 @@ def test_switch_effects_table_is_current():
 @pytest.mark.parametrize("stage", STAGES)
 def test_full_factorial(stage, dtype, arch):
     """Every switch combination compiles (cubin only: the bundled nvdisasm 12.8 cannot decode every sm_90 cubin)."""
-    for values in itertools.product(*[(True, False) if k != "cb_precision" else ("tf32", "fp32")
-                                      for k in CODE_SWITCHES]):
-        sw = CutileSwitches(**dict(zip(CODE_SWITCHES, values)))
+    names = [k for k in CODE_SWITCHES if k != "head_mma"]  # head_mma builds the same kernel at heads_per_tile 1
+    for values in itertools.product(*[(getattr(DEFAULTS, k), OFF_VALUE[k]) if k in OFF_VALUE else (True, False)
+                                      for k in names]):
+        sw = CutileSwitches(**dict(zip(names, values)))
         assert len(export(build_call(stage, getattr(torch, dtype), sw), arch)) > 1000
 
 
@@ -176,6 +178,63 @@ def test_heads_per_tile_must_divide_heads_per_group():
     with pytest.raises(ValueError, match="heads_per_tile"):
         build_call("compute_out", torch.bfloat16, sw, dims=dict(nheads=6, ngroups=2), config={"heads_per_tile": 2})
     assert build_call("compute_out", torch.bfloat16, sw, config={"heads_per_tile": 2}).grid[1] == 8 // 2
+
+
+# --- head_mma: per-head 2-D MMAs for heads_per_tile > 1 ---------------------------------------------------------
+PER_HEAD = dataclasses.replace(DEFAULTS, head_mma="per_head")
+
+
+def _heads_sass(dtype: str, sw: CutileSwitches, hb: int) -> str:
+    key = ("heads", dtype, hb, dataclasses.astuple(sw))
+    if key not in _SASS:
+        config = {"heads_per_tile": hb, "shared_cb": sw.cb_mode == "shared"}
+        _SASS[key] = sass(export(build_call("compute_out", getattr(torch, dtype), sw, config=config), "sm_90"))
+    return _SASS[key]
+
+
+@pytest.mark.parametrize("dtype,hb,switches,spill_free", [
+    pytest.param("bfloat16", 2, {}, True, id="bf16-heads2"),
+    pytest.param("float32", 2, {}, False, id="fp32-heads2"),  # tf32; 8 bytes of stack at 168 registers
+    pytest.param("bfloat16", 4, {}, False, id="bf16-heads4"),  # 4 accumulators and score tiles: 128 bytes spilled
+    pytest.param("bfloat16", 2, {"decay_factor": True}, True, id="bf16-heads2-decay_factor"),
+    pytest.param("bfloat16", 2, {"cb_mode": "shared"}, True, id="bf16-heads2-cb-shared"),
+])
+def test_per_head_mma_compiles_to_warpgroup_mma(dtype, hb, switches, spill_free):
+    """head_mma per_head: every head's MMAs lower to warpgroup HGMMA, no mma.sync HMMA (the batched rank-3 MMA's
+    lowering), and no local-memory spills where marked."""
+    text = _heads_sass(dtype, dataclasses.replace(PER_HEAD, **switches), hb)
+    f = facts(text)
+    assert f["HGMMA"] > 0 and f["MUFU.EX2"] > 0 and f["UTMALDG"] > 0 and "HMMA" not in text, f
+    if spill_free:
+        assert not re.findall(r"\b(?:LDL|STL)\b", text), "local-memory spills"
+
+
+def test_batched_heads_lower_to_mma_sync():
+    """What per_head avoids: the batched rank-3 MMA of heads_per_tile 2 compiles to HMMA (mma.sync) on sm_90."""
+    text = _heads_sass("bfloat16", DEFAULTS, 2)
+    assert "HMMA" in text and facts(text)["HGMMA"] < facts(_heads_sass("bfloat16", PER_HEAD, 2))["HGMMA"]
+
+
+def test_head_mma_is_the_same_kernel_for_one_head():
+    """heads_per_tile 1: head_mma per_head builds the very launch batched does (same kernel, same constants)."""
+    one, per = (build_call("compute_out", torch.bfloat16, sw, config={"heads_per_tile": 1})
+                for sw in (DEFAULTS, PER_HEAD))
+    assert one.kernel is per.kernel and one.args == per.args and one.grid == per.grid
+    two = build_call("compute_out", torch.bfloat16, PER_HEAD, config={"heads_per_tile": 2})
+    assert two.args[-1] is True and two.grid[1] == AOT_DIMS["nheads"] // 2
+
+
+@pytest.mark.parametrize("switches,config,dims,word", [
+    pytest.param({"operand_swap": True}, {"heads_per_tile": 2}, {}, "operand_swap", id="operand_swap"),
+    pytest.param({}, {"heads_per_tile": 8}, {"nheads": 8, "ngroups": 1}, "heads_per_tile=8", id="heads8"),
+])
+def test_per_head_refusals(switches, config, dims, word):
+    """What the per-head lowering does not build raises at launch construction, naming the switches."""
+    with pytest.raises(ValueError, match="head_mma") as err:
+        build_call("compute_out", torch.bfloat16, dataclasses.replace(PER_HEAD, **switches), dims=dims, config=config)
+    assert word in str(err.value) and "heads_per_tile" in str(err.value)
+    # the batched lowering takes them
+    build_call("compute_out", torch.bfloat16, dataclasses.replace(DEFAULTS, **switches), dims=dims, config=config)
 
 
 def test_switch_metadata():

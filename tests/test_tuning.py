@@ -58,3 +58,28 @@ def test_modes_with_a_record(mode, expect_source, expect_searches):
 def test_unknown_mode_names_the_choices():
     with pytest.raises(ValueError, match="tuning: expected one of"):
         tuning.resolve("sometimes", "b", "s", GPU, "k", {})
+
+
+# --- cuTile's record keys ---------------------------------------------------------------------------------------
+BASE = "S|bfloat16|cb_precision=tf32|operand_swap=False|transposed_layout=True"
+
+
+@pytest.mark.parametrize("stage, switches, expect", [
+    pytest.param("compute_out", {}, BASE, id="defaults-keep-the-stored-keys"),
+    pytest.param("compute_out", {"decay_factor": True}, BASE.replace("|operand", "|decay_factor=True|operand"),
+                 id="decay_factor"),
+    pytest.param("compute_out", {"head_mma": "per_head", "heads_per_tile": 2},
+                 "S|bfloat16|cb_precision=tf32|head_mma=per_head|heads_per_tile=2|operand_swap=False"
+                 "|transposed_layout=True", id="per-head-two-heads"),
+    pytest.param("compute_out", {"head_mma": "per_head"}, BASE, id="per-head-one-head-is-the-same-kernel"),
+    pytest.param("compute_out", {"block_rows": 32}, BASE.replace("cb_precision=tf32|", "block_rows=32|cb_precision=tf32|"),
+                 id="fixed-size-switch"),
+    pytest.param("chunk_cumsum", {"decay_factor": True, "block_rows": 32}, BASE, id="switches-the-stage-does-not-read"),
+])
+def test_cutile_record_key(stage, switches, expect):
+    """A search with a switch that changes the winner stores under a key of its own, never over the full search's
+    record; the defaults keep the keys the committed records were stored under."""
+    from impls.cutile.switches import CutileSwitches
+    from impls.cutile.tune import record_key
+
+    assert record_key(stage, CutileSwitches(**switches), "S", "bfloat16") == expect

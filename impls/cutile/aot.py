@@ -3,7 +3,8 @@
 `build_call(stage, dtype, switches, ...)` makes the same `KernelCall` the launcher makes, with `ArraySpec`
 placeholders for the tensors; `export(call, arch)` turns it into a cubin with
 `cuda.tile.compilation.export_kernel`; `sass(cubin)` disassembles it with the cuobjdump of the venv
-(`nvidia-cuda-cuobjdump` wheel; with the `nvidia-cuda-nvdisasm` wheel beside it; triton's older bundled copy is the last resort).
+(`nvidia-cuda-cuobjdump` wheel; with the `nvidia-cuda-nvdisasm` wheel beside it; triton's older bundled copy is the
+last resort).
 """
 
 from __future__ import annotations
@@ -153,6 +154,21 @@ def sass(cubin: bytes) -> str:
     return res.stdout
 
 
+def resource_usage(cubin: bytes) -> dict:
+    """Registers per thread, stack and local memory (bytes per thread), shared memory (bytes per CTA) of the cubin's
+    kernel (cuobjdump -res-usage)."""
+    tool = cuobjdump_path()
+    if tool is None:
+        raise RuntimeError("cuobjdump not found (install the nvidia-cuda-cuobjdump wheel)")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+        fh.write(cubin)
+        fh.flush()
+        res = subprocess.run([tool, "-res-usage", fh.name], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed: {res.stderr.strip()}")
+    return {k: int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", res.stdout)}
+
+
 _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_x]+)*)")
 
 
@@ -200,13 +216,19 @@ def main(argv=None) -> int:  # pragma: no cover - a convenience for looking at o
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--off", nargs="*", default=[], help="switches to turn off")
     p.add_argument("--on", nargs="*", default=[], help="bool switches to turn on")
+    p.add_argument("--switches", default="{}", help="JSON switch values, e.g. '{\"head_mma\": \"per_head\"}'")
     a = p.parse_args(argv)
     import json
 
-    sw = dataclasses.replace(CutileSwitches(), **{k: (False if k != "cb_precision" else "fp32") for k in a.off},
-                             **{k: True for k in a.on})
-    text = sass(export(build_call(a.stage, getattr(torch, a.dtype), sw, config=json.loads(a.config)), a.arch))
-    print(facts(text))
+    from impls.cutile.switch_effects import OFF_VALUE
+
+    sw = dataclasses.replace(CutileSwitches(), **{k: OFF_VALUE.get(k, False) for k in a.off},
+                             **{k: True for k in a.on}, **json.loads(a.switches))
+    cubin = export(build_call(a.stage, getattr(torch, a.dtype), sw, config=json.loads(a.config)), a.arch)
+    text = sass(cubin)
+    ops = opcodes(text)
+    mma_sync = {name: sum(n for op, n in ops.items() if op.split(".")[0] == name) for name in ("HMMA", "LDL", "STL")}
+    print({**facts(text), **mma_sync, **resource_usage(cubin)})
     return 0
 
 

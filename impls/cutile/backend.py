@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import math
 
@@ -68,13 +67,8 @@ class CutileBackend(Backend):
     # --- stages -----------------------------------------------------------------------------------------
     def _config(self, stage: str, key_shape: str, dtype, device, make_call):
         from impls.cutile import tune
-        from impls.tuning import tuning_key
 
-        # decay_factor joins the key only when on, so the records found without it keep their keys
-        key = tuning_key(key_shape, str(dtype).replace("torch.", ""),
-                         **{k: v for k, v in dataclasses.asdict(self.switches).items()
-                            if k in ("transposed_layout", "operand_swap", "cb_precision")},
-                         **({"decay_factor": True} if self.switches.decay_factor and stage == "compute_out" else {}))
+        key = tune.record_key(stage, self.switches, key_shape, str(dtype).replace("torch.", ""))
         # resolved once per (stage, key): a search runs once, and no call reads the record file again
         if (stage, key) not in self._resolved:
             self._resolved[(stage, key)] = tune.resolve(stage, self.switches, device, key, make_call)

@@ -5,9 +5,15 @@ One tile program owns (batch, chunk, a block of BL output rows, a block of HB he
 It starts from the off-chunk term C_l·stateᵀ scaled by exp(dA_l), then walks the source blocks j <= its own row
 block like a causal attention: cb = C_l·B_jᵀ once for the head block (the heads of a group share B and C), then per
 head scores = cb ∘ exp(dA_l − dA_j) ∘ dt_j (masked by causality and, with seq_idx, by sequence equality) and
-acc += scores·x_j, as one batched (HB-deep) MMA. The score tile is cast to the input dtype for the second MMA (as
-upstream). `heads_per_tile` = HB: 1 recomputes C·Bᵀ for every head; HB > 1 computes it once per HB heads (it must
-divide nheads / ngroups).
+acc += scores·x_j. The score tile is cast to the input dtype for the second MMA (as upstream). `heads_per_tile` = HB:
+1 recomputes C·Bᵀ for every head; HB > 1 computes it once per HB heads (it must divide nheads / ngroups).
+
+Switch head_mma picks how HB > 1 heads are lowered. The kernel runs NL lanes of HL heads each (NL·HL = HB), every
+per-head value a tuple of NL tiles unrolled at compile time (`ct.static_iter`): "batched" = one lane of HB heads,
+(HB, ·, ·) tiles and one rank-3 MMA per product (cuTile 1.7 lowers it to HMMA.16816 with spills on sm_90);
+"per_head" = HB lanes of one head, each with its own state tile, x_j, dA/dt rows, scores, accumulator, 2-D MMAs
+(warpgroup HGMMA on sm_90), epilogue and store, while C_l, each B_j, C_l·B_jᵀ and the masks stay shared: HB
+independent MMA/exp chains per source-block step. With HB = 1 both are the same kernel.
 
 With `shared_cb` (a tuning choice, or the `cb_mode` switch) C·Bᵀ is computed once per (batch, chunk, group) by a
 small kernel of its own (`cb_kernel`, fp32, every (row block, source block) pair) and read by the heads of the group
@@ -103,16 +109,18 @@ def _by_row(v, HB, BL, SWAP):
     return v.reshape((HB, BL, 1))
 
 
-def _source_block(C, B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_ref, s_l, rows, b, c, g, hb, pb, i, j, nsub, BL, BP,
-                  BN, HB, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, FACTORED):
-    """acc += scores(rows of block i, sources of block j)·x_j for the HB heads, scores = C_l·B_jᵀ ∘ decay ∘ dt_j
-    (∘ causal and sequence masks). FACTORED (j < i, switch decay_factor): the decay's source factor
-    exp(dA_ref - dA_s)·dt_s only, the row factor exp(dA_l - dA_ref) is applied by the caller to the block sum; no
-    causal mask is needed off the diagonal. SWAP accumulates the transposed (headdim × rows) product."""
-    tma = None if TMA else False
-    lat = LAT if LAT > 0 else None
-    scale = LOG2E if EXP2 else 1.0
-    src_block = c * nsub + j
+def _lane_block(hb, lane, NL):
+    """Head-block index, in units of a lane's HL = HB / NL heads, of lane `lane` of head block hb: hb itself with
+    one lane (all HB heads in one batched MMA), head hb·HB + lane with NL = HB lanes (one head, one 2-D MMA each)."""
+    h = hb
+    if NL > 1:
+        h = hb * NL + lane
+    return h
+
+
+def _cb_tile(B, cbm, c_l, b, c, g, i, j, src_block, BL, BN, SWAP, TF32, SHARED_CB, tma, lat):
+    """C_l·B_jᵀ (rows × sources; sources × rows with SWAP), fp32, shared by every head of the tile: read from
+    cb_kernel's output with SHARED_CB, else one MMA on the B_j tile (source block j = chunk block src_block)."""
     if SHARED_CB:  # (rows, sources), computed once for the group by cb_kernel
         cb = ct.load(cbm, (b, c, g, i, j), (1, 1, 1, BL, BL), allow_tma=tma, latency=lat).reshape((BL, BL))
         if SWAP:
@@ -123,27 +131,129 @@ def _source_block(C, B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_ref, s_l, rows, 
             cb = _mma(b_s, ct.transpose(c_l), ct.zeros((BL, BL), ct.float32), TF32)
         else:
             cb = _mma(c_l, ct.transpose(b_s), ct.zeros((BL, BL), ct.float32), TF32)
-    x_s = _load_heads(x, b, src_block, hb, pb, BL, HB, BP, tma, lat)
-    dA_s = _per_head(dA, b, hb, c, j, HB, BL, tma) * scale
-    dt_s = _per_head(dt, b, hb, c, j, HB, BL, tma)
-    srcs = j * BL + ct.arange(BL, dtype=ct.int32)
+    return cb
+
+
+def _same_sequence(seq, s_l, b, src_block, BL, SWAP, tma):
+    """(1, BL, BL) seq(row) == seq(source) over the score tile (transposed with SWAP); s_l: the rows' seq_idx."""
+    s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((1, BL))
+    return _by_row(s_l.reshape((1, BL)), 1, BL, SWAP) == _by_source(s_s, 1, BL, SWAP)
+
+
+def _source_mask(seq, s_l, rows, b, src_block, j, BL, HAS_SEQ, SWAP, FACTORED, tma):
+    """(1, BL, BL) mask of the score tile (transposed with SWAP), shared by the tile's heads: row >= source
+    (causality) and, with seq_idx, `_same_sequence`. FACTORED (j < i, causal throughout; called with seq_idx only):
+    the sequence test alone."""
     if FACTORED:
-        w = _exp(dA_ref - dA_s, EXP2) * dt_s  # (HB, BL) per source
-        scores = cb.reshape((1, BL, BL)) * _by_source(w, HB, BL, SWAP)
-        if HAS_SEQ:
-            s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((1, BL))
-            same = _by_row(s_l.reshape((1, BL)), 1, BL, SWAP) == _by_source(s_s, 1, BL, SWAP)
-            scores = ct.where(same, scores, 0.0)
+        keep = _same_sequence(seq, s_l, b, src_block, BL, SWAP, tma)
     else:
+        srcs = j * BL + ct.arange(BL, dtype=ct.int32)
         keep = _by_row(rows.reshape((1, BL)), 1, BL, SWAP) >= _by_source(srcs.reshape((1, BL)), 1, BL, SWAP)
         if HAS_SEQ:
-            s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((1, BL))
-            keep = keep & (_by_row(s_l.reshape((1, BL)), 1, BL, SWAP) == _by_source(s_s, 1, BL, SWAP))
-        diff = ct.where(keep, _by_row(dA_l, HB, BL, SWAP) - _by_source(dA_s, HB, BL, SWAP), -math.inf)
-        scores = cb.reshape((1, BL, BL)) * _exp(diff, EXP2) * _by_source(dt_s, HB, BL, SWAP)
+            keep = keep & _same_sequence(seq, s_l, b, src_block, BL, SWAP, tma)
+    return keep
+
+
+def _lane_loads(x, dt, dA, b, c, h, pb, j, src_block, BL, BP, HL, EXP2, tma, lat):
+    """The source block's per-head operands of the HL heads of lane block h: x_j (HL, BL, BP), dA_j (scaled by
+    log2(e) with EXP2) and dt_j, (HL, BL) each."""
+    x_s = _load_heads(x, b, src_block, h, pb, BL, HL, BP, tma, lat)
+    dA_s = _per_head(dA, b, h, c, j, HL, BL, tma) * (LOG2E if EXP2 else 1.0)
+    dt_s = _per_head(dt, b, h, c, j, HL, BL, tma)
+    return x_s, dA_s, dt_s
+
+
+def _masked_scores(cb, keep, dA_s, dt_s, dA_l, BL, HL, SWAP, EXP2):
+    """(HL, BL, BL) scores of one lane: cb ∘ exp(dA_l − dA_j) ∘ dt_j where keep, else 0 (transposed with SWAP)."""
+    diff = ct.where(keep, _by_row(dA_l, HL, BL, SWAP) - _by_source(dA_s, HL, BL, SWAP), -math.inf)
+    return cb.reshape((1, BL, BL)) * _exp(diff, EXP2) * _by_source(dt_s, HL, BL, SWAP)
+
+
+def _factored_scores(cb, dA_s, dt_s, dA_ref, BL, HL, SWAP, EXP2):
+    """(HL, BL, BL) scores of one lane off the diagonal (decay_factor): cb ∘ exp(dA_ref − dA_j)·dt_j per source,
+    the source factor of the decay only (the caller applies the row factor exp(dA_l − dA_ref) to the block sum)."""
+    w = _exp(dA_ref - dA_s, EXP2) * dt_s  # (HL, BL) per source
+    return cb.reshape((1, BL, BL)) * _by_source(w, HL, BL, SWAP)
+
+
+def _score_mma(scores, x_s, acc, TF32, HL, SWAP):
+    """acc += scores·x_j (HL heads), or with SWAP acc += x_jᵀ·scoresᵀ; the scores cast to x's dtype (as upstream)."""
     if SWAP:
-        return _bmm(ct.transpose(x_s, 1, 2), scores.astype(x.dtype), acc, TF32, HB)
-    return _bmm(scores.astype(x.dtype), x_s, acc, TF32, HB)
+        return _bmm(ct.transpose(x_s, 1, 2), scores.astype(x_s.dtype), acc, TF32, HL)
+    return _bmm(scores.astype(x_s.dtype), x_s, acc, TF32, HL)
+
+
+def _source_lanes(B, x, dt, dA, seq, cbm, accs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, j, nsub, BL, BP,
+                  BN, NL, HL, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, FACTORED):
+    """Source block j for the NL lanes of HL heads (tuples accs, dA_ls, dA_refs: one entry per lane): the B_j load,
+    cb = C_l·B_jᵀ and the mask once for all lanes, then per lane its x_j, dA_j, dt_j, scores and
+    accs[l] += scores_l·x_j: NL independent load/exp/MMA chains per step. FACTORED (j < i): `_factored_scores`,
+    masked by sequence only (causal throughout)."""
+    tma = None if TMA else False
+    lat = LAT if LAT > 0 else None
+    src_block = c * nsub + j
+    cb = _cb_tile(B, cbm, c_l, b, c, g, i, j, src_block, BL, BN, SWAP, TF32, SHARED_CB, tma, lat)
+    ops = tuple(_lane_loads(x, dt, dA, b, c, _lane_block(hb, l, NL), pb, j, src_block, BL, BP, HL, EXP2, tma, lat)
+                for l in ct.static_iter(range(NL)))
+    if FACTORED:
+        scores = tuple(_factored_scores(cb, ops[l][1], ops[l][2], dA_refs[l], BL, HL, SWAP, EXP2)
+                       for l in ct.static_iter(range(NL)))
+        if HAS_SEQ:
+            keep = _source_mask(seq, s_l, rows, b, src_block, j, BL, HAS_SEQ, SWAP, FACTORED, tma)
+            scores = tuple(ct.where(keep, scores[l], 0.0) for l in ct.static_iter(range(NL)))
+    else:
+        keep = _source_mask(seq, s_l, rows, b, src_block, j, BL, HAS_SEQ, SWAP, FACTORED, tma)
+        scores = tuple(_masked_scores(cb, keep, ops[l][1], ops[l][2], dA_ls[l], BL, HL, SWAP, EXP2)
+                       for l in ct.static_iter(range(NL)))
+    return tuple(_score_mma(scores[l], ops[l][0], accs[l], TF32, HL, SWAP) for l in ct.static_iter(range(NL)))
+
+
+def _source_block(C, B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_ref, s_l, rows, b, c, g, hb, pb, i, j, nsub, BL, BP,
+                  BN, HB, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, FACTORED):
+    """acc += scores(rows of block i, sources of block j)·x_j for the HB heads of head block hb, scores = C_l·B_jᵀ ∘
+    decay ∘ dt_j (∘ causal and sequence masks), as one (batched when HB > 1) MMA: `_source_lanes` with one lane.
+    FACTORED (j < i, switch decay_factor): the decay's source factor exp(dA_ref - dA_s)·dt_s only, the row factor
+    exp(dA_l - dA_ref) is applied by the caller to the block sum; no causal mask is needed off the diagonal. SWAP
+    accumulates the transposed (headdim × rows) product. C is unused (c_l is its tile)."""
+    return _source_lanes(B, x, dt, dA, seq, cbm, (acc,), c_l, (dA_l,), (dA_ref,), s_l, rows, b, c, g, hb, pb, i, j,
+                         nsub, BL, BP, BN, 1, HB, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, FACTORED)[0]
+
+
+def _off_chunk(states, c_l, state_scale, b, c, h, pb, BL, BP, BN, HL, SWAP, TRANS, TF32, tma, lat):
+    """The off-chunk term of the HL heads of lane block h: (C_l·stateᵀ) scaled per row by state_scale (HL, BL),
+    (HL, BL, BP); with SWAP its transpose state·C_lᵀ, (HL, BP, BL). States are stored (n, p) with TRANS, else (p, n)."""
+    if TRANS:
+        s_np = ct.load(states, (b, c, h, 0, pb), (1, 1, HL, BN, BP), padding_mode=ZERO, allow_tma=tma, latency=lat)
+        s_np = s_np.reshape((HL, BN, BP)).astype(c_l.dtype)
+    else:
+        s_pn = ct.load(states, (b, c, h, pb, 0), (1, 1, HL, BP, BN), padding_mode=ZERO, allow_tma=tma, latency=lat)
+        s_np = ct.transpose(s_pn.reshape((HL, BP, BN)).astype(c_l.dtype), 1, 2)
+    if SWAP:
+        acc = _bmm(ct.transpose(s_np, 1, 2), ct.transpose(c_l).reshape((1, BN, BL)),
+                   ct.zeros((HL, BP, BL), ct.float32), TF32, HL)
+        acc = acc * state_scale.reshape((HL, 1, BL))
+    else:
+        acc = _bmm(c_l.reshape((1, BL, BN)), s_np, ct.zeros((HL, BL, BP), ct.float32), TF32, HL)
+        acc = acc * state_scale.reshape((HL, BL, 1))
+    return acc
+
+
+def _epilogue(acc, x, D, z, y, b, row_block, h, pb, BL, BP, HL, D_MODE, HAS_Z, EXP2, tma):
+    """y = (acc + D ∘ x)·silu(z) on the (HL, BL, BP) tile of the HL heads of lane block h (D per head or per
+    channel, each term when present), then one store."""
+    if D_MODE > 0 or HAS_Z:
+        x_l = _load_heads(x, b, row_block, h, pb, BL, HL, BP, tma, None).astype(ct.float32)
+    if D_MODE == 1:
+        d_h = ct.load(D, (h,), (HL,), allow_tma=tma).astype(ct.float32)
+        acc = acc + x_l * d_h.reshape((HL, 1, 1))
+    if D_MODE == 2:
+        d_hp = ct.load(D, (h, pb), (HL, BP), padding_mode=ZERO, allow_tma=tma).astype(ct.float32)
+        acc = acc + x_l * d_hp.reshape((HL, 1, BP))
+    if HAS_Z:
+        z_l = _load_heads(z, b, row_block, h, pb, BL, HL, BP, tma, None).astype(ct.float32)
+        acc = acc * z_l / (1.0 + _exp(-z_l * (LOG2E if EXP2 else 1.0), EXP2))
+    out = ct.permute(acc.astype(y.dtype), (1, 0, 2)).reshape((1, BL, HL, BP))
+    ct.store(y, (b, row_block, h, pb), out, allow_tma=tma)
 
 
 def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_group,
@@ -151,8 +261,15 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
                        HB: ct.Constant[int], D_MODE: ct.Constant[int], HAS_Z: ct.Constant[bool],
                        HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool], TRANS: ct.Constant[bool],
                        TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
-                       LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool]):
+                       LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool],
+                       PER_HEAD: ct.Constant[bool]):
+    """One (batch, chunk, row block i, head block hb of HB heads, headdim block pb) tile. The heads run as NL lanes
+    of HL heads: switch head_mma "batched" = one lane of HB heads (rank-3 MMAs when HB > 1), "per_head" (PER_HEAD)
+    = HB lanes of one head (2-D MMAs). Per-lane values (accumulator, dA rows, decay reference) are tuples unrolled
+    at compile time; C_l, each B_j, C_l·B_jᵀ and the masks are shared by the lanes."""
     pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
+    NL = HB if PER_HEAD else 1
+    HL = HB // NL
     nsub = CHUNK // BL
     nchunks = dA.shape[2]
     i = pid % nsub
@@ -165,64 +282,44 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     scale = LOG2E if EXP2 else 1.0
 
     c_l = _load_rows(C, b, row_block, g, 0, BL, BN, tma, lat)
-    dA_l = _per_head(dA, b, hb, c, i, HB, BL, tma) * scale
+    dA_ls = tuple(_per_head(dA, b, _lane_block(hb, l, NL), c, i, HL, BL, tma) * scale
+                  for l in ct.static_iter(range(NL)))
     rows = i * BL + ct.arange(BL, dtype=ct.int32)
 
     # off-chunk term: C_l · stateᵀ, scaled by exp(dA_l) (zero for rows of a sequence that began in this chunk)
-    state_scale = _exp(dA_l, EXP2)
+    state_scales = tuple(_exp(dA_ls[l], EXP2) for l in ct.static_iter(range(NL)))
     s_l = rows  # a stand-in when there is no seq_idx (never read then)
     if HAS_SEQ:
         s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
         s_before = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
-        state_scale = ct.where((s_l == s_before).reshape((1, BL)), state_scale, 0.0)
-    if TRANS:
-        s_np = ct.load(states, (b, c, hb, 0, pb), (1, 1, HB, BN, BP), padding_mode=ZERO, allow_tma=tma, latency=lat)
-        s_np = s_np.reshape((HB, BN, BP)).astype(C.dtype)
-    else:
-        s_pn = ct.load(states, (b, c, hb, pb, 0), (1, 1, HB, BP, BN), padding_mode=ZERO, allow_tma=tma, latency=lat)
-        s_np = ct.transpose(s_pn.reshape((HB, BP, BN)).astype(C.dtype), 1, 2)
-    if SWAP:
-        acc = _bmm(ct.transpose(s_np, 1, 2), ct.transpose(c_l).reshape((1, BN, BL)),
-                   ct.zeros((HB, BP, BL), ct.float32), TF32, HB)
-        acc = acc * state_scale.reshape((HB, 1, BL))
-    else:
-        acc = _bmm(c_l.reshape((1, BL, BN)), s_np, ct.zeros((HB, BL, BP), ct.float32), TF32, HB)
-        acc = acc * state_scale.reshape((HB, BL, 1))
+        same = (s_l == s_before).reshape((1, BL))
+        state_scales = tuple(ct.where(same, state_scales[l], 0.0) for l in ct.static_iter(range(NL)))
+    accs = tuple(_off_chunk(states, c_l, state_scales[l], b, c, _lane_block(hb, l, NL), pb, BL, BP, BN, HL, SWAP,
+                            TRANS, TF32, tma, lat) for l in ct.static_iter(range(NL)))
 
     # in-chunk term, causal over source blocks j <= i
     if DECAY_FACTOR:
         # blocks j < i: exp(dA_l - dA_s) = exp(dA_l - dA_ref) * exp(dA_ref - dA_s), dA_ref = dA at the block's first
         # row; the source factor (times dt) scales the C·Bᵀ tile's source side, the row factor the sum afterwards
-        dA_ref = ct.load(dA, (b, hb, c, i * BL), (1, HB, 1, 1), allow_tma=tma).reshape((HB, 1)) * scale
-        off = ct.zeros((HB, BP, BL), ct.float32) if SWAP else ct.zeros((HB, BL, BP), ct.float32)
+        dA_refs = tuple(ct.load(dA, (b, _lane_block(hb, l, NL), c, i * BL), (1, HL, 1, 1), allow_tma=tma)
+                        .reshape((HL, 1)) * scale for l in ct.static_iter(range(NL)))
+        offs = tuple(ct.zeros(accs[l].shape, ct.float32) for l in ct.static_iter(range(NL)))
         for j in range(i):
-            off = _source_block(C, B, x, dt, dA, seq, cbm, off, c_l, dA_l, dA_ref, s_l, rows, b, c, g, hb, pb, i, j,
-                                nsub, BL, BP, BN, HB, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, True)
-        row_scale = _exp(dA_l - dA_ref, EXP2)
-        acc = acc + off * _by_row(row_scale, HB, BL, SWAP)
-        acc = _source_block(C, B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_ref, s_l, rows, b, c, g, hb, pb, i, i,
-                            nsub, BL, BP, BN, HB, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, False)
+            offs = _source_lanes(B, x, dt, dA, seq, cbm, offs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, j,
+                                 nsub, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, True)
+        accs = tuple(accs[l] + offs[l] * _by_row(_exp(dA_ls[l] - dA_refs[l], EXP2), HL, BL, SWAP)
+                     for l in ct.static_iter(range(NL)))
+        accs = _source_lanes(B, x, dt, dA, seq, cbm, accs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, i,
+                             nsub, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, False)
     else:
         for j in range(i + 1):
-            acc = _source_block(C, B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_l, s_l, rows, b, c, g, hb, pb, i, j,
-                                nsub, BL, BP, BN, HB, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, False)
-    if SWAP:
-        acc = ct.transpose(acc, 1, 2)
+            accs = _source_lanes(B, x, dt, dA, seq, cbm, accs, c_l, dA_ls, dA_ls, s_l, rows, b, c, g, hb, pb, i, j,
+                                 nsub, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, False)
 
-    # epilogue on (HB, BL, BP): D skip, z gate, one store of the head block
-    if D_MODE > 0 or HAS_Z:
-        x_l = _load_heads(x, b, row_block, hb, pb, BL, HB, BP, tma, None).astype(ct.float32)
-    if D_MODE == 1:
-        d_h = ct.load(D, (hb,), (HB,), allow_tma=tma).astype(ct.float32)
-        acc = acc + x_l * d_h.reshape((HB, 1, 1))
-    if D_MODE == 2:
-        d_hp = ct.load(D, (hb, pb), (HB, BP), padding_mode=ZERO, allow_tma=tma).astype(ct.float32)
-        acc = acc + x_l * d_hp.reshape((HB, 1, BP))
-    if HAS_Z:
-        z_l = _load_heads(z, b, row_block, hb, pb, BL, HB, BP, tma, None).astype(ct.float32)
-        acc = acc * z_l / (1.0 + _exp(-z_l * scale, EXP2))
-    out = ct.permute(acc.astype(y.dtype), (1, 0, 2)).reshape((1, BL, HB, BP))
-    ct.store(y, (b, row_block, hb, pb), out, allow_tma=tma)
+    # epilogue per lane on (HL, BL, BP): D skip, z gate, one store
+    for l in ct.static_iter(range(NL)):
+        acc = ct.transpose(accs[l], 1, 2) if SWAP else accs[l]
+        _epilogue(acc, x, D, z, y, b, row_block, _lane_block(hb, l, NL), pb, BL, BP, HL, D_MODE, HAS_Z, EXP2, tma)
 
 
 def head_block(heads_per_group: int, config: dict) -> int:
@@ -231,6 +328,25 @@ def head_block(heads_per_group: int, config: dict) -> int:
     if heads_per_group % hb:
         raise ValueError(f"heads_per_tile={hb} must divide nheads/ngroups={heads_per_group} (cutile compute_out)")
     return hb
+
+
+PER_HEAD_BLOCKS = (2, 4)  # heads_per_tile values the per-head lowering is built and tested for
+
+
+def per_head_mma(sw, hb: int) -> bool:
+    """Whether the kernel gives each of its hb heads its own 2-D MMAs (switch head_mma "per_head") instead of one
+    batched rank-3 MMA; False when hb == 1 (one head: both lowerings are the same kernel). Raises ValueError for
+    the combinations it does not build: hb outside PER_HEAD_BLOCKS, and operand_swap, whose per-head form
+    tileiras 13.4 rejects at heads_per_tile 2 ("Invalid use-def chain in schedule")."""
+    if sw.head_mma != "per_head" or hb == 1:
+        return False
+    if hb not in PER_HEAD_BLOCKS:
+        raise ValueError(f"head_mma='per_head' takes heads_per_tile in {PER_HEAD_BLOCKS}, got heads_per_tile={hb} "
+                         "(cutile compute_out)")
+    if sw.operand_swap:
+        raise ValueError(f"head_mma='per_head' with operand_swap is not supported (heads_per_tile={hb}; tileiras "
+                         "13.4 fails to schedule it): use head_mma='batched' or operand_swap off (cutile compute_out)")
+    return True
 
 
 def blocks(chunk: int, headdim: int, dstate: int, config: dict) -> tuple[int, int, int]:
@@ -258,7 +374,7 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
     hb = head_block(nheads // ngroups, config)
     args = (*arrays, nheads // ngroups, chunk_size, bl, bp, bn, hb, int(d_mode), bool(has_z), bool(has_seq),
             sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0,
-            shared_cb(sw, config), sw.decay_factor)
+            shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb))
     grid = (batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp))
     return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0))
 

@@ -54,6 +54,14 @@ class CutileSwitches:
         "tuned", "stage 3's C·Bᵀ: 'shared' = once per (batch, chunk, group) by a kernel of its own, read by every "
                  "head of the group; 'inline' = recomputed inside the main kernel for each head; 'tuned' = the "
                  "tuning config's choice (shared_cb)", choices=("tuned", "shared", "inline"))
+    head_mma: str = switch(
+        "batched", "stage 3 with heads_per_tile = HB > 1: 'batched' = the HB heads' matmuls as one rank-3 (HB-deep) "
+                   "MMA per source block; 'per_head' = one 2-D MMA chain per head (HB accumulators, HB score tiles, "
+                   "unrolled at compile time), the C tile, each B_j tile and C·B_jᵀ still loaded/computed once for "
+                   "the HB heads. No effect when heads_per_tile is 1", choices=("batched", "per_head"),
+        sm90="cuTile 1.7 lowers the batched rank-3 MMA to HMMA.16816 (mma.sync) with local-memory spills; per_head "
+             "gives each head warpgroup HGMMAs as with heads_per_tile 1, HB independent HGMMA/MUFU.EX2 chains per "
+             "source block")
     fuse_state_out: bool = switch(
         False, "the whole forward as two kernels: chunk_cumsum, then one kernel that walks the chunks in order with "
                "the state in registers and writes y and the final state only (impls/cutile/fused.py; the per-chunk "
@@ -81,7 +89,8 @@ class CutileSwitches:
 
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
-CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "cb_precision")
+CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "cb_precision",
+                 "head_mma")
 # fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in
 # tests/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
 # default reads the config); its ablation points are cb_mode:inline and cb_mode:shared

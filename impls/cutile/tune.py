@@ -63,6 +63,20 @@ def explicit(stage: str, sw) -> dict:
     return fixed
 
 
+def record_key(stage: str, sw, shape_label: str, dtype: str) -> str:
+    """The tuning record's key: shape, dtype, the layout/operand switches, and what else changes the winner only
+    when set away from its default (so the records stored without them keep their keys): decay_factor on, the
+    per-head lowering of several heads per tile, and every size switch fixed by hand (a search with block_rows 32 fixed must not replace the
+    record of the full search)."""
+    extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
+    if stage == "compute_out" and sw.decay_factor:
+        extra["decay_factor"] = True
+    if stage == "compute_out" and sw.head_mma != "batched" and sw.heads_per_tile > 1:  # one head: the same kernel
+        extra["head_mma"] = sw.head_mma
+    extra.update({k: getattr(sw, k) for k in STAGE_KEYS[stage] if getattr(sw, k)})
+    return tuning.tuning_key(shape_label, dtype, **extra)
+
+
 def resolve(stage: str, sw, device, key: str, make_call) -> tuple[dict, str]:
     """(config, source). Switch values override; `make_call(config) -> KernelCall` is used by search."""
     fixed = explicit(stage, sw)

@@ -24,7 +24,10 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # each code switch away from its default (operand_swap defaults to off: its variant turns it on), then all off;
 # heads_per_tile 2 (one C·Bᵀ shared by two heads) at the defaults; C·Bᵀ once per group by its own kernel
 # (cb_mode shared) and inside the main kernel (inline); the factored decay (decay_factor) alone, with the swap, with
-# the shared C·Bᵀ, with 32-row blocks (8 blocks per chunk of 256: 7 factored source blocks for the last) and all off
+# the shared C·Bᵀ, with 32-row blocks (8 blocks per chunk of 256: 7 factored source blocks for the last) and all off;
+# heads per tile lowered per head (head_mma per_head: one 2-D MMA chain per head, C·Bᵀ shared) with 2 heads, with the
+# factored decay, the shared C·Bᵀ, all off, and with 4 heads (on the cases whose groups hold a multiple of 4 heads)
+PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
             **{f"no-{k}": {k: OFF[k]} for k in ("latency_hints", "tma", "exp2", "cb_precision")},
@@ -35,19 +38,33 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "decay_factor": {"decay_factor": True}, "decay_factor-swap": {"decay_factor": True, "operand_swap": True},
             "decay_factor-cb-shared": {"decay_factor": True, "cb_mode": "shared"},
             "decay_factor-rows32": {"decay_factor": True, "block_rows": 32},
-            "decay_factor-all-off": {**OFF, "decay_factor": True}}
+            "decay_factor-all-off": {**OFF, "decay_factor": True},
+            "heads2-per_head": dict(PER_HEAD), "heads2-per_head-decay_factor": {**PER_HEAD, "decay_factor": True},
+            "heads2-per_head-cb-shared": {**PER_HEAD, "cb_mode": "shared"},
+            "heads2-per_head-all-off": {**OFF, **PER_HEAD}, "heads4-per_head": {**PER_HEAD, "heads_per_tile": 4}}
+# variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
+FP32_VARIANTS = ("heads2-per_head",)
+
+
+def _skip(case: str, variant: str) -> bool:
+    """The big shape: a few variants only (its float64 reference is heavy); heads_per_tile must divide the heads
+    of a group."""
+    if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head"):
+        return True
+    shape = CASES[case].shape
+    return (shape.nheads // shape.ngroups) % VARIANTS[variant].get("heads_per_tile", 1) != 0
+
+
+def _params() -> list:
+    extra = [pytest.param(case, variant, "float32", id=f"{case}-{variant}-float32")
+             for case in CASES for variant in FP32_VARIANTS if case != "S1" and not _skip(case, variant)]
+    return switch_variant_params(CASES, VARIANTS, skip=_skip) + extra
 
 
 
 
 
-@pytest.mark.parametrize(
-    "case,variant,dtype",
-    # the big shape: defaults and all-off only (its float64 reference is heavy)
-    switch_variant_params(CASES, VARIANTS,
-                          skip=lambda case, variant: case == "S1" and variant not in (
-                              "defaults", "all-off", "cb-shared", "decay_factor")),
-)
+@pytest.mark.parametrize("case,variant,dtype", _params())
 def test_cutile_matches_float64(case, variant, dtype, request):
     from impls.cutile import CutileBackend
 
