@@ -76,4 +76,6 @@ case "$phase" in
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
+# the tuning records as they stand after the phase (searches store there; the device keeps nothing): one file back
+tar -czf "$OUT/tuning.tar.gz" tuning
 echo "== done in $(( $(date +%s) - start )) s" | tee -a "$log"

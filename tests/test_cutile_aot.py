@@ -181,7 +181,8 @@ def test_heads_per_tile_must_divide_heads_per_group():
 
 
 # --- head_mma: per-head 2-D MMAs for heads_per_tile > 1 ---------------------------------------------------------
-PER_HEAD = dataclasses.replace(DEFAULTS, head_mma="per_head")
+PER_HEAD = dataclasses.replace(DEFAULTS, head_mma="per_head")  # the default, spelled out
+BATCHED = dataclasses.replace(DEFAULTS, head_mma="batched")
 
 
 def _heads_sass(dtype: str, sw: CutileSwitches, hb: int) -> str:
@@ -211,14 +212,14 @@ def test_per_head_mma_compiles_to_warpgroup_mma(dtype, hb, switches, spill_free)
 
 def test_batched_heads_lower_to_mma_sync():
     """What per_head avoids: the batched rank-3 MMA of heads_per_tile 2 compiles to HMMA (mma.sync) on sm_90."""
-    text = _heads_sass("bfloat16", DEFAULTS, 2)
+    text = _heads_sass("bfloat16", BATCHED, 2)
     assert "HMMA" in text and facts(text)["HGMMA"] < facts(_heads_sass("bfloat16", PER_HEAD, 2))["HGMMA"]
 
 
 def test_head_mma_is_the_same_kernel_for_one_head():
     """heads_per_tile 1: head_mma per_head builds the very launch batched does (same kernel, same constants)."""
     one, per = (build_call("compute_out", torch.bfloat16, sw, config={"heads_per_tile": 1})
-                for sw in (DEFAULTS, PER_HEAD))
+                for sw in (BATCHED, PER_HEAD))
     assert one.kernel is per.kernel and one.args == per.args and one.grid == per.grid
     two = build_call("compute_out", torch.bfloat16, PER_HEAD, config={"heads_per_tile": 2})
     assert two.args[-1] is True and two.grid[1] == AOT_DIMS["nheads"] // 2
@@ -234,7 +235,7 @@ def test_per_head_refusals(switches, config, dims, word):
         build_call("compute_out", torch.bfloat16, dataclasses.replace(PER_HEAD, **switches), dims=dims, config=config)
     assert word in str(err.value) and "heads_per_tile" in str(err.value)
     # the batched lowering takes them
-    build_call("compute_out", torch.bfloat16, dataclasses.replace(DEFAULTS, **switches), dims=dims, config=config)
+    build_call("compute_out", torch.bfloat16, dataclasses.replace(BATCHED, **switches), dims=dims, config=config)
 
 
 def test_switch_metadata():

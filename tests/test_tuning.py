@@ -68,10 +68,15 @@ BASE = "S|bfloat16|cb_precision=tf32|operand_swap=False|transposed_layout=True"
     pytest.param("compute_out", {}, BASE, id="defaults-keep-the-stored-keys"),
     pytest.param("compute_out", {"decay_factor": True}, BASE.replace("|operand", "|decay_factor=True|operand"),
                  id="decay_factor"),
-    pytest.param("compute_out", {"head_mma": "per_head", "heads_per_tile": 2},
-                 "S|bfloat16|cb_precision=tf32|head_mma=per_head|heads_per_tile=2|operand_swap=False"
-                 "|transposed_layout=True", id="per-head-two-heads"),
-    pytest.param("compute_out", {"head_mma": "per_head"}, BASE, id="per-head-one-head-is-the-same-kernel"),
+    pytest.param("compute_out", {"heads_per_tile": 2},
+                 "S|bfloat16|cb_precision=tf32|heads_per_tile=2|operand_swap=False|transposed_layout=True",
+                 id="two-heads-fixed"),
+    pytest.param("compute_out", {"head_mma": "batched"},
+                 "S|bfloat16|cb_precision=tf32|head_mma=batched|operand_swap=False|transposed_layout=True",
+                 id="batched-lowering-searches-apart"),
+    pytest.param("compute_out", {"head_mma": "batched", "heads_per_tile": 1},
+                 BASE.replace("cb_precision=tf32|", "cb_precision=tf32|heads_per_tile=1|"),
+                 id="one-head-either-lowering-is-the-same-kernel"),
     pytest.param("compute_out", {"block_rows": 32}, BASE.replace("cb_precision=tf32|", "block_rows=32|cb_precision=tf32|"),
                  id="fixed-size-switch"),
     pytest.param("chunk_cumsum", {"decay_factor": True, "block_rows": 32}, BASE, id="switches-the-stage-does-not-read"),
@@ -83,3 +88,22 @@ def test_cutile_record_key(stage, switches, expect):
     from impls.cutile.tune import record_key
 
     assert record_key(stage, CutileSwitches(**switches), "S", "bfloat16") == expect
+
+
+@pytest.mark.parametrize("switches, heads_per_group, expect", [
+    pytest.param({}, 80, [1, 2], id="default"),
+    pytest.param({}, 1, [1], id="one-head-per-group"),
+    pytest.param({}, 3, [1], id="odd-heads-per-group"),
+    pytest.param({"operand_swap": True}, 80, [1], id="per-head-not-built-with-swap"),
+    pytest.param({"operand_swap": True, "head_mma": "batched"}, 80, [1, 2], id="batched-with-swap"),
+])
+def test_cutile_search_space_heads(switches, heads_per_group, expect):
+    """The searched head blocks are those the problem and the switches can take; the rest of the space is kept."""
+    from impls.cutile.switches import CutileSwitches
+    from impls.cutile.tune import SPACE, configs, search_space
+
+    space = search_space("compute_out", CutileSwitches(**switches), heads_per_group)
+    assert space["heads_per_tile"] == expect
+    assert {k: v for k, v in space.items() if k != "heads_per_tile"} == {
+        k: v for k, v in SPACE["compute_out"].items() if k != "heads_per_tile"}
+    assert {c["heads_per_tile"] for c in configs("compute_out", CutileSwitches(**switches), heads_per_group)} == set(expect)

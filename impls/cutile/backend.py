@@ -65,13 +65,14 @@ class CutileBackend(Backend):
         return True, ""
 
     # --- stages -----------------------------------------------------------------------------------------
-    def _config(self, stage: str, key_shape: str, dtype, device, make_call):
+    def _config(self, stage: str, key_shape: str, dtype, device, make_call, heads_per_group: int | None = None):
         from impls.cutile import tune
 
         key = tune.record_key(stage, self.switches, key_shape, str(dtype).replace("torch.", ""))
         # resolved once per (stage, key): a search runs once, and no call reads the record file again
         if (stage, key) not in self._resolved:
-            self._resolved[(stage, key)] = tune.resolve(stage, self.switches, device, key, make_call)
+            self._resolved[(stage, key)] = tune.resolve(stage, self.switches, device, key, make_call,
+                                                        heads_per_group)
         config, source = self._resolved[(stage, key)]
         self._sources[stage] = {"source": source, "config": config}
         return config
@@ -125,7 +126,7 @@ class CutileBackend(Backend):
             return mod.stage_call(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, torch.empty_like(x),
                                   self.switches, cfg)
 
-        cfg = self._config("compute_out", label, x.dtype, x.device, make)
+        cfg = self._config("compute_out", label, x.dtype, x.device, make, x.shape[2] // B.shape[2])
         return mod.run(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, self.switches, cfg)
 
     # --- the fused arrangement (switch fuse_state_out): chunk_cumsum, then stages 2 and 3 in one kernel ----------

@@ -26,12 +26,13 @@ FALLBACK = {
          "compute_out": {"block_rows": 128, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 0},
          "fused": {"block_rows": 64, "block_headdim": 32, "occupancy": 0}},
 }
-# heads_per_tile > 1 is left out of the search: on sm_90 its batched MMA lowers to HMMA.16816 with spills, not
-# HGMMA (impls/cutile/aot.py facts), and it measured 1.19x slower at S1; the switch still sets it.
+# heads_per_tile 2 is searched with the per-head lowering (switch head_mma, default per_head: HGMMA on sm_90); the
+# batched rank-3 MMA lowers to HMMA.16816 with spills and measured 1.19x slower than one head per tile at S1
+# (docs/perf-notes.md, versions 1 and 5). `search_space` drops the head blocks a problem or the switches cannot take.
 SPACE = {
     "chunk_cumsum": {"block_heads": [4, 8, 16], "occupancy": [4, 8]},
     "fwd_pass_state": {"block_headdim": [64], "block_dstate": [64, 128], "occupancy": [2, 3, 4]},
-    "compute_out": {"block_rows": [64, 128], "block_headdim": [64], "occupancy": [2, 3, 4],
+    "compute_out": {"block_rows": [64, 128], "block_headdim": [64], "heads_per_tile": [1, 2], "occupancy": [2, 3, 4],
                     "shared_cb": [False, True]},
     "fused": {"block_rows": [64], "block_headdim": [32, 64], "occupancy": [2]},
 }
@@ -49,8 +50,24 @@ def fallback(stage: str, device) -> dict:
     return dict(FALLBACK.get(major, FALLBACK[9])[stage])
 
 
-def configs(stage: str) -> list[dict]:
-    space = SPACE[stage]
+def search_space(stage: str, sw=None, heads_per_group: int | None = None) -> dict[str, list]:
+    """SPACE[stage] less the values this problem and these switches cannot take (never an explicit switch: that
+    one raises when the launch is built): head blocks that do not divide the heads of a group, and head blocks > 1
+    when their lowering is not built (per_head with operand_swap, compute_out.per_head_mma)."""
+    space = {k: list(v) for k, v in SPACE[stage].items()}
+    if "heads_per_tile" in space:
+        def takes(hb: int) -> bool:
+            if hb == 1:
+                return True
+            if heads_per_group is not None and heads_per_group % hb:
+                return False
+            return sw is None or sw.head_mma != "per_head" or not sw.operand_swap
+        space["heads_per_tile"] = [hb for hb in space["heads_per_tile"] if takes(hb)]
+    return space
+
+
+def configs(stage: str, sw=None, heads_per_group: int | None = None) -> list[dict]:
+    space = search_space(stage, sw, heads_per_group)
     return [dict(zip(space, values)) for values in itertools.product(*space.values())]
 
 
@@ -63,22 +80,26 @@ def explicit(stage: str, sw) -> dict:
     return fixed
 
 
+DEFAULT_HEAD_MMA = "per_head"  # CutileSwitches' default; other lowerings search and store under keys of their own
+
+
 def record_key(stage: str, sw, shape_label: str, dtype: str) -> str:
     """The tuning record's key: shape, dtype, the layout/operand switches, and what else changes the winner only
-    when set away from its default (so the records stored without them keep their keys): decay_factor on, the
-    per-head lowering of several heads per tile, and every size switch fixed by hand (a search with block_rows 32 fixed must not replace the
-    record of the full search)."""
+    when set away from its default (so the records stored without them keep their keys): decay_factor on, a
+    lowering of several heads per tile other than the default, and every size switch fixed by hand (a search with
+    block_rows 32 fixed must not replace the record of the full search)."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
     if stage == "compute_out" and sw.decay_factor:
         extra["decay_factor"] = True
-    if stage == "compute_out" and sw.head_mma != "batched" and sw.heads_per_tile > 1:  # one head: the same kernel
+    if stage == "compute_out" and sw.head_mma != DEFAULT_HEAD_MMA and sw.heads_per_tile != 1:  # 1: the same kernel
         extra["head_mma"] = sw.head_mma
     extra.update({k: getattr(sw, k) for k in STAGE_KEYS[stage] if getattr(sw, k)})
     return tuning.tuning_key(shape_label, dtype, **extra)
 
 
-def resolve(stage: str, sw, device, key: str, make_call) -> tuple[dict, str]:
-    """(config, source). Switch values override; `make_call(config) -> KernelCall` is used by search."""
+def resolve(stage: str, sw, device, key: str, make_call, heads_per_group: int | None = None) -> tuple[dict, str]:
+    """(config, source). Switch values override; `make_call(config) -> KernelCall` is used by search, over
+    `search_space(stage, sw, heads_per_group)`."""
     fixed = explicit(stage, sw)
     if fixed and set(fixed) >= set(SPACE[stage]):
         return fixed, "switches"
@@ -89,7 +110,7 @@ def resolve(stage: str, sw, device, key: str, make_call) -> tuple[dict, str]:
         from cuda.tile.tune import exhaustive_search
 
         space = []  # the configs with the fixed values put in, each once
-        for cfg in configs(stage):
+        for cfg in configs(stage, sw, heads_per_group):
             if dict(cfg, **fixed) not in space:
                 space.append(dict(cfg, **fixed))
         calls = {i: make_call(cfg) for i, cfg in enumerate(space)}  # a switch the problem cannot take raises
@@ -97,7 +118,7 @@ def resolve(stage: str, sw, device, key: str, make_call) -> tuple[dict, str]:
                                    lambda i: calls[i].kernel, lambda i: calls[i].args, quiet=True)
         best = space[result.best.config]
         # cuda.tile.tune reports means (with a 95 % half-interval), not medians: recorded under their own names
-        return best, {"search_space": SPACE[stage], "mean_us": result.best.mean_us,
+        return best, {"search_space": search_space(stage, sw, heads_per_group), "mean_us": result.best.mean_us,
                       "measurements": [{"config": space[m.config], "mean_us": round(m.mean_us, 2),
                                         "error_margin_us": round(m.error_margin_us, 2)} for m in result.successes],
                       "failures": [{"config": space[c], "error": f"{t.__name__}: {msg[:200]}"}

@@ -22,7 +22,7 @@ CASES = GPU_CONTRACT_CASES
 OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False, "tma": False, "exp2": False,
        "decay_factor": False, "cb_precision": "fp32"}
 # each code switch away from its default (operand_swap defaults to off: its variant turns it on), then all off;
-# heads_per_tile 2 (one C·Bᵀ shared by two heads) at the defaults; C·Bᵀ once per group by its own kernel
+# heads_per_tile 2 (one C·Bᵀ shared by two heads) lowered as one batched MMA; C·Bᵀ once per group by its own kernel
 # (cb_mode shared) and inside the main kernel (inline); the factored decay (decay_factor) alone, with the swap, with
 # the shared C·Bᵀ, with 32-row blocks (8 blocks per chunk of 256: 7 factored source blocks for the last) and all off;
 # heads per tile lowered per head (head_mma per_head: one 2-D MMA chain per head, C·Bᵀ shared) with 2 heads, with the
@@ -31,8 +31,8 @@ PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
             **{f"no-{k}": {k: OFF[k]} for k in ("latency_hints", "tma", "exp2", "cb_precision")},
-            "all-off": dict(OFF), "heads2": {"heads_per_tile": 2},
-            "heads2-swap": {"heads_per_tile": 2, "operand_swap": True},
+            "all-off": dict(OFF), "heads2": {"heads_per_tile": 2, "head_mma": "batched"},
+            "heads2-swap": {"heads_per_tile": 2, "operand_swap": True, "head_mma": "batched"},
             "cb-shared": {"cb_mode": "shared"}, "cb-shared-swap": {"cb_mode": "shared", "operand_swap": True},
             "cb-shared-all-off": {"cb_mode": "shared", **OFF}, "cb-inline": {"cb_mode": "inline"},
             "decay_factor": {"decay_factor": True}, "decay_factor-swap": {"decay_factor": True, "operand_swap": True},
