@@ -77,7 +77,8 @@ BASE = "S|bfloat16|cb_precision=tf32|operand_swap=False|transposed_layout=True"
     pytest.param("compute_out", {"head_mma": "batched", "heads_per_tile": 1},
                  BASE.replace("cb_precision=tf32|", "cb_precision=tf32|heads_per_tile=1|"),
                  id="one-head-either-lowering-is-the-same-kernel"),
-    pytest.param("compute_out", {"block_rows": 32}, BASE.replace("cb_precision=tf32|", "block_rows=32|cb_precision=tf32|"),
+    pytest.param("compute_out", {"block_rows": 32},
+                 BASE.replace("cb_precision=tf32|", "block_rows=32|cb_precision=tf32|"),
                  id="fixed-size-switch"),
     pytest.param("chunk_cumsum", {"decay_factor": True, "block_rows": 32}, BASE, id="switches-the-stage-does-not-read"),
 ])
@@ -106,4 +107,19 @@ def test_cutile_search_space_heads(switches, heads_per_group, expect):
     assert space["heads_per_tile"] == expect
     assert {k: v for k, v in space.items() if k != "heads_per_tile"} == {
         k: v for k, v in SPACE["compute_out"].items() if k != "heads_per_tile"}
-    assert {c["heads_per_tile"] for c in configs("compute_out", CutileSwitches(**switches), heads_per_group)} == set(expect)
+    found = configs("compute_out", CutileSwitches(**switches), heads_per_group)
+    assert {c["heads_per_tile"] for c in found} == set(expect)
+
+
+def test_cutile_confirm_picks_the_fastest_whole_stage():
+    """The search's kernel-only ranking is re-timed as whole stages: a config whose extra kernel makes the stage
+    slow loses to one the kernel-only search ranked second."""
+    from impls.cutile.tune import confirm
+
+    stage_us = {"shared": 789.0, "inline": 530.0}
+    runs = []
+    timed = confirm([{"cb": "shared"}, {"cb": "inline"}], lambda cfg: runs.append(cfg["cb"]),
+                    timer=lambda fn: (fn(), stage_us[runs[-1]] / 1000.0)[1])
+    assert [t["config"]["cb"] for t in timed] == ["inline", "shared"]
+    assert [t["stage_median_us"] for t in timed] == [530.0, 789.0]
+    assert runs.count("shared") == 2 and runs.count("inline") == 2  # one settling call, one timed
