@@ -123,3 +123,22 @@ def test_cutile_confirm_picks_the_fastest_whole_stage():
     assert [t["config"]["cb"] for t in timed] == ["inline", "shared"]
     assert [t["stage_median_us"] for t in timed] == [530.0, 789.0]
     assert runs.count("shared") == 2 and runs.count("inline") == 2  # one settling call, one timed
+
+
+@pytest.mark.parametrize("mode, stored_space, expect", [
+    pytest.param("resume", "current", "resume", id="resume-current-record"),
+    pytest.param("resume", "older", "search", id="resume-record-of-an-older-space-searches"),
+    pytest.param("resume", None, "resume", id="resume-without-record"),
+    pytest.param("auto", "older", "auto", id="auto-keeps-an-older-record"),
+    pytest.param("record", "older", "record", id="record-keeps-an-older-record"),
+])
+def test_cutile_resume_searches_a_record_of_another_space(mode, stored_space, expect):
+    from impls.cutile.switches import CutileSwitches
+    from impls.cutile.tune import resume_mode, search_space
+
+    space = search_space("compute_out", CutileSwitches(), 80)
+    older = {k: v for k, v in space.items() if k != "heads_per_tile"}
+    if stored_space is not None:
+        tuning.store("cutile", "compute_out", GPU, "k", {"block_rows": 64},
+                     space if stored_space == "current" else older, {})
+    assert resume_mode(mode, "compute_out", GPU, "k", space) == expect

@@ -154,6 +154,19 @@ def resolve(stage: str, sw, device, key: str, make_call, heads_per_group: int | 
                                    for c, t, msg in result.failures],
                       "versions": {"cuda.tile": ct.__version__, "torch": torch.__version__}}
 
-    config, source = tuning.resolve(sw.tuning, "cutile", stage, gpu, key, fallback(stage, device), search)
+    mode = resume_mode(sw.tuning, stage, gpu, key, search_space(stage, sw, heads_per_group))
+    config, source = tuning.resolve(mode, "cutile", stage, gpu, key, fallback(stage, device), search)
     config.update(fixed)
     return config, source
+
+
+def resume_mode(mode: str, stage: str, gpu: str, key: str, space: dict) -> str:
+    """`resume` searches again when the stored record was searched over another space than today's (e.g. before
+    heads_per_tile joined compute_out's search): such a record is valid but may miss the winner. Other modes, and
+    `resume` with a current record or none, are passed on as given."""
+    if mode != "resume":
+        return mode
+    record = tuning.lookup("cutile", stage, gpu, key)
+    if record is not None and record.get("search_space") != space:
+        return "search"
+    return mode
