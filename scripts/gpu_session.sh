@@ -18,7 +18,8 @@ mkdir -p "$OUT"
 log="$OUT/session.log"
 budget=${GPU_SESSION_BUDGET_S:-560}      # stop starting work before the device call's 600 s limit
 start=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - start) )); }
+# seconds left, at least 1 (`timeout 0` would mean no limit at all)
+left() { local l=$(( budget - ($(date +%s) - start) )); [ "$l" -ge 1 ] || l=1; echo "$l"; }
 {
   echo "== $(date -u +%FT%TZ) $(hostname)"
   nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
@@ -76,6 +77,7 @@ case "$phase" in
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
-# the tuning records as they stand after the phase (searches store there; the device keeps nothing): one file back
-tar -czf "$OUT/tuning.tar.gz" tuning
+# the tuning records as they stand after the phase (searches store there; the device keeps nothing): one file back;
+# here: tar -xzf <files_at>/tuning.tar.gz -C tuning, then commit what changed
+tar -czf "$OUT/tuning.tar.gz" -C "${SSD_TUNING_DIR:-tuning}" .
 echo "== done in $(( $(date +%s) - start )) s" | tee -a "$log"

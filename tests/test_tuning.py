@@ -81,6 +81,10 @@ BASE = "S|bfloat16|cb_precision=tf32|operand_swap=False|transposed_layout=True"
                  BASE.replace("cb_precision=tf32|", "block_rows=32|cb_precision=tf32|"),
                  id="fixed-size-switch"),
     pytest.param("chunk_cumsum", {"decay_factor": True, "block_rows": 32}, BASE, id="switches-the-stage-does-not-read"),
+    pytest.param("compute_out", {"cb_mode": "inline"}, BASE.replace("|transposed", "|shared_cb=False|transposed"),
+                 id="cb_mode-fixed"),
+    pytest.param("fwd_pass_state", {"tma": False}, BASE.replace("|transposed", "|tma=False|transposed"),
+                 id="code-trick-off"),
 ])
 def test_cutile_record_key(stage, switches, expect):
     """A search with a switch that changes the winner stores under a key of its own, never over the full search's
@@ -142,3 +146,45 @@ def test_cutile_resume_searches_a_record_of_another_space(mode, stored_space, ex
         tuning.store("cutile", "compute_out", GPU, "k", {"block_rows": 64},
                      space if stored_space == "current" else older, {})
     assert resume_mode(mode, "compute_out", GPU, "k", space) == expect
+
+
+def test_cutile_confirm_candidates_include_each_cb_arrangement():
+    """The kernel-only ranking favours the shared C·Bᵀ (its kernel is not timed): the best inline config is
+    confirmed too even when the top CONFIRM_TOP are all shared."""
+    from impls.cutile.tune import CONFIRM_TOP, confirm_candidates
+
+    ranked = [{"occupancy": i, "shared_cb": True} for i in range(CONFIRM_TOP + 1)] + [
+        {"occupancy": 9, "shared_cb": False}, {"occupancy": 8, "shared_cb": False}]
+    picked = confirm_candidates(ranked)
+    assert picked == ranked[:CONFIRM_TOP] + [{"occupancy": 9, "shared_cb": False}]
+    assert confirm_candidates(ranked[-2:]) == ranked[-2:]  # fewer than CONFIRM_TOP: all of them
+
+
+def test_cutile_resume_searches_an_unconfirmed_record():
+    from impls.cutile.switches import CutileSwitches
+    from impls.cutile.tune import resume_mode, search_space
+
+    space = search_space("compute_out", CutileSwitches(), 80)
+    tuning.store("cutile", "compute_out", GPU, "k", {"block_rows": 64}, space, {})
+    assert resume_mode("resume", "compute_out", GPU, "k", space, confirms=True) == "search"
+    assert resume_mode("resume", "compute_out", GPU, "k", space, confirms=False) == "resume"
+    tuning.store("cutile", "compute_out", GPU, "k", {"block_rows": 64}, space, {},
+                 confirmed=[{"config": {"block_rows": 64}, "stage_median_us": 1.0}])
+    assert resume_mode("resume", "compute_out", GPU, "k", space, confirms=True) == "resume"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU path of resolve (gpu name 'cpu')")
+def test_cutile_trick_off_borrows_the_default_codes_record():
+    """auto with a code trick off and no record of its own: the default code's record (same tiles as the default
+    point of an ablation); a record of its own wins when there is one."""
+    from impls.cutile import tune
+    from impls.cutile.switches import CutileSwitches
+
+    sw = CutileSwitches(tma=False)
+    key, base = (tune.record_key("chunk_cumsum", sw, "S", "bfloat16", code_tricks=t) for t in (True, False))
+    assert key != base
+    tuning.store("cutile", "chunk_cumsum", "cpu", base, {"block_heads": 16, "occupancy": 8}, {}, {})
+    assert tune.resolve("chunk_cumsum", sw, None, key, None, base_key=base) == (
+        {"block_heads": 16, "occupancy": 8}, "record")
+    tuning.store("cutile", "chunk_cumsum", "cpu", key, {"block_heads": 4, "occupancy": 4}, {}, {})
+    assert tune.resolve("chunk_cumsum", sw, None, key, None, base_key=base)[0] == {"block_heads": 4, "occupancy": 4}

@@ -69,11 +69,13 @@ class CutileBackend(Backend):
                 run_config=None):
         from impls.cutile import tune
 
-        key = tune.record_key(stage, self.switches, key_shape, str(dtype).replace("torch.", ""))
+        dtype = str(dtype).replace("torch.", "")
+        key = tune.record_key(stage, self.switches, key_shape, dtype)
         # resolved once per (stage, key): a search runs once, and no call reads the record file again
         if (stage, key) not in self._resolved:
-            self._resolved[(stage, key)] = tune.resolve(stage, self.switches, device, key, make_call,
-                                                        heads_per_group, run_config)
+            self._resolved[(stage, key)] = tune.resolve(
+                stage, self.switches, device, key, make_call, heads_per_group, run_config,
+                base_key=tune.record_key(stage, self.switches, key_shape, dtype, code_tricks=False))
         config, source = self._resolved[(stage, key)]
         self._sources[stage] = {"source": source, "config": config}
         return config

@@ -80,20 +80,28 @@ def explicit(stage: str, sw) -> dict:
     return fixed
 
 
+# default-on code tricks that change the kernels but not which tiles suit them much: a search with one turned off
+# stores under a key of its own, and a run without such a record borrows the record of the key without them (the
+# ablation of one trick then runs on the same tiles as the default)
+CODE_TRICKS = ("tma", "exp2", "latency_hints")
 DEFAULT_HEAD_MMA = "per_head"  # CutileSwitches' default; other lowerings search and store under keys of their own
 
 
-def record_key(stage: str, sw, shape_label: str, dtype: str) -> str:
+def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool = True) -> str:
     """The tuning record's key: shape, dtype, the layout/operand switches, and what else changes the winner only
-    when set away from its default (so the records stored without them keep their keys): decay_factor on, a
-    lowering of several heads per tile other than the default, and every size switch fixed by hand (a search with
-    block_rows 32 fixed must not replace the record of the full search)."""
+    when set away from its default (so the records stored without them keep their keys): a default-on code trick
+    turned off (tma, exp2, latency_hints), decay_factor on, a lowering of several heads per tile other than the
+    default, and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search
+    with block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False:
+    the key without the tricks turned off, whose record `resolve` borrows when the tricks' own key has none."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
+    if code_tricks:
+        extra.update({k: False for k in CODE_TRICKS if not getattr(sw, k)})
     if stage == "compute_out" and sw.decay_factor:
         extra["decay_factor"] = True
     if stage == "compute_out" and sw.head_mma != DEFAULT_HEAD_MMA and sw.heads_per_tile != 1:  # 1: the same kernel
         extra["head_mma"] = sw.head_mma
-    extra.update({k: getattr(sw, k) for k in STAGE_KEYS[stage] if getattr(sw, k)})
+    extra.update(explicit(stage, sw))
     return tuning.tuning_key(shape_label, dtype, **extra)
 
 
@@ -117,11 +125,24 @@ def confirm(candidates: list[dict], run_config, timer=None) -> list[dict]:
     return sorted(timed, key=lambda t: t["stage_median_us"])
 
 
+def confirm_candidates(ranked: list[dict]) -> list[dict]:
+    """The configs to time as whole stages, from the search's ranking (fastest kernel first): its CONFIRM_TOP best,
+    plus the best of each C·Bᵀ arrangement (shared_cb) not among them — the kernel-only ranking leaves the C·Bᵀ
+    kernel out and so favours shared_cb, and the inline winner must still be timed."""
+    picked = list(ranked[:CONFIRM_TOP])
+    for value in dict.fromkeys(cfg.get("shared_cb") for cfg in ranked):
+        best = next(cfg for cfg in ranked if cfg.get("shared_cb") == value)
+        if best not in picked:
+            picked.append(best)
+    return picked
+
+
 def resolve(stage: str, sw, device, key: str, make_call, heads_per_group: int | None = None,
-            run_config=None) -> tuple[dict, str]:
+            run_config=None, base_key: str | None = None) -> tuple[dict, str]:
     """(config, source). Switch values override; `make_call(config) -> KernelCall` is used by search, over
     `search_space(stage, sw, heads_per_group)`; with `run_config(config)` (the whole stage) the search's
-    CONFIRM_TOP best are timed again as stages and the fastest stage wins (`confirm`)."""
+    CONFIRM_TOP best are timed again as stages and the fastest stage wins (`confirm`). `base_key`: the record
+    borrowed in modes auto/record when `key` (code tricks turned off) has none (`record_key`)."""
     fixed = explicit(stage, sw)
     if fixed and set(fixed) >= set(SPACE[stage]):
         return fixed, "switches"
@@ -141,8 +162,8 @@ def resolve(stage: str, sw, device, key: str, make_call, heads_per_group: int | 
         best = space[result.best.config]
         confirmed = []
         if run_config is not None:
-            ranked = sorted(result.successes, key=lambda m: m.mean_us)[:CONFIRM_TOP]
-            confirmed = confirm([space[m.config] for m in ranked], run_config)
+            ranked = [space[m.config] for m in sorted(result.successes, key=lambda m: m.mean_us)]
+            confirmed = confirm(confirm_candidates(ranked), run_config)
             best = confirmed[0]["config"]
         mean_us = next(m.mean_us for m in result.successes if space[m.config] == best)
         # cuda.tile.tune reports means (with a 95 % half-interval), not medians: recorded under their own names
@@ -154,19 +175,23 @@ def resolve(stage: str, sw, device, key: str, make_call, heads_per_group: int | 
                                    for c, t, msg in result.failures],
                       "versions": {"cuda.tile": ct.__version__, "torch": torch.__version__}}
 
-    mode = resume_mode(sw.tuning, stage, gpu, key, search_space(stage, sw, heads_per_group))
+    mode = resume_mode(sw.tuning, stage, gpu, key, search_space(stage, sw, heads_per_group), run_config is not None)
+    if mode in ("auto", "record") and base_key and tuning.lookup("cutile", stage, gpu, key) is None \
+            and tuning.lookup("cutile", stage, gpu, base_key) is not None:
+        key = base_key  # a trick turned off, no record of its own: the default code's tiles
     config, source = tuning.resolve(mode, "cutile", stage, gpu, key, fallback(stage, device), search)
     config.update(fixed)
     return config, source
 
 
-def resume_mode(mode: str, stage: str, gpu: str, key: str, space: dict) -> str:
+def resume_mode(mode: str, stage: str, gpu: str, key: str, space: dict, confirms: bool = False) -> str:
     """`resume` searches again when the stored record was searched over another space than today's (e.g. before
-    heads_per_tile joined compute_out's search): such a record is valid but may miss the winner. Other modes, and
-    `resume` with a current record or none, are passed on as given."""
+    heads_per_tile joined compute_out's search), or, where the search confirms its pick as whole stages
+    (`confirms`), when the record was never confirmed: such a record is valid but may miss the winner. Other
+    modes, and `resume` with a current record or none, are passed on as given."""
     if mode != "resume":
         return mode
     record = tuning.lookup("cutile", stage, gpu, key)
-    if record is not None and record.get("search_space") != space:
+    if record is not None and (record.get("search_space") != space or (confirms and not record.get("confirmed"))):
         return "search"
     return mode
