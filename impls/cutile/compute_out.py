@@ -33,6 +33,7 @@ import cuda.tile as ct
 import torch
 
 from impls.cutile.common import LOG2E, KernelCall, kernel_call, next_pow2
+from impls.cutile.switches import per_head_refusal
 
 ZERO = ct.PaddingMode.ZERO
 
@@ -330,23 +331,14 @@ def head_block(heads_per_group: int, config: dict) -> int:
     return hb
 
 
-PER_HEAD_BLOCKS = (2, 4)  # heads_per_tile values the per-head lowering is built and tested for
-
-
 def per_head_mma(sw, hb: int) -> bool:
     """Whether the kernel gives each of its hb heads its own 2-D MMAs (switch head_mma "per_head") instead of one
     batched rank-3 MMA; False when hb == 1 (one head: both lowerings are the same kernel). Raises ValueError for
-    the combinations it does not build: hb outside PER_HEAD_BLOCKS, and operand_swap, whose per-head form
-    tileiras 13.4 rejects at heads_per_tile 2 ("Invalid use-def chain in schedule")."""
-    if sw.head_mma != "per_head" or hb == 1:
-        return False
-    if hb not in PER_HEAD_BLOCKS:
-        raise ValueError(f"head_mma='per_head' takes heads_per_tile in {PER_HEAD_BLOCKS}, got heads_per_tile={hb} "
-                         "(cutile compute_out)")
-    if sw.operand_swap:
-        raise ValueError(f"head_mma='per_head' with operand_swap is not supported (heads_per_tile={hb}; tileiras "
-                         "13.4 fails to schedule it): use head_mma='batched' or operand_swap off (cutile compute_out)")
-    return True
+    the combinations it does not build (`switches.per_head_refusal`)."""
+    reason = per_head_refusal(sw, hb)
+    if reason:
+        raise ValueError(f"{reason} (cutile compute_out)")
+    return sw.head_mma == "per_head" and hb > 1
 
 
 def blocks(chunk: int, headdim: int, dstate: int, config: dict) -> tuple[int, int, int]:

@@ -89,6 +89,24 @@ class CutileSwitches:
         choices=tuning.MODES)
 
 
+PER_HEAD_BLOCKS = (2, 4)  # heads_per_tile values the per-head lowering (head_mma per_head) is built and tested for
+
+
+def per_head_refusal(sw: CutileSwitches, hb: int) -> str | None:
+    """Why compute_out cannot lower hb heads per tile per head with these switches, or None when it can (or when
+    the per-head lowering is not asked for, or hb == 1: one head is the same kernel either way). Not built: hb
+    outside PER_HEAD_BLOCKS, and operand_swap, whose per-head form tileiras 13.4 rejects at heads_per_tile 2
+    ("Invalid use-def chain in schedule"). compute_out raises with it; the tile search leaves such hb out."""
+    if sw.head_mma != "per_head" or hb == 1:
+        return None
+    if hb not in PER_HEAD_BLOCKS:
+        return f"head_mma='per_head' takes heads_per_tile in {PER_HEAD_BLOCKS}, got heads_per_tile={hb}"
+    if sw.operand_swap:
+        return (f"head_mma='per_head' with operand_swap is not supported (heads_per_tile={hb}; tileiras 13.4 fails "
+                "to schedule it): use head_mma='batched' or operand_swap off")
+    return None
+
+
 # Switches that change generated code (the rest pick sizes or where sizes come from).
 CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "cb_precision",
                  "head_mma")

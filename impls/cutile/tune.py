@@ -11,6 +11,7 @@ import itertools
 import torch
 
 from impls import tuning
+from impls.cutile.switches import CutileSwitches, per_head_refusal
 
 # Fixed configs per architecture (compute capability major). 0 = the compiler's choice of occupancy.
 # sm_90: the winners of the first search at S1 (tuning/NVIDIA_H200, docs/perf-notes.md version 1): occupancy 2
@@ -52,16 +53,14 @@ def fallback(stage: str, device) -> dict:
 
 def search_space(stage: str, sw=None, heads_per_group: int | None = None) -> dict[str, list]:
     """SPACE[stage] less the values this problem and these switches cannot take (never an explicit switch: that
-    one raises when the launch is built): head blocks that do not divide the heads of a group, and head blocks > 1
-    when their lowering is not built (per_head with operand_swap, compute_out.per_head_mma)."""
+    one raises when the launch is built): head blocks that do not divide the heads of a group, and head blocks
+    whose lowering is not built (`switches.per_head_refusal`)."""
     space = {k: list(v) for k, v in SPACE[stage].items()}
     if "heads_per_tile" in space:
         def takes(hb: int) -> bool:
-            if hb == 1:
-                return True
             if heads_per_group is not None and heads_per_group % hb:
                 return False
-            return sw is None or sw.head_mma != "per_head" or not sw.operand_swap
+            return sw is None or per_head_refusal(sw, hb) is None
         space["heads_per_tile"] = [hb for hb in space["heads_per_tile"] if takes(hb)]
     return space
 
@@ -84,7 +83,7 @@ def explicit(stage: str, sw) -> dict:
 # stores under a key of its own, and a run without such a record borrows the record of the key without them (the
 # ablation of one trick then runs on the same tiles as the default)
 CODE_TRICKS = ("tma", "exp2", "latency_hints")
-DEFAULT_HEAD_MMA = "per_head"  # CutileSwitches' default; other lowerings search and store under keys of their own
+DEFAULT_HEAD_MMA = CutileSwitches().head_mma  # other lowerings search and store under keys of their own
 
 
 def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool = True) -> str:
@@ -146,6 +145,7 @@ def resolve(stage: str, sw, device, key: str, make_call, heads_per_group: int | 
     fixed = explicit(stage, sw)
     if fixed and set(fixed) >= set(SPACE[stage]):
         return fixed, "switches"
+    space_now = search_space(stage, sw, heads_per_group)
     gpu = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "cpu"
 
     def search():
@@ -167,7 +167,7 @@ def resolve(stage: str, sw, device, key: str, make_call, heads_per_group: int | 
             best = confirmed[0]["config"]
         mean_us = next(m.mean_us for m in result.successes if space[m.config] == best)
         # cuda.tile.tune reports means (with a 95 % half-interval), not medians: recorded under their own names
-        return best, {"search_space": search_space(stage, sw, heads_per_group), "mean_us": mean_us,
+        return best, {"search_space": space_now, "mean_us": mean_us,
                       "confirmed": confirmed,
                       "measurements": [{"config": space[m.config], "mean_us": round(m.mean_us, 2),
                                         "error_margin_us": round(m.error_margin_us, 2)} for m in result.successes],
@@ -175,7 +175,7 @@ def resolve(stage: str, sw, device, key: str, make_call, heads_per_group: int | 
                                    for c, t, msg in result.failures],
                       "versions": {"cuda.tile": ct.__version__, "torch": torch.__version__}}
 
-    mode = resume_mode(sw.tuning, stage, gpu, key, search_space(stage, sw, heads_per_group), run_config is not None)
+    mode = resume_mode(sw.tuning, stage, gpu, key, space_now, run_config is not None)
     if mode in ("auto", "record") and base_key and tuning.lookup("cutile", stage, gpu, key) is None \
             and tuning.lookup("cutile", stage, gpu, base_key) is not None:
         key = base_key  # a trick turned off, no record of its own: the default code's tiles
