@@ -12,16 +12,25 @@
 # Run it through the device tool with carry [".gpu"] after `source .gpu/setup.sh &&` (../shared/gpu/README.md).
 # The device gets the working tree without .git: put the commit into the command for the rows' provenance,
 #   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> scripts/gpu_session.sh ...
+# Each invocation stores its points under a folder of its own (SWEEP_ROOT, default /tmp/sweeps/call-<time>), so a
+# merged Parquet holds exactly the points this invocation ran, even on a machine still warm from an earlier call.
+# To continue a cut-off sweep, pass the earlier SWEEP_ROOT (printed in the log): its stored points are skipped.
 set -uo pipefail
 OUT=${OUT:-results/scratch/gpu}
 mkdir -p "$OUT"
+SWEEP_ROOT=${SWEEP_ROOT:-/tmp/sweeps/call-$(date +%s)-$$}
+case " ${SWEEP_OVERRIDES:-} " in
+  *" results_dir="*)
+    # the merge reads $SWEEP_ROOT/<experiment>; a results_dir of its own would leave the merged Parquet stale
+    echo "gpu_session.sh: SWEEP_OVERRIDES sets results_dir; set SWEEP_ROOT instead" >&2; exit 2 ;;
+esac
 log="$OUT/session.log"
 budget=${GPU_SESSION_BUDGET_S:-560}      # stop starting work before the device call's 600 s limit
 start=$(date +%s)
 # seconds left, at least 1 (`timeout 0` would mean no limit at all)
 left() { local l=$(( budget - ($(date +%s) - start) )); [ "$l" -ge 1 ] || l=1; echo "$l"; }
 {
-  echo "== $(date -u +%FT%TZ) $(hostname)"
+  echo "== $(date -u +%FT%TZ) $(hostname) SWEEP_ROOT=$SWEEP_ROOT"
   nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee -a "$log"
@@ -39,9 +48,9 @@ case "$phase" in
     for exp in "$@"; do
       echo "== sweep $exp ($(left) s left)" | tee -a "$log"
       [ "$(left)" -gt 30 ] || { echo "skipped $exp: out of time" | tee -a "$log"; continue; }
-      timeout "$(left)" python -m experiments.bench -m "experiment=$exp" "results_dir=/tmp/sweeps/$exp" \
+      timeout "$(left)" python -m experiments.bench -m "experiment=$exp" "results_dir=$SWEEP_ROOT/$exp" \
         logger=local ${SWEEP_OVERRIDES:-} 2>&1 | tee -a "$log"
-      python -m experiments.merge "/tmp/sweeps/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$log"
+      python -m experiments.merge "$SWEEP_ROOT/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$log"
     done
     ;;
   sweep_each)
@@ -50,9 +59,9 @@ case "$phase" in
       echo "== sweep $exp backend=$backend ($(left) s left)" | tee -a "$log"
       [ "$(left)" -gt 20 ] || { echo "skipped $backend: out of time" | tee -a "$log"; continue; }
       timeout "$(left)" python -m experiments.bench -m "experiment=$exp" "backend=$backend" \
-        "results_dir=/tmp/sweeps/$exp" logger=local ${SWEEP_OVERRIDES:-} 2>&1 | tee -a "$log"
+        "results_dir=$SWEEP_ROOT/$exp" logger=local ${SWEEP_OVERRIDES:-} 2>&1 | tee -a "$log"
     done
-    python -m experiments.merge "/tmp/sweeps/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$log"
+    python -m experiments.merge "$SWEEP_ROOT/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$log"
     ;;
   first_call)
     # each backend's first point in a process pays compilation (and autotuning): compile_s of the gate's calls.
@@ -64,10 +73,10 @@ case "$phase" in
     for run in cold warm; do
       echo "== first_call $run ($(left) s left)" | tee -a "$log"
       timeout "$(left)" python -m experiments.bench -m "backend=${FIRST_CALL_BACKENDS:-mamba_ssm,triton,cutile}" \
-        shape=S1 bench=check_only force=true sweep_name="first_call_$run" "results_dir=/tmp/sweeps/first_call" \
+        shape=S1 bench=check_only force=true sweep_name="first_call_$run" "results_dir=$SWEEP_ROOT/first_call" \
         logger=local 2>&1 | tee -a "$log"
     done
-    python -m experiments.merge /tmp/sweeps/first_call "$OUT/first_call.parquet" 2>&1 | tee -a "$log"
+    python -m experiments.merge "$SWEEP_ROOT/first_call" "$OUT/first_call.parquet" 2>&1 | tee -a "$log"
     ;;
   sanitize)
     timeout "$(left)" python -m experiments.sanitize --out "$OUT" "$@" 2>&1 | tee -a "$log"

@@ -1,0 +1,57 @@
+"""scripts/gpu_session.sh on the CPU: each invocation merges exactly the points it ran, and an override that would
+send the points where the merge does not look is refused before anything runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "gpu_session.sh"
+
+
+def session(tmp_path: Path, out: str, *args: str, overrides: str = "", **env_extra: str):
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "SWEEP_ROOT")}
+    env.update(PYTHONPATH=str(REPO), PATH=f"{Path(sys.executable).parent}:{env['PATH']}", OUT=str(tmp_path / out),
+               SSD_TUNING_DIR=str(tmp_path / "tuning"), GPU_SESSION_BUDGET_S="300", **env_extra)
+    env["SWEEP_OVERRIDES"] = overrides
+    (tmp_path / "tuning").mkdir(exist_ok=True)
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_results_dir_override_is_refused(tmp_path):
+    done = session(tmp_path, "out", "sweep", "cpu", overrides="backend=reference results_dir=/tmp/elsewhere")
+    assert done.returncode == 2
+    assert "results_dir" in done.stderr and "SWEEP_ROOT" in done.stderr
+    assert not (tmp_path / "out" / "cpu.parquet").exists()
+
+
+def test_each_call_merges_only_its_own_points(tmp_path):
+    overrides = (f"backend=reference bench.cpu_warmup=0 bench.cpu_reps=1 logger.dir={tmp_path} "
+                 f"hydra.sweep.dir={tmp_path}/multirun")
+    runs = []
+    for out in ("call1", "call2"):
+        done = session(tmp_path, out, "sweep", "cpu", overrides=overrides)
+        assert done.returncode == 0, done.stderr[-3000:]
+        merged = pd.read_parquet(tmp_path / out / "cpu.parquet")
+        assert set(merged["status"]) == {"ok"}
+        runs.append(set(merged["run_id"]))
+        assert (tmp_path / out / "tuning.tar.gz").exists()
+    # the second call ran its point again instead of re-merging the first call's stored one
+    assert len(runs[0]) == len(runs[1]) == 1 and runs[0] != runs[1]
+
+
+def test_a_given_sweep_root_resumes(tmp_path):
+    overrides = (f"backend=reference bench.cpu_warmup=0 bench.cpu_reps=1 logger.dir={tmp_path} "
+                 f"hydra.sweep.dir={tmp_path}/multirun")
+    root = str(tmp_path / "sweeps")
+    first = session(tmp_path, "call1", "sweep", "cpu", overrides=overrides, SWEEP_ROOT=root)
+    second = session(tmp_path, "call2", "sweep", "cpu", overrides=overrides, SWEEP_ROOT=root)
+    assert first.returncode == 0 and second.returncode == 0, second.stderr[-3000:]
+    one, two = (pd.read_parquet(tmp_path / c / "cpu.parquet") for c in ("call1", "call2"))
+    assert set(one["run_id"]) == set(two["run_id"])  # the stored point was skipped, not timed again
