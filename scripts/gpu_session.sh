@@ -18,7 +18,7 @@
 set -uo pipefail
 OUT=${OUT:-results/scratch/gpu}
 mkdir -p "$OUT"
-SWEEP_ROOT=${SWEEP_ROOT:-/tmp/sweeps/call-$(date +%s)-$$}
+SWEEP_ROOT=${SWEEP_ROOT:-${TMPDIR:-/tmp}/sweeps/call-$(date +%s)-$$}
 case " ${SWEEP_OVERRIDES:-} " in
   *" results_dir="*)
     # the merge reads $SWEEP_ROOT/<experiment>; a results_dir of its own would leave the merged Parquet stale

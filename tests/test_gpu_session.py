@@ -17,7 +17,8 @@ SCRIPT = REPO / "scripts" / "gpu_session.sh"
 def session(tmp_path: Path, out: str, *args: str, overrides: str = "", **env_extra: str):
     env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "SWEEP_ROOT")}
     env.update(PYTHONPATH=str(REPO), PATH=f"{Path(sys.executable).parent}:{env['PATH']}", OUT=str(tmp_path / out),
-               SSD_TUNING_DIR=str(tmp_path / "tuning"), GPU_SESSION_BUDGET_S="300", **env_extra)
+               TMPDIR=str(tmp_path), SSD_TUNING_DIR=str(tmp_path / "tuning"), GPU_SESSION_BUDGET_S="300",
+               **env_extra)
     env["SWEEP_OVERRIDES"] = overrides
     (tmp_path / "tuning").mkdir(exist_ok=True)
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
