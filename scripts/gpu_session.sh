@@ -12,8 +12,9 @@
 # Run it through the device tool with carry [".gpu"] after `source .gpu/setup.sh &&` (../shared/gpu/README.md).
 # The device gets the working tree without .git: put the commit into the command for the rows' provenance,
 #   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> scripts/gpu_session.sh ...
-# Each invocation stores its points under a folder of its own (SWEEP_ROOT, default /tmp/sweeps/call-<time>), so a
-# merged Parquet holds exactly the points this invocation ran, even on a machine still warm from an earlier call.
+# Each invocation stores its points under a folder of its own (SWEEP_ROOT, default $TMPDIR/sweeps/call-<time>-<pid>,
+# with /tmp when TMPDIR is unset), so a merged Parquet holds exactly the points this invocation ran, even on a
+# machine still warm from an earlier call.
 # To continue a cut-off sweep, pass the earlier SWEEP_ROOT (printed in the log): its stored points are skipped.
 set -uo pipefail
 OUT=${OUT:-results/scratch/gpu}

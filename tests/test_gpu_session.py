@@ -25,6 +25,12 @@ def session(tmp_path: Path, out: str, *args: str, overrides: str = "", **env_ext
                           timeout=600)
 
 
+def cpu_point(tmp_path: Path) -> str:
+    """SWEEP_OVERRIDES for one quick point of the cpu experiment (the reference, one timed rep), logs in tmp_path."""
+    return (f"backend=reference bench.cpu_warmup=0 bench.cpu_reps=1 logger.dir={tmp_path} "
+            f"hydra.sweep.dir={tmp_path}/multirun")
+
+
 def test_results_dir_override_is_refused(tmp_path):
     done = session(tmp_path, "out", "sweep", "cpu", overrides="backend=reference results_dir=/tmp/elsewhere")
     assert done.returncode == 2
@@ -33,8 +39,7 @@ def test_results_dir_override_is_refused(tmp_path):
 
 
 def test_each_call_merges_only_its_own_points(tmp_path):
-    overrides = (f"backend=reference bench.cpu_warmup=0 bench.cpu_reps=1 logger.dir={tmp_path} "
-                 f"hydra.sweep.dir={tmp_path}/multirun")
+    overrides = cpu_point(tmp_path)
     runs = []
     for out in ("call1", "call2"):
         done = session(tmp_path, out, "sweep", "cpu", overrides=overrides)
@@ -48,8 +53,7 @@ def test_each_call_merges_only_its_own_points(tmp_path):
 
 
 def test_a_given_sweep_root_resumes(tmp_path):
-    overrides = (f"backend=reference bench.cpu_warmup=0 bench.cpu_reps=1 logger.dir={tmp_path} "
-                 f"hydra.sweep.dir={tmp_path}/multirun")
+    overrides = cpu_point(tmp_path)
     root = str(tmp_path / "sweeps")
     first = session(tmp_path, "call1", "sweep", "cpu", overrides=overrides, SWEEP_ROOT=root)
     second = session(tmp_path, "call2", "sweep", "cpu", overrides=overrides, SWEEP_ROOT=root)
