@@ -1,31 +1,65 @@
-"""Tuning records shared by the tuned backends (cutile, triton, tilegym): one JSON file per backend and stage.
+"""Launch configurations of the tuned backends (cutile, triton, tilegym): the one protocol that chooses them.
 
-Layout: tuning/<gpu slug>/<backend>_<stage>.json  ->  {"backend", "stage", "gpu", "entries": {key: record}}
-where key names the shape and dtype (`tuning_key`) and a record holds the chosen config, the search space, the
-versions it was found with, the date and the measured median. Modes:
-- "search":   run the backend's search, store the winner, use it;
-- "record":   use the stored record; none stored is an error;
-- "fallback": a fixed config per architecture, no file read;
-- "auto":     record when one is stored, else fallback (the default);
-- "resume":   record when one is stored, else search and store: an interrupted search (a device call's time limit)
-              picks up at the first stage without a record.
-Every result row records which source ran ("search", "record" or "fallback").
+A backend describes one stage's choice as a `Tunable` — its record key, its declared search space, how to run a
+config as the whole stage, optionally a kernel-only timer, its fallback — and calls `resolve(tunable)`. The rest is
+here, the same for every backend:
+
+1. explicit pins: switches that fix every tuned field give the source "switches"; pins fixing some fields win over
+   whatever config is chosen (`Tunable.pins`).
+2. the record: tuning/<gpu slug>/<backend>_<stage>.json -> {"backend", "stage", "gpu", "entries": {key: record}};
+   the file names the GPU, the key the stage's code-changing switches, shape and dtype (`tuning_key`), and the
+   record's "versions" the software stack it was searched on. A record is *usable* when that stack matches today's
+   (`Tunable.stack`: cuda-tile, tileiras, triton, tilegym, driver major, whichever the backend depends on); a record
+   whose versions could not be established (`versions_unverified`) is used and says so.
+   `Tunable.base_key`: the record borrowed (modes auto/record) when the key has none of its own (cuTile: a default
+   code trick turned off runs on the default code's tiles).
+3. the mode (`MODES`):
+   - "auto":     a usable record, else the fallback; the resolution says why it fell back;
+   - "record":   a usable record, else an error naming the file and the reason;
+   - "fallback": the backend's fixed config, no file read;
+   - "search":   search now (from scratch) and store the winner;
+   - "resume":   a usable record searched over today's space (and confirmed where the backend confirms), else a
+                 search that skips the configs a previous, interrupted search of the same space and stack already
+                 measured (partial progress: <backend>_<stage>.partial.json, written after every config).
+4. the search: every config of the declared space timed by the backend's kernel-only timer (else the whole stage
+   with do_bench's median); then the fastest CONFIRM_TOP (plus `Tunable.candidates`' extras) timed again as whole
+   stages (do_bench median) and the fastest stage wins — a kernel-only timer can leave kernels of the stage out.
+   A backend with its own autotuner (TileGym) passes `Tunable.own_search` instead: what it chose is stored the
+   same way.
+5. the record stored, atomically: config, search space and its hash, versions, date, every measured config,
+   failures, the confirmation.
+
+Progress of a search goes to stdout: configs done / total and the best so far (every config on a terminal, else
+one line per PROGRESS_INTERVAL_S seconds).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
+import hashlib
+import importlib.metadata
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 MODES = ("auto", "search", "record", "fallback", "resume")
 ROOT = Path(__file__).resolve().parent.parent / "tuning"
+CONFIRM_TOP = 4  # the search's best configs (by its timer) timed again as whole stages, for every backend
+PROGRESS_INTERVAL_S = 10.0  # progress lines when stdout is not a terminal
+# the software a record is bound to, as named in records: distribution names, plus "tileiras" and "driver" (major)
+STACK = ("cuda-tile", "tileiras", "triton", "tilegym", "driver")
 
 
+# --- the record store -----------------------------------------------------------------------------------------------
 def tuning_dir() -> Path:
     return Path(os.environ.get("SSD_TUNING_DIR", ROOT))
 
@@ -43,11 +77,26 @@ def record_path(backend: str, stage: str, gpu_name: str) -> Path:
     return tuning_dir() / gpu_slug(gpu_name) / f"{backend}_{stage}.json"
 
 
+def partial_path(backend: str, stage: str, gpu_name: str) -> Path:
+    return tuning_dir() / gpu_slug(gpu_name) / f"{backend}_{stage}.partial.json"
+
+
 def _read(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     with path.open() as fh:
         return json.load(fh)
+
+
+def _write(path: Path, data: dict) -> None:
+    """Whole file or nothing: a temp file, fsync, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    with tmp.open("w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def lookup(backend: str, stage: str, gpu_name: str, key: str) -> dict[str, Any] | None:
@@ -56,49 +105,318 @@ def lookup(backend: str, stage: str, gpu_name: str, key: str) -> dict[str, Any] 
 
 def store(backend: str, stage: str, gpu_name: str, key: str, config: dict, search_space: dict | list,
           versions: dict, **extra) -> dict[str, Any]:
-    """Adds or replaces one record; the file is rewritten atomically (temp file + rename)."""
+    """Adds or replaces one record (with the space's hash and the date); the file is rewritten atomically."""
     path = record_path(backend, stage, gpu_name)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = _read(path) or {"backend": backend, "stage": stage, "gpu": gpu_name, "entries": {}}
-    record = {"config": config, "search_space": search_space, "versions": versions,
-              "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), **extra}
+    record = {"config": config, "search_space": search_space, "space_hash": space_hash(search_space),
+              "versions": versions, "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), **extra}
     data["entries"][key] = record
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with tmp.open("w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    _write(path, data)
     return record
 
 
-def effective_mode(mode: str, backend: str, stage: str, gpu_name: str, key: str) -> str:
-    """"resume" turned into what it means for this record: "record" when one is stored, else "search"; any other
-    mode as given."""
-    if mode == "resume":
-        return "record" if lookup(backend, stage, gpu_name, key) is not None else "search"
-    return mode
+def space_hash(space: Any) -> str:
+    return hashlib.sha256(json.dumps(space, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def resolve(mode: str, backend: str, stage: str, gpu_name: str, key: str, fallback: dict,
-            search: Callable[[], tuple[dict, dict]] | None = None) -> tuple[dict, str]:
-    """The config to run and where it came from. `search()` returns (config, record extras incl. search_space
-    and versions) and is only called in "search" mode."""
-    if mode not in MODES:
-        raise ValueError(f"tuning: expected one of {MODES}, got {mode!r}")
-    if mode == "fallback":
-        return dict(fallback), "fallback"
-    mode = effective_mode(mode, backend, stage, gpu_name, key)
-    if mode == "search":
-        if search is None:
-            raise ValueError(f"tuning: backend {backend!r} stage {stage!r} has no search")
-        config, extras = search()
-        store(backend, stage, gpu_name, key, config, extras.pop("search_space", {}), extras.pop("versions", {}),
-              **extras)
-        return dict(config), "search"
-    record = lookup(backend, stage, gpu_name, key)
-    if record is not None:
-        return dict(record["config"]), "record"
-    if mode == "record":
-        raise ValueError(f"tuning: no record for {backend}/{stage} key {key!r} in {record_path(backend, stage, gpu_name)}")
-    return dict(fallback), "fallback"
+# --- the software stack ---------------------------------------------------------------------------------------------
+def _run(args: list[str]) -> str | None:
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _dist_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def _tileiras() -> str | None:
+    """The wheel's version, else the `tileiras` on PATH (`tileiras --version`: "... V13.4.92")."""
+    version = _dist_version("nvidia-cuda-tileiras")
+    if version:
+        return version
+    tool = shutil.which("tileiras")
+    match = re.search(r"\bV(\d+\.\d+\.\d+)", (_run([tool, "--version"]) if tool else None) or "")
+    return match.group(1) if match else None
+
+
+@functools.cache
+def _driver_major() -> str | None:
+    text = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return text.splitlines()[0].strip().split(".")[0] if text else None
+
+
+def stack_versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    """Today's versions of `names` (of STACK); None where absent (no driver on a CPU machine)."""
+    probes = {"tileiras": _tileiras, "driver": _driver_major}
+    unknown = set(names) - set(STACK)
+    if unknown:
+        raise ValueError(f"tuning stack: unknown component(s) {sorted(unknown)}; expected some of {STACK}")
+    return {n: probes[n]() if n in probes else _dist_version(n) for n in names}
+
+
+def stack_mismatch(record: dict, today: dict[str, str | None]) -> str | None:
+    """Why `record` was searched on another stack than `today`, or None when it matches. A version the record
+    lacks counts as a mismatch unless the record is flagged versions_unverified (used, and said so)."""
+    stored = record.get("versions") or {}
+    for name, now in today.items():
+        if name not in stored:
+            if record.get("versions_unverified"):
+                continue
+            return f"the record has no {name} version (today {now})"
+        if stored[name] != now:
+            return f"{name} {stored[name]} in the record, {now} today"
+    return None
+
+
+# --- what a backend hands over, what it gets back ------------------------------------------------------------------
+Timer = Callable[[dict], "float | dict"]
+
+
+@dataclass
+class Tunable:
+    """One stage's choice of launch config, as a backend describes it."""
+
+    backend: str
+    stage: str
+    key: str  # tuning_key(...): shape, dtype, the code-changing switches
+    gpu: str  # the record file's GPU
+    mode: str  # one of MODES
+    fallback: dict  # the fixed config (pins already applied, if the backend wants them there)
+    space: Any = None  # the declared search space, stored with the record (a change makes `resume` search again)
+    configs: list[dict] = field(default_factory=list)  # the configs a search measures, in order
+    run: Callable[[dict], Any] | None = None  # the whole stage with a config (confirmation; default timer)
+    timer: Timer | None = None  # kernel-only time of one config, µs (or {"us": ..., extras}); raises if it fails
+    candidates: Callable[[list[dict]], list[dict]] | None = None  # extra configs to confirm, from the ranking
+    pins: dict = field(default_factory=dict)  # fields the switches fix; they win over any chosen config
+    pinned_all: bool = False  # the pins fix every tuned field: no record, no search (source "switches")
+    base_key: str | None = None  # record borrowed in auto/record when `key` has none
+    stack: tuple[str, ...] = ()  # the software (of STACK) a record is bound to
+    own_search: Callable[[], dict] | None = None  # a backend's own autotuner: runs it, returns the chosen config
+    stage_timer: Callable[[Callable[[], Any]], float] | None = None  # whole-stage timer in ms (default: do_bench)
+
+
+@dataclass
+class Resolution:
+    """The config a stage runs with and where it came from; `as_dict` goes into describe() and so into rows."""
+
+    config: dict
+    source: str  # "switches" | "record" | "search" | "fallback"
+    key: str = ""  # the record key used (the borrowed one when borrowed)
+    reason: str = ""  # why a fallback ran or a record was borrowed / searched again
+    versions_unverified: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {"config": dict(self.config), "source": self.source, "key": self.key}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.versions_unverified:
+            out["versions_unverified"] = True
+        return out
+
+
+def resolve(t: Tunable) -> Resolution:
+    """The config `t.stage` runs with (module docstring: pins -> record -> mode -> search -> store -> fallback)."""
+    if t.mode not in MODES:
+        raise ValueError(f"tuning: expected one of {MODES}, got {t.mode!r}")
+    if t.pinned_all:
+        return Resolution(dict(t.pins), "switches", t.key, "every tuned field fixed by a switch")
+    if t.mode == "fallback":
+        return _pinned(Resolution(dict(t.fallback), "fallback", t.key, "tuning=fallback"), t)
+    today = stack_versions(t.stack)
+    if t.mode == "search":
+        return _pinned(_search(t, today, resume=False), t)
+    record, key, reason = _usable_record(t, today)
+    if t.mode == "resume":
+        stale = reason or _stale(t, record)
+        if record is None or stale:
+            found = _search(t, today, resume=True)
+            found.reason = stale or "no record"
+            return _pinned(found, t)
+        return _pinned(_from_record(record, key, ""), t)
+    if record is not None and not reason:
+        borrowed = f"borrowed the record of {key}" if key != t.key else ""
+        return _pinned(_from_record(record, key, borrowed), t)
+    if t.mode == "record":
+        where = record_path(t.backend, t.stage, t.gpu)
+        raise ValueError(f"tuning: no usable record for {t.backend}/{t.stage} key {t.key!r} in {where}: {reason}")
+    return _pinned(Resolution(dict(t.fallback), "fallback", t.key, reason or "no record"), t)
+
+
+def _pinned(res: Resolution, t: Tunable) -> Resolution:
+    res.config.update(t.pins)
+    return res
+
+
+def _from_record(record: dict, key: str, reason: str) -> Resolution:
+    unverified = bool(record.get("versions_unverified"))
+    if unverified:
+        reason = "; ".join(r for r in (reason, "record's versions unverified") if r)
+    return Resolution(dict(record["config"]), "record", key, reason, unverified)
+
+
+def _usable_record(t: Tunable, today: dict) -> tuple[dict | None, str, str]:
+    """(record, its key, why it cannot be used or ""): the key's own record, else (auto/record) the base key's."""
+    record = lookup(t.backend, t.stage, t.gpu, t.key)
+    key = t.key
+    if record is None and t.base_key and t.mode in ("auto", "record"):
+        record, key = lookup(t.backend, t.stage, t.gpu, t.base_key), t.base_key
+    if record is None:
+        return None, t.key, "no record"
+    mismatch = stack_mismatch(record, today)
+    return record, key, f"searched on another stack: {mismatch}" if mismatch else ""
+
+
+def _stale(t: Tunable, record: dict) -> str:
+    """Why `resume` searches again although a usable record exists: another space, or never confirmed where this
+    backend confirms."""
+    if record.get("search_space") != t.space:
+        return "the record was searched over another space"
+    if t.run is not None and t.own_search is None and not record.get("confirmed"):
+        return "the record was never confirmed as whole stages"
+    return ""
+
+
+# --- the search -----------------------------------------------------------------------------------------------------
+def _search(t: Tunable, today: dict, resume: bool) -> Resolution:
+    if t.own_search is not None:
+        config = dict(t.own_search())
+        store(t.backend, t.stage, t.gpu, t.key, config, t.space, today, searched_by=f"{t.backend}'s own autotuner")
+        return Resolution(config, "search", t.key)
+    if not t.configs:
+        raise ValueError(f"tuning: {t.backend}/{t.stage} has an empty search space")
+    done = _load_partial(t, today) if resume else {"measurements": [], "failures": []}
+    measurements, failures = done["measurements"], done["failures"]
+    measured = [m["config"] for m in measurements] + [f["config"] for f in failures]
+    progress = Progress(f"{t.backend}/{t.stage} {t.key}", len(t.configs))
+    timer = t.timer or (lambda cfg: 1000.0 * _stage_timer(t)(lambda: t.run(cfg)))
+    for cfg in t.configs:
+        if cfg in measured:
+            continue
+        try:
+            m = timer(cfg)
+            measurements.append({"config": cfg, **({"us": round(m, 2)} if not isinstance(m, dict) else m)})
+        except Exception as exc:  # a config that does not compile, fit or launch
+            failures.append({"config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+        measured.append(cfg)
+        _save_partial(t, today, measurements, failures)
+        progress.update(len(measured), min(measurements, key=lambda m: m["us"], default=None))
+    progress.finish(len(measured), min(measurements, key=lambda m: m["us"], default=None))
+    if not measurements:
+        raise RuntimeError(f"tuning {t.backend}/{t.stage}: no config of the search space ran; first failure: "
+                           f"{failures[0] if failures else 'none tried'}")
+    ranked = [m["config"] for m in sorted(measurements, key=lambda m: m["us"])]
+    best, confirmed = ranked[0], []
+    if t.run is not None:
+        confirmed = confirm(confirm_candidates(ranked, t.candidates), t.run, _stage_timer(t))
+        best = confirmed[0]["config"]
+    search_us = next(m["us"] for m in measurements if m["config"] == best)
+    store(t.backend, t.stage, t.gpu, t.key, best, t.space, today, search_us=search_us,
+          timer="kernel-only (backend's)" if t.timer else "whole stage, do_bench median",
+          confirmed=confirmed, measurements=measurements, failures=failures)
+    _drop_partial(t)
+    return Resolution(dict(best), "search", t.key)
+
+
+def confirm_candidates(ranked: list[dict], extra: Callable[[list[dict]], list[dict]] | None = None) -> list[dict]:
+    """The configs to time as whole stages: the CONFIRM_TOP best of the ranking, plus `extra(ranked)` not among
+    them."""
+    picked = list(ranked[:CONFIRM_TOP])
+    for cfg in extra(ranked) if extra else []:
+        if cfg not in picked:
+            picked.append(cfg)
+    return picked
+
+
+def do_bench_ms(fn: Callable[[], Any]) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def wall_ms(fn: Callable[[], Any], reps: int = 3) -> float:
+    """Median wall time of `reps` calls (after one): for CPU runs (the Triton interpreter), where do_bench cannot."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(1000.0 * (time.perf_counter() - start))
+    return sorted(times)[len(times) // 2]
+
+
+def _stage_timer(t: Tunable) -> Callable[[Callable[[], Any]], float]:
+    return t.stage_timer or do_bench_ms
+
+
+def confirm(candidates: list[dict], run_config: Callable[[dict], Any],
+            timer: Callable[[Callable[[], Any]], float] | None = None) -> list[dict]:
+    """Each candidate timed as the whole stage (`run_config(config)`), median of `timer` (ms; do_bench's by
+    default) in µs; sorted, fastest first."""
+    timer = timer or do_bench_ms
+    timed = []
+    for cfg in candidates:
+        run_config(cfg)  # compiled already by the search; one call more to settle allocations
+        timed.append({"config": cfg, "stage_median_us": round(1000.0 * timer(lambda cfg=cfg: run_config(cfg)), 2)})
+    return sorted(timed, key=lambda t: t["stage_median_us"])
+
+
+def _partial_id(t: Tunable, today: dict) -> dict:
+    return {"space_hash": space_hash(t.configs), "versions": today}
+
+
+def _load_partial(t: Tunable, today: dict) -> dict:
+    """What an interrupted search of the same configs on the same stack measured (nothing otherwise)."""
+    entry = _read(partial_path(t.backend, t.stage, t.gpu)).get(t.key)
+    if entry and {k: entry.get(k) for k in ("space_hash", "versions")} == _partial_id(t, today):
+        return {"measurements": list(entry["measurements"]), "failures": list(entry["failures"])}
+    return {"measurements": [], "failures": []}
+
+
+def _save_partial(t: Tunable, today: dict, measurements: list, failures: list) -> None:
+    path = partial_path(t.backend, t.stage, t.gpu)
+    data = _read(path)
+    data[t.key] = {**_partial_id(t, today), "measurements": measurements, "failures": failures}
+    _write(path, data)
+
+
+def _drop_partial(t: Tunable) -> None:
+    path = partial_path(t.backend, t.stage, t.gpu)
+    data = _read(path)
+    if data.pop(t.key, None) is not None:
+        if data:
+            _write(path, data)
+        else:
+            path.unlink()
+
+
+class Progress:
+    """Configs done / total and the best so far: every update on a terminal, else one line per `interval` s."""
+
+    def __init__(self, label: str, total: int, stream=None, interval: float = PROGRESS_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.label, self.total, self.stream, self.interval, self.clock = label, total, stream, interval, clock
+        self.last = clock()
+
+    def _out(self):
+        return self.stream or sys.stdout
+
+    def line(self, done: int, best: dict | None) -> str:
+        shown = f"best {best['us']:.1f} µs {best['config']}" if best else "none ran yet"
+        return f"tuning {self.label}: {done}/{self.total} configs, {shown}"
+
+    def update(self, done: int, best: dict | None) -> None:
+        out = self._out()
+        now = self.clock()
+        if (hasattr(out, "isatty") and out.isatty()) or now - self.last >= self.interval:
+            print(self.line(done, best), file=out, flush=True)
+            self.last = now
+
+    def finish(self, done: int, best: dict | None) -> None:
+        print(self.line(done, best), file=self._out(), flush=True)

@@ -257,11 +257,13 @@ def test_switch_metadata():
 ], ids=["heads_per_tile", "rows-occupancy", "block_heads", "not-read"])
 def test_size_switches_override_tuning(stage, switches, expect):
     """Every size switch a stage reads overrides the record/fallback, searched or not (no switch is ignored)."""
+    from impls import tuning
     from impls.cutile import tune
 
     sw = dataclasses.replace(DEFAULTS, tuning="fallback", **switches)
     assert tune.explicit(stage, sw) == expect
-    config, source = tune.resolve(stage, sw, "cpu", "key", make_call=None)
+    resolution = tuning.resolve(tune.tunable(stage, sw, "cpu", "S", "bfloat16", make_call=None))
+    config, source = resolution.config, resolution.source
     assert source in ("fallback", "switches") and {k: config[k] for k in expect} == expect
     assert set(config) >= set(tune.FALLBACK[9][stage]) or source == "switches"
 

@@ -53,10 +53,11 @@ def test_fused_forward_raises_before_running_on_seq_idx():
 
 
 def test_fused_tiles_come_from_their_own_tuning_stage():
+    from impls import tuning
     from impls.cutile import fused, tune
 
     sw = dataclasses.replace(FUSED, tuning="fallback", block_headdim=64)
-    config, source = tune.resolve("fused", sw, "cpu", "key", make_call=None)
+    config = tuning.resolve(tune.tunable("fused", sw, "cpu", "S", "bfloat16", make_call=None)).config
     assert config["block_headdim"] == 64 and config["occupancy"] == tune.FALLBACK[9]["fused"]["occupancy"]
     assert fused.blocks(256, 64, 128, config) == (64, 64, 128)
     assert fused.blocks(64, 80, 48, {}) == (64, 64, 64)  # rows capped by the chunk; dstate whole (next pow2)

@@ -1,66 +1,303 @@
-"""impls.tuning's modes on a scratch record directory: which source runs, when a search is called and stored."""
+"""impls.tuning's protocol on a scratch record directory, with fake timers: which source runs, when a search runs,
+what it stores, how it resumes, when a record is bound to another stack; and the cuTile and Triton declarations."""
 
 from __future__ import annotations
+
+import io
+import json
 
 import pytest
 
 from impls import tuning
 
 GPU = "Test GPU"
+STACK = {"cuda-tile": "1.7.0", "driver": "580"}
+SPACE = {"block": [32, 64, 128]}
+CONFIGS = [{"block": b} for b in SPACE["block"]]
+KERNEL_US = {32: 30.0, 64: 10.0, 128: 20.0}  # what the fake kernel-only timer says
+REAL_STACK_VERSIONS = tuning.stack_versions
 
 
 @pytest.fixture(autouse=True)
 def scratch_records(tmp_path, monkeypatch):
     monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "stack_versions", lambda names: {n: STACK.get(n) for n in names})
 
 
-def _search_counting(calls: list):
-    def search():
-        calls.append(1)
-        return {"block": 64}, {"search_space": [{"block": 32}, {"block": 64}], "versions": {"x": "1"}}
-    return search
+class Fake:
+    """A backend's stage: a kernel-only timer and a whole-stage run, counting what was timed."""
+
+    def __init__(self, stage_ms=None):
+        self.timed, self.runs = [], []
+        self.stage_ms = stage_ms or {32: 0.031, 64: 0.05, 128: 0.021}
+
+    def timer(self, cfg):
+        self.timed.append(cfg["block"])
+        return KERNEL_US[cfg["block"]]
+
+    def run(self, cfg):
+        self.runs.append(cfg["block"])
+
+    def stage_timer(self, fn):
+        fn()
+        return self.stage_ms[self.runs[-1]]
 
 
-@pytest.mark.parametrize("mode, expect_source, expect_searches", [
-    pytest.param("auto", "fallback", 0, id="auto-without-record-falls-back"),
-    pytest.param("fallback", "fallback", 0, id="fallback"),
-    pytest.param("search", "search", 1, id="search"),
-    pytest.param("resume", "search", 1, id="resume-without-record-searches"),
+def _tunable(mode="auto", fake=None, **kw) -> tuning.Tunable:
+    fake = fake or Fake()
+    args = dict(backend="b", stage="s", key="k", gpu=GPU, mode=mode, fallback={"block": 16}, space=SPACE,
+                configs=list(CONFIGS), timer=fake.timer, run=fake.run, stage_timer=fake.stage_timer,
+                stack=("cuda-tile", "driver"))
+    return tuning.Tunable(**{**args, **kw})
+
+
+def _store(config=None, versions=None, **extra):
+    extra.setdefault("confirmed", [{"config": config or {"block": 128}, "stage_median_us": 1.0}])
+    tuning.store("b", "s", GPU, "k", config or {"block": 128}, SPACE, STACK if versions is None else versions,
+                 **extra)
+
+
+# --- modes ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode, expect_source, searches", [
+    pytest.param("auto", "fallback", False, id="auto-without-record-falls-back"),
+    pytest.param("fallback", "fallback", False, id="fallback"),
+    pytest.param("search", "search", True, id="search"),
+    pytest.param("resume", "search", True, id="resume-without-record-searches"),
 ])
-def test_modes_without_a_record(mode, expect_source, expect_searches):
-    calls = []
-    config, source = tuning.resolve(mode, "b", "s", GPU, "k", {"block": 16}, _search_counting(calls))
-    assert source == expect_source and len(calls) == expect_searches
-    assert config == ({"block": 16} if source == "fallback" else {"block": 64})
-    assert (tuning.lookup("b", "s", GPU, "k") is not None) == (expect_searches == 1)
+def test_modes_without_a_record(mode, expect_source, searches):
+    fake = Fake()
+    res = tuning.resolve(_tunable(mode, fake))
+    assert res.source == expect_source and bool(fake.timed) == searches
+    assert (tuning.lookup("b", "s", GPU, "k") is not None) == searches
+    if res.source == "fallback":
+        assert res.config == {"block": 16}
+    if mode == "auto":
+        assert res.reason == "no record"
 
 
 def test_record_mode_without_a_record_raises_naming_the_file():
-    with pytest.raises(ValueError, match="no record for b/s"):
-        tuning.resolve("record", "b", "s", GPU, "k", {"block": 16})
+    with pytest.raises(ValueError, match="no usable record for b/s key 'k' in .*b_s.json: no record"):
+        tuning.resolve(_tunable("record"))
 
 
-@pytest.mark.parametrize("mode, expect_source, expect_searches", [
-    pytest.param("auto", "record", 0, id="auto"),
-    pytest.param("record", "record", 0, id="record"),
-    pytest.param("resume", "record", 0, id="resume-reuses-the-record"),
-    pytest.param("search", "search", 1, id="search-searches-again"),
-    pytest.param("fallback", "fallback", 0, id="fallback-ignores-it"),
+@pytest.mark.parametrize("mode, expect_source, searches", [
+    pytest.param("auto", "record", False, id="auto"),
+    pytest.param("record", "record", False, id="record"),
+    pytest.param("resume", "record", False, id="resume-reuses-the-record"),
+    pytest.param("search", "search", True, id="search-searches-again"),
+    pytest.param("fallback", "fallback", False, id="fallback-ignores-it"),
 ])
-def test_modes_with_a_record(mode, expect_source, expect_searches):
-    tuning.store("b", "s", GPU, "k", {"block": 128}, [], {})
-    calls = []
-    config, source = tuning.resolve(mode, "b", "s", GPU, "k", {"block": 16}, _search_counting(calls))
-    assert source == expect_source and len(calls) == expect_searches
-    assert config == {"record": {"block": 128}, "search": {"block": 64}, "fallback": {"block": 16}}[source]
+def test_modes_with_a_record(mode, expect_source, searches):
+    _store({"block": 64})
+    fake = Fake()
+    res = tuning.resolve(_tunable(mode, fake))
+    assert res.source == expect_source and bool(fake.timed) == searches
+    assert res.config == {"record": {"block": 64}, "search": {"block": 128}, "fallback": {"block": 16}}[res.source]
 
 
 def test_unknown_mode_names_the_choices():
     with pytest.raises(ValueError, match="tuning: expected one of"):
-        tuning.resolve("sometimes", "b", "s", GPU, "k", {})
+        tuning.resolve(_tunable("sometimes"))
 
 
-# --- cuTile's record keys ---------------------------------------------------------------------------------------
+def test_pins_win_and_all_pinned_is_switches():
+    _store({"block": 64, "warps": 4})
+    assert tuning.resolve(_tunable(pins={"warps": 8})).config == {"block": 64, "warps": 8}
+    res = tuning.resolve(_tunable(pins={"block": 32}, pinned_all=True))
+    assert (res.config, res.source) == ({"block": 32}, "switches")
+
+
+# --- the search ---------------------------------------------------------------------------------------------------
+def test_search_times_every_config_then_confirms_the_best_as_whole_stages():
+    """The kernel-only ranking (64 < 128 < 32) is re-timed as whole stages: 128 is the fastest stage and wins; the
+    record keeps every measurement, the confirmation, the space's hash and the versions."""
+    fake = Fake()
+    res = tuning.resolve(_tunable("search", fake))
+    assert res.config == {"block": 128} and fake.timed == [32, 64, 128]
+    record = tuning.lookup("b", "s", GPU, "k")
+    assert [c["config"]["block"] for c in record["confirmed"]] == [128, 32, 64]
+    assert [m["us"] for m in record["measurements"]] == [30.0, 10.0, 20.0]
+    assert record["space_hash"] == tuning.space_hash(SPACE) and record["versions"]["cuda-tile"] == "1.7.0"
+    assert record["search_us"] == 20.0 and record["search_space"] == SPACE
+    assert not tuning.partial_path("b", "s", GPU).exists()
+
+
+def test_confirmation_takes_confirm_top_plus_the_backends_extras():
+    ranked = [{"block": b} for b in range(tuning.CONFIRM_TOP + 3)]
+    assert tuning.confirm_candidates(ranked) == ranked[:tuning.CONFIRM_TOP]
+    extra = tuning.confirm_candidates(ranked, lambda r: [r[-1], r[0]])
+    assert extra == ranked[:tuning.CONFIRM_TOP] + [ranked[-1]]
+
+
+def test_without_a_kernel_timer_the_whole_stage_is_timed():
+    fake = Fake()
+    res = tuning.resolve(_tunable("search", fake, timer=None))
+    assert res.config == {"block": 128}
+    assert tuning.lookup("b", "s", GPU, "k")["measurements"][2]["us"] == 21.0
+
+
+def test_failing_configs_are_recorded_and_the_rest_searched():
+    fake = Fake()
+
+    def timer(cfg):
+        if cfg["block"] == 64:
+            raise RuntimeError("out of shared memory")
+        return fake.timer(cfg)
+
+    tuning.resolve(_tunable("search", fake, timer=timer))
+    record = tuning.lookup("b", "s", GPU, "k")
+    assert record["failures"] == [{"config": {"block": 64}, "error": "RuntimeError: out of shared memory"}]
+    assert {m["config"]["block"] for m in record["measurements"]} == {32, 128}
+
+
+def test_nothing_runs_raises_with_the_first_failure():
+    def timer(cfg):
+        raise RuntimeError("no kernel")
+
+    with pytest.raises(RuntimeError, match="no config of the search space ran.*no kernel"):
+        tuning.resolve(_tunable("search", timer=timer))
+
+
+def test_resume_continues_an_interrupted_search_config_by_config():
+    """A search stopped after two configs (a time limit) leaves them in the partial file; `resume` in a new
+    process times only the third; `search` starts again from scratch."""
+    first = Fake()
+
+    def interrupted(cfg):
+        if len(first.timed) == 2:
+            raise KeyboardInterrupt
+        return first.timer(cfg)
+
+    with pytest.raises(KeyboardInterrupt):
+        tuning.resolve(_tunable("resume", first, timer=interrupted))
+    assert tuning.lookup("b", "s", GPU, "k") is None
+    partial = json.loads(tuning.partial_path("b", "s", GPU).read_text())["k"]
+    assert [m["config"]["block"] for m in partial["measurements"]] == [32, 64]
+    second = Fake()
+    assert tuning.resolve(_tunable("resume", second)).config == {"block": 128}
+    assert second.timed == [128]
+    assert len(tuning.lookup("b", "s", GPU, "k")["measurements"]) == 3
+
+
+def test_resume_ignores_partial_progress_of_another_stack(monkeypatch):
+    first = Fake()
+
+    def interrupted(cfg):
+        if first.timed:
+            raise KeyboardInterrupt
+        return first.timer(cfg)
+
+    with pytest.raises(KeyboardInterrupt):
+        tuning.resolve(_tunable("resume", first, timer=interrupted))
+    monkeypatch.setattr(tuning, "stack_versions", lambda names: {n: "2.0" for n in names})
+    second = Fake()
+    tuning.resolve(_tunable("resume", second))
+    assert second.timed == [32, 64, 128]
+
+
+@pytest.mark.parametrize("stored, expect_search", [
+    pytest.param({}, False, id="current-record"),
+    pytest.param({"space": {"block": [32, 64]}}, True, id="older-space"),
+    pytest.param({"confirmed": []}, True, id="never-confirmed"),
+    pytest.param({"versions": {"cuda-tile": "1.6.0", "driver": "580"}}, True, id="another-stack"),
+])
+def test_resume_searches_again_when_the_record_is_stale(stored, expect_search):
+    tuning.store("b", "s", GPU, "k", {"block": 32}, stored.get("space", SPACE), stored.get("versions", STACK),
+                 confirmed=stored.get("confirmed", [{"config": {"block": 32}}]))
+    fake = Fake()
+    res = tuning.resolve(_tunable("resume", fake))
+    assert (res.source == "search") == expect_search and bool(fake.timed) == expect_search
+    if expect_search:
+        assert res.reason
+
+
+def test_resume_without_confirmation_keeps_an_unconfirmed_record():
+    """A backend that does not confirm (no whole-stage run) does not search again for want of a confirmation."""
+    tuning.store("b", "s", GPU, "k", {"block": 32}, SPACE, STACK)
+    assert tuning.resolve(_tunable("resume", run=None)).source == "record"
+
+
+# --- records bound to the stack -------------------------------------------------------------------------------------
+def test_auto_falls_back_from_a_record_of_another_stack_and_says_why():
+    _store({"block": 64}, versions={"cuda-tile": "1.6.0", "driver": "580"})
+    res = tuning.resolve(_tunable("auto"))
+    assert (res.config, res.source) == ({"block": 16}, "fallback")
+    assert res.as_dict()["reason"] == "searched on another stack: cuda-tile 1.6.0 in the record, 1.7.0 today"
+    with pytest.raises(ValueError, match="cuda-tile 1.6.0 in the record"):
+        tuning.resolve(_tunable("record"))
+
+
+def test_a_record_missing_a_version_is_another_stack_unless_flagged_unverified():
+    _store({"block": 64}, versions={"cuda-tile": "1.7.0"})
+    assert "no driver version" in tuning.resolve(_tunable("auto")).reason
+    _store({"block": 64}, versions={"cuda-tile": "1.7.0"}, versions_unverified=True)
+    res = tuning.resolve(_tunable("auto"))
+    assert res.source == "record" and res.as_dict()["versions_unverified"] is True
+
+
+def test_an_unverified_record_still_checks_the_versions_it_has():
+    _store({"block": 64}, versions={"cuda-tile": "1.6.0"}, versions_unverified=True)
+    assert tuning.resolve(_tunable("auto")).source == "fallback"
+
+
+def test_base_key_is_borrowed_in_auto_and_record_only():
+    tuning.store("b", "s", GPU, "base", {"block": 64}, SPACE, STACK)
+    res = tuning.resolve(_tunable("auto", base_key="base"))
+    assert (res.config, res.source, res.key) == ({"block": 64}, "record", "base") and "borrowed" in res.reason
+    assert tuning.resolve(_tunable("resume", base_key="base")).source == "search"
+    assert tuning.resolve(_tunable("auto", base_key="base")).key == "k"  # its own record now
+
+
+def test_own_search_is_stored_with_the_stack():
+    """A backend with its own autotuner (TileGym): what it chose is stored with the versions; `auto` reads it."""
+    chosen = []
+    tunable = _tunable("search", own_search=lambda: chosen.append(1) or {"BLOCK": 8}, run=None, timer=None)
+    assert tuning.resolve(tunable).config == {"BLOCK": 8} and chosen == [1]
+    record = tuning.lookup("b", "s", GPU, "k")
+    assert record["versions"]["cuda-tile"] == "1.7.0" and "own autotuner" in record["searched_by"]
+    assert tuning.resolve(_tunable("resume", own_search=lambda: {"BLOCK": 1}, run=None)).source == "record"
+
+
+def test_stack_versions_names_only_known_components():
+    with pytest.raises(ValueError, match=r"unknown component\(s\) \['cuda'\]"):
+        REAL_STACK_VERSIONS(("cuda",))
+    assert set(REAL_STACK_VERSIONS(("triton", "cuda-tile"))) == {"triton", "cuda-tile"}
+
+
+# --- progress -----------------------------------------------------------------------------------------------------
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_progress_prints_one_line_per_interval_when_not_a_terminal():
+    out, clock = io.StringIO(), Clock()
+    progress = tuning.Progress("b/s k", 40, stream=out, clock=clock)
+    for done in range(1, 41):
+        clock.now += 1.0
+        progress.update(done, {"us": 10.0 - done / 10, "config": {"block": done}})
+    progress.finish(40, {"us": 6.0, "config": {"block": 40}})
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 5 and lines[0].startswith("tuning b/s k: 10/40 configs, best 9.0 µs {'block': 10}")
+    assert lines[-1] == "tuning b/s k: 40/40 configs, best 6.0 µs {'block': 40}"
+
+
+def test_progress_prints_every_config_on_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Tty()
+    progress = tuning.Progress("b/s k", 3, stream=out, clock=Clock())
+    for done in (1, 2, 3):
+        progress.update(done, None)
+    assert out.getvalue().splitlines() == [f"tuning b/s k: {d}/3 configs, none ran yet" for d in (1, 2, 3)]
+
+
+# --- cuTile's declarations ---------------------------------------------------------------------------------------
 BASE = "S|bfloat16|cb_precision=tf32|operand_swap=False|transposed_layout=True"
 
 
@@ -115,76 +352,61 @@ def test_cutile_search_space_heads(switches, heads_per_group, expect):
     assert {c["heads_per_tile"] for c in found} == set(expect)
 
 
-def test_cutile_confirm_picks_the_fastest_whole_stage():
-    """The search's kernel-only ranking is re-timed as whole stages: a config whose extra kernel makes the stage
-    slow loses to one the kernel-only search ranked second."""
-    from impls.cutile.tune import confirm
-
-    stage_us = {"shared": 789.0, "inline": 530.0}
-    runs = []
-    timed = confirm([{"cb": "shared"}, {"cb": "inline"}], lambda cfg: runs.append(cfg["cb"]),
-                    timer=lambda fn: (fn(), stage_us[runs[-1]] / 1000.0)[1])
-    assert [t["config"]["cb"] for t in timed] == ["inline", "shared"]
-    assert [t["stage_median_us"] for t in timed] == [530.0, 789.0]
-    assert runs.count("shared") == 2 and runs.count("inline") == 2  # one settling call, one timed
-
-
-@pytest.mark.parametrize("mode, stored_space, expect", [
-    pytest.param("resume", "current", "resume", id="resume-current-record"),
-    pytest.param("resume", "older", "search", id="resume-record-of-an-older-space-searches"),
-    pytest.param("resume", None, "resume", id="resume-without-record"),
-    pytest.param("auto", "older", "auto", id="auto-keeps-an-older-record"),
-    pytest.param("record", "older", "record", id="record-keeps-an-older-record"),
-])
-def test_cutile_resume_searches_a_record_of_another_space(mode, stored_space, expect):
-    from impls.cutile.switches import CutileSwitches
-    from impls.cutile.tune import resume_mode, search_space
-
-    space = search_space("compute_out", CutileSwitches(), 80)
-    older = {k: v for k, v in space.items() if k != "heads_per_tile"}
-    if stored_space is not None:
-        tuning.store("cutile", "compute_out", GPU, "k", {"block_rows": 64},
-                     space if stored_space == "current" else older, {})
-    assert resume_mode(mode, "compute_out", GPU, "k", space) == expect
-
-
-def test_cutile_confirm_candidates_include_each_cb_arrangement():
+def test_cutile_candidates_include_each_cb_arrangement():
     """The kernel-only ranking favours the shared C·Bᵀ (its kernel is not timed): the best inline config is
     confirmed too even when the top CONFIRM_TOP are all shared."""
-    from impls.cutile.tune import CONFIRM_TOP, confirm_candidates
+    from impls.cutile.tune import candidates
 
-    ranked = [{"occupancy": i, "shared_cb": True} for i in range(CONFIRM_TOP + 1)] + [
+    ranked = [{"occupancy": i, "shared_cb": True} for i in range(tuning.CONFIRM_TOP + 1)] + [
         {"occupancy": 9, "shared_cb": False}, {"occupancy": 8, "shared_cb": False}]
-    picked = confirm_candidates(ranked)
-    assert picked == ranked[:CONFIRM_TOP] + [{"occupancy": 9, "shared_cb": False}]
-    assert confirm_candidates(ranked[-2:]) == ranked[-2:]  # fewer than CONFIRM_TOP: all of them
+    picked = tuning.confirm_candidates(ranked, candidates)
+    assert picked == ranked[:tuning.CONFIRM_TOP] + [{"occupancy": 9, "shared_cb": False}]
+    assert tuning.confirm_candidates(ranked[-2:], candidates) == ranked[-2:]  # fewer than CONFIRM_TOP: all
 
 
-def test_cutile_resume_searches_an_unconfirmed_record():
+def _cutile_compute_out(**switches):
+    from impls.cutile import tune
     from impls.cutile.switches import CutileSwitches
-    from impls.cutile.tune import resume_mode, search_space
 
-    space = search_space("compute_out", CutileSwitches(), 80)
-    tuning.store("cutile", "compute_out", GPU, "k", {"block_rows": 64}, space, {})
-    assert resume_mode("resume", "compute_out", GPU, "k", space, confirms=True) == "search"
-    assert resume_mode("resume", "compute_out", GPU, "k", space, confirms=False) == "resume"
-    tuning.store("cutile", "compute_out", GPU, "k", {"block_rows": 64}, space, {},
-                 confirmed=[{"config": {"block_rows": 64}, "stage_median_us": 1.0}])
-    assert resume_mode("resume", "compute_out", GPU, "k", space, confirms=True) == "resume"
+    return tune.tunable("compute_out", CutileSwitches(**switches), None, "S", "bfloat16", make_call=None,
+                        heads_per_group=80, run_config=lambda cfg: None)
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU path of resolve (gpu name 'cpu')")
+def test_cutile_search_with_fake_timers_confirms_the_fastest_stage(capsys):
+    """cuTile's search over its declared compute_out space (fixed switches put in), kernel-only timer faked:
+    shared_cb is fastest as a kernel, but its stage (with the C·Bᵀ kernel) is slower: the inline config wins."""
+    t = _cutile_compute_out(tuning="search", occupancy=3)
+    assert all(c["occupancy"] == 3 for c in t.configs) and len(t.configs) == 8
+
+    def kernel_us(cfg):
+        return 100.0 - 20 * cfg["shared_cb"] - cfg["block_rows"] / 64 - cfg["heads_per_tile"]
+
+    def stage_ms(fn):
+        return (0.1 + 0.05 * last[-1]["shared_cb"] - last[-1]["block_rows"] / 64e3)
+
+    last = []
+    t.timer, t.run, t.stage_timer = kernel_us, last.append, stage_ms
+    res = tuning.resolve(t)
+    assert res.source == "search"
+    assert res.config == {"block_rows": 128, "block_headdim": 64, "heads_per_tile": 2, "occupancy": 3,
+                          "shared_cb": False}
+    record = tuning.lookup("cutile", "compute_out", t.gpu, t.key)
+    assert len(record["measurements"]) == 8 and len(record["confirmed"]) == tuning.CONFIRM_TOP + 1
+    assert record["search_space"]["occupancy"] == [2, 3, 4]  # the declared space, without the fixed values
+    assert "8/8 configs" in capsys.readouterr().out
+
+
 def test_cutile_trick_off_borrows_the_default_codes_record():
     """auto with a code trick off and no record of its own: the default code's record (same tiles as the default
     point of an ablation); a record of its own wins when there is one."""
     from impls.cutile import tune
     from impls.cutile.switches import CutileSwitches
 
-    sw = CutileSwitches(tma=False)
-    key, base = (tune.record_key("chunk_cumsum", sw, "S", "bfloat16", code_tricks=t) for t in (True, False))
-    assert key != base
-    tuning.store("cutile", "chunk_cumsum", "cpu", base, {"block_heads": 16, "occupancy": 8}, {}, {})
-    assert tune.resolve("chunk_cumsum", sw, None, key, None, base_key=base) == (
-        {"block_heads": 16, "occupancy": 8}, "record")
-    tuning.store("cutile", "chunk_cumsum", "cpu", key, {"block_heads": 4, "occupancy": 4}, {}, {})
-    assert tune.resolve("chunk_cumsum", sw, None, key, None, base_key=base)[0] == {"block_heads": 4, "occupancy": 4}
+    t = tune.tunable("chunk_cumsum", CutileSwitches(tma=False), None, "S", "bfloat16", make_call=None)
+    assert t.key != t.base_key
+    stack = {n: STACK.get(n) for n in tune.STACK}
+    tuning.store("cutile", "chunk_cumsum", t.gpu, t.base_key, {"block_heads": 16, "occupancy": 8}, {}, stack)
+    res = tuning.resolve(t)
+    assert (res.config, res.source) == ({"block_heads": 16, "occupancy": 8}, "record")
+    tuning.store("cutile", "chunk_cumsum", t.gpu, t.key, {"block_heads": 4, "occupancy": 4}, {}, stack)
+    assert tuning.resolve(t).config == {"block_heads": 4, "occupancy": 4}

@@ -30,7 +30,7 @@ class CutileBackend(Backend):
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)
         self._sources: dict[str, dict] = {}
-        self._resolved: dict[tuple[str, str], tuple[dict, str]] = {}
+        self._resolved: dict = {}  # (stage, record key) -> tuning.Resolution
 
     # --- capability -------------------------------------------------------------------------------------
     @classmethod
@@ -67,18 +67,18 @@ class CutileBackend(Backend):
     # --- stages -----------------------------------------------------------------------------------------
     def _config(self, stage: str, key_shape: str, dtype, device, make_call, heads_per_group: int | None = None,
                 run_config=None):
+        from impls import tuning
         from impls.cutile import tune
 
         dtype = str(dtype).replace("torch.", "")
         key = tune.record_key(stage, self.switches, key_shape, dtype)
         # resolved once per (stage, key): a search runs once, and no call reads the record file again
         if (stage, key) not in self._resolved:
-            self._resolved[(stage, key)] = tune.resolve(
-                stage, self.switches, device, key, make_call, heads_per_group, run_config,
-                base_key=tune.record_key(stage, self.switches, key_shape, dtype, code_tricks=False))
-        config, source = self._resolved[(stage, key)]
-        self._sources[stage] = {"source": source, "config": config}
-        return config
+            self._resolved[(stage, key)] = tuning.resolve(tune.tunable(
+                stage, self.switches, device, key_shape, dtype, make_call, heads_per_group, run_config))
+        resolution = self._resolved[(stage, key)]
+        self._sources[stage] = resolution.as_dict()
+        return dict(resolution.config)
 
     def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
         mod = _stage("chunk_cumsum")

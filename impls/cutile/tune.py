@@ -1,7 +1,8 @@
 """Tile sizes and occupancy of the cuTile stages: explicit switches, else a tuning record, else a fixed fallback.
 
-Modes come from impls/tuning.py. "search" uses `cuda.tile.tune.exhaustive_search` (present in cuda-tile 1.7:
-`cuda/tile/tune/_tune.py`) over the declared SPACE of each stage, timing the real launch on the given inputs.
+This file declares what impls/tuning.py needs (`tunable`): the space, the fallback, the record key, the
+kernel-only timer (`cuda.tile.tune.exhaustive_search`, present in cuda-tile 1.7: `cuda/tile/tune/_tune.py`, on
+one config at a time, so that a search resumes config by config) and the extra configs to confirm.
 """
 
 from __future__ import annotations
@@ -104,94 +105,47 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     return tuning.tuning_key(shape_label, dtype, **extra)
 
 
-CONFIRM_TOP = 4  # the search's best configs (by its kernel means) that are timed again as whole stages
+def candidates(ranked: list[dict]) -> list[dict]:
+    """Configs to confirm as whole stages besides the ranking's best (tuning.CONFIRM_TOP): the best of each C·Bᵀ
+    arrangement (shared_cb) — the kernel-only ranking leaves the C·Bᵀ kernel out and so favours shared_cb, and the
+    inline winner must still be timed."""
+    return [next(cfg for cfg in ranked if cfg.get("shared_cb") == value)
+            for value in dict.fromkeys(cfg.get("shared_cb") for cfg in ranked)]
 
 
-def confirm(candidates: list[dict], run_config, timer=None) -> list[dict]:
-    """Each candidate config timed as the whole stage (`run_config(config)`: every kernel of the stage and its
-    allocations, as the harness times it), median of `timer` (do_bench's, return_mode="median") in µs; sorted,
-    fastest first. cuda.tile.tune times one kernel launch only, which leaves out e.g. the C·Bᵀ kernel of shared_cb
-    (seen at S3: searched 505 µs, 789 µs as a stage)."""
-    if timer is None:
-        from triton.testing import do_bench
-
-        def timer(fn):
-            return do_bench(fn, warmup=25, rep=100, return_mode="median")
-    timed = []
-    for cfg in candidates:
-        run_config(cfg)  # compiled already by the search; one call more to settle allocations
-        timed.append({"config": cfg, "stage_median_us": round(1000.0 * timer(lambda cfg=cfg: run_config(cfg)), 2)})
-    return sorted(timed, key=lambda t: t["stage_median_us"])
-
-
-def confirm_candidates(ranked: list[dict]) -> list[dict]:
-    """The configs to time as whole stages, from the search's ranking (fastest kernel first): its CONFIRM_TOP best,
-    plus the best of each C·Bᵀ arrangement (shared_cb) not among them — the kernel-only ranking leaves the C·Bᵀ
-    kernel out and so favours shared_cb, and the inline winner must still be timed."""
-    picked = list(ranked[:CONFIRM_TOP])
-    for value in dict.fromkeys(cfg.get("shared_cb") for cfg in ranked):
-        best = next(cfg for cfg in ranked if cfg.get("shared_cb") == value)
-        if best not in picked:
-            picked.append(best)
-    return picked
-
-
-def resolve(stage: str, sw, device, key: str, make_call, heads_per_group: int | None = None,
-            run_config=None, base_key: str | None = None) -> tuple[dict, str]:
-    """(config, source). Switch values override; `make_call(config) -> KernelCall` is used by search, over
-    `search_space(stage, sw, heads_per_group)`; with `run_config(config)` (the whole stage) the search's
-    CONFIRM_TOP best are timed again as stages and the fastest stage wins (`confirm`). `base_key`: the record
-    borrowed in modes auto/record when `key` (code tricks turned off) has none (`record_key`)."""
-    fixed = explicit(stage, sw)
-    if fixed and set(fixed) >= set(SPACE[stage]):
-        return fixed, "switches"
-    space_now = search_space(stage, sw, heads_per_group)
-    gpu = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "cpu"
-
-    def search():
-        import cuda.tile as ct
+def kernel_timer(make_call):
+    """The search's timer: one config's main kernel timed by `cuda.tile.tune.exhaustive_search` (its mean, with a
+    95 % half-interval, recorded under their own names). It times one kernel launch only: compute_out's C·Bᵀ
+    kernel of shared_cb is left out (seen at S3: searched 505 µs, 789 µs as a stage), hence the confirmation."""
+    def timer(cfg: dict) -> dict:
         from cuda.tile.tune import exhaustive_search
 
-        space = []  # the configs with the fixed values put in, each once
-        for cfg in configs(stage, sw, heads_per_group):
-            if dict(cfg, **fixed) not in space:
-                space.append(dict(cfg, **fixed))
-        calls = {i: make_call(cfg) for i, cfg in enumerate(space)}  # a switch the problem cannot take raises
-        result = exhaustive_search(list(range(len(space))), torch.cuda.current_stream(), lambda i: calls[i].grid,
-                                   lambda i: calls[i].kernel, lambda i: calls[i].args, quiet=True)
-        best = space[result.best.config]
-        confirmed = []
-        if run_config is not None:
-            ranked = [space[m.config] for m in sorted(result.successes, key=lambda m: m.mean_us)]
-            confirmed = confirm(confirm_candidates(ranked), run_config)
-            best = confirmed[0]["config"]
-        mean_us = next(m.mean_us for m in result.successes if space[m.config] == best)
-        # cuda.tile.tune reports means (with a 95 % half-interval), not medians: recorded under their own names
-        return best, {"search_space": space_now, "mean_us": mean_us,
-                      "confirmed": confirmed,
-                      "measurements": [{"config": space[m.config], "mean_us": round(m.mean_us, 2),
-                                        "error_margin_us": round(m.error_margin_us, 2)} for m in result.successes],
-                      "failures": [{"config": space[c], "error": f"{t.__name__}: {msg[:200]}"}
-                                   for c, t, msg in result.failures],
-                      "versions": {"cuda.tile": ct.__version__, "torch": torch.__version__}}
-
-    mode = resume_mode(sw.tuning, stage, gpu, key, space_now, run_config is not None)
-    if mode in ("auto", "record") and base_key and tuning.lookup("cutile", stage, gpu, key) is None \
-            and tuning.lookup("cutile", stage, gpu, base_key) is not None:
-        key = base_key  # a trick turned off, no record of its own: the default code's tiles
-    config, source = tuning.resolve(mode, "cutile", stage, gpu, key, fallback(stage, device), search)
-    config.update(fixed)
-    return config, source
+        call = make_call(cfg)  # a switch the problem cannot take raises
+        result = exhaustive_search([0], torch.cuda.current_stream(), lambda _: call.grid, lambda _: call.kernel,
+                                   lambda _: call.args, quiet=True)
+        return {"us": round(result.best.mean_us, 2), "mean_us": round(result.best.mean_us, 2),
+                "error_margin_us": round(result.best.error_margin_us, 2)}
+    return timer
 
 
-def resume_mode(mode: str, stage: str, gpu: str, key: str, space: dict, confirms: bool = False) -> str:
-    """`resume` searches again when the stored record was searched over another space than today's (e.g. before
-    heads_per_tile joined compute_out's search), or, where the search confirms its pick as whole stages
-    (`confirms`), when the record was never confirmed: such a record is valid but may miss the winner. Other
-    modes, and `resume` with a current record or none, are passed on as given."""
-    if mode != "resume":
-        return mode
-    record = tuning.lookup("cutile", stage, gpu, key)
-    if record is not None and (record.get("search_space") != space or (confirms and not record.get("confirmed"))):
-        return "search"
-    return mode
+STACK = ("cuda-tile", "tileiras", "driver")  # what a cuTile record is bound to
+
+
+def tunable(stage: str, sw, device, shape_label: str, dtype: str, make_call, heads_per_group: int | None = None,
+            run_config=None) -> tuning.Tunable:
+    """The stage's choice as impls/tuning.py takes it. Switch values override; a search measures
+    `configs(stage, sw, heads_per_group)` (the fixed values put in) with `kernel_timer(make_call)`; with
+    `run_config(config)` (the whole stage) its best are confirmed as stages. A code trick turned off borrows the
+    default code's record (`record_key`) in auto/record."""
+    fixed = explicit(stage, sw)
+    space = []  # the configs with the fixed values put in, each once
+    for cfg in configs(stage, sw, heads_per_group):
+        if dict(cfg, **fixed) not in space:
+            space.append(dict(cfg, **fixed))
+    gpu = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "cpu"
+    return tuning.Tunable(
+        backend="cutile", stage=stage, key=record_key(stage, sw, shape_label, dtype), gpu=gpu, mode=sw.tuning,
+        fallback=fallback(stage, device), space=search_space(stage, sw, heads_per_group), configs=space,
+        run=run_config, timer=kernel_timer(make_call), candidates=candidates if stage == "compute_out" else None,
+        pins=fixed, pinned_all=bool(fixed) and set(fixed) >= set(SPACE[stage]),
+        base_key=record_key(stage, sw, shape_label, dtype, code_tricks=False), stack=STACK)

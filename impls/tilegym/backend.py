@@ -154,24 +154,24 @@ class TilegymBackend(Backend):
         key = tune.config_key(stage, shape, dtype, variant, sd)
         entry_key = (stage, key)  # stages share tuning keys (shape and dtype); their configs differ
         if entry_key not in self._entries:
-            gpu = torch.cuda.get_device_name(key_args[0].device)
-            mode = tuning.effective_mode(self.switches.tuning, tune.BACKEND, stage, gpu, key)
-            if mode == "search":
-                if self.switches.precompile_workers:
-                    configs = [dict(vars(c)) for c in tune.space(mod, stage, shape, variant)]
-                    precompile(stage, shape, call, key_args, configs, self.switches.precompile_workers)
-                result, cfg = tune.search(mod, stage, shape, variant, call, key_args)
-                space = [dict(vars(c)) for c in tune.space(mod, stage, shape, variant)]
-                tuning.store(tune.BACKEND, stage, gpu, key, cfg, space, tune.versions())
-                self._entries[entry_key] = tune.install(mod, stage, shape, cfg, self._kernels)
-                self._sources[stage] = {"source": "search", "config": cfg, "key": key}
-                return result
             configs = tune.space(mod, stage, shape, variant)
             if not configs:
                 raise ValueError(f"tilegym {stage}: TileGym's search space is empty for {shape.label()}")
-            cfg, source = tuning.resolve(mode, tune.BACKEND, stage, gpu, key, dict(vars(configs[0])))
-            self._entries[entry_key] = tune.install(mod, stage, shape, cfg, self._kernels)
-            self._sources[stage] = {"source": source, "config": cfg, "key": key}
+            ran = {}
+
+            def own_search() -> dict:  # TileGym's autotuner, through its own wrapper; the call's result is kept
+                if self.switches.precompile_workers:
+                    precompile(stage, shape, call, key_args, [dict(vars(c)) for c in configs],
+                               self.switches.precompile_workers)
+                ran["result"], chosen = tune.search(mod, stage, shape, variant, call, key_args)
+                return chosen
+
+            gpu = torch.cuda.get_device_name(key_args[0].device)
+            resolution = tuning.resolve(tune.tunable(stage, key, gpu, self.switches.tuning, configs, own_search))
+            self._entries[entry_key] = tune.install(mod, stage, shape, resolution.config, self._kernels)
+            self._sources[stage] = resolution.as_dict()
+            if "result" in ran:
+                return ran["result"]
         return tune.run_with(mod, stage, self._entries[entry_key], call, key_args)
 
     # --- stages -----------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 TileGym 1.5.1 picks each stage's config by an exhaustive search (cuda.tile.tune.exhaustive_search) the first
 time it meets a shape, and keeps it in a module-level dict keyed by `_tuning_key(<the call's tensors>, ...,
-is_autotune_disabled())` — minutes per shape. Here the config comes from `impls.tuning.resolve`:
-- "search": TileGym's own search runs (its dict entry for the key is dropped first), the winner is stored;
+is_autotune_disabled())` — minutes per shape. Here the config comes from `impls.tuning.resolve` (`tunable`):
+- "search" (and "resume" without a usable record): TileGym's own search runs (its dict entry for the key is
+  dropped first), what it chose is stored through impls/tuning.py with the versions it ran on;
 - "record" / "fallback" / "auto": the chosen config is placed in TileGym's dict under the exact key its wrapper
   will compute, with `is_autotune_disabled` forced to True for the call — so if the key ever differed, TileGym
   would take its first config at once (never a silent minutes-long search) and `run_stage` raises because its
@@ -91,16 +92,14 @@ def _restricted_space(mod, stage, variant):
         mod._fwd_pass_state_autotune_configs = saved
 
 
-def versions() -> dict:
-    from importlib.metadata import version
+STACK = ("cuda-tile", "tileiras", "tilegym", "driver")  # what a TileGym record is bound to
 
-    out = {}
-    for dist in ("tilegym", "cuda-tile"):
-        try:
-            out[dist] = version(dist)
-        except Exception:
-            out[dist] = None
-    return out
+
+def tunable(stage, key, gpu, mode, configs, own_search) -> tuning.Tunable:
+    """The stage's choice as impls/tuning.py takes it: TileGym's own search (`own_search`), its space as the
+    stored search space, its first config as the fallback."""
+    return tuning.Tunable(backend=BACKEND, stage=stage, key=key, gpu=gpu, mode=mode, fallback=dict(vars(configs[0])),
+                          space=[dict(vars(c)) for c in configs], own_search=own_search, stack=STACK)
 
 
 def search(mod, stage, shape, variant, call, key_args):

@@ -1,9 +1,9 @@
 """The Triton backend ("triton"): the three stages as Triton kernels, written with the same stage boundaries,
 layouts and operand orders as the cuTile backend, so that comparing the two isolates the language.
 
-This file wires the stages to the switches and to the tuning machinery: for every stage it resolves a launch
-configuration (impls/tuning.py: search / record / fallback / auto), applies the pinned switches, clamps block
-sizes to the problem and remembers what ran, which `describe()` reports. Outputs are allocated with
+This file wires the stages to the switches and to the tuning protocol: for every stage it resolves a launch
+configuration through impls/tuning.py (`config.tunable` declares the stage's space, fallback and call), clamps
+block sizes to the problem and remembers what ran, which `describe()` reports. Outputs are allocated with
 torch.empty looked up at call time, so tests can NaN-poison them with impls.tolerance.poisoned_allocations.
 """
 
@@ -144,55 +144,15 @@ class TritonBackend(Backend):
 
     def _config(self, stage: str, shape: Shape, dtype: str, flags: dict, dims: dict[str, int],
                 device: torch.device, launch: Callable[[dict], Any]) -> dict[str, int]:
-        """The launch configuration of `stage` for this call (cached per tuning key), and records its source."""
-        key = tuning.tuning_key(shape.label(), dtype, **cfg.code_switches(self.switches), **flags)
+        """The launch configuration of `stage` for this call (resolved once per tuning key), and records its
+        source."""
+        key = cfg.record_key(self.switches, shape.label(), dtype, flags)
         resolved = self._resolved.get((stage, key))
         if resolved is None:
-            resolved = self._resolve(stage, key, dims, device, launch, cfg.DTYPE_BYTES[dtype])
+            t = cfg.tunable(stage, self.switches, key, dtype, dims, device, launch)
+            resolution = tuning.resolve(t)
+            # a record holds the tuned fields; the pinned switches win over it (applied by resolve), all clamped
+            resolved = cfg.Resolved(cfg.clamp(stage, resolution.config, dims), resolution, tuple(sorted(t.pins)))
             self._resolved[(stage, key)] = resolved
-        self.last_tuning[stage] = {**resolved.as_dict(), "key": key}
-        return resolved.config
-
-    def _resolve(self, stage, key, dims, device, launch, itemsize) -> cfg.Resolved:
-        pins = cfg.pinned(self.switches, stage)
-        if set(pins) == set(cfg.STAGE_FIELDS[stage]):
-            return cfg.Resolved(cfg.clamp(stage, pins, dims), "switches", tuple(sorted(pins)))
-        arch = cfg.arch(device)
-        fallback = cfg.fallback(arch, stage, dims, itemsize, pins)
-
-        def search():
-            return _search(stage, pins, dims, fallback, launch)
-
-        config, source = tuning.resolve(self.switches.tuning, self.name, stage, cfg.device_name(device), key,
-                                        fallback, search)
-        # a record holds the tuned fields; the pinned switches still win over it
-        config = cfg.clamp(stage, {**config, **pins}, dims)
-        return cfg.Resolved(config, source, tuple(sorted(pins)))
-
-
-def _search(stage, pins, dims, fallback, launch) -> tuple[dict, dict]:
-    """Times every configuration of the stage's declared space (pinned fields fixed) with
-    triton.testing.do_bench(return_mode="median") and returns the fastest, with what the record keeps.
-    Under the interpreter only the fallback configuration is tried (and not timed)."""
-    space = {k: list(v) for k, v in cfg.SEARCH_SPACE[stage].items()}
-    if cfg.interpreting():
-        launch(fallback)
-        return fallback, {"search_space": space, "versions": cfg.versions(), "median_ms": None, "tried": 1,
-                          "note": "Triton interpreter: one configuration, not timed"}
-    from triton.testing import do_bench
-
-    timings, failures = [], []
-    for config in cfg.search_space(stage, pins, dims):
-        try:
-            ms = do_bench(lambda config=config: launch(config), return_mode="median")
-        except Exception as exc:  # a configuration that does not compile or fit (shared memory, registers)
-            failures.append({"config": config, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
-            continue
-        timings.append((ms, config))
-    if not timings:
-        raise RuntimeError(f"triton {stage}: no configuration of the search space ran; first failure: "
-                           f"{failures[0] if failures else 'none tried'}")
-    best_ms, best = min(timings, key=lambda item: item[0])
-    return best, {"search_space": space, "versions": cfg.versions(), "median_ms": best_ms,
-                  "tried": len(timings), "failed": len(failures), "pinned": sorted(pins)}
-
+        self.last_tuning[stage] = resolved.as_dict()
+        return dict(resolved.config)
