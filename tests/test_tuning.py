@@ -410,3 +410,38 @@ def test_cutile_trick_off_borrows_the_default_codes_record():
     assert (res.config, res.source) == ({"block_heads": 16, "occupancy": 8}, "record")
     tuning.store("cutile", "chunk_cumsum", t.gpu, t.key, {"block_heads": 4, "occupancy": 4}, {}, stack)
     assert tuning.resolve(t).config == {"block_heads": 4, "occupancy": 4}
+
+
+# --- Triton under the interpreter: a one-config space (the fallback), searched, confirmed, stored, bound ---------
+def _triton_cumsum(backend):
+    import math
+
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    dt, A = torch.rand(1, 32, 2, generator=gen), -torch.rand(2, generator=gen)
+    return backend.chunk_cumsum(dt, A, 16, None, True, (0.0, math.inf))
+
+
+def test_triton_search_under_the_interpreter_stores_a_confirmed_record(monkeypatch):
+    from impls.triton import TritonBackend
+
+    monkeypatch.setattr(tuning, "stack_versions", lambda names: {"triton": "3.6.0", "driver": None})
+    searched = TritonBackend(tuning="search")
+    _triton_cumsum(searched)
+    info = searched.describe()["stages"]["chunk_cumsum"]
+    assert info["source"] == "search"
+    record = tuning.lookup("triton", "chunk_cumsum", "triton-interpreter", info["key"])
+    assert record["config"] == info["config"] and len(record["measurements"]) == 1
+    assert len(record["confirmed"]) == 1 and record["versions"]["triton"] == "3.6.0"
+    resumed = TritonBackend(tuning="resume")
+    _triton_cumsum(resumed)
+    assert resumed.describe()["stages"]["chunk_cumsum"]["source"] == "record"
+    monkeypatch.setattr(tuning, "stack_versions", lambda names: {"triton": "3.7.0", "driver": None})
+    auto = TritonBackend()
+    _triton_cumsum(auto)
+    info = auto.describe()["stages"]["chunk_cumsum"]
+    assert info["source"] == "fallback" and "triton 3.6.0 in the record, 3.7.0 today" in info["reason"]
+    again = TritonBackend(tuning="resume")
+    _triton_cumsum(again)
+    assert again.describe()["stages"]["chunk_cumsum"]["source"] == "search"

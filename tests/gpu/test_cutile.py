@@ -97,3 +97,34 @@ def test_million_tokens(cb_mode):
     print(f"[cutile] million tokens: worst {max(errors, key=errors.get)}={max(errors.values()):.2e} "
           f"{backend.describe()['stages']}")
     assert not bad, f"over tolerance: {bad} (all: {errors})"
+
+
+def test_search_resume_record_on_gpu(tmp_path, monkeypatch):
+    """tuning="search" over a small space (most size switches pinned): every config timed by cuda.tile.tune one at
+    a time, the best confirmed as whole stages (compute_out), stored with the stack; "resume" and "record" then
+    read the records back and the forward stays correct."""
+    import torch
+
+    from impls import tuning
+    from impls.cutile import CutileBackend
+    from impls.problem import Problem, Shape
+    from tests.common import failures, run_case
+
+    ok, reason = CutileBackend.available()
+    if not ok:
+        pytest.skip(reason)
+    monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
+    pins = dict(block_heads=8, block_headdim=64, block_dstate=64, block_rows=64, heads_per_tile=1)
+    problem = Problem(Shape(2, 512, 8, 64, 2, 64, 128))
+    searched = CutileBackend(tuning="search", **pins)
+    assert not failures(run_case(searched, problem, torch.bfloat16, device="cuda"), torch.bfloat16)
+    stages = searched.describe()["stages"]
+    assert {info["source"] for info in stages.values()} == {"search"}, stages
+    record = tuning.lookup("cutile", "compute_out", torch.cuda.get_device_name(), stages["compute_out"]["key"])
+    assert record["confirmed"] and record["versions"]["cuda-tile"] and record["measurements"]
+    for mode in ("resume", "record"):
+        again = CutileBackend(tuning=mode, **pins)
+        assert not failures(run_case(again, problem, torch.bfloat16, device="cuda"), torch.bfloat16)
+        assert {s: i["config"] for s, i in again.describe()["stages"].items()} == {
+            s: i["config"] for s, i in stages.items()}
+        assert {i["source"] for i in again.describe()["stages"].values()} == {"record"}

@@ -10,6 +10,7 @@ import impls
 from impls import tuning
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
+from impls.tilegym import tune
 from impls.tolerance import poisoned_allocations, rel_err
 from tests.common import failures, float64_forward, run_case
 
@@ -56,7 +57,7 @@ def test_tilegym_record_mode_reuses_a_stored_config(tmp_path, monkeypatch):
     run_case(first, Problem(MEDIUM64), torch.bfloat16, device="cuda")
     gpu = torch.cuda.get_device_name()
     for stage, info in first.describe()["tuning_sources"].items():
-        tuning.store("tilegym", stage, gpu, info["key"], info["config"], [], {})
+        tuning.store("tilegym", stage, gpu, info["key"], info["config"], [], tuning.stack_versions(tune.STACK))
     second = impls.get_backend("tilegym", tuning="record")
     errors = run_case(second, Problem(MEDIUM64), torch.bfloat16, device="cuda")
     assert not failures(errors, torch.bfloat16), errors
