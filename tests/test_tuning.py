@@ -445,3 +445,23 @@ def test_triton_search_under_the_interpreter_stores_a_confirmed_record(monkeypat
     again = TritonBackend(tuning="resume")
     _triton_cumsum(again)
     assert again.describe()["stages"]["chunk_cumsum"]["source"] == "search"
+
+
+# --- switch help says what, docs/perf-notes.md how much ------------------------------------------------------------
+MEASUREMENT = r"\d\s*%|\d\s*(?:µs|ms)\b|\bmeasured\b|results/|\d×"
+
+
+@pytest.mark.parametrize("module, cls", [
+    pytest.param("impls.cutile.switches", "CutileSwitches", id="cutile"),
+    pytest.param("impls.triton.config", "TritonSwitches", id="triton"),
+    pytest.param("impls.tilegym.backend", "TilegymSwitches", id="tilegym"),
+])
+def test_switch_help_carries_no_measurements(module, cls):
+    import importlib
+    import re
+
+    from impls.registry import switch_table
+
+    for row in switch_table(getattr(importlib.import_module(module), cls)):
+        for field in ("help", "sm90", "sm100"):
+            assert not re.search(MEASUREMENT, row[field]), (row["name"], field, row[field])

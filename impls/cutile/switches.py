@@ -1,8 +1,9 @@
 """The cuTile backend's switches: compile-time constants of its kernels, defaults = every trick on, except
-`operand_swap`, which measured slower on the H200 in both MMA stages (docs/perf-notes.md, version 1).
+`operand_swap` and `decay_factor`.
 
-Meanings per architecture are in the field metadata (`sm90=`, `sm100=`); docs/cutile-switches.md says, per stage,
-which tensor each switch transposes or swaps and who pays for it.
+The help strings say what a switch does, per architecture in the field metadata (`sm90=`, `sm100=`);
+docs/cutile-switches.md says, per stage, which tensor each switch transposes or swaps and who pays for it; what
+each one measured, and so why a default is what it is, is in docs/perf-notes.md ("Switch defaults").
 """
 
 from __future__ import annotations
@@ -32,13 +33,20 @@ class CutileSwitches:
               "of the (headdim × rows) vs (rows × headdim) accumulator")
     latency_hints: bool = switch(
         True, "pass `latency=` hints on the big operand loads (x, B, C, states), letting the compiler deepen "
-              "the prefetch pipeline")
+              "the prefetch pipeline (the same hint on sm_90 and sm_100; what tileiras does with it is its own)")
     tma: bool = switch(
         True, "allow tensor-memory-accelerator (TMA) bulk loads/stores (allow_tma=None, the compiler decides); off "
-              "forces allow_tma=False (per-thread loads)")
+              "forces allow_tma=False (per-thread loads)",
+        sm90="on: tiles copied global → shared memory by the TMA unit (UTMALDG in the SASS), one thread issuing a "
+             "whole box; off: every thread loads its elements (LDG) and stores them to shared memory",
+        sm100="on: the TMA unit fills the shared-memory operands of the tcgen05 MMAs; off: per-thread loads as on "
+              "sm_90")
     exp2: bool = switch(
         True, "work in base 2: dA_cumsum scaled by log2(e) once per tile, decays via exp2 (and softplus via "
-              "exp2/log2) instead of exp")
+              "exp2/log2) instead of exp",
+        sm90="the hardware exponential is base 2 (MUFU.EX2): exp(v) costs a multiply by log2(e) per element before "
+             "it; on, that multiply happens once per loaded dA_cumsum value instead of once per decay",
+        sm100="as on sm_90 (MUFU.EX2 is base 2)")
     decay_factor: bool = switch(
         False, "stage 3, source blocks before the row block: the decay exp(dA_l - dA_s) taken as exp(dA_l - dA_ref) · "
                "exp(dA_ref - dA_s) with dA_ref at the row block's first row (both factors <= 1 since dA_cumsum falls "
@@ -46,7 +54,8 @@ class CutileSwitches:
                "source factor times dt scales the C·Bᵀ tile's columns, the row factor the blocks' sum, so those "
                "tiles need no causal mask and no exp per element — the diagonal block keeps the masked form",
         sm90="one multiply and a cast per score element instead of a compare, select, subtract, exp2 and two "
-             "multiplies")
+             "multiplies",
+        sm100="the same per-element saving; the scaled tiles feed tcgen05 MMAs")
     cb_precision: str = switch(
         "tf32", "precision of the matmuls for fp32 inputs (C·Bᵀ and the others): tf32 tensor cores or full fp32; "
                 "ignored for fp16/bf16 inputs", choices=("tf32", "fp32"))
@@ -61,15 +70,17 @@ class CutileSwitches:
                    "the HB heads. No effect when heads_per_tile is 1", choices=("batched", "per_head"),
         sm90="cuTile 1.7 lowers the batched rank-3 MMA to HMMA.16816 (mma.sync) with local-memory spills; per_head "
              "gives each head warpgroup HGMMAs as with heads_per_tile 1, HB independent HGMMA/MUFU.EX2 chains per "
-             "source block. Default per_head: measured at heads_per_tile 2 against 1, compute_out -6 % at S1, "
-             "-13 % at S2 (results/h200-s6/head_mma.parquet)")
+             "source block",
+        sm100="per_head: HB independent tcgen05 MMA chains per source block; the lowering of the batched rank-3 "
+              "MMA on sm_100 has not been examined")
     fuse_state_out: bool = switch(
         False, "the whole forward as two kernels: chunk_cumsum, then one kernel that walks the chunks in order with "
                "the state in registers and writes y and the final state only (impls/cutile/fused.py; the per-chunk "
                "states are not stored, so the forward returns none). The stage calls keep the three-stage contract. "
                "No seq_idx / cu_seqlens",
         sm90="removes the states' write (stage 2) and read-back (stage 3) and one launch; the work of stages 2 and "
-             "3 runs in batch x nheads x headdim-block programs, each serial over the chunks")
+             "3 runs in batch x nheads x headdim-block programs, each serial over the chunks",
+        sm100="as on sm_90")
     block_heads: int = switch(
         0, "stage 1 heads per tile (the tile count is batch x nchunks x nheads / block_heads); 0 = from tuning",
         choices=(0, 4, 8, 16, 32, 64))
@@ -83,7 +94,10 @@ class CutileSwitches:
         0, "stage 3 heads of one group per tile, sharing one C·Bᵀ (must divide nheads / ngroups; a value that "
            "does not raises); 0 = from tuning", choices=(0, 1, 2, 4, 8))
     occupancy: int = switch(
-        0, "`ct.kernel(occupancy=)` hint, CTAs per SM; 0 = from tuning", choices=(0, 1, 2, 4))
+        0, "`ct.kernel(occupancy=)` hint, CTAs per SM; 0 = from tuning", choices=(0, 1, 2, 4),
+        sm90="tileiras caps registers per thread so that this many CTAs fit in the SM's 64 K registers (at most "
+             "255 per thread), spilling to local memory if the kernel needs more",
+        sm100="as on sm_90 (64 K registers per SM)")
     tuning: str = switch(
         "auto", "where tile sizes/occupancy come from (impls/tuning.py modes)",
         choices=tuning.MODES)

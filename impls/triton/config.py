@@ -64,7 +64,7 @@ class TritonSwitches:
         False, "compute_out: source tiles wholly before the row tile use the factored decay exp(dA_m - dA_ref)·"
                "exp(dA_ref - dA_k), dA_ref at the row tile's first row (impls/README.md): the source factor times dt "
                "scales the C·Bᵀ tile's columns, the row factor the tiles' sum — no causal mask and no exp per "
-               "(row, source) pair there; off by default until measured (as cuTile's)")
+               "(row, source) pair there; off by default, as cuTile's (docs/perf-notes.md: Switch defaults)")
     tuning: str = switch("auto", "where launch configurations come from (impls/tuning.py modes)", choices=MODES)
     # Launch sizes: 0 = from tuning (as in the cuTile backend); a value pins that field wherever it applies.
     block_rows: int = switch(0, "compute_out: chunk rows (output positions) per program; 0 = from tuning",
