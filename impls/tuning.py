@@ -136,7 +136,7 @@ def _dist_version(dist: str) -> str | None:
 
 
 @functools.cache
-def _tileiras() -> str | None:
+def tileiras_version() -> str | None:
     """The wheel's version, else the `tileiras` on PATH (`tileiras --version`: "... V13.4.92")."""
     version = _dist_version("nvidia-cuda-tileiras")
     if version:
@@ -154,7 +154,7 @@ def _driver_major() -> str | None:
 
 def stack_versions(names: tuple[str, ...]) -> dict[str, str | None]:
     """Today's versions of `names` (of STACK); None where absent (no driver on a CPU machine)."""
-    probes = {"tileiras": _tileiras, "driver": _driver_major}
+    probes = {"tileiras": tileiras_version, "driver": _driver_major}
     unknown = set(names) - set(STACK)
     if unknown:
         raise ValueError(f"tuning stack: unknown component(s) {sorted(unknown)}; expected some of {STACK}")
