@@ -25,8 +25,6 @@ from impls import tuning
 WINDOW = dt.timedelta(minutes=20)  # a search of one point takes minutes; the record is written when it ends
 ROW_VERSIONS = {"cuda-tile": "v_cuda_tile", "tileiras": "v_tileiras", "triton": "v_triton", "tilegym": "v_tilegym"}
 OLD_NAMES = {"cuda.tile": "cuda-tile"}  # version names records used before
-STACKS = {"cutile": ("cuda-tile", "tileiras", "driver"), "triton": ("triton", "driver"),
-          "tilegym": ("cuda-tile", "tileiras", "tilegym", "driver")}
 LABEL = re.compile(r"b(?P<batch>\d+)-l(?P<seqlen>\d+)-h(?P<nheads>\d+)(?:-p(?P<headdim>\d+)-g(?P<ngroups>\d+)"
                    r"-n(?P<dstate>\d+))?-c(?P<chunk_size>\d+)")
 
@@ -74,6 +72,15 @@ def producing_row(rows: pd.DataFrame, backend: str, stage: str, gpu: str, key: s
     return best
 
 
+def stack(backend: str) -> tuple[str, ...]:
+    """The software a record of `backend` is bound to, as the backend declares it."""
+    from impls.cutile import tune as cutile_tune
+    from impls.tilegym import tune as tilegym_tune
+    from impls.triton import config as triton_config
+
+    return {"cutile": cutile_tune.STACK, "triton": triton_config.STACK, "tilegym": tilegym_tune.STACK}[backend]
+
+
 def backfilled(record: dict, backend: str, row) -> dict:
     """The record with its versions named as impls/tuning.py names them, filled from `row` where it agrees with
     what the record kept; flagged versions_unverified where a version of the backend's stack stays unknown."""
@@ -83,14 +90,14 @@ def backfilled(record: dict, backend: str, row) -> dict:
     if row is not None:
         found = row_versions(row)
         if all(found.get(k) in (None, v) for k, v in kept.items() if k in found):
-            versions.update({k: v for k, v in found.items() if v is not None and k in STACKS[backend]})
+            versions.update({k: v for k, v in found.items() if v is not None and k in stack(backend)})
             source = f"{row['file']} row of {row['timestamp']}"
     out = {**record, "versions": versions}
     out.pop("versions_unverified", None)
     out.pop("versions_from", None)
     if source:
         out["versions_from"] = source
-    if any(versions.get(k) is None for k in STACKS[backend]):
+    if any(versions.get(k) is None for k in stack(backend)):
         out["versions_unverified"] = True
     return out
 
