@@ -285,9 +285,11 @@ def _stale(t: Tunable, record: dict) -> str:
 
 # --- the search -----------------------------------------------------------------------------------------------------
 def _search(t: Tunable, today: dict, resume: bool) -> Resolution:
+    versions = {**today, "torch": _dist_version("torch")}  # torch for the record's provenance; not compared
     if t.own_search is not None:
         config = dict(t.own_search())
-        store(t.backend, t.stage, t.gpu, t.key, config, t.space, today, searched_by=f"{t.backend}'s own autotuner")
+        store(t.backend, t.stage, t.gpu, t.key, config, t.space, versions,
+              searched_by=f"{t.backend}'s own autotuner")
         return Resolution(config, "search", t.key)
     if not t.configs:
         raise ValueError(f"tuning: {t.backend}/{t.stage} has an empty search space")
@@ -317,7 +319,7 @@ def _search(t: Tunable, today: dict, resume: bool) -> Resolution:
         confirmed = confirm(confirm_candidates(ranked, t.candidates), t.run, _stage_timer(t))
         best = confirmed[0]["config"]
     search_us = next(m["us"] for m in measurements if m["config"] == best)
-    store(t.backend, t.stage, t.gpu, t.key, best, t.space, today, search_us=search_us,
+    store(t.backend, t.stage, t.gpu, t.key, best, t.space, versions, search_us=search_us,
           timer="kernel-only (backend's)" if t.timer else "whole stage, do_bench median",
           confirmed=confirmed, measurements=measurements, failures=failures)
     _drop_partial(t)

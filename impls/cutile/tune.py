@@ -93,7 +93,7 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     turned off (tma, exp2, latency_hints), decay_factor on, a lowering of several heads per tile other than the
     default, and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search
     with block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False:
-    the key without the tricks turned off, whose record `resolve` borrows when the tricks' own key has none."""
+    the key without the tricks turned off, whose record impls/tuning.py borrows when the tricks' own key has none."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
     if code_tricks:
         extra.update({k: False for k in CODE_TRICKS if not getattr(sw, k)})
@@ -116,7 +116,7 @@ def candidates(ranked: list[dict]) -> list[dict]:
 def kernel_timer(make_call):
     """The search's timer: one config's main kernel timed by `cuda.tile.tune.exhaustive_search` (its mean, with a
     95 % half-interval, recorded under their own names). It times one kernel launch only: compute_out's C·Bᵀ
-    kernel of shared_cb is left out (seen at S3: searched 505 µs, 789 µs as a stage), hence the confirmation."""
+    kernel of shared_cb is left out (docs/perf-notes.md, version 5), hence the confirmation as whole stages."""
     def timer(cfg: dict) -> dict:
         from cuda.tile.tune import exhaustive_search
 
