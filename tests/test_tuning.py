@@ -465,3 +465,32 @@ def test_switch_help_carries_no_measurements(module, cls):
     for row in switch_table(getattr(importlib.import_module(module), cls)):
         for field in ("help", "sm90", "sm100"):
             assert not re.search(MEASUREMENT, row[field]), (row["name"], field, row[field])
+
+
+def test_auto_and_record_keep_a_record_of_an_older_space():
+    tuning.store("b", "s", GPU, "k", {"block": 32}, {"block": [32]}, STACK)
+    assert tuning.resolve(_tunable("auto")).source == "record"
+    assert tuning.resolve(_tunable("record")).source == "record"
+
+
+def test_cutile_kernel_timer_times_one_config_with_cuda_tile_tune(monkeypatch):
+    """Each config alone through cuda.tile.tune.exhaustive_search (so a search resumes config by config): its
+    grid, kernel and arguments are the config's call; its mean (and error margin) are what the record keeps."""
+    import types
+
+    import cuda.tile.tune
+
+    from impls.cutile import tune
+
+    seen = []
+
+    def fake_search(space, stream, grid_fn, kernel_fn, args_fn, quiet):
+        seen.append((space, grid_fn(space[0]), kernel_fn(space[0]), args_fn(space[0]), quiet))
+        return types.SimpleNamespace(best=types.SimpleNamespace(mean_us=12.345, error_margin_us=0.061))
+
+    monkeypatch.setattr(cuda.tile.tune, "exhaustive_search", fake_search)
+    monkeypatch.setattr(tune.torch.cuda, "current_stream", lambda: "stream")
+    call = types.SimpleNamespace(grid=(4, 1, 1), kernel="kernel", args=("x",))
+    assert tune.kernel_timer(lambda cfg: call)({"occupancy": 2}) == {"us": 12.35, "mean_us": 12.35,
+                                                                       "error_margin_us": 0.06}
+    assert seen == [([0], (4, 1, 1), "kernel", ("x",), True)]
