@@ -293,6 +293,23 @@ def _search(t: Tunable, today: dict, resume: bool) -> Resolution:
         return Resolution(config, "search", t.key)
     if not t.configs:
         raise ValueError(f"tuning: {t.backend}/{t.stage} has an empty search space")
+    measurements, failures = _measure(t, today, resume)
+    ranked = [m["config"] for m in sorted(measurements, key=lambda m: m["us"])]
+    best, confirmed = ranked[0], []
+    if t.run is not None:
+        confirmed = confirm(confirm_candidates(ranked, t.candidates), t.run, _stage_timer(t))
+        best = confirmed[0]["config"]
+    timer = "kernel-only (the backend's)" if t.timer else f"whole stage ({_stage_timer(t).__name__})"
+    store(t.backend, t.stage, t.gpu, t.key, best, t.space, versions, timer=timer,
+          search_us=next(m["us"] for m in measurements if m["config"] == best),
+          confirmed=confirmed, measurements=measurements, failures=failures)
+    _drop_partial(t)
+    return Resolution(dict(best), "search", t.key)
+
+
+def _measure(t: Tunable, today: dict, resume: bool) -> tuple[list[dict], list[dict]]:
+    """Every config of `t.configs` timed once (the ones a previous search of the same configs and stack measured
+    skipped when resuming), the progress saved after each; (measurements, failures)."""
     done = _load_partial(t, today) if resume else {"measurements": [], "failures": []}
     measurements, failures = done["measurements"], done["failures"]
     measured = [m["config"] for m in measurements] + [f["config"] for f in failures]
@@ -303,7 +320,7 @@ def _search(t: Tunable, today: dict, resume: bool) -> Resolution:
             continue
         try:
             m = timer(cfg)
-            measurements.append({"config": cfg, **({"us": round(m, 2)} if not isinstance(m, dict) else m)})
+            measurements.append({"config": cfg, **(m if isinstance(m, dict) else {"us": round(m, 2)})})
         except Exception as exc:  # a config that does not compile, fit or launch
             failures.append({"config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
         measured.append(cfg)
@@ -313,17 +330,7 @@ def _search(t: Tunable, today: dict, resume: bool) -> Resolution:
     if not measurements:
         raise RuntimeError(f"tuning {t.backend}/{t.stage}: no config of the search space ran; first failure: "
                            f"{failures[0] if failures else 'none tried'}")
-    ranked = [m["config"] for m in sorted(measurements, key=lambda m: m["us"])]
-    best, confirmed = ranked[0], []
-    if t.run is not None:
-        confirmed = confirm(confirm_candidates(ranked, t.candidates), t.run, _stage_timer(t))
-        best = confirmed[0]["config"]
-    search_us = next(m["us"] for m in measurements if m["config"] == best)
-    store(t.backend, t.stage, t.gpu, t.key, best, t.space, versions, search_us=search_us,
-          timer="kernel-only (backend's)" if t.timer else "whole stage, do_bench median",
-          confirmed=confirmed, measurements=measurements, failures=failures)
-    _drop_partial(t)
-    return Resolution(dict(best), "search", t.key)
+    return measurements, failures
 
 
 def confirm_candidates(ranked: list[dict], extra: Callable[[list[dict]], list[dict]] | None = None) -> list[dict]:
