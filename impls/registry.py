@@ -19,7 +19,7 @@ import torch
 from impls.problem import Problem
 
 # Where each backend lives. Modules are imported on first use, so a missing optional dependency (cuda.tile,
-# fla, tilegym) only matters to whoever asks for that backend.
+# fla, tilegym, vllm) only matters to whoever asks for that backend.
 BACKEND_MODULES: dict[str, str] = {
     "reference": "impls.reference",
     "mamba_ssm": "impls.mamba_ssm",
@@ -27,6 +27,7 @@ BACKEND_MODULES: dict[str, str] = {
     "triton": "impls.triton",
     "tilegym": "impls.tilegym",
     "fla": "impls.fla",
+    "vllm": "impls.vllm",
 }
 
 _REGISTRY: dict[str, type[Backend]] = {}
