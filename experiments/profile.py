@@ -1,6 +1,6 @@
 """Nsight Compute over one forward per backend: DRAM bytes, achieved occupancy, registers and spills per kernel.
 
-    python -m experiments.profile [--backends cutile mamba_ssm triton tilegym fla] [--shape S1] [--out DIR]
+    python -m experiments.profile [--backends cutile mamba_ssm triton tilegym fla vllm] [--shape S1] [--out DIR]
 
 Each backend runs in its own process under `ncu --clock-control none` (the device tool's METHOD.md: leave the
 clocks alone) with `--profile-from-start off`: the target process draws the headline problem's inputs (bf16),
@@ -173,7 +173,7 @@ def profile_backend(backend: str, shape: str, timeout: int) -> tuple[list[dict],
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", nargs=2, metavar=("BACKEND", "SHAPE"), help=argparse.SUPPRESS)
-    parser.add_argument("--backends", nargs="+", default=["cutile", "mamba_ssm", "triton", "tilegym", "fla"])
+    parser.add_argument("--backends", nargs="+", default=["cutile", "mamba_ssm", "triton", "tilegym", "fla", "vllm"])
     parser.add_argument("--shape", default="S1")
     parser.add_argument("--out", default="results/scratch/profile")
     parser.add_argument("--timeout", type=int, default=300)
