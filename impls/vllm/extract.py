@@ -19,6 +19,11 @@ from pathlib import Path
 
 from impls.vllm import loader
 
+# The wheel the GPU bundle takes (../shared/gpu/make-bundle), whatever this machine is: only its pure-Python files
+# are used, so the platform of the wheel does not matter, and pinning it gives every machine the same files.
+WHEEL_TAGS = ("--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+              "--platform", "manylinux_2_28_x86_64")
+
 
 def wanted(name: str) -> bool:
     """The wheel members that travel: the ops folder's own .py files (not its subfolders) and METADATA."""
@@ -55,8 +60,8 @@ def wheel_path(version: str, cache: Path) -> Path:
     found = sorted(cache.glob(f"vllm-{version}-*.whl"))
     if not found:
         cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "-d", str(cache), f"vllm=={version}"], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *WHEEL_TAGS, "-d", str(cache),
+                        f"vllm=={version}"], check=True)
         found = sorted(cache.glob(f"vllm-{version}-*.whl"))
     if not found:
         raise FileNotFoundError(f"pip download left no vllm-{version}-*.whl in {cache}")
