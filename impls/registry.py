@@ -128,6 +128,26 @@ class Backend:
         return f"{type(self).__name__}({self.switches})"
 
 
+class ForwardOnlyBackend(Backend):
+    """A peer whose kernels have no stage split matching the contract: only `ssd_forward` (and `forward_parts`);
+    the stage methods raise NotImplementedError with the subclass's NO_STAGES reason."""
+
+    STAGES = ("forward",)
+    NO_STAGES: ClassVar[str] = "only the whole forward is available"
+
+    def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
+        raise NotImplementedError(self.NO_STAGES)
+
+    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        raise NotImplementedError(self.NO_STAGES)
+
+    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
+        raise NotImplementedError(self.NO_STAGES)
+
+    def varlen_states(self, B, x, dt, dA_cumsum, states, cu_seqlens):
+        raise NotImplementedError(self.NO_STAGES + " (ssd_forward returns the per-sequence states with cu_seqlens)")
+
+
 @dataclass
 class ForwardResult:
     """What `ssd_forward` returns. `varlen_states` only with cu_seqlens; dt/dA_cumsum/states are the

@@ -17,7 +17,7 @@ import torch
 
 from impls.mamba_ssm.upstream import interpreter_mode, interpreting
 from impls.problem import Problem
-from impls.registry import Backend, ForwardResult, pinned_version, register
+from impls.registry import ForwardOnlyBackend, ForwardResult, pinned_version, register
 from impls.vllm import loader, mapping
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -27,11 +27,11 @@ NO_STAGES = ("vllm: only the whole forward is available (vLLM's state passing st
 
 
 @register
-class VllmBackend(Backend):
+class VllmBackend(ForwardOnlyBackend):
     """vLLM 0.33.0 (Triton); CUDA, or CPU tensors under TRITON_INTERPRET=1; whole forward only."""
 
     name = "vllm"
-    STAGES = ("forward",)
+    NO_STAGES = NO_STAGES
 
     # --- capability -------------------------------------------------------------------------------------
     @classmethod
@@ -73,19 +73,6 @@ class VllmBackend(Backend):
     def tf32(self, dtype: torch.dtype, device=None) -> bool:
         # tl.dot on fp32 inputs uses tf32 on the GPU (Triton's default input_precision); exact in the interpreter
         return dtype == torch.float32 and (device is None or torch.device(device).type == "cuda")
-
-    # --- stages: none ---------------------------------------------------------------------------------------
-    def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
-        raise NotImplementedError(NO_STAGES)
-
-    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
-        raise NotImplementedError(NO_STAGES)
-
-    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
-        raise NotImplementedError(NO_STAGES)
-
-    def varlen_states(self, B, x, dt, dA_cumsum, states, cu_seqlens):
-        raise NotImplementedError(NO_STAGES + " (ssd_forward returns the per-sequence states with cu_seqlens)")
 
     # --- the whole forward: prepare (adapter) -> peer (vLLM) -> finish (adapter) ------------------------------
     @staticmethod
