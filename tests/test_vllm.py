@@ -73,6 +73,8 @@ def test_batch_metadata_is_cached_per_shape_and_device():
     pytest.param(Problem(TINY, dtype="float64"), "dtype float64", id="float64"),
     pytest.param(Problem(dataclasses.replace(TINY, chunk_size=48)), "power of two", id="chunk-48"),
     pytest.param(Problem(dataclasses.replace(TINY, nheads=6, ngroups=4)), "does not divide", id="nheads-6-ngroups-4"),
+    pytest.param(Problem(dataclasses.replace(TINY, batch=4, seqlen=2**20, chunk_size=64, ngroups=1)), "grid axis 1",
+                 id="65536-chunks"),
 ])
 def test_vllm_refuses(problem, reason):
     ok, why = VllmBackend().supports(problem)
@@ -81,6 +83,9 @@ def test_vllm_refuses(problem, reason):
 
 def test_vllm_accepts_what_it_can_run():
     backend = VllmBackend()
+    long = Problem(dataclasses.replace(TINY, batch=1, seqlen=2**20, chunk_size=32, ngroups=1))
+    assert backend.supports(long) == (True, "")  # 32768 chunks: within CUDA's grid limit
+
     for problem in (Problem(TINY, has_initial_states=True, has_z=True, D_per_channel=True, state_dtype="float32"),
                     Problem(dataclasses.replace(TINY, batch=1), varlen=True, nseqs=3, has_initial_states=True),
                     Problem(TINY, dt_softplus=False, has_dt_bias=False, has_D=False)):

@@ -22,8 +22,18 @@ from impls.vllm import loader, mapping
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 ENTRY = "vllm.model_executor.layers.mamba.ops.ssd_combined.mamba_chunk_scan_combined_varlen"
+GRID_AXIS_MAX = 65535  # CUDA's limit on grid axes 1 and 2
 NO_STAGES = ("vllm: only the whole forward is available (vLLM's state passing stores the state after each chunk, "
              "not the state entering it, so its kernels do not chain with the contract's stages)")
+
+
+def vllm_chunks(problem: Problem) -> int:
+    """vLLM's chunk count: exact for a batch; for packed sequences the most it can be (each of the nseqs - 1
+    inner boundaries may split one more chunk), since supports() sees the sequence count but not the lengths."""
+    s = problem.shape
+    if problem.varlen:
+        return -(-s.seqlen // s.chunk_size) + problem.nseqs - 1
+    return s.batch * -(-s.seqlen // s.chunk_size)
 
 
 @register
@@ -68,6 +78,11 @@ class VllmBackend(ForwardOnlyBackend):
                            "metadata; deriving them from seq_idx would need a device-to-host sync per call")
         if problem.varlen and s.batch != 1:
             return False, "cu_seqlens: packed sequences in batch 1 only (the contract's form)"
+        chunks = vllm_chunks(problem)
+        if chunks * s.ngroups > GRID_AXIS_MAX:
+            return False, (f"{chunks} chunks × {s.ngroups} groups > {GRID_AXIS_MAX}: vLLM launches its C·Bᵀ kernel "
+                           f"with chunks × groups on grid axis 1 (and chunk states, chunk scan with chunks there), "
+                           f"which CUDA caps at {GRID_AXIS_MAX}")
         return True, ""
 
     def tf32(self, dtype: torch.dtype, device=None) -> bool:
