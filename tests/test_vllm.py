@@ -135,6 +135,7 @@ def test_loading_leaves_no_vllm_modules_and_probes_no_gpu(vllm_files, monkeypatc
 
     for name in ("get_device_capability", "get_device_properties", "current_device"):
         monkeypatch.setattr(torch.cuda, name, probe)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, as CI's
     monkeypatch.setattr(loader, "_module", None)
     mods = loader.load()
     assert mods.version == "0.33.0" and callable(mods.ssd_combined.mamba_chunk_scan_combined_varlen)

@@ -151,5 +151,20 @@ class VllmBackend(ForwardOnlyBackend):
             "adapter_steps": dict(mapping.STEPS),
             "chunking": "chunks restart at every sequence start (vLLM's alignment)",
             "tf32": "float32 inputs: tl.dot runs in tf32 on the GPU",
+            "autotuned": self.autotuned(),
         })
+        return out
+
+    @staticmethod
+    def autotuned() -> dict[str, str]:
+        """The config each of vLLM's autotuned kernels last picked in this process (what ran), by kernel name."""
+        import triton
+
+        if loader.loaded() is None:
+            return {}
+        out = {}
+        for module in vars(VllmBackend._modules()).values():
+            for name, value in vars(module).items():
+                if isinstance(value, triton.runtime.Autotuner) and getattr(value, "best_config", None) is not None:
+                    out[name] = str(value.best_config)
         return out

@@ -173,6 +173,11 @@ def _stand_ins(helpers: dict[str, types.ModuleType]):
         sys.modules.update(saved)
 
 
+def loaded() -> types.SimpleNamespace | None:
+    """The modules if load() has run in this process, else None (never loads)."""
+    return _module
+
+
 def load() -> types.SimpleNamespace:
     """vLLM's SSD modules by short name (ssd_combined, ssd_chunk_scan, ...), loaded once; ImportError with the
     reason when the files are missing or another version."""
