@@ -1,6 +1,6 @@
 """Nsight Compute over one forward per backend: DRAM bytes, achieved occupancy, registers and spills per kernel.
 
-    python -m experiments.profile [--backends cutile mamba_ssm triton tilegym fla] [--shape S1] [--out DIR]
+    python -m experiments.profile [--backends cutile mamba_ssm triton tilegym fla vllm] [--shape S1] [--out DIR]
 
 Each backend runs in its own process under `ncu --clock-control none` (the device tool's METHOD.md: leave the
 clocks alone) with `--profile-from-start off`: the target process draws the headline problem's inputs (bf16),
@@ -173,7 +173,7 @@ def profile_backend(backend: str, shape: str, timeout: int) -> tuple[list[dict],
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", nargs=2, metavar=("BACKEND", "SHAPE"), help=argparse.SUPPRESS)
-    parser.add_argument("--backends", nargs="+", default=["cutile", "mamba_ssm", "triton", "tilegym", "fla"])
+    parser.add_argument("--backends", nargs="+", default=["cutile", "mamba_ssm", "triton", "tilegym", "fla", "vllm"])
     parser.add_argument("--shape", default="S1")
     parser.add_argument("--out", default="results/scratch/profile")
     parser.add_argument("--timeout", type=int, default=300)
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
                   f"local {(launch['local_load_bytes'] + launch['local_store_bytes']) / 1e6:7.1f} MB", flush=True)
     if rows:
         df = pd.DataFrame(rows)
-        for key in ("v_torch", "v_triton", "v_cuda_tile", "v_tileiras", "v_mamba_ssm", "v_tilegym", "v_fla",
+        for key in ("v_torch", "v_triton", "v_cuda_tile", "v_tileiras", "v_mamba_ssm", "v_tilegym", "v_fla", "v_vllm",
                     "gpu_name", "gpu_uuid", "driver", "git_commit", "git_dirty"):
             df[key] = prov.get(key)
         df["tool"] = "ncu --clock-control none"

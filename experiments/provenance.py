@@ -40,6 +40,17 @@ def tileiras_version() -> str:
     return match.group(1) if match else "absent"
 
 
+def vllm_version() -> str:
+    """vLLM is never installed: only its SSD kernel files and METADATA are present (scripts/install.sh, the GPU
+    bundle), so its version is read where impls/vllm/loader.py finds them, not from the installed distributions."""
+    try:
+        from impls.vllm import loader
+
+        return loader.version() or "absent"
+    except Exception:  # noqa: BLE001 - provenance never raises
+        return "absent"
+
+
 def _run(args: list[str], cwd=None) -> str | None:
     try:
         out = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=20)
@@ -114,6 +125,7 @@ def collect(device: torch.device) -> dict:
     row = {"python": platform.python_version(), "host": platform.node(), "cuda": torch.version.cuda or "absent"}
     row.update({f"v_{key}": _version(dist) for key, dist in PACKAGES.items()})
     row["v_tileiras"] = tileiras_version()
+    row["v_vllm"] = vllm_version()
     row.update(gpu_info(device))
     row.update(git_state())
     row["slurm_job_id"] = os.environ.get("SLURM_JOB_ID")  # null outside SLURM

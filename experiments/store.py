@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pandas as pd
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Columns added after version 1, with the version that added them: files written before read them as null.
-ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3}
+ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4}
 
 # name -> (pandas dtype, meaning). Every row has every column; missing values are null.
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -68,6 +68,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "v_torch": ("string", ""), "v_triton": ("string", ""), "v_cuda_tile": ("string", ""),
     "v_tileiras": ("string", ""), "v_mamba_ssm": ("string", ""), "v_wandb": ("string", ""),
     "v_hydra": ("string", ""), "v_fla": ("string", ""), "v_tilegym": ("string", ""),
+    "v_vllm": ("string", "vLLM's version as the METADATA beside its SSD kernel files says (impls/vllm/loader.py)"),
     "gpu_name": ("string", ""), "gpu_uuid": ("string", ""), "gpu_cc": ("string", "compute capability"),
     "gpu_clock_sm_mhz": ("float64", "SM clock when the point ran"), "gpu_clock_mem_mhz": ("float64", ""),
     "gpu_clock_max_sm_mhz": ("float64", ""), "gpu_clock_max_mem_mhz": ("float64", ""),

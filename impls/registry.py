@@ -19,7 +19,7 @@ import torch
 from impls.problem import Problem
 
 # Where each backend lives. Modules are imported on first use, so a missing optional dependency (cuda.tile,
-# fla, tilegym) only matters to whoever asks for that backend.
+# fla, tilegym, vllm) only matters to whoever asks for that backend.
 BACKEND_MODULES: dict[str, str] = {
     "reference": "impls.reference",
     "mamba_ssm": "impls.mamba_ssm",
@@ -27,6 +27,7 @@ BACKEND_MODULES: dict[str, str] = {
     "triton": "impls.triton",
     "tilegym": "impls.tilegym",
     "fla": "impls.fla",
+    "vllm": "impls.vllm",
 }
 
 _REGISTRY: dict[str, type[Backend]] = {}
@@ -125,6 +126,26 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.switches})"
+
+
+class ForwardOnlyBackend(Backend):
+    """A peer whose kernels have no stage split matching the contract: only `ssd_forward` (and `forward_parts`);
+    the stage methods raise NotImplementedError with the subclass's NO_STAGES reason."""
+
+    STAGES = ("forward",)
+    NO_STAGES: ClassVar[str] = "only the whole forward is available"
+
+    def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
+        raise NotImplementedError(self.NO_STAGES)
+
+    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        raise NotImplementedError(self.NO_STAGES)
+
+    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
+        raise NotImplementedError(self.NO_STAGES)
+
+    def varlen_states(self, B, x, dt, dA_cumsum, states, cu_seqlens):
+        raise NotImplementedError(self.NO_STAGES + " (ssd_forward returns the per-sequence states with cu_seqlens)")
 
 
 @dataclass

@@ -73,7 +73,7 @@ case "$phase" in
     export CUDA_TILE_CACHE_DIR="$caches/cutile" TRITON_CACHE_DIR="$caches/triton"
     for run in cold warm; do
       echo "== first_call $run ($(left) s left)" | tee -a "$log"
-      timeout "$(left)" python -m experiments.bench -m "backend=${FIRST_CALL_BACKENDS:-mamba_ssm,triton,cutile}" \
+      timeout "$(left)" python -m experiments.bench -m "backend=${FIRST_CALL_BACKENDS:-mamba_ssm,triton,cutile,vllm}" \
         shape=S1 bench=check_only force=true sweep_name="first_call_$run" "results_dir=$SWEEP_ROOT/first_call" \
         logger=local 2>&1 | tee -a "$log"
     done

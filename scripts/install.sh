@@ -22,6 +22,12 @@ MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE "$py" -m pip install -q --no-b
 # the external peers, without their dependencies: TileGym pins an old transformers and brings its whole op
 # library; the adapters load only what they use (impls/tilegym/loader.py, impls/fla/peer.py)
 "$py" -m pip install -q --no-deps tilegym==1.5.1 fla-core==0.6.0
+# vLLM's Mamba-2 prefill SSD kernels (backend "vllm"): only its ops/*.py and METADATA, extracted from the wheel
+# (downloaded once into ~/.cache/ssd-peers) into .peers/vllm-<version>; vLLM itself is never installed here.
+# VLLM_SSD= (empty) skips it.
+if [ -n "${VLLM_SSD-0.33.0}" ]; then
+  "$py" -m impls.vllm.extract --version "${VLLM_SSD-0.33.0}"
+fi
 "$py" - <<'PY'
 import importlib.metadata as m
 for name in ("torch", "triton", "cuda-tile", "mamba_ssm", "hydra-core", "tilegym", "fla-core"):

@@ -37,7 +37,7 @@ def test_every_option_composes(group, option):
 
 def test_groups_are_complete():
     names = {p.stem for p in (CONF / "backend").glob("*.yaml")}
-    assert names == {"reference", "mamba_ssm", "cutile", "triton", "tilegym", "fla"}
+    assert names == {"reference", "mamba_ssm", "cutile", "triton", "tilegym", "fla", "vllm"}
     shapes = {p.stem for p in (CONF / "shape").glob("*.yaml")}
     assert {"S1", "S2", "S3", "S4", "tiny", "long_64k", "long_256k", "mamba2_130m", "mamba2_2p7b"} <= shapes
     s1 = _compose(["shape=S1"]).shape

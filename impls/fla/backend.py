@@ -14,7 +14,7 @@ import torch
 
 from impls.fla import mapping, peer
 from impls.problem import Problem
-from impls.registry import Backend, ForwardResult, pinned_version, register, switch
+from impls.registry import ForwardOnlyBackend, ForwardResult, pinned_version, register, switch
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 NO_STAGES = ("fla: FLA's chunk_simple_gla has no stage split matching the contract (chunk-local states, state "
@@ -36,12 +36,12 @@ class FlaSwitches:
 
 
 @register
-class FlaBackend(Backend):
+class FlaBackend(ForwardOnlyBackend):
     """FLA 0.6.0 chunk_simple_gla (Triton); CUDA only; whole forward only."""
 
     name = "fla"
     Switches = FlaSwitches
-    STAGES = ("forward",)  # proposal for the registry: the harness runs only what a backend lists
+    NO_STAGES = NO_STAGES
 
     # --- capability -------------------------------------------------------------------------------------
     @classmethod
@@ -85,19 +85,6 @@ class FlaBackend(Backend):
 
     def chunk_used(self, requested: int) -> int:
         return requested if self.switches.chunk == "requested" else peer.FLA_DEFAULT_CHUNK
-
-    # --- stages: none ---------------------------------------------------------------------------------------
-    def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
-        raise NotImplementedError(NO_STAGES)
-
-    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
-        raise NotImplementedError(NO_STAGES)
-
-    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
-        raise NotImplementedError(NO_STAGES)
-
-    def varlen_states(self, B, x, dt, dA_cumsum, states, cu_seqlens):
-        raise NotImplementedError(NO_STAGES + " (ssd_forward returns the per-sequence states with cu_seqlens)")
 
     # --- the whole forward: prepare (adapter) -> peer (FLA) -> finish (adapter) ------------------------------
     def prepare(self, x, dt, A, B, C, chunk_size, dt_bias=None, initial_states=None, cu_seqlens=None,

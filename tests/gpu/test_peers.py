@@ -1,5 +1,6 @@
 """The external peers on the GPU against the float64 reference (on the GPU too): TileGym's cuTile Mamba-2 (on
-its fallback configs — TileGym's own first config, no minutes-long search) and FLA's chunked simple GLA."""
+its fallback configs — TileGym's own first config, no minutes-long search), FLA's chunked simple GLA and vLLM
+0.33.0's prefill kernels (skipped, saying why, where its kernel files are absent)."""
 
 from __future__ import annotations
 
@@ -92,3 +93,48 @@ def test_fla_matches_float64_reference(problem, switches, dtype):
         errors["forward.varlen_states"] = rel_err(out.varlen_states, ref.varlen_states)
     assert out.y.dtype == dtype and out.final_states.dtype == torch.float32
     assert not failures(errors, dtype, tf32=backend.tf32(dtype)), errors
+
+
+# --- vLLM 0.33.0's prefill kernels (varlen entry point), whole forward ---------------------------------------
+@pytest.fixture
+def vllm_backend():
+    from impls.vllm.backend import VllmBackend
+
+    ok, why = VllmBackend.available()  # loads the files: set-up time, never collection
+    if not ok:
+        pytest.skip(why)
+    return VllmBackend()
+
+
+VLLM_SMALL = Shape(2, 1000, 8, 64, 2, 64, 256)
+VLLM_CASES = [
+    pytest.param(Problem(Shape(8, 4096, 80, 64, 1, 128, 256)), torch.bfloat16, id="S1-bf16", marks=pytest.mark.heavy),
+    pytest.param(Problem(VLLM_SMALL), torch.bfloat16, id="seqlen1000-chunk256-bf16"),
+    pytest.param(Problem(VLLM_SMALL), torch.float16, id="seqlen1000-chunk256-fp16"),
+    pytest.param(Problem(VLLM_SMALL), torch.float32, id="seqlen1000-chunk256-fp32"),
+    pytest.param(Problem(Shape(2, 512, 16, 64, 8, 128, 128)), torch.bfloat16, id="ngroups8-bf16"),
+    pytest.param(Problem(VLLM_SMALL, has_initial_states=True, has_z=True, D_per_channel=True,
+                         state_dtype="float32", dt_limit=(0.001, 0.08)), torch.bfloat16,
+                 id="init-z-Dchannel-fp32states-bf16"),
+    pytest.param(Problem(Shape(1, 900, 8, 64, 2, 64, 64), varlen=True, nseqs=4, has_initial_states=True),
+                 torch.bfloat16, id="cu_seqlens-4-seqs-init-bf16"),
+    pytest.param(Problem(Shape(1, 300, 4, 80, 2, 48, 64), has_z=True), torch.bfloat16, id="p80-n48-z-bf16"),
+    pytest.param(Problem(Shape(2, 512, 8, 64, 1, 256, 128)), torch.bfloat16, id="dstate256-bf16"),
+]
+
+
+@pytest.mark.parametrize("problem, dtype", VLLM_CASES)
+def test_vllm_matches_float64_reference(vllm_backend, problem, dtype):
+    assert vllm_backend.supports(problem) == (True, "")
+    errors = run_case(vllm_backend, problem, dtype, seed=1, device="cuda")  # outputs poisoned
+    assert {"forward.y", "forward.final_states"} <= set(errors)
+    assert not failures(errors, dtype, tf32=vllm_backend.tf32(dtype, "cuda")), errors
+
+
+def test_vllm_platform_stand_in_drops_the_racy_sm90_configs(vllm_backend):
+    """On sm_90 vLLM's chunk_scan keeps only configs Triton compiles correctly; it asks the platform stand-in."""
+    from impls.vllm import loader
+
+    configs = loader.load().ssd_chunk_scan._chunk_scan_fwd_kernel.configs
+    racy = [c for c in configs if c.num_stages > 1 and c.num_warps % 4 == 0 and c.kwargs["BLOCK_SIZE_M"] % 64 == 0]
+    assert configs and (racy == []) == (torch.cuda.get_device_capability() == (9, 0)), racy
