@@ -41,6 +41,7 @@ class FlaBackend(Backend):
 
     name = "fla"
     Switches = FlaSwitches
+    REQUIRES = {"torch": ">=2.11", "triton": "3.6.*", "fla-core": peer.VERSION_REQUIRED}
     STAGES = ("forward",)  # proposal for the registry: the harness runs only what a backend lists
 
     # --- capability -------------------------------------------------------------------------------------
