@@ -1,7 +1,7 @@
 """Writes the analysis notebooks (no outputs): each is a parameter cell, a bootstrap cell and a few cells that call
 the `analysis` package. Edit here and re-run `python notebooks/make_notebooks.py`; the .ipynb files are generated.
 
-The parameter cell (tagged "parameters", papermill-style) reads $SSD_RESULTS, defaulting to results/h200/; a
+The parameter cell (tagged "parameters", papermill-style) reads $SSD_RESULTS, defaulting to results/2026-12-02-h200-headline-ablations/; a
 missing results path is an error (analysis.load.resolve_results), never a silent switch to other data.
 """
 
@@ -16,7 +16,7 @@ HERE = Path(__file__).parent
 PARAMS = '''import os
 
 # Results to analyse: a Parquet file, a results folder, or "wandb:<entity>/<project>[/<group>]".
-RESULTS = os.environ.get("SSD_RESULTS", "results/h200/")
+RESULTS = os.environ.get("SSD_RESULTS", "results/2026-12-02-h200-headline-ablations/")
 BASELINE = "mamba_ssm"'''
 BOOT = '''import sys
 from pathlib import Path

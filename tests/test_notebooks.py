@@ -29,7 +29,7 @@ def test_notebook_is_stripped_and_parametrised(path):
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), "commit without outputs"
     params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
-    assert len(params) == 1 and "SSD_RESULTS" in params[0].source and "results/h200/" in params[0].source
+    assert len(params) == 1 and "SSD_RESULTS" in params[0].source and "results/2026-12-02-h200-headline-ablations/" in params[0].source
 
 
 def _outputs_text(nb) -> str:
@@ -49,7 +49,7 @@ def test_notebook_executes_on_committed_h200_results(path, monkeypatch):
     monkeypatch.delenv("SSD_RESULTS", raising=False)
     monkeypatch.setenv("MPLBACKEND", "Agg")
     text = _execute(path)
-    assert "points from" in text and "results/h200" in text and "SYNTHETIC FIXTURE" not in text
+    assert "points from" in text and "results/2026-12-02-h200-headline-ablations" in text and "SYNTHETIC FIXTURE" not in text
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.stem) for p in NOTEBOOKS[:1]])

@@ -62,7 +62,7 @@ class CutileSwitches:
         sm90="cuTile 1.7 lowers the batched rank-3 MMA to HMMA.16816 (mma.sync) with local-memory spills; per_head "
              "gives each head warpgroup HGMMAs as with heads_per_tile 1, HB independent HGMMA/MUFU.EX2 chains per "
              "source block. Default per_head: measured at heads_per_tile 2 against 1, compute_out -6 % at S1, "
-             "-13 % at S2 (results/h200-s6/head_mma.parquet)")
+             "-13 % at S2 (results/2026-12-03-h200-head-mma/head_mma.parquet)")
     fuse_state_out: bool = switch(
         False, "the whole forward as two kernels: chunk_cumsum, then one kernel that walks the chunks in order with "
                "the state in registers and writes y and the final state only (impls/cutile/fused.py; the per-chunk "
