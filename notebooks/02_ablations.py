@@ -22,24 +22,15 @@ RESULTS = os.environ.get("SSD_RESULTS", "index:ablate_cutile,ablate_triton")
 BASELINE = "mamba_ssm"
 
 # %%
-import sys
-from pathlib import Path
-
-# Make the checkout importable when the notebook runs from notebooks/ without an installed package.
-root = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "pyproject.toml").is_file())
-sys.path.insert(0, str(root))
-
 import pandas as pd
 from IPython.display import Markdown, display
 
 import analysis
 from analysis import figures
 from analysis.markdown import table
+from analysis.notebooks import start
 
-w = analysis.wide(analysis.load_results(RESULTS))
-if analysis.load.is_synthetic(w):
-    display(Markdown("> **SYNTHETIC FIXTURE** — test data, not measurements."))
-print(f"{w['run_id'].nunique()} points from {analysis.resolve_results(RESULTS)}")
+w = start(RESULTS)  # the wide table; says where the points come from, and flags the synthetic fixture
 
 # %%
 backends = sorted(w.loc[w["ablation"].fillna("none") != "none", "backend"].unique())
