@@ -7,7 +7,7 @@ versions it was found with, the date and the measured median. Modes:
 - "record":   use the stored record; none stored is an error;
 - "fallback": a fixed config per architecture, no file read;
 - "auto":     record when one is stored, else fallback (the default);
-- "resume":   record when one is stored, else search and store: an interrupted search (a device call's time limit)
+- "resume":   record when one is stored, else search and store: an interrupted search (a run's time limit)
               picks up at the first stage without a record.
 Every result row records which source ran ("search", "record" or "fallback").
 """
