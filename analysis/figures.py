@@ -1,5 +1,10 @@
 """Figures from the analysis tables (matplotlib, Agg backend: no display needed). Each function takes the
-table its module returns and gives a Figure; `save(fig, folder, name)` writes name.png and name.svg."""
+table its module returns and gives a Figure; `save(fig, folder, name)` writes name.png and name.svg.
+
+Every figure draws a backend in its one color (analysis.palette), tuned points hatched, stages by marker, shapes
+captioned with their model; legends never show raw point labels. Each artist drawn for a backend carries the gid
+"backend:<name>" (tests check the colors through it). Error bars are the p20–p80 of one run; points pooled from
+several runs get none."""
 
 from __future__ import annotations
 
@@ -11,7 +16,10 @@ matplotlib.use("Agg")  # before pyplot: headless CI and report runs
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
+from analysis import palette  # noqa: E402
 from analysis.load import TIMED_STAGES  # noqa: E402
 
 
@@ -32,33 +40,63 @@ def _empty(title: str):
     return fig
 
 
+def _tag(artists, backend: str) -> None:
+    for artist in np.atleast_1d(artists):
+        artist.set_gid(f"backend:{palette.parse_label(backend).backend}")
+
+
+def _backend_legend(ax, labels, tuned_hatch: bool = False, **kw) -> None:
+    """One entry per backend (its color), one per variant, and the hatch meaning where tuned points are drawn."""
+    parsed = [palette.parse_label(lab) for lab in labels]
+    handles, seen = [], set()
+    for lab in parsed:
+        key = (lab.backend, lab.variant)
+        if key not in seen:
+            seen.add(key)
+            handles.append(Patch(facecolor=palette.color(lab.backend),
+                                 hatch=palette.VARIANT_HATCH if lab.variant else "", label=lab.text))
+    if tuned_hatch and any(lab.tuned for lab in parsed):
+        handles.append(Patch(facecolor="white", edgecolor="k", hatch=palette.TUNED_HATCH, label="tuned configs"))
+        if not all(lab.tuned for lab in parsed):
+            handles.append(Patch(facecolor="white", edgecolor="k", label="fallback configs"))
+    ax.legend(handles=handles, **kw)
+
+
 def speedup_bars(table: pd.DataFrame, stage: str = "forward"):
-    """Speedup over the baseline per shape (and geomean), one bar per backend, with the spread as error bars."""
+    """Speedup over the baseline per shape (and geomean), one bar per backend in its color, tuned points hatched;
+    error bars: p20–p80 of the one run behind a bar (none for the geomean or for points pooled from runs)."""
     t = table[(table["stage"] == stage) & table["speedup"].notna()]
     if t.empty:
         return _empty(f"speedup ({stage})")
     shapes = list(dict.fromkeys(t["case"]))
-    backends = list(dict.fromkeys(t["backend"]))
-    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(shapes) * max(1, len(backends)) / 2.5, 3.6))
-    width = 0.8 / len(backends)
+    first = t.drop_duplicates("case").set_index("case")
+    captions = [palette.shape_caption(first.at[c, "shape_name"], first.at[c, "shape"]).replace(": ", "\n", 1)
+                .replace(", ", "\n") for c in shapes]
+    labels = sorted(dict.fromkeys(t["backend"]), key=lambda b: (palette.parse_label(b).backend, b))
+    fig, ax = plt.subplots(figsize=(1.5 + 1.3 * len(shapes) * max(1, len(labels)) / 3, 4.2))
+    width = 0.8 / len(labels)
     x = np.arange(len(shapes))
-    for i, b in enumerate(backends):
-        d = t[t["backend"] == b].drop_duplicates("case").set_index("case").reindex(shapes)
-        err = np.vstack([d["speedup"] - d["speedup_lo"], d["speedup_hi"] - d["speedup"]]).clip(min=0)
-        ax.bar(x + (i - (len(backends) - 1) / 2) * width, d["speedup"], width, yerr=np.nan_to_num(err), label=b,
-               capsize=2)
+    for i, lab in enumerate(labels):
+        d = t[t["backend"] == lab].drop_duplicates("case").set_index("case").reindex(shapes)
+        one_run = (d["n_runs"] == 1) & (d["shape_name"] != "geomean")
+        xs = x + (i - (len(labels) - 1) / 2) * width
+        bars = ax.bar(xs, d["speedup"], width, color=palette.color(lab), hatch=palette.hatch(lab),
+                      edgecolor="white", linewidth=0.5)
+        _tag(bars.patches, lab)
+        sel = one_run.to_numpy(bool) & d["speedup"].notna().to_numpy()
+        err = np.vstack([d["speedup"] - d["speedup_lo"], d["speedup_hi"] - d["speedup"]]).clip(min=0)[:, sel]
+        ax.errorbar(xs[sel], d["speedup"].to_numpy()[sel], yerr=err, fmt="none", ecolor="k", capsize=2, lw=1)
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(x, shapes, rotation=30 if len(shapes) > 5 else 0, ha="right" if len(shapes) > 5 else "center",
-                  fontsize=8)
+    ax.set_xticks(x, captions, fontsize=7)
     ax.set_ylabel(f"speedup over {t['baseline'].iloc[0]}")
-    ax.set_title(f"{stage}: speedup (higher is faster)")
-    ax.legend(fontsize=8)
+    ax.set_title(f"{stage}: speedup (higher is faster; error bars p20–p80 of one run)", fontsize=9)
+    _backend_legend(ax, labels, tuned_hatch=True, fontsize=7)
     return fig
 
 
 def ablation_bars(table: pd.DataFrame):
-    """Effect of each switch on top of the others (percent of the time without it); no-ops drawn as hatched
-    empty bars labelled 'no-op', never as a value."""
+    """Effect of each switch on top of the others (percent of the time without it), in the backend's color; no-ops
+    drawn as empty bars labelled 'no-op', never as a value."""
     if table.empty:
         return _empty("ablation")
     groups = list(dict.fromkeys(zip(table["backend"], table["shape_name"], table["dtype"])))  # one panel each
@@ -69,8 +107,8 @@ def ablation_bars(table: pd.DataFrame):
         y = np.arange(len(d))
         eff = d["effect_on_top"].to_numpy(float) * 100
         noop = d["status"].str.startswith("no-op").to_numpy()
-        ax.barh(y, np.where(noop, 0, np.nan_to_num(eff)), color=["tab:green" if e >= 0 else "tab:red" for e in
-                                                               np.nan_to_num(eff)])
+        bars = ax.barh(y, np.where(noop, 0, np.nan_to_num(eff)), color=palette.color(backend))
+        _tag(bars.patches, backend)
         for yi, n, st in zip(y, noop, d["status"]):
             if n:
                 ax.text(0, yi, "  no-op on this arch", va="center", fontsize=8, style="italic")
@@ -78,38 +116,49 @@ def ablation_bars(table: pd.DataFrame):
                 ax.text(0, yi, "  not measured", va="center", fontsize=8, color="grey")
         ax.set_yticks(y, d["switch"])
         ax.axvline(0, color="k", lw=0.8)
-        ax.set_xlabel("time saved by the switch (%)")
-        ax.set_title(f"{backend} {shape} {dtype} ({d['stage'].iloc[0]})", fontsize=9)
+        ax.set_xlabel("time saved by the switch (%; negative: it costs)")
+        ax.set_title(f"{backend}, {palette.shape_caption(shape)}, {dtype} ({d['stage'].iloc[0]})",
+                     fontsize=9)
     fig.tight_layout()
     return fig
 
 
 def roofline(table: pd.DataFrame):
-    """Achieved TFLOP/s against arithmetic intensity (model flops / model bytes), with the measured ceilings."""
+    """Achieved TFLOP/s against arithmetic intensity (model flops / model bytes), with the measured ceilings:
+    color per backend, marker per stage."""
     t = table[table["tflops"].notna() & (table["intensity"] > 0)]
     if t.empty:
         return _empty("roofline")
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for (backend, stage), d in t.groupby(["backend", "stage"]):
-        ax.scatter(d["intensity"], d["tflops"], label=f"{backend} {stage}", s=18)
+        points = ax.scatter(d["intensity"], d["tflops"], s=30, color=palette.color(backend),
+                            marker=palette.marker(stage), edgecolors="k", linewidths=0.3)
+        _tag(points, backend)
     peak, bw = t["matmul_tflops"].median(), t["copy_gbps"].median()
+    handles = [Patch(color=palette.color(b), label=b) for b in sorted(t["backend"].unique())]
+    handles += [Line2D([], [], ls="", marker=palette.marker(s), color="k", label=s)
+                for s in TIMED_STAGES if s in set(t["stage"])]
     if np.isfinite(peak) and np.isfinite(bw):
         xs = np.logspace(np.log10(t["intensity"].min() / 4), np.log10(t["intensity"].max() * 4), 100)
-        ax.plot(xs, np.minimum(peak, xs * bw / 1e3), "k--", lw=1, label="measured ceilings")
+        ax.plot(xs, np.minimum(peak, xs * bw / 1e3), "k--", lw=1)
+        handles.append(Line2D([], [], color="k", ls="--", label="measured ceilings"))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("FLOP / byte (cost model)")
     ax.set_ylabel("TFLOP/s achieved")
-    ax.legend(fontsize=7)
+    ax.legend(handles=handles, fontsize=7, ncol=2)
     return fig
 
 
 def seqlen_scaling(table: pd.DataFrame):
+    """Tokens per second against seqlen: color per backend, line style per dtype."""
     if table.empty:
         return _empty("seqlen scaling")
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for (backend, dtype), d in table.groupby(["backend", "dtype"]):
-        ax.plot(d["seqlen"], d["tokens_per_s"] / 1e6, marker="o", label=f"{backend} {dtype}")
+        (line,) = ax.plot(d["seqlen"], d["tokens_per_s"] / 1e6, marker="o", color=palette.color(backend),
+                          ls=palette.DTYPE_LINESTYLES.get(dtype, "-"), label=f"{backend} {dtype}")
+        _tag(line, backend)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("seqlen")
     ax.set_ylabel("Mtokens/s")
@@ -126,7 +175,8 @@ def accuracy(table: pd.DataFrame, stage: str = "forward"):
     for ax, dtype in zip(axes[0], dtypes):
         d = t[t["dtype"] == dtype]
         for backend, g in d.groupby("backend"):
-            ax.plot(g["seqlen"], g["rel_err"], marker="o", label=backend)
+            (line,) = ax.plot(g["seqlen"], g["rel_err"], marker="o", color=palette.color(backend), label=backend)
+            _tag(line, backend)
         ax.axhline(d["tol"].max(), color="k", ls="--", lw=0.8, label="tolerance")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -138,14 +188,21 @@ def accuracy(table: pd.DataFrame, stage: str = "forward"):
 
 
 def compile_cost(table: pd.DataFrame):
+    """Wall time of each stage's first call, per stage, one bar per backend in its color."""
     t = table[table["stage"].isin(TIMED_STAGES)]
     if t.empty:
         return _empty("first-call cost")
-    m = t.groupby(["backend", "stage"])["compile_s"].median().unstack("stage")
-    m = m[[s for s in TIMED_STAGES if s in m.columns]]
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    m.plot.bar(ax=ax, logy=True)
+    m = t.groupby(["stage", "backend"])["compile_s"].median().unstack("backend")
+    m = m.reindex([s for s in TIMED_STAGES if s in m.index])
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    width = 0.8 / len(m.columns)
+    x = np.arange(len(m.index))
+    for i, backend in enumerate(m.columns):
+        bars = ax.bar(x + (i - (len(m.columns) - 1) / 2) * width, m[backend], width, color=palette.color(backend),
+                      label=backend)
+        _tag(bars.patches, backend)
+    ax.set_yscale("log")
+    ax.set_xticks(x, m.index, fontsize=8)
     ax.set_ylabel("first call (s)")
-    ax.set_xlabel("")
     ax.legend(fontsize=7)
     return fig

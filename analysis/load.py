@@ -1,9 +1,10 @@
 """Results into DataFrames: the long store format (one row per point, stage, metric) and the wide analysis
 format (one row per point and stage, one column per metric).
 
-Sources: a Parquet file, a folder of them (a sweep directory or a whole results tree, read recursively), or
-`wandb:<entity>/<project>[/<group>]` through W&B's public API (lazily imported; needs the user's login).
-A path that does not exist is an error naming it: nothing falls back to other data.
+Sources: a Parquet file, a folder of them (a sweep directory or a whole results tree, read recursively),
+`index:<experiment>[,<experiment>...]` (the current file of each experiment named in results/index.yaml; the
+default), or `wandb:<entity>/<project>[/<group>]` through W&B's public API (lazily imported; needs the user's
+login). A path or an experiment that does not exist is an error naming it: nothing falls back to other data.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from experiments import store
 
@@ -25,7 +27,8 @@ STAGE_ORDER = {s: i for i, s in enumerate((*TIMED_STAGES, "ceiling", "point"))}
 # Columns that differ between the rows of one point: they become the metric columns of the wide frame.
 _PER_ROW = ("stage", "metric", "value", "unit")
 ENV_RESULTS = "SSD_RESULTS"
-DEFAULT_RESULTS = "results/h200/"
+INDEX = "results/index.yaml"
+DEFAULT_RESULTS = "index:headline"
 
 
 def repo_root(start: Path | None = None) -> Path:
@@ -37,13 +40,36 @@ def repo_root(start: Path | None = None) -> Path:
     return Path(__file__).resolve().parents[1]
 
 
-def resolve_results(path: str | os.PathLike | None = None) -> str:
-    """Where results are read from: `path`, else $SSD_RESULTS, else results/h200/; a relative path is taken
-    from the current folder, then from the checkout root (notebooks run in notebooks/). W&B sources pass
-    through. Raises FileNotFoundError, naming both places tried, when neither exists."""
+def results_index(root: Path | None = None) -> dict[str, str]:
+    """results/index.yaml: experiment -> its current file, relative to results/."""
+    path = (root or repo_root()) / INDEX
+    if not path.is_file():
+        raise FileNotFoundError(f"results index {path} not found")
+    return {str(k): str(v) for k, v in (yaml.safe_load(path.read_text()) or {}).items()}
+
+
+def _from_index(source: str) -> list[str]:
+    index = results_index()
+    names = [n.strip() for n in source[len("index:"):].split(",") if n.strip()]
+    unknown = [n for n in names if n not in index]
+    if not names or unknown:
+        raise FileNotFoundError(f"results {source!r}: expected experiments of {INDEX} ({', '.join(index)}), "
+                                f"got {', '.join(unknown) or 'none'}")
+    return [str(Path(INDEX).parent / index[n]) for n in names]
+
+
+def resolve_sources(path: str | os.PathLike | None = None) -> list[str]:
+    """Where results are read from: `path`, else $SSD_RESULTS, else the current headline (results/index.yaml);
+    `index:<experiment>,...` names the current file of each experiment. A relative path is taken from the current
+    folder, then from the checkout root (notebooks run in notebooks/). W&B sources pass through. Raises
+    FileNotFoundError, naming the places tried, when one does not exist."""
     source = str(path or os.environ.get(ENV_RESULTS) or DEFAULT_RESULTS)
     if source.startswith("wandb:"):
-        return source
+        return [source]
+    return [_existing(p) for p in (_from_index(source) if source.startswith("index:") else [source])]
+
+
+def _existing(source: str) -> str:
     p = Path(source).expanduser()
     candidates = [p] if p.is_absolute() else [Path.cwd() / p, repo_root() / p]
     for candidate in candidates:
@@ -53,13 +79,19 @@ def resolve_results(path: str | os.PathLike | None = None) -> str:
                             f"pass a path or set ${ENV_RESULTS}")
 
 
+def resolve_results(path: str | os.PathLike | None = None) -> str:
+    """`resolve_sources` as one string (several sources joined by ", ")."""
+    return ", ".join(resolve_sources(path))
+
+
 def load_results(source: str | os.PathLike | pd.DataFrame | None = None) -> pd.DataFrame:
-    """The long frame (experiments.store schema) from a path, a W&B source, or a frame given directly."""
+    """The long frame (experiments.store schema) from a path, an index or W&B source, or a frame given directly."""
     if isinstance(source, pd.DataFrame):
         df = source.copy()
     else:
-        resolved = resolve_results(source)
-        df = load_wandb(resolved[len("wandb:"):]) if resolved.startswith("wandb:") else store.load(Path(resolved))
+        frames = [load_wandb(s[len("wandb:"):]) if s.startswith("wandb:") else store.load(Path(s))
+                  for s in resolve_sources(source)]
+        df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
     return store.conform(df)
 
 

@@ -1,7 +1,8 @@
-"""`python -m analysis.report <results> -o <dir> [--baseline mamba_ssm]`: every table and figure as one
+"""`python -m analysis.report [<results>] -o <dir> [--baseline mamba_ssm]`: every table and figure as one
 Markdown report (<dir>/report.md, figures as PNG and SVG under <dir>/figures/).
 
-<results> is what analysis.load.load_results takes: a Parquet file, a results folder, or wandb:<entity>/<project>.
+<results> is what analysis.load.load_results takes: a Parquet file, a results folder, index:<experiment>[,...]
+(results/index.yaml; the default is the current headline), or wandb:<entity>/<project>.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pandas as pd
 from analysis import figures
 from analysis.ablation import ablation_table
 from analysis.claims import compare_claims
-from analysis.load import is_synthetic, load_results, wide
+from analysis.load import is_synthetic, load_results, resolve_results, wide
 from analysis.markdown import table
 from analysis.roofline import roofline_table
 from analysis.scaling import accuracy_matrix, accuracy_table, compile_table, seqlen_table
@@ -72,7 +73,8 @@ def write_report(results, out_dir: str | Path, baseline: str = "mamba_ssm", noop
 
     gpus = ", ".join(sorted(set(w["gpu_name"].dropna()) or set(w["device_name"].dropna())))
     md = ["# Mamba-2 SSD forward: results report\n",
-          f"Source: `{results if not isinstance(results, pd.DataFrame) else 'DataFrame'}` — {w['run_id'].nunique()} "
+          f"Source: `{'DataFrame' if isinstance(results, pd.DataFrame) else resolve_results(results)}` — "
+          f"{w['run_id'].nunique()} "
           f"points on {gpus or 'unknown device'}; baseline for speedups: `{baseline}`.\n"]
     if is_synthetic(w):
         md.append("> **SYNTHETIC FIXTURE** — these rows are hand-made test data (tests/fixtures), not measurements."
@@ -110,7 +112,9 @@ def write_report(results, out_dir: str | Path, baseline: str = "mamba_ssm", noop
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.splitlines()[0])
-    p.add_argument("results", help="Parquet file, results folder, or wandb:<entity>/<project>[/<group>]")
+    p.add_argument("results", nargs="?", default=None,
+                   help="Parquet file, results folder, index:<experiment>[,...] or wandb:<entity>/<project>[/<group>] "
+                        "(default: $SSD_RESULTS, else index:headline, the current headline of results/index.yaml)")
     p.add_argument("-o", "--out", required=True, help="output folder (report.md, figures/)")
     p.add_argument("--baseline", default="mamba_ssm", help="backend the speedups are relative to")
     a = p.parse_args(argv)

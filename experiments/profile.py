@@ -2,7 +2,7 @@
 
     python -m experiments.profile [--backends cutile mamba_ssm triton tilegym fla vllm] [--shape S1] [--out DIR]
 
-Each backend runs in its own process under `ncu --clock-control none` (the device tool's METHOD.md: leave the
+Each backend runs in its own process under `ncu --clock-control none` (the GPU machine's rule: leave the
 clocks alone) with `--profile-from-start off`: the target process draws the headline problem's inputs (bf16),
 runs the forward twice outside the profiled range (compilation, autotuning, caches), then one forward inside
 `cudaProfilerStart`/`cudaProfilerStop`, so only that forward's kernels are measured. ncu replays each kernel

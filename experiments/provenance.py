@@ -63,8 +63,8 @@ def _run(args: list[str], cwd=None) -> str | None:
 def git_state() -> dict:
     """Commit and dirty flag of the source tree. SSD_GIT_COMMIT / SSD_GIT_DIRTY (0 or 1), set by whoever sent the
     tree, come first: the offline GPU machine gets a copy of the working tree whose own .git (where it has one)
-    is the checkout the session started from, not the commit that was sent (seen on the H200 machine: every row
-    of a session carried its first commit, dirty). Else the checkout's `git rev-parse HEAD` and status."""
+    is the checkout its first run started from, not the commit that was sent (seen on the H200 machine: every row
+    of a day's runs carried the first run's commit, dirty). Else the checkout's `git rev-parse HEAD` and status."""
     sent = os.environ.get("SSD_GIT_COMMIT")
     if sent:
         dirty = os.environ.get("SSD_GIT_DIRTY")

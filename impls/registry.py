@@ -72,6 +72,9 @@ class Backend:
     CANNOT_EXPRESS: ClassVar[dict[str, str]] = {}
     # What can be called (and timed) on its own; a forward-only peer lists just ("forward",).
     STAGES: ClassVar[tuple[str, ...]] = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
+    # The packages it runs on: distribution name -> the version it is pinned to ("3.6.*": any 3.6 release).
+    # Read without importing them (`python -m impls backends`).
+    REQUIRES: ClassVar[dict[str, str]] = {"torch": ">=2.11"}
 
     def __init__(self, switches=None, **overrides):
         self.switches = make_switches(self.name, self.Switches, self.CANNOT_EXPRESS, switches, overrides)

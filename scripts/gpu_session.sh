@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: the GPU test suite and/or sweeps, writing one log and merged Parquet files under $OUT.
+# One run on the GPU machine: the GPU test suite and/or sweeps, writing one log and merged Parquet files under $OUT.
 #   scripts/gpu_session.sh tests                 tests/gpu in parallel workers (pytest-xdist, on the image)
 #   scripts/gpu_session.sh sweep EXP [EXP ...]   experiment overlays, e.g. headline ablate_cutile
 #   scripts/gpu_session.sh sweep_each EXP B...   one experiment, each backend B in a process of its own (a kernel's
@@ -9,8 +9,8 @@
 #   scripts/gpu_session.sh sanitize              compute-sanitizer over every cuTile and Triton stage
 #                                                (experiments/sanitize.py), with its negative control
 #   scripts/gpu_session.sh profile [args]        Nsight Compute over one forward per backend (experiments/profile.py)
-# Run it through the device tool with carry [".gpu"] after `source .gpu/setup.sh &&` (../shared/gpu/README.md).
-# The device gets the working tree without .git: put the commit into the command for the rows' provenance,
+# Run it in a tree that carries the .gpu bundle, after `source .gpu/setup.sh &&` (docs/gpu-runbook.md).
+# The GPU machine gets the working tree without .git: put the commit into the command for the rows' provenance,
 #   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> scripts/gpu_session.sh ...
 # Each invocation stores its points under a folder of its own (SWEEP_ROOT, default $TMPDIR/sweeps/call-<time>-<pid>,
 # with /tmp when TMPDIR is unset), so a merged Parquet holds exactly the points this invocation ran, even on a
@@ -87,7 +87,7 @@ case "$phase" in
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
-# the tuning records as they stand after the phase (searches store there; the device keeps nothing): one file back;
-# here: tar -xzf <files_at>/tuning.tar.gz -C tuning, then commit what changed
+# the tuning records as they stand after the phase (searches store there; the GPU machine keeps nothing): one file back;
+# here: tar -xzf <returned folder>/tuning.tar.gz -C tuning, then commit what changed
 tar -czf "$OUT/tuning.tar.gz" -C "${SSD_TUNING_DIR:-tuning}" .
 echo "== done in $(( $(date +%s) - start )) s" | tee -a "$log"

@@ -261,7 +261,8 @@ def test_report_contains_every_table_and_figure(tmp_path):
 
 
 def test_tuned_points_are_not_pooled_with_fallback_points():
-    """A backend's points on searched/recorded configs form their own "[tuned]" column (results/h200 has both)."""
+    """A backend's points on searched/recorded configs form their own "[tuned]" column
+    (results/2026-12-02-h200-headline-ablations has both)."""
     import pandas as pd
 
     from analysis.speedup import tuned_label

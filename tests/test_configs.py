@@ -12,6 +12,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from experiments import config as conf
 
+pytestmark = pytest.mark.quick  # the quick tier: pytest -m quick
+
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
 conf.register_schemas()

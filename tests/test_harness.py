@@ -146,10 +146,10 @@ def test_no_arguments_runs_the_cpu_preset(tmp_path):
     out = subprocess.run([sys.executable, "-m", "experiments.bench"], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "experiment=cpu" in out.stdout and "2 points, 0 failed" in out.stdout
+    assert "experiment=cpu" in out.stdout and "3 points, 0 failed" in out.stdout
     df = pd.concat(pd.read_parquet(f) for f in (tmp_path / "results" / "scratch").rglob("*.parquet"))
-    assert set(df["backend"]) == {"reference", "mamba_ssm"}
-    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 2
+    assert set(df["backend"]) == {"reference", "mamba_ssm", "triton"}
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 3
 
 
 def test_forward_parts_are_timed_apart():

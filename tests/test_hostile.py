@@ -14,6 +14,8 @@ from impls.problem import Problem
 from impls.tolerance import rel_err, tolerance
 from tests.common import TINY, failures, run_case
 
+pytestmark = pytest.mark.quick  # the quick tier: pytest -m quick
+
 BACKENDS = ["reference", "mamba_ssm"]
 
 

@@ -10,6 +10,8 @@ from impls.reference import ssd_sequential
 from impls.tolerance import rel_err, tolerance
 from tests.common import CASES, float64_forward, run_case
 
+pytestmark = pytest.mark.quick  # the quick tier: pytest -m quick
+
 
 def sequential(inputs):
     kw = inputs.to(torch.float64).forward_kwargs()

@@ -4,8 +4,11 @@ import json
 import os
 
 import pandas as pd
+import pytest
 
 from experiments import merge, store, sync
+
+pytestmark = pytest.mark.quick  # the quick tier: pytest -m quick
 
 
 def rows(run_id, n, logger="local", backend="reference"):

@@ -110,7 +110,7 @@ def test_switch_combinations(switches, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("variant", [pytest.param({}, id="defaults"),
+@pytest.mark.parametrize("variant", [pytest.param({}, id="defaults", marks=pytest.mark.quick),  # the quick tier
                                      pytest.param({k: False for k in BOOL_SWITCHES}, id="all-off")])
 def test_each_stage_alone(variant, dtype):
     """Each stage fed the float64 reference's intermediates (tests.common.forward_errors), so errors cannot hide

@@ -12,6 +12,8 @@ from impls.inputs import make_inputs
 from impls.problem import Problem
 from tests.common import TINY
 
+pytestmark = pytest.mark.quick  # the quick tier: pytest -m quick
+
 
 def inputs(**changes):
     problem = Problem(dataclasses.replace(TINY, batch=1), has_z=True, has_initial_states=True)

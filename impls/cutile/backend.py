@@ -26,6 +26,7 @@ class CutileBackend(Backend):
 
     name = "cutile"
     Switches = CutileSwitches
+    REQUIRES = {"torch": ">=2.11", "cuda-tile": "1.7.0"}
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)

@@ -42,6 +42,7 @@ class FlaBackend(ForwardOnlyBackend):
     name = "fla"
     Switches = FlaSwitches
     NO_STAGES = NO_STAGES
+    REQUIRES = {"torch": ">=2.11", "triton": "3.6.*", "fla-core": peer.VERSION_REQUIRED}
 
     # --- capability -------------------------------------------------------------------------------------
     @classmethod

@@ -29,6 +29,7 @@ class MambaSSMBackend(Backend):
 
     name = "mamba_ssm"
     Switches = MambaSSMSwitches
+    REQUIRES = {"torch": ">=2.11", "triton": "3.6.*", "mamba-ssm": upstream.VERSION_REQUIRED}
     _up = None
 
     @classmethod

@@ -2,7 +2,7 @@
 
 TileGym's search (cuda.tile.tune.exhaustive_search inside its wrapper) compiles its configs one after the other:
 cuTile compiles under a process-wide lock (`cuda/tile/_compile.py`, `global_compiler_lock`), a few seconds each
-on the H200 machine's CPU, so a 64-config stage spends most of a 10-minute device call compiling. Compiled cubins
+on the H200 machine's CPU, so a 64-config stage spends most of a 10-minute run compiling. Compiled cubins
 go to cuTile's disk cache (CUDA_TILE_CACHE_DIR, else its default directory), keyed by compiler version, target
 and the kernel's bytecode — the same key in every process that compiles the same kernel for the same tensors.
 

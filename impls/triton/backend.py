@@ -31,6 +31,7 @@ class TritonBackend(Backend):
 
     name = "triton"
     Switches = cfg.TritonSwitches
+    REQUIRES = {"torch": ">=2.11", "triton": "3.6.*"}
     CANNOT_EXPRESS = {
         "latency_hints": "Triton has no per-load latency hint; the nearest analogues are the num_stages "
                          "(software-pipelining depth) and num_warps switches",

@@ -41,6 +41,8 @@ class VllmBackend(ForwardOnlyBackend):
     """vLLM 0.33.0 (Triton); CUDA, or CPU tensors under TRITON_INTERPRET=1; whole forward only."""
 
     name = "vllm"
+    # vLLM itself is never installed: its SSD kernel files are checked by available() (impls/vllm/loader.py)
+    REQUIRES = {"torch": ">=2.11", "triton": "3.6.*"}
     NO_STAGES = NO_STAGES
 
     # --- capability -------------------------------------------------------------------------------------

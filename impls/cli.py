@@ -1,0 +1,155 @@
+"""What is there: `python -m impls backends | switches <backend> | supports <backend> --shape S1`.
+
+`backends` lists every registered backend: whether it can run in this process (or why not), the stages it can
+time and the package versions it declares (`Backend.REQUIRES`). A backend whose declared packages are missing or
+at another version is reported unavailable from the installed metadata alone, without importing them.
+`switches` prints a backend's switch table (impls.registry.switch_table); `supports` says whether a backend can
+run a problem of a shape from conf/shape/ (ok, or the backend's reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import re
+import sys
+from pathlib import Path
+
+from impls.problem import Problem, Shape
+from impls.registry import Backend, backend_class, list_backends, switch_table
+
+SHAPE_DIR = Path(__file__).resolve().parents[1] / "conf" / "shape"
+SHAPE_FIELDS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numeric release of a version string: "2.13.0+cpu" -> (2, 13, 0)."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def version_matches(found: str, required: str) -> bool:
+    """`required` is ">=X.Y", "X.Y.*" (any release of X.Y) or an exact version."""
+    if required.startswith(">="):
+        return _release(found) >= _release(required[2:])
+    if required.endswith(".*"):
+        return found == required[:-2] or found.startswith(required[:-1])
+    return found == required
+
+
+def installed(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def declared_packages(cls: type[Backend]) -> tuple[list[str], str]:
+    """("dist required (found X)" per declared package, the first mismatch as a reason or "")."""
+    lines, reason = [], ""
+    for dist, required in cls.REQUIRES.items():
+        found = installed(dist)
+        lines.append(f"{dist} {required} (found {found or 'none'})")
+        if not reason and found is None:
+            reason = f"{dist} is not installed"
+        elif not reason and not version_matches(found, required):
+            reason = f"{dist} {required} is declared, found {found}"
+    return lines, reason
+
+
+def availability(name: str) -> tuple[type[Backend] | None, bool, str]:
+    """(class or None, ok, reason). Never raises: an import failure or a raising check is the reason."""
+    try:
+        cls = backend_class(name)
+    except Exception as exc:  # BackendUnavailable, or a module raising at import
+        return None, False, str(exc)
+    _, reason = declared_packages(cls)
+    if reason:
+        return cls, False, reason
+    try:
+        ok, reason = cls.available()
+    except Exception as exc:
+        return cls, False, f"available() raised {type(exc).__name__}: {exc}"
+    return cls, ok, reason
+
+
+def cmd_backends(_args) -> int:
+    for name in list_backends():
+        cls, ok, reason = availability(name)
+        print(f"{name}: {'available' if ok else 'unavailable: ' + reason}")
+        if cls is not None:
+            print(f"  stages: {', '.join(cls.STAGES)}")
+            print(f"  requires: {'; '.join(declared_packages(cls)[0])}")
+    return 0
+
+
+def _class_or_exit(name: str) -> type[Backend]:
+    try:
+        return backend_class(name)
+    except Exception as exc:
+        raise SystemExit(f"backend {name!r}: {exc}") from exc
+
+
+def cmd_switches(args) -> int:
+    rows = switch_table(_class_or_exit(args.backend).Switches)
+    if not rows:
+        print(f"{args.backend}: no switches")
+    for row in rows:
+        choices = f" choices {row['choices']}" if row["choices"] is not None else ""
+        print(f"{row['name']} (default {row['default']!r}){choices}")
+        if row["sm90"] == row["sm100"]:
+            print(f"  {row['sm90']}")
+        else:
+            print(f"  sm_90: {row['sm90']}\n  sm_100: {row['sm100']}")
+    return 0
+
+
+def load_shape(name: str) -> Shape:
+    """A shape of conf/shape/<name>.yaml; raises ValueError naming the known ones."""
+    path = SHAPE_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in SHAPE_DIR.glob("*.yaml"))
+        raise ValueError(f"--shape: expected one of {known}, got {name!r}")
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(path)
+    return Shape(*(int(cfg[f]) for f in SHAPE_FIELDS))
+
+
+def cmd_supports(args) -> int:
+    cls = _class_or_exit(args.backend)
+    try:
+        shape = load_shape(args.shape)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
+    problem = Problem(shape, dtype=args.dtype)
+    ok, reason = cls().supports(problem)
+    print(f"{args.backend} {args.shape} {args.dtype}: {'ok' if ok else 'not supported: ' + reason}")
+    _, here, why = availability(args.backend)
+    if not here:
+        print(f"  (not available in this process: {why})")
+    return 0 if ok else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m impls", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("backends", help="every backend: available here or why not, stages, declared versions") \
+        .set_defaults(run=cmd_backends)
+    sw = sub.add_parser("switches", help="a backend's switches: default, choices, meaning on sm_90 and sm_100")
+    sw.add_argument("backend", choices=list_backends())
+    sw.set_defaults(run=cmd_switches)
+    su = sub.add_parser("supports", help="whether a backend can run a shape of conf/shape/ (ok, or the reason)")
+    su.add_argument("backend", choices=list_backends())
+    su.add_argument("--shape", required=True, help="a conf/shape/ name, e.g. S1")
+    su.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16", "float64"])
+    su.set_defaults(run=cmd_supports)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Ablations
+# Effect of each switch = 1 − t_with / t_without (time it saves; −10 % means it costs 10 %), on top of the others
+# and alone. No-op switches on this architecture are labelled, not measured.
+
+# %% tags=["parameters"]
+import os
+
+# Results to analyse: "index:<experiment>[,...]" (the current files named by results/index.yaml), a Parquet file,
+# a results folder, or "wandb:<entity>/<project>[/<group>]".
+RESULTS = os.environ.get("SSD_RESULTS", "index:ablate_cutile,ablate_triton")
+BASELINE = "mamba_ssm"
+
+# %%
+import pandas as pd
+from IPython.display import Markdown, display
+
+import analysis
+from analysis import figures
+from analysis.markdown import table
+from analysis.notebooks import start
+
+w = start(RESULTS)  # the wide table; says where the points come from, and flags the synthetic fixture
+
+# %%
+backends = sorted(w.loc[w["ablation"].fillna("none") != "none", "backend"].unique())
+abl = pd.concat([analysis.ablation_table(w, b) for b in backends], ignore_index=True) if backends else \
+    analysis.ablation_table(w, "none")
+display(Markdown(table(abl.drop(columns=["meaning"]))))
+
+# %%
+figures.ablation_bars(abl)

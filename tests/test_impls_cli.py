@@ -1,0 +1,52 @@
+"""`python -m impls backends | switches | supports`: what is there, read from the registry and conf/shape/."""
+
+from __future__ import annotations
+
+import pytest
+
+from impls import cli
+from impls.reference.backend import ReferenceBackend
+
+pytestmark = pytest.mark.quick
+
+
+def test_backends_lists_every_backend_with_stages_and_versions(capsys):
+    assert cli.main(["backends"]) == 0
+    out = capsys.readouterr().out
+    for name in ("reference", "mamba_ssm", "cutile", "triton", "tilegym", "fla"):
+        assert f"\n{name}: " in "\n" + out
+    assert "reference: available" in out
+    assert "cuda-tile 1.7.0" in out and "stages: forward" in out  # cutile's pin, fla's one stage
+
+
+def test_a_missing_declared_package_is_unavailable_without_importing_it(capsys, monkeypatch):
+    monkeypatch.setattr(ReferenceBackend, "REQUIRES", {"no-such-dist-xyz": "1.0"})
+    cli.main(["backends"])
+    assert "reference: unavailable: no-such-dist-xyz is not installed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("found,required,ok", [
+    ("2.13.0+cpu", ">=2.11", True), ("2.10.1", ">=2.11", False), ("3.6.0", "3.6.*", True),
+    ("3.60.0", "3.6.*", False), ("1.7.0", "1.7.0", True), ("1.7.1", "1.7.0", False),
+], ids=lambda v: str(v))
+def test_version_matches(found, required, ok):
+    assert cli.version_matches(found, required) is ok
+
+
+def test_switches_prints_default_choices_and_both_architectures(capsys):
+    assert cli.main(["switches", "cutile"]) == 0
+    out = capsys.readouterr().out
+    assert "tma (default True)" in out and "choices ('tf32', 'fp32')" in out
+    assert "sm_90: " in out and "sm_100: " in out
+
+
+def test_supports_ok_and_the_reason(capsys):
+    assert cli.main(["supports", "cutile", "--shape", "S1"]) == 0
+    assert "cutile S1 bfloat16: ok" in capsys.readouterr().out
+    assert cli.main(["supports", "triton", "--shape", "S1", "--dtype", "float64"]) == 1
+    assert "not supported: dtype float64" in capsys.readouterr().out
+
+
+def test_supports_an_unknown_shape_names_the_known_ones():
+    with pytest.raises(SystemExit, match="--shape: expected one of .*'S1'"):
+        cli.main(["supports", "reference", "--shape", "S9"])

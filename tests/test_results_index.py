@@ -1,0 +1,55 @@
+"""results/: folders named by date, machine and content, each with a README; results/index.yaml names the current
+file of each experiment and is the analysis's default; results/HEADLINE.md is what `python -m analysis.headline`
+makes of the committed rows."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import headline
+from analysis.load import load_results, resolve_results, results_index
+from experiments import store
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+FOLDERS = sorted(p for p in RESULTS.iterdir() if p.is_dir() and p.name != "scratch")
+PARQUETS = sorted(RESULTS.glob("*/*.parquet"))
+
+
+@pytest.mark.parametrize("folder", [pytest.param(p, id=p.name) for p in FOLDERS])
+def test_folder_is_named_by_date_and_machine_and_described(folder):
+    """<date>-<machine>-<what>, with a README of its own or described in another folder's README."""
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}-[a-z0-9]+-[a-z0-9-]+", folder.name), folder.name
+    assert (folder / "README.md").is_file() or any(folder.name in p.read_text() for p in RESULTS.glob("*/README.md"))
+
+
+def test_every_index_entry_exists():
+    missing = {k: v for k, v in results_index(ROOT).items() if not (RESULTS / v).is_file()}
+    assert not missing
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=f"{p.parent.name}/{p.name}") for p in PARQUETS])
+def test_committed_parquet_loads(path):
+    df = pd.read_parquet(path)
+    assert len(df)
+    if "run_id" in df.columns:  # results rows (profile.ncu.parquet is Nsight Compute's own table)
+        assert len(store.conform(df)) == len(df)
+
+
+def test_the_default_source_is_the_current_headline(monkeypatch):
+    monkeypatch.delenv("SSD_RESULTS", raising=False)
+    assert resolve_results() == str(RESULTS / results_index(ROOT)["headline"])
+    assert set(load_results()["backend"]) == {"cutile", "triton", "mamba_ssm", "tilegym", "fla"}
+
+
+def test_an_unknown_experiment_names_the_known_ones():
+    with pytest.raises(FileNotFoundError, match="expected experiments of results/index.yaml .*headline"):
+        resolve_results("index:nope")
+
+
+def test_committed_headline_table_matches_the_rows():
+    assert (ROOT / headline.OUTPUT).read_text() == headline.render(ROOT), "run python -m analysis.headline"
