@@ -36,7 +36,7 @@ def test_tilegym_matches_float64_reference(problem, dtype):
     backend = impls.get_backend("tilegym", tuning="fallback")
     assert backend.supports(problem) == (True, "")
     errors = run_case(backend, problem, dtype, seed=1, device="cuda")  # forward and each stage, outputs poisoned
-    assert not failures(errors, dtype, tf32=backend.tf32(dtype)), errors
+    assert not failures(errors, dtype, backend, "cuda"), errors
     assert {v["source"] for v in backend.describe()["tuning_sources"].values()} == {"fallback"}
 
 
@@ -90,4 +90,4 @@ def test_fla_matches_float64_reference(problem, switches, dtype):
     if problem.varlen:
         errors["forward.varlen_states"] = rel_err(out.varlen_states, ref.varlen_states)
     assert out.y.dtype == dtype and out.final_states.dtype == torch.float32
-    assert not failures(errors, dtype, tf32=backend.tf32(dtype)), errors
+    assert not failures(errors, dtype, backend, "cuda"), errors
