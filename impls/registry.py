@@ -7,7 +7,8 @@ a benchmark that silently timed another kernel would be worse than no number.
 `get_backend` builds a backend once per (name, switches) and hands the same instance back afterwards, so what an
 instance caches (resolved tuning configs, loaded modules) survives from one public call to the next, and each
 class's `available()` answer is asked once per process: `impls.ssd_forward(..., backend="cutile")` then costs a
-dictionary lookup more than a call on a backend built beforehand. `clear_cache()` forgets both.
+dictionary lookup more than a call on a backend built beforehand. A new tuning record (impls.tuning.store) makes
+the registry forget its instances, so that later lookups resolve configs anew; `clear_cache()` forgets both.
 """
 
 from __future__ import annotations
@@ -250,9 +251,15 @@ def availability(cls: type[Backend]) -> tuple[bool, str]:
     return _AVAILABLE[cls.name]
 
 
+def forget_built() -> None:
+    """Forgets the built backends: impls.tuning.store calls it, so that a backend asked for after a new tuning
+    record resolves its configs again (one that is held keeps what it resolved)."""
+    _BUILT.clear()
+
+
 def clear_cache() -> None:
     """Forgets the built backends and the availability answers (tests that change the environment call it)."""
-    _BUILT.clear()
+    forget_built()
     _AVAILABLE.clear()
 
 

@@ -69,6 +69,9 @@ def store(backend: str, stage: str, gpu_name: str, key: str, config: dict, searc
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    from impls.registry import forget_built  # backends built before this record resolved their configs without it
+
+    forget_built()
     return record
 
 

@@ -92,3 +92,14 @@ def test_api_overhead_refuses_switches_a_name_cannot_carry():
 
     with pytest.raises(ValueError, match="default switches"):
         api_overhead.measure(impls.get_backend("triton", tuning="fallback"), None, None, None)
+
+
+def test_a_new_tuning_record_rebuilds_later_lookups(tmp_path, monkeypatch):
+    """A backend resolved before a record was stored must not answer later by-name calls with its stale config."""
+    from impls import tuning
+
+    monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
+    before = impls.get_backend("triton")
+    assert impls.get_backend("triton") is before
+    tuning.store("triton", "compute_out", "cpu", "key", {"block_rows": 16}, {}, {})
+    assert impls.get_backend("triton") is not before
