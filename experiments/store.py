@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 SCHEMA_VERSION = 4
 # Columns added after version 1, with the version that added them: files written before read them as null.
-# Version 4 dropped `tf32` (a config flag, not what ran; files that have it load without it).
+# Version 4 leaves `tf32` null (it was a config flag, not what ran): `precision` says what each stage ran.
 ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "precision": 4, "code_key": 4, "note": 4}
 
 # name -> (pandas dtype, meaning). Every row has every column; missing values are null.
@@ -51,6 +51,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "problem_name": ("string", "problem preset name"),
     "problem": ("string", "JSON: impls.problem.Problem fields"),
     "dtype": ("string", "input dtype"),
+    "tf32": ("boolean", "up to version 3: the config's dtype.tf32 flag (not what ran); null from version 4, where "
+                        "`precision` holds what each stage ran"),
     "precision": ("string", "the stage's matmul precision as the backend reports it (Backend.precision): tf32, "
                             "the input dtype, or none for a stage without matmuls; the tolerance follows it"),
     "seed": ("Int64", "seed of impls.inputs.make_inputs"),
