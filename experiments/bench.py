@@ -1,8 +1,8 @@
 """`python -m experiments.bench [overrides]` — one point (or, with -m or an experiment overlay, a sweep).
 
-Each job: start-up checks (experiments.config.validate) -> skip if a point with its config hash and code key
-(commit, diff, versions, tuning records: experiments.provenance.code_key) is stored, failed ones only with
-retry_failed=false (never with force) -> inputs (impls.inputs.make_inputs, seeded) -> reference -> tuning resolved
+Each job: start-up checks (experiments.config.validate) -> skip (unless force) if a point with its config hash
+and code key (commit, diff, versions, tuning records: experiments.provenance.code_key) is stored as ok, or as
+failed with retry_failed=false -> inputs (impls.inputs.make_inputs, seeded) -> reference -> tuning resolved
 in one plain pass, then the correctness gate; together they measure each stage's first call (compile / autotune)
 -> timing per stage and of the whole forward (through the public entry) -> ceilings -> derived metrics -> rows
 (Parquet, atomically) -> W&B. Any failure after the start-up checks is recorded as a failed
@@ -35,7 +35,16 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from experiments import api_overhead, correctness, cost_model, provenance, secrets, store, timing, wandb_log  # noqa: E402
+from experiments import (  # noqa: E402
+    api_overhead,
+    correctness,
+    cost_model,
+    provenance,
+    secrets,
+    store,
+    timing,
+    wandb_log,
+)
 from experiments import config as conf  # noqa: E402
 from impls.inputs import DEVICE_DRAW_ELEMENTS, DISTRIBUTION, make_inputs  # noqa: E402
 from impls.problem import DTYPES  # noqa: E402
