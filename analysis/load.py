@@ -26,6 +26,9 @@ TIMED_STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
 STAGE_ORDER = {s: i for i, s in enumerate((*TIMED_STAGES, "ceiling", "point"))}
 # Columns that differ between the rows of one point: they become the metric columns of the wide frame.
 _PER_ROW = ("stage", "metric", "value", "unit")
+# Columns that differ between the stages of one point (the matmul precision the backend reported) or between its
+# metrics (a missing value's reason): one per (point, stage) in the wide frame, `notes` joining the metrics' notes.
+_PER_STAGE = ("precision", "note")
 ENV_RESULTS = "SSD_RESULTS"
 INDEX = "results/index.yaml"
 DEFAULT_RESULTS = "index:headline"
@@ -146,19 +149,30 @@ def point_label(backend: str, ablation: str, switches: dict) -> str:
     return backend + "{" + ",".join(f"{k}={v}" for k, v in sorted(changed.items())) + "}"
 
 
+def per_stage(long: pd.DataFrame) -> pd.DataFrame:
+    """(run_id, stage) -> precision (as the backend reported it) and notes ("metric: why; ..." of the rows that
+    carry one)."""
+    keys = ["run_id", "stage"]
+    precision = long.groupby(keys, sort=False)["precision"].first()
+    noted = long[long["note"].notna()]
+    notes = (noted["metric"].astype(str) + ": " + noted["note"].astype(str)).groupby(
+        [noted["run_id"], noted["stage"]], sort=False).agg("; ".join)
+    return pd.DataFrame({"precision": precision}).join(notes.rename("notes"))
+
+
 def wide(long: pd.DataFrame) -> pd.DataFrame:
     """One row per (point, stage): the point's descriptive columns, one column per metric (NaN where absent),
     plus `arch` (sm_XY or cpu), `shape` (the shape label), `label` (`point_label`: backend, with the ablation
     or the switches set away from the defaults) and `switch_dict` (the switches JSON parsed)."""
     long = load_results(long)
     if long.empty:
-        cols = [c for c in long.columns if c not in _PER_ROW] + list(METRICS)
-        return pd.DataFrame(columns=[*cols, "stage", "arch", "shape", "label", "switch_dict"])
+        cols = [c for c in long.columns if c not in (*_PER_ROW, *_PER_STAGE)] + list(METRICS)
+        return pd.DataFrame(columns=[*cols, "stage", "precision", "notes", "arch", "shape", "label", "switch_dict"])
     values = long.pivot_table(index=["run_id", "stage"], columns="metric", values="value", aggfunc="first")
     values = values.reindex(columns=[*METRICS, *(c for c in values.columns if c not in METRICS)])
     values.columns.name = None
-    info = long.drop(columns=list(_PER_ROW)).drop_duplicates("run_id").set_index("run_id")
-    out = values.reset_index().join(info, on="run_id")
+    info = long.drop(columns=[*_PER_ROW, *_PER_STAGE]).drop_duplicates("run_id").set_index("run_id")
+    out = values.reset_index().join(info, on="run_id").join(per_stage(long), on=["run_id", "stage"])
     out["arch"] = out["gpu_cc"].map(arch_of)
     out["shape"] = out.apply(shape_label, axis=1)
     out["switch_dict"] = out["switches"].map(lambda s: json.loads(s) if isinstance(s, str) and s else {})

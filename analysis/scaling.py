@@ -46,8 +46,11 @@ def accuracy_table(results, stages=TIMED_STAGES) -> pd.DataFrame:
     columns; err_over_tol > 1 is a failure of the gate. Failed points are included (status column)."""
     w = _w(results)
     t = w[w["stage"].isin(stages) & w["rel_err"].notna() & (w["ablation"].fillna("none") == "none")]
+    # precision: the stage's matmul precision as the backend reported it (its tolerance follows; null before
+    # schema version 4)
     g = t.groupby(["backend", "dtype", "seqlen", "stage"], sort=True)
-    out = g.agg(rel_err=("rel_err", "max"), tol=("tol", "max"), n=("run_id", "nunique"),
+    out = g.agg(rel_err=("rel_err", "max"), tol=("tol", "max"), precision=("precision", "first"),
+                n=("run_id", "nunique"),
                 failed=("status", lambda s: int((s != "ok").sum()))).reset_index()
     out["err_over_tol"] = out["rel_err"] / out["tol"]
     order = {s: i for i, s in enumerate(TIMED_STAGES)}

@@ -1,9 +1,11 @@
 """`python -m experiments.bench [overrides]` — one point (or, with -m or an experiment overlay, a sweep).
 
-Each job: start-up checks (experiments.config.validate) -> skip if its config hash is stored (unless force) ->
-inputs (impls.inputs.make_inputs, seeded) -> reference -> the correctness gate, which also measures each
-stage's first call (compile / autotune) -> timing per stage and of the whole forward -> ceilings -> derived
-metrics -> rows (Parquet, atomically) -> W&B. Any failure after the start-up checks is recorded as a failed
+Each job: start-up checks (experiments.config.validate) -> skip (unless force) if a point with its config hash
+and code key (commit, diff, versions, tuning records: experiments.provenance.code_key) is stored as ok, or as
+failed with retry_failed=false -> inputs (impls.inputs.make_inputs, seeded) -> reference -> tuning resolved
+in one plain pass, then the correctness gate; together they measure each stage's first call (compile / autotune)
+-> timing per stage and of the whole forward (through the public entry) -> ceilings -> derived metrics -> rows
+(Parquet, atomically) -> W&B. Any failure after the start-up checks is recorded as a failed
 point and the sweep goes on. With no arguments at all it runs the default sweep: experiment=headline with CUDA,
 experiment=cpu without (announced on one line).
 """
@@ -33,8 +35,17 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from experiments import (  # noqa: E402
+    api_overhead,
+    correctness,
+    cost_model,
+    provenance,
+    secrets,
+    store,
+    timing,
+    wandb_log,
+)
 from experiments import config as conf  # noqa: E402
-from experiments import correctness, cost_model, provenance, store, timing, wandb_log  # noqa: E402
 from impls.inputs import DEVICE_DRAW_ELEMENTS, DISTRIBUTION, make_inputs  # noqa: E402
 from impls.problem import DTYPES  # noqa: E402
 from impls.registry import get_backend, require  # noqa: E402
@@ -82,7 +93,7 @@ def sweep_identity(hc) -> tuple[str, int]:
     return sweep_id, int(num or 0)
 
 
-def base_row(cfg: DictConfig, problem, switches, semantic, chash, device, hc, sweep_id, job_num) -> dict:
+def base_row(cfg: DictConfig, problem, semantic, chash, device, hc, sweep_id, job_num, prov: dict) -> dict:
     s = problem.shape
     row = {
         "schema_version": store.SCHEMA_VERSION, "run_id": uuid.uuid4().hex, "sweep_id": sweep_id,
@@ -94,14 +105,15 @@ def base_row(cfg: DictConfig, problem, switches, semantic, chash, device, hc, sw
         "shape_name": cfg.shape.name, **dataclasses.asdict(s),
         "problem_name": cfg.problem.name,
         "problem": json.dumps(dataclasses.asdict(problem), sort_keys=True, default=str),
-        "dtype": problem.dtype, "tf32": bool(cfg.dtype.tf32), "seed": int(cfg.seed), "distribution": DISTRIBUTION,
+        "dtype": problem.dtype, "seed": int(cfg.seed), "distribution": DISTRIBUTION,
         "inputs_drawn_on": draw_device(problem, device),
         "device": str(device), "device_name": semantic["device"], "statistic": cfg.bench.statistic,
         "cost_model": cost_model.MODEL_VERSION,
         "hydra_choices": json.dumps({k: v for k, v in hc.runtime.choices.items()}, sort_keys=True, default=str),
         "config": OmegaConf.to_yaml(cfg, resolve=True),
     }
-    row.update(provenance.collect(device))
+    row.update(prov)
+    row["code_key"] = provenance.code_key(prov, conf.backend_name(cfg), semantic["device"])
     return row
 
 
@@ -111,17 +123,25 @@ class Point:
     def __init__(self, base: dict):
         self.base = base
         self.rows: list[dict] = []
+        self.precision: dict[str, str] = {}  # stage -> the matmul precision the backend reports for it
 
-    def add(self, stage: str, metric: str, value) -> None:
+    def add(self, stage: str, metric: str, value, note: str | None = None) -> None:
+        """One row; a timing.Missing value becomes NaN with its reason in `note`."""
+        if isinstance(value, timing.Missing):
+            value, note = math.nan, value.reason
         value = float(value) if value is not None else math.nan
-        self.rows.append({**self.base, "stage": stage, "metric": metric, "value": value,
-                          "unit": UNITS.get(metric, "")})
+        self.rows.append({**self.base, "stage": stage, "metric": metric, "value": value, "note": note,
+                          "unit": unit(metric), "precision": self.precision.get(stage)})
 
     def finalize(self, status: str, error: str | None) -> list[dict]:
         self.add("point", "ok", 1.0 if status == "ok" else 0.0)
         for row in self.rows:
             row["status"], row["error"] = status, error
-        return self.rows
+        return [secrets.redact(row) for row in self.rows]
+
+
+def unit(metric: str) -> str:
+    return UNITS.get(metric) or ("ms" if metric.endswith("_ms") else "us" if metric.endswith("_us") else "")
 
 
 # After a kernel's illegal memory access the process's CUDA context is unusable: every later point of the same
@@ -142,6 +162,7 @@ def measure(cfg, point: Point, problem, switches, device) -> None:
     backend = get_backend(conf.backend_name(cfg), switches)
     require(backend, problem, device)
     dtype = DTYPES[problem.dtype]
+    point.precision = {stage: backend.precision(stage, dtype, device) for stage in backend.STAGES}
     inputs = make_inputs(problem, device=device, seed=int(cfg.seed), draw_device=draw_device(problem, device))
     costs = cost_model.costs(problem)
     for stage, cost in costs.items():
@@ -153,7 +174,7 @@ def measure(cfg, point: Point, problem, switches, device) -> None:
         kind = correctness.reference_kind(inputs, device, bench.reference)
         point.base["reference"] = kind
         ref = correctness.reference_forward(inputs, kind)
-        report = correctness.check(backend, inputs, ref, dtype, bool(cfg.dtype.tf32), device, first_call)
+        report = correctness.check(backend, inputs, ref, dtype, device, first_call)
         for stage, r in report.items():
             point.add(stage, "rel_err", r["rel_err"])
             point.add(stage, "tol", r["tol"])
@@ -179,9 +200,9 @@ def measure(cfg, point: Point, problem, switches, device) -> None:
             if stage not in bench.stages and not stage.startswith("part:"):
                 continue
             if device.type == "cuda":
-                times = timing.gpu_times(fn, bench.warmup_ms, bench.rep_ms, bench.cuda_graph)
+                times = timing.gpu_times(fn, bench.warmup_ms, bench.rep_ms, bench.cuda_graph, bench.quantiles)
             else:
-                times = timing.cpu_times(fn, bench.cpu_warmup, bench.cpu_reps)
+                times = timing.cpu_times(fn, bench.cpu_warmup, bench.cpu_reps, bench.quantiles)
             for key, value in times.items():
                 point.add(stage, key, value)
             if stage not in costs:  # parts of a forward have no cost-model entry of their own
@@ -190,6 +211,9 @@ def measure(cfg, point: Point, problem, switches, device) -> None:
                                          ceilings.get("copy_gbps"))
             for key, value in derived.items():
                 point.add(stage, key, value)
+    if bench.api_overhead:
+        for stage, metric, value in api_overhead.measure(backend, inputs, device, bench):
+            point.add(stage, metric, value)
     describe = backend.describe()
     point.base["describe"] = json.dumps(describe, sort_keys=True, default=str)
     point.base["tuning"] = tuning_sources(describe)
@@ -217,8 +241,9 @@ def tuning_sources(describe: dict) -> str:
 def timing_fields(cfg, device) -> dict:
     if not cfg.bench.time:
         return {"timer": "none", "warmup": None, "reps": None, "flush_l2": None}
-    if device.type == "cuda":
-        return {"timer": "do_bench", "warmup": cfg.bench.warmup_ms, "reps": cfg.bench.rep_ms, "flush_l2": True}
+    if device.type == "cuda":  # flush_l2=false is refused at start-up (do_bench always flushes)
+        return {"timer": "do_bench", "warmup": cfg.bench.warmup_ms, "reps": cfg.bench.rep_ms,
+                "flush_l2": bool(cfg.bench.flush_l2)}
     return {"timer": "cpu-wall", "warmup": cfg.bench.cpu_warmup, "reps": cfg.bench.cpu_reps, "flush_l2": False}
 
 
@@ -239,13 +264,13 @@ def run_point(cfg: DictConfig) -> dict:
     chash = conf.config_hash(semantic)
     results_dir = Path(cfg.results_dir)
     results_dir = results_dir if results_dir.is_absolute() else original_cwd() / results_dir
-    if not cfg.force and chash in store.stored_hashes(results_dir):
-        print(f"[bench] skip {conf.backend_name(cfg)} {cfg.shape.name}: config {chash} already stored "
-              f"(force=true re-runs it)")
+    base = base_row(cfg, problem, semantic, chash, device, hc, sweep_id, job_num, provenance.collect(device))
+    if not cfg.force and store.already_measured(results_dir, chash, base["code_key"], cfg.retry_failed):
+        print(f"[bench] skip {conf.backend_name(cfg)} {cfg.shape.name}: config {chash} already stored by this "
+              f"code ({base['code_key']}) (force=true re-runs it)")
         write_marker(hc, {"config_hash": chash, "status": "skipped", "results_dir": str(results_dir)})
         return {"status": "skipped", "config_hash": chash}
 
-    base = base_row(cfg, problem, switches, semantic, chash, device, hc, sweep_id, job_num)
     base.update(timing_fields(cfg, device))
     logger = wandb_log.choose(cfg.logger.kind)
     run = None
@@ -253,11 +278,12 @@ def run_point(cfg: DictConfig) -> dict:
         try:
             run = wandb_log.start(project=cfg.logger.project, entity=cfg.logger.entity, group=sweep_id,
                                   job_type=conf.backend_name(cfg), name=f"{conf.backend_name(cfg)}-{chash}",
-                                  config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                                  config=secrets.redact(OmegaConf.to_container(cfg, resolve=True,
+                                                                               enum_to_str=True)),
                                   directory=wandb_log.wandb_dir(cfg.logger.dir, original_cwd()),
                                   mode=cfg.logger.mode)
         except Exception as exc:  # noqa: BLE001 - W&B trouble must not lose the measurement
-            print(f"[bench] W&B unavailable ({type(exc).__name__}: {exc}); logging locally")
+            print(secrets.redact(f"[bench] W&B unavailable ({type(exc).__name__}: {exc}); logging locally"))
             logger = "local"
     base["logger"] = logger
     base["wandb_run"] = run.path if run is not None else None
@@ -266,12 +292,12 @@ def run_point(cfg: DictConfig) -> dict:
     try:
         measure(cfg, point, problem, switches, device)
     except Exception as exc:  # noqa: BLE001 - a failed point is a result; the sweep goes on
-        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        status, error = "failed", secrets.redact(f"{type(exc).__name__}: {exc}")
         if context_lost(exc) and not _CUDA_CONTEXT_LOST:
             _CUDA_CONTEXT_LOST.append(f"{conf.backend_name(cfg)} {cfg.shape.name}: {type(exc).__name__}")
         print(f"[bench] FAILED {conf.backend_name(cfg)} {cfg.shape.name}: {error}")
         if os.environ.get("SSD_BENCH_TRACEBACK"):
-            traceback.print_exc()
+            print(secrets.redact(traceback.format_exc()))
     rows = point.finalize(status, error)
     df = store.frame(rows)
     path = store.write_atomic(df, results_dir / cfg.sweep_name / f"{chash}_{base['run_id'][:12]}.parquet")

@@ -71,7 +71,8 @@ class ProblemConfig:
 @dataclass
 class DtypeConfig:
     name: DtypeName = DtypeName.bfloat16
-    tf32: bool = False  # float32 matmuls through tf32: the looser tolerance of impls.tolerance
+    # (no tf32 flag: each backend reports the matmul precision it ran per stage, Backend.precision, and the
+    # tolerance follows it)
 
 
 @dataclass
@@ -84,9 +85,12 @@ class BenchConfig:
     warmup_ms: int = 25  # do_bench's warm-up and repetition budgets, in milliseconds
     rep_ms: int = 100
     statistic: str = "median"
-    quantiles: list[float] = field(default_factory=lambda: [0.2, 0.8])
-    flush_l2: bool = True  # do_bench zeroes a 256 MB buffer before every repetition; it cannot be turned off
-    cuda_graph: bool = False  # also time CUDA-graph replay (do_bench_cudagraph)
+    quantiles: list[float] = field(default_factory=lambda: [0.2, 0.8])  # recorded as p<100q>_ms besides the median
+    flush_l2: bool = True  # do_bench zeroes a 256 MB buffer before every repetition; false is refused (GPU)
+    cuda_graph: bool = False  # also time CUDA-graph replay, L2 flushed between replays (timing.graph_times)
+    # the api_overhead experiment (experiments/api_overhead.py): the forward by name vs on the built backend
+    api_overhead: bool = False
+    host_calls: int = 1000  # calls per host-time median
     ceilings: bool = True  # measure a matmul and a copy in the same run (GPU only)
     cpu_warmup: int = 1  # CPU: wall-clock median over a few repetitions
     cpu_reps: int = 3
@@ -122,7 +126,8 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda
     results_dir: str = "results/scratch"
     sweep_name: str = "adhoc"
-    force: bool = False  # re-run points whose config hash is already stored
+    force: bool = False  # re-run points already stored (same config hash and code key)
+    retry_failed: bool = True  # re-run points stored as failed by the same code
 
 
 def register_schemas() -> None:
@@ -274,12 +279,26 @@ def validate(cfg: DictConfig):
                           "varlen); use auto, float64 or fp32-chunked")
     if cfg.bench.statistic != "median":
         raise ConfigError(f"bench.statistic: only 'median' is recorded, got {cfg.bench.statistic!r}")
+    check_timing_knobs(cfg.bench, cfg.device)
     bad = [s for s in cfg.bench.stages if s not in (*STAGES, FORWARD)]
     if bad:
         raise ConfigError(f"bench.stages: unknown {bad}; expected some of {[*STAGES, FORWARD]}")
     if not 0 <= cfg.launch.shard < cfg.launch.num_shards:
         raise ConfigError(f"launch.shard must be in [0, num_shards), got {cfg.launch.shard}/{cfg.launch.num_shards}")
     return problem, resolved_switches(cfg)
+
+
+def check_timing_knobs(bench, device: str) -> None:
+    """bench.quantiles and bench.flush_l2 are honoured or refused here, never ignored."""
+    for q in bench.quantiles:
+        if not 0 < q < 1 or abs(q * 100 - round(q * 100)) > 1e-9 or round(q * 100) == 50:
+            raise ConfigError(f"bench.quantiles: each must be a whole percent in (0, 1) other than the median "
+                              f"0.5 (recorded as p<percent>_ms), got {q!r}")
+    if not bench.flush_l2 and device != "cpu":
+        raise ConfigError("bench.flush_l2=false: triton.testing.do_bench (triton 3.6) flushes L2 before every "
+                          "repetition and cannot be told not to; timing without the flush is not implemented")
+    if bench.host_calls < 1:
+        raise ConfigError(f"bench.host_calls must be >= 1, got {bench.host_calls}")
 
 
 # --- identity of a point ------------------------------------------------------------------------------

@@ -5,7 +5,11 @@ whose float64 work would not fit, the chunked reference in fp32 on the GPU; and 
 (the 2^20-token problem), the reference on sampled chunks (impls/reference/sampled.py: dt/dA_cumsum everywhere,
 states and y on sampled chunks, the final state). The row records which ("reference").
 Every tensor the backend allocates with torch.empty* while it is checked is NaN-filled first (an unwritten
-output then fails the check instead of passing on stale memory).
+output then fails the check instead of passing on stale memory). Tuning is resolved before that (`resolve_tuning`),
+with plain allocations, so a search times its candidates as a plain call runs them. Each stage's tolerance follows
+the matmul precision the backend reports for it (`Backend.precision`). The whole forward is called, checked and
+timed through the public entry, `impls.ssd_forward(..., backend=<the built backend>)`, so its figures include what
+a user's call pays.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import time
 
 import torch
 
+from impls.api import ssd_forward
 from impls.inputs import Inputs
 from impls.reference.compute_out import BLOCK_ELEMENTS
 from impls.reference.sampled import sampled_reference
@@ -108,16 +113,40 @@ def run_stages(backend, inputs: Inputs, device=None, first_call: dict | None = N
         y = call("compute_out", lambda: backend.compute_out(kw["C"], kw["B"], kw["x"], dt, dA, states, kw["D"],
                                                             kw["z"], kw["seq_idx"]))
         out["compute_out"] = {"y": y}
-    res = call("forward", lambda: backend.ssd_forward(**{k: kw[k] for k in _FORWARD_ARGS}))
+    res = call("forward", public_forward_call(backend, kw))
     out["forward"] = {"y": res.y, "final_states": res.final_states, "varlen_states": res.varlen_states}
     return out
+
+
+def public_forward(backend, kw: dict):
+    """The whole forward as a user calls it: the public entry, on a built backend or by name."""
+    return ssd_forward(**{k: kw[k] for k in _FORWARD_ARGS}, backend=backend)
+
+
+def public_forward_call(backend, kw: dict):
+    """`public_forward` as a zero-argument call (to time)."""
+    return lambda: public_forward(backend, kw)
+
+
+def forward_kwargs(inputs: Inputs) -> dict:
+    """The arguments the harness calls the forward with (seq_idx derived from cu_seqlens where absent)."""
+    return _kwargs(inputs)
+
+
+def resolve_tuning(backend, inputs: Inputs, device=None, first_call: dict | None = None) -> None:
+    """For a backend that resolves configs on its first call (`Backend.TUNED`: a search, a record read, an
+    autotuner), one pass over its stages and forward with plain allocations, before the gate poisons them: a
+    search then times its candidates as a plain call runs, and the first call's time (compilation and tuning) is
+    measured here. Nothing for untuned backends."""
+    if backend.TUNED:
+        run_stages(backend, inputs, device, first_call)
 
 
 def stage_callables(backend, inputs: Inputs) -> dict:
     """Zero-argument calls to time: each stage on the outputs of the same backend's previous stage, and the
     whole forward."""
     kw = _kwargs(inputs)
-    forward = {"forward": lambda: backend.ssd_forward(**{k: kw[k] for k in _FORWARD_ARGS})}
+    forward = {"forward": public_forward_call(backend, kw)}
     # a peer's adapter steps and its own kernels, timed apart as stages "part:<name>"
     forward.update({f"part:{name}": fn
                     for name, fn in backend.forward_parts(**{k: kw[k] for k in _FORWARD_ARGS}).items()})
@@ -138,10 +167,12 @@ def stage_callables(backend, inputs: Inputs) -> dict:
     }
 
 
-def check(backend, inputs: Inputs, ref, dtype: torch.dtype, tf32: bool = False, device=None,
+def check(backend, inputs: Inputs, ref, dtype: torch.dtype, device=None,
           first_call: dict | None = None) -> dict[str, dict]:
-    """Per stage: {"rel_err": max over its outputs, "tol", "ok", "error"}; never raises for wrong numbers."""
-    tol = tolerance(dtype, tf32)
+    """Per stage: {"rel_err": max over its outputs, "tol", "precision", "ok", "error"}; never raises for wrong
+    numbers. The tolerance of a stage is the dtype's, or tf32's where the backend reports tf32 matmuls for it."""
+    device = device or inputs.x.device
+    resolve_tuning(backend, inputs, device, first_call)
     with poisoned_allocations():
         got = run_stages(backend, inputs, device, first_call)
     report = {}
@@ -160,9 +191,11 @@ def check(backend, inputs: Inputs, ref, dtype: torch.dtype, tf32: bool = False, 
             if hasattr(ref, "pick"):  # a sampled reference holds only part of each output
                 actual = ref.pick(name, actual)
             errs[name] = rel_err(actual, expected)
+        precision = backend.precision(stage, dtype, device)
+        tol = tolerance(dtype, precision == "tf32")
         worst = max(errs.values()) if errs else math.nan
         ok = bool(errs) and all(math.isfinite(e) and e <= tol for e in errs.values())
         bad = {k: v for k, v in errs.items() if not (math.isfinite(v) and v <= tol)}
-        report[stage] = {"rel_err": worst, "tol": tol, "ok": ok, "errors": errs,
+        report[stage] = {"rel_err": worst, "tol": tol, "precision": precision, "ok": ok, "errors": errs,
                          "error": None if ok else f"{stage}: rel_err {bad} > tol {tol} (NaN/inf counts as inf)"}
     return report

@@ -4,7 +4,9 @@ nothing here raises (a benchmark must not die because nvidia-smi is not on the P
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import re
@@ -75,6 +77,55 @@ def git_state() -> dict:
         return {"git_commit": None, "git_dirty": None}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+@functools.cache
+def diff_hash() -> str:
+    """What a dirty tree changed, as a hash: SSD_GIT_DIFF_HASH where whoever sent the tree set it, else the hash of
+    `git diff HEAD` in a checkout that has the commit, else (a copy without its .git) the hash of every source and
+    config file under the checkout, so that two different uncommitted trees never share a code_key."""
+    sent = os.environ.get("SSD_GIT_DIFF_HASH")
+    if sent:
+        return sent
+    if not os.environ.get("SSD_GIT_COMMIT"):
+        diff = _run(["git", "diff", "HEAD"], cwd=REPO)
+        if diff is not None:
+            return "diff:" + hashlib.sha256(diff.encode()).hexdigest()[:12]
+    return "tree:" + _files_hash(p for folder in SOURCE_DIRS for p in (REPO / folder).rglob("*")
+                                 if p.suffix in SOURCE_SUFFIXES)
+
+
+SOURCE_DIRS = ("impls", "experiments", "conf")
+SOURCE_SUFFIXES = (".py", ".yaml", ".json")
+
+
+def _files_hash(paths) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in paths if p.is_file()):
+        digest.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def tuning_records_hash(backend: str, gpu_name: str) -> str:
+    """A hash of the backend's tuning records for this GPU as they stand now ("none" when it has none)."""
+    from impls import tuning
+
+    folder = tuning.tuning_dir() / tuning.gpu_slug(gpu_name)
+    files = sorted(folder.glob(f"{backend}_*.json")) if folder.is_dir() else []
+    return _files_hash(files) if files else "none"
+
+
+def code_key(row: dict, backend: str, gpu_name: str) -> str:
+    """What code measures a point, from its provenance row (git_commit, git_dirty, v_*): the commit, "+<diff hash>"
+    when dirty, a hash of the package versions and one of the backend's tuning records for the GPU at the point's
+    start. bench.py skips a stored point only when its config hash and this key both match."""
+    commit = (row.get("git_commit") or "unknown")[:12]
+    dirty = row.get("git_dirty")
+    tree = commit + (f"+{diff_hash()}" if dirty or dirty is None else "")
+    versions = {k: v for k, v in sorted(row.items()) if k.startswith("v_")}
+    v_hash = hashlib.sha256(json.dumps(versions, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{tree}|v:{v_hash}|tuning:{tuning_records_hash(backend, gpu_name)}"
 
 
 def _full_commit(ref: str) -> str:

@@ -12,10 +12,12 @@ import uuid
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 SCHEMA_VERSION = 4
 # Columns added after version 1, with the version that added them: files written before read them as null.
-ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4}
+# Version 4 leaves `tf32` null (it was a config flag, not what ran): `precision` says what each stage ran.
+ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4}
 
 # name -> (pandas dtype, meaning). Every row has every column; missing values are null.
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -26,6 +28,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "job_num": ("Int64", "Hydra job number within the sweep"),
     "timestamp": ("string", "UTC ISO time the point started"),
     "config_hash": ("string", "hash of the semantic config + device (experiments.config.semantic_config)"),
+    "code_key": ("string", "what code measured the point: commit, dirty flag and diff hash, a hash of the v_* "
+                           "versions and of the backend's tuning records for the GPU (experiments.provenance."
+                           "code_key); a stored point is skipped only when config_hash and code_key both match"),
     "status": ("string", "ok | failed (correctness gate, unavailable backend, exception)"),
     "error": ("string", "why the point failed (null when ok)"),
     "stage": ("string", "chunk_cumsum | fwd_pass_state | compute_out | forward | ceiling | point"),
@@ -33,6 +38,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
                          "flops, bytes, bytes_fused, tflops, gbps, frac_floor, frac_floor_fused, matmul_tflops, "
                          "copy_gbps, ok"),
     "value": ("float64", "the metric's value"),
+    "note": ("string", "why the value is missing or what qualifies it (e.g. a CUDA-graph capture's failure)"),
     "unit": ("string", "ms, s, 1, flop, byte, TFLOP/s, GB/s"),
     "backend": ("string", "backend name"),
     "switches": ("string", "JSON: the backend's full resolved switches"),
@@ -45,7 +51,10 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "problem_name": ("string", "problem preset name"),
     "problem": ("string", "JSON: impls.problem.Problem fields"),
     "dtype": ("string", "input dtype"),
-    "tf32": ("boolean", "float32 matmuls via tf32 allowed"),
+    "tf32": ("boolean", "up to version 3: the config's dtype.tf32 flag (not what ran); null from version 4, where "
+                        "`precision` holds what each stage ran"),
+    "precision": ("string", "the stage's matmul precision as the backend reports it (Backend.precision): tf32, "
+                            "the input dtype, or none for a stage without matmuls; the tolerance follows it"),
     "seed": ("Int64", "seed of impls.inputs.make_inputs"),
     "distribution": ("string", "impls.inputs.DISTRIBUTION"),
     "inputs_drawn_on": ("string", "cpu | cuda: the random generator's device (cuda above "
@@ -133,9 +142,21 @@ def load(root: Path) -> pd.DataFrame:
     return pd.concat([conform(pd.read_parquet(f)) for f in files], ignore_index=True)
 
 
-def stored_hashes(root: Path) -> set[str]:
-    """Config hashes already stored under root (failed points included: re-run them with force=true)."""
-    hashes: set[str] = set()
+def stored_points(root: Path) -> set[tuple[str, str, str]]:
+    """(config_hash, code_key, status) of every point stored under root; files from before code_key have none
+    (so they never match a new run's code)."""
+    points: set[tuple[str, str, str]] = set()
     for f in parquet_files(root):
-        hashes.update(pd.read_parquet(f, columns=["config_hash"])["config_hash"].dropna().unique())
-    return hashes
+        columns = ["config_hash", "code_key", "status"]
+        if "code_key" not in pq.read_schema(f).names:
+            continue
+        keys = pd.read_parquet(f, columns=columns).dropna().drop_duplicates()
+        points.update(map(tuple, keys.itertuples(index=False)))
+    return points
+
+
+def already_measured(root: Path, config_hash: str, code_key: str, retry_failed: bool = True) -> bool:
+    """Whether a point with this config hash was stored by this code (code_key); a failed one counts only when
+    retry_failed is off."""
+    statuses = {status for h, k, status in stored_points(root) if h == config_hash and k == code_key}
+    return "ok" in statuses or (not retry_failed and bool(statuses))

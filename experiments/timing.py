@@ -1,11 +1,14 @@
 """Honest timing: first call (compile / autotune) measured apart, then triton.testing.do_bench with the median
-and p20/p80, L2 flushed before every repetition; on a machine without CUDA a wall-clock median.
+and the quantiles of `bench.quantiles` (p20/p80 by default), L2 flushed before every repetition; CUDA-graph replay
+with L2 flushed between replays; on a machine without CUDA a wall-clock median.
 
 do_bench (triton 3.6, triton/testing.py) returns the mean unless told otherwise, so return_mode="median" is
 always passed; when quantiles are given it returns only those quantiles (return_mode is then ignored), so we
-ask for [0.5, 0.2, 0.8]: the median (the 0.5 quantile of the same samples) and p20/p80. Before every
-repetition it zeroes a 256 MB buffer (`runtime.driver.active.clear_cache`), which flushes L2; that cannot be
-switched off, and the row says so (flush_l2=True).
+ask for [0.5, *bench.quantiles]: the median (the 0.5 quantile of the same samples) and p<q>_ms for each q. Before
+every repetition it zeroes a 256 MB buffer (`runtime.driver.active.clear_cache`), which flushes L2; that cannot be
+switched off, so bench.flush_l2=false is refused at start-up (experiments.config.validate). triton's
+do_bench_cudagraph replays back to back without a flush; `graph_times` flushes the same way between replays. A
+measurement that cannot be made (a capture that fails) is a `Missing` with its reason, recorded in the row's note.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -31,20 +35,71 @@ def first_call(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def gpu_times(fn: Callable[[], object], warmup_ms: int, rep_ms: int, cuda_graph: bool) -> dict[str, float]:
-    from triton.testing import do_bench, do_bench_cudagraph
+@dataclass(frozen=True)
+class Missing:
+    """A measurement that could not be made, and why (stored as NaN with the reason in the row's note)."""
 
-    median, p20, p80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8], return_mode="median")
-    out = {"median_ms": median, "p20_ms": p20, "p80_ms": p80}
+    reason: str
+
+
+def quantile_metric(q: float) -> str:
+    """0.2 -> "p20_ms"."""
+    return f"p{round(q * 100):d}_ms"
+
+
+def gpu_times(fn: Callable[[], object], warmup_ms: int, rep_ms: int, cuda_graph: bool,
+              quantiles=(0.2, 0.8)) -> dict[str, float | Missing]:
+    from triton.testing import do_bench
+
+    values = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, *quantiles], return_mode="median")
+    out = {"median_ms": values[0], **{quantile_metric(q): v for q, v in zip(quantiles, values[1:])}}
     if cuda_graph:
-        try:
-            out["graph_median_ms"] = do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")
-        except Exception:  # noqa: BLE001 - a backend that cannot be captured still has its eager numbers
-            out["graph_median_ms"] = float("nan")
+        out["graph_median_ms"] = graph_median(fn, rep_ms)
     return out
 
 
-def cpu_times(fn: Callable[[], object], warmup: int, reps: int) -> dict[str, float]:
+def graph_median(fn: Callable[[], object], rep_ms: int) -> float | Missing:
+    """`graph_times`' median, or Missing with the reason when the call cannot be captured."""
+    try:
+        return graph_times(fn, rep_ms)
+    except Exception as exc:  # noqa: BLE001 - a backend that cannot be captured still has its eager numbers
+        return Missing(f"CUDA-graph capture or replay failed: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+def graph_times(fn: Callable[[], object], rep_ms: int) -> float:
+    """Median milliseconds of one replay of a CUDA graph holding one call of `fn`, L2 flushed (triton's 256 MB
+    clear, as do_bench) before every replay; the flush is outside the timed events. Replays: about rep_ms worth,
+    10 to 1000."""
+    from triton import runtime
+
+    cache = runtime.driver.active.get_empty_cache_for_benchmark()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()  # warm-up outside the capture: compilation and tuning must not be captured
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        reps = min(1000, max(10, int(rep_ms / max(start.elapsed_time(end), 1e-3))))
+        times = []
+        for _ in range(reps):
+            runtime.driver.active.clear_cache(cache)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def cpu_times(fn: Callable[[], object], warmup: int, reps: int, quantiles=(0.2, 0.8)) -> dict[str, float]:
     for _ in range(warmup):
         fn()
     times = []
@@ -52,9 +107,20 @@ def cpu_times(fn: Callable[[], object], warmup: int, reps: int) -> dict[str, flo
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    q = statistics.quantiles(times, n=5, method="inclusive") if len(times) > 1 else [times[0]] * 4
-    return {"median_ms": statistics.median(times), "p20_ms": q[0], "p80_ms": q[3]}
+    return {"median_ms": statistics.median(times),
+            **{quantile_metric(q): value for q, value in zip(quantiles, sample_quantiles(times, quantiles))}}
+
+
+def sample_quantiles(samples: list[float], quantiles) -> list[float]:
+    """Each quantile of the samples (linear interpolation between order statistics, as torch.quantile)."""
+    ordered = sorted(samples)
+    out = []
+    for q in quantiles:
+        pos = q * (len(ordered) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(ordered) - 1)
+        out.append(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+    return out
 
 
 def ceilings(device: torch.device, dtype: torch.dtype, rep_ms: int) -> dict[str, float]:

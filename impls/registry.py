@@ -3,6 +3,12 @@
 A backend answers `available()` (can it run in this process at all) and `supports(problem)` (can it run this
 problem), each as (ok, reason). `get_backend` raises with that reason rather than falling back to anything else:
 a benchmark that silently timed another kernel would be worse than no number.
+
+`get_backend` builds a backend once per (name, switches) and hands the same instance back afterwards, so what an
+instance caches (resolved tuning configs, loaded modules) survives from one public call to the next, and each
+class's `available()` answer is asked once per process: `impls.ssd_forward(..., backend="cutile")` then costs a
+dictionary lookup more than a call on a backend built beforehand. A new tuning record (impls.tuning.store) makes
+the registry forget its instances, so that later lookups resolve configs anew; `clear_cache()` forgets both.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ BACKEND_MODULES: dict[str, str] = {
 }
 
 _REGISTRY: dict[str, type[Backend]] = {}
+_BUILT: dict[tuple, Backend] = {}  # (name, switches) -> the one instance get_backend hands out
+_AVAILABLE: dict[str, tuple[bool, str]] = {}  # name -> the class's available() answer, asked once
 
 
 class BackendUnavailable(RuntimeError):
@@ -75,6 +83,9 @@ class Backend:
     # The packages it runs on: distribution name -> the version it is pinned to ("3.6.*": any 3.6 release).
     # Read without importing them (`python -m impls backends`).
     REQUIRES: ClassVar[dict[str, str]] = {"torch": ">=2.11"}
+    # Resolves configs on a stage's first call (a search, a tuning record, an autotuner): the harness then makes
+    # one plain pass before the correctness gate (experiments/correctness.py `resolve_tuning`).
+    TUNED: ClassVar[bool] = False
 
     def __init__(self, switches=None, **overrides):
         self.switches = make_switches(self.name, self.Switches, self.CANNOT_EXPRESS, switches, overrides)
@@ -90,6 +101,22 @@ class Backend:
     def check_device(self, device: torch.device) -> tuple[bool, str]:
         """Whether tensors on `device` can be handled (e.g. GPU-only kernels refuse CPU tensors)."""
         return True, ""
+
+    # --- what precision the matmuls run at ----------------------------------------------------------------
+    def precision(self, stage: str, dtype: torch.dtype, device=None) -> str:
+        """The precision of `stage`'s matmuls on `dtype` inputs: "tf32" where float32 operands go through tf32
+        tensor cores, else the input dtype's name; "none" for a stage without a matmul (chunk_cumsum). The
+        correctness gate, the tests and the result rows take the tolerance from it."""
+        if stage == "chunk_cumsum":
+            return "none"
+        if dtype == torch.float32 and self.tf32_matmuls(stage, torch.device(device or "cpu")):
+            return "tf32"
+        return str(dtype).replace("torch.", "")
+
+    def tf32_matmuls(self, stage: str, device: torch.device) -> bool:
+        """Whether `stage`'s float32 matmuls run in tf32 on `device`; by default torch's own matmul setting
+        (the reference's einsums)."""
+        return device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
 
     # --- the three stages (see impls/README.md for the contract) ------------------------------------------
     def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
@@ -218,16 +245,46 @@ def backend_class(name: str) -> type[Backend]:
 
 
 def get_backend(name: str | Backend, switches=None, **overrides) -> Backend:
-    """The backend `name` built with `switches`; raises BackendUnavailable if it cannot run in this process."""
+    """The backend `name` built with `switches` (the same instance for the same name and switches); raises
+    BackendUnavailable if it cannot run in this process."""
     if isinstance(name, Backend):
         if switches or overrides:
             raise ValueError("switches: pass them when building the backend, not with a built one")
         return name
+    if switches is None and not overrides:  # the public entry's by-name call: one lookup
+        built = _BUILT.get((name, None))
+        if built is not None:
+            return built
     cls = backend_class(name)
-    ok, reason = cls.available()
+    ok, reason = availability(cls)
     if not ok:
         raise BackendUnavailable(f"backend {name!r} is not available: {reason}")
-    return cls(switches, **overrides)
+    resolved = make_switches(name, cls.Switches, cls.CANNOT_EXPRESS, switches, overrides)
+    built = _BUILT.get((name, resolved))
+    if built is None:
+        built = _BUILT[(name, resolved)] = cls(resolved)
+    if switches is None and not overrides:
+        _BUILT[(name, None)] = built
+    return built
+
+
+def availability(cls: type[Backend]) -> tuple[bool, str]:
+    """`cls.available()`, asked once per process (mamba_ssm's and the peers' read package metadata)."""
+    if cls.name not in _AVAILABLE:
+        _AVAILABLE[cls.name] = cls.available()
+    return _AVAILABLE[cls.name]
+
+
+def forget_built() -> None:
+    """Forgets the built backends: impls.tuning.store calls it, so that a backend asked for after a new tuning
+    record resolves its configs again (one that is held keeps what it resolved)."""
+    _BUILT.clear()
+
+
+def clear_cache() -> None:
+    """Forgets the built backends and the availability answers (tests that change the environment call it)."""
+    forget_built()
+    _AVAILABLE.clear()
 
 
 def require(backend: Backend, problem: Problem, device: torch.device) -> None:

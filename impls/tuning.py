@@ -112,6 +112,9 @@ def store(backend: str, stage: str, gpu_name: str, key: str, config: dict, searc
               "versions": versions, "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), **extra}
     data["entries"][key] = record
     _write(path, data)
+    from impls.registry import forget_built  # backends built before this record resolved their configs without it
+
+    forget_built()
     return record
 
 

@@ -9,13 +9,18 @@
 #   scripts/gpu_session.sh sanitize              compute-sanitizer over every cuTile and Triton stage
 #                                                (experiments/sanitize.py), with its negative control
 #   scripts/gpu_session.sh profile [args]        Nsight Compute over one forward per backend (experiments/profile.py)
+#   scripts/gpu_session.sh api_overhead          the public call by name vs on a prebuilt backend vs CUDA-graph
+#                                                replay, with host time per call (experiments/api_overhead.py)
 # Run it in a tree that carries the .gpu bundle, after `source .gpu/setup.sh &&` (docs/gpu-runbook.md).
 # The GPU machine gets the working tree without .git: put the commit into the command for the rows' provenance,
-#   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> scripts/gpu_session.sh ...
+#   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> SSD_GIT_DIFF_HASH=<git diff HEAD | sha256sum | cut -c1-12>
+#   scripts/gpu_session.sh ...   (without SSD_GIT_DIFF_HASH a dirty tree is keyed by a hash of its source files)
 # Each invocation stores its points under a folder of its own (SWEEP_ROOT, default $TMPDIR/sweeps/call-<time>-<pid>,
 # with /tmp when TMPDIR is unset), so a merged Parquet holds exactly the points this invocation ran, even on a
 # machine still warm from an earlier call.
-# To continue a cut-off sweep, pass the earlier SWEEP_ROOT (printed in the log): its stored points are skipped.
+# To continue a cut-off sweep, pass the earlier SWEEP_ROOT (printed in the log): its points stored ok by the same
+# code (config hash and code_key: commit, diff, versions, tuning records) are skipped; failed ones run again
+# (SWEEP_OVERRIDES=retry_failed=false keeps them), and points stored by other code are measured anew.
 set -uo pipefail
 OUT=${OUT:-results/scratch/gpu}
 mkdir -p "$OUT"
@@ -45,7 +50,8 @@ case "$phase" in
     timeout "$(left)" python -m pytest tests/gpu -q -p no:cacheprovider -m heavy \
       --junitxml="$OUT/gpu-tests-heavy.xml" -ra "$@" 2>&1 | tee -a "$log"
     ;;
-  sweep)
+  sweep|api_overhead)
+    [ "$phase" = api_overhead ] && set -- api_overhead
     for exp in "$@"; do
       echo "== sweep $exp ($(left) s left)" | tee -a "$log"
       [ "$(left)" -gt 30 ] || { echo "skipped $exp: out of time" | tee -a "$log"; continue; }

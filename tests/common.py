@@ -83,9 +83,16 @@ def forward_errors(backend, inputs: Inputs, ref: impls.ForwardResult) -> dict[st
     return errors
 
 
-def failures(errors: dict[str, float], dtype: torch.dtype, tf32: bool = False) -> dict[str, float]:
-    tol = tolerance(dtype, tf32)
-    return {name: err for name, err in errors.items() if not err <= tol}
+def failures(errors: dict[str, float], dtype: torch.dtype, backend=None, device="cpu") -> dict[str, float]:
+    """The errors ("<stage>.<output>") over their stage's tolerance: the dtype's, or tf32's where `backend` (a
+    name or a built backend) reports tf32 matmuls for that stage on `device` (Backend.precision)."""
+    impl = impls.get_backend(backend) if backend is not None else None
+
+    def tol(name: str) -> float:
+        precision = impl.precision(name.split(".")[0], dtype, device) if impl is not None else None
+        return tolerance(dtype, precision == "tf32")
+
+    return {name: err for name, err in errors.items() if not err <= tol(name)}
 
 
 def run_case(backend, problem: Problem, dtype: torch.dtype, seed: int = 0, device="cpu") -> dict[str, float]:
@@ -126,14 +133,13 @@ def switch_variant_params(cases, variants, heavy=("S1",), skip=lambda case, vari
 
 def assert_matches_float64(backend, problem: Problem, dtype_name: str, label: str, fused_views: bool = False):
     """One GPU switch-variant check: fresh inputs, every stage and the forward against float64 (outputs
-    poisoned), at the tolerance of the dtype (tf32's where the backend's cb_precision uses it)."""
+    poisoned), at the tolerance of each stage's reported matmul precision."""
     dtype = getattr(torch, dtype_name)
     inputs = make_inputs(problem, device="cuda", seed=1, dtype=dtype)
     if fused_views:
         inputs = as_fused_projection_views(inputs)
     errors = forward_errors(backend, inputs, float64_forward(inputs))
-    tf32 = dtype == torch.float32 and backend.switches.cb_precision == "tf32"
-    bad = failures(errors, dtype, tf32)
+    bad = failures(errors, dtype, backend, "cuda")
     worst = max(errors, key=errors.get)
     print(f"[{label}] worst {worst}={errors[worst]:.2e} {backend.describe().get('stages')}")
     assert not bad, f"over tolerance: {bad} (all: {errors})"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 GPU_DIR = Path(__file__).parent / "gpu"
 
 
@@ -20,3 +22,14 @@ def _targets_gpu_only(args) -> bool:
 def pytest_configure(config):
     if not _targets_gpu_only(config.args):
         os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_backends():
+    """Each test builds its own backends: an instance's cached tuning or an availability answer from another
+    test (another SSD_TUNING_DIR, another environment) would leak into it."""
+    from impls.registry import clear_cache
+
+    clear_cache()
+    yield
+    clear_cache()

@@ -61,3 +61,29 @@ def test_fused_tiles_come_from_their_own_tuning_stage():
     assert config["block_headdim"] == 64 and config["occupancy"] == tune.FALLBACK[9]["fused"]["occupancy"]
     assert fused.blocks(256, 64, 128, config) == (64, 64, 128)
     assert fused.blocks(64, 80, 48, {}) == (64, 64, 64)  # rows capped by the chunk; dstate whole (next pow2)
+
+
+@pytest.mark.parametrize("name, value", [
+    pytest.param("transposed_layout", False, id="transposed_layout"),
+    pytest.param("operand_swap", True, id="operand_swap"),
+    pytest.param("decay_factor", True, id="decay_factor"),
+    pytest.param("cb_mode", "inline", id="cb_mode"),
+    pytest.param("head_mma", "batched", id="head_mma"),
+    pytest.param("block_dstate", 64, id="block_dstate"),
+    pytest.param("heads_per_tile", 2, id="heads_per_tile"),
+])
+def test_fused_refuses_a_switch_it_does_not_read(name, value):
+    from impls.cutile import CutileBackend
+
+    with pytest.raises(ValueError, match=rf"{name}.*fuse_state_out"):
+        CutileBackend(fuse_state_out=True, **{name: value})
+    CutileBackend(**{name: value})  # the three stages read it
+
+
+def test_fused_describe_marks_unread_switches_na():
+    from impls.cutile import CutileBackend
+    from impls.cutile.switches import FUSED_READS, NOT_READ_BY_FUSED
+
+    described = CutileBackend(fuse_state_out=True, exp2=False, block_rows=32).describe()["switches"]
+    assert {described[n] for n in NOT_READ_BY_FUSED} == {"n/a"}
+    assert described["exp2"] is False and described["block_rows"] == 32 and set(FUSED_READS) <= set(described)

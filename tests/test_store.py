@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -15,7 +16,7 @@ def rows(run_id, n, logger="local", backend="reference"):
     base = {"schema_version": 1, "run_id": run_id, "sweep_id": "sw", "sweep_name": "t", "job_num": 0,
             "timestamp": "2026-01-01T00:00:00+00:00", "config_hash": f"h{run_id}", "status": "ok",
             "backend": backend, "logger": logger, "config": "backend:\n  name: reference\nseed: 0\n",
-            "shape_name": "tiny", "batch": 2, "seqlen": 96, "git_dirty": False}
+            "shape_name": "tiny", "batch": 2, "seqlen": 96, "git_dirty": False, "code_key": "code-1"}
     return [{**base, "stage": "forward", "metric": f"m{i}", "value": float(i), "unit": "ms"} for i in range(n)]
 
 
@@ -27,10 +28,10 @@ def test_write_is_atomic_and_typed(tmp_path):
     assert df["gpu_name"].isna().all()  # absent provenance is null, never an error
 
 
-def test_stored_hashes_and_merge_round_trip(tmp_path):
+def test_stored_points_and_merge_round_trip(tmp_path):
     store.write_rows(rows("a", 3), tmp_path / "sweep", "a")
     store.write_rows(rows("b", 2), tmp_path / "sweep" / "sub", "b")
-    assert store.stored_hashes(tmp_path / "sweep") == {"ha", "hb"}
+    assert store.stored_points(tmp_path / "sweep") == {("ha", "code-1", "ok"), ("hb", "code-1", "ok")}
     target = tmp_path / "merged.parquet"
     assert merge.merge(tmp_path / "sweep", target) == 5
     merged = pd.read_parquet(target)
@@ -39,6 +40,31 @@ def test_stored_hashes_and_merge_round_trip(tmp_path):
                                   parts.sort_values(["run_id", "metric"]).reset_index(drop=True))
     merge.main([str(tmp_path / "sweep"), str(tmp_path / "again.parquet")])
     assert len(pd.read_parquet(tmp_path / "again.parquet")) == 5
+
+
+@pytest.mark.parametrize("code_key, status, retry_failed, skipped", [
+    pytest.param("code-1", "ok", True, True, id="same-code-ok-skipped"),
+    pytest.param("code-2", "ok", True, False, id="other-code-measured"),
+    pytest.param("code-1", "failed", True, False, id="failed-retried"),
+    pytest.param("code-1", "failed", False, True, id="failed-kept-without-retry"),
+])
+def test_a_point_is_skipped_only_when_config_and_code_match(tmp_path, code_key, status, retry_failed, skipped):
+    store.write_rows([{**r, "status": status} for r in rows("a", 2)], tmp_path, "a")
+    assert store.already_measured(tmp_path, "ha", code_key, retry_failed) is skipped
+    assert not store.already_measured(tmp_path, "hz", "code-1", retry_failed)
+
+
+def test_committed_results_of_every_schema_version_still_load():
+    """Files written before version 4 (with `tf32`, without precision/code_key/note) load with the new columns
+    null."""
+    root = Path(__file__).resolve().parent.parent / "results"
+    files = sorted(root.glob("h200-*/*.parquet"))
+    files = [f for f in files if not f.name.endswith(store.OTHER_TABLES)]
+    assert files
+    for f in files[:6]:
+        df = store.load(f)
+        assert list(df.columns) == list(store.COLUMNS) and len(df)
+        assert df["code_key"].isna().all()
 
 
 def test_sync_replays_local_rows_offline(tmp_path, monkeypatch):
@@ -64,7 +90,5 @@ def test_profile_tables_beside_results_are_not_read_as_rows(tmp_path):
         tmp_path / "profile.ncu.parquet")
     assert len(store.load(tmp_path)) == 3
     pd.DataFrame({"backend": ["cutile"]}).to_parquet(tmp_path / "stray.parquet")
-    import pytest
-
     with pytest.raises(ValueError, match="lack schema columns"):
         store.load(tmp_path)

@@ -197,7 +197,7 @@ def test_vllm_kernels_match_float64_reference(vllm_files, problem, dtype_name):
     assert backend.supports(problem) == (True, "")
     errors = run_case(backend, problem, dtype, seed=11)  # outputs NaN-poisoned before vLLM writes them
     assert set(errors) >= {"forward.y", "forward.final_states"}
-    assert not failures(errors, dtype, tf32=backend.tf32(dtype, "cpu")), errors
+    assert not failures(errors, dtype, backend, "cpu"), errors
 
 
 def test_vllm_reads_strided_x_and_z(vllm_files):

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from impls.cutile.switches import CutileSwitches
+from impls.cutile.switches import NOT_READ_BY_FUSED, CutileSwitches
 from impls.problem import Problem
 from impls.registry import Backend, ForwardResult, cuda_only, register
 
@@ -27,6 +27,7 @@ class CutileBackend(Backend):
     name = "cutile"
     Switches = CutileSwitches
     REQUIRES = {"torch": ">=2.11", "cuda-tile": "1.7.0"}
+    TUNED = True
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)
@@ -173,9 +174,14 @@ class CutileBackend(Backend):
     def _tf32(self, x) -> bool:
         return x.dtype == torch.float32 and self.switches.cb_precision == "tf32"
 
+    def tf32_matmuls(self, stage, device) -> bool:
+        return self.switches.cb_precision == "tf32"  # every MMA of stages 2 and 3 and of the fused kernel
+
     def describe(self) -> dict:
         out = super().describe()
         out["stages"] = {k: dict(v) for k, v in self._sources.items()}  # which config source ran per stage
+        if self.switches.fuse_state_out:  # the fused forward does not read them (refused away from defaults)
+            out["switches"].update({name: "n/a" for name in NOT_READ_BY_FUSED})
         return out
 
 

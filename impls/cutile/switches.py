@@ -102,6 +102,26 @@ class CutileSwitches:
         "auto", "where tile sizes/occupancy come from (impls/tuning.py modes)",
         choices=tuning.MODES)
 
+    def __post_init__(self):
+        if self.fuse_state_out:
+            set_away = {name: getattr(self, name) for name in NOT_READ_BY_FUSED
+                        if getattr(self, name) != _DEFAULTS[name]}
+            if set_away:
+                raise ValueError(f"switches {set_away}: fuse_state_out=True runs chunk_cumsum and the fused kernel, "
+                                 f"which read {FUSED_READS} and the tile sizes {FUSED_SIZES}; the switches "
+                                 f"{list(NOT_READ_BY_FUSED)} would be recorded without running: leave them at their "
+                                 "defaults or turn fuse_state_out off")
+
+
+# With fuse_state_out the forward runs chunk_cumsum then the fused kernel (impls/cutile/fused.py). Of the code
+# switches they read only FUSED_READS, of the sizes FUSED_SIZES (and tuning); the rest are refused away from their
+# defaults and describe() marks them n/a.
+FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision")
+FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
+NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
+                     "heads_per_tile")
+_DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
+
 
 PER_HEAD_BLOCKS = (2, 4)  # heads_per_tile values the per-head lowering (head_mma per_head) is built and tested for
 

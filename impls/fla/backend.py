@@ -43,6 +43,7 @@ class FlaBackend(ForwardOnlyBackend):
     Switches = FlaSwitches
     NO_STAGES = NO_STAGES
     REQUIRES = {"torch": ">=2.11", "triton": "3.6.*", "fla-core": peer.VERSION_REQUIRED}
+    TUNED = True  # FLA's Triton autotuners pick their configs on the first call
 
     # --- capability -------------------------------------------------------------------------------------
     @classmethod
@@ -80,9 +81,9 @@ class FlaBackend(ForwardOnlyBackend):
             return False, f"chunk='requested': FLA needs a power-of-two chunk_size >= 16, got {s.chunk_size}"
         return True, ""
 
-    def tf32(self, dtype: torch.dtype, device=None) -> bool:
+    def tf32_matmuls(self, stage, device) -> bool:
         # tl.dot on fp32 inputs runs in tf32 (Triton's default input_precision)
-        return dtype == torch.float32
+        return True
 
     def chunk_used(self, requested: int) -> int:
         return requested if self.switches.chunk == "requested" else peer.FLA_DEFAULT_CHUNK

@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-import torch
-
 from impls.mamba_ssm import upstream
 from impls.mamba_ssm.chunk_cumsum import chunk_cumsum
 from impls.mamba_ssm.compute_out import compute_out
@@ -30,6 +28,7 @@ class MambaSSMBackend(Backend):
     name = "mamba_ssm"
     Switches = MambaSSMSwitches
     REQUIRES = {"torch": ">=2.11", "triton": "3.6.*", "mamba-ssm": upstream.VERSION_REQUIRED}
+    TUNED = True  # upstream's Triton autotuners pick their configs on the first call
     _up = None
 
     @classmethod
@@ -62,9 +61,9 @@ class MambaSSMBackend(Backend):
                            "(the stage-by-stage path)")
         return True, ""
 
-    def tf32(self, dtype: torch.dtype, device: torch.device) -> bool:
+    def tf32_matmuls(self, stage, device) -> bool:
         # tl.dot on fp32 inputs uses tf32 on the GPU (Triton's default input_precision); exact in the interpreter
-        return dtype == torch.float32 and device.type == "cuda"
+        return device.type == "cuda"
 
     def _mode(self, device):
         return upstream.interpreter_mode(self.upstream()) if device.type == "cpu" else contextlib.nullcontext()

@@ -32,6 +32,7 @@ class TritonBackend(Backend):
     name = "triton"
     Switches = cfg.TritonSwitches
     REQUIRES = {"torch": ">=2.11", "triton": "3.6.*"}
+    TUNED = True
     CANNOT_EXPRESS = {
         "latency_hints": "Triton has no per-load latency hint; the nearest analogues are the num_stages "
                          "(software-pipelining depth) and num_warps switches",
@@ -115,6 +116,10 @@ class TritonBackend(Backend):
 
         config = self._config("compute_out", shape, dtype_name(x.dtype), flags, dims, x.device, launch)
         return launch(config)
+
+    def tf32_matmuls(self, stage, device) -> bool:
+        # the interpreter (CPU tensors) ignores tl.dot's input_precision: its dots are exact fp32
+        return device.type == "cuda" and self.switches.cb_precision == "tf32"
 
     # --- what ran -----------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

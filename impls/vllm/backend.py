@@ -87,9 +87,9 @@ class VllmBackend(ForwardOnlyBackend):
                            f"which CUDA caps at {GRID_AXIS_MAX}")
         return True, ""
 
-    def tf32(self, dtype: torch.dtype, device=None) -> bool:
+    def tf32_matmuls(self, stage: str, device: torch.device) -> bool:
         # tl.dot on fp32 inputs uses tf32 on the GPU (Triton's default input_precision); exact in the interpreter
-        return dtype == torch.float32 and (device is None or torch.device(device).type == "cuda")
+        return device.type == "cuda"
 
     # --- the whole forward: prepare (adapter) -> peer (vLLM) -> finish (adapter) ------------------------------
     @staticmethod

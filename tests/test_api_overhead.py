@@ -1,0 +1,105 @@
+"""The public call costs what its kernels cost: get_backend hands out one instance per (backend, switches) and asks
+availability once; the api_overhead experiment records by-name, prebuilt and graph-replay figures (here on the CPU,
+the Triton kernels under the interpreter, at a shape small enough for it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import impls
+from experiments import store
+from impls import registry
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_one_instance_per_backend_and_switches():
+    triton = impls.get_backend("triton")
+    assert impls.get_backend("triton") is triton
+    assert impls.get_backend("triton", tuning="auto") is triton  # the defaults spelt out: the same switches
+    assert impls.get_backend("triton", {"tuning": "auto"}) is triton
+    other = impls.get_backend("triton", tuning="fallback")
+    assert other is not triton and impls.get_backend("triton", tuning="fallback") is other
+    assert impls.get_backend(triton) is triton
+    registry.clear_cache()
+    assert impls.get_backend("triton") is not triton
+
+
+def test_availability_is_asked_once(monkeypatch):
+    from impls.mamba_ssm.backend import MambaSSMBackend
+
+    asked = []
+    monkeypatch.setattr(MambaSSMBackend, "available", classmethod(lambda cls: asked.append(1) or (True, "")))
+    for switches in ({}, {"fused": False}, {}):
+        impls.get_backend("mamba_ssm", **switches)
+    assert asked == [1]
+
+
+def test_an_unavailable_backend_still_raises_its_reason_every_time(monkeypatch):
+    from impls.mamba_ssm.backend import MambaSSMBackend
+
+    monkeypatch.setattr(MambaSSMBackend, "available", classmethod(lambda cls: (False, "planted reason")))
+    for _ in range(2):
+        with pytest.raises(impls.BackendUnavailable, match="planted reason"):
+            impls.get_backend("mamba_ssm")
+
+
+def test_the_public_call_by_name_reuses_the_built_backend(monkeypatch):
+    """What a by-name call costs beyond a prebuilt one: a dictionary lookup, no construction."""
+    from impls.inputs import make_inputs
+    from impls.problem import Problem, Shape
+    from impls.reference.backend import ReferenceBackend
+
+    built = []
+    original = ReferenceBackend.__init__
+    monkeypatch.setattr(ReferenceBackend, "__init__", lambda self, *a, **k: built.append(1) or original(self, *a, **k))
+    kw = make_inputs(Problem(Shape(1, 32, 2, 8, 1, 8, 16), dtype="float32"), seed=0).forward_kwargs()
+    first = impls.ssd_forward(**kw, backend="reference")
+    second = impls.ssd_forward(**kw, backend="reference")
+    assert built == [1] and bool((first.y == second.y).all())
+
+
+def test_api_overhead_experiment_on_cpu(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    env.update(PYTHONPATH=str(REPO), SSD_TUNING_DIR=str(tmp_path / "tuning"))
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.api_overhead", "backend=reference,mamba_ssm,triton", "shape=tiny",
+         "shape.batch=1", "shape.seqlen=32", "shape.nheads=2", "shape.ngroups=1", "shape.chunk_size=16",
+         "dtype=float32", "device=cpu", "logger=local", f"results_dir={tmp_path}/results",
+         f"hydra.sweep.dir={tmp_path}/multirun", "bench.host_calls=2", "bench.cpu_warmup=0", "bench.cpu_reps=1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    df = store.load(tmp_path / "results")
+    assert set(df["status"]) == {"ok"} and set(df["backend"]) == {"reference", "mamba_ssm", "triton"}
+    rows = df[df["stage"] == "forward"].set_index(["backend", "metric"])
+    for backend in ("reference", "mamba_ssm", "triton"):
+        for metric in ("byname_median_ms", "prebuilt_median_ms", "host_byname_us", "host_prebuilt_us"):
+            assert rows.loc[(backend, metric), "value"] > 0, (backend, metric)
+        assert rows.loc[(backend, "host_overhead_us"), "value"] == pytest.approx(
+            rows.loc[(backend, "host_byname_us"), "value"] - rows.loc[(backend, "host_prebuilt_us"), "value"])
+        graph = rows.loc[(backend, "graph_median_ms")]
+        assert graph["value"] != graph["value"] and "no CUDA graphs" in graph["note"]  # NaN, with the reason
+    assert set(df[df["metric"] == "host_byname_us"]["unit"]) == {"us"}
+
+
+def test_api_overhead_refuses_switches_a_name_cannot_carry():
+    from experiments import api_overhead
+
+    with pytest.raises(ValueError, match="default switches"):
+        api_overhead.measure(impls.get_backend("triton", tuning="fallback"), None, None, None)
+
+
+def test_a_new_tuning_record_rebuilds_later_lookups(tmp_path, monkeypatch):
+    """A backend resolved before a record was stored must not answer later by-name calls with its stale config."""
+    from impls import tuning
+
+    monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
+    before = impls.get_backend("triton")
+    assert impls.get_backend("triton") is before
+    tuning.store("triton", "compute_out", "cpu", "key", {"block_rows": 16}, {}, {})
+    assert impls.get_backend("triton") is not before
