@@ -43,6 +43,7 @@ class VllmBackend(ForwardOnlyBackend):
     name = "vllm"
     # vLLM itself is never installed: its SSD kernel files are checked by available() (impls/vllm/loader.py)
     REQUIRES = {"torch": ">=2.11", "triton": "3.6.*"}
+    TUNED = True  # its Triton autotuners pick their configs on the first call of a shape
     NO_STAGES = NO_STAGES
 
     # --- capability -------------------------------------------------------------------------------------
