@@ -21,6 +21,7 @@ BACKEND_COLORS: dict[str, str] = {
     "mamba_ssm": "#1f77b4",  # blue
     "tilegym": "#9467bd",    # purple
     "fla": "#8c564b",        # brown
+    "vllm": "#d62728",       # red
     "reference": "#7f7f7f",  # grey
 }
 STAGE_MARKERS: dict[str, str] = {"chunk_cumsum": "v", "fwd_pass_state": "s", "compute_out": "o", "forward": "*"}
