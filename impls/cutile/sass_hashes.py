@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import sys
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ from impls.cutile.switches import CODE_SWITCHES, CutileSwitches
 FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "cutile_sass_before.json"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 ALL_OFF = {k: OFF_VALUE.get(k, False) for k in CODE_SWITCHES}
+# what turns the Python source into the hashed text: the front end, the compiler, the disassembler
+TOOLCHAIN = ("cuda-tile", "nvidia-cuda-tileiras", "nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm")
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,23 @@ def digest(v: Variant, arch: str = "sm_90") -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def toolchain() -> dict[str, str | None]:
+    """The installed versions of TOOLCHAIN (None where absent): hashes compare only under the same ones."""
+    out = {}
+    for dist in TOOLCHAIN:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def source_digest(kernel: str) -> str:
+    """SHA-256 of the file that holds `kernel` (compute_out_cb lives in compute_out.py)."""
+    name = {"compute_out_cb": "compute_out"}.get(kernel, kernel)
+    return hashlib.sha256(Path(__file__).with_name(f"{name}.py").read_bytes()).hexdigest()
+
+
 def hashes(ids: list[str] | None = None) -> dict[str, str]:
     chosen = [v for v in variants() if ids is None or v.id in ids]
     if ids is not None and len(chosen) != len(set(ids)):
@@ -85,8 +105,9 @@ def main(argv=None) -> int:
     for k, h in out.items():
         print(f"{k:32s} {h}")
     if a.write:
-        a.write.write_text(json.dumps({"generated_by": "python -m impls.cutile.sass_hashes", "arch": "sm_90",
-                                       "hashes": out}, indent=1) + "\n")
+        record = {"generated_by": "python -m impls.cutile.sass_hashes --write", "arch": "sm_90",
+                  "toolchain": toolchain(), "sources": {k: source_digest(k) for k in KERNELS}, "hashes": out}
+        a.write.write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 
