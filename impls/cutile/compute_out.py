@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import cuda.tile as ct
 import torch
 
-from impls.cutile.common import LOG2E, KernelCall, kernel_call, next_pow2
+from impls.cutile.common import LOG2E, CopyHints, KernelCall, kernel_call, next_pow2
 from impls.cutile.switches import per_head_refusal
 
 ZERO = ct.PaddingMode.ZERO
@@ -98,7 +98,7 @@ def cb_kernel(C, B, cb, CHUNK: ct.Constant[int], BL: ct.Constant[int], BN: ct.Co
 
 
 @dataclass(frozen=True)
-class Consts:
+class OutConsts(CopyHints):
     """The compile-time constants of a stage-3 tile program, built once in the kernel (compute_out_kernel, and
     fused_kernel for its output rows) from its `ct.Constant` parameters and handed whole to the helpers.
 
@@ -123,14 +123,6 @@ class Consts:
     SHARED_CB: bool  # C·Bᵀ read from cb_kernel's output instead of computed in the tile
     D_MODE: int  # skip term D: 0 absent, 1 per head, 2 per (head, channel)
     HAS_Z: bool  # gate by silu(z)
-
-    def tma(self):
-        """allow_tma= of the loads and stores: None lets the compiler decide, False forbids TMA."""
-        return None if self.TMA else False
-
-    def lat(self):
-        """latency= of the big loads: None without a hint."""
-        return self.LAT if self.LAT > 0 else None
 
 
 def _by_source(v, HB, BL, SWAP):
@@ -310,7 +302,7 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
     NL = HB if PER_HEAD else 1
     HL = HB // NL
-    k = Consts(CHUNK, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE, HAS_Z)
+    k = OutConsts(CHUNK, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE, HAS_Z)
     nsub = CHUNK // BL
     nchunks = dA.shape[2]
     i = pid % nsub
