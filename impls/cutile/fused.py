@@ -42,7 +42,7 @@ def _rows_out(C, B, x, dt, dA, y, D, z, s_op, b, c, h, g, pb, i, k):
     rows = i * BL + ct.arange(BL, dtype=ct.int32)
     acc = _mma(c_l, s_op, ct.zeros((BL, BP), ct.float32), k.TF32) * _exp(dA_l, k.EXP2).reshape((BL, 1))
     acc = acc.reshape((1, BL, BP))
-    for j in range(i + 1):
+    for j in range(i + 1):  # no seq_idx (seq, the rows' s_l) and no C·Bᵀ from memory (cbm): None
         acc = _source_block(B, x, dt, dA, None, None, acc, c_l, dA_l, dA_l, None, rows, b, c, g, h, pb, i, j, k,
                             False)
     out = acc.reshape((BL, BP))
