@@ -50,6 +50,18 @@ def needs_int64(t) -> bool:
     return isinstance(t, torch.Tensor) and span(t) > INT32_LIMIT
 
 
+class CopyHints:
+    """The copy hints of a stage's compile-time constants (a frozen dataclass with fields TMA and LAT, built in the
+    kernel and handed to its helpers): `tma()` is the loads' and stores' allow_tma= (None lets the compiler decide,
+    False forbids TMA), `lat()` the big loads' latency= (None without a hint)."""
+
+    def tma(self):
+        return None if self.TMA else False
+
+    def lat(self):
+        return self.LAT if self.LAT > 0 else None
+
+
 @dataclass
 class KernelCall:
     """One launch: the kernel object (with its compiler options), its grid, its positional arguments; `wide` when

@@ -28,11 +28,12 @@ states stored (dstate, headdim) by stage 2.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import cuda.tile as ct
 import torch
 
-from impls.cutile.common import LOG2E, KernelCall, kernel_call, next_pow2
+from impls.cutile.common import LOG2E, CopyHints, KernelCall, kernel_call, next_pow2
 from impls.cutile.switches import per_head_refusal
 
 ZERO = ct.PaddingMode.ZERO
@@ -96,6 +97,36 @@ def cb_kernel(C, B, cb, CHUNK: ct.Constant[int], BL: ct.Constant[int], BN: ct.Co
     ct.store(cb, (b, c, g, i, j), out.reshape((1, 1, 1, BL, BL)), allow_tma=tma)
 
 
+@dataclass(frozen=True)
+class OutConsts(CopyHints):
+    """The compile-time constants of a stage-3 tile program, built once in the kernel (compute_out_kernel, and
+    fused_kernel for its output rows) from its `ct.Constant` parameters and handed whole to the helpers.
+
+    cuTile 1.7 takes a frozen dataclass in kernel code as an aggregate whose fields are the values it was built
+    from, so fields built from constants stay compile-time constants: `if k.SWAP:` and `ct.static_iter(range(k.NL))`
+    fold exactly as the parameters themselves did (the normalised SASS of every kernel is unchanged, see
+    impls/cutile/sass_hashes.py). The kernels keep their scalar `ct.Constant` parameters: a dataclass kernel
+    parameter is "a development-only feature" in cuTile 1.7 (`cuda.tile.compilation.DataclassConstraint` refuses
+    it outside calling convention v3)."""
+
+    CHUNK: int  # chunk length
+    BL: int  # rows of the tile, = positions of a source block
+    BP: int  # headdim columns of the tile
+    BN: int  # dstate, whole (C·Bᵀ and C·stateᵀ contract over it)
+    NL: int  # lanes: 1 = the heads as one (batched) chain; HB = one chain per head (head_mma per_head)
+    HL: int  # heads per lane (NL·HL = heads per tile)
+    HAS_SEQ: bool  # seq_idx given: sources of another sequence are masked
+    SWAP: bool  # switch operand_swap: the tile accumulates yᵀ (headdim × rows)
+    TRANS: bool  # switch transposed_layout: states stored (dstate, headdim)
+    TF32: bool  # fp32 inputs through the tf32 tensor cores
+    EXP2: bool  # switch exp2: dA scaled by log2(e) once per load, decays by exp2
+    TMA: bool  # switch tma: TMA bulk copies allowed
+    LAT: int  # latency hint of the big loads (x, B, C, states); 0 = none
+    SHARED_CB: bool  # C·Bᵀ read from cb_kernel's output instead of computed in the tile
+    D_MODE: int  # skip term D: 0 absent, 1 per head, 2 per (head, channel)
+    HAS_Z: bool  # gate by silu(z)
+
+
 def _by_source(v, HB, BL, SWAP):
     """(HB, BL) per-source values shaped to broadcast over the score tile: (HB, 1, BL), or (HB, BL, 1) with SWAP."""
     if SWAP:
@@ -119,140 +150,142 @@ def _lane_block(hb, lane, NL):
     return h
 
 
-def _cb_tile(B, cbm, c_l, b, c, g, i, j, src_block, BL, BN, SWAP, TF32, SHARED_CB, tma, lat):
+def _cb_tile(B, cbm, c_l, b, c, g, i, j, src_block, k):
     """C_l·B_jᵀ (rows × sources; sources × rows with SWAP), fp32, shared by every head of the tile: read from
     cb_kernel's output with SHARED_CB, else one MMA on the B_j tile (source block j = chunk block src_block)."""
-    if SHARED_CB:  # (rows, sources), computed once for the group by cb_kernel
-        cb = ct.load(cbm, (b, c, g, i, j), (1, 1, 1, BL, BL), allow_tma=tma, latency=lat).reshape((BL, BL))
-        if SWAP:
+    BL = k.BL
+    if k.SHARED_CB:  # (rows, sources), computed once for the group by cb_kernel
+        cb = ct.load(cbm, (b, c, g, i, j), (1, 1, 1, BL, BL), allow_tma=k.tma(), latency=k.lat()).reshape((BL, BL))
+        if k.SWAP:
             cb = ct.transpose(cb)
     else:
-        b_s = _load_rows(B, b, src_block, g, 0, BL, BN, tma, lat)
-        if SWAP:
-            cb = _mma(b_s, ct.transpose(c_l), ct.zeros((BL, BL), ct.float32), TF32)
+        b_s = _load_rows(B, b, src_block, g, 0, BL, k.BN, k.tma(), k.lat())
+        if k.SWAP:
+            cb = _mma(b_s, ct.transpose(c_l), ct.zeros((BL, BL), ct.float32), k.TF32)
         else:
-            cb = _mma(c_l, ct.transpose(b_s), ct.zeros((BL, BL), ct.float32), TF32)
+            cb = _mma(c_l, ct.transpose(b_s), ct.zeros((BL, BL), ct.float32), k.TF32)
     return cb
 
 
-def _same_sequence(seq, s_l, b, src_block, BL, SWAP, tma):
+def _same_sequence(seq, s_l, b, src_block, k):
     """(1, BL, BL) seq(row) == seq(source) over the score tile (transposed with SWAP); s_l: the rows' seq_idx."""
-    s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((1, BL))
-    return _by_row(s_l.reshape((1, BL)), 1, BL, SWAP) == _by_source(s_s, 1, BL, SWAP)
+    BL = k.BL
+    s_s = ct.load(seq, (b, src_block), (1, BL), padding_mode=ZERO, allow_tma=k.tma()).reshape((1, BL))
+    return _by_row(s_l.reshape((1, BL)), 1, BL, k.SWAP) == _by_source(s_s, 1, BL, k.SWAP)
 
 
-def _source_mask(seq, s_l, rows, b, src_block, j, BL, HAS_SEQ, SWAP, FACTORED, tma):
+def _source_mask(seq, s_l, rows, b, src_block, j, k, FACTORED):
     """(1, BL, BL) mask of the score tile (transposed with SWAP), shared by the tile's heads: row >= source
     (causality) and, with seq_idx, `_same_sequence`. FACTORED (j < i, causal throughout; called with seq_idx only):
     the sequence test alone."""
+    BL = k.BL
     if FACTORED:
-        keep = _same_sequence(seq, s_l, b, src_block, BL, SWAP, tma)
+        keep = _same_sequence(seq, s_l, b, src_block, k)
     else:
         srcs = j * BL + ct.arange(BL, dtype=ct.int32)
-        keep = _by_row(rows.reshape((1, BL)), 1, BL, SWAP) >= _by_source(srcs.reshape((1, BL)), 1, BL, SWAP)
-        if HAS_SEQ:
-            keep = keep & _same_sequence(seq, s_l, b, src_block, BL, SWAP, tma)
+        keep = _by_row(rows.reshape((1, BL)), 1, BL, k.SWAP) >= _by_source(srcs.reshape((1, BL)), 1, BL, k.SWAP)
+        if k.HAS_SEQ:
+            keep = keep & _same_sequence(seq, s_l, b, src_block, k)
     return keep
 
 
-def _lane_loads(x, dt, dA, b, c, h, pb, j, src_block, BL, BP, HL, EXP2, tma, lat):
+def _lane_loads(x, dt, dA, b, c, h, pb, j, src_block, k):
     """The source block's per-head operands of the HL heads of lane block h: x_j (HL, BL, BP), dA_j (scaled by
     log2(e) with EXP2) and dt_j, (HL, BL) each."""
-    x_s = _load_heads(x, b, src_block, h, pb, BL, HL, BP, tma, lat)
-    dA_s = _per_head(dA, b, h, c, j, HL, BL, tma) * (LOG2E if EXP2 else 1.0)
-    dt_s = _per_head(dt, b, h, c, j, HL, BL, tma)
+    x_s = _load_heads(x, b, src_block, h, pb, k.BL, k.HL, k.BP, k.tma(), k.lat())
+    dA_s = _per_head(dA, b, h, c, j, k.HL, k.BL, k.tma()) * (LOG2E if k.EXP2 else 1.0)
+    dt_s = _per_head(dt, b, h, c, j, k.HL, k.BL, k.tma())
     return x_s, dA_s, dt_s
 
 
-def _masked_scores(cb, keep, dA_s, dt_s, dA_l, BL, HL, SWAP, EXP2):
+def _masked_scores(cb, keep, dA_s, dt_s, dA_l, k):
     """(HL, BL, BL) scores of one lane: cb ∘ exp(dA_l − dA_j) ∘ dt_j where keep, else 0 (transposed with SWAP)."""
+    HL, BL, SWAP = k.HL, k.BL, k.SWAP
     diff = ct.where(keep, _by_row(dA_l, HL, BL, SWAP) - _by_source(dA_s, HL, BL, SWAP), -math.inf)
-    return cb.reshape((1, BL, BL)) * _exp(diff, EXP2) * _by_source(dt_s, HL, BL, SWAP)
+    return cb.reshape((1, BL, BL)) * _exp(diff, k.EXP2) * _by_source(dt_s, HL, BL, SWAP)
 
 
-def _factored_scores(cb, dA_s, dt_s, dA_ref, BL, HL, SWAP, EXP2):
+def _factored_scores(cb, dA_s, dt_s, dA_ref, k):
     """(HL, BL, BL) scores of one lane off the diagonal (decay_factor): cb ∘ exp(dA_ref − dA_j)·dt_j per source,
     the source factor of the decay only (the caller applies the row factor exp(dA_l − dA_ref) to the block sum)."""
-    w = _exp(dA_ref - dA_s, EXP2) * dt_s  # (HL, BL) per source
-    return cb.reshape((1, BL, BL)) * _by_source(w, HL, BL, SWAP)
+    w = _exp(dA_ref - dA_s, k.EXP2) * dt_s  # (HL, BL) per source
+    return cb.reshape((1, k.BL, k.BL)) * _by_source(w, k.HL, k.BL, k.SWAP)
 
 
-def _score_mma(scores, x_s, acc, TF32, HL, SWAP):
+def _score_mma(scores, x_s, acc, k):
     """acc += scores·x_j (HL heads), or with SWAP acc += x_jᵀ·scoresᵀ; the scores cast to x's dtype (as upstream)."""
-    if SWAP:
-        return _bmm(ct.transpose(x_s, 1, 2), scores.astype(x_s.dtype), acc, TF32, HL)
-    return _bmm(scores.astype(x_s.dtype), x_s, acc, TF32, HL)
+    if k.SWAP:
+        return _bmm(ct.transpose(x_s, 1, 2), scores.astype(x_s.dtype), acc, k.TF32, k.HL)
+    return _bmm(scores.astype(x_s.dtype), x_s, acc, k.TF32, k.HL)
 
 
-def _source_lanes(B, x, dt, dA, seq, cbm, accs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, j, nsub, BL, BP,
-                  BN, NL, HL, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, FACTORED):
+def _source_lanes(B, x, dt, dA, seq, cbm, accs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, j, k, FACTORED):
     """Source block j for the NL lanes of HL heads (tuples accs, dA_ls, dA_refs: one entry per lane): the B_j load,
     cb = C_l·B_jᵀ and the mask once for all lanes, then per lane its x_j, dA_j, dt_j, scores and
     accs[l] += scores_l·x_j: NL independent load/exp/MMA chains per step. FACTORED (j < i): `_factored_scores`,
-    masked by sequence only (causal throughout)."""
-    tma = None if TMA else False
-    lat = LAT if LAT > 0 else None
-    src_block = c * nsub + j
-    cb = _cb_tile(B, cbm, c_l, b, c, g, i, j, src_block, BL, BN, SWAP, TF32, SHARED_CB, tma, lat)
-    ops = tuple(_lane_loads(x, dt, dA, b, c, _lane_block(hb, l, NL), pb, j, src_block, BL, BP, HL, EXP2, tma, lat)
+    masked by sequence only (causal throughout). seq and s_l (the rows' seq_idx) are read only with HAS_SEQ, cbm
+    only with SHARED_CB: None otherwise."""
+    NL = k.NL
+    src_block = c * (k.CHUNK // k.BL) + j
+    cb = _cb_tile(B, cbm, c_l, b, c, g, i, j, src_block, k)
+    ops = tuple(_lane_loads(x, dt, dA, b, c, _lane_block(hb, l, NL), pb, j, src_block, k)
                 for l in ct.static_iter(range(NL)))
     if FACTORED:
-        scores = tuple(_factored_scores(cb, ops[l][1], ops[l][2], dA_refs[l], BL, HL, SWAP, EXP2)
-                       for l in ct.static_iter(range(NL)))
-        if HAS_SEQ:
-            keep = _source_mask(seq, s_l, rows, b, src_block, j, BL, HAS_SEQ, SWAP, FACTORED, tma)
+        scores = tuple(_factored_scores(cb, ops[l][1], ops[l][2], dA_refs[l], k) for l in ct.static_iter(range(NL)))
+        if k.HAS_SEQ:
+            keep = _source_mask(seq, s_l, rows, b, src_block, j, k, FACTORED)
             scores = tuple(ct.where(keep, scores[l], 0.0) for l in ct.static_iter(range(NL)))
     else:
-        keep = _source_mask(seq, s_l, rows, b, src_block, j, BL, HAS_SEQ, SWAP, FACTORED, tma)
-        scores = tuple(_masked_scores(cb, keep, ops[l][1], ops[l][2], dA_ls[l], BL, HL, SWAP, EXP2)
-                       for l in ct.static_iter(range(NL)))
-    return tuple(_score_mma(scores[l], ops[l][0], accs[l], TF32, HL, SWAP) for l in ct.static_iter(range(NL)))
+        keep = _source_mask(seq, s_l, rows, b, src_block, j, k, FACTORED)
+        scores = tuple(_masked_scores(cb, keep, ops[l][1], ops[l][2], dA_ls[l], k) for l in ct.static_iter(range(NL)))
+    return tuple(_score_mma(scores[l], ops[l][0], accs[l], k) for l in ct.static_iter(range(NL)))
 
 
-def _source_block(C, B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_ref, s_l, rows, b, c, g, hb, pb, i, j, nsub, BL, BP,
-                  BN, HB, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, FACTORED):
-    """acc += scores(rows of block i, sources of block j)·x_j for the HB heads of head block hb, scores = C_l·B_jᵀ ∘
-    decay ∘ dt_j (∘ causal and sequence masks), as one (batched when HB > 1) MMA: `_source_lanes` with one lane.
-    FACTORED (j < i, switch decay_factor): the decay's source factor exp(dA_ref - dA_s)·dt_s only, the row factor
-    exp(dA_l - dA_ref) is applied by the caller to the block sum; no causal mask is needed off the diagonal. SWAP
-    accumulates the transposed (headdim × rows) product. C is unused (c_l is its tile)."""
-    return _source_lanes(B, x, dt, dA, seq, cbm, (acc,), c_l, (dA_l,), (dA_ref,), s_l, rows, b, c, g, hb, pb, i, j,
-                         nsub, BL, BP, BN, 1, HB, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, FACTORED)[0]
+def _source_block(B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_ref, s_l, rows, b, c, g, hb, pb, i, j, k, FACTORED):
+    """acc += scores(rows of block i, sources of block j)·x_j for the HL heads of head block hb (k.NL must be 1),
+    scores = C_l·B_jᵀ ∘ decay ∘ dt_j (∘ causal and sequence masks), as one (batched when HL > 1) MMA:
+    `_source_lanes` with one lane. FACTORED (j < i, switch decay_factor): the decay's source factor
+    exp(dA_ref - dA_s)·dt_s only, the row factor exp(dA_l - dA_ref) is applied by the caller to the block sum; no
+    causal mask is needed off the diagonal. SWAP accumulates the transposed (headdim × rows) product."""
+    return _source_lanes(B, x, dt, dA, seq, cbm, (acc,), c_l, (dA_l,), (dA_ref,), s_l, rows, b, c, g, hb, pb, i, j, k,
+                         FACTORED)[0]
 
 
-def _off_chunk(states, c_l, state_scale, b, c, h, pb, BL, BP, BN, HL, SWAP, TRANS, TF32, tma, lat):
+def _off_chunk(states, c_l, state_scale, b, c, h, pb, k):
     """The off-chunk term of the HL heads of lane block h: (C_l·stateᵀ) scaled per row by state_scale (HL, BL),
     (HL, BL, BP); with SWAP its transpose state·C_lᵀ, (HL, BP, BL). States are stored (n, p) with TRANS, else (p, n)."""
-    if TRANS:
+    BL, BP, BN, HL, tma, lat = k.BL, k.BP, k.BN, k.HL, k.tma(), k.lat()
+    if k.TRANS:
         s_np = ct.load(states, (b, c, h, 0, pb), (1, 1, HL, BN, BP), padding_mode=ZERO, allow_tma=tma, latency=lat)
         s_np = s_np.reshape((HL, BN, BP)).astype(c_l.dtype)
     else:
         s_pn = ct.load(states, (b, c, h, pb, 0), (1, 1, HL, BP, BN), padding_mode=ZERO, allow_tma=tma, latency=lat)
         s_np = ct.transpose(s_pn.reshape((HL, BP, BN)).astype(c_l.dtype), 1, 2)
-    if SWAP:
+    if k.SWAP:
         acc = _bmm(ct.transpose(s_np, 1, 2), ct.transpose(c_l).reshape((1, BN, BL)),
-                   ct.zeros((HL, BP, BL), ct.float32), TF32, HL)
+                   ct.zeros((HL, BP, BL), ct.float32), k.TF32, HL)
         acc = acc * state_scale.reshape((HL, 1, BL))
     else:
-        acc = _bmm(c_l.reshape((1, BL, BN)), s_np, ct.zeros((HL, BL, BP), ct.float32), TF32, HL)
+        acc = _bmm(c_l.reshape((1, BL, BN)), s_np, ct.zeros((HL, BL, BP), ct.float32), k.TF32, HL)
         acc = acc * state_scale.reshape((HL, BL, 1))
     return acc
 
 
-def _epilogue(acc, x, D, z, y, b, row_block, h, pb, BL, BP, HL, D_MODE, HAS_Z, EXP2, tma):
+def _epilogue(acc, x, D, z, y, b, row_block, h, pb, k):
     """y = (acc + D ∘ x)·silu(z) on the (HL, BL, BP) tile of the HL heads of lane block h (D per head or per
     channel, each term when present), then one store."""
-    if D_MODE > 0 or HAS_Z:
+    BL, BP, HL, tma = k.BL, k.BP, k.HL, k.tma()
+    if k.D_MODE > 0 or k.HAS_Z:
         x_l = _load_heads(x, b, row_block, h, pb, BL, HL, BP, tma, None).astype(ct.float32)
-    if D_MODE == 1:
+    if k.D_MODE == 1:
         d_h = ct.load(D, (h,), (HL,), allow_tma=tma).astype(ct.float32)
         acc = acc + x_l * d_h.reshape((HL, 1, 1))
-    if D_MODE == 2:
+    if k.D_MODE == 2:
         d_hp = ct.load(D, (h, pb), (HL, BP), padding_mode=ZERO, allow_tma=tma).astype(ct.float32)
         acc = acc + x_l * d_hp.reshape((HL, 1, BP))
-    if HAS_Z:
+    if k.HAS_Z:
         z_l = _load_heads(z, b, row_block, h, pb, BL, HL, BP, tma, None).astype(ct.float32)
-        acc = acc * z_l / (1.0 + _exp(-z_l * (LOG2E if EXP2 else 1.0), EXP2))
+        acc = acc * z_l / (1.0 + _exp(-z_l * (LOG2E if k.EXP2 else 1.0), k.EXP2))
     out = ct.permute(acc.astype(y.dtype), (1, 0, 2)).reshape((1, BL, HL, BP))
     ct.store(y, (b, row_block, h, pb), out, allow_tma=tma)
 
@@ -271,6 +304,7 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
     NL = HB if PER_HEAD else 1
     HL = HB // NL
+    k = OutConsts(CHUNK, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE, HAS_Z)
     nsub = CHUNK // BL
     nchunks = dA.shape[2]
     i = pid % nsub
@@ -278,25 +312,24 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     b = pid // (nsub * nchunks)
     g = (hb * HB) // heads_per_group  # HB divides heads_per_group: the block's heads share one group
     row_block = c * nsub + i
-    tma = None if TMA else False
-    lat = LAT if LAT > 0 else None
+    tma = k.tma()
     scale = LOG2E if EXP2 else 1.0
 
-    c_l = _load_rows(C, b, row_block, g, 0, BL, BN, tma, lat)
+    c_l = _load_rows(C, b, row_block, g, 0, BL, BN, tma, k.lat())
     dA_ls = tuple(_per_head(dA, b, _lane_block(hb, l, NL), c, i, HL, BL, tma) * scale
                   for l in ct.static_iter(range(NL)))
     rows = i * BL + ct.arange(BL, dtype=ct.int32)
 
     # off-chunk term: C_l · stateᵀ, scaled by exp(dA_l) (zero for rows of a sequence that began in this chunk)
     state_scales = tuple(_exp(dA_ls[l], EXP2) for l in ct.static_iter(range(NL)))
-    s_l = rows  # a stand-in when there is no seq_idx (never read then)
+    s_l = None  # the rows' seq_idx, read only with HAS_SEQ
     if HAS_SEQ:
         s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
         s_before = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
         same = (s_l == s_before).reshape((1, BL))
         state_scales = tuple(ct.where(same, state_scales[l], 0.0) for l in ct.static_iter(range(NL)))
-    accs = tuple(_off_chunk(states, c_l, state_scales[l], b, c, _lane_block(hb, l, NL), pb, BL, BP, BN, HL, SWAP,
-                            TRANS, TF32, tma, lat) for l in ct.static_iter(range(NL)))
+    accs = tuple(_off_chunk(states, c_l, state_scales[l], b, c, _lane_block(hb, l, NL), pb, k)
+                 for l in ct.static_iter(range(NL)))
 
     # in-chunk term, causal over source blocks j <= i
     if DECAY_FACTOR:
@@ -307,20 +340,20 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
         offs = tuple(ct.zeros(accs[l].shape, ct.float32) for l in ct.static_iter(range(NL)))
         for j in range(i):
             offs = _source_lanes(B, x, dt, dA, seq, cbm, offs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, j,
-                                 nsub, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, True)
+                                 k, True)
         accs = tuple(accs[l] + offs[l] * _by_row(_exp(dA_ls[l] - dA_refs[l], EXP2), HL, BL, SWAP)
                      for l in ct.static_iter(range(NL)))
-        accs = _source_lanes(B, x, dt, dA, seq, cbm, accs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, i,
-                             nsub, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, False)
+        accs = _source_lanes(B, x, dt, dA, seq, cbm, accs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, i, k,
+                             False)
     else:
         for j in range(i + 1):
-            accs = _source_lanes(B, x, dt, dA, seq, cbm, accs, c_l, dA_ls, dA_ls, s_l, rows, b, c, g, hb, pb, i, j,
-                                 nsub, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TF32, EXP2, TMA, LAT, SHARED_CB, False)
+            accs = _source_lanes(B, x, dt, dA, seq, cbm, accs, c_l, dA_ls, dA_ls, s_l, rows, b, c, g, hb, pb, i, j, k,
+                                 False)
 
     # epilogue per lane on (HL, BL, BP): D skip, z gate, one store
     for l in ct.static_iter(range(NL)):
         acc = ct.transpose(accs[l], 1, 2) if SWAP else accs[l]
-        _epilogue(acc, x, D, z, y, b, row_block, _lane_block(hb, l, NL), pb, BL, BP, HL, D_MODE, HAS_Z, EXP2, tma)
+        _epilogue(acc, x, D, z, y, b, row_block, _lane_block(hb, l, NL), pb, k)
 
 
 def head_block(heads_per_group: int, config: dict) -> int:

@@ -24,40 +24,38 @@ import math
 import cuda.tile as ct
 import torch
 
-from impls.cutile.common import LOG2E, KernelCall, kernel_call, next_pow2
-from impls.cutile.compute_out import _exp, _load_rows, _mma, _per_head, _source_block
-from impls.cutile.fwd_pass_state import carry, initial_state
+from impls.cutile.common import LOG2E, KernelCall, kernel_call
+from impls.cutile.compute_out import OutConsts, _exp, _load_rows, _mma, _per_head, _source_block, blocks
+from impls.cutile.fwd_pass_state import StateConsts, carry, initial_state
 
 ZERO = ct.PaddingMode.ZERO
 
 
-def _rows_out(C, B, x, dt, dA, y, D, z, s_op, b, c, h, g, pb, i, nsub, BL, BP, BN, D_MODE, HAS_Z, TF32, EXP2,
-              TMA, LAT):
+def _rows_out(C, B, x, dt, dA, y, D, z, s_op, b, c, h, g, pb, i, k):
     """y for row block i of chunk c, one head, one headdim block: exp(dA_l)·C_l·S + Σ_{j<=i} scores_ij·x_j, then
-    D and z; stored."""
-    tma = None if TMA else False
-    lat = LAT if LAT > 0 else None
-    scale = LOG2E if EXP2 else 1.0
-    row_block = c * nsub + i
-    c_l = _load_rows(C, b, row_block, g, 0, BL, BN, tma, lat)
+    D and z; stored. k: the tile's `compute_out.OutConsts` (one lane of one head, no seq_idx, C·Bᵀ in the tile)."""
+    BL, BP, tma = k.BL, k.BP, k.tma()
+    scale = LOG2E if k.EXP2 else 1.0
+    row_block = c * (k.CHUNK // BL) + i
+    c_l = _load_rows(C, b, row_block, g, 0, BL, k.BN, tma, k.lat())
     dA_l = _per_head(dA, b, h, c, i, 1, BL, tma) * scale  # (1, BL)
     rows = i * BL + ct.arange(BL, dtype=ct.int32)
-    acc = _mma(c_l, s_op, ct.zeros((BL, BP), ct.float32), TF32) * _exp(dA_l, EXP2).reshape((BL, 1))
+    acc = _mma(c_l, s_op, ct.zeros((BL, BP), ct.float32), k.TF32) * _exp(dA_l, k.EXP2).reshape((BL, 1))
     acc = acc.reshape((1, BL, BP))
-    for j in range(i + 1):
-        acc = _source_block(C, B, x, dt, dA, x, x, acc, c_l, dA_l, dA_l, rows, rows, b, c, g, h, pb, i, j, nsub,
-                            BL, BP, BN, 1, False, False, TF32, EXP2, TMA, LAT, False, False)
+    for j in range(i + 1):  # no seq_idx (seq, the rows' s_l) and no C·Bᵀ from memory (cbm): None
+        acc = _source_block(B, x, dt, dA, None, None, acc, c_l, dA_l, dA_l, None, rows, b, c, g, h, pb, i, j, k,
+                            False)
     out = acc.reshape((BL, BP))
-    if D_MODE > 0 or HAS_Z:
+    if k.D_MODE > 0 or k.HAS_Z:
         x_l = _load_rows(x, b, row_block, h, pb, BL, BP, tma, None).astype(ct.float32)
-    if D_MODE == 1:
+    if k.D_MODE == 1:
         out = out + x_l * ct.load(D, (h,), (1,), allow_tma=tma).astype(ct.float32).reshape((1, 1))
-    if D_MODE == 2:
+    if k.D_MODE == 2:
         d_p = ct.load(D, (h, pb), (1, BP), padding_mode=ZERO, allow_tma=tma).astype(ct.float32)
         out = out + x_l * d_p.reshape((1, BP))
-    if HAS_Z:
+    if k.HAS_Z:
         z_l = _load_rows(z, b, row_block, h, pb, BL, BP, tma, None).astype(ct.float32)
-        out = out * z_l / (1.0 + _exp(-z_l * scale, EXP2))
+        out = out * z_l / (1.0 + _exp(-z_l * scale, k.EXP2))
     ct.store(y, (b, row_block, h, pb), out.astype(y.dtype).reshape((1, BL, 1, BP)), allow_tma=tma)
 
 
@@ -65,28 +63,26 @@ def fused_kernel(C, B, x, dt, dA, init, D, z, y, final, seqlen, heads_per_group,
                  CHUNK: ct.Constant[int], BL: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                  HAS_INIT: ct.Constant[bool], D_MODE: ct.Constant[int], HAS_Z: ct.Constant[bool],
                  TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int]):
+    # stage 3's part: one lane of one head, no seq_idx, C·Bᵀ in the tile (TRANS, the stored states' layout, unused)
+    k = OutConsts(CHUNK=CHUNK, BL=BL, BP=BP, BN=BN, NL=1, HL=1, HAS_SEQ=False, SWAP=False, TRANS=False, TF32=TF32,
+                  EXP2=EXP2, TMA=TMA, LAT=LAT, SHARED_CB=False, D_MODE=D_MODE, HAS_Z=HAS_Z)
+    # stage 2's part: the state as (dstate × headdim), no seq_idx (TRANS unused: no state is stored)
+    ks = StateConsts(CHUNK=CHUNK, BP=BP, BN=BN, HAS_INIT=HAS_INIT, HAS_SEQ=False, SWAP=True, TRANS=False, TF32=TF32,
+                     EXP2=EXP2, TMA=TMA, LAT=LAT)
     bh, pb = ct.bid(0), ct.bid(1)
     nheads = x.shape[2]
     nchunks = dA.shape[2]
     b, h = bh // nheads, bh % nheads
     g = h // heads_per_group
     nsub = CHUNK // BL
-    tma = None if TMA else False
-    lat = LAT if LAT > 0 else None
-    st = initial_state(init, b, h, pb, 0, BP, BN, HAS_INIT, True, tma)  # (BN, BP) fp32
+    tma = k.tma()
+    st = initial_state(init, b, h, pb, 0, ks)  # (BN, BP) fp32
     for c in range(nchunks):
         s_op = st.astype(C.dtype)  # the MMA operand; the carried state stays fp32
         for i in range(nsub):
-            _rows_out(C, B, x, dt, dA, y, D, z, s_op, b, c, h, g, pb, i, nsub, BL, BP, BN, D_MODE, HAS_Z, TF32,
-                      EXP2, TMA, LAT)
-        st = carry(st, x, B, dt, dA, x, seqlen, b, c, h, g, pb, 0, CHUNK, BP, BN, False, True, TF32, EXP2, tma, lat)
+            _rows_out(C, B, x, dt, dA, y, D, z, s_op, b, c, h, g, pb, i, k)
+        st = carry(st, x, B, dt, dA, None, seqlen, b, c, h, g, pb, 0, ks)
     ct.store(final, (b, h, pb, 0), ct.transpose(st).reshape((1, 1, BP, BN)), allow_tma=tma)
-
-
-def blocks(chunk: int, headdim: int, dstate: int, config: dict) -> tuple[int, int, int]:
-    bl = min(config.get("block_rows") or 64, chunk)
-    bp = min(config.get("block_headdim") or 64, next_pow2(headdim))
-    return bl, bp, next_pow2(dstate)
 
 
 def make_call(arrays, dims, chunk_size, has_init, d_mode, has_z, tf32, sw, config) -> KernelCall:

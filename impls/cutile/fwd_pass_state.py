@@ -13,11 +13,12 @@ entering states (b, c, h, dstate, headdim). When the two disagree the tile is tr
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import cuda.tile as ct
 import torch
 
-from impls.cutile.common import LOG2E, KernelCall, kernel_call, next_pow2
+from impls.cutile.common import LOG2E, CopyHints, KernelCall, kernel_call, next_pow2
 
 ZERO = ct.PaddingMode.ZERO
 
@@ -28,46 +29,68 @@ def _mma(a, b, acc, TF32):
     return ct.mma(a, b, acc)
 
 
-def _store_state(states, b, c, h, pb, nb, st, BP, BN, SWAP, TRANS, tma):
+@dataclass(frozen=True)
+class StateConsts(CopyHints):
+    """The compile-time constants of a stage-2 tile program (fwd_pass_state_kernel, and fused_kernel for its state
+    carry), built once in the kernel from its `ct.Constant` parameters and handed whole to the helpers; as
+    `compute_out.OutConsts`, its fields stay compile-time constants."""
+
+    CHUNK: int  # chunk length
+    BP: int  # headdim columns of the state tile
+    BN: int  # dstate columns of the state tile
+    HAS_INIT: bool  # initial_states given
+    HAS_SEQ: bool  # seq_idx given
+    SWAP: bool  # switch operand_swap: the state tile is (BN, BP), from Bᵀ·(w x)
+    TRANS: bool  # switch transposed_layout: states stored (dstate, headdim)
+    TF32: bool  # fp32 inputs through the tf32 tensor cores
+    EXP2: bool  # switch exp2: decays by exp2
+    TMA: bool  # switch tma: TMA bulk copies allowed
+    LAT: int  # latency hint of the x and B loads; 0 = none
+
+
+def _store_state(states, b, c, h, pb, nb, st, k):
     """st is (BN, BP) when SWAP else (BP, BN); memory is (dstate, headdim) when TRANS else (headdim, dstate)."""
+    BP, BN = k.BP, k.BN
     tile = st.astype(states.dtype)
-    if SWAP != TRANS:
+    if k.SWAP != k.TRANS:
         tile = ct.transpose(tile)
-    if TRANS:
-        ct.store(states, (b, c, h, nb, pb), tile.reshape((1, 1, 1, BN, BP)), allow_tma=tma)
+    if k.TRANS:
+        ct.store(states, (b, c, h, nb, pb), tile.reshape((1, 1, 1, BN, BP)), allow_tma=k.tma())
     else:
-        ct.store(states, (b, c, h, pb, nb), tile.reshape((1, 1, 1, BP, BN)), allow_tma=tma)
+        ct.store(states, (b, c, h, pb, nb), tile.reshape((1, 1, 1, BP, BN)), allow_tma=k.tma())
 
 
-def initial_state(init, b, h, pb, nb, BP, BN, HAS_INIT, SWAP, tma):
+def initial_state(init, b, h, pb, nb, k):
     """The state entering chunk 0 in fp32: the (BP, BN) tile of initial_states (zeros when absent), transposed
     to (BN, BP) when SWAP."""
-    if HAS_INIT:
-        st = ct.load(init, (b, h, pb, nb), (1, 1, BP, BN), padding_mode=ZERO, allow_tma=tma)
+    BP, BN = k.BP, k.BN
+    if k.HAS_INIT:
+        st = ct.load(init, (b, h, pb, nb), (1, 1, BP, BN), padding_mode=ZERO, allow_tma=k.tma())
         st = st.reshape((BP, BN)).astype(ct.float32)
-        if SWAP:
+        if k.SWAP:
             st = ct.transpose(st)
         return st
-    if SWAP:
+    if k.SWAP:
         return ct.zeros((BN, BP), ct.float32)
     return ct.zeros((BP, BN), ct.float32)
 
 
-def carry(st, x, B, dt, dA, seq, seqlen, b, c, h, g, pb, nb, CHUNK, BP, BN, HAS_SEQ, SWAP, TF32, EXP2, tma, lat):
+def carry(st, x, B, dt, dA, seq, seqlen, b, c, h, g, pb, nb, k):
     """The state leaving chunk c from the state st entering it: exp(dA_last)·st + the chunk's local state
     (w x)ᵀ·B with w_t = exp(dA_last − dA_t)·dt_t, on the tensor cores; st is (BN, BP) when SWAP else (BP, BN).
-    seq_idx: tokens of another sequence than the chunk's last token get w = 0, and the carry is zeroed when the
-    sequence at the chunk's last token differs from the previous chunk's."""
+    seq_idx (HAS_SEQ; seq is None otherwise): tokens of another sequence than the chunk's last token get w = 0, and
+    the carry is zeroed when the sequence at the chunk's last token differs from the previous chunk's."""
+    CHUNK, BP, BN, tma, lat = k.CHUNK, k.BP, k.BN, k.tma(), k.lat()
     dA_t = ct.load(dA, (b, h, c, 0), (1, 1, 1, CHUNK), allow_tma=tma).reshape((CHUNK,))
     dt_t = ct.load(dt, (b, h, c, 0), (1, 1, 1, CHUNK), allow_tma=tma).reshape((CHUNK,))
     last = ct.extract(dA_t, (CHUNK - 1,), (1,))
-    if EXP2:
+    if k.EXP2:
         w = ct.exp2((last - dA_t) * LOG2E) * dt_t
         decay = ct.exp2(last * LOG2E)
     else:
         w = ct.exp(last - dA_t) * dt_t
         decay = ct.exp(last)
-    if HAS_SEQ:
+    if k.HAS_SEQ:
         s_t = ct.load(seq, (b, c), (1, CHUNK), padding_mode=ZERO, allow_tma=tma).reshape((CHUNK,))
         last_pos = ct.minimum(seqlen, (c + 1) * CHUNK) - 1
         s_last = ct.gather(seq, (b, last_pos))
@@ -80,9 +103,9 @@ def carry(st, x, B, dt, dA, seq, seqlen, b, c, h, g, pb, nb, CHUNK, BP, BN, HAS_
     bt = bt.reshape((CHUNK, BN))
     # the decay weights go on x (in fp32, then back to the input dtype for the tensor cores)
     xw = (xt.astype(ct.float32) * w.reshape((CHUNK, 1))).astype(xt.dtype)
-    if SWAP:
-        return _mma(ct.transpose(bt), xw, st * decay.reshape((1, 1)), TF32)
-    return _mma(ct.transpose(xw), bt, st * decay.reshape((1, 1)), TF32)
+    if k.SWAP:
+        return _mma(ct.transpose(bt), xw, st * decay.reshape((1, 1)), k.TF32)
+    return _mma(ct.transpose(xw), bt, st * decay.reshape((1, 1)), k.TF32)
 
 
 def fwd_pass_state_kernel(x, B, dt, dA, init, seq, states, final, seqlen, heads_per_group,
@@ -90,21 +113,19 @@ def fwd_pass_state_kernel(x, B, dt, dA, init, seq, states, final, seqlen, heads_
                           HAS_INIT: ct.Constant[bool], HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool],
                           TRANS: ct.Constant[bool], TF32: ct.Constant[bool], EXP2: ct.Constant[bool],
                           TMA: ct.Constant[bool], LAT: ct.Constant[int]):
+    k = StateConsts(CHUNK, BP, BN, HAS_INIT, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT)
     bh, pb, nb = ct.bid(0), ct.bid(1), ct.bid(2)
     nheads = x.shape[2]
     nchunks = dA.shape[2]
     b, h = bh // nheads, bh % nheads
     g = h // heads_per_group
-    tma = None if TMA else False
-    lat = LAT if LAT > 0 else None
-    st = initial_state(init, b, h, pb, nb, BP, BN, HAS_INIT, SWAP, tma)
+    st = initial_state(init, b, h, pb, nb, k)
     for c in range(nchunks):
-        _store_state(states, b, c, h, pb, nb, st, BP, BN, SWAP, TRANS, tma)
-        st = carry(st, x, B, dt, dA, seq, seqlen, b, c, h, g, pb, nb, CHUNK, BP, BN, HAS_SEQ, SWAP, TF32, EXP2, tma,
-                   lat)
+        _store_state(states, b, c, h, pb, nb, st, k)
+        st = carry(st, x, B, dt, dA, seq, seqlen, b, c, h, g, pb, nb, k)
     if SWAP:
         st = ct.transpose(st)
-    ct.store(final, (b, h, pb, nb), st.reshape((1, 1, BP, BN)), allow_tma=tma)
+    ct.store(final, (b, h, pb, nb), st.reshape((1, 1, BP, BN)), allow_tma=k.tma())
 
 
 def blocks(headdim: int, dstate: int, config: dict) -> tuple[int, int]:
