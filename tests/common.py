@@ -10,7 +10,7 @@ import torch
 import impls
 from impls.inputs import Inputs, make_inputs
 from impls.problem import Problem, Shape
-from impls.tolerance import poisoned_allocations, rel_err, tolerance
+from impls.tolerance import blockwise_err, output_blocks, poisoned_allocations, rel_err, tolerance
 
 TINY = Shape(batch=2, seqlen=100, nheads=4, headdim=16, ngroups=2, dstate=16, chunk_size=32)
 
@@ -53,33 +53,41 @@ def float64_forward(inputs: Inputs) -> impls.ForwardResult:
 
 
 def forward_errors(backend, inputs: Inputs, ref: impls.ForwardResult) -> dict[str, float]:
-    """Relative errors of `backend`'s full forward and of each stage fed the float64 reference's inputs."""
+    """Errors of `backend`'s full forward and of each stage fed the float64 reference's inputs: per output
+    "stage.name" the whole-tensor relative error and "stage.name[blocks]" the worst block's
+    (impls.tolerance.blockwise_err); both must be within tolerance."""
     kw = inputs.forward_kwargs()
     dtype = inputs.x.dtype
     errors = {}
+
+    def judge(key: str, out, expected) -> None:
+        errors[key] = rel_err(out, expected)
+        block, _ = output_blocks(key.split(".")[-1], inputs.chunk_size)
+        errors[f"{key}[blocks]"] = blockwise_err(out, expected, block).ratio
+
     with poisoned_allocations():
         out = impls.ssd_forward(**kw, backend=backend)
-        errors["forward.y"] = rel_err(out.y, ref.y)
-        errors["forward.final_states"] = rel_err(out.final_states, ref.final_states)
+        judge("forward.y", out.y, ref.y)
+        judge("forward.final_states", out.final_states, ref.final_states)
         if ref.varlen_states is not None:
-            errors["forward.varlen_states"] = rel_err(out.varlen_states, ref.varlen_states)
+            judge("forward.varlen_states", out.varlen_states, ref.varlen_states)
         stages = impls.get_backend(backend).STAGES
         if "chunk_cumsum" not in stages:
             return errors
         dt, dA = impls.chunk_cumsum(inputs.dt, inputs.A, inputs.chunk_size, inputs.dt_bias, inputs.dt_softplus,
                                     inputs.dt_limit, backend=backend)
-        errors["chunk_cumsum.dt"] = rel_err(dt, ref.dt)
-        errors["chunk_cumsum.dA_cumsum"] = rel_err(dA, ref.dA_cumsum)
+        judge("chunk_cumsum.dt", dt, ref.dt)
+        judge("chunk_cumsum.dA_cumsum", dA, ref.dA_cumsum)
         # later stages get the reference's fp32 intermediates, so each stage is judged on its own
         ref_dt, ref_dA = ref.dt.float(), ref.dA_cumsum.float()
         states, final = impls.fwd_pass_state(inputs.B, inputs.x, ref_dt, ref_dA, inputs.initial_states,
                                              inputs.seq_idx, inputs.state_dtype, backend=backend)
-        errors["fwd_pass_state.states"] = rel_err(states, ref.states)
-        errors["fwd_pass_state.final_states"] = rel_err(final, ref.final_states)
+        judge("fwd_pass_state.states", states, ref.states)
+        judge("fwd_pass_state.final_states", final, ref.final_states)
         y = impls.compute_out(inputs.C, inputs.B, inputs.x, ref_dt, ref_dA,
                               ref.states.to(inputs.state_dtype or dtype), inputs.D, inputs.z, inputs.seq_idx,
                               backend=backend)
-        errors["compute_out.y"] = rel_err(y, ref.y)
+        judge("compute_out.y", y, ref.y)
     return errors
 
 
