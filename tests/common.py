@@ -27,6 +27,10 @@ CASES = [
     pytest.param(Problem(TINY, dt_limit=(0.005, 0.05)), id="dt_limit"),
     pytest.param(Problem(TINY, dt_softplus=False, has_dt_bias=False), id="no-softplus-no-bias"),
     pytest.param(Problem(TINY, state_dtype="float32"), id="state_dtype-fp32"),
+    # seq_idx drawn per row; row 1 numbers its sequences from 1, so its initial state is dropped
+    pytest.param(Problem(TINY, nseqs=3, has_initial_states=True), id="seq_idx-per-row-initial-states"),
+    pytest.param(Problem(dataclasses.replace(TINY, batch=1), varlen=True, nseqs=3, has_initial_states=True),
+                 id="cu_seqlens-initial-states"),
 ]
 
 
@@ -37,9 +41,11 @@ GPU_CONTRACT_CASES = {
     "S1": Problem(S1),
     "seqlen1000-chunk256": Problem(GPU_SMALL),
     "ngroups8": Problem(Shape(2, 512, 16, 64, 8, 128, 128)),
-    "seq_idx-3-seqs": Problem(dataclasses.replace(GPU_SMALL, seqlen=700, chunk_size=128), nseqs=3),
-    "cu_seqlens-4-seqs": Problem(dataclasses.replace(GPU_SMALL, batch=1, seqlen=900, chunk_size=64), varlen=True,
-                                 nseqs=4),
+    # seq_idx per row, row 1 numbered from 1 (its initial state dropped)
+    "seq_idx-3-seqs-init": Problem(dataclasses.replace(GPU_SMALL, seqlen=700, chunk_size=128), nseqs=3,
+                                   has_initial_states=True),
+    "cu_seqlens-4-seqs-init": Problem(dataclasses.replace(GPU_SMALL, batch=1, seqlen=900, chunk_size=64),
+                                      varlen=True, nseqs=4, has_initial_states=True),
     "init-z-Dchannel-fp32states": Problem(GPU_SMALL, has_initial_states=True, has_z=True, D_per_channel=True,
                                           state_dtype="float32", dt_limit=(0.001, 0.08)),
     "Dhead-noncontig-x-z": Problem(GPU_SMALL, has_z=True),  # x and z made strided views by the test
