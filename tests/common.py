@@ -58,6 +58,13 @@ def float64_forward(inputs: Inputs) -> impls.ForwardResult:
     return impls.ssd_forward(**inputs.to(torch.float64).forward_kwargs(), backend="reference")
 
 
+def judged(name: str, out, expected, chunk_size: int) -> tuple[float, float]:
+    """(whole-tensor relative error, worst block's) of output `name` (y, states, final_states, varlen_states,
+    dt, dA_cumsum): both must be within tolerance."""
+    block, _ = output_blocks(name, chunk_size)
+    return rel_err(out, expected), blockwise_err(out, expected, block).ratio
+
+
 def forward_errors(backend, inputs: Inputs, ref: impls.ForwardResult) -> dict[str, float]:
     """Errors of `backend`'s full forward and of each stage fed the float64 reference's inputs: per output
     "stage.name" the whole-tensor relative error and "stage.name[blocks]" the worst block's
@@ -67,9 +74,7 @@ def forward_errors(backend, inputs: Inputs, ref: impls.ForwardResult) -> dict[st
     errors = {}
 
     def judge(key: str, out, expected) -> None:
-        errors[key] = rel_err(out, expected)
-        block, _ = output_blocks(key.split(".")[-1], inputs.chunk_size)
-        errors[f"{key}[blocks]"] = blockwise_err(out, expected, block).ratio
+        errors[key], errors[f"{key}[blocks]"] = judged(key.split(".")[-1], out, expected, inputs.chunk_size)
 
     with poisoned_allocations():
         out = impls.ssd_forward(**kw, backend=backend)
