@@ -144,6 +144,7 @@ def measure(cfg, point: Point, problem, switches, device) -> None:
     require(backend, problem, device)
     dtype = DTYPES[problem.dtype]
     inputs = make_inputs(problem, device=device, seed=int(cfg.seed), draw_device=draw_device(problem, device))
+    correctness.refuse_unsafe_inputs(backend, inputs)
     costs = cost_model.costs(problem)
     for stage, cost in costs.items():
         for key, value in cost.items():

@@ -19,6 +19,8 @@ import time
 import torch
 
 from impls import tolerance as tolerances
+from impls import validate
+from impls.api import uses_decay_factor
 from impls.inputs import Inputs
 from impls.reference.compute_out import BLOCK_ELEMENTS
 from impls.reference.sampled import INT32_LIMIT, sampled_reference
@@ -249,3 +251,10 @@ def mamba_ssm_rule(backend, inputs: Inputs, ref, problem, dtype: torch.dtype, tf
             "why": f"{rule} applied to forward rel_err (mamba_ssm {theirs['rel_err']:.3g})",
             "error": None if ok else (f"forward: rel_err {ours:.3g} > {MAMBA_SSM_FACTOR:g} x mamba_ssm's "
                                       f"{theirs['rel_err']:.3g} on the same inputs")}
+
+
+def refuse_unsafe_inputs(backend, inputs: Inputs) -> None:
+    """Value checks the gate makes before running a backend: what its switches assume of the inputs (the factored
+    decay, switch decay_factor: A <= 0 and dt >= 0 after processing). Raises ValueError naming the argument."""
+    if uses_decay_factor(backend):
+        validate.decay_factor_inputs(inputs.A, inputs.dt, inputs.dt_bias, inputs.dt_softplus, inputs.dt_limit)
