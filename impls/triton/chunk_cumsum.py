@@ -39,8 +39,9 @@ def _softplus(v, EXP2: tl.constexpr):
     # series e·(1 − e/2 + e²/3 − … − e⁷/8) for e < 1/8 (truncation ≤ e⁸/9 ≈ 7e-9 relative), else log(1 + e);
     # v itself above 20. A plain log(1 + e) loses ~1e-4 relative at the e ~ 1e-3 that typical dt produce.
     e = _exp(v, EXP2)
-    series = 1.0 + e * (-0.5 + e * (1.0 / 3 + e * (-0.25 + e * (0.2 + e * (-1.0 / 6 + e * (1.0 / 7 - e * 0.125))))))
-    soft = tl.where(e < 0.125, e * series, _log(1.0 + e, EXP2))
+    s = tl.minimum(e, 0.125)  # the series' argument, kept small where the other branch is taken
+    series = 1.0 + s * (-0.5 + s * (1.0 / 3 + s * (-0.25 + s * (0.2 + s * (-1.0 / 6 + s * (1.0 / 7 - s * 0.125))))))
+    soft = tl.where(e < 0.125, s * series, _log(1.0 + e, EXP2))
     return tl.where(v <= 20.0, soft, v)
 
 
