@@ -94,3 +94,18 @@ def test_blockwise_reference_matches_sequential(problem, monkeypatch):
     chunked, seq = float64_forward(inputs), sequential(inputs)
     assert rel_err(chunked.y, seq.y) < tolerance(torch.float64)
     assert rel_err(chunked.final_states, seq.final_states) < tolerance(torch.float64)
+
+
+def test_empty_first_sequence_drops_the_initial_state():
+    """cu_seqlens = [0, 0, ...]: position 0 belongs to sequence 1, so the initial state (sequence 0's) is dropped;
+    the chunked reference agrees with the definition, and differs from a run that keeps it."""
+    problem = Problem(Shape(1, 200, 2, 4, 1, 4, 32), varlen=True, nseqs=3, has_initial_states=True)
+    inputs = make_inputs(problem, seed=19, dtype=torch.float64)
+    inputs.cu_seqlens = torch.tensor([0, 0, 90, 200], dtype=torch.int32)
+    inputs.seq_idx = None
+    chunked, seq = float64_forward(inputs), sequential(inputs)
+    for name in ("y", "final_states", "varlen_states"):
+        assert max(judged(name, getattr(chunked, name), getattr(seq, name), 32)) < tolerance(torch.float64), name
+    assert chunked.varlen_states[0].abs().max() == 0
+    inputs.initial_states = None
+    assert torch.allclose(float64_forward(inputs).y, chunked.y)
