@@ -157,7 +157,7 @@ def measure(cfg, point: Point, problem, switches, device) -> None:
         ref = correctness.reference_forward(inputs, kind)
         report = correctness.check(backend, inputs, ref, dtype, bool(cfg.dtype.tf32), device, first_call)
         rule = correctness.mamba_ssm_rule(backend, inputs, ref, problem, dtype, bool(cfg.dtype.tf32), device, report,
-                                          cache_key=(problem, int(cfg.seed), kind))
+                                          cache_key=(problem, int(cfg.seed), bool(cfg.dtype.tf32), kind))
         point.base["gate"] = gate_description(report, rule)
         for stage, r in report.items():
             point.add(stage, "rel_err", r["rel_err"])

@@ -197,7 +197,7 @@ def _worst_block(name: str, actual, expected, chunk_size: int, ref) -> tuple[flo
 
 # On the GPU a backend's forward error must also be at most MAMBA_SSM_FACTOR × mamba-ssm's own on the same inputs
 # and reference (impls/README.md). Skipped, with the reason recorded, where mamba-ssm cannot serve as the yardstick.
-_MAMBA_SSM_ERRORS: dict = {}  # (problem, seed, dtype, tf32, reference kind, device) -> mamba-ssm's check report
+_MAMBA_SSM_ERRORS: dict = {}  # (problem, seed, tf32, reference kind, device) -> mamba-ssm's check report
 
 
 def mamba_ssm_skip_reason(backend, problem, device) -> str | None:
