@@ -72,22 +72,34 @@ def _block_sums(t: torch.Tensor, block: tuple[int, ...]) -> torch.Tensor:
     return tiled.sum(dim=tuple(range(1, tiled.dim(), 2)))
 
 
+SLAB_ELEMENTS = 1 << 26  # blockwise_err converts this many elements to float64 at a time (bounded memory)
+
+
 def blockwise_err(out: torch.Tensor, ref: torch.Tensor, block: tuple[int | None, ...]) -> BlockErr:
     """The worst block of ‖out − ref‖ / ‖ref‖ over tiles of extents `block` (one per dimension, None for the whole
-    dimension), in float64; blocks with near-zero reference norm judged by the bound above NEAR_ZERO."""
-    out64, ref64 = out.detach().to(torch.float64), ref.detach().to(device=out.device, dtype=torch.float64)
-    if out64.shape != ref64.shape:
-        raise ValueError(f"out: expected shape {tuple(ref64.shape)}, got {tuple(out64.shape)}")
-    if len(block) != ref64.dim():
-        raise ValueError(f"block: expected {ref64.dim()} extents (one per dimension), got {block}")
-    if not bool(torch.isfinite(out64).all()):
-        bad = (~torch.isfinite(out64)).nonzero()[0].tolist()
-        where = tuple(i // (d if b is None else b) for i, b, d in zip(bad, block, ref64.shape))
-        return BlockErr(math.inf, where, False)
-    if ref64.numel() == 0:
+    dimension), in float64; blocks with near-zero reference norm judged by the bound above NEAR_ZERO. Works
+    through slabs of whole blocks along dimension 1, so its float64 copies stay bounded at any size."""
+    if out.shape != ref.shape:
+        raise ValueError(f"out: expected shape {tuple(ref.shape)}, got {tuple(out.shape)}")
+    if len(block) != ref.dim():
+        raise ValueError(f"block: expected {ref.dim()} extents (one per dimension), got {block}")
+    if ref.numel() == 0:
         return BlockErr(0.0, (), False)
-    err2 = _block_sums((out64 - ref64).square_(), block)
-    ref2 = _block_sums(ref64.square(), block)
+    extents = tuple(d if b is None else b for b, d in zip(block, ref.shape))
+    if not bool(torch.isfinite(out).all()):
+        bad = (~torch.isfinite(out)).nonzero()[0].tolist()
+        return BlockErr(math.inf, tuple(i // e for i, e in zip(bad, extents)), False)
+    axis = 1 if ref.dim() > 1 else 0
+    per_block = max(1, ref.numel() // ref.shape[axis] * extents[axis])
+    step = extents[axis] * max(1, SLAB_ELEMENTS // per_block)
+    err2, ref2 = [], []
+    for start in range(0, ref.shape[axis], step):
+        length = min(step, ref.shape[axis] - start)
+        o = out.detach().narrow(axis, start, length).to(torch.float64)
+        r = ref.detach().narrow(axis, start, length).to(device=out.device, dtype=torch.float64)
+        err2.append(_block_sums((o - r).square_(), extents))  # o and r may be the caller's tensors: no in-place
+        ref2.append(_block_sums(r.square(), extents))
+    err2, ref2 = torch.cat(err2, dim=axis), torch.cat(ref2, dim=axis)
     floor2 = (NEAR_ZERO ** 2) * ref2.mean()  # NEAR_ZERO × the norm of the average block, squared
     denom2 = torch.maximum(ref2, floor2)
     ratio2 = torch.where(denom2 > 0, err2 / denom2.clamp(min=torch.finfo(torch.float64).tiny), err2)

@@ -115,3 +115,18 @@ def test_mamba_ssm_rule_on_a_real_cpu_check_is_skipped_with_the_reason():
     report = correctness.check(backend, inputs, ref, torch.float32)
     rule = correctness.mamba_ssm_rule(backend, inputs, ref, SMALL, torch.float32, False, CPU, report)
     assert not rule["applied"] and rule["ok"] and "skipped" in rule["why"]
+
+
+def test_slabs_change_nothing_and_inputs_stay_untouched(monkeypatch):
+    """blockwise_err works through slabs of whole blocks (bounded float64 copies): any slab size gives the same
+    worst block, and float64 inputs (which it could alias) are left as they were."""
+    import impls.tolerance as tolerance
+
+    ref = torch.randn(2, 1000, 4, 16, dtype=torch.float64)
+    out = ref + 1e-3 * torch.randn_like(ref)
+    out[1, 700, 3] *= 2
+    kept = (out.clone(), ref.clone())
+    whole = blockwise_err(out, ref, output_blocks("y", 64)[0])
+    monkeypatch.setattr(tolerance, "SLAB_ELEMENTS", 1000)
+    assert blockwise_err(out, ref, output_blocks("y", 64)[0]) == whole and whole.where[:3] == (1, 10, 3)
+    assert torch.equal(out, kept[0]) and torch.equal(ref, kept[1])
