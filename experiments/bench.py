@@ -56,7 +56,8 @@ conf.register_resolvers()
 UNITS = {"median_ms": "ms", "p20_ms": "ms", "p80_ms": "ms", "graph_median_ms": "ms", "compile_s": "s",
          "rel_err": "1", "tol": "1", "ok": "1", "flops": "flop", "bytes": "byte", "bytes_fused": "byte",
          "tflops": "TFLOP/s", "gbps": "GB/s", "frac_floor": "1", "frac_floor_fused": "1",
-         "matmul_tflops": "TFLOP/s", "copy_gbps": "GB/s"}
+         "matmul_tflops": "TFLOP/s", "copy_gbps": "GB/s", "block_err": "1", "mamba_ssm_rel_err": "1",
+         "mamba_ssm_rule": "1"}
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -164,6 +165,7 @@ def measure(cfg, point: Point, problem, switches, device) -> None:
     dtype = DTYPES[problem.dtype]
     point.precision = {stage: backend.precision(stage, dtype, device) for stage in backend.STAGES}
     inputs = make_inputs(problem, device=device, seed=int(cfg.seed), draw_device=draw_device(problem, device))
+    correctness.refuse_unsafe_inputs(backend, inputs)
     costs = cost_model.costs(problem)
     for stage, cost in costs.items():
         for key, value in cost.items():
@@ -175,17 +177,23 @@ def measure(cfg, point: Point, problem, switches, device) -> None:
         point.base["reference"] = kind
         ref = correctness.reference_forward(inputs, kind)
         report = correctness.check(backend, inputs, ref, dtype, device, first_call)
+        rule = correctness.mamba_ssm_rule(backend, inputs, ref, problem, dtype, device, report,
+                                          cache_key=(problem, int(cfg.seed), kind))
+        point.base["gate"] = gate_description(report, rule)
         for stage, r in report.items():
             point.add(stage, "rel_err", r["rel_err"])
+            point.add(stage, "block_err", r["block_err"])
             point.add(stage, "tol", r["tol"])
             point.add(stage, "ok", 1.0 if r["ok"] else 0.0)
+        point.add("forward", "mamba_ssm_rel_err", rule["mamba_ssm_rel_err"])
+        point.add("forward", "mamba_ssm_rule", 1.0 if rule["applied"] else 0.0)
         for stage, seconds in first_call.items():
             point.add(stage, "compile_s", seconds)
-        failures = [r["error"] for r in report.values() if not r["ok"]]
+        failures = [r["error"] for r in report.values() if not r["ok"]] + ([] if rule["ok"] else [rule["error"]])
         if failures:
             raise correctness.GateFailure("; ".join(failures))
     else:
-        point.base["reference"] = None
+        point.base["reference"] = point.base["gate"] = None
         correctness.run_stages(backend, inputs, device, first_call)
         for stage, seconds in first_call.items():
             point.add(stage, "compile_s", seconds)
@@ -220,6 +228,13 @@ def measure(cfg, point: Point, problem, switches, device) -> None:
     for row in point.rows:  # describe() is known only now: fill it into the rows already made
         row["describe"], row["tuning"], row["reference"] = (point.base["describe"], point.base["tuning"],
                                                             point.base.get("reference"))
+        row["gate"] = point.base.get("gate")
+
+
+def gate_description(report: dict, rule: dict) -> str:
+    """The gate column: the worst block per stage (where) and the mamba-ssm rule, applied or skipped and why."""
+    blocks = "; ".join(f"{stage} worst block {r['block_err']:.3g} at {r['block_where']}" for stage, r in report.items())
+    return f"whole-tensor and block-wise rel_err <= tol ({blocks}); {rule['why']}"
 
 
 def tuning_sources(describe: dict) -> str:

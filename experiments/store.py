@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 SCHEMA_VERSION = 4
 # Columns added after version 1, with the version that added them: files written before read them as null.
 # Version 4 leaves `tf32` null (it was a config flag, not what ran): `precision` says what each stage ran.
-ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4}
+ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4, "gate": 4}
 
 # name -> (pandas dtype, meaning). Every row has every column; missing values are null.
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -34,7 +34,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "status": ("string", "ok | failed (correctness gate, unavailable backend, exception)"),
     "error": ("string", "why the point failed (null when ok)"),
     "stage": ("string", "chunk_cumsum | fwd_pass_state | compute_out | forward | ceiling | point"),
-    "metric": ("string", "see README: median_ms, p20_ms, p80_ms, graph_median_ms, compile_s, rel_err, tol, "
+    "metric": ("string", "see README: median_ms, p20_ms, p80_ms, graph_median_ms, compile_s, rel_err, "
+                         "block_err, mamba_ssm_rel_err, mamba_ssm_rule, tol, "
                          "flops, bytes, bytes_fused, tflops, gbps, frac_floor, frac_floor_fused, matmul_tflops, "
                          "copy_gbps, ok"),
     "value": ("float64", "the metric's value"),
@@ -62,6 +63,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "device": ("string", "cpu or cuda:N"),
     "device_name": ("string", "GPU name or cpu:<arch>"),
     "reference": ("string", "float64 | fp32-chunked | sampled: what the gate compared against"),
+    "gate": ("string", "how the gate judged: whole-tensor and block-wise rel_err <= tol, the worst block per stage, "
+                       "and the mamba-ssm x2 rule applied or skipped and why (null without the gate)"),
     "timer": ("string", "do_bench | cpu-wall | none"),
     "statistic": ("string", "median"),
     "warmup": ("float64", "do_bench warm-up budget (ms) or CPU warm-up calls"),

@@ -24,6 +24,12 @@ def _backend(backend, problem: Problem, device) -> Backend:
     return impl
 
 
+def uses_decay_factor(impl: Backend) -> bool:
+    """Whether the backend's compute_out uses the factored decay (switch decay_factor), which assumes dA_cumsum
+    non-increasing inside a chunk."""
+    return bool(getattr(impl.switches, "decay_factor", False))
+
+
 def seq_idx_from_cu_seqlens(cu_seqlens: torch.Tensor, seqlen: int) -> torch.Tensor:
     """(1, seqlen) int32 sequence index of every position, computed on the device without a sync."""
     positions = torch.arange(seqlen, device=cu_seqlens.device)
@@ -71,6 +77,7 @@ def fwd_pass_state(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, state
     check.state_dtype(state_dtype)
     if check_values:
         check.values(B=B, x=x, dt=dt, dA_cumsum=dA_cumsum, initial_states=initial_states, seq_idx=seq_idx)
+        check.flat_padded_tail(dt, dA_cumsum, seqlen)
     problem = Problem.from_inputs(x, B, chunk, initial_states=initial_states, seq_idx=seq_idx,
                                   state_dtype=state_dtype)
     impl = _backend(backend, problem, x.device)
@@ -89,6 +96,8 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None, *,
         check.values(C=C, B=B, x=x, dt=dt, dA_cumsum=dA_cumsum, states=states, D=D, z=z, seq_idx=seq_idx)
     problem = Problem.from_inputs(x, B, chunk, D=D, z=z, seq_idx=seq_idx)
     impl = _backend(backend, problem, x.device)
+    if check_values and uses_decay_factor(impl):
+        check.non_increasing_in_chunks(dA_cumsum)
     return impl.compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
 
 
@@ -131,5 +140,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, i
                                   D=D, z=z, initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
                                   state_dtype=state_dtype)
     impl = _backend(backend, problem, x.device)
+    if check_values and uses_decay_factor(impl):
+        check.decay_factor_inputs(A, dt, dt_bias, dt_softplus, dt_limit)
     return impl.ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                             dt_softplus, tuple(float(v) for v in dt_limit), state_dtype)

@@ -5,7 +5,9 @@ Distributions (after Mamba-2's initialisation, state-spaces/mamba `Mamba2.__init
   (the projection output) ~ 0.5·N(0, 1); without dt_bias or softplus, dt = dt_step directly (positive);
 - A = -exp(U[log 1, log 16]) per head (A_init_range (1, 16));
 - x, B, C, z ~ N(0, 1); D ~ 1 + 0.1·N(0, 1); initial states ~ 0.5·N(0, 1);
-- packed sequences: nseqs-1 distinct cut points uniform in (0, seqlen), seq_idx numbering them from 0.
+- packed sequences: per batch row, nseqs-1 distinct cut points uniform in (0, seqlen), drawn row by row; seq_idx
+  numbers a row's sequences from 0 in even rows and from 1 in odd rows (so the initial state, which belongs to
+  sequence 0 only, is dropped there: impls/README.md); with cu_seqlens (batch 1) from 0, as cu_seqlens defines.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from impls.problem import Problem
 
-DISTRIBUTION = "mamba2-init-v1"  # recorded with every result; change the name when the distributions change
+DISTRIBUTION = "mamba2-init-v2"  # recorded with every result; change the name when the distributions change
 
 
 @dataclass
@@ -120,10 +122,19 @@ def make_inputs(problem: Problem, device="cpu", seed: int = 0, dtype: torch.dtyp
         inputs.initial_states = (0.5 * draw_states).to(device=device, dtype=fp)
     if problem.has_seq_idx:
         nseqs = max(problem.nseqs, 2) if not problem.varlen else problem.nseqs
-        cuts = torch.randperm(s.seqlen - 1, generator=gen, device=draw)[: nseqs - 1].sort().values.cpu() + 1
-        bounds = torch.cat([torch.zeros(1, dtype=torch.long), cuts, torch.tensor([s.seqlen])])
-        seq_idx = torch.searchsorted(bounds[1:], torch.arange(s.seqlen), right=True).to(torch.int32)
-        inputs.seq_idx = seq_idx[None].expand(s.batch, -1).contiguous().to(device)
+        rows = [_sequence_bounds(s.seqlen, nseqs, gen, draw) for _ in range(s.batch)]
+        # without cu_seqlens, odd rows number their sequences from 1: the initial state is then dropped there
+        first = [0 if problem.varlen else r % 2 for r in range(s.batch)]
+        inputs.seq_idx = torch.stack([
+            torch.searchsorted(bounds[1:], torch.arange(s.seqlen), right=True) + start
+            for bounds, start in zip(rows, first)
+        ]).to(device=device, dtype=torch.int32)
         if problem.varlen:
-            inputs.cu_seqlens = bounds.to(device=device, dtype=torch.int32)
+            inputs.cu_seqlens = rows[0].to(device=device, dtype=torch.int32)
     return inputs
+
+
+def _sequence_bounds(seqlen: int, nseqs: int, gen: torch.Generator, draw) -> torch.Tensor:
+    """0, nseqs-1 distinct sorted cut points uniform in (0, seqlen), seqlen (CPU, int64)."""
+    cuts = torch.randperm(seqlen - 1, generator=gen, device=draw)[: nseqs - 1].sort().values.cpu() + 1
+    return torch.cat([torch.zeros(1, dtype=torch.long), cuts, torch.tensor([seqlen])])

@@ -1,8 +1,9 @@
 """Argument checks shared by every public entry point.
 
 Metadata checks (shapes, dtypes, devices, sizes) read no tensor values: no device sync, safe under CUDA-graph
-capture. Value checks (NaN/inf, seq_idx monotone, cu_seqlens consistent with seqlen) read values and run only
-when asked for (`check_values=True`) and in the harness's correctness gate.
+capture. Value checks (NaN/inf, seq_idx monotone, cu_seqlens consistent with seqlen, the flat padded tail of dt and
+dA_cumsum that stage 2 relies on, and what the factored decay (switch decay_factor) assumes) read values and run
+only when asked for (`check_values=True`) and in the harness's correctness gate.
 Every failure is a ValueError naming the argument, what was expected and what was received.
 """
 
@@ -114,3 +115,38 @@ def values(**tensors) -> None:
         if arg == "cu_seqlens":
             if int(t[0]) != 0 or bool((t[1:] < t[:-1]).any()) or (seqlen is not None and int(t[-1]) != seqlen):
                 fail("cu_seqlens", f"0 = cu_seqlens[0] <= ... <= cu_seqlens[-1] = seqlen ({seqlen})", t.tolist())
+
+
+def flat_padded_tail(dt, dA_cumsum, seqlen: int) -> None:
+    """Stage 2 reads dA_cumsum at position chunk_size − 1 as the decay of the whole last chunk: past seqlen, dt
+    must be 0 and dA_cumsum equal to its value at the last valid position (impls/README.md)."""
+    nchunks, chunk = dt.shape[2], dt.shape[3]
+    valid = seqlen - (nchunks - 1) * chunk
+    if valid == chunk:
+        return
+    if bool((dt[:, :, -1, valid:] != 0).any()):
+        fail("dt", f"0 past seqlen in the last chunk (positions {valid}..{chunk - 1})", "non-zero entries")
+    if bool((dA_cumsum[:, :, -1, valid:] != dA_cumsum[:, :, -1, valid - 1:valid]).any()):
+        fail("dA_cumsum", f"flat past seqlen in the last chunk (positions {valid}..{chunk - 1} equal to position "
+                          f"{valid - 1}: stage 2 reads position {chunk - 1})", "a tail that changes")
+
+
+DECAY_FACTOR = "switch decay_factor (the factored decay assumes dA_cumsum non-increasing inside a chunk)"
+
+
+def non_increasing_in_chunks(dA_cumsum) -> None:
+    """dA_cumsum never increases along a chunk: what compute_out's factored decay assumes (impls/README.md)."""
+    if bool((dA_cumsum[..., 1:] > dA_cumsum[..., :-1]).any()):
+        fail("dA_cumsum", f"non-increasing inside every chunk with {DECAY_FACTOR}", "an increase (A > 0 or dt < 0)")
+
+
+def decay_factor_inputs(A, dt, dt_bias, dt_softplus: bool, dt_limit) -> None:
+    """The forward's inputs give a non-increasing dA_cumsum: A <= 0, and dt >= 0 after processing (softplus or a
+    dt_limit clamp make it so; without them dt + dt_bias must be >= 0 already)."""
+    if bool((A > 0).any()):
+        fail("A", f"values <= 0 with {DECAY_FACTOR}", "a positive entry")
+    if dt_softplus or tuple(float(v) for v in dt_limit) != (0.0, math.inf):
+        return
+    v = dt.float() if dt_bias is None else dt.float() + dt_bias.float()
+    if bool((v < 0).any()):
+        fail("dt", f"dt + dt_bias >= 0 without softplus or dt_limit, with {DECAY_FACTOR}", "a negative entry")

@@ -10,7 +10,7 @@ import torch
 import impls
 from impls.inputs import Inputs, make_inputs
 from impls.problem import Problem, Shape
-from impls.tolerance import poisoned_allocations, rel_err, tolerance
+from impls.tolerance import blockwise_err, output_blocks, poisoned_allocations, rel_err, tolerance
 
 TINY = Shape(batch=2, seqlen=100, nheads=4, headdim=16, ngroups=2, dstate=16, chunk_size=32)
 
@@ -27,6 +27,10 @@ CASES = [
     pytest.param(Problem(TINY, dt_limit=(0.005, 0.05)), id="dt_limit"),
     pytest.param(Problem(TINY, dt_softplus=False, has_dt_bias=False), id="no-softplus-no-bias"),
     pytest.param(Problem(TINY, state_dtype="float32"), id="state_dtype-fp32"),
+    # seq_idx drawn per row; row 1 numbers its sequences from 1, so its initial state is dropped
+    pytest.param(Problem(TINY, nseqs=3, has_initial_states=True), id="seq_idx-per-row-initial-states"),
+    pytest.param(Problem(dataclasses.replace(TINY, batch=1), varlen=True, nseqs=3, has_initial_states=True),
+                 id="cu_seqlens-initial-states"),
 ]
 
 
@@ -37,9 +41,11 @@ GPU_CONTRACT_CASES = {
     "S1": Problem(S1),
     "seqlen1000-chunk256": Problem(GPU_SMALL),
     "ngroups8": Problem(Shape(2, 512, 16, 64, 8, 128, 128)),
-    "seq_idx-3-seqs": Problem(dataclasses.replace(GPU_SMALL, seqlen=700, chunk_size=128), nseqs=3),
-    "cu_seqlens-4-seqs": Problem(dataclasses.replace(GPU_SMALL, batch=1, seqlen=900, chunk_size=64), varlen=True,
-                                 nseqs=4),
+    # seq_idx per row, row 1 numbered from 1 (its initial state dropped)
+    "seq_idx-3-seqs-init": Problem(dataclasses.replace(GPU_SMALL, seqlen=700, chunk_size=128), nseqs=3,
+                                   has_initial_states=True),
+    "cu_seqlens-4-seqs-init": Problem(dataclasses.replace(GPU_SMALL, batch=1, seqlen=900, chunk_size=64),
+                                      varlen=True, nseqs=4, has_initial_states=True),
     "init-z-Dchannel-fp32states": Problem(GPU_SMALL, has_initial_states=True, has_z=True, D_per_channel=True,
                                           state_dtype="float32", dt_limit=(0.001, 0.08)),
     "Dhead-noncontig-x-z": Problem(GPU_SMALL, has_z=True),  # x and z made strided views by the test
@@ -52,34 +58,47 @@ def float64_forward(inputs: Inputs) -> impls.ForwardResult:
     return impls.ssd_forward(**inputs.to(torch.float64).forward_kwargs(), backend="reference")
 
 
+def judged(name: str, out, expected, chunk_size: int) -> tuple[float, float]:
+    """(whole-tensor relative error, worst block's) of output `name` (y, states, final_states, varlen_states,
+    dt, dA_cumsum): both must be within tolerance."""
+    block, _ = output_blocks(name, chunk_size)
+    return rel_err(out, expected), blockwise_err(out, expected, block).ratio
+
+
 def forward_errors(backend, inputs: Inputs, ref: impls.ForwardResult) -> dict[str, float]:
-    """Relative errors of `backend`'s full forward and of each stage fed the float64 reference's inputs."""
+    """Errors of `backend`'s full forward and of each stage fed the float64 reference's inputs: per output
+    "stage.name" the whole-tensor relative error and "stage.name[blocks]" the worst block's
+    (impls.tolerance.blockwise_err); both must be within tolerance."""
     kw = inputs.forward_kwargs()
     dtype = inputs.x.dtype
     errors = {}
+
+    def judge(key: str, out, expected) -> None:
+        errors[key], errors[f"{key}[blocks]"] = judged(key.split(".")[-1], out, expected, inputs.chunk_size)
+
     with poisoned_allocations():
         out = impls.ssd_forward(**kw, backend=backend)
-        errors["forward.y"] = rel_err(out.y, ref.y)
-        errors["forward.final_states"] = rel_err(out.final_states, ref.final_states)
+        judge("forward.y", out.y, ref.y)
+        judge("forward.final_states", out.final_states, ref.final_states)
         if ref.varlen_states is not None:
-            errors["forward.varlen_states"] = rel_err(out.varlen_states, ref.varlen_states)
+            judge("forward.varlen_states", out.varlen_states, ref.varlen_states)
         stages = impls.get_backend(backend).STAGES
         if "chunk_cumsum" not in stages:
             return errors
         dt, dA = impls.chunk_cumsum(inputs.dt, inputs.A, inputs.chunk_size, inputs.dt_bias, inputs.dt_softplus,
                                     inputs.dt_limit, backend=backend)
-        errors["chunk_cumsum.dt"] = rel_err(dt, ref.dt)
-        errors["chunk_cumsum.dA_cumsum"] = rel_err(dA, ref.dA_cumsum)
+        judge("chunk_cumsum.dt", dt, ref.dt)
+        judge("chunk_cumsum.dA_cumsum", dA, ref.dA_cumsum)
         # later stages get the reference's fp32 intermediates, so each stage is judged on its own
         ref_dt, ref_dA = ref.dt.float(), ref.dA_cumsum.float()
         states, final = impls.fwd_pass_state(inputs.B, inputs.x, ref_dt, ref_dA, inputs.initial_states,
                                              inputs.seq_idx, inputs.state_dtype, backend=backend)
-        errors["fwd_pass_state.states"] = rel_err(states, ref.states)
-        errors["fwd_pass_state.final_states"] = rel_err(final, ref.final_states)
+        judge("fwd_pass_state.states", states, ref.states)
+        judge("fwd_pass_state.final_states", final, ref.final_states)
         y = impls.compute_out(inputs.C, inputs.B, inputs.x, ref_dt, ref_dA,
                               ref.states.to(inputs.state_dtype or dtype), inputs.D, inputs.z, inputs.seq_idx,
                               backend=backend)
-        errors["compute_out.y"] = rel_err(y, ref.y)
+        judge("compute_out.y", y, ref.y)
     return errors
 
 

@@ -68,6 +68,21 @@ def test_rows_have_provenance(sweep):
     assert json.loads(ok[ok["backend"] == "mamba_ssm"]["describe"].iloc[0])["backend"] == "mamba_ssm"
 
 
+def test_rows_record_the_block_wise_gate(sweep):
+    """Each stage's worst block (block_err) beside its whole-tensor rel_err; the gate column says where the worst
+    block is and that the mamba-ssm x2 rule was skipped on the CPU, and why."""
+    tmp, _, _, _ = sweep
+    ok = store.load(tmp / "results").query("status == 'ok'")
+    for _backend, rows in ok.groupby("backend"):
+        metrics = set(zip(rows["stage"], rows["metric"]))
+        assert {(stage, "block_err") for stage in correctness.STAGE_OUTPUTS} <= metrics
+        assert {("forward", "mamba_ssm_rule"), ("forward", "mamba_ssm_rel_err")} <= metrics
+        assert rows[rows["metric"] == "mamba_ssm_rule"]["value"].eq(0).all()
+        assert rows[rows["metric"] == "block_err"]["value"].max() < 1e-4
+        gate = rows["gate"].iloc[0]
+        assert "worst block" in gate and "y: batch" in gate and "rule skipped: not on a GPU" in gate
+
+
 def test_failed_point_recorded_and_sweep_finishes(sweep):
     tmp, first, _, _ = sweep
     df = store.load(tmp / "results")

@@ -119,3 +119,61 @@ def test_unknown_backend_and_switch():
         impls.get_backend("mamba_ssm", nope=True)
     with pytest.raises(ValueError, match="^switch 'fused'"):
         impls.get_backend("reference", fused=True)
+
+
+def _no_softplus(**changes):
+    kw = inputs(dt_softplus=False, dt_bias=None)
+    kw.update(changes)
+    return kw
+
+
+@pytest.mark.parametrize("arg, changes", [
+    pytest.param("A", {"A": torch.full((S.nheads,), 0.5)}, id="A-positive"),
+    pytest.param("dt", {"dt": -torch.rand(1, S.seqlen, S.nheads)}, id="dt-negative-without-softplus"),
+])
+def test_decay_factor_refuses_increasing_decay(arg, changes):
+    """The factored decay assumes dA_cumsum non-increasing in a chunk: check_values and the harness's gate refuse
+    inputs that break it, naming the argument; the same inputs are fine for a backend without the switch."""
+    from experiments import correctness
+
+    kw = _no_softplus(**changes)
+    factored = impls.get_backend("triton", decay_factor=True)
+    with pytest.raises(ValueError, match=rf"^{arg}: .*decay_factor"):
+        impls.ssd_forward(**kw, backend=factored, check_values=True)
+    problem = Problem(dataclasses.replace(TINY, batch=1), dtype="float32", dt_softplus=False, has_dt_bias=False,
+                      has_z=True, has_initial_states=True)
+    drawn = make_inputs(problem, seed=0)
+    drawn.dt, drawn.A = kw["dt"], kw["A"]
+    with pytest.raises(ValueError, match=rf"^{arg}: .*decay_factor"):
+        correctness.refuse_unsafe_inputs(factored, drawn)
+    impls.ssd_forward(**kw, backend="reference", check_values=True)
+
+
+def test_decay_factor_accepts_negative_raw_dt_under_softplus():
+    from impls import validate
+
+    dt = -torch.rand(1, S.seqlen, S.nheads)
+    validate.decay_factor_inputs(-torch.rand(S.nheads), dt, None, True, (0.0, float("inf")))
+    validate.decay_factor_inputs(-torch.rand(S.nheads), dt, None, False, (0.0, 0.1))  # clamped to >= 0
+
+
+def test_compute_out_with_decay_factor_refuses_an_increasing_dA_cumsum():
+    kw = inputs()
+    ref = impls.ssd_forward(**kw)
+    dA = ref.dA_cumsum.clone()
+    dA[0, 0, 0, 5] += 1.0
+    with pytest.raises(ValueError, match="^dA_cumsum: .*decay_factor"):
+        impls.compute_out(kw["C"], kw["B"], kw["x"], ref.dt, dA, ref.states, backend=impls.get_backend(
+            "triton", decay_factor=True), check_values=True)
+
+
+@pytest.mark.parametrize("arg", ["dt", "dA_cumsum"])
+def test_stage_2_refuses_a_padded_tail_that_is_not_flat(arg):
+    """Stage 2 reads dA_cumsum at position chunk_size - 1: the padded tail must be flat (dt 0 there)."""
+    kw = inputs()
+    ref = impls.ssd_forward(**kw)
+    impls.fwd_pass_state(kw["B"], kw["x"], ref.dt, ref.dA_cumsum, check_values=True)  # the reference's: flat
+    bad = {"dt": ref.dt.clone(), "dA_cumsum": ref.dA_cumsum.clone()}
+    bad[arg][..., -1, -1] += 0.1  # seqlen 100, chunk 32: positions 4..31 of the last chunk are padding
+    with pytest.raises(ValueError, match=rf"^{arg}: .*past seqlen"):
+        impls.fwd_pass_state(kw["B"], kw["x"], bad["dt"], bad["dA_cumsum"], check_values=True)

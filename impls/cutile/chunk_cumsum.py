@@ -19,10 +19,14 @@ SOFTPLUS_THRESHOLD = 20.0  # as the reference: above it softplus(v) == v
 
 
 def _softplus(v, EXP2):
-    if EXP2:
-        soft = ct.log2(1.0 + ct.exp2(v * LOG2E)) * LN2
-    else:
-        soft = ct.log(1.0 + ct.exp(v))
+    # The one softplus form of both languages (impls/README.md, "softplus"): with e = exp(v), log(1 + e) as the
+    # series e·(1 − e/2 + e²/3 − … − e⁷/8) for e < 1/8 (truncation ≤ e⁸/9 ≈ 7e-9 relative), else log(1 + e);
+    # v itself above 20. A plain log(1 + e) (or log2(1 + exp2(·))) loses ~1e-4 relative at e ~ 1e-3.
+    e = ct.exp2(v * LOG2E) if EXP2 else ct.exp(v)
+    s = ct.minimum(e, 0.125)  # the series' argument, kept small where the other branch is taken
+    series = 1.0 + s * (-0.5 + s * (1.0 / 3 + s * (-0.25 + s * (0.2 + s * (-1.0 / 6 + s * (1.0 / 7 - s * 0.125))))))
+    log_u = ct.log2(1.0 + e) * LN2 if EXP2 else ct.log(1.0 + e)
+    soft = ct.where(e < 0.125, s * series, log_u)
     # where() selects, so an overflowing exp on the unused branch does no harm
     return ct.where(v <= SOFTPLUS_THRESHOLD, soft, v)
 

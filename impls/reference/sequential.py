@@ -4,6 +4,9 @@
 
 h_{-1} is the initial state; h resets to 0 wherever seq_idx differs from the previous token's (the token before
 position 0 counts as sequence 0). Slow by design: use it at small sizes only.
+
+Independent of the chunked code it checks: dt processing, the head-to-group mapping and the sequence index of
+cu_seqlens are written out here again, not imported.
 """
 
 from __future__ import annotations
@@ -12,9 +15,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from impls.reference.chunk_cumsum import process_dt
-from impls.reference.common import per_head
 
 
 @dataclass
@@ -31,12 +31,11 @@ def ssd_sequential(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=
     batch, seqlen, nheads, headdim = x.shape
     dstate = B.shape[-1]
     if cu_seqlens is not None and seq_idx is None:
-        from impls.api import seq_idx_from_cu_seqlens
-
-        seq_idx = seq_idx_from_cu_seqlens(cu_seqlens, seqlen)
-    dt = process_dt(dt, dt_bias, dt_softplus, dt_limit, f64)
+        seq_idx = _sequence_numbers(cu_seqlens.tolist(), seqlen, x.device)
+    dt = _step_sizes(dt, dt_bias, dt_softplus, dt_limit)
     x64, A64 = x.to(f64), A.to(f64)
-    Bh, Ch = per_head(B.to(f64), nheads), per_head(C.to(f64), nheads)
+    group = torch.arange(nheads, device=x.device) // (nheads // B.shape[2])  # head h reads group h // (H / G)
+    Bh, Ch = B.to(f64)[:, :, group], C.to(f64)[:, :, group]
     h = torch.zeros(batch, nheads, headdim, dstate, dtype=f64, device=x.device)
     if initial_states is not None:
         h = h + initial_states.to(f64)
@@ -70,3 +69,26 @@ def ssd_sequential(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=
             seq_states[e] if e > s else torch.zeros_like(h[0]) for s, e in zip(bounds[:-1], bounds[1:])
         ])
     return SequentialResult(y, h, torch.stack(chunk_states, 1) if chunk_states else None, varlen)
+
+
+def _step_sizes(dt, dt_bias, dt_softplus, dt_limit):
+    """dt + dt_bias, then softplus(v) = log(1 + e^v) (v itself above 20, as the contract says), then the clamp
+    (not applied for the default (0, inf)); float64."""
+    v = dt.to(torch.float64)
+    if dt_bias is not None:
+        v = v + dt_bias.to(torch.float64)
+    if dt_softplus:
+        v = torch.where(v > 20.0, v, torch.log1p(torch.exp(torch.clamp(v, max=20.0))))
+    lo, hi = (float(b) for b in dt_limit)
+    if (lo, hi) != (0.0, math.inf):
+        v = torch.clamp(v, lo, hi)
+    return v
+
+
+def _sequence_numbers(bounds: list[int], seqlen: int, device) -> torch.Tensor:
+    """(1, seqlen): position t belongs to the sequence i with bounds[i] <= t < bounds[i + 1] (the last such i
+    where sequences are empty)."""
+    seq = torch.empty(seqlen, dtype=torch.long)
+    for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        seq[start:end] = i
+    return seq[None].to(device)

@@ -35,12 +35,13 @@ def _log(v, EXP2: tl.constexpr):
 
 @triton.jit
 def _softplus(v, EXP2: tl.constexpr):
-    # log1p(exp(v)) without a log1p: log(u)·e/(u−1) with u = 1 + e cancels the rounding of u (Goldberg's trick);
-    # a plain log(1 + e) loses ~1e-4 relative at the e ~ 1e-3 that typical dt produce, more than fp32's budget.
+    # The one softplus form of both languages (impls/README.md, "softplus"): with e = exp(v), log(1 + e) as the
+    # series e·(1 − e/2 + e²/3 − … − e⁷/8) for e < 1/8 (truncation ≤ e⁸/9 ≈ 7e-9 relative), else log(1 + e);
+    # v itself above 20. A plain log(1 + e) loses ~1e-4 relative at the e ~ 1e-3 that typical dt produce.
     e = _exp(v, EXP2)
-    u = 1.0 + e
-    denom = tl.where(u == 1.0, 1.0, u - 1.0)
-    soft = tl.where(u == 1.0, e, _log(u, EXP2) * (e / denom))
+    s = tl.minimum(e, 0.125)  # the series' argument, kept small where the other branch is taken
+    series = 1.0 + s * (-0.5 + s * (1.0 / 3 + s * (-0.25 + s * (0.2 + s * (-1.0 / 6 + s * (1.0 / 7 - s * 0.125))))))
+    soft = tl.where(e < 0.125, s * series, _log(1.0 + e, EXP2))
     return tl.where(v <= 20.0, soft, v)
 
 

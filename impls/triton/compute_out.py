@@ -36,15 +36,17 @@ def _decay(v, EXP2: tl.constexpr):
 
 
 @triton.jit
-def cb_kernel(C_ptr, B_ptr, cb_ptr, seqlen, nchunks,
+def cb_kernel(C_ptr, B_ptr, cb_ptr, seqlen, nchunks, ngroups,
               s_C_b, s_C_l, s_C_g, s_C_n, s_B_b, s_B_l, s_B_g, s_B_n, s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k,
               dstate, CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_DSTATE: tl.constexpr,
               DOT_PRECISION: tl.constexpr):
-    """cb[b, c, g, m, k] = C_m·B_kᵀ (fp32) for one (BLOCK x BLOCK) tile of one chunk; grid (tiles, c·b, g)."""
+    """cb[b, c, g, m, k] = C_m·B_kᵀ (fp32) for one (BLOCK x BLOCK) tile of one chunk."""
+    # flat grid (axis 0 has no 65535 limit): tile fastest, then group, chunk, batch
     tiles = CHUNK // BLOCK
-    t = tl.program_id(0)
-    bc = tl.program_id(1)
-    g = tl.program_id(2).to(tl.int64)
+    pid = tl.program_id(0)
+    t = pid % (tiles * tiles)
+    g = ((pid // (tiles * tiles)) % ngroups).to(tl.int64)
+    bc = pid // (tiles * tiles * ngroups)
     c = bc % nchunks
     b = (bc // nchunks).to(tl.int64)
     offs_m = (t // tiles) * BLOCK + tl.arange(0, BLOCK)
@@ -322,8 +324,8 @@ def cb_matrix(C, B, chunk, empty, dot_precision):
     nchunks = triton.cdiv(seqlen, chunk)
     cb = empty((batch, nchunks, ngroups, chunk, chunk), torch.float32, B.device)
     block = min(CB_BLOCK, chunk)
-    grid = ((chunk // block) ** 2, nchunks * batch, ngroups)
-    cb_kernel[grid](C, B, cb, seqlen, nchunks, *C.stride(), *B.stride(), *cb.stride(), dstate,
+    grid = ((chunk // block) ** 2 * ngroups * nchunks * batch,)
+    cb_kernel[grid](C, B, cb, seqlen, nchunks, ngroups, *C.stride(), *B.stride(), *cb.stride(), dstate,
                     CHUNK=chunk, BLOCK=block, BLOCK_DSTATE=max(16, triton.next_power_of_2(dstate)),
                     DOT_PRECISION=dot_precision, num_warps=4)
     return cb

@@ -1,0 +1,123 @@
+"""Planted faults: stand-in backends that wrap the reference and break one small region of an output (one token
+per row, one chunk of one head, two heads swapped, the last partial chunk) or one rule of packed sequences
+(reading row 0's seq_idx for every row, keeping the initial state of a row whose seq_idx starts above 0).
+The gate must fail each (tests/test_planted_faults.py on CPU, tests/gpu/test_planted_faults.py at full size)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from impls.reference.backend import ReferenceBackend
+
+
+class _BreaksY(ReferenceBackend):
+    """compute_out of the reference, then `spoil(y, chunk_size)` on its output (in place)."""
+
+    stage = "compute_out"  # the stage whose output the fault breaks (the forward's y too)
+
+    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
+        y = super().compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
+        return self.spoil(y, dt.shape[-1])
+
+
+class ZeroesOneTokenPerRow(_BreaksY):
+    """y of the middle token of every row is zero."""
+
+    def spoil(self, y, chunk_size):
+        y[:, y.shape[1] // 2] = 0
+        return y
+
+
+class OneChunkOneHeadWrong(_BreaksY):
+    """y of chunk 1, head 1, batch row 0 is 5% too large."""
+
+    def spoil(self, y, chunk_size):
+        y[0, chunk_size:2 * chunk_size, 1] *= 1.05
+        return y
+
+
+class SwapsTwoHeads(_BreaksY):
+    """y of heads 0 and 1 exchanged."""
+
+    def spoil(self, y, chunk_size):
+        return y[:, :, [1, 0, *range(2, y.shape[2])]].contiguous()
+
+
+class LastPartialChunkUnwritten(_BreaksY):
+    """y's last, partial chunk is never written (a fresh torch.empty: NaN under the gate's poisoning)."""
+
+    def spoil(self, y, chunk_size):
+        out = torch.empty_like(y)
+        end = (y.shape[1] - 1) // chunk_size * chunk_size
+        out[:, :end] = y[:, :end]
+        return out
+
+
+class LastPartialChunkZero(_BreaksY):
+    """y's last, partial chunk is left at zero (memory that happened to be zeroed)."""
+
+    def spoil(self, y, chunk_size):
+        y[:, (y.shape[1] - 1) // chunk_size * chunk_size:] = 0
+        return y
+
+
+class OneChunkOneHeadStateWrong(ReferenceBackend):
+    """The state entering chunk 1 of head 1 (batch row 0) is 5% too large (compute_out reads it: y of that chunk
+    and head is off too, by less)."""
+
+    stage = "fwd_pass_state"
+
+    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        states, final = super().fwd_pass_state(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype)
+        states[0, 1, 1] *= 1.05
+        return states, final
+
+
+class _RewritesSeqIdx(ReferenceBackend):
+    """Stages 2 and 3 of the reference on `wrong(seq_idx)` instead of seq_idx."""
+
+    stage = "fwd_pass_state"
+
+    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        return super().fwd_pass_state(B, x, dt, dA_cumsum, initial_states, self._wrong(seq_idx), state_dtype)
+
+    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
+        return super().compute_out(C, B, x, dt, dA_cumsum, states, D, z, self._wrong(seq_idx))
+
+    def _wrong(self, seq_idx):
+        return None if seq_idx is None else self.wrong(seq_idx)
+
+
+class ReadsRowZeroSeqIdx(_RewritesSeqIdx):
+    """Every batch row uses row 0's seq_idx."""
+
+    def wrong(self, seq_idx):
+        return seq_idx[:1].expand_as(seq_idx).contiguous()
+
+
+class KeepsInitialStateOfLaterSequence(_RewritesSeqIdx):
+    """Numbers every row's sequences from 0, so a row whose seq_idx starts above 0 keeps its initial state."""
+
+    def wrong(self, seq_idx):
+        return seq_idx - seq_idx[:, :1]
+
+
+LOCAL_FAULTS = {
+    "one-token-per-row-zeroed": ZeroesOneTokenPerRow,
+    "one-chunk-one-head-y-wrong": OneChunkOneHeadWrong,
+    "one-chunk-one-head-state-wrong": OneChunkOneHeadStateWrong,
+    "two-heads-swapped": SwapsTwoHeads,
+    "last-partial-chunk-unwritten": LastPartialChunkUnwritten,
+    "last-partial-chunk-zero": LastPartialChunkZero,
+}
+SEQ_IDX_FAULTS = {
+    "reads-row-0-seq_idx": ReadsRowZeroSeqIdx,
+    "keeps-initial-state-when-seq_idx-starts-above-0": KeepsInitialStateOfLaterSequence,
+}
+
+
+def whole_tensor_passes(report: dict) -> bool:
+    """Whether every stage's whole-tensor error alone is within tolerance (the block-wise errors ignored)."""
+    return all(math.isfinite(r["rel_err"]) and r["rel_err"] <= r["tol"] for r in report.values())

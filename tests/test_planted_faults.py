@@ -1,0 +1,60 @@
+"""The gate (experiments.correctness.check, whole-tensor and block-wise) fails every planted fault of
+tests/faults.py at a scaled-down size on the CPU, and passes the reference itself on the same inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from experiments import correctness
+from impls.inputs import make_inputs
+from impls.problem import Problem, Shape
+from impls.reference.backend import ReferenceBackend
+from tests.faults import LOCAL_FAULTS, SEQ_IDX_FAULTS, ZeroesOneTokenPerRow, whole_tensor_passes
+
+# long rows of few heads in bf16 (the headline's dtype): one wrong token or chunk is a small part of the tensor
+LONG = Shape(batch=2, seqlen=4000, nheads=4, headdim=16, ngroups=1, dstate=16, chunk_size=64)
+PACKED = Problem(Shape(2, 300, 4, 16, 2, 16, 32), dtype="float32", nseqs=3, has_initial_states=True)
+
+
+def gate(backend, problem: Problem, seed: int = 2) -> dict:
+    inputs = make_inputs(problem, seed=seed)
+    ref = correctness.reference_forward(inputs, "float64")
+    return correctness.check(backend, inputs, ref, problem.torch_dtype)
+
+
+@pytest.fixture(scope="module")
+def long_inputs():
+    inputs = make_inputs(Problem(LONG), seed=2)
+    return inputs, correctness.reference_forward(inputs, "float64")
+
+
+def test_reference_passes_the_gate(long_inputs):
+    inputs, ref = long_inputs
+    report = correctness.check(ReferenceBackend(), inputs, ref, torch.bfloat16)
+    assert all(r["ok"] for r in report.values()), report
+
+
+@pytest.mark.parametrize("fault", list(LOCAL_FAULTS), ids=list(LOCAL_FAULTS))
+def test_local_fault_fails_the_gate(fault, long_inputs):
+    inputs, ref = long_inputs
+    broken = LOCAL_FAULTS[fault]()
+    report = correctness.check(broken, inputs, ref, torch.bfloat16)
+    assert not report[broken.stage]["ok"], report[broken.stage]
+    assert report["chunk_cumsum"]["ok"]  # the fault is where it was planted, not everywhere
+
+
+def test_one_zeroed_token_passes_whole_tensor_but_not_block_wise(long_inputs):
+    """Why the gate judges blocks: one zero token in 4000 is ~1.6% of y's norm, under bf16's 2e-2."""
+    inputs, ref = long_inputs
+    report = correctness.check(ZeroesOneTokenPerRow(), inputs, ref, torch.bfloat16)
+    assert whole_tensor_passes(report), report
+    assert not report["compute_out"]["ok"] and report["compute_out"]["block_err"] > 0.02
+    assert "chunk 31" in report["compute_out"]["block_where"]  # token 2000 of 64-token chunks
+
+
+@pytest.mark.parametrize("fault", list(SEQ_IDX_FAULTS), ids=list(SEQ_IDX_FAULTS))
+def test_seq_idx_fault_fails_the_gate(fault):
+    assert all(r["ok"] for r in gate(ReferenceBackend(), PACKED).values())
+    report = gate(SEQ_IDX_FAULTS[fault](), PACKED)
+    assert not report["fwd_pass_state"]["ok"] and not report["forward"]["ok"], report
