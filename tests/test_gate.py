@@ -92,7 +92,7 @@ def test_mamba_ssm_rule_skip_reasons(backend, problem, device, words):
 def _rule(monkeypatch, theirs: dict, ours: float) -> dict:
     monkeypatch.setattr(correctness, "mamba_ssm_skip_reason", lambda *args: None)
     monkeypatch.setattr(correctness, "check", lambda *args, **kw: {"forward": theirs})
-    return correctness.mamba_ssm_rule(_Fake("triton"), None, None, SMALL, torch.bfloat16, False, CUDA,
+    return correctness.mamba_ssm_rule(_Fake("triton"), None, None, SMALL, torch.bfloat16, CUDA,
                                       {"forward": {"rel_err": ours}})
 
 
@@ -113,7 +113,7 @@ def test_mamba_ssm_rule_on_a_real_cpu_check_is_skipped_with_the_reason():
     ref = correctness.reference_forward(inputs, "float64")
     backend = get_backend("reference")
     report = correctness.check(backend, inputs, ref, torch.float32)
-    rule = correctness.mamba_ssm_rule(backend, inputs, ref, SMALL, torch.float32, False, CPU, report)
+    rule = correctness.mamba_ssm_rule(backend, inputs, ref, SMALL, torch.float32, CPU, report)
     assert not rule["applied"] and rule["ok"] and "skipped" in rule["why"]
 
 
