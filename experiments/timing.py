@@ -52,6 +52,8 @@ def gpu_times(fn: Callable[[], object], warmup_ms: int, rep_ms: int, cuda_graph:
     from triton.testing import do_bench
 
     values = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, *quantiles], return_mode="median")
+    if not isinstance(values, (list, tuple)):  # do_bench returns a bare float when asked for one quantile
+        values = [values]
     out = {"median_ms": values[0], **{quantile_metric(q): v for q, v in zip(quantiles, values[1:])}}
     if cuda_graph:
         out["graph_median_ms"] = graph_median(fn, rep_ms)

@@ -103,3 +103,19 @@ def test_a_new_tuning_record_rebuilds_later_lookups(tmp_path, monkeypatch):
     assert impls.get_backend("triton") is before
     tuning.store("triton", "compute_out", "cpu", "key", {"block_rows": 16}, {}, {})
     assert impls.get_backend("triton") is not before
+
+
+@pytest.mark.parametrize("quantiles", [(), (0.2, 0.8)], ids=["median-only", "median-p20-p80"])
+def test_gpu_times_takes_do_bench_answers_of_any_length(monkeypatch, quantiles):
+    """triton's do_bench answers one quantile with a bare float, several with a list (triton/testing.py, 3.6)."""
+    import triton.testing
+
+    from experiments import timing
+
+    def fake_do_bench(fn, warmup, rep, quantiles, return_mode):
+        answer = [float(i + 1) for i in range(len(quantiles))]
+        return answer[0] if len(answer) == 1 else answer
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    out = timing.gpu_times(lambda: None, 1, 1, False, quantiles)
+    assert out["median_ms"] == 1.0 and len(out) == 1 + len(quantiles)
