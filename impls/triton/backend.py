@@ -34,8 +34,6 @@ class TritonBackend(Backend):
     CANNOT_EXPRESS = {
         "latency_hints": "Triton has no per-load latency hint; the nearest analogues are the num_stages "
                          "(software-pipelining depth) and num_warps switches",
-        "tma": "this backend has no TMA path: it loads through pointers (a tl.make_tensor_descriptor path "
-               "would be a new kernel variant, not written)",
         "occupancy": "Triton has no CTAs-per-SM hint; occupancy follows from num_warps and the registers and "
                      "shared memory of the launch configuration",
     }
