@@ -208,6 +208,69 @@ def test_decay_factor(problem, switches, swap, dtype):
     assert not failures(errors, dtype), errors
 
 
+# --- tensor-descriptor (TMA) loads and the fused arrangement ---------------------------------------------------
+TMA_CASES = [
+    pytest.param({}, RICH, DTYPES, id="swap-transposed"),
+    pytest.param({"operand_swap": False, "transposed_layout": False, "exp2": False}, RICH, DTYPES, id="all-off"),
+    pytest.param({"decay_factor": True, "operand_swap": False}, Problem(Shape(1, 100, 2, 32, 1, 32, 64)),
+                 DTYPES[:1], id="decay_factor-no-swap-chunk64"),
+    pytest.param({"cb_mode": "shared"}, Problem(SMALL, varlen=True, nseqs=3, has_z=True), DTYPES[:1],
+                 id="cb-shared-cu_seqlens"),
+]
+
+
+@pytest.mark.parametrize("switches,problem,dtypes", TMA_CASES)
+def test_tma(switches, problem, dtypes):
+    """Tensor-descriptor loads and stores (contiguous inputs): each stage against the float64 reference."""
+    backend = get_backend("triton", tma=True, **switches)
+    for dtype in [d.values[0] for d in dtypes]:
+        inputs = make_inputs(problem, seed=8, dtype=dtype)
+        errors = forward_errors(backend, inputs, float64_forward(inputs))
+        assert not failures(errors, dtype), (dtype, errors)
+
+
+def test_tma_refuses_tensors_a_descriptor_cannot_read():
+    """x, B, C as unaligned column slices of one projection: tma raises naming the tensor, before any kernel."""
+    inputs = fused_projection(make_inputs(Problem(SMALL, has_z=True), seed=9, dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"switch 'tma' of backend 'triton': x: its data pointer is not 16-byte"):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True))
+    inputs = transposed_x(make_inputs(Problem(SMALL), seed=9, dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"x: its last dimension has stride"):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True))
+
+
+FUSED_CASES = [
+    pytest.param({}, RICH, id="rich-swap-transposed"),  # seq_idx 3 sequences, initial states, z, per-channel D
+    pytest.param({"operand_swap": False, "transposed_layout": False, "exp2": False}, RICH, id="rich-all-off"),
+    pytest.param({"block_rows": 16, "block_positions": 16, "block_headdim": 16},
+                 Problem(Shape(2, 150, 2, 32, 1, 32, 64), has_initial_states=True), id="4-row-tiles-2-headdim-tiles"),
+    pytest.param({}, Problem(SMALL, varlen=True, nseqs=3, has_z=True), id="cu_seqlens-3-seqs"),
+    pytest.param({"tma": True, "decay_factor": True}, Problem(Shape(1, 100, 2, 32, 1, 32, 64), nseqs=2),
+                 id="tma-decay_factor"),
+    pytest.param({}, Problem(dataclasses.replace(SMALL, seqlen=20), state_dtype="float32"),
+                 id="one-chunk-fp32-states"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("switches,problem", FUSED_CASES)
+def test_fuse_state_out(switches, problem, dtype):
+    """The fused kernel's y, states and final states (and varlen states) against the float64 reference; the stage
+    calls keep the three-stage kernels."""
+    backend = get_backend("triton", fuse_state_out=True, **switches)
+    inputs = make_inputs(problem, seed=10, dtype=dtype)
+    errors, out = forward_stage_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, dtype), errors
+    stages = backend.describe()["stages"]
+    assert cfg.FUSED in stages and "compute_out" not in stages and "state_passing" not in stages, stages
+    assert (out.states.stride(-2) == 1) == backend.switches.transposed_layout
+
+
+def test_fuse_state_out_refuses_shared_cb():
+    with pytest.raises(ValueError, match="fuse_state_out.*cb_mode='shared'"):
+        get_backend("triton", fuse_state_out=True, cb_mode="shared")
+
+
 def test_state_dtype_fp16_under_fp32_inputs():
     inputs = make_inputs(Problem(SMALL, has_initial_states=True, nseqs=2), seed=12, dtype=torch.float32)
     inputs.state_dtype = torch.float16
@@ -327,7 +390,7 @@ def test_fallback_shrinks_compute_out_to_fit_shared_memory():
 
 
 # --- what the backend refuses -------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["latency_hints", "tma", "occupancy"])
+@pytest.mark.parametrize("name", ["latency_hints", "occupancy"])
 def test_cannot_express_raises_naming_backend_and_switch(name):
     with pytest.raises(ValueError, match=rf"switch '{name}': backend 'triton' cannot express it"):
         get_backend("triton", **{name: True})
@@ -362,7 +425,10 @@ def test_kernels_compile_for_sm90():
     interpreter accepts programs the compiler rejects, so this is the CPU suite's guard on the compiled path."""
     result = _aot("--arch", "90", "--dtype", "bfloat16")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("ok  ") == 12, result.stdout
+    # defaults and all-off (6 kernels each, the fused one included), and at the defaults chunk_state, compute_out
+    # (dstate 128, 256) and the fused kernel again with tensor descriptors, whose PTX must have bulk tensor copies
+    assert result.stdout.count("ok  ") == 18, result.stdout
+    assert result.stdout.count("bulk_tensor_copies=yes") == 4, result.stdout
 
 
 @pytest.mark.slow
