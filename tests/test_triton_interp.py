@@ -363,14 +363,14 @@ def test_tuning_modes(tmp_path, monkeypatch):
 
 def test_pinned_switches_override_and_report():
     backend = get_backend("triton", block_rows=32, block_positions=32, block_headdim=16, num_warps=2,
-                          num_stages=1, block_heads=4, block_state=128, block_dstate=16)
+                          num_stages=1, block_heads=4, block_state=128, block_dstate=16, occupancy=3)
     inputs = make_inputs(Problem(SMALL), seed=15, dtype=torch.float32)
     errors, _ = forward_stage_errors(backend, inputs, float64_forward(inputs))
     assert not failures(errors, torch.float32), errors
     stages = backend.describe()["stages"]
     assert {info["source"] for info in stages.values()} == {"switches"}
     assert stages["compute_out"]["config"] == {"block_rows": 32, "block_positions": 32, "block_headdim": 16,
-                                               "num_warps": 2, "num_stages": 1}
+                                               "num_warps": 2, "num_stages": 1, "occupancy": 3}
     assert stages["chunk_cumsum"]["config"] == {"block_heads": 4, "num_warps": 2}
 
 
@@ -390,7 +390,14 @@ def test_fallback_shrinks_compute_out_to_fit_shared_memory():
 
 
 # --- what the backend refuses -------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["latency_hints", "occupancy"])
+def test_occupancy_maps_to_a_register_cap():
+    assert cfg.maxnreg({"occupancy": 0, "num_warps": 4}) is None and cfg.maxnreg({"num_warps": 4}) is None
+    assert cfg.maxnreg({"occupancy": 3, "num_warps": 4}) == 168  # 65536 / (3 · 128) = 170.7, down to 8s
+    assert cfg.maxnreg({"occupancy": 4, "num_warps": 8}) == 64
+    assert cfg.maxnreg({"occupancy": 1, "num_warps": 4}) == 255  # the PTX ceiling
+
+
+@pytest.mark.parametrize("name", ["latency_hints"])
 def test_cannot_express_raises_naming_backend_and_switch(name):
     with pytest.raises(ValueError, match=rf"switch '{name}': backend 'triton' cannot express it"):
         get_backend("triton", **{name: True})
@@ -429,6 +436,20 @@ def test_kernels_compile_for_sm90():
     # (dstate 128, 256) and the fused kernel again with tensor descriptors, whose PTX must have bulk tensor copies
     assert result.stdout.count("ok  ") == 18, result.stdout
     assert result.stdout.count("bulk_tensor_copies=yes") == 4, result.stdout
+
+
+def test_what_triton_cannot_express_is_shown_by_the_compiler():
+    """The evidence docs/triton-switches.md quotes: a latency hint on tl.load is a compile error; an occupancy
+    compile option is dropped without a trace in the PTX; maxnreg (the occupancy switch's means) reaches it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "impls.triton.expressible"], capture_output=True, text=True,
+                            env=env, cwd=Path(__file__).resolve().parent.parent, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "latency_hints: CompilationError: load() got an unexpected keyword argument 'latency'",
+        "occupancy: compile option occupancy=2 accepted; PTX directives: none",
+        "occupancy via maxnreg=168: PTX directives: .maxnreg",
+    ], result.stdout
 
 
 @pytest.mark.slow

@@ -35,8 +35,6 @@ class TritonBackend(Backend):
     CANNOT_EXPRESS = {
         "latency_hints": "Triton has no per-load latency hint; the nearest analogues are the num_stages "
                          "(software-pipelining depth) and num_warps switches",
-        "occupancy": "Triton has no CTAs-per-SM hint; occupancy follows from num_warps and the registers and "
-                     "shared memory of the launch configuration",
     }
 
     def __init__(self, switches=None, **overrides):

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from impls.triton import config as cfg
 from impls.triton import descriptors
 from impls.triton.fwd_pass_state import rows_desc
 
@@ -434,7 +435,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1,
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=cfg.maxnreg(config),
     )
     return y
 

@@ -102,15 +102,23 @@ class TritonSwitches:
     num_stages: int = switch(
         0, "software-pipelining depth of the loops (chunk_state, compute_out); 0 = from tuning. Triton's "
            "nearest analogue of cuTile's latency hints", choices=(0, 1, 2, 3, 4, 5))
+    occupancy: int = switch(
+        0, "CTAs per SM the register allocation must leave room for (chunk_state, compute_out, the fused kernel): "
+           "N > 0 launches with maxnreg = 65536 / (N · 32 · num_warps), rounded down to a multiple of 8, at most "
+           "255; 0 = from tuning, whose fallback 0 leaves registers to the compiler. cuTile's occupancy hint, as far "
+           "as Triton can express it: registers only (shared memory still decides its own limit)",
+        choices=(0, 1, 2, 3, 4),
+        sm90="PTX .maxnreg on the kernel (Triton 3.6 has no .minnctapersm; an `occupancy=` compile option is "
+             "ignored without an error, docs/triton-switches.md)")
 
 
 # Which launch fields each stage has; a pinned switch of the same name overrides the tuned value.
 STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "chunk_cumsum": ("block_heads", "num_warps"),
-    "chunk_state": ("block_headdim", "block_dstate", "block_positions", "num_warps", "num_stages"),
+    "chunk_state": ("block_headdim", "block_dstate", "block_positions", "num_warps", "num_stages", "occupancy"),
     "state_passing": ("block_state", "num_warps"),
-    "compute_out": ("block_rows", "block_positions", "block_headdim", "num_warps", "num_stages"),
-    FUSED: ("block_rows", "block_positions", "block_headdim", "num_warps", "num_stages"),
+    "compute_out": ("block_rows", "block_positions", "block_headdim", "num_warps", "num_stages", "occupancy"),
+    FUSED: ("block_rows", "block_positions", "block_headdim", "num_warps", "num_stages", "occupancy"),
 }
 
 # Fixed configurations per architecture (tuning mode "fallback", or "auto" without a record). sm_90 and sm_100
@@ -119,11 +127,12 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
 _GPU_FALLBACK: dict[str, dict[str, int]] = {
     "chunk_cumsum": {"block_heads": 8, "num_warps": 4},
     "chunk_state": {"block_headdim": 64, "block_dstate": 64, "block_positions": 64, "num_warps": 4,
-                    "num_stages": 3},
+                    "num_stages": 3, "occupancy": 0},
     "state_passing": {"block_state": 1024, "num_warps": 4},
     "compute_out": {"block_rows": 64, "block_positions": 64, "block_headdim": 64, "num_warps": 4,
-                    "num_stages": 2},
-    FUSED: {"block_rows": 64, "block_positions": 64, "block_headdim": 64, "num_warps": 4, "num_stages": 2},
+                    "num_stages": 2, "occupancy": 0},
+    FUSED: {"block_rows": 64, "block_positions": 64, "block_headdim": 64, "num_warps": 4, "num_stages": 2,
+            "occupancy": 0},
 }
 FALLBACK: dict[str, dict[str, dict[str, int]]] = {
     "sm90": _GPU_FALLBACK,
@@ -132,11 +141,12 @@ FALLBACK: dict[str, dict[str, dict[str, int]]] = {
     "interpreter": {
         "chunk_cumsum": {"block_heads": 2, "num_warps": 1},
         "chunk_state": {"block_headdim": 16, "block_dstate": 16, "block_positions": 16, "num_warps": 1,
-                        "num_stages": 1},
+                        "num_stages": 1, "occupancy": 0},
         "state_passing": {"block_state": 64, "num_warps": 1},
         "compute_out": {"block_rows": 16, "block_positions": 16, "block_headdim": 16, "num_warps": 1,
-                        "num_stages": 1},
-        FUSED: {"block_rows": 16, "block_positions": 16, "block_headdim": 16, "num_warps": 1, "num_stages": 1},
+                        "num_stages": 1, "occupancy": 0},
+        FUSED: {"block_rows": 16, "block_positions": 16, "block_headdim": 16, "num_warps": 1, "num_stages": 1,
+                "occupancy": 0},
     },
 }
 
@@ -144,12 +154,12 @@ FALLBACK: dict[str, dict[str, dict[str, int]]] = {
 SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
     "chunk_cumsum": {"block_heads": (1, 2, 4, 8, 16), "num_warps": (1, 2, 4, 8)},
     "chunk_state": {"block_headdim": (32, 64, 128), "block_dstate": (32, 64, 128), "block_positions": (32, 64),
-                    "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+                    "num_warps": (4, 8), "num_stages": (1, 2, 3), "occupancy": (0, 3, 4)},
     "state_passing": {"block_state": (256, 512, 1024, 2048), "num_warps": (1, 2, 4, 8)},
     "compute_out": {"block_rows": (32, 64, 128), "block_positions": (32, 64), "block_headdim": (32, 64, 128),
-                    "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+                    "num_warps": (4, 8), "num_stages": (1, 2, 3), "occupancy": (0, 3, 4)},
     FUSED: {"block_rows": (32, 64), "block_positions": (32, 64), "block_headdim": (32, 64),
-            "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+            "num_warps": (4, 8), "num_stages": (1, 2, 3), "occupancy": (0, 3, 4)},
 }
 
 # Code switches a search may vary besides the launch fields, per kernel they change (values to try, the default
@@ -212,6 +222,17 @@ def device_name(device: torch.device) -> str:
     if interpreting() or device.type != "cuda":
         return "triton-interpreter"
     return torch.cuda.get_device_name(device)
+
+
+REGISTERS_PER_SM = 65536  # sm_90 and sm_100
+
+
+def maxnreg(config: dict[str, int]) -> int | None:
+    """The launch's register cap for the configuration's occupancy (None: the compiler's choice)."""
+    occupancy = config.get("occupancy", 0)
+    if not occupancy:
+        return None
+    return min(255, REGISTERS_PER_SM // (occupancy * 32 * config["num_warps"]) // 8 * 8)
 
 
 def pinned(switches: TritonSwitches, stage: str) -> dict[str, int]:
