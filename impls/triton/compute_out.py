@@ -16,7 +16,9 @@ on the MMA's N dimension and headdim on M; `exp2` turns every exp into exp2 with
 loaded; `decay_factor` takes the source tiles wholly before the row tile with the factored decay of impls/README.md
 (no mask, no exp per (row, source) pair; the row factor scales their sum); `transposed_layout` only matters
 through the strides of `states` (fwd_pass_state's output): this kernel
-reads states through their strides.
+reads states through their strides; `tma` loads C, B, x and the states and stores y through tensor descriptors
+(impls/triton/descriptors.py). The kernel's parts (c_rows, row_terms, state_term, intra_chunk, epilogue) are
+jit functions that the fused kernel (impls/triton/fused.py) calls in another order.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ Two kernels:
 
 Switches: `transposed_layout` stores the scratch and the entering states (b, c, h, dstate, headdim) and returns
 the logical (b, c, h, headdim, dstate) as a transposed view; `operand_swap` computes the chunk state as
-Bᵀ·(dt-weighted x) (dstate on the MMA's M) instead of (dt-weighted x)ᵀ·B; `exp2` computes the decays with exp2.
+Bᵀ·(dt-weighted x) (dstate on the MMA's M) instead of (dt-weighted x)ᵀ·B; `exp2` computes the decays with exp2;
+`tma` reads x and B and writes the scratch through tensor descriptors (impls/triton/descriptors.py). The chunk
+sum itself is `local_state`, which the fused kernel (impls/triton/fused.py) calls too.
 The kernels address every tensor through its strides, so any layout of the inputs (and of states) works.
 """
 
