@@ -271,6 +271,33 @@ def test_fuse_state_out_refuses_shared_cb():
         get_backend("triton", fuse_state_out=True, cb_mode="shared")
 
 
+HEADS_PER_TILE_CASES = [
+    pytest.param({}, RICH, id="rich-swap"),  # 2 heads per group: one program per group's pair
+    pytest.param({"operand_swap": False, "transposed_layout": False, "exp2": False}, RICH, id="rich-all-off"),
+    pytest.param({"tma": True, "decay_factor": True, "block_rows": 32, "block_positions": 16},
+                 Problem(Shape(1, 100, 4, 32, 1, 32, 64), nseqs=2, has_z=True), id="tma-decay_factor-4-heads"),
+    pytest.param({"cb_mode": "shared", "operand_swap": False}, Problem(SMALL, varlen=True, nseqs=3),
+                 id="cb-shared-cu_seqlens"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("switches,problem", HEADS_PER_TILE_CASES)
+def test_heads_per_tile_2(switches, problem, dtype):
+    """Two heads of a group per compute_out program (C, B and C·Bᵀ shared): each stage against float64."""
+    backend = get_backend("triton", heads_per_tile=2, **switches)
+    inputs = make_inputs(problem, seed=12, dtype=dtype)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, dtype), errors
+    assert backend.describe()["stages"]["compute_out"]["config"]["heads_per_tile"] == 2
+
+
+def test_heads_per_tile_must_divide_the_group():
+    inputs = make_inputs(Problem(dataclasses.replace(SMALL, ngroups=4)), seed=12, dtype=torch.float32)
+    with pytest.raises(ValueError, match="heads_per_tile of backend 'triton': 2 heads per program must divide the 1"):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", heads_per_tile=2))
+
+
 def test_state_dtype_fp16_under_fp32_inputs():
     inputs = make_inputs(Problem(SMALL, has_initial_states=True, nseqs=2), seed=12, dtype=torch.float32)
     inputs.state_dtype = torch.float16
@@ -363,14 +390,16 @@ def test_tuning_modes(tmp_path, monkeypatch):
 
 def test_pinned_switches_override_and_report():
     backend = get_backend("triton", block_rows=32, block_positions=32, block_headdim=16, num_warps=2,
-                          num_stages=1, block_heads=4, block_state=128, block_dstate=16, occupancy=3)
+                          num_stages=1, block_heads=4, block_state=128, block_dstate=16, occupancy=3,
+                          heads_per_tile=1)
     inputs = make_inputs(Problem(SMALL), seed=15, dtype=torch.float32)
     errors, _ = forward_stage_errors(backend, inputs, float64_forward(inputs))
     assert not failures(errors, torch.float32), errors
     stages = backend.describe()["stages"]
     assert {info["source"] for info in stages.values()} == {"switches"}
     assert stages["compute_out"]["config"] == {"block_rows": 32, "block_positions": 32, "block_headdim": 16,
-                                               "num_warps": 2, "num_stages": 1, "occupancy": 3}
+                                               "num_warps": 2, "num_stages": 1, "occupancy": 3,
+                                               "heads_per_tile": 1}
     assert stages["chunk_cumsum"]["config"] == {"block_heads": 4, "num_warps": 2}
 
 
@@ -434,7 +463,7 @@ def test_kernels_compile_for_sm90():
     assert result.returncode == 0, result.stdout + result.stderr
     # defaults and all-off (6 kernels each, the fused one included), and at the defaults chunk_state, compute_out
     # (dstate 128, 256) and the fused kernel again with tensor descriptors, whose PTX must have bulk tensor copies
-    assert result.stdout.count("ok  ") == 18, result.stdout
+    assert result.stdout.count("ok  ") == 20, result.stdout  # and compute_out with 2 heads per program (x2)
     assert result.stdout.count("bulk_tensor_copies=yes") == 4, result.stdout
 
 

@@ -76,7 +76,9 @@ def variants(dtype: str, all_variants: bool):
                    dict(CHUNK=256, BLOCK_P=c["block_headdim"], BLOCK_N=c["block_dstate"],
                         BLOCK_K=c["block_positions"], HAS_SEQ=feature, SWAP=swap, EXP2=exp2,
                         DOT_PRECISION=precision, TMA=tma, OUT_N_CONTIG=not swap), c["num_warps"], c["num_stages"])
-            for dstate in (128, 256):
+            for dstate, hb in itertools.product((128, 256), (1, 2) if not tma else (1,)):
+                if hb == 2 and not (all_variants or (swap, exp2, feature) == flags[0]):
+                    continue
                 d = dict(dims, dstate=dstate)
                 c = cfg.fallback("sm90", "compute_out", d, itemsize, {})
                 yield ("compute_out", compute_out_kernel,
@@ -85,7 +87,7 @@ def variants(dtype: str, all_variants: bool):
                        dict(CHUNK=256, BLOCK_M=c["block_rows"], BLOCK_K=c["block_positions"],
                             BLOCK_P=c["block_headdim"], BLOCK_DSTATE=dstate, HAS_D=feature, HAS_Z=feature,
                             HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precision, SHARED_CB=feature,
-                            DECAY_FACTOR=feature, TMA=tma, ST_N_CONTIG=not swap),
+                            DECAY_FACTOR=feature, TMA=tma, ST_N_CONTIG=not swap, HB=hb),
                        c["num_warps"], c["num_stages"])
             c = cfg.fallback("sm90", cfg.FUSED, dims, itemsize, {})
             yield ("fused_state_out", fused_kernel,

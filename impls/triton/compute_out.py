@@ -190,76 +190,125 @@ def state_term(st_base, st_desc, CmT, state_scale, b, c, h, p0, offs_n, offs_p, 
 
 
 @triton.jit
-def intra_chunk(acc, B_base, x_base, cb_base, dA_base, dt_base, seq_base, B_desc, x_desc, CmT, dA_m, seq_m,
-                b, g, h, start, m0, p0, chunk_len, offs_m, offs_n, offs_p, mask_m, mask_n, mask_p,
-                s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k, dtype,
+def _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, b, h, row0, p0, offs_m, offs_k,
+                 offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K: tl.constexpr,
+                 BLOCK_P: tl.constexpr, HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+    """acc + one head's term of a source tile reaching the diagonal: C·Bᵀ (cb) masked causally (and by sequence),
+    times exp(dA_m − dA_k)·dt_k, then the MMA with x_k."""
+    dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
+    if SWAP:
+        keep = (offs_k[:, None] <= offs_m[None, :]) & mask_k[:, None]
+        if HAS_SEQ:
+            keep = keep & (seq_k[:, None] == seq_m[None, :])
+        # mask the exponent, not the exp: above the diagonal it is positive and may overflow
+        decay = _decay(tl.where(keep, dA_m[None, :] - dA_k[:, None], float("-inf")), EXP2)
+        scores = cb * decay * dt_k[:, None]
+    else:
+        keep = (offs_m[:, None] >= offs_k[None, :]) & mask_k[None, :]
+        if HAS_SEQ:
+            keep = keep & (seq_m[:, None] == seq_k[None, :])
+        decay = _decay(tl.where(keep, dA_m[:, None] - dA_k[None, :], float("-inf")), EXP2)
+        scores = cb * decay * dt_k[None, :]
+    return _scores_x(x_base, x_desc, scores, acc, b, h, row0, p0, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p,
+                     dtype, BLOCK_K, BLOCK_P, SWAP, DOT_PRECISION, TMA)
+
+
+@triton.jit
+def _factored_step(cb, off, dA_ref, dA_base, dt_base, x_base, x_desc, seq_m, seq_k, b, h, row0, p0, offs_k, offs_p,
+                   mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+                   HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   TMA: tl.constexpr):
+    """off + one head's term of a source tile wholly before the row tile, with the factored decay: C·Bᵀ (cb) times
+    exp(dA_ref − dA_k)·dt_k per source column (no causal mask), then the MMA with x_k."""
+    dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
+    w = _decay(dA_ref - dA_k, EXP2) * dt_k
+    if SWAP:
+        scores = cb * w[:, None]
+    else:
+        scores = cb * w[None, :]
+    if HAS_SEQ:
+        if SWAP:
+            scores = tl.where(seq_k[:, None] == seq_m[None, :], scores, 0.0)
+        else:
+            scores = tl.where(seq_m[:, None] == seq_k[None, :], scores, 0.0)
+    return _scores_x(x_base, x_desc, scores, off, b, h, row0, p0, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p,
+                     dtype, BLOCK_K, BLOCK_P, SWAP, DOT_PRECISION, TMA)
+
+
+@triton.jit
+def _row_ref(dA_base, m0, chunk_len, s_dA_l, EXP2: tl.constexpr):
+    """dA_cumsum at the row tile's first row, in the exp's base (the factored decay's reference point)."""
+    dA_ref = tl.load(dA_base + m0 * s_dA_l, mask=m0 < chunk_len, other=0.0).to(tl.float32)
+    if EXP2:
+        dA_ref = dA_ref * 1.4426950408889634
+    return dA_ref
+
+
+@triton.jit
+def _scale_rows(acc, off, row_scale, SWAP: tl.constexpr):
+    if SWAP:
+        return acc + off * row_scale[None, :]
+    else:
+        return acc + off * row_scale[:, None]
+
+
+@triton.jit
+def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, dt_base, dt_base1, seq_base, B_desc,
+                x_desc, CmT, dA_m, dA_m1, seq_m, b, g, h, start, m0, p0, chunk_len, offs_m, offs_n, offs_p, mask_m,
+                mask_n, mask_p, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k, dtype,
                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr,
                 HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr):
-    """acc + the chunk's own tokens' term for the row tile starting at m0, up to its causal edge."""
+                SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, HB: tl.constexpr):
+    """(acc, acc1) + the chunk's own tokens' term for the row tile starting at m0, up to its causal edge: for head h
+    into acc, and with HB = 2 for head h + 1 (same group) into acc1 (its x_base1, dA_base1, dt_base1, dA_m1),
+    C·Bᵀ computed once per source tile for both. With HB = 1 acc1 is returned as given."""
     k_end = tl.minimum(chunk_len, m0 + BLOCK_M)
     k_masked = 0
     if DECAY_FACTOR:
         # source tiles wholly before the row tile: exp(dA_m - dA_k) = exp(dA_m - dA_ref)·exp(dA_ref - dA_k) with
         # dA_ref at the tile's first row (impls/README.md, factored decay): no mask, no exp per (row, source)
         k_masked = (m0 // BLOCK_K) * BLOCK_K
-        dA_ref = tl.load(dA_base + m0 * s_dA_l, mask=m0 < chunk_len, other=0.0).to(tl.float32)
-        if EXP2:
-            dA_ref = dA_ref * 1.4426950408889634
-        if SWAP:
-            off = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
-        else:
-            off = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+        dA_ref = _row_ref(dA_base, m0, chunk_len, s_dA_l, EXP2)
+        dA_ref1 = _row_ref(dA_base1, m0, chunk_len, s_dA_l, EXP2)
+        off = tl.zeros(acc.shape, dtype=tl.float32)
+        off1 = tl.zeros(acc1.shape, dtype=tl.float32)
         for k0 in range(0, k_masked, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < chunk_len
-            dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
-            w = _decay(dA_ref - dA_k, EXP2) * dt_k
-            scores = _cb_tile(cb_base, B_base, B_desc, CmT, b, g, start + k0, offs_m, offs_k, offs_n, mask_m,
-                              mask_k, mask_n, s_cb_m, s_cb_k, s_B_l, s_B_n, dtype, BLOCK_K, BLOCK_DSTATE, SWAP,
-                              SHARED_CB, DOT_PRECISION, TMA)
-            if SWAP:
-                scores = scores * w[:, None]
-            else:
-                scores = scores * w[None, :]
+            seq_k = offs_k
             if HAS_SEQ:
                 seq_k = tl.load(seq_base + offs_k * s_seq_l, mask=mask_k, other=0)
-                if SWAP:
-                    scores = tl.where(seq_k[:, None] == seq_m[None, :], scores, 0.0)
-                else:
-                    scores = tl.where(seq_m[:, None] == seq_k[None, :], scores, 0.0)
-            off = _scores_x(x_base, x_desc, scores, off, b, h, start + k0, p0, offs_k, offs_p, mask_k, mask_p,
-                            s_x_l, s_x_p, dtype, BLOCK_K, BLOCK_P, SWAP, DOT_PRECISION, TMA)
-        row_scale = _decay(dA_m - dA_ref, EXP2)
-        if SWAP:
-            acc += off * row_scale[None, :]
-        else:
-            acc += off * row_scale[:, None]
+            cb = _cb_tile(cb_base, B_base, B_desc, CmT, b, g, start + k0, offs_m, offs_k, offs_n, mask_m, mask_k,
+                          mask_n, s_cb_m, s_cb_k, s_B_l, s_B_n, dtype, BLOCK_K, BLOCK_DSTATE, SWAP, SHARED_CB,
+                          DOT_PRECISION, TMA)
+            off = _factored_step(cb, off, dA_ref, dA_base, dt_base, x_base, x_desc, seq_m, seq_k, b, h, start + k0,
+                                 p0, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K,
+                                 BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+            if HB == 2:
+                off1 = _factored_step(cb, off1, dA_ref1, dA_base1, dt_base1, x_base1, x_desc, seq_m, seq_k, b, h + 1,
+                                      start + k0, p0, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p,
+                                      dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+        acc = _scale_rows(acc, off, _decay(dA_m - dA_ref, EXP2), SWAP)
+        if HB == 2:
+            acc1 = _scale_rows(acc1, off1, _decay(dA_m1 - dA_ref1, EXP2), SWAP)
     for k0 in range(k_masked, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < chunk_len
-        dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
+        seq_k = offs_k
         if HAS_SEQ:
             seq_k = tl.load(seq_base + offs_k * s_seq_l, mask=mask_k, other=0)
-        scores = _cb_tile(cb_base, B_base, B_desc, CmT, b, g, start + k0, offs_m, offs_k, offs_n, mask_m, mask_k,
-                          mask_n, s_cb_m, s_cb_k, s_B_l, s_B_n, dtype, BLOCK_K, BLOCK_DSTATE, SWAP, SHARED_CB,
-                          DOT_PRECISION, TMA)
-        if SWAP:
-            keep = (offs_k[:, None] <= offs_m[None, :]) & mask_k[:, None]
-            if HAS_SEQ:
-                keep = keep & (seq_k[:, None] == seq_m[None, :])
-            # mask the exponent, not the exp: above the diagonal it is positive and may overflow
-            decay = _decay(tl.where(keep, dA_m[None, :] - dA_k[:, None], float("-inf")), EXP2)
-            scores = scores * decay * dt_k[:, None]
-        else:
-            keep = (offs_m[:, None] >= offs_k[None, :]) & mask_k[None, :]
-            if HAS_SEQ:
-                keep = keep & (seq_m[:, None] == seq_k[None, :])
-            decay = _decay(tl.where(keep, dA_m[:, None] - dA_k[None, :], float("-inf")), EXP2)
-            scores = scores * decay * dt_k[None, :]
-        acc = _scores_x(x_base, x_desc, scores, acc, b, h, start + k0, p0, offs_k, offs_p, mask_k, mask_p, s_x_l,
-                        s_x_p, dtype, BLOCK_K, BLOCK_P, SWAP, DOT_PRECISION, TMA)
-    return acc
+        cb = _cb_tile(cb_base, B_base, B_desc, CmT, b, g, start + k0, offs_m, offs_k, offs_n, mask_m, mask_k,
+                      mask_n, s_cb_m, s_cb_k, s_B_l, s_B_n, dtype, BLOCK_K, BLOCK_DSTATE, SWAP, SHARED_CB,
+                      DOT_PRECISION, TMA)
+        acc = _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, b, h, start + k0, p0,
+                           offs_m, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K,
+                           BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+        if HB == 2:
+            acc1 = _masked_step(cb, acc1, dA_base1, dt_base1, x_base1, x_desc, dA_m1, seq_m, seq_k, b, h + 1,
+                                start + k0, p0, offs_m, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p,
+                                dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+    return acc, acc1
 
 
 @triton.jit
@@ -333,15 +382,16 @@ def compute_out_kernel(
     BLOCK_DSTATE: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SEQ: tl.constexpr,
     SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr,
-    DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, ST_N_CONTIG: tl.constexpr,
+    DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, ST_N_CONTIG: tl.constexpr, HB: tl.constexpr,
 ):
-    # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head, chunk, batch
+    # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head block (HB heads of one
+    # group: h and, with HB = 2, h + 1), chunk, batch
     pid = tl.program_id(0)
     tiles_p = tl.cdiv(headdim, BLOCK_P)
     tiles = tiles_p * (CHUNK // BLOCK_M)
     tile = pid % tiles
-    h = (pid // tiles) % nheads
-    bc = pid // (tiles * nheads)
+    h = ((pid // tiles) % (nheads // HB)) * HB
+    bc = pid // (tiles * (nheads // HB))
     c = bc % nchunks
     b32 = bc // nchunks  # descriptor offsets are 32-bit
     b = b32.to(tl.int64)
@@ -389,14 +439,33 @@ def compute_out_kernel(
     # 1. the entering state's contribution; 2. the chunk's own tokens, up to the causal edge of this row tile
     acc = state_term(st_base, st_desc, CmT, state_scale, b32, c, h, p0, offs_n, offs_p, mask_n, mask_p, s_st_p,
                      s_st_n, dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, TMA, ST_N_CONTIG, "")
-    acc = intra_chunk(acc, B_base, x_base, cb_base, dA_base, dt_base, seq_base, B_desc, x_desc, CmT, dA_m, seq_m,
-                      b32, g, h, start, m0, p0, chunk_len, offs_m, offs_n, offs_p, mask_m, mask_n, mask_p,
-                      s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k, dtype,
-                      BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB,
-                      DECAY_FACTOR, TMA)
+    if HB == 2:  # the second head of the tile: its own per-head operands; C, each B tile and C·Bᵀ are shared
+        x_base1 = x_base + s_x_h
+        dt_base1 = dt_base + s_dt_h
+        dA_base1 = dA_base + s_dA_h
+        dA_m1, state_scale1, seq_m = row_terms(dA_base1, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2,
+                                               HAS_SEQ)
+        acc1 = state_term(st_base + s_st_h, st_desc, CmT, state_scale1, b32, c, h + 1, p0, offs_n, offs_p, mask_n,
+                          mask_p, s_st_p, s_st_n, dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, TMA,
+                          ST_N_CONTIG, "")
+    else:
+        x_base1 = x_base
+        dt_base1 = dt_base
+        dA_base1 = dA_base
+        dA_m1 = dA_m
+        acc1 = acc
+    acc, acc1 = intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, dt_base, dt_base1,
+                            seq_base, B_desc, x_desc, CmT, dA_m, dA_m1, seq_m, b32, g, h, start, m0, p0, chunk_len,
+                            offs_m, offs_n, offs_p, mask_m, mask_n, mask_p, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l,
+                            s_dt_l, s_seq_l, s_cb_m, s_cb_k, dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE, HAS_SEQ,
+                            SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, HB)
     # 3. D skip, z gate, store
     epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b32, h, start + m0, p0, offs_m, offs_p, mask_m, mask_p,
              s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, BLOCK_M, BLOCK_P, HAS_D, HAS_Z, SWAP, EXP2, TMA)
+    if HB == 2:
+        epilogue(acc1, x_base1, z_base + s_z_h, y_base + s_y_h, y_desc, D_ptr, b32, h + 1, start + m0, p0, offs_m,
+                 offs_p, mask_m, mask_p, s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, BLOCK_M, BLOCK_P,
+                 HAS_D, HAS_Z, SWAP, EXP2, TMA)
 
 
 def operand_args(x, dt, D, z, seq_idx):
@@ -425,8 +494,12 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
     shared = switches.cb_mode == "shared"
     cb = cb_matrix(C, B, chunk, empty, dot_precision) if shared else dt  # never read unless shared
     cb_strides = cb.stride() if shared else (0,) * 5
+    hb = config.get("heads_per_tile", 1)
+    if (nheads // ngroups) % hb:
+        raise ValueError(f"switch heads_per_tile of backend 'triton': {hb} heads per program must divide the "
+                         f"{nheads // ngroups} heads of a group")
     tiles = triton.cdiv(headdim, config["block_headdim"]) * (chunk // config["block_rows"])
-    grid = (tiles * nheads * nchunks * batch,)
+    grid = (tiles * (nheads // hb) * nchunks * batch,)
     compute_out_kernel[grid](
         C, B, x, dt, dA_cumsum, states, D_arg, z_arg, seq, cb, y,
         batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
@@ -436,7 +509,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         BLOCK_DSTATE=block_dstate,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
-        DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1,
+        DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=cfg.maxnreg(config),
     )
     return y

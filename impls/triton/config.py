@@ -102,6 +102,11 @@ class TritonSwitches:
     num_stages: int = switch(
         0, "software-pipelining depth of the loops (chunk_state, compute_out); 0 = from tuning. Triton's "
            "nearest analogue of cuTile's latency hints", choices=(0, 1, 2, 3, 4, 5))
+    heads_per_tile: int = switch(
+        0, "compute_out: heads of one group per program (1 or 2; must divide nheads / ngroups, else ValueError); "
+           "with 2, C's rows, each B tile and each C·Bᵀ tile are loaded/computed once for both heads, each head "
+           "keeping its own state term, scores, x tiles, accumulator and epilogue (cuTile's head_mma='per_head'); "
+           "0 = from tuning (fallback 1)", choices=(0, 1, 2))
     occupancy: int = switch(
         0, "CTAs per SM the register allocation must leave room for (chunk_state, compute_out, the fused kernel): "
            "N > 0 launches with maxnreg = 65536 / (N · 32 · num_warps), rounded down to a multiple of 8, at most "
@@ -117,7 +122,8 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "chunk_cumsum": ("block_heads", "num_warps"),
     "chunk_state": ("block_headdim", "block_dstate", "block_positions", "num_warps", "num_stages", "occupancy"),
     "state_passing": ("block_state", "num_warps"),
-    "compute_out": ("block_rows", "block_positions", "block_headdim", "num_warps", "num_stages", "occupancy"),
+    "compute_out": ("block_rows", "block_positions", "block_headdim", "num_warps", "num_stages", "occupancy",
+                    "heads_per_tile"),
     FUSED: ("block_rows", "block_positions", "block_headdim", "num_warps", "num_stages", "occupancy"),
 }
 
@@ -130,7 +136,7 @@ _GPU_FALLBACK: dict[str, dict[str, int]] = {
                     "num_stages": 3, "occupancy": 0},
     "state_passing": {"block_state": 1024, "num_warps": 4},
     "compute_out": {"block_rows": 64, "block_positions": 64, "block_headdim": 64, "num_warps": 4,
-                    "num_stages": 2, "occupancy": 0},
+                    "num_stages": 2, "occupancy": 0, "heads_per_tile": 1},
     FUSED: {"block_rows": 64, "block_positions": 64, "block_headdim": 64, "num_warps": 4, "num_stages": 2,
             "occupancy": 0},
 }
@@ -144,7 +150,7 @@ FALLBACK: dict[str, dict[str, dict[str, int]]] = {
                         "num_stages": 1, "occupancy": 0},
         "state_passing": {"block_state": 64, "num_warps": 1},
         "compute_out": {"block_rows": 16, "block_positions": 16, "block_headdim": 16, "num_warps": 1,
-                        "num_stages": 1, "occupancy": 0},
+                        "num_stages": 1, "occupancy": 0, "heads_per_tile": 1},
         FUSED: {"block_rows": 16, "block_positions": 16, "block_headdim": 16, "num_warps": 1, "num_stages": 1,
                 "occupancy": 0},
     },
@@ -157,7 +163,7 @@ SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
                     "num_warps": (4, 8), "num_stages": (1, 2, 3), "occupancy": (0, 3, 4)},
     "state_passing": {"block_state": (256, 512, 1024, 2048), "num_warps": (1, 2, 4, 8)},
     "compute_out": {"block_rows": (32, 64, 128), "block_positions": (32, 64), "block_headdim": (32, 64, 128),
-                    "num_warps": (4, 8), "num_stages": (1, 2, 3), "occupancy": (0, 3, 4)},
+                    "num_warps": (4, 8), "num_stages": (1, 2, 3), "occupancy": (0, 3, 4), "heads_per_tile": (1, 2)},
     FUSED: {"block_rows": (32, 64), "block_positions": (32, 64), "block_headdim": (32, 64),
             "num_warps": (4, 8), "num_stages": (1, 2, 3), "occupancy": (0, 3, 4)},
 }

@@ -195,11 +195,11 @@ def fused_kernel(
         acc = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
-    acc = intra_chunk(acc, B_base, x_base, x_ptr, dA_base, dt_base, seq_base, B_desc, x_desc, CmT, dA_m, seq_m,
-                      b32, g, h, start, m0, p0, chunk_len, offs_m, offs_n, offs_p, mask_m, mask_n, mask_p,
-                      s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, 0, 0, dtype,
-                      BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, False,
-                      DECAY_FACTOR, TMA)
+    acc, _ = intra_chunk(acc, acc, B_base, x_base, x_base, x_ptr, dA_base, dA_base, dt_base, dt_base, seq_base,
+                         B_desc, x_desc, CmT, dA_m, dA_m, seq_m, b32, g, h, start, m0, p0, chunk_len, offs_m, offs_n,
+                         offs_p, mask_m, mask_n, mask_p, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, 0, 0,
+                         dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, False,
+                         DECAY_FACTOR, TMA, 1)
     _wait(flags + c)
     acc += state_term(st_base, None, CmT, state_scale, b32, c, h, p0, offs_n, offs_p, mask_n, mask_p, s_st_p,
                       s_st_n, dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, False, False, ".cg")
