@@ -364,6 +364,19 @@ def states_desc(st_ptr, batch, nchunks, nheads, headdim, dstate, s_st_b, s_st_c,
 
 
 @triton.jit
+def tile_coords(m0, p0, c, seqlen, headdim, dstate, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr):
+    """A program's offsets and masks inside chunk c: headdim columns from p0, chunk rows from m0, all of dstate;
+    also the chunk's first position and its length (the last chunk may be short)."""
+    offs_p = p0 + tl.arange(0, BLOCK_P)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_DSTATE)
+    start = c * CHUNK
+    chunk_len = tl.minimum(CHUNK, seqlen - start)
+    return offs_p, offs_m, offs_n, start, chunk_len, offs_p < headdim, offs_m < chunk_len, offs_n < dstate
+
+
+@triton.jit
 def compute_out_kernel(
     C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr,
     batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
@@ -398,14 +411,8 @@ def compute_out_kernel(
     g = h // heads_per_group
     m0 = (tile // tiles_p) * BLOCK_M
     p0 = (tile % tiles_p) * BLOCK_P
-    offs_p = p0 + tl.arange(0, BLOCK_P)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_DSTATE)
-    start = c * CHUNK
-    chunk_len = tl.minimum(CHUNK, seqlen - start)
-    mask_m = offs_m < chunk_len
-    mask_p = offs_p < headdim
-    mask_n = offs_n < dstate
+    offs_p, offs_m, offs_n, start, chunk_len, mask_p, mask_m, mask_n = tile_coords(
+        m0, p0, c, seqlen, headdim, dstate, CHUNK, BLOCK_M, BLOCK_P, BLOCK_DSTATE)
     # 64-bit base offsets: batch·stride, position·stride and chunk·stride pass 2^31 at a million tokens
     start64 = start.to(tl.int64)
     C_base = C_ptr + b * s_C_b + start64 * s_C_l + g.to(tl.int64) * s_C_g

@@ -39,7 +39,15 @@ import triton.language as tl
 from impls.triton import config as cfg
 from impls.triton import descriptors
 from impls.triton.chunk_cumsum import _exp
-from impls.triton.compute_out import c_rows, epilogue, intra_chunk, operand_args, row_terms, state_term
+from impls.triton.compute_out import (
+    c_rows,
+    epilogue,
+    intra_chunk,
+    operand_args,
+    row_terms,
+    state_term,
+    tile_coords,
+)
 from impls.triton.fwd_pass_state import _state_buffer, local_state, rows_desc
 
 
@@ -148,14 +156,8 @@ def fused_kernel(
     pb = tile % tiles_p
     m0 = row_tile * BLOCK_M
     p0 = pb * BLOCK_P
-    offs_p = p0 + tl.arange(0, BLOCK_P)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_DSTATE)
-    start = c * CHUNK
-    chunk_len = tl.minimum(CHUNK, seqlen - start)
-    mask_m = offs_m < chunk_len
-    mask_p = offs_p < headdim
-    mask_n = offs_n < dstate
+    offs_p, offs_m, offs_n, start, chunk_len, mask_p, mask_m, mask_n = tile_coords(
+        m0, p0, c, seqlen, headdim, dstate, CHUNK, BLOCK_M, BLOCK_P, BLOCK_DSTATE)
     start64 = start.to(tl.int64)
     C_base = C_ptr + b * s_C_b + start64 * s_C_l + g.to(tl.int64) * s_C_g
     B_base = B_ptr + b * s_B_b + start64 * s_B_l + g.to(tl.int64) * s_B_g
