@@ -222,6 +222,96 @@ def test_decay_factor(problem, switches, swap, dtype):
     assert not failures(errors, dtype), errors
 
 
+# --- tensor-descriptor (TMA) loads and the fused arrangement ---------------------------------------------------
+TMA_CASES = [
+    pytest.param({}, RICH, DTYPES, id="swap-transposed"),
+    pytest.param({"operand_swap": False, "transposed_layout": False, "exp2": False}, RICH, DTYPES, id="all-off"),
+    pytest.param({"decay_factor": True, "operand_swap": False}, Problem(Shape(1, 100, 2, 32, 1, 32, 64)),
+                 DTYPES[:1], id="decay_factor-no-swap-chunk64"),
+    pytest.param({"cb_mode": "shared"}, Problem(SMALL, varlen=True, nseqs=3, has_z=True), DTYPES[:1],
+                 id="cb-shared-cu_seqlens"),
+]
+
+
+@pytest.mark.parametrize("switches,problem,dtypes", TMA_CASES)
+def test_tma(switches, problem, dtypes):
+    """Tensor-descriptor loads and stores (contiguous inputs): each stage against the float64 reference."""
+    backend = get_backend("triton", tma=True, **switches)
+    for dtype in [d.values[0] for d in dtypes]:
+        inputs = make_inputs(problem, seed=8, dtype=dtype)
+        errors = forward_errors(backend, inputs, float64_forward(inputs))
+        assert not failures(errors, dtype), (dtype, errors)
+
+
+def test_tma_refuses_tensors_a_descriptor_cannot_read():
+    """x, B, C as unaligned column slices of one projection: tma raises naming the tensor, before any kernel."""
+    inputs = fused_projection(make_inputs(Problem(SMALL, has_z=True), seed=9, dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"switch 'tma' of backend 'triton': x: its data pointer is not 16-byte"):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True))
+    inputs = transposed_x(make_inputs(Problem(SMALL), seed=9, dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"x: its last dimension has stride"):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True))
+
+
+FUSED_CASES = [
+    pytest.param({}, RICH, id="rich-swap-transposed"),  # seq_idx 3 sequences, initial states, z, per-channel D
+    pytest.param({"operand_swap": False, "transposed_layout": False, "exp2": False}, RICH, id="rich-all-off"),
+    pytest.param({"block_rows": 16, "block_positions": 16, "block_headdim": 16},
+                 Problem(Shape(2, 150, 2, 32, 1, 32, 64), has_initial_states=True), id="4-row-tiles-2-headdim-tiles"),
+    pytest.param({}, Problem(SMALL, varlen=True, nseqs=3, has_z=True), id="cu_seqlens-3-seqs"),
+    pytest.param({"tma": True, "decay_factor": True}, Problem(Shape(1, 100, 2, 32, 1, 32, 64), nseqs=2),
+                 id="tma-decay_factor"),
+    pytest.param({}, Problem(dataclasses.replace(SMALL, seqlen=20), state_dtype="float32"),
+                 id="one-chunk-fp32-states"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("switches,problem", FUSED_CASES)
+def test_fuse_state_out(switches, problem, dtype):
+    """The fused kernel's y, states and final states (and varlen states) against the float64 reference; the stage
+    calls keep the three-stage kernels."""
+    backend = get_backend("triton", fuse_state_out=True, **switches)
+    inputs = make_inputs(problem, seed=10, dtype=dtype)
+    errors, out = forward_stage_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, dtype), errors
+    stages = backend.describe()["stages"]
+    assert cfg.FUSED in stages and "compute_out" not in stages and "state_passing" not in stages, stages
+    assert (out.states.stride(-2) == 1) == backend.switches.transposed_layout
+
+
+def test_fuse_state_out_refuses_shared_cb():
+    with pytest.raises(ValueError, match="fuse_state_out.*cb_mode='shared'"):
+        get_backend("triton", fuse_state_out=True, cb_mode="shared")
+
+
+HEADS_PER_TILE_CASES = [
+    pytest.param({}, RICH, id="rich-swap"),  # 2 heads per group: one program per group's pair
+    pytest.param({"operand_swap": False, "transposed_layout": False, "exp2": False}, RICH, id="rich-all-off"),
+    pytest.param({"tma": True, "decay_factor": True, "block_rows": 32, "block_positions": 16},
+                 Problem(Shape(1, 100, 4, 32, 1, 32, 64), nseqs=2, has_z=True), id="tma-decay_factor-4-heads"),
+    pytest.param({"cb_mode": "shared", "operand_swap": False}, Problem(SMALL, varlen=True, nseqs=3),
+                 id="cb-shared-cu_seqlens"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("switches,problem", HEADS_PER_TILE_CASES)
+def test_heads_per_tile_2(switches, problem, dtype):
+    """Two heads of a group per compute_out program (C, B and C·Bᵀ shared): each stage against float64."""
+    backend = get_backend("triton", heads_per_tile=2, **switches)
+    inputs = make_inputs(problem, seed=12, dtype=dtype)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, dtype), errors
+    assert backend.describe()["stages"]["compute_out"]["config"]["heads_per_tile"] == 2
+
+
+def test_heads_per_tile_must_divide_the_group():
+    inputs = make_inputs(Problem(dataclasses.replace(SMALL, ngroups=4)), seed=12, dtype=torch.float32)
+    with pytest.raises(ValueError, match="heads_per_tile of backend 'triton': 2 heads per program must divide the 1"):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", heads_per_tile=2))
+
+
 def test_state_dtype_fp16_under_fp32_inputs():
     inputs = make_inputs(Problem(SMALL, has_initial_states=True, nseqs=2), seed=12, dtype=torch.float32)
     inputs.state_dtype = torch.float16
@@ -315,14 +405,16 @@ def test_tuning_modes(tmp_path, monkeypatch):
 
 def test_pinned_switches_override_and_report():
     backend = get_backend("triton", block_rows=32, block_positions=32, block_headdim=16, num_warps=2,
-                          num_stages=1, block_heads=4, block_state=128, block_dstate=16)
+                          num_stages=1, block_heads=4, block_state=128, block_dstate=16, occupancy=3,
+                          heads_per_tile=1)
     inputs = make_inputs(Problem(SMALL), seed=15, dtype=torch.float32)
     errors, _ = forward_stage_errors(backend, inputs, float64_forward(inputs))
     assert not failures(errors, torch.float32), errors
     stages = backend.describe()["stages"]
     assert {info["source"] for info in stages.values()} == {"switches"}
     assert stages["compute_out"]["config"] == {"block_rows": 32, "block_positions": 32, "block_headdim": 16,
-                                               "num_warps": 2, "num_stages": 1}
+                                               "num_warps": 2, "num_stages": 1, "occupancy": 3,
+                                               "heads_per_tile": 1}
     assert stages["chunk_cumsum"]["config"] == {"block_heads": 4, "num_warps": 2}
 
 
@@ -342,7 +434,14 @@ def test_fallback_shrinks_compute_out_to_fit_shared_memory():
 
 
 # --- what the backend refuses -------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["latency_hints", "tma", "occupancy"])
+def test_occupancy_maps_to_a_register_cap():
+    assert cfg.maxnreg({"occupancy": 0, "num_warps": 4}) is None and cfg.maxnreg({"num_warps": 4}) is None
+    assert cfg.maxnreg({"occupancy": 3, "num_warps": 4}) == 168  # 65536 / (3 · 128) = 170.7, down to 8s
+    assert cfg.maxnreg({"occupancy": 4, "num_warps": 8}) == 64
+    assert cfg.maxnreg({"occupancy": 1, "num_warps": 4}) == 255  # the PTX ceiling
+
+
+@pytest.mark.parametrize("name", ["latency_hints"])
 def test_cannot_express_raises_naming_backend_and_switch(name):
     with pytest.raises(ValueError, match=rf"switch '{name}': backend 'triton' cannot express it"):
         get_backend("triton", **{name: True})
@@ -377,7 +476,24 @@ def test_kernels_compile_for_sm90():
     interpreter accepts programs the compiler rejects, so this is the CPU suite's guard on the compiled path."""
     result = _aot("--arch", "90", "--dtype", "bfloat16")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("ok  ") == 12, result.stdout
+    # defaults and all-off (6 kernels each, the fused one included), and at the defaults chunk_state, compute_out
+    # (dstate 128, 256) and the fused kernel again with tensor descriptors, whose PTX must have bulk tensor copies
+    assert result.stdout.count("ok  ") == 20, result.stdout  # and compute_out with 2 heads per program (x2)
+    assert result.stdout.count("bulk_tensor_copies=yes") == 4, result.stdout
+
+
+def test_what_triton_cannot_express_is_shown_by_the_compiler():
+    """The evidence docs/triton-switches.md quotes: a latency hint on tl.load is a compile error; an occupancy
+    compile option is dropped without a trace in the PTX; maxnreg (the occupancy switch's means) reaches it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "impls.triton.expressible"], capture_output=True, text=True,
+                            env=env, cwd=Path(__file__).resolve().parent.parent, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "latency_hints: CompilationError: load() got an unexpected keyword argument 'latency'",
+        "occupancy: compile option occupancy=2 accepted; PTX directives: none",
+        "occupancy via maxnreg=168: PTX directives: .maxnreg",
+    ], result.stdout
 
 
 @pytest.mark.slow

@@ -7,7 +7,9 @@ call this module in a subprocess:
 
     python -m impls.triton.aot --arch 90 --dtype bfloat16 [--all-variants]
 
-It prints one line per kernel variant: name, switches, shared-memory bytes; exit status 1 if any failed.
+It prints one line per kernel variant: name, switches, shared-memory bytes, whether the PTX has bulk tensor copies
+(cp.async.bulk.tensor: TMA; a variant built with TMA must have them, one without must not); exit status 1 if any
+failed.
 """
 
 from __future__ import annotations
@@ -41,15 +43,17 @@ def _compile(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_
     source = ASTSource(kernel, signature, constexprs={(names.index(k),): v for k, v in constexprs.items()})
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": num_warps, "num_stages": num_stages})
-    return compiled.metadata.shared
+    return compiled.metadata.shared, "cp.async.bulk.tensor" in compiled.asm["ptx"]
 
 
 def variants(dtype: str, all_variants: bool):
-    """(kernel name, kernel, pointer types, constexprs, num_warps, num_stages) for the defaults and all-off, or
-    for every combination of the code switches and features when `all_variants`."""
+    """(kernel name, kernel, pointer types, constexprs, num_warps, num_stages) for the defaults and all-off (and,
+    at the defaults, the tensor-descriptor builds and the fused kernel), or for every combination of the code
+    switches and features when `all_variants`."""
     from impls.triton import config as cfg
     from impls.triton.chunk_cumsum import chunk_cumsum_kernel
     from impls.triton.compute_out import CB_BLOCK, cb_kernel, compute_out_kernel
+    from impls.triton.fused import fused_kernel
     from impls.triton.fwd_pass_state import chunk_state_kernel, state_passing_kernel
 
     p = POINTER[dtype]
@@ -58,20 +62,23 @@ def variants(dtype: str, all_variants: bool):
     flags = list(itertools.product((True, False), repeat=3)) if all_variants else [(True,) * 3, (False,) * 3]
     precisions = ("tf32", "ieee") if dtype == "float32" else ("tf32",)
     for swap, exp2, feature in flags:
+        tmas = (False, True) if all_variants or (swap, exp2, feature) == flags[0] else (False,)
         base = cfg.fallback("sm90", "chunk_cumsum", dims, itemsize, {})
         yield ("chunk_cumsum", chunk_cumsum_kernel,
                {"dt_ptr": p, "A_ptr": "*fp32", "bias_ptr": "*fp32", "dt_out_ptr": "*fp32", "dA_ptr": "*fp32"},
                dict(CHUNK=256, BLOCK_H=base["block_heads"], HAS_BIAS=feature, SOFTPLUS=feature, HAS_LIMIT=feature,
                     EXP2=exp2), base["num_warps"], 1)
-        for precision in precisions:
+        for precision, tma in itertools.product(precisions, tmas):
             c = cfg.fallback("sm90", "chunk_state", dims, itemsize, {})
             yield ("chunk_state", chunk_state_kernel,
                    {"x_ptr": p, "B_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "seq_ptr": "*i32",
                     "out_ptr": "*fp32"},
                    dict(CHUNK=256, BLOCK_P=c["block_headdim"], BLOCK_N=c["block_dstate"],
                         BLOCK_K=c["block_positions"], HAS_SEQ=feature, SWAP=swap, EXP2=exp2,
-                        DOT_PRECISION=precision), c["num_warps"], c["num_stages"])
-            for dstate in (128, 256):
+                        DOT_PRECISION=precision, TMA=tma, OUT_N_CONTIG=not swap), c["num_warps"], c["num_stages"])
+            for dstate, hb in itertools.product((128, 256), (1, 2) if not tma else (1,)):
+                if hb == 2 and not (all_variants or (swap, exp2, feature) == flags[0]):
+                    continue
                 d = dict(dims, dstate=dstate)
                 c = cfg.fallback("sm90", "compute_out", d, itemsize, {})
                 yield ("compute_out", compute_out_kernel,
@@ -80,8 +87,19 @@ def variants(dtype: str, all_variants: bool):
                        dict(CHUNK=256, BLOCK_M=c["block_rows"], BLOCK_K=c["block_positions"],
                             BLOCK_P=c["block_headdim"], BLOCK_DSTATE=dstate, HAS_D=feature, HAS_Z=feature,
                             HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precision, SHARED_CB=feature,
-                            DECAY_FACTOR=feature),
+                            DECAY_FACTOR=feature, TMA=tma, ST_N_CONTIG=not swap, HB=hb),
                        c["num_warps"], c["num_stages"])
+            c = cfg.fallback("sm90", cfg.FUSED, dims, itemsize, {})
+            yield ("fused_state_out", fused_kernel,
+                   {"C_ptr": p, "B_ptr": p, "x_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "init_ptr": "*fp32",
+                    "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "st_ptr": p, "slot_ptr": "*fp32", "y_ptr": p,
+                    "sync_ptr": "*i32"},
+                   dict(CHUNK=256, BLOCK_M=c["block_rows"], BLOCK_K=c["block_positions"], BLOCK_P=c["block_headdim"],
+                        BLOCK_DSTATE=128, HAS_INIT=feature, HAS_D=feature, HAS_Z=feature, HAS_SEQ=feature,
+                        SWAP=swap, EXP2=exp2, DOT_PRECISION=precision, DECAY_FACTOR=feature, TMA=tma),
+                   c["num_warps"], c["num_stages"])
+            if tma:
+                continue
             yield ("cb", cb_kernel, {"C_ptr": p, "B_ptr": p, "cb_ptr": "*fp32"},
                    dict(CHUNK=256, BLOCK=CB_BLOCK, BLOCK_DSTATE=128, DOT_PRECISION=precision), 4, 1)
         s = cfg.fallback("sm90", "state_passing", dims, itemsize, {})
@@ -105,14 +123,16 @@ def main(argv=None) -> int:
     for name, kernel, pointers, constexprs, warps, stages in variants(args.dtype, args.all_variants):
         label = f"{name} sm_{args.arch} {args.dtype} " + " ".join(f"{k}={v}" for k, v in constexprs.items())
         try:
-            shared = _compile(kernel, pointers, constexprs, args.arch, warps, stages)
+            shared, uses_tma = _compile(kernel, pointers, constexprs, args.arch, warps, stages)
         except Exception as exc:  # report every failing variant, not only the first
             failed += 1
             print(f"FAIL {label}: {type(exc).__name__}: {str(exc)[:500]}")
             continue
         fits = shared <= SHARED_MEMORY_LIMIT.get(args.arch, 232448)
-        failed += not fits
-        print(f"{'ok  ' if fits else 'SMEM'} {label} shared={shared}")
+        tma_ok = uses_tma == bool(constexprs.get("TMA", False))  # descriptor loads compile to bulk tensor copies
+        failed += not (fits and tma_ok)
+        status = "ok  " if fits and tma_ok else ("SMEM" if not fits else "TMA?")
+        print(f"{status} {label} shared={shared} bulk_tensor_copies={'yes' if uses_tma else 'no'}")
     return 1 if failed else 0
 
 

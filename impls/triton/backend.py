@@ -17,10 +17,11 @@ import torch
 
 from impls import tuning
 from impls.problem import Problem, Shape, dtype_name
-from impls.registry import Backend, register
+from impls.registry import Backend, ForwardResult, register
 from impls.triton import config as cfg
 from impls.triton.chunk_cumsum import chunk_cumsum as _chunk_cumsum
 from impls.triton.compute_out import compute_out as _compute_out
+from impls.triton.fused import fused_state_out as _fused_state_out
 from impls.triton.fwd_pass_state import chunk_states as _chunk_states
 from impls.triton.fwd_pass_state import pass_states as _pass_states
 
@@ -36,14 +37,13 @@ class TritonBackend(Backend):
     CANNOT_EXPRESS = {
         "latency_hints": "Triton has no per-load latency hint; the nearest analogues are the num_stages "
                          "(software-pipelining depth) and num_warps switches",
-        "tma": "this backend has no TMA path: it loads through pointers (a tl.make_tensor_descriptor path "
-               "would be a new kernel variant, not written)",
-        "occupancy": "Triton has no CTAs-per-SM hint; occupancy follows from num_warps and the registers and "
-                     "shared memory of the launch configuration",
     }
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)
+        if self.switches.fuse_state_out and self.switches.cb_mode == "shared":
+            raise ValueError("switch fuse_state_out of backend 'triton': the fused kernel computes C·Bᵀ inline; "
+                             "cb_mode='shared' would add a launch before it (use cb_mode='inline')")
         self._resolved: dict[tuple[str, str], cfg.Resolved] = {}
         self.last_tuning: dict[str, dict[str, Any]] = {}
 
@@ -120,6 +120,44 @@ class TritonBackend(Backend):
     def tf32_matmuls(self, stage, device) -> bool:
         # the interpreter (CPU tensors) ignores tl.dot's input_precision: its dots are exact fp32
         return device.type == "cuda" and self.switches.cb_precision == "tf32"
+
+    # --- the fused arrangement (switch fuse_state_out): chunk_cumsum, then stages 2 and 3 in one kernel ----------
+    def fused_state_out(self, C, B, x, dt, dA_cumsum, initial_states, D, z, seq_idx, state_dtype):
+        """-> (y, states, final states): impls/triton/fused.py on stage 1's outputs."""
+        shape, dims = self._shape(x, B, dt)
+        precision = self._dot_precision(x)
+        out_dtype = state_dtype or x.dtype
+        flags = {"seq": seq_idx is not None, "z": z is not None, "D": "none" if D is None else D.dim(),
+                 "init": initial_states is not None, "state": dtype_name(out_dtype)}
+
+        def launch(config):
+            return _fused_state_out(C, B, x, dt, dA_cumsum, initial_states, D, z, seq_idx, out_dtype, config=config,
+                                    switches=self.switches, empty=self._empty, dot_precision=precision)
+
+        config = self._config(cfg.FUSED, shape, dtype_name(x.dtype), flags, dims, x.device, launch)
+        return launch(config)
+
+    def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                    dt_softplus, dt_limit, state_dtype):
+        if not self.switches.fuse_state_out:
+            return super().ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                                       cu_seqlens, dt_softplus, dt_limit, state_dtype)
+        dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
+        y, states, final = self.fused_state_out(C, B, x, dt_out, dA_cumsum, initial_states, D, z, seq_idx,
+                                                state_dtype)
+        varlen = None
+        if cu_seqlens is not None:
+            varlen = self.varlen_states(B, x, dt_out, dA_cumsum, states, cu_seqlens)
+        return ForwardResult(y, final, varlen, dt_out, dA_cumsum, states)
+
+    def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                      dt_softplus, dt_limit, state_dtype):
+        """With fuse_state_out, the fused kernel on ready stage-1 outputs, timed apart as "part:fused_state_out"."""
+        if not self.switches.fuse_state_out:
+            return {}
+        dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
+        return {"fused_state_out": lambda: self.fused_state_out(C, B, x, dt_out, dA_cumsum, initial_states, D, z,
+                                                                seq_idx, state_dtype)}
 
     # --- what ran -----------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

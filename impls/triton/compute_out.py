@@ -16,7 +16,9 @@ on the MMA's N dimension and headdim on M; `exp2` turns every exp into exp2 with
 loaded; `decay_factor` takes the source tiles wholly before the row tile with the factored decay of impls/README.md
 (no mask, no exp per (row, source) pair; the row factor scales their sum); `transposed_layout` only matters
 through the strides of `states` (fwd_pass_state's output): this kernel
-reads states through their strides.
+reads states through their strides; `tma` loads C, B, x and the states and stores y through tensor descriptors
+(impls/triton/descriptors.py). The kernel's parts (c_rows, row_terms, state_term, intra_chunk, epilogue) are
+jit functions that the fused kernel (impls/triton/fused.py) calls in another order.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from impls.triton import config as cfg
+from impls.triton import descriptors
+from impls.triton.fwd_pass_state import rows_desc
 
 
 @triton.jit
@@ -74,9 +80,11 @@ def _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2: tl.const
 
 
 @triton.jit
-def _cb_tile(cb_base, B_base, CmT, offs_m, offs_k, offs_n, mask_m, mask_k, mask_n, s_cb_m, s_cb_k, s_B_l, s_B_n,
-             dtype, SWAP: tl.constexpr, SHARED_CB: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """C·Bᵀ for (rows offs_m, sources offs_k) in fp32: (rows, k), or (k, rows) with SWAP (CmT is then Cᵀ)."""
+def _cb_tile(cb_base, B_base, B_desc, CmT, b, g, row0, offs_m, offs_k, offs_n, mask_m, mask_k, mask_n, s_cb_m, s_cb_k,
+             s_B_l, s_B_n, dtype, BLOCK_K: tl.constexpr, BLOCK_DSTATE: tl.constexpr, SWAP: tl.constexpr,
+             SHARED_CB: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+    """C·Bᵀ for (rows offs_m, sources offs_k) in fp32: (rows, k), or (k, rows) with SWAP (CmT is then Cᵀ). With TMA
+    the B tile (positions row0 .. row0 + BLOCK_K of group g, batch b) comes through B_desc."""
     if SHARED_CB:
         if SWAP:
             cb = tl.load(cb_base + offs_k[:, None] * s_cb_k + offs_m[None, :] * s_cb_m,
@@ -84,23 +92,35 @@ def _cb_tile(cb_base, B_base, CmT, offs_m, offs_k, offs_n, mask_m, mask_k, mask_
         else:
             cb = tl.load(cb_base + offs_m[:, None] * s_cb_m + offs_k[None, :] * s_cb_k,
                          mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-    else:
+    elif TMA:
+        Bk = B_desc.load([b, row0, g, 0]).reshape(BLOCK_K, BLOCK_DSTATE).to(dtype)  # (k, dstate)
         if SWAP:
-            Bk = tl.load(B_base + offs_k[:, None] * s_B_l + offs_n[None, :] * s_B_n,
-                         mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(dtype)  # (k, dstate)
             cb = tl.dot(Bk, CmT, input_precision=DOT_PRECISION)
         else:
-            Bt = tl.load(B_base + offs_n[:, None] * s_B_n + offs_k[None, :] * s_B_l,
-                         mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(dtype)  # (dstate, k)
-            cb = tl.dot(CmT, Bt, input_precision=DOT_PRECISION)
+            cb = tl.dot(CmT, tl.trans(Bk), input_precision=DOT_PRECISION)
+    elif SWAP:
+        Bk = tl.load(B_base + offs_k[:, None] * s_B_l + offs_n[None, :] * s_B_n,
+                     mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(dtype)  # (k, dstate)
+        cb = tl.dot(Bk, CmT, input_precision=DOT_PRECISION)
+    else:
+        Bt = tl.load(B_base + offs_n[:, None] * s_B_n + offs_k[None, :] * s_B_l,
+                     mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(dtype)  # (dstate, k)
+        cb = tl.dot(CmT, Bt, input_precision=DOT_PRECISION)
     return cb
 
 
 @triton.jit
-def _scores_x(x_base, scores, acc, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p, dtype, SWAP: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
+def _scores_x(x_base, x_desc, scores, acc, b, h, row0, p0, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p, dtype,
+              BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, SWAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              TMA: tl.constexpr):
     """acc + scores·x_k (rows, headdim), or + x_kᵀ·scores (headdim, rows) with SWAP; scores cast to x's dtype."""
-    if SWAP:
+    if TMA:
+        xk = x_desc.load([b, row0, h, p0]).reshape(BLOCK_K, BLOCK_P).to(dtype)  # (k, headdim)
+        if SWAP:
+            acc = tl.dot(tl.trans(xk), scores.to(dtype), acc, input_precision=DOT_PRECISION)
+        else:
+            acc = tl.dot(scores.to(dtype), xk, acc, input_precision=DOT_PRECISION)
+    elif SWAP:
         xt = tl.load(x_base + offs_p[:, None] * s_x_p + offs_k[None, :] * s_x_l,
                      mask=mask_p[:, None] & mask_k[None, :], other=0.0).to(dtype)  # (headdim, k)
         acc = tl.dot(xt, scores.to(dtype), acc, input_precision=DOT_PRECISION)
@@ -112,146 +132,192 @@ def _scores_x(x_base, scores, acc, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p,
 
 
 @triton.jit
-def compute_out_kernel(
-    C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr,
-    seqlen, nheads, nchunks, headdim, dstate, heads_per_group,
-    s_C_b, s_C_l, s_C_g, s_C_n,
-    s_B_b, s_B_l, s_B_g, s_B_n,
-    s_x_b, s_x_l, s_x_h, s_x_p,
-    s_dt_b, s_dt_h, s_dt_c, s_dt_l,
-    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
-    s_st_b, s_st_c, s_st_h, s_st_p, s_st_n,
-    s_D_h, s_D_p,
-    s_z_b, s_z_l, s_z_h, s_z_p,
-    s_seq_b, s_seq_l,
-    s_y_b, s_y_l, s_y_h, s_y_p,
-    s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k,
-    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_DSTATE: tl.constexpr,
-    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SEQ: tl.constexpr,
-    SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr,
-    DECAY_FACTOR: tl.constexpr,
-):
-    # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head, chunk, batch
-    pid = tl.program_id(0)
-    tiles_p = tl.cdiv(headdim, BLOCK_P)
-    tiles = tiles_p * (CHUNK // BLOCK_M)
-    tile = pid % tiles
-    h = (pid // tiles) % nheads
-    bc = pid // (tiles * nheads)
-    c = bc % nchunks
-    b = (bc // nchunks).to(tl.int64)
-    g = h // heads_per_group
-    m0 = (tile // tiles_p) * BLOCK_M
-    offs_p = (tile % tiles_p) * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_DSTATE)
-    start = c * CHUNK
-    chunk_len = tl.minimum(CHUNK, seqlen - start)
-    mask_m = offs_m < chunk_len
-    mask_p = offs_p < headdim
-    mask_n = offs_n < dstate
-    # 64-bit base offsets: batch·stride, position·stride and chunk·stride pass 2^31 at a million tokens
-    start64 = start.to(tl.int64)
-    C_base = C_ptr + b * s_C_b + start64 * s_C_l + g.to(tl.int64) * s_C_g
-    B_base = B_ptr + b * s_B_b + start64 * s_B_l + g.to(tl.int64) * s_B_g
-    x_base = x_ptr + b * s_x_b + start64 * s_x_l + h.to(tl.int64) * s_x_h
-    dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
-    dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
-    st_base = st_ptr + b * s_st_b + c.to(tl.int64) * s_st_c + h.to(tl.int64) * s_st_h
-    cb_base = cb_ptr + b * s_cb_b + c.to(tl.int64) * s_cb_c + g.to(tl.int64) * s_cb_g
-    dtype = x_ptr.dtype.element_ty
+def c_rows(C_base, C_desc, b, g, row0, offs_m, offs_n, mask_m, mask_n, s_C_l, s_C_n, dtype, BLOCK_M: tl.constexpr,
+           BLOCK_DSTATE: tl.constexpr, SWAP: tl.constexpr, TMA: tl.constexpr):
+    """The row tile of C as an MMA operand: (dstate, rows) with SWAP, else (rows, dstate)."""
+    if TMA:
+        Cm = C_desc.load([b, row0, g, 0]).reshape(BLOCK_M, BLOCK_DSTATE).to(dtype)
+        if SWAP:
+            Cm = tl.trans(Cm)
+    elif SWAP:
+        Cm = tl.load(C_base + offs_n[:, None] * s_C_n + offs_m[None, :] * s_C_l,
+                     mask=mask_n[:, None] & mask_m[None, :], other=0.0).to(dtype)
+    else:
+        Cm = tl.load(C_base + offs_m[:, None] * s_C_l + offs_n[None, :] * s_C_n,
+                     mask=mask_m[:, None] & mask_n[None, :], other=0.0).to(dtype)
+    return Cm
 
+
+@triton.jit
+def row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2: tl.constexpr, HAS_SEQ: tl.constexpr):
+    """Per row: dA_cumsum in the exp's base, the entering state's scale exp(dA) (zero for rows whose sequence
+    started inside the chunk), and the rows' sequence ids (offs_m without seq_idx: never read)."""
     dA_m = tl.load(dA_base + offs_m * s_dA_l, mask=mask_m, other=0.0).to(tl.float32)
     if EXP2:
         dA_m = dA_m * 1.4426950408889634
     state_scale = _decay(dA_m, EXP2)
+    seq_m = offs_m
     if HAS_SEQ:
-        seq_base = seq_ptr + b * s_seq_b + start64 * s_seq_l
         seq_m = tl.load(seq_base + offs_m * s_seq_l, mask=mask_m, other=0)
         # the entering state belongs to the sequence active just before the chunk (sequence 0 before chunk 0)
         seq_before = tl.load(seq_base - s_seq_l, mask=c > 0, other=0)
         state_scale = tl.where(seq_m == seq_before, state_scale, 0.0)
+    return dA_m, state_scale, seq_m
 
-    # 1. the entering state's contribution
-    if SWAP:
-        Ct = tl.load(C_base + offs_n[:, None] * s_C_n + offs_m[None, :] * s_C_l,
-                     mask=mask_n[:, None] & mask_m[None, :], other=0.0).to(dtype)  # (dstate, rows)
+
+@triton.jit
+def state_term(st_base, st_desc, CmT, state_scale, b, c, h, p0, offs_n, offs_p, mask_n, mask_p, s_st_p, s_st_n,
+               dtype, BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr, SWAP: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, ST_N_CONTIG: tl.constexpr, CACHE: tl.constexpr):
+    """exp(dA_m)·C_m·S_cᵀ: (rows, headdim), or (headdim, rows) with SWAP. With TMA the state tile comes through
+    st_desc (in the states' memory order, ST_N_CONTIG: dstate contiguous); CACHE is the pointer loads' modifier."""
+    if TMA:
+        if ST_N_CONTIG:
+            S = st_desc.load([b, c, h, p0, 0]).reshape(BLOCK_P, BLOCK_DSTATE).to(dtype)  # (headdim, dstate)
+        else:
+            S = tl.trans(st_desc.load([b, c, h, 0, p0]).reshape(BLOCK_DSTATE, BLOCK_P).to(dtype))
+        if SWAP:
+            out = tl.dot(S, CmT, input_precision=DOT_PRECISION) * state_scale[None, :]
+        else:
+            out = tl.dot(CmT, tl.trans(S), input_precision=DOT_PRECISION) * state_scale[:, None]
+    elif SWAP:
         S = tl.load(st_base + offs_p[:, None] * s_st_p + offs_n[None, :] * s_st_n,
-                    mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)  # (headdim, dstate)
-        acc = tl.dot(S, Ct, input_precision=DOT_PRECISION) * state_scale[None, :]  # (headdim, rows)
-        CmT = Ct
+                    mask=mask_p[:, None] & mask_n[None, :], other=0.0, cache_modifier=CACHE).to(dtype)
+        out = tl.dot(S, CmT, input_precision=DOT_PRECISION) * state_scale[None, :]  # (headdim, rows)
     else:
-        Cm = tl.load(C_base + offs_m[:, None] * s_C_l + offs_n[None, :] * s_C_n,
-                     mask=mask_m[:, None] & mask_n[None, :], other=0.0).to(dtype)  # (rows, dstate)
         St = tl.load(st_base + offs_n[:, None] * s_st_n + offs_p[None, :] * s_st_p,
-                     mask=mask_n[:, None] & mask_p[None, :], other=0.0).to(dtype)  # (dstate, headdim)
-        acc = tl.dot(Cm, St, input_precision=DOT_PRECISION) * state_scale[:, None]  # (rows, headdim)
-        CmT = Cm
+                     mask=mask_n[:, None] & mask_p[None, :], other=0.0, cache_modifier=CACHE).to(dtype)
+        out = tl.dot(CmT, St, input_precision=DOT_PRECISION) * state_scale[:, None]  # (rows, headdim)
+    return out
 
-    # 2. the chunk's own tokens, up to the causal edge of this row tile
+
+@triton.jit
+def _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, b, h, row0, p0, offs_m, offs_k,
+                 offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K: tl.constexpr,
+                 BLOCK_P: tl.constexpr, HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+    """acc + one head's term of a source tile reaching the diagonal: C·Bᵀ (cb) masked causally (and by sequence),
+    times exp(dA_m − dA_k)·dt_k, then the MMA with x_k."""
+    dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
+    if SWAP:
+        keep = (offs_k[:, None] <= offs_m[None, :]) & mask_k[:, None]
+        if HAS_SEQ:
+            keep = keep & (seq_k[:, None] == seq_m[None, :])
+        # mask the exponent, not the exp: above the diagonal it is positive and may overflow
+        decay = _decay(tl.where(keep, dA_m[None, :] - dA_k[:, None], float("-inf")), EXP2)
+        scores = cb * decay * dt_k[:, None]
+    else:
+        keep = (offs_m[:, None] >= offs_k[None, :]) & mask_k[None, :]
+        if HAS_SEQ:
+            keep = keep & (seq_m[:, None] == seq_k[None, :])
+        decay = _decay(tl.where(keep, dA_m[:, None] - dA_k[None, :], float("-inf")), EXP2)
+        scores = cb * decay * dt_k[None, :]
+    return _scores_x(x_base, x_desc, scores, acc, b, h, row0, p0, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p,
+                     dtype, BLOCK_K, BLOCK_P, SWAP, DOT_PRECISION, TMA)
+
+
+@triton.jit
+def _factored_step(cb, off, dA_ref, dA_base, dt_base, x_base, x_desc, seq_m, seq_k, b, h, row0, p0, offs_k, offs_p,
+                   mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+                   HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   TMA: tl.constexpr):
+    """off + one head's term of a source tile wholly before the row tile, with the factored decay: C·Bᵀ (cb) times
+    exp(dA_ref − dA_k)·dt_k per source column (no causal mask), then the MMA with x_k."""
+    dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
+    w = _decay(dA_ref - dA_k, EXP2) * dt_k
+    if SWAP:
+        scores = cb * w[:, None]
+    else:
+        scores = cb * w[None, :]
+    if HAS_SEQ:
+        if SWAP:
+            scores = tl.where(seq_k[:, None] == seq_m[None, :], scores, 0.0)
+        else:
+            scores = tl.where(seq_m[:, None] == seq_k[None, :], scores, 0.0)
+    return _scores_x(x_base, x_desc, scores, off, b, h, row0, p0, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p,
+                     dtype, BLOCK_K, BLOCK_P, SWAP, DOT_PRECISION, TMA)
+
+
+@triton.jit
+def _row_ref(dA_base, m0, chunk_len, s_dA_l, EXP2: tl.constexpr):
+    """dA_cumsum at the row tile's first row, in the exp's base (the factored decay's reference point)."""
+    dA_ref = tl.load(dA_base + m0 * s_dA_l, mask=m0 < chunk_len, other=0.0).to(tl.float32)
+    if EXP2:
+        dA_ref = dA_ref * 1.4426950408889634
+    return dA_ref
+
+
+@triton.jit
+def _scale_rows(acc, off, row_scale, SWAP: tl.constexpr):
+    if SWAP:
+        return acc + off * row_scale[None, :]
+    else:
+        return acc + off * row_scale[:, None]
+
+
+@triton.jit
+def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, dt_base, dt_base1, seq_base, B_desc,
+                x_desc, CmT, dA_m, dA_m1, seq_m, b, g, h, start, m0, p0, chunk_len, offs_m, offs_n, offs_p, mask_m,
+                mask_n, mask_p, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k, dtype,
+                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr,
+                HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, HB: tl.constexpr):
+    """(acc, acc1) + the chunk's own tokens' term for the row tile starting at m0, up to its causal edge: for head h
+    into acc, and with HB = 2 for head h + 1 (same group) into acc1 (its x_base1, dA_base1, dt_base1, dA_m1),
+    C·Bᵀ computed once per source tile for both. With HB = 1 acc1 is returned as given."""
     k_end = tl.minimum(chunk_len, m0 + BLOCK_M)
     k_masked = 0
     if DECAY_FACTOR:
         # source tiles wholly before the row tile: exp(dA_m - dA_k) = exp(dA_m - dA_ref)·exp(dA_ref - dA_k) with
         # dA_ref at the tile's first row (impls/README.md, factored decay): no mask, no exp per (row, source)
         k_masked = (m0 // BLOCK_K) * BLOCK_K
-        dA_ref = tl.load(dA_base + m0 * s_dA_l, mask=m0 < chunk_len, other=0.0).to(tl.float32)
-        if EXP2:
-            dA_ref = dA_ref * 1.4426950408889634
-        if SWAP:
-            off = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
-        else:
-            off = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+        dA_ref = _row_ref(dA_base, m0, chunk_len, s_dA_l, EXP2)
+        dA_ref1 = _row_ref(dA_base1, m0, chunk_len, s_dA_l, EXP2)
+        off = tl.zeros(acc.shape, dtype=tl.float32)
+        off1 = tl.zeros(acc1.shape, dtype=tl.float32)
         for k0 in range(0, k_masked, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < chunk_len
-            dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
-            w = _decay(dA_ref - dA_k, EXP2) * dt_k
-            scores = _cb_tile(cb_base, B_base, CmT, offs_m, offs_k, offs_n, mask_m, mask_k, mask_n,
-                              s_cb_m, s_cb_k, s_B_l, s_B_n, dtype, SWAP, SHARED_CB, DOT_PRECISION)
-            if SWAP:
-                scores = scores * w[:, None]
-            else:
-                scores = scores * w[None, :]
+            seq_k = offs_k
             if HAS_SEQ:
                 seq_k = tl.load(seq_base + offs_k * s_seq_l, mask=mask_k, other=0)
-                if SWAP:
-                    scores = tl.where(seq_k[:, None] == seq_m[None, :], scores, 0.0)
-                else:
-                    scores = tl.where(seq_m[:, None] == seq_k[None, :], scores, 0.0)
-            off = _scores_x(x_base, scores, off, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p, dtype, SWAP,
-                            DOT_PRECISION)
-        row_scale = _decay(dA_m - dA_ref, EXP2)
-        if SWAP:
-            acc += off * row_scale[None, :]
-        else:
-            acc += off * row_scale[:, None]
+            cb = _cb_tile(cb_base, B_base, B_desc, CmT, b, g, start + k0, offs_m, offs_k, offs_n, mask_m, mask_k,
+                          mask_n, s_cb_m, s_cb_k, s_B_l, s_B_n, dtype, BLOCK_K, BLOCK_DSTATE, SWAP, SHARED_CB,
+                          DOT_PRECISION, TMA)
+            off = _factored_step(cb, off, dA_ref, dA_base, dt_base, x_base, x_desc, seq_m, seq_k, b, h, start + k0,
+                                 p0, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K,
+                                 BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+            if HB == 2:
+                off1 = _factored_step(cb, off1, dA_ref1, dA_base1, dt_base1, x_base1, x_desc, seq_m, seq_k, b, h + 1,
+                                      start + k0, p0, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p,
+                                      dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+        acc = _scale_rows(acc, off, _decay(dA_m - dA_ref, EXP2), SWAP)
+        if HB == 2:
+            acc1 = _scale_rows(acc1, off1, _decay(dA_m1 - dA_ref1, EXP2), SWAP)
     for k0 in range(k_masked, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < chunk_len
-        dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
+        seq_k = offs_k
         if HAS_SEQ:
             seq_k = tl.load(seq_base + offs_k * s_seq_l, mask=mask_k, other=0)
-        scores = _cb_tile(cb_base, B_base, CmT, offs_m, offs_k, offs_n, mask_m, mask_k, mask_n,
-                          s_cb_m, s_cb_k, s_B_l, s_B_n, dtype, SWAP, SHARED_CB, DOT_PRECISION)
-        if SWAP:
-            keep = (offs_k[:, None] <= offs_m[None, :]) & mask_k[:, None]
-            if HAS_SEQ:
-                keep = keep & (seq_k[:, None] == seq_m[None, :])
-            # mask the exponent, not the exp: above the diagonal it is positive and may overflow
-            decay = _decay(tl.where(keep, dA_m[None, :] - dA_k[:, None], float("-inf")), EXP2)
-            scores = scores * decay * dt_k[:, None]
-        else:
-            keep = (offs_m[:, None] >= offs_k[None, :]) & mask_k[None, :]
-            if HAS_SEQ:
-                keep = keep & (seq_m[:, None] == seq_k[None, :])
-            decay = _decay(tl.where(keep, dA_m[:, None] - dA_k[None, :], float("-inf")), EXP2)
-            scores = scores * decay * dt_k[None, :]
-        acc = _scores_x(x_base, scores, acc, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p, dtype, SWAP,
-                        DOT_PRECISION)
+        cb = _cb_tile(cb_base, B_base, B_desc, CmT, b, g, start + k0, offs_m, offs_k, offs_n, mask_m, mask_k,
+                      mask_n, s_cb_m, s_cb_k, s_B_l, s_B_n, dtype, BLOCK_K, BLOCK_DSTATE, SWAP, SHARED_CB,
+                      DOT_PRECISION, TMA)
+        acc = _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, b, h, start + k0, p0,
+                           offs_m, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K,
+                           BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+        if HB == 2:
+            acc1 = _masked_step(cb, acc1, dA_base1, dt_base1, x_base1, x_desc, dA_m1, seq_m, seq_k, b, h + 1,
+                                start + k0, p0, offs_m, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p,
+                                dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+    return acc, acc1
 
-    # 3. D skip, z gate, store; the epilogue runs in the accumulator's orientation
+
+@triton.jit
+def epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b, h, row0, p0, offs_m, offs_p, mask_m, mask_p,
+             s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+             HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, TMA: tl.constexpr):
+    """D skip, z gate and the store of y, in the accumulator's orientation; with TMA the store goes through y_desc."""
     if SWAP:
         offs_row = offs_p[:, None] * s_x_p + offs_m[None, :] * s_x_l
         mask_tile = mask_p[:, None] & mask_m[None, :]
@@ -270,14 +336,158 @@ def compute_out_kernel(
         else:
             acc += x_tile * D[None, :]
     if HAS_Z:
-        z_base = z_ptr + b * s_z_b + start64 * s_z_l + h.to(tl.int64) * s_z_h
         zt = tl.load(z_base + z_offs, mask=mask_tile, other=0.0).to(tl.float32)
         if EXP2:
             acc = acc * zt / (1.0 + tl.exp2(-zt * 1.4426950408889634))
         else:
             acc = acc * zt / (1.0 + tl.exp(-zt))
+    out = acc.to(y_base.dtype.element_ty)
+    if TMA:
+        if SWAP:
+            out = tl.trans(out)
+        y_desc.store([b, row0, h, p0], out.reshape(1, BLOCK_M, 1, BLOCK_P))
+    else:
+        tl.store(y_base + y_offs, out, mask=mask_tile)
+
+
+@triton.jit
+def states_desc(st_ptr, batch, nchunks, nheads, headdim, dstate, s_st_b, s_st_c, s_st_h, s_st_p, s_st_n,
+                BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr, ST_N_CONTIG: tl.constexpr):
+    """A descriptor over the states (batch, nchunks, nheads, headdim, dstate) in their memory order."""
+    if ST_N_CONTIG:
+        desc = tl.make_tensor_descriptor(st_ptr, shape=[batch, nchunks, nheads, headdim, dstate],
+                                         strides=[s_st_b, s_st_c, s_st_h, s_st_p, 1],
+                                         block_shape=[1, 1, 1, BLOCK_P, BLOCK_DSTATE])
+    else:
+        desc = tl.make_tensor_descriptor(st_ptr, shape=[batch, nchunks, nheads, dstate, headdim],
+                                         strides=[s_st_b, s_st_c, s_st_h, s_st_n, 1],
+                                         block_shape=[1, 1, 1, BLOCK_DSTATE, BLOCK_P])
+    return desc
+
+
+@triton.jit
+def tile_coords(m0, p0, c, seqlen, headdim, dstate, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr):
+    """A program's offsets and masks inside chunk c: headdim columns from p0, chunk rows from m0, all of dstate;
+    also the chunk's first position and its length (the last chunk may be short)."""
+    offs_p = p0 + tl.arange(0, BLOCK_P)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_DSTATE)
+    start = c * CHUNK
+    chunk_len = tl.minimum(CHUNK, seqlen - start)
+    return offs_p, offs_m, offs_n, start, chunk_len, offs_p < headdim, offs_m < chunk_len, offs_n < dstate
+
+
+@triton.jit
+def compute_out_kernel(
+    C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr,
+    batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
+    s_C_b, s_C_l, s_C_g, s_C_n,
+    s_B_b, s_B_l, s_B_g, s_B_n,
+    s_x_b, s_x_l, s_x_h, s_x_p,
+    s_dt_b, s_dt_h, s_dt_c, s_dt_l,
+    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
+    s_st_b, s_st_c, s_st_h, s_st_p, s_st_n,
+    s_D_h, s_D_p,
+    s_z_b, s_z_l, s_z_h, s_z_p,
+    s_seq_b, s_seq_l,
+    s_y_b, s_y_l, s_y_h, s_y_p,
+    s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k,
+    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_DSTATE: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SEQ: tl.constexpr,
+    SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr,
+    DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, ST_N_CONTIG: tl.constexpr, HB: tl.constexpr,
+):
+    # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head block (HB heads of one
+    # group: h and, with HB = 2, h + 1), chunk, batch
+    pid = tl.program_id(0)
+    tiles_p = tl.cdiv(headdim, BLOCK_P)
+    tiles = tiles_p * (CHUNK // BLOCK_M)
+    tile = pid % tiles
+    h = ((pid // tiles) % (nheads // HB)) * HB
+    bc = pid // (tiles * (nheads // HB))
+    c = bc % nchunks
+    b32 = bc // nchunks  # descriptor offsets are 32-bit
+    b = b32.to(tl.int64)
+    g = h // heads_per_group
+    m0 = (tile // tiles_p) * BLOCK_M
+    p0 = (tile % tiles_p) * BLOCK_P
+    offs_p, offs_m, offs_n, start, chunk_len, mask_p, mask_m, mask_n = tile_coords(
+        m0, p0, c, seqlen, headdim, dstate, CHUNK, BLOCK_M, BLOCK_P, BLOCK_DSTATE)
+    # 64-bit base offsets: batch·stride, position·stride and chunk·stride pass 2^31 at a million tokens
+    start64 = start.to(tl.int64)
+    C_base = C_ptr + b * s_C_b + start64 * s_C_l + g.to(tl.int64) * s_C_g
+    B_base = B_ptr + b * s_B_b + start64 * s_B_l + g.to(tl.int64) * s_B_g
+    x_base = x_ptr + b * s_x_b + start64 * s_x_l + h.to(tl.int64) * s_x_h
+    dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
+    dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
+    st_base = st_ptr + b * s_st_b + c.to(tl.int64) * s_st_c + h.to(tl.int64) * s_st_h
+    cb_base = cb_ptr + b * s_cb_b + c.to(tl.int64) * s_cb_c + g.to(tl.int64) * s_cb_g
+    seq_base = seq_ptr + b * s_seq_b + start64 * s_seq_l
+    z_base = z_ptr + b * s_z_b + start64 * s_z_l + h.to(tl.int64) * s_z_h
     y_base = y_ptr + b * s_y_b + start64 * s_y_l + h.to(tl.int64) * s_y_h
-    tl.store(y_base + y_offs, acc.to(y_ptr.dtype.element_ty), mask=mask_tile)
+    dtype = x_ptr.dtype.element_ty
+    if TMA:
+        C_desc = rows_desc(C_ptr, batch, seqlen, ngroups, dstate, s_C_b, s_C_l, s_C_g, BLOCK_M, BLOCK_DSTATE)
+        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_DSTATE)
+        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
+        y_desc = rows_desc(y_ptr, batch, seqlen, nheads, headdim, s_y_b, s_y_l, s_y_h, BLOCK_M, BLOCK_P)
+        st_desc = states_desc(st_ptr, batch, nchunks, nheads, headdim, dstate, s_st_b, s_st_c, s_st_h, s_st_p,
+                              s_st_n, BLOCK_P, BLOCK_DSTATE, ST_N_CONTIG)
+    else:
+        C_desc = None
+        B_desc = None
+        x_desc = None
+        y_desc = None
+        st_desc = None
+
+    dA_m, state_scale, seq_m = row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2, HAS_SEQ)
+    CmT = c_rows(C_base, C_desc, b32, g, start + m0, offs_m, offs_n, mask_m, mask_n, s_C_l, s_C_n, dtype, BLOCK_M,
+                 BLOCK_DSTATE, SWAP, TMA)
+    # 1. the entering state's contribution; 2. the chunk's own tokens, up to the causal edge of this row tile
+    acc = state_term(st_base, st_desc, CmT, state_scale, b32, c, h, p0, offs_n, offs_p, mask_n, mask_p, s_st_p,
+                     s_st_n, dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, TMA, ST_N_CONTIG, "")
+    if HB == 2:  # the second head of the tile: its own per-head operands; C, each B tile and C·Bᵀ are shared
+        x_base1 = x_base + s_x_h
+        dt_base1 = dt_base + s_dt_h
+        dA_base1 = dA_base + s_dA_h
+        dA_m1, state_scale1, seq_m = row_terms(dA_base1, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2,
+                                               HAS_SEQ)
+        acc1 = state_term(st_base + s_st_h, st_desc, CmT, state_scale1, b32, c, h + 1, p0, offs_n, offs_p, mask_n,
+                          mask_p, s_st_p, s_st_n, dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, TMA,
+                          ST_N_CONTIG, "")
+    else:
+        x_base1 = x_base
+        dt_base1 = dt_base
+        dA_base1 = dA_base
+        dA_m1 = dA_m
+        acc1 = acc
+    acc, acc1 = intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, dt_base, dt_base1,
+                            seq_base, B_desc, x_desc, CmT, dA_m, dA_m1, seq_m, b32, g, h, start, m0, p0, chunk_len,
+                            offs_m, offs_n, offs_p, mask_m, mask_n, mask_p, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l,
+                            s_dt_l, s_seq_l, s_cb_m, s_cb_k, dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE, HAS_SEQ,
+                            SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, HB)
+    # 3. D skip, z gate, store
+    epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b32, h, start + m0, p0, offs_m, offs_p, mask_m, mask_p,
+             s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, BLOCK_M, BLOCK_P, HAS_D, HAS_Z, SWAP, EXP2, TMA)
+    if HB == 2:
+        epilogue(acc1, x_base1, z_base + s_z_h, y_base + s_y_h, y_desc, D_ptr, b32, h + 1, start + m0, p0, offs_m,
+                 offs_p, mask_m, mask_p, s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, BLOCK_M, BLOCK_P,
+                 HAS_D, HAS_Z, SWAP, EXP2, TMA)
+
+
+def operand_args(x, dt, D, z, seq_idx):
+    """The kernels' optional operands and the strides they are read with: (D, z, seq) arguments (stand-ins never
+    read when absent) and D's (head, headdim) strides (a per-head D is read with a zero headdim stride)."""
+    if D is not None:
+        D_strides = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
+    else:
+        D_strides = (0, 0)
+    D_arg = D if D is not None else dt  # never read without HAS_D
+    z_arg = z if z is not None else x  # never read without HAS_Z
+    seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
+    return D_arg, z_arg, seq, D_strides
 
 
 def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switches, empty, dot_precision):
@@ -287,29 +497,29 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
     nchunks, chunk = dt.shape[2], dt.shape[3]
     y = empty((batch, seqlen, nheads, headdim), x.dtype, x.device)
     block_dstate = max(16, triton.next_power_of_2(dstate))
-    # D of shape (nheads,) is read as (nheads, headdim) with a zero headdim stride
-    if D is not None:
-        D_strides = (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
-    else:
-        D_strides = (0, 0)
-    D_arg = D if D is not None else dt  # never read without HAS_D
-    z_arg = z if z is not None else x  # never read without HAS_Z
-    seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
+    D_arg, z_arg, seq, D_strides = operand_args(x, dt, D, z, seq_idx)
+    if switches.tma:
+        descriptors.require({"C": C, "B": B, "x": x, "states": descriptors.memory_order(states), "y": y})
     shared = switches.cb_mode == "shared"
     cb = cb_matrix(C, B, chunk, empty, dot_precision) if shared else dt  # never read unless shared
     cb_strides = cb.stride() if shared else (0,) * 5
+    hb = config.get("heads_per_tile", 1)
+    if (nheads // ngroups) % hb:
+        raise ValueError(f"switch heads_per_tile of backend 'triton': {hb} heads per program must divide the "
+                         f"{nheads // ngroups} heads of a group")
     tiles = triton.cdiv(headdim, config["block_headdim"]) * (chunk // config["block_rows"])
-    grid = (tiles * nheads * nchunks * batch,)
+    grid = (tiles * (nheads // hb) * nchunks * batch,)
     compute_out_kernel[grid](
         C, B, x, dt, dA_cumsum, states, D_arg, z_arg, seq, cb, y,
-        seqlen, nheads, nchunks, headdim, dstate, nheads // ngroups,
+        batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
         *C.stride(), *B.stride(), *x.stride(), *dt.stride(), *dA_cumsum.stride(), *states.stride(),
         *D_strides, *z_arg.stride(), seq.stride(0), seq.stride(1), *y.stride(), *cb_strides,
         CHUNK=chunk, BLOCK_M=config["block_rows"], BLOCK_K=config["block_positions"], BLOCK_P=config["block_headdim"],
         BLOCK_DSTATE=block_dstate,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
-        DECAY_FACTOR=switches.decay_factor, num_warps=config["num_warps"], num_stages=config["num_stages"],
+        DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
+        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=cfg.maxnreg(config),
     )
     return y
 

@@ -27,6 +27,7 @@ from impls.registry import switch
 from impls.tuning import MODES
 
 STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "compute_out")
+FUSED = "fused_state_out"  # the kernel of stages 2 and 3 together (switch fuse_state_out), tuned like a stage
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 MAX_DSTATE = 256  # compute_out holds a whole (rows x dstate) tile of C; above 256 it would spill
 
@@ -65,6 +66,25 @@ class TritonSwitches:
                "exp(dA_ref - dA_k), dA_ref at the row tile's first row (impls/README.md): the source factor times dt "
                "scales the C·Bᵀ tile's columns, the row factor the tiles' sum — no causal mask and no exp per "
                "(row, source) pair there; off by default, as cuTile's (docs/perf-notes.md: Switch defaults)")
+    tma: bool = switch(
+        False, "tensor-descriptor loads and stores (tl.make_tensor_descriptor) for the MMA stages' tiles: x and B in "
+               "chunk_state (and its fp32 scratch store), C, B, x and the states in compute_out (and the y store), "
+               "C, B and x in the fused kernel; off = pointer loads with masks. Needs the tensors contiguous in the "
+               "last dimension, 16-byte aligned, strides 16-byte multiples (else ValueError naming the tensor). "
+               "chunk_cumsum and state_passing keep pointer loads (as cuTile's chunk_cumsum, whose compiler uses no "
+               "TMA there). Off by default until measured",
+        sm90="in-kernel TMA descriptors (tensormap.cp_fenceproxy into a workspace from triton.set_allocator), tiles "
+             "by cp.async.bulk.tensor into shared memory, out-of-bounds boxes zero-filled",
+        sm100="same TMA descriptors and bulk copies")
+    fuse_state_out: bool = switch(
+        False, "the forward as chunk_cumsum, then one kernel for stages 2 and 3 (impls/triton/fused.py): one program "
+               "per (chunk, batch, head, row tile, headdim tile) does its rows' intra-chunk output; the row-tile-0 "
+               "program of each (chunk, batch, head, headdim tile) also computes the chunk's local state and hands "
+               "the state on (flags with acquire/release, programs numbered by an atomic ticket so that waits only "
+               "point at running programs); every program adds exp(dA)·C·S_c once S_c is there. Off by default "
+               "until measured",
+        sm90="removes the chunk-local fp32 scratch (write and read-back), the state_passing launch and the "
+             "compute_out launch; the states are still written (the contract's output, read back by the row tiles)")
     tuning: str = switch("auto", "where launch configurations come from (impls/tuning.py modes)", choices=MODES)
     # Launch sizes: 0 = from tuning (as in the cuTile backend); a value pins that field wherever it applies.
     block_rows: int = switch(0, "compute_out: chunk rows (output positions) per program; 0 = from tuning",
@@ -83,14 +103,29 @@ class TritonSwitches:
     num_stages: int = switch(
         0, "software-pipelining depth of the loops (chunk_state, compute_out); 0 = from tuning. Triton's "
            "nearest analogue of cuTile's latency hints", choices=(0, 1, 2, 3, 4, 5))
+    heads_per_tile: int = switch(
+        0, "compute_out: heads of one group per program (1 or 2; must divide nheads / ngroups, else ValueError); "
+           "with 2, C's rows, each B tile and each C·Bᵀ tile are loaded/computed once for both heads, each head "
+           "keeping its own state term, scores, x tiles, accumulator and epilogue (cuTile's head_mma='per_head'); "
+           "0 = from tuning (fallback 1)", choices=(0, 1, 2))
+    occupancy: int = switch(
+        0, "CTAs per SM the register allocation must leave room for (chunk_state, compute_out, the fused kernel): "
+           "N > 0 launches with maxnreg = 65536 / (N · 32 · num_warps), rounded down to a multiple of 8, at most "
+           "255; 0 = from tuning, whose fallback 0 leaves registers to the compiler. cuTile's occupancy hint, as far "
+           "as Triton can express it: registers only (shared memory still decides its own limit)",
+        choices=(0, 1, 2, 3, 4),
+        sm90="PTX .maxnreg on the kernel (Triton 3.6 has no .minnctapersm; an `occupancy=` compile option is "
+             "ignored without an error, docs/triton-switches.md)")
 
 
 # Which launch fields each stage has; a pinned switch of the same name overrides the tuned value.
 STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "chunk_cumsum": ("block_heads", "num_warps"),
-    "chunk_state": ("block_headdim", "block_dstate", "block_positions", "num_warps", "num_stages"),
+    "chunk_state": ("block_headdim", "block_dstate", "block_positions", "num_warps", "num_stages", "occupancy"),
     "state_passing": ("block_state", "num_warps"),
-    "compute_out": ("block_rows", "block_positions", "block_headdim", "num_warps", "num_stages"),
+    "compute_out": ("block_rows", "block_positions", "block_headdim", "num_warps", "num_stages", "occupancy",
+                    "heads_per_tile"),
+    FUSED: ("block_rows", "block_positions", "block_headdim", "num_warps", "num_stages", "occupancy"),
 }
 
 # Fixed configurations per architecture (tuning mode "fallback", or "auto" without a record). sm_90 and sm_100
@@ -99,10 +134,12 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
 _GPU_FALLBACK: dict[str, dict[str, int]] = {
     "chunk_cumsum": {"block_heads": 8, "num_warps": 4},
     "chunk_state": {"block_headdim": 64, "block_dstate": 64, "block_positions": 64, "num_warps": 4,
-                    "num_stages": 3},
+                    "num_stages": 3, "occupancy": 0},
     "state_passing": {"block_state": 1024, "num_warps": 4},
     "compute_out": {"block_rows": 64, "block_positions": 64, "block_headdim": 64, "num_warps": 4,
-                    "num_stages": 2},
+                    "num_stages": 2, "occupancy": 0, "heads_per_tile": 1},
+    FUSED: {"block_rows": 64, "block_positions": 64, "block_headdim": 64, "num_warps": 4, "num_stages": 2,
+            "occupancy": 0},
 }
 FALLBACK: dict[str, dict[str, dict[str, int]]] = {
     "sm90": _GPU_FALLBACK,
@@ -111,10 +148,12 @@ FALLBACK: dict[str, dict[str, dict[str, int]]] = {
     "interpreter": {
         "chunk_cumsum": {"block_heads": 2, "num_warps": 1},
         "chunk_state": {"block_headdim": 16, "block_dstate": 16, "block_positions": 16, "num_warps": 1,
-                        "num_stages": 1},
+                        "num_stages": 1, "occupancy": 0},
         "state_passing": {"block_state": 64, "num_warps": 1},
         "compute_out": {"block_rows": 16, "block_positions": 16, "block_headdim": 16, "num_warps": 1,
-                        "num_stages": 1},
+                        "num_stages": 1, "occupancy": 0, "heads_per_tile": 1},
+        FUSED: {"block_rows": 16, "block_positions": 16, "block_headdim": 16, "num_warps": 1, "num_stages": 1,
+                "occupancy": 0},
     },
 }
 
@@ -122,10 +161,23 @@ FALLBACK: dict[str, dict[str, dict[str, int]]] = {
 SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
     "chunk_cumsum": {"block_heads": (1, 2, 4, 8, 16), "num_warps": (1, 2, 4, 8)},
     "chunk_state": {"block_headdim": (32, 64, 128), "block_dstate": (32, 64, 128), "block_positions": (32, 64),
-                    "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+                    "num_warps": (4, 8), "num_stages": (1, 2, 3), "occupancy": (0, 3, 4)},
     "state_passing": {"block_state": (256, 512, 1024, 2048), "num_warps": (1, 2, 4, 8)},
     "compute_out": {"block_rows": (32, 64, 128), "block_positions": (32, 64), "block_headdim": (32, 64, 128),
-                    "num_warps": (4, 8), "num_stages": (1, 2, 3)},
+                    "num_warps": (4, 8), "num_stages": (1, 2, 3), "occupancy": (0, 3, 4), "heads_per_tile": (1, 2)},
+    FUSED: {"block_rows": (32, 64), "block_positions": (32, 64), "block_headdim": (32, 64),
+            "num_warps": (4, 8), "num_stages": (1, 2, 3), "occupancy": (0, 3, 4)},
+}
+
+# Code switches a search may vary besides the launch fields, per kernel they change (values to try, the default
+# first). Each value is a different kernel (and tuning key), so a search over them times each value's best launch
+# configuration; fuse_state_out replaces chunk_state + state_passing + compute_out by the FUSED kernel.
+SWITCH_SEARCH_SPACE: dict[str, dict[str, tuple]] = {
+    "chunk_state": {"tma": (False, True), "operand_swap": (True, False)},
+    "compute_out": {"tma": (False, True), "operand_swap": (True, False), "decay_factor": (False, True),
+                    "cb_mode": ("inline", "shared")},
+    FUSED: {"tma": (False, True), "operand_swap": (True, False)},
+    "forward": {"fuse_state_out": (False, True)},
 }
 
 
@@ -144,7 +196,7 @@ def fallback(arch_name: str, stage: str, dims: dict[str, int], itemsize: int, pi
     """The fixed configuration of `stage` on `arch_name`, pinned fields applied, clamped, and for compute_out
     shrunk (fewer stages, then narrower inner steps) until its operands fit SMEM_BUDGET (fp32 at dstate 256)."""
     config = clamp(stage, {**FALLBACK[arch_name][stage], **pins}, dims)
-    if stage == "compute_out" and arch_name != "interpreter":
+    if stage in ("compute_out", FUSED) and arch_name != "interpreter":
         while compute_out_smem(config, dims, itemsize) > SMEM_BUDGET:
             if config["num_stages"] > 1 and "num_stages" not in pins:
                 config["num_stages"] -= 1
@@ -177,6 +229,17 @@ def device_name(device: torch.device) -> str:
     if interpreting() or device.type != "cuda":
         return "triton-interpreter"
     return torch.cuda.get_device_name(device)
+
+
+REGISTERS_PER_SM = 65536  # sm_90 and sm_100
+
+
+def maxnreg(config: dict[str, int]) -> int | None:
+    """The launch's register cap for the configuration's occupancy (None: the compiler's choice)."""
+    occupancy = config.get("occupancy", 0)
+    if not occupancy:
+        return None
+    return min(255, REGISTERS_PER_SM // (occupancy * 32 * config["num_warps"]) // 8 * 8)
 
 
 def pinned(switches: TritonSwitches, stage: str) -> dict[str, int]:
@@ -269,4 +332,5 @@ def code_switches(switches: TritonSwitches) -> dict[str, Any]:
     """The switches that change the kernels' code (part of the tuning key)."""
     return {k: v for k, v in dataclasses.asdict(switches).items()
             if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
-            or (k == "decay_factor" and v)}  # in the key only when on: records found without it keep their keys
+            # in the key only when on: records found without them keep their keys
+            or (k in ("decay_factor", "tma", "fuse_state_out") and v)}

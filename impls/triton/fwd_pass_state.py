@@ -11,7 +11,9 @@ Two kernels:
 
 Switches: `transposed_layout` stores the scratch and the entering states (b, c, h, dstate, headdim) and returns
 the logical (b, c, h, headdim, dstate) as a transposed view; `operand_swap` computes the chunk state as
-Bᵀ·(dt-weighted x) (dstate on the MMA's M) instead of (dt-weighted x)ᵀ·B; `exp2` computes the decays with exp2.
+Bᵀ·(dt-weighted x) (dstate on the MMA's M) instead of (dt-weighted x)ᵀ·B; `exp2` computes the decays with exp2;
+`tma` reads x and B and writes the scratch through tensor descriptors (impls/triton/descriptors.py). The chunk
+sum itself is `local_state`, which the fused kernel (impls/triton/fused.py) calls too.
 The kernels address every tensor through its strides, so any layout of the inputs (and of states) works.
 """
 
@@ -21,48 +23,25 @@ import torch
 import triton
 import triton.language as tl
 
+from impls.triton import config as cfg
+from impls.triton import descriptors
 from impls.triton.chunk_cumsum import _exp
 
 
 @triton.jit
-def chunk_state_kernel(
-    x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, out_ptr,
-    seqlen, nheads, nchunks, headdim, dstate, heads_per_group,
-    s_x_b, s_x_l, s_x_h, s_x_p,
-    s_B_b, s_B_l, s_B_g, s_B_n,
-    s_dt_b, s_dt_h, s_dt_c, s_dt_l,
-    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
-    s_seq_b, s_seq_l,
-    s_o_b, s_o_c, s_o_h, s_o_p, s_o_n,
-    CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    # flat grid (axis 0 has no 65535 limit): tile fastest, then head, then chunk, then batch
-    pid = tl.program_id(0)
-    tiles_n = tl.cdiv(dstate, BLOCK_N)
-    tiles = tl.cdiv(headdim, BLOCK_P) * tiles_n
-    tile = pid % tiles
-    h = (pid // tiles) % nheads
-    bc = pid // (tiles * nheads)
-    c = bc % nchunks
-    b = (bc // nchunks).to(tl.int64)
-    g = h // heads_per_group
-    offs_p = (tile // tiles_n) * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = (tile % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_p = offs_p < headdim
-    mask_n = offs_n < dstate
-    start = c * CHUNK
-    chunk_len = tl.minimum(CHUNK, seqlen - start)
-    # 64-bit base offsets: batch·stride and position·stride pass 2^31 at a million tokens
-    x_base = x_ptr + b * s_x_b + start.to(tl.int64) * s_x_l + h.to(tl.int64) * s_x_h
-    B_base = B_ptr + b * s_B_b + start.to(tl.int64) * s_B_l + g.to(tl.int64) * s_B_g
-    dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
-    dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
+def local_state(x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq_base, b, h, g, start, chunk_len, p0, n0,
+                offs_p, offs_n, mask_p, mask_n, s_x_l, s_x_p, s_B_l, s_B_n, s_dt_l, s_dA_l, s_seq_l,
+                CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                TMA: tl.constexpr):
+    """sum_t exp(dA_cs[last] - dA_cs[t])·dt_t·x_t B_tᵀ over one chunk (same-sequence tokens only), fp32:
+    (BLOCK_N, BLOCK_P) with SWAP, else (BLOCK_P, BLOCK_N). With TMA, x and B tiles come through the tensor
+    descriptors x_desc (batch, seqlen, nheads, headdim) and B_desc (batch, seqlen, ngroups, dstate), whose
+    out-of-bounds zero fill replaces the masks; otherwise through the pointers x_base / B_base."""
     dA_last = tl.load(dA_base + (CHUNK - 1) * s_dA_l).to(tl.float32)
     if HAS_SEQ:
-        seq_base = seq_ptr + b * s_seq_b + start.to(tl.int64) * s_seq_l
         seq_last = tl.load(seq_base + (chunk_len - 1) * s_seq_l)
-    dtype = x_ptr.dtype.element_ty
+    dtype = x_base.dtype.element_ty
     if SWAP:
         acc = tl.zeros((BLOCK_N, BLOCK_P), dtype=tl.float32)
     else:
@@ -78,7 +57,15 @@ def chunk_state_kernel(
             seq_k = tl.load(seq_base + offs_k * s_seq_l, mask=mask_k, other=0)
             keep = keep & (seq_k == seq_last)
         weight = tl.where(keep, weight, 0.0)
-        if SWAP:
+        if TMA:
+            xk = x_desc.load([b, start + k0, h, p0]).reshape(BLOCK_K, BLOCK_P)
+            xk = (xk.to(tl.float32) * weight[:, None]).to(dtype)
+            Bk = B_desc.load([b, start + k0, g, n0]).reshape(BLOCK_K, BLOCK_N).to(dtype)
+            if SWAP:
+                acc = tl.dot(tl.trans(Bk), xk, acc, input_precision=DOT_PRECISION)
+            else:
+                acc = tl.dot(tl.trans(xk), Bk, acc, input_precision=DOT_PRECISION)
+        elif SWAP:
             Bt = tl.load(B_base + offs_n[:, None] * s_B_n + offs_k[None, :] * s_B_l,
                          mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(dtype)
             xk = tl.load(x_base + offs_k[:, None] * s_x_l + offs_p[None, :] * s_x_p,
@@ -92,13 +79,90 @@ def chunk_state_kernel(
             Bk = tl.load(B_base + offs_k[:, None] * s_B_l + offs_n[None, :] * s_B_n,
                          mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(dtype)
             acc = tl.dot(xt, Bk, acc, input_precision=DOT_PRECISION)
-    out_base = out_ptr + b * s_o_b + c.to(tl.int64) * s_o_c + h.to(tl.int64) * s_o_h
-    if SWAP:
-        tl.store(out_base + offs_n[:, None] * s_o_n + offs_p[None, :] * s_o_p, acc,
-                 mask=mask_n[:, None] & mask_p[None, :])
+    return acc
+
+
+@triton.jit
+def rows_desc(ptr, batch, seqlen, width, depth, s_b, s_l, s_w, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A tensor descriptor over a (batch, seqlen, width, depth) tensor whose last dimension is contiguous, loading
+    (1, BLOCK_L, 1, BLOCK_D) boxes: BLOCK_L positions of one head (or group) and BLOCK_D of its columns."""
+    return tl.make_tensor_descriptor(ptr, shape=[batch, seqlen, width, depth], strides=[s_b, s_l, s_w, 1],
+                                     block_shape=[1, BLOCK_L, 1, BLOCK_D])
+
+
+@triton.jit
+def chunk_state_kernel(
+    x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, out_ptr,
+    batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
+    s_x_b, s_x_l, s_x_h, s_x_p,
+    s_B_b, s_B_l, s_B_g, s_B_n,
+    s_dt_b, s_dt_h, s_dt_c, s_dt_l,
+    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
+    s_seq_b, s_seq_l,
+    s_o_b, s_o_c, s_o_h, s_o_p, s_o_n,
+    CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr, OUT_N_CONTIG: tl.constexpr,
+):
+    # flat grid (axis 0 has no 65535 limit): tile fastest, then head, then chunk, then batch
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(dstate, BLOCK_N)
+    tiles = tl.cdiv(headdim, BLOCK_P) * tiles_n
+    tile = pid % tiles
+    h = (pid // tiles) % nheads
+    bc = pid // (tiles * nheads)
+    c = bc % nchunks
+    b32 = bc // nchunks  # descriptor offsets are 32-bit
+    b = b32.to(tl.int64)
+    g = h // heads_per_group
+    p0 = (tile // tiles_n) * BLOCK_P
+    n0 = (tile % tiles_n) * BLOCK_N
+    offs_p = p0 + tl.arange(0, BLOCK_P)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_p = offs_p < headdim
+    mask_n = offs_n < dstate
+    start = c * CHUNK
+    chunk_len = tl.minimum(CHUNK, seqlen - start)
+    # 64-bit base offsets: batch·stride and position·stride pass 2^31 at a million tokens
+    x_base = x_ptr + b * s_x_b + start.to(tl.int64) * s_x_l + h.to(tl.int64) * s_x_h
+    B_base = B_ptr + b * s_B_b + start.to(tl.int64) * s_B_l + g.to(tl.int64) * s_B_g
+    dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
+    dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
+    seq_base = seq_ptr + b * s_seq_b + start.to(tl.int64) * s_seq_l
+    if TMA:
+        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
+        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_N)
     else:
-        tl.store(out_base + offs_p[:, None] * s_o_p + offs_n[None, :] * s_o_n, acc,
-                 mask=mask_p[:, None] & mask_n[None, :])
+        x_desc = None
+        B_desc = None
+    acc = local_state(x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq_base, b32, h, g, start, chunk_len, p0,
+                      n0,
+                      offs_p, offs_n, mask_p, mask_n, s_x_l, s_x_p, s_B_l, s_B_n, s_dt_l, s_dA_l, s_seq_l,
+                      CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+    if TMA:
+        # the fp32 scratch through a descriptor in its memory order: (…, headdim, dstate) or (…, dstate, headdim)
+        if OUT_N_CONTIG:
+            out_desc = tl.make_tensor_descriptor(out_ptr, shape=[batch, nchunks, nheads, headdim, dstate],
+                                                 strides=[s_o_b, s_o_c, s_o_h, s_o_p, 1],
+                                                 block_shape=[1, 1, 1, BLOCK_P, BLOCK_N])
+            if SWAP:
+                acc = tl.trans(acc)
+            out_desc.store([b32, c, h, p0, n0], acc.reshape(1, 1, 1, BLOCK_P, BLOCK_N))
+        else:
+            out_desc = tl.make_tensor_descriptor(out_ptr, shape=[batch, nchunks, nheads, dstate, headdim],
+                                                 strides=[s_o_b, s_o_c, s_o_h, s_o_n, 1],
+                                                 block_shape=[1, 1, 1, BLOCK_N, BLOCK_P])
+            if not SWAP:
+                acc = tl.trans(acc)
+            out_desc.store([b32, c, h, n0, p0], acc.reshape(1, 1, 1, BLOCK_N, BLOCK_P))
+    else:
+        out_base = out_ptr + b * s_o_b + c.to(tl.int64) * s_o_c + h.to(tl.int64) * s_o_h
+        if SWAP:
+            tl.store(out_base + offs_n[:, None] * s_o_n + offs_p[None, :] * s_o_p, acc,
+                     mask=mask_n[:, None] & mask_p[None, :])
+        else:
+            tl.store(out_base + offs_p[:, None] * s_o_p + offs_n[None, :] * s_o_n, acc,
+                     mask=mask_p[:, None] & mask_n[None, :])
 
 
 @triton.jit
@@ -167,16 +231,19 @@ def chunk_states(B, x, dt, dA_cumsum, seq_idx, *, config, switches, empty, dot_p
     local = _state_buffer(batch, nchunks, nheads, headdim, dstate, torch.float32, x.device,
                           switches.transposed_layout, empty)
     seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
+    if switches.tma:
+        descriptors.require({"x": x, "B": B, "chunk-local states": descriptors.memory_order(local)})
     tiles = triton.cdiv(headdim, config["block_headdim"]) * triton.cdiv(dstate, config["block_dstate"])
     grid = (tiles * nheads * nchunks * batch,)
     chunk_state_kernel[grid](
         x, B, dt, dA_cumsum, seq, local,
-        seqlen, nheads, nchunks, headdim, dstate, nheads // ngroups,
+        batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
         *x.stride(), *B.stride(), *dt.stride(), *dA_cumsum.stride(),
         seq.stride(0), seq.stride(1), *local.stride(),
         CHUNK=chunk, BLOCK_P=config["block_headdim"], BLOCK_N=config["block_dstate"], BLOCK_K=config["block_positions"],
         HAS_SEQ=seq_idx is not None, SWAP=switches.operand_swap, EXP2=switches.exp2,
-        DOT_PRECISION=dot_precision, num_warps=config["num_warps"], num_stages=config["num_stages"],
+        DOT_PRECISION=dot_precision, TMA=switches.tma, OUT_N_CONTIG=local.stride(-1) == 1,
+        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=cfg.maxnreg(config),
     )
     return local
 

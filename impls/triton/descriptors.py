@@ -1,0 +1,54 @@
+"""Tensor-descriptor (TMA) loads of the Triton backend (switch `tma`): what a tensor must satisfy to be read or
+written through `tl.make_tensor_descriptor`, and the global-memory workspace the descriptors are built in.
+
+On sm_90 a descriptor made inside a kernel becomes a TMA descriptor (PTX `tensormap.cp_fenceproxy`, loads
+`cp.async.bulk.tensor`), written to a workspace that Triton asks for through `triton.set_allocator` at launch. The
+hardware needs a 16-byte aligned base, 16-byte multiples for every stride but the last, and a contiguous last
+dimension (Triton's own rules, `triton/language/core.py: make_tensor_descriptor`); a tensor that breaks them is
+refused here with its name, before any kernel runs (no silent pointer fallback).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+
+def refusal(name: str, tensor: torch.Tensor) -> str | None:
+    """Why `tensor` cannot be read through a tensor descriptor, or None when it can."""
+    item = tensor.element_size()
+    if tensor.stride(-1) != 1 and tensor.shape[-1] > 1:
+        return f"{name}: its last dimension has stride {tensor.stride(-1)}, a tensor descriptor needs it contiguous"
+    if tensor.data_ptr() % 16:
+        return f"{name}: its data pointer is not 16-byte aligned (offset {tensor.data_ptr() % 16} bytes)"
+    odd = [s for s in tensor.stride()[:-1] if (s * item) % 16]
+    if odd:
+        return f"{name}: strides {tuple(tensor.stride())} ({item}-byte elements) are not all 16-byte multiples"
+    return None
+
+
+def memory_order(states: torch.Tensor) -> torch.Tensor:
+    """A (…, headdim, dstate) states view as the kernels' descriptors see it: (…, dstate, headdim) when headdim is
+    the contiguous dimension (transposed_layout), else as is."""
+    return states.transpose(-1, -2) if states.stride(-1) != 1 and states.stride(-2) == 1 else states
+
+
+def require(tensors: dict[str, torch.Tensor]) -> None:
+    """Raise ValueError naming the first tensor a descriptor cannot read; set the descriptor workspace allocator."""
+    for name, tensor in tensors.items():
+        reason = refusal(name, tensor)
+        if reason:
+            raise ValueError(f"switch 'tma' of backend 'triton': {reason} (run with tma=False, or pass the tensor "
+                             "contiguous and aligned)")
+    device = next(iter(tensors.values())).device
+    triton.set_allocator(_Workspace(device))
+
+
+class _Workspace:
+    """Triton's allocator protocol: `size` bytes of device memory for the kernel's descriptors."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __call__(self, size: int, alignment: int, stream) -> torch.Tensor:
+        return torch.empty(size, dtype=torch.int8, device=self.device)

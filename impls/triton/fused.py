@@ -1,0 +1,241 @@
+"""Stages 2 and 3 in one Triton kernel (switch `fuse_state_out`): every chunk's programs do their intra-chunk work
+in parallel, and only the hand-off of the state from chunk to chunk is ordered, by flags.
+
+Programs: one per (chunk, batch, head, row tile, headdim tile), as compute_out's grid. Each computes, for its rows,
+the chunk's own tokens' term (compute_out.intra_chunk), then waits until the state entering its chunk, S_c, is
+published, adds exp(dA_m)·C_m·S_c (compute_out.state_term, reading S_c from the states tensor) and writes y
+(compute_out.epilogue). The row-tile-0 program of each (chunk, batch, head, headdim tile) is also the chunk's
+*carrier*: before its rows' work it computes the chunk-local state over the whole chunk (fwd_pass_state.
+local_state, all of dstate), waits for S_c, forms S_{c+1} = exp(dA_last)·[same sequence]·S_c + local (fp32, as
+state_passing does), writes it to the fp32 hand-off slot (the `final` output: after the last chunk it holds the
+final state) and, in state_dtype, to the states tensor (the contract's output, which the row tiles of chunk c+1
+read), and publishes it. Chunk 0's carrier publishes S_0 (the initial state, or zero) first.
+
+Hand-off: flags[b, h, headdim tile, c] = 1 once S_c is in the states tensor and in the slot. Publishing is a CTA
+barrier (every thread's stores issued) and one atomic exchange with release semantics; waiting is a spin on an
+atomic add of 0 with acquire semantics, then a CTA barrier; the data behind a flag is read with `.cg` loads
+(L2, not a possibly stale L1 line) and never through TMA (the async proxy would need a proxy fence).
+
+Deadlock freedom. A program does not take its coordinates from its program id but from a *ticket*, an atomic
+increment of a counter it takes as its first instruction; tickets enumerate (chunk, batch, head, row tile, headdim
+tile) with the chunk outermost and row tile 0 first. A program that holds ticket t is running, so every ticket
+below t belongs to a program that is running or done (CTAs that have started are not descheduled for others).
+Every wait points at a smaller ticket: the flag of chunk c > 0 is set by chunk c−1's carrier, and the flag of chunk
+0 by chunk 0's carrier, whose row tile 0 comes first in its (chunk, batch, head) group. By induction on tickets the
+program with the smallest unfinished ticket waits on nothing that is not already published, so it finishes; hence
+every program finishes, whatever order the hardware starts CTAs in and however many fit on the GPU at once. Under
+TRITON_INTERPRET=1 programs run one after another in grid order, tickets come out in that order, and every flag a
+program waits for is already set when it looks.
+
+The counter and flags are zeroed per call (one int32 tensor, 1 + batch·nheads·headdim tiles·(nchunks + 1)).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from impls.triton import config as cfg
+from impls.triton import descriptors
+from impls.triton.chunk_cumsum import _exp
+from impls.triton.compute_out import (
+    c_rows,
+    epilogue,
+    intra_chunk,
+    operand_args,
+    row_terms,
+    state_term,
+    tile_coords,
+)
+from impls.triton.fwd_pass_state import _state_buffer, local_state, rows_desc
+
+
+@triton.jit
+def _tile_offsets(offs_p, offs_n, s_p, s_n, SWAP: tl.constexpr):
+    """Element offsets of a (headdim x dstate) tile in the carried orientation: (dstate, headdim) with SWAP, as
+    local_state returns it."""
+    if SWAP:
+        return offs_n[:, None] * s_n + offs_p[None, :] * s_p
+    else:
+        return offs_p[:, None] * s_p + offs_n[None, :] * s_n
+
+
+@triton.jit
+def _tile_mask(mask_p, mask_n, SWAP: tl.constexpr):
+    if SWAP:
+        return mask_n[:, None] & mask_p[None, :]
+    else:
+        return mask_p[:, None] & mask_n[None, :]
+
+
+@triton.jit
+def _publish(flag_ptr):
+    """Every thread's stores before this point are visible to a program that acquires the flag."""
+    tl.debug_barrier()
+    tl.atomic_xchg(flag_ptr, 1, sem="release")
+
+
+@triton.jit
+def _wait(flag_ptr):
+    while tl.atomic_add(flag_ptr, 0, sem="acquire") == 0:
+        pass
+    tl.debug_barrier()
+
+
+@triton.jit
+def _carry(local, st_base, slot_base, init_base, dA_base, seq_ptr, flags, b, c, seqlen, offs_p, offs_n, mask_p,
+           mask_n, s_st_c, s_st_p, s_st_n, s_f_p, s_f_n, s_i_p, s_i_n, s_dA_l, s_seq_b, s_seq_l, nchunks,
+           CHUNK: tl.constexpr, HAS_INIT: tl.constexpr, HAS_SEQ: tl.constexpr, SWAP: tl.constexpr,
+           EXP2: tl.constexpr):
+    """The carrier's hand-off for chunk c: S_{c+1} = exp(dA_last)·[same sequence]·S_c + local, published."""
+    mask = _tile_mask(mask_p, mask_n, SWAP)
+    st_offs = _tile_offsets(offs_p, offs_n, s_st_p, s_st_n, SWAP)
+    slot_ptrs = slot_base + _tile_offsets(offs_p, offs_n, s_f_p, s_f_n, SWAP)
+    st_dtype = st_base.dtype.element_ty
+    if c == 0:
+        if HAS_INIT:
+            state = tl.load(init_base + _tile_offsets(offs_p, offs_n, s_i_p, s_i_n, SWAP), mask=mask,
+                            other=0.0).to(tl.float32)
+        else:
+            state = tl.zeros(local.shape, dtype=tl.float32)
+        tl.store(st_base + st_offs, state.to(st_dtype), mask=mask)
+        _publish(flags)
+    else:
+        _wait(flags + c)
+        state = tl.load(slot_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+    decay = _exp(tl.load(dA_base + (CHUNK - 1) * s_dA_l).to(tl.float32), EXP2)
+    if HAS_SEQ:
+        # the carry survives only if the sequence at this chunk's last token is the one at the previous chunk's
+        # last token (sequence 0 before the first chunk), as state_passing_kernel decides it
+        seq_base = seq_ptr + b * s_seq_b
+        last = tl.minimum((c + 1) * CHUNK, seqlen) - 1
+        current = tl.load(seq_base + last * s_seq_l)
+        previous = tl.load(seq_base + (c * CHUNK - 1) * s_seq_l, mask=c > 0, other=0)
+        decay = tl.where(current == previous, decay, 0.0)
+    state = decay * state + local
+    tl.store(slot_ptrs, state, mask=mask)
+    if c + 1 < nchunks:
+        tl.store(st_base + s_st_c + st_offs, state.to(st_dtype), mask=mask)
+    _publish(flags + c + 1)
+
+
+@triton.jit
+def fused_kernel(
+    C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, init_ptr, D_ptr, z_ptr, seq_ptr, st_ptr, slot_ptr, y_ptr, sync_ptr,
+    batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
+    s_C_b, s_C_l, s_C_g, s_C_n,
+    s_B_b, s_B_l, s_B_g, s_B_n,
+    s_x_b, s_x_l, s_x_h, s_x_p,
+    s_dt_b, s_dt_h, s_dt_c, s_dt_l,
+    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
+    s_i_b, s_i_h, s_i_p, s_i_n,
+    s_st_b, s_st_c, s_st_h, s_st_p, s_st_n,
+    s_f_b, s_f_h, s_f_p, s_f_n,
+    s_D_h, s_D_p,
+    s_z_b, s_z_l, s_z_h, s_z_p,
+    s_seq_b, s_seq_l,
+    s_y_b, s_y_l, s_y_h, s_y_p,
+    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_DSTATE: tl.constexpr,
+    HAS_INIT: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SEQ: tl.constexpr,
+    SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, DECAY_FACTOR: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    # the ticket, not the program id, names the work: chunk outermost, then batch, head, row tile, headdim tile
+    ticket = tl.atomic_add(sync_ptr, 1)
+    tiles_p = tl.cdiv(headdim, BLOCK_P)
+    tiles = tiles_p * (CHUNK // BLOCK_M)
+    tile = ticket % tiles
+    h = (ticket // tiles) % nheads
+    b32 = (ticket // (tiles * nheads)) % batch  # descriptor offsets are 32-bit
+    c = ticket // (tiles * nheads * batch)
+    b = b32.to(tl.int64)
+    g = h // heads_per_group
+    row_tile = tile // tiles_p
+    pb = tile % tiles_p
+    m0 = row_tile * BLOCK_M
+    p0 = pb * BLOCK_P
+    offs_p, offs_m, offs_n, start, chunk_len, mask_p, mask_m, mask_n = tile_coords(
+        m0, p0, c, seqlen, headdim, dstate, CHUNK, BLOCK_M, BLOCK_P, BLOCK_DSTATE)
+    start64 = start.to(tl.int64)
+    C_base = C_ptr + b * s_C_b + start64 * s_C_l + g.to(tl.int64) * s_C_g
+    B_base = B_ptr + b * s_B_b + start64 * s_B_l + g.to(tl.int64) * s_B_g
+    x_base = x_ptr + b * s_x_b + start64 * s_x_l + h.to(tl.int64) * s_x_h
+    dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
+    dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
+    st_base = st_ptr + b * s_st_b + c.to(tl.int64) * s_st_c + h.to(tl.int64) * s_st_h
+    seq_base = seq_ptr + b * s_seq_b + start64 * s_seq_l
+    z_base = z_ptr + b * s_z_b + start64 * s_z_l + h.to(tl.int64) * s_z_h
+    y_base = y_ptr + b * s_y_b + start64 * s_y_l + h.to(tl.int64) * s_y_h
+    flags = sync_ptr + 1 + ((b * nheads + h) * tiles_p + pb) * (nchunks + 1)
+    dtype = x_ptr.dtype.element_ty
+    if TMA:
+        C_desc = rows_desc(C_ptr, batch, seqlen, ngroups, dstate, s_C_b, s_C_l, s_C_g, BLOCK_M, BLOCK_DSTATE)
+        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_DSTATE)
+        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
+        y_desc = rows_desc(y_ptr, batch, seqlen, nheads, headdim, s_y_b, s_y_l, s_y_h, BLOCK_M, BLOCK_P)
+    else:
+        C_desc = None
+        B_desc = None
+        x_desc = None
+        y_desc = None
+
+    if row_tile == 0:  # the chunk's carrier: its local state first (no dependency), then the hand-off
+        local = local_state(x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq_base, b32, h, g, start, chunk_len,
+                            p0, 0, offs_p, offs_n, mask_p, mask_n, s_x_l, s_x_p, s_B_l, s_B_n, s_dt_l, s_dA_l,
+                            s_seq_l, CHUNK, BLOCK_P, BLOCK_DSTATE, BLOCK_K, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+        _carry(local, st_base, slot_ptr + b * s_f_b + h.to(tl.int64) * s_f_h,
+               init_ptr + b * s_i_b + h.to(tl.int64) * s_i_h, dA_base, seq_ptr, flags, b, c, seqlen, offs_p, offs_n,
+               mask_p, mask_n, s_st_c, s_st_p, s_st_n, s_f_p, s_f_n, s_i_p, s_i_n, s_dA_l, s_seq_b, s_seq_l, nchunks,
+               CHUNK, HAS_INIT, HAS_SEQ, SWAP, EXP2)
+
+    dA_m, state_scale, seq_m = row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2, HAS_SEQ)
+    CmT = c_rows(C_base, C_desc, b32, g, start + m0, offs_m, offs_n, mask_m, mask_n, s_C_l, s_C_n, dtype, BLOCK_M,
+                 BLOCK_DSTATE, SWAP, TMA)
+    if SWAP:
+        acc = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+    acc, _ = intra_chunk(acc, acc, B_base, x_base, x_base, x_ptr, dA_base, dA_base, dt_base, dt_base, seq_base,
+                         B_desc, x_desc, CmT, dA_m, dA_m, seq_m, b32, g, h, start, m0, p0, chunk_len, offs_m, offs_n,
+                         offs_p, mask_m, mask_n, mask_p, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, 0, 0,
+                         dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, False,
+                         DECAY_FACTOR, TMA, 1)
+    _wait(flags + c)
+    acc += state_term(st_base, None, CmT, state_scale, b32, c, h, p0, offs_n, offs_p, mask_n, mask_p, s_st_p,
+                      s_st_n, dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, False, False, ".cg")
+    epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b32, h, start + m0, p0, offs_m, offs_p, mask_m, mask_p,
+             s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, BLOCK_M, BLOCK_P, HAS_D, HAS_Z, SWAP, EXP2, TMA)
+
+
+def fused_state_out(C, B, x, dt, dA_cumsum, initial_states, D, z, seq_idx, state_dtype, *, config, switches, empty,
+                    dot_precision):
+    """-> (y like x, states (batch, nchunks, nheads, headdim, dstate) in state_dtype, final states fp32)."""
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    nchunks, chunk = dt.shape[2], dt.shape[3]
+    y = empty((batch, seqlen, nheads, headdim), x.dtype, x.device)
+    states = _state_buffer(batch, nchunks, nheads, headdim, dstate, state_dtype, x.device,
+                           switches.transposed_layout, empty)
+    final = empty((batch, nheads, headdim, dstate), torch.float32, x.device)
+    if switches.tma:
+        descriptors.require({"C": C, "B": B, "x": x, "y": y})
+    D_arg, z_arg, seq, D_strides = operand_args(x, dt, D, z, seq_idx)
+    init = initial_states if initial_states is not None else final  # never read without HAS_INIT
+    tiles_p = triton.cdiv(headdim, config["block_headdim"])
+    tiles = tiles_p * (chunk // config["block_rows"])
+    sync = torch.zeros(1 + batch * nheads * tiles_p * (nchunks + 1), dtype=torch.int32, device=x.device)
+    fused_kernel[(tiles * nheads * batch * nchunks,)](
+        C, B, x, dt, dA_cumsum, init, D_arg, z_arg, seq, states, final, y, sync,
+        batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
+        *C.stride(), *B.stride(), *x.stride(), *dt.stride(), *dA_cumsum.stride(), *init.stride(), *states.stride(),
+        *final.stride(), *D_strides, *z_arg.stride(), seq.stride(0), seq.stride(1), *y.stride(),
+        CHUNK=chunk, BLOCK_M=config["block_rows"], BLOCK_K=config["block_positions"], BLOCK_P=config["block_headdim"],
+        BLOCK_DSTATE=max(16, triton.next_power_of_2(dstate)),
+        HAS_INIT=initial_states is not None, HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
+        SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision,
+        DECAY_FACTOR=switches.decay_factor, TMA=switches.tma,
+        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=cfg.maxnreg(config),
+    )
+    return y, states, final
