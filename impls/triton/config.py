@@ -72,7 +72,7 @@ class TritonSwitches:
                "C, B and x in the fused kernel; off = pointer loads with masks. Needs the tensors contiguous in the "
                "last dimension, 16-byte aligned, strides 16-byte multiples (else ValueError naming the tensor). "
                "chunk_cumsum and state_passing keep pointer loads (as cuTile's chunk_cumsum, whose compiler uses no "
-               "TMA there). Off by default until measured",
+               "TMA there). Off by default",
         sm90="in-kernel TMA descriptors (tensormap.cp_fenceproxy into a workspace from triton.set_allocator), tiles "
              "by cp.async.bulk.tensor into shared memory, out-of-bounds boxes zero-filled",
         sm100="same TMA descriptors and bulk copies")
@@ -81,8 +81,7 @@ class TritonSwitches:
                "per (chunk, batch, head, row tile, headdim tile) does its rows' intra-chunk output; the row-tile-0 "
                "program of each (chunk, batch, head, headdim tile) also computes the chunk's local state and hands "
                "the state on (flags with acquire/release, programs numbered by an atomic ticket so that waits only "
-               "point at running programs); every program adds exp(dA)·C·S_c once S_c is there. Off by default "
-               "until measured",
+               "point at running programs); every program adds exp(dA)·C·S_c once S_c is there. Off by default",
         sm90="removes the chunk-local fp32 scratch (write and read-back), the state_passing launch and the "
              "compute_out launch; the states are still written (the contract's output, read back by the row tiles)")
     tuning: str = switch("auto", "where launch configurations come from (impls/tuning.py modes)", choices=MODES)
