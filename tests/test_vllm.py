@@ -235,3 +235,19 @@ def test_chunks_spanning_rows_are_caught(vllm_files):
     y = args.out.view_as(inputs.x)
     assert rel_err(y[0], ref.y[0]) < 1e-4  # the first row has nothing before it
     assert rel_err(y[1], ref.y[1]) > 1e-2
+
+
+@pytest.mark.parametrize("state_dtype, expected", [(None, torch.bfloat16), (torch.float32, torch.float32)],
+                         ids=["states-in-C-dtype", "fp32-states"])
+def test_initial_states_reach_vllm_in_its_states_dtype(state_dtype, expected):
+    """vLLM's chunk_scan compiles only with initial states in its chunk states' dtype (the interpreter does not
+    check it; the GPU compiler does)."""
+    x = torch.randn(1, 64, 2, 8, dtype=torch.bfloat16)
+    B = torch.randn(1, 64, 1, 4, dtype=torch.bfloat16)
+    init = torch.randn(1, 2, 8, 4, dtype=torch.float32)
+    cu = torch.tensor([0, 20, 64], dtype=torch.int32)
+    args = mapping.varlen_args(x, torch.rand(1, 64, 2), -torch.rand(2), B, B.clone(), 32, initial_states=init,
+                               cu_seqlens=cu, state_dtype=state_dtype)
+    assert args.initial_states.dtype == expected and args.initial_states.shape == (2, 2, 8, 4)
+    assert torch.equal(args.initial_states[0].float(), init[0].to(expected).float())
+    assert not args.initial_states[1].any()

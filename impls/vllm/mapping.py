@@ -28,8 +28,10 @@ STEPS = {
     "prepare.flatten": "x, dt, B, C, z: (batch, seqlen, ...) -> (batch·seqlen, ...) views (a copy only when the "
                        "two leading axes cannot merge)",
     "prepare.initial_states": "with cu_seqlens and an initial state: one state per sequence, zeros for every "
-                              "sequence but the first (a (nseqs, nheads, headdim, dstate) tensor); otherwise "
-                              "passed as is",
+                              "sequence but the first (a (nseqs, nheads, headdim, dstate) tensor); then cast to "
+                              "the dtype of vLLM's chunk states (state_dtype, else C's), which its chunk_scan needs "
+                              "(a copy when the dtypes differ: fp32 initial states with bf16 inputs are rounded "
+                              "to bf16, as vLLM's own state cache would hold them)",
     "prepare.outputs": "y (batch·seqlen, nheads, headdim) in x's dtype and the final states (nseqs, nheads, "
                        "headdim, dstate) fp32, allocated for vLLM to write (its `out` and `final_states_out` with "
                        "slot indices 0..nseqs-1, int32)",
@@ -156,6 +158,16 @@ def per_sequence_initial_states(initial_states, nseqs: int):
     return per_seq
 
 
+def in_states_dtype(initial_states, C, state_dtype):
+    """vLLM's chunk_scan compiles only when the initial states have its chunk states' dtype (state_dtype, else C's):
+    its kernel picks one pointer or the other per chunk (Triton: "Mismatched type for prev_states_ptr", seen on one
+    NVIDIA H200 with bf16 inputs and fp32 initial states, 2026-12-04)."""
+    states_dtype = state_dtype or C.dtype
+    if initial_states is None or initial_states.dtype == states_dtype:
+        return initial_states
+    return initial_states.to(states_dtype)
+
+
 def varlen_args(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, cu_seqlens=None,
                 dt_softplus=False, dt_limit=(0.0, float("inf")), state_dtype=None) -> VarlenArgs:
     batch, seqlen, nheads, headdim = x.shape
@@ -166,7 +178,8 @@ def varlen_args(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     out = torch.empty(batch * seqlen, nheads, headdim, dtype=x.dtype, device=x.device)
     final = torch.empty(meta.nseqs, nheads, headdim, B.shape[-1], dtype=torch.float32, device=x.device)
     return VarlenArgs(flat(x), flat(dt), A, flat(B), flat(C), chunk_size, meta, out, final, D, flat(z), dt_bias,
-                      per_sequence_initial_states(initial_states, meta.nseqs), dt_softplus,
+                      in_states_dtype(per_sequence_initial_states(initial_states, meta.nseqs), C, state_dtype),
+                      dt_softplus,
                       tuple(float(v) for v in dt_limit), state_dtype, batch, seqlen)
 
 
