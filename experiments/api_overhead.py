@@ -6,7 +6,11 @@ Rows (stage "forward"), per point: byname_median_ms and prebuilt_median_ms (do_b
 wall-clock medians on the CPU), graph_median_ms (one replay, L2 flushed between replays; on the CPU a NaN whose
 note says why), host_byname_us and host_prebuilt_us (time.perf_counter around one call, no synchronisation inside
 the timed span, median of bench.host_calls calls; the device is synchronised before each call, so a full launch
-queue never turns host time into kernel time) and host_overhead_us, their difference. The harness runs it with
+queue never turns host time into kernel time) and host_overhead_us, the median of the per-pair differences. The two
+paths alternate call by call in ABBA order (by name, prebuilt, prebuilt, by name, ...), so that a drift of the host (clocks, other
+processes) over the run falls on both alike: timed in two blocks one after the other, one NVIDIA H200's host
+differed by -285 to +270 µs between the blocks (results/2026-12-04-h200-vllm-blockwise-gate), far more than the
+lookup itself costs. The harness runs it with
 bench.api_overhead=true (conf/experiment/api_overhead.yaml); `python -m experiments.api_overhead [overrides]` is that
 sweep.
 """
@@ -25,17 +29,26 @@ METRICS = ("byname_median_ms", "prebuilt_median_ms", "graph_median_ms", "host_by
            "host_overhead_us")
 
 
-def host_us(fn, device, calls: int) -> float:
-    """Median microseconds of host time per call of `fn`: the device is synchronised before each call, outside
-    the timed span, and never inside it."""
-    times = []
-    for _ in range(calls):
-        timing.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+def _host_seconds(fn, device) -> float:
+    """Host time of one call of `fn`; the device is synchronised before the call, outside the timed span."""
     timing.synchronize(device)
-    return statistics.median(times) * 1e6
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def paired_host_us(first, second, device, calls: int) -> tuple[float, float, float]:
+    """(median µs of `first`, of `second`, median over ABBA quads of the difference first − second): the calls
+    run first, second, second, first, ..., so that a drift of the host that is linear over a quad cancels in it."""
+    a, b, diffs = [], [], []
+    for _ in range(max(1, calls // 2)):
+        a1, b1 = _host_seconds(first, device), _host_seconds(second, device)
+        b2, a2 = _host_seconds(second, device), _host_seconds(first, device)
+        a += [a1, a2]
+        b += [b1, b2]
+        diffs.append((a1 + a2 - b1 - b2) / 2)
+    timing.synchronize(device)
+    return statistics.median(a) * 1e6, statistics.median(b) * 1e6, statistics.median(diffs) * 1e6
 
 
 def device_median_ms(fn, device, bench) -> float:
@@ -61,9 +74,8 @@ def measure(backend, inputs, device, bench) -> list[tuple[str, str, object]]:
         rows["graph_median_ms"] = timing.graph_median(prebuilt, bench.rep_ms)
     else:
         rows["graph_median_ms"] = timing.Missing(f"no CUDA graphs on a {device.type} device")
-    rows["host_byname_us"] = host_us(by_name, device, bench.host_calls)
-    rows["host_prebuilt_us"] = host_us(prebuilt, device, bench.host_calls)
-    rows["host_overhead_us"] = rows["host_byname_us"] - rows["host_prebuilt_us"]
+    rows["host_byname_us"], rows["host_prebuilt_us"], rows["host_overhead_us"] = paired_host_us(
+        by_name, prebuilt, device, bench.host_calls)
     return [("forward", metric, rows[metric]) for metric in METRICS]
 
 

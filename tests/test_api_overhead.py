@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import impls
 from experiments import store
@@ -119,3 +120,23 @@ def test_gpu_times_takes_do_bench_answers_of_any_length(monkeypatch, quantiles):
     monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
     out = timing.gpu_times(lambda: None, 1, 1, False, quantiles)
     assert out["median_ms"] == 1.0 and len(out) == 1 + len(quantiles)
+
+
+def test_host_times_alternate_the_two_paths_and_pair_their_differences(monkeypatch):
+    """A host whose every call gets slower (a drift) must not show up as a difference between the paths."""
+    from experiments import api_overhead
+
+    clock, calls = [0.0], []
+
+    def drifting(name):
+        def call():
+            calls.append(name)
+            clock[0] += 1e-3 * len(calls) + (2e-6 if name == "by_name" else 0.0)  # 2 µs more by name
+        return call
+
+    monkeypatch.setattr(api_overhead.time, "perf_counter", lambda: clock[0])
+    by_name, prebuilt, diff = api_overhead.paired_host_us(drifting("by_name"), drifting("prebuilt"),
+                                                          torch.device("cpu"), 101)
+    assert calls[:8] == ["by_name", "prebuilt", "prebuilt", "by_name"] * 2
+    assert abs(diff - 2.0) < 1e-6  # the drift (1 ms more per call) cancels in every ABBA quad
+    assert by_name > 1e3 and prebuilt > 1e3  # the plain medians carry it
