@@ -20,7 +20,7 @@ SHAPES = {"S1": Shape(8, 4096, 80, 64, 1, 128, 256), "S1_c128": Shape(8, 4096, 8
           "S2": Shape(1, 65536, 80, 64, 1, 128, 256), "S3": Shape(8, 4096, 64, 64, 8, 128, 256),
           "S4": Shape(16, 2048, 32, 64, 1, 64, 128)}
 CUTILE_VARIANTS = {"defaults": {}, "decay_factor": {"decay_factor": True}, "tma_off": {"tma": False}}
-# the stack the committed records were searched on (results/h200-s6, -s7: v_* columns and driver)
+# the stack the committed records were searched on (results/2026-12-03-h200-head-mma and results/2026-12-03-h200-peers-tuned: v_* columns and driver)
 H200_STACK = {"cuda-tile": "1.7.0", "tileiras": "13.4.92", "triton": "3.6.0", "tilegym": "1.5.1", "driver": "580"}
 
 
