@@ -1,4 +1,4 @@
-"""Nsight Compute over one forward per backend: DRAM bytes, achieved occupancy, registers and spills per kernel.
+"""Nsight Compute over one forward per backend: per kernel, DRAM and L2 traffic, spills, warp stalls, occupancy.
 
     python -m experiments.profile [--backends cutile mamba_ssm triton tilegym fla vllm] [--shape S1] [--out DIR]
 
@@ -9,7 +9,8 @@ runs the forward twice outside the profiled range (compilation, autotuning, cach
 once per metric pass and restores device memory between passes, so the figures are those of one forward.
 
 Writes `profile.ncu.parquet` under --out (a table of its own: the results store skips `*.ncu.parquet`): one row
-per (backend, kernel launch, metric) — METRICS below, with units —
+per (backend, kernel launch, metric) — METRICS below (local-memory spill requests, L2 throughput and hit rate,
+DRAM throughput, the warp-stall breakdown, tensor-pipe use, registers, achieved occupancy) and DERIVED, with units —
 plus per backend the sums over its launches (kernel "forward") and the cost model's minimum bytes and floor
 (experiments/cost_model.py) beside them, so measured DRAM traffic and the model can be read off one table.
 Exits 1 if a backend's target launched no kernel in the profiled range or ncu failed.
@@ -27,17 +28,52 @@ import subprocess
 import sys
 from pathlib import Path
 
-# ncu metric -> (our name, unit, how launches add up over a forward)
+# ncu metric -> (our name, unit, how launches add up over a forward). Names as Nsight Compute (2025.x) spells them
+# on sm_90; where each comes from:
+# - time, DRAM bytes, occupancy, registers: the GPU Speed Of Light, Occupancy and Launch Statistics sections of
+#   ncu (`sections/*.section`, shipped with Nsight Compute);
+# - local-memory (spill) requests: `l1tex__t_requests_pipe_lsu_mem_local_op_{ld,st}.sum`, the metrics the Nsight
+#   Compute CLI guide maps nvprof's local_load_requests / local_store_requests to (docs.nvidia.com/nsight-compute/
+#   NsightComputeCli, "Metric Comparison"); the bytes beside them are the same pipe's `t_bytes`;
+# - L2 and DRAM throughput (% of peak): `lts__throughput` and `gpu__dram_throughput` `.avg.pct_of_peak_sustained_
+#   elapsed`, the "SOL L2" and "SOL FB" entries of ncu's SpeedOfLight.section; L2 hit rate `lts__t_sector_hit_rate.pct`
+#   (the CLI guide's mapping of nvprof's l2_tex_hit_rate; the Memory Workload Analysis tables);
+# - issue slots busy: `smsp__issue_active.avg.pct_of_peak_sustained_active` (ncu's Scheduler Statistics);
+# - the warp-stall breakdown: `smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio`, cycles a warp
+#   spends in each state per issued instruction, the bars of ncu's WarpStateStats.section and the inputs of its
+#   CPIStall rules, whose total (all states, per issued instruction) is
+#   `smsp__average_warp_latency_per_inst_issued.ratio` (ncu 2025.1's CPIStall rule); STALL_OTHER below is the
+#   total less the reasons named here, and each reason's share of the total is derived (DERIVED);
+# - tensor pipe: `sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active`, cycles the SM's tensor pipe
+#   was busy (warpgroup HGMMA and warp-level HMMA alike on sm_90), as a share of the active cycles' peak.
+STALL_REASONS = ("long_scoreboard", "barrier", "math_pipe_throttle", "wait", "short_scoreboard", "mio_throttle",
+                 "lg_throttle", "no_instruction", "dispatch_stall", "not_selected", "selected")
 METRICS = {
     "gpu__time_duration.sum": ("duration_ns", "ns", "sum"),
     "dram__bytes_read.sum": ("dram_read_bytes", "byte", "sum"),
     "dram__bytes_write.sum": ("dram_write_bytes", "byte", "sum"),
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": ("dram_throughput_pct", "%", "time-weighted"),
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": ("l2_throughput_pct", "%", "time-weighted"),
+    "lts__t_sector_hit_rate.pct": ("l2_hit_rate_pct", "%", "time-weighted"),
     "sm__warps_active.avg.pct_of_peak_sustained_active": ("achieved_occupancy_pct", "%", "time-weighted"),
+    "smsp__issue_active.avg.pct_of_peak_sustained_active": ("issue_active_pct", "%", "time-weighted"),
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active": ("tensor_pipe_active_pct", "%",
+                                                                        "time-weighted"),
     "launch__registers_per_thread": ("registers_per_thread", "1", "max"),
     "launch__occupancy_limit_registers": ("occupancy_limit_registers", "blocks/SM", "min"),
+    "l1tex__t_requests_pipe_lsu_mem_local_op_ld.sum": ("local_load_requests", "request", "sum"),
+    "l1tex__t_requests_pipe_lsu_mem_local_op_st.sum": ("local_store_requests", "request", "sum"),
     "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum": ("local_load_bytes", "byte", "sum"),
     "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum": ("local_store_bytes", "byte", "sum"),
+    "smsp__average_warp_latency_per_inst_issued.ratio": ("warp_cycles_per_issue", "cycle/inst", "time-weighted"),
+    **{f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio":
+       (f"stall_{reason}", "cycle/inst", "time-weighted") for reason in STALL_REASONS},
 }
+STALL_OTHER = "stall_other"
+# figures computed from the measured ones (per launch, and again from the forward's totals): our name -> unit
+DERIVED = {STALL_OTHER: "cycle/inst",
+           **{f"stall_{reason}_share_pct": "%" for reason in (*STALL_REASONS, "other")}}
+UNITS = {**{name: unit for name, unit, _ in METRICS.values()}, **DERIVED}
 PROFILED_MARK = "PROFILED_FORWARD_DONE"
 
 
@@ -110,8 +146,23 @@ def parse_ncu_csv(text: str) -> list[dict]:
                 values[name] = float(raw)
             except ValueError:
                 values[name] = float("nan")
-        launches.append({"kernel": row["Kernel Name"], "launch": int(row["ID"]), **values})
+        launches.append({"kernel": row["Kernel Name"], "launch": int(row["ID"]), **values, **derived(values)})
     return launches
+
+
+def derived(values: dict[str, float]) -> dict[str, float]:
+    """The stall cycles no named reason accounts for (the total per issued instruction less the named reasons),
+    and every reason's share of the total, in %. NaN where the total is missing or zero."""
+    import math
+
+    total = values.get("warp_cycles_per_issue", float("nan"))
+    named = [values.get(f"stall_{reason}", float("nan")) for reason in STALL_REASONS]
+    other = total - sum(named)
+    out = {STALL_OTHER: other}
+    for reason, value in zip((*STALL_REASONS, "other"), (*named, other)):
+        ok = not math.isnan(total) and total > 0
+        out[f"stall_{reason}_share_pct"] = 100.0 * value / total if ok else float("nan")
+    return out
 
 
 def forward_totals(launches: list[dict]) -> dict[str, float]:
@@ -132,13 +183,20 @@ def forward_totals(launches: list[dict]) -> dict[str, float]:
             totals[name] = min(values)
         else:
             totals[name] = sum(l[name] * l["duration_ns"] for l in launches) / time if time else float("nan")
-    return totals
+    return {**totals, **derived(totals)}
+
+
+def stall_summary(launch: dict) -> str:
+    """The warp-stall shares of one launch, largest first: 'long_scoreboard 51 %, barrier 12 %, ...'."""
+    shares = {reason: launch[f"stall_{reason}_share_pct"] for reason in (*STALL_REASONS, "other")}
+    ranked = sorted(shares.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 0.0)
+    return ", ".join(f"{reason} {share:.0f} %" for reason, share in ranked[:5])
 
 
 def backend_rows(backend: str, shape: str, launches: list[dict], problem) -> list[dict]:
     from experiments import cost_model
 
-    units = {name: unit for name, unit, _ in METRICS.values()}
+    units = UNITS
     rows = []
     for launch in launches:
         rows += [{"backend": backend, "shape_name": shape, "kernel": launch["kernel"], "launch": launch["launch"],
@@ -200,12 +258,17 @@ def main(argv=None) -> int:
         print(f"[profile] {backend} {args.shape}: {len(launches)} launches, {t['duration_ns'] / 1e3:.1f} us, "
               f"DRAM read {t['dram_read_bytes'] / 1e9:.3f} GB write {t['dram_write_bytes'] / 1e9:.3f} GB, "
               f"occupancy {t['achieved_occupancy_pct']:.1f} %, max regs {t['registers_per_thread']:.0f}, "
-              f"local ld/st {t['local_load_bytes'] / 1e6:.1f}/{t['local_store_bytes'] / 1e6:.1f} MB", flush=True)
+              f"local ld/st {t['local_load_requests'] / 1e6:.2f}/{t['local_store_requests'] / 1e6:.2f} M requests",
+              flush=True)
         for launch in launches:
             print(f"    {launch['kernel'][:60]:60} {launch['duration_ns'] / 1e3:9.1f} us "
                   f"R {launch['dram_read_bytes'] / 1e6:9.1f} MB W {launch['dram_write_bytes'] / 1e6:9.1f} MB "
                   f"occ {launch['achieved_occupancy_pct']:5.1f} % regs {launch['registers_per_thread']:4.0f} "
-                  f"local {(launch['local_load_bytes'] + launch['local_store_bytes']) / 1e6:7.1f} MB", flush=True)
+                  f"local {(launch['local_load_requests'] + launch['local_store_requests']) / 1e6:6.2f} M req",
+                  flush=True)
+            print(f"    {'':60} L2 {launch['l2_throughput_pct']:5.1f} % hit {launch['l2_hit_rate_pct']:5.1f} % "
+                  f"DRAM {launch['dram_throughput_pct']:5.1f} % tensor {launch['tensor_pipe_active_pct']:5.1f} % "
+                  f"issue {launch['issue_active_pct']:5.1f} % stalls: " + stall_summary(launch), flush=True)
     if rows:
         df = pd.DataFrame(rows)
         for key in ("v_torch", "v_triton", "v_cuda_tile", "v_tileiras", "v_mamba_ssm", "v_tilegym", "v_fla", "v_vllm",

@@ -1,6 +1,7 @@
 """CPU tests of experiments/profile.py: the ncu command, the CSV parsing and the per-forward sums."""
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,63 @@ def test_ncu_command_leaves_the_clocks_alone_and_profiles_one_range(monkeypatch)
 def test_unknown_shape_preset_is_refused():
     with pytest.raises(SystemExit, match="--shape"):
         profile.headline_problem("S9")
+
+
+# --- the sm_90 metric set: spills, L2, DRAM, warp stalls, tensor pipe (a synthetic ncu raw CSV with ncu's layout) ---
+SM90_CSV = (Path(__file__).parent / "fixtures" / "ncu_raw_sm90.csv").read_text()
+
+
+def test_every_requested_metric_is_read_from_the_csv():
+    header = next(line for line in SM90_CSV.splitlines() if '"Kernel Name"' in line)
+    assert all(f'"{metric}"' in header for metric in profile.METRICS)
+    for launch in profile.parse_ncu_csv(SM90_CSV):
+        missing = [name for name, _unit, _how in profile.METRICS.values() if math.isnan(launch[name])]
+        assert not missing, f"{launch['kernel']}: {missing}"
+
+
+def test_spills_l2_dram_and_tensor_pipe_per_launch():
+    out = {l["kernel"]: l for l in profile.parse_ncu_csv(SM90_CSV)}["compute_out_kernel"]
+    assert out["local_load_requests"] == 2_970_000 and out["local_store_requests"] == 2_150_000
+    assert out["l2_throughput_pct"] == 79.0 and out["l2_hit_rate_pct"] == 62.0
+    assert out["dram_throughput_pct"] == 42.0 and out["tensor_pipe_active_pct"] == 38.5
+    assert out["registers_per_thread"] == 80 and out["achieved_occupancy_pct"] == 27.0
+
+
+def test_stall_breakdown_names_the_rest_and_shares_add_to_100():
+    out = {l["kernel"]: l for l in profile.parse_ncu_csv(SM90_CSV)}["compute_out_kernel"]
+    assert out["stall_long_scoreboard"] == 10.0 and out["warp_cycles_per_issue"] == 20.0
+    assert math.isclose(out["stall_other"], 20.0 - 18.4)
+    assert math.isclose(out["stall_long_scoreboard_share_pct"], 50.0)
+    shares = [out[f"stall_{r}_share_pct"] for r in (*profile.STALL_REASONS, "other")]
+    assert math.isclose(sum(shares), 100.0)
+    assert profile.stall_summary(out).startswith("long_scoreboard 50 %")
+
+
+def test_stall_shares_are_nan_without_a_total():
+    assert math.isnan(profile.derived({"stall_long_scoreboard": 1.0})["stall_long_scoreboard_share_pct"])
+
+
+def test_sm90_rows_are_one_metric_per_row_with_units():
+    problem = Problem(Shape(8, 4096, 80, 64, 1, 128, 256))
+    launches = profile.parse_ncu_csv(SM90_CSV)
+    rows = profile.backend_rows("cutile", "S1", launches, problem)
+    assert all(set(r) == {"backend", "shape_name", "kernel", "launch", "metric", "value", "unit"} for r in rows)
+    by = {(r["kernel"], r["metric"]): r for r in rows}
+    spill = by[("compute_out_kernel", "local_store_requests")]
+    assert spill["value"] == 2_150_000 and spill["unit"] == "request"
+    assert by[("compute_out_kernel", "stall_other")]["unit"] == "cycle/inst"
+    assert by[("compute_out_kernel", "stall_barrier_share_pct")]["value"] == 10.0
+    # the forward: spill requests add up, percentages weighted by time, the stall shares recomputed from the totals
+    assert by[("forward", "local_load_requests")]["value"] == 140_000 + 2_970_000
+    time = 13_216 + 212_032 + 654_112
+    l2 = (35.0 * 13_216 + 61.7 * 212_032 + 79.0 * 654_112) / time
+    assert math.isclose(by[("forward", "l2_throughput_pct")]["value"], l2)
+    total = (8.0 * 13_216 + 25.0 * 212_032 + 20.0 * 654_112) / time
+    long_sb = (4.0 * 13_216 + 13.5 * 212_032 + 10.0 * 654_112) / time
+    assert math.isclose(by[("forward", "stall_long_scoreboard_share_pct")]["value"], 100 * long_sb / total)
+
+
+def test_ncu_command_asks_for_every_metric(monkeypatch):
+    monkeypatch.setattr(profile, "ncu", lambda: "/opt/ncu")
+    cmd = profile.ncu_command("cutile", "S1")
+    assert cmd[cmd.index("--metrics") + 1].split(",") == list(profile.METRICS)

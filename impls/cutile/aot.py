@@ -77,9 +77,10 @@ def export(call: KernelCall, arch: str) -> bytes:
 
 
 def build_call(stage: str, dtype: torch.dtype, switches, dims: dict | None = None, config: dict | None = None,
-               optional: bool = True, wide: bool = False) -> KernelCall:
+               optional: bool = True, wide: bool = False, d_mode: int | None = None) -> KernelCall:
     """The stage's KernelCall for `dtype` with placeholders; `optional` turns on every optional input; `wide`
-    builds the int64-indexed kernel (arrays whose offsets pass 2^31)."""
+    builds the int64-indexed kernel (arrays whose offsets pass 2^31); `d_mode` (compute_out, fused) overrides
+    the skip term's form: 0 none, 1 D per head (a 1-d D), 2 D per channel."""
     d = dict(AOT_DIMS, **(dims or {}))
     config = dict(config or {})
     f32, i32 = torch.float32, torch.int32
@@ -89,6 +90,8 @@ def build_call(stage: str, dtype: torch.dtype, switches, dims: dict | None = Non
 
     dims6 = (d["batch"], d["seqlen"], d["nheads"], d["headdim"], d["ngroups"], d["dstate"])
     tf32 = dtype == f32 and switches.cb_precision == "tf32"
+    d_mode = (2 if optional else 0) if d_mode is None else d_mode
+    d_spec = spec(f32, 1 if d_mode == 1 else 2)
     if stage == "chunk_cumsum":
         from impls.cutile import chunk_cumsum as mod
 
@@ -105,9 +108,8 @@ def build_call(stage: str, dtype: torch.dtype, switches, dims: dict | None = Non
         from impls.cutile import compute_out as mod
 
         arrays = (spec(dtype, 4), spec(dtype, 4), spec(dtype, 4), spec(f32, 4), spec(f32, 4),
-                  spec(dtype, 5), spec(f32, 2), spec(dtype, 4), spec(i32, 2), spec(f32, 5), spec(dtype, 4))
-        return mod.make_call(arrays, dims6, d["chunk"], 2 if optional else 0, optional, optional, tf32, switches,
-                             config)
+                  spec(dtype, 5), d_spec, spec(dtype, 4), spec(i32, 2), spec(f32, 5), spec(dtype, 4))
+        return mod.make_call(arrays, dims6, d["chunk"], d_mode, optional, optional, tf32, switches, config)
     if stage == "compute_out_cb":
         from impls.cutile import compute_out as mod
 
@@ -117,9 +119,8 @@ def build_call(stage: str, dtype: torch.dtype, switches, dims: dict | None = Non
         from impls.cutile import fused as mod
 
         arrays = (spec(dtype, 4), spec(dtype, 4), spec(dtype, 4), spec(f32, 4), spec(f32, 4), spec(f32, 4),
-                  spec(f32, 2), spec(dtype, 4), spec(dtype, 4), spec(f32, 4))
-        return mod.make_call(arrays, dims6, d["chunk"], optional, 2 if optional else 0, optional, tf32, switches,
-                             config)
+                  d_spec, spec(dtype, 4), spec(dtype, 4), spec(f32, 4))
+        return mod.make_call(arrays, dims6, d["chunk"], optional, d_mode, optional, tf32, switches, config)
     raise ValueError(f"stage: expected one of {KERNELS}, got {stage!r}")
 
 

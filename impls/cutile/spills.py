@@ -1,0 +1,136 @@
+"""Register spills of the tuned cuTile kernels, read from sm_90 machine code compiled on the CPU.
+
+    python -m impls.cutile.spills [--shapes S1 S2 S3 S4] [--stages compute_out fwd_pass_state fused] [--arch sm_90]
+
+For each headline shape (conf/shape/) and stage, the committed tuning record of one NVIDIA H200
+(tuning/NVIDIA_H200/cutile_<stage>.json, the key the default switches give, bf16) is compiled ahead of time
+(impls/cutile/aot.py) at the shape's sizes, as the headline problem calls it (D per head, no z, no initial states,
+no sequence index), and its SASS is read: local loads and stores (LDL/STL: the spill traffic), registers per thread
+and stack bytes per thread (cuobjdump -res-usage). Printed as a table, one row per kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import torch
+
+from impls.cutile import aot
+
+HEADLINE_SHAPES = ("S1", "S2", "S3", "S4")
+STAGES = ("compute_out", "fwd_pass_state", "fused")
+GPU = "NVIDIA H200"  # the card whose records are committed (tuning/NVIDIA_H200/)
+HEADLINE_D_MODE = 1  # the headline problem's D: one per head (conf/problem/headline.yaml)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpills:
+    shape: str
+    stage: str
+    kernel: str  # the stage's kernel compiled (compute_out_cb beside compute_out when the record shares C·Bᵀ)
+    config: dict
+    ldl: int  # local-memory loads in the SASS (static count)
+    stl: int  # local-memory stores
+    registers: int  # per thread
+    stack_bytes: int  # per thread
+
+    @property
+    def spills(self) -> bool:
+        return self.ldl + self.stl > 0
+
+
+def tuned_config(stage: str, shape_name: str, dtype: str = "bfloat16") -> dict:
+    """The committed record's config for `stage` at a conf/shape/ preset, under the key the default switches give;
+    raises LookupError naming the file and key when there is none."""
+    from impls import tuning
+    from impls.cli import load_shape
+    from impls.cutile import tune
+    from impls.cutile.switches import CutileSwitches
+
+    label = load_shape(shape_name).label()
+    key = tune.record_key(stage, CutileSwitches(), label, dtype)
+    record = tuning.lookup("cutile", stage, GPU, key)
+    if record is None:
+        raise LookupError(f"no record for {shape_name} ({key}) in {tuning.record_path('cutile', stage, GPU)}")
+    return dict(record["config"])
+
+
+def kernels_of(stage: str, config: dict) -> tuple[str, ...]:
+    """The kernels one stage launches under `config` (aot.KERNELS names)."""
+    if stage == "compute_out" and config.get("shared_cb"):
+        return ("compute_out", "compute_out_cb")
+    return (stage,)
+
+
+def count_spills(sass_text: str) -> tuple[int, int]:
+    """(LDL, STL) instructions in a disassembly, modifiers included (LDL.64, STL.128, ...)."""
+    ops = aot.opcodes(sass_text)
+    return tuple(sum(n for op, n in ops.items() if op.split(".")[0] == name) for name in ("LDL", "STL"))
+
+
+def kernel_spills(stage: str, shape_name: str, config: dict | None = None, kernel: str | None = None,
+                  dtype: str = "bfloat16", arch: str = "sm_90") -> KernelSpills:
+    """Compiles one kernel of `stage` at the shape's sizes with `config` (default: the committed record) and reads
+    its spills, registers and stack from the cubin."""
+    from impls.cli import load_shape
+    from impls.cutile.switches import CutileSwitches
+
+    config = tuned_config(stage, shape_name, dtype) if config is None else config
+    kernel = kernel or stage
+    s = load_shape(shape_name)
+    dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
+                dstate=s.dstate, chunk=s.chunk_size)
+    call = aot.build_call(kernel, getattr(torch, dtype), CutileSwitches(), dims=dims, config=config, optional=False,
+                          d_mode=HEADLINE_D_MODE)
+    cubin = aot.export(call, arch)
+    ldl, stl = count_spills(aot.sass(cubin))
+    usage = aot.resource_usage(cubin)
+    return KernelSpills(shape_name, stage, kernel, config, ldl, stl, usage["REG"], usage["STACK"])
+
+
+def report(shapes=HEADLINE_SHAPES, stages=STAGES, dtype: str = "bfloat16", arch: str = "sm_90"):
+    """Every kernel of `stages` at `shapes` with its committed record: KernelSpills, or the reason there is none."""
+    rows = []
+    for shape_name in shapes:
+        for stage in stages:
+            try:
+                config = tuned_config(stage, shape_name, dtype)
+            except LookupError as exc:
+                rows.append((shape_name, stage, str(exc)))
+                continue
+            rows += [kernel_spills(stage, shape_name, config, kernel, dtype, arch)
+                     for kernel in kernels_of(stage, config)]
+    return rows
+
+
+def format_table(rows) -> str:
+    lines = [f"{'shape':5} {'kernel':15} {'LDL':>4} {'STL':>4} {'regs':>4} {'stack B':>7}  config",
+             "-" * 100]
+    for row in rows:
+        if isinstance(row, KernelSpills):
+            config = ", ".join(f"{k}={v}" for k, v in sorted(row.config.items()))
+            lines.append(f"{row.shape:5} {row.kernel:15} {row.ldl:4d} {row.stl:4d} {row.registers:4d} "
+                         f"{row.stack_bytes:7d}  {config}")
+        else:
+            shape_name, stage, reason = row
+            lines.append(f"{shape_name:5} {stage:15} {reason}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=list(HEADLINE_SHAPES))
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--arch", default="sm_90")
+    args = parser.parse_args(argv)
+    rows = report(args.shapes, args.stages, args.dtype, args.arch)
+    print(f"cuTile kernels at the committed {GPU} records ({args.dtype}, {args.arch}): spills in the SASS")
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
