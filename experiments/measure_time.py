@@ -1,7 +1,8 @@
-"""Step 3 of a point's life: timing a Plan that passed its gate → `Timings`. Ceilings (GPU: a matmul and a copy in
-the same run), each stage chained on the backend's own outputs and the whole forward through the public entry
-(experiments/timing.py: do_bench medians and quantiles on the GPU, wall-clock on the CPU), the derived metrics of
-experiments/cost_model.py, and with bench.api_overhead the public call's overhead (experiments/api_overhead.py)."""
+"""Step 3 of a point's life: timing a Plan that passed its gate (Plan, GateReport) → `Timings`. Ceilings (GPU: a
+matmul and a copy in the same run), each stage chained on the backend's own outputs and the whole forward through
+the public entry (experiments/timing.py: do_bench medians and quantiles on the GPU, wall-clock on the CPU), the
+derived metrics of experiments/cost_model.py, and with bench.api_overhead the public call's overhead
+(experiments/api_overhead.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 
 from experiments import api_overhead, cost_model, timing
 from experiments.calls import FORWARD_ARGS, forward_kwargs, public_forward_call
+from experiments.correctness import GateFailure
+from experiments.gate import GateReport
 from experiments.plan import BenchSettings, Plan
 from impls.inputs import Inputs
 
@@ -55,8 +58,11 @@ def stage_callables(backend, inputs: Inputs) -> dict:
     }
 
 
-def run(plan: Plan) -> Timings:
-    """The timings of `plan` (nothing with bench.time and bench.api_overhead off, but describe())."""
+def run(plan: Plan, gate: GateReport) -> Timings:
+    """The timings of `plan`, whose gate passed (nothing with bench.time and bench.api_overhead off, but
+    describe()); a GateReport with failures is refused: nothing of a failed gate is timed."""
+    if gate.failures:
+        raise GateFailure("; ".join(gate.failures))
     bench, device, out = plan.point.bench, plan.point.device, []
     if bench.time:
         out += stage_times(plan)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from experiments import bench, gate, measure_time, plan, record, store
+from experiments.correctness import GateFailure
 from impls.problem import Problem, Shape
 from impls.reference.backend import ReferenceBackend
 
@@ -28,7 +29,7 @@ def test_a_plan_built_in_python_is_measured_into_rows(point, tmp_path):
     assert built.backend.name == "reference" and built.inputs.x.shape == (1, 32, 2, 8)
     report = gate.run(built)
     assert report.reference == "float64" and not report.failures and "rule skipped: not on a GPU" in report.description
-    timings = measure_time.run(built)
+    timings = measure_time.run(built, report)
     rows = record.rows(point, built, report, timings, error=None)
     assert rows.status == "ok" and rows.error is None
     df = rows.frame()
@@ -64,6 +65,8 @@ def test_a_failed_gate_is_recorded_and_nothing_is_timed(point):
     built = dataclasses.replace(plan.build(point), backend=WrongY())
     report = gate.run(built)
     assert report.failures and "compute_out" in report.failures[0]
+    with pytest.raises(GateFailure, match="compute_out"):
+        measure_time.run(built, report)
     rows = record.rows(point, built, report, None, error="GateFailure: " + "; ".join(report.failures))
     df = rows.frame()
     assert set(df["status"]) == {"failed"} and not df["metric"].str.endswith("_ms").any()
