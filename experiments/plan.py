@@ -189,9 +189,10 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
     prov = provenance.collect(device)
     device_name = provenance.device_name(device)
     sem = semantic(backend, switches, ablation, problem, bench, seed, device_name)
-    if config is None:
-        config = {**sem, "shape": {"name": shape_name, **sem["shape"]},
-                  "problem": {"name": problem_name, **sem["problem"]}, "bench": dataclasses.asdict(bench)}
+    if config is None:  # what the config column and the W&B run show for a point built in Python (plain values)
+        config = json.loads(json.dumps({**sem, "shape": {"name": shape_name, **sem["shape"]},
+                                        "problem": {"name": problem_name, **sem["problem"]},
+                                        "bench": dataclasses.asdict(bench)}, default=str))
     identity = Identity(config_hash=conf.config_hash(sem), code_key=provenance.code_key(prov, backend, device_name),
                         sweep_id=sweep_id, sweep_name=sweep_name, job_num=job_num, hydra_choices=hydra_choices,
                         config_yaml=OmegaConf.to_yaml(OmegaConf.create(config)) if config_yaml is None else config_yaml,
