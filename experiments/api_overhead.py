@@ -23,7 +23,8 @@ import statistics
 import sys
 import time
 
-from experiments import correctness, timing
+from experiments import timing
+from experiments.calls import forward_kwargs, public_forward_call
 
 METRICS = ("byname_median_ms", "prebuilt_median_ms", "graph_median_ms", "host_byname_us", "host_prebuilt_us",
            "host_overhead_us")
@@ -64,9 +65,9 @@ def measure(backend, inputs, device, bench) -> list[tuple[str, str, object]]:
         changed = {k: v for k, v in dataclasses.asdict(backend.switches).items()
                    if v != getattr(type(backend.switches)(), k)}
         raise ValueError(f"bench.api_overhead: a call by name runs the default switches; this point sets {changed}")
-    kw = correctness.forward_kwargs(inputs)
-    by_name = correctness.public_forward_call(backend.name, kw)
-    prebuilt = correctness.public_forward_call(backend, kw)
+    kw = forward_kwargs(inputs)
+    by_name = public_forward_call(backend.name, kw)
+    prebuilt = public_forward_call(backend, kw)
     by_name()  # resolves and builds whatever the by-name call builds once
     rows = {"byname_median_ms": device_median_ms(by_name, device, bench),
             "prebuilt_median_ms": device_median_ms(prebuilt, device, bench)}

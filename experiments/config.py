@@ -303,27 +303,8 @@ def check_timing_knobs(bench, device: str) -> None:
 
 # --- identity of a point ------------------------------------------------------------------------------
 
-def semantic_config(cfg: DictConfig, switches, device_name: str) -> dict[str, Any]:
-    """What defines a measurement: backend and its full switches, shape, problem, dtype, timing settings,
-    seed, and the device it runs on. Not: logging, output places, force, sharding, names of presets."""
-    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    shape = {k: v for k, v in container["shape"].items() if k != "name"}
-    problem = {k: v for k, v in container["problem"].items() if k != "name"}
-    bench = {k: v for k, v in container["bench"].items() if k != "name"}
-    return {
-        "backend": container["backend"]["name"],
-        "switches": dataclasses.asdict(switches) if switches is not None else container["backend"]["switches"],
-        "ablation": container["backend"]["ablation"] if switches is None else None,
-        "shape": shape,
-        "problem": problem,
-        "dtype": container["dtype"],
-        "bench": bench,
-        "seed": container["seed"],
-        "device": device_name,
-    }
-
-
 def config_hash(semantic: dict[str, Any]) -> str:
+    """sha256[:16] of a point's semantic config (experiments.plan.semantic)."""
     text = json.dumps(semantic, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -1,4 +1,5 @@
-"""The correctness gate run before any timing: each stage and the whole forward against the reference.
+"""The correctness gate's checks: each stage and the whole forward against the reference (the gate step that runs
+them for a point is experiments/gate.py).
 
 The ground truth is the reference in float64 (on the GPU when it fits, else on the CPU for CPU runs); for shapes
 whose float64 work would not fit, the chunked reference in fp32 on the GPU; and where that would not fit either
@@ -10,9 +11,8 @@ inputs (`mamba_ssm_rule`), or the row says why that rule was skipped.
 Every tensor the backend allocates with torch.empty* while it is checked is NaN-filled first (an unwritten
 output then fails the check instead of passing on stale memory). Tuning is resolved before that (`resolve_tuning`),
 with plain allocations, so a search times its candidates as a plain call runs them. Each stage's tolerance follows
-the matmul precision the backend reports for it (`Backend.precision`). The whole forward is called, checked and
-timed through the public entry, `impls.ssd_forward(..., backend=<the built backend>)`, so its figures include what
-a user's call pays.
+the matmul precision the backend reports for it (`Backend.precision`). The whole forward is called and checked
+through the public entry (experiments/calls.py), so its figures include what a user's call pays.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import time
 
 import torch
 
+from experiments.calls import FORWARD_ARGS, forward_kwargs, public_forward_call
 from impls import tolerance as tolerances
 from impls import validate
-from impls.api import ssd_forward, uses_decay_factor
+from impls.api import uses_decay_factor
 from impls.inputs import Inputs
 from impls.reference.compute_out import BLOCK_ELEMENTS
 from impls.reference.sampled import INT32_LIMIT, sampled_reference
@@ -71,31 +72,18 @@ def reference_kind(inputs: Inputs, device: torch.device, requested: str) -> str:
 def reference_forward(inputs: Inputs, kind: str):
     """The reference's ForwardResult (with its intermediates) in float64 or fp32, or a SampledReference."""
     if kind == "sampled":
-        return sampled_reference(**_kwargs(inputs))
+        return sampled_reference(**forward_kwargs(inputs))
     dtype = torch.float64 if kind == "float64" else torch.float32
-    kwargs = _kwargs(inputs.to(dtype=dtype))
+    kwargs = forward_kwargs(inputs.to(dtype=dtype))
     kwargs["state_dtype"] = dtype
-    return get_backend("reference").ssd_forward(**{k: kwargs[k] for k in _FORWARD_ARGS})
-
-
-_FORWARD_ARGS = ("x", "dt", "A", "B", "C", "chunk_size", "D", "z", "dt_bias", "initial_states", "seq_idx",
-                 "cu_seqlens", "dt_softplus", "dt_limit", "state_dtype")
-
-
-def _kwargs(inputs: Inputs) -> dict:
-    kw = inputs.forward_kwargs()
-    if kw["cu_seqlens"] is not None and kw["seq_idx"] is None:
-        from impls.api import seq_idx_from_cu_seqlens
-        kw["seq_idx"] = seq_idx_from_cu_seqlens(kw["cu_seqlens"], inputs.x.shape[1])
-    kw["dt_limit"] = tuple(float(v) for v in kw["dt_limit"])
-    return kw
+    return get_backend("reference").ssd_forward(**{k: kwargs[k] for k in FORWARD_ARGS})
 
 
 def run_stages(backend, inputs: Inputs, device=None, first_call: dict | None = None) -> dict:
     """The backend's stages chained on its own outputs, then its whole forward: stage -> {name: tensor}.
     With `first_call`, each call's wall time (synchronised) is stored there: the first call of a stage pays
     its compilation and autotuning."""
-    kw = _kwargs(inputs)
+    kw = forward_kwargs(inputs)
     timed = {} if first_call is None else first_call
     device = device or inputs.x.device
 
@@ -123,21 +111,6 @@ def run_stages(backend, inputs: Inputs, device=None, first_call: dict | None = N
     return out
 
 
-def public_forward(backend, kw: dict):
-    """The whole forward as a user calls it: the public entry, on a built backend or by name."""
-    return ssd_forward(**{k: kw[k] for k in _FORWARD_ARGS}, backend=backend)
-
-
-def public_forward_call(backend, kw: dict):
-    """`public_forward` as a zero-argument call (to time)."""
-    return lambda: public_forward(backend, kw)
-
-
-def forward_kwargs(inputs: Inputs) -> dict:
-    """The arguments the harness calls the forward with (seq_idx derived from cu_seqlens where absent)."""
-    return _kwargs(inputs)
-
-
 def resolve_tuning(backend, inputs: Inputs, device=None, first_call: dict | None = None) -> None:
     """For a backend that resolves configs on its first call (`Backend.TUNED`: a search, a record read, an
     autotuner), one pass over its stages and forward with plain allocations, before the gate poisons them: a
@@ -145,31 +118,6 @@ def resolve_tuning(backend, inputs: Inputs, device=None, first_call: dict | None
     measured here. Nothing for untuned backends."""
     if backend.TUNED:
         run_stages(backend, inputs, device, first_call)
-
-
-def stage_callables(backend, inputs: Inputs) -> dict:
-    """Zero-argument calls to time: each stage on the outputs of the same backend's previous stage, and the
-    whole forward."""
-    kw = _kwargs(inputs)
-    forward = {"forward": public_forward_call(backend, kw)}
-    # a peer's adapter steps and its own kernels, timed apart as stages "part:<name>"
-    forward.update({f"part:{name}": fn
-                    for name, fn in backend.forward_parts(**{k: kw[k] for k in _FORWARD_ARGS}).items()})
-    if "chunk_cumsum" not in backend.STAGES:
-        return forward
-    dt, dA = backend.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"], kw["dt_softplus"],
-                                  kw["dt_limit"])
-    states, _ = backend.fwd_pass_state(kw["B"], kw["x"], dt, dA, kw["initial_states"], kw["seq_idx"],
-                                       kw["state_dtype"])
-    return {
-        "chunk_cumsum": lambda: backend.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"],
-                                                     kw["dt_softplus"], kw["dt_limit"]),
-        "fwd_pass_state": lambda: backend.fwd_pass_state(kw["B"], kw["x"], dt, dA, kw["initial_states"],
-                                                         kw["seq_idx"], kw["state_dtype"]),
-        "compute_out": lambda: backend.compute_out(kw["C"], kw["B"], kw["x"], dt, dA, states, kw["D"], kw["z"],
-                                                   kw["seq_idx"]),
-        **forward,
-    }
 
 
 def check(backend, inputs: Inputs, ref, dtype: torch.dtype, device=None,

@@ -27,7 +27,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "sweep_name": ("string", "experiment overlay name (sweep_name in the config)"),
     "job_num": ("Int64", "Hydra job number within the sweep"),
     "timestamp": ("string", "UTC ISO time the point started"),
-    "config_hash": ("string", "hash of the semantic config + device (experiments.config.semantic_config)"),
+    "config_hash": ("string", "hash of the semantic config + device (experiments.plan.semantic)"),
     "code_key": ("string", "what code measured the point: commit, dirty flag and diff hash, a hash of the v_* "
                            "versions and of the backend's tuning records for the GPU (experiments.provenance."
                            "code_key); a stored point is skipped only when config_hash and code_key both match"),

@@ -176,7 +176,7 @@ def test_forward_parts_are_timed_apart():
     """A backend's forward_parts (a peer's adapter steps and kernels) become stages "part:<name>"."""
     import torch
 
-    from experiments import correctness
+    from experiments import measure_time
     from impls.inputs import make_inputs
     from impls.problem import Problem, Shape
     from impls.reference.backend import ReferenceBackend
@@ -188,7 +188,7 @@ def test_forward_parts_are_timed_apart():
             return {"adapter_prepare": lambda: calls.append("prepare"), "peer": lambda: calls.append("peer")}
 
     inputs = make_inputs(Problem(Shape(1, 40, 2, 16, 1, 16, 16)), seed=0, dtype=torch.float32)
-    callables = correctness.stage_callables(WithParts(), inputs)
+    callables = measure_time.stage_callables(WithParts(), inputs)
     assert {"part:adapter_prepare", "part:peer", "forward", "compute_out"} <= set(callables)
     callables["part:peer"]()
     assert calls == ["peer"]
@@ -200,7 +200,7 @@ def test_forward_parts_are_timed_apart():
     ({"tuning": "fallback"}, "fallback"),
 ], ids=["stage-list", "per-stage-sources", "one-source"])
 def test_tuning_sources(describe, expect):
-    from experiments.bench import tuning_sources
+    from experiments.record import tuning_sources
 
     assert tuning_sources(describe) == expect
 
@@ -259,7 +259,7 @@ def test_sampled_reference_refuses_packed_sequences():
 
 
 def test_inputs_are_drawn_on_the_cpu_unless_the_problem_is_huge():
-    from experiments.bench import draw_device
+    from experiments.plan import draw_device
 
     problem = Problem(Shape(2, 512, 4, 16, 1, 16, 256), dtype="float32")
     assert torch.equal(make_inputs(problem, seed=0).x, make_inputs(problem, seed=0, draw_device="cpu").x)
@@ -275,6 +275,9 @@ def test_points_after_a_lost_cuda_context_are_refused(monkeypatch):
 
     assert bench.context_lost(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert not bench.context_lost(RuntimeError("out of memory"))
+    from experiments import plan
+
     monkeypatch.setattr(bench, "_CUDA_CONTEXT_LOST", ["mamba_ssm long_1m: AcceleratorError"])
-    with pytest.raises(RuntimeError, match="mamba_ssm long_1m"):
-        bench.measure(None, None, None, None, None)
+    rows = bench.measure(plan.point("reference", Problem(Shape(1, 32, 2, 8, 1, 8, 16), dtype="float32")))
+    assert rows.status == "failed" and "mamba_ssm long_1m" in rows.error
+    assert [(r["stage"], r["metric"]) for r in rows.rows] == [("point", "ok")]  # nothing of the point ran

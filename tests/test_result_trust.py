@@ -13,8 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from experiments import bench as bench_mod
-from experiments import config, correctness, secrets, store, timing
+from experiments import config, correctness, record, secrets, store, timing
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.reference.backend import ReferenceBackend
@@ -173,7 +172,7 @@ def test_timing_knobs_that_cannot_be_honoured_are_refused(changes, device, match
 def test_quantiles_are_honoured():
     times = timing.cpu_times(lambda: None, 0, 11, (0.1, 0.9))
     assert set(times) == {"median_ms", "p10_ms", "p90_ms"} and times["p10_ms"] <= times["median_ms"] <= times["p90_ms"]
-    assert bench_mod.unit("p10_ms") == "ms"
+    assert record.unit("p10_ms") == "ms"
 
 
 def test_a_graph_that_cannot_be_captured_records_why():
@@ -182,7 +181,5 @@ def test_a_graph_that_cannot_be_captured_records_why():
 
     missing = timing.graph_median(fails, 10)
     assert isinstance(missing, timing.Missing) and "CUDA-graph" in missing.reason
-    point = bench_mod.Point({"run_id": "r"})
-    point.add("forward", "graph_median_ms", missing)
-    row = point.rows[0]
+    row = record.metric_columns("forward", "graph_median_ms", missing)
     assert row["value"] != row["value"] and row["note"] == missing.reason

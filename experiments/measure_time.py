@@ -1,0 +1,94 @@
+"""Step 3 of a point's life: timing a Plan that passed its gate (Plan, GateReport) → `Timings`. Ceilings (GPU: a
+matmul and a copy in the same run), each stage chained on the backend's own outputs and the whole forward through
+the public entry (experiments/timing.py: do_bench medians and quantiles on the GPU, wall-clock on the CPU), the
+derived metrics of experiments/cost_model.py, and with bench.api_overhead the public call's overhead
+(experiments/api_overhead.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from experiments import api_overhead, cost_model, timing
+from experiments.calls import FORWARD_ARGS, forward_kwargs, public_forward_call
+from experiments.correctness import GateFailure
+from experiments.gate import GateReport
+from experiments.plan import BenchSettings, Plan
+from impls.inputs import Inputs
+
+
+@dataclass(frozen=True)
+class Timings:
+    metrics: tuple[tuple[str, str, float | timing.Missing], ...] = ()  # (stage, metric, value) in measured order
+    describe: dict | None = None  # backend.describe() after the runs: what actually ran (tuning sources among it)
+
+
+def timer_columns(bench: BenchSettings, device: torch.device) -> dict:
+    """The timer, warmup, reps and flush_l2 columns of every row of a point."""
+    if not bench.time:
+        return {"timer": "none", "warmup": None, "reps": None, "flush_l2": None}
+    if device.type == "cuda":  # flush_l2=false is refused at start-up (do_bench always flushes)
+        return {"timer": "do_bench", "warmup": bench.warmup_ms, "reps": bench.rep_ms, "flush_l2": bool(bench.flush_l2)}
+    return {"timer": "cpu-wall", "warmup": bench.cpu_warmup, "reps": bench.cpu_reps, "flush_l2": False}
+
+
+def stage_callables(backend, inputs: Inputs) -> dict:
+    """Zero-argument calls to time: each stage on the outputs of the same backend's previous stage, and the
+    whole forward."""
+    kw = forward_kwargs(inputs)
+    forward = {"forward": public_forward_call(backend, kw)}
+    # a peer's adapter steps and its own kernels, timed apart as stages "part:<name>"
+    forward.update({f"part:{name}": fn
+                    for name, fn in backend.forward_parts(**{k: kw[k] for k in FORWARD_ARGS}).items()})
+    if "chunk_cumsum" not in backend.STAGES:
+        return forward
+    dt, dA = backend.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"], kw["dt_softplus"],
+                                  kw["dt_limit"])
+    states, _ = backend.fwd_pass_state(kw["B"], kw["x"], dt, dA, kw["initial_states"], kw["seq_idx"],
+                                       kw["state_dtype"])
+    return {
+        "chunk_cumsum": lambda: backend.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"],
+                                                     kw["dt_softplus"], kw["dt_limit"]),
+        "fwd_pass_state": lambda: backend.fwd_pass_state(kw["B"], kw["x"], dt, dA, kw["initial_states"],
+                                                         kw["seq_idx"], kw["state_dtype"]),
+        "compute_out": lambda: backend.compute_out(kw["C"], kw["B"], kw["x"], dt, dA, states, kw["D"], kw["z"],
+                                                   kw["seq_idx"]),
+        **forward,
+    }
+
+
+def run(plan: Plan, gate: GateReport) -> Timings:
+    """The timings of `plan`, whose gate passed (nothing with bench.time and bench.api_overhead off, but
+    describe()); a GateReport with failures is refused: nothing of a failed gate is timed."""
+    if gate.failures:
+        raise GateFailure("; ".join(gate.failures))
+    bench, device, out = plan.point.bench, plan.point.device, []
+    if bench.time:
+        out += stage_times(plan)
+    if bench.api_overhead:
+        out += api_overhead.measure(plan.backend, plan.inputs, device, bench)
+    return Timings(metrics=tuple(out), describe=plan.backend.describe())
+
+
+def stage_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
+    bench, device, out = plan.point.bench, plan.point.device, []
+    costs = cost_model.costs(plan.point.problem)
+    ceilings = {}
+    if device.type == "cuda" and bench.ceilings:
+        ceilings = timing.ceilings(device, plan.dtype, bench.rep_ms)
+        out += [("ceiling", key, value) for key, value in ceilings.items()]
+    for stage, fn in stage_callables(plan.backend, plan.inputs).items():
+        if stage not in bench.stages and not stage.startswith("part:"):
+            continue
+        if device.type == "cuda":
+            times = timing.gpu_times(fn, bench.warmup_ms, bench.rep_ms, bench.cuda_graph, bench.quantiles)
+        else:
+            times = timing.cpu_times(fn, bench.cpu_warmup, bench.cpu_reps, bench.quantiles)
+        out += [(stage, key, value) for key, value in times.items()]
+        if stage not in costs:  # parts of a forward have no cost-model entry of their own
+            continue
+        derived = cost_model.derived(costs[stage], times["median_ms"], ceilings.get("matmul_tflops"),
+                                     ceilings.get("copy_gbps"))
+        out += [(stage, key, value) for key, value in derived.items()]
+    return out

@@ -1,0 +1,215 @@
+"""Step 1 of a point's life: what to measure, as typed objects. `Point` is the validated config (backend and its
+switches, Problem, seed, device, bench settings) with its identity (config hash, code_key, sweep); `build` turns it
+into the `Plan` the later steps take (the built backend, the drawn inputs). Nothing here reads a DictConfig except
+`from_config`, which the Hydra entry (experiments/bench.py) calls; `point` builds one in plain Python.
+
+Pipeline: Point → Plan (here) → GateReport (experiments/gate.py) → Timings (experiments/measure_time.py) → Rows
+(experiments/record.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from experiments import config as conf
+from experiments import correctness, provenance
+from impls.inputs import DEVICE_DRAW_ELEMENTS, Inputs, make_inputs
+from impls.problem import Problem
+from impls.registry import Backend, BackendUnavailable, backend_class, get_backend, make_switches, require
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What the gate and the timing do (conf/bench/*.yaml, typed by experiments.config.BenchConfig)."""
+
+    name: str = "default"
+    check: bool = True
+    reference: str = "auto"
+    time: bool = True
+    stages: tuple[str, ...] = (*conf.STAGES, conf.FORWARD)
+    warmup_ms: int = 25
+    rep_ms: int = 100
+    statistic: str = "median"
+    quantiles: tuple[float, ...] = (0.2, 0.8)
+    flush_l2: bool = True
+    cuda_graph: bool = False
+    api_overhead: bool = False
+    host_calls: int = 1000
+    ceilings: bool = True
+    cpu_warmup: int = 1
+    cpu_reps: int = 3
+
+    @classmethod
+    def from_config(cls, node) -> BenchSettings:
+        values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - fields
+        if unknown:  # the schemas must stay in step: a bench key not carried here would be silently dropped
+            raise conf.ConfigError(f"bench: keys {sorted(unknown)} are not in experiments.plan.BenchSettings")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a point is: its config hash and code key (the skip rule's key), its sweep, and the full config."""
+
+    config_hash: str
+    code_key: str
+    sweep_id: str = "adhoc"
+    sweep_name: str = "adhoc"
+    job_num: int = 0
+    timestamp: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
+    hydra_choices: str = "{}"  # JSON: Hydra's runtime choices (group -> option)
+    config_yaml: str = ""  # the resolved config, as the `config` column stores it
+    config: dict = field(default_factory=dict, hash=False)  # the same, as the W&B run's config
+
+
+@dataclass(frozen=True)
+class Point:
+    """One point as configured: what to measure, where, and its identity."""
+
+    backend: str
+    switches: Any  # the backend's Switches; the requested overrides (a dict) when its module cannot be imported
+    ablation: str
+    problem: Problem
+    seed: int
+    device: torch.device
+    bench: BenchSettings
+    identity: Identity
+    provenance: dict = field(hash=False)
+    shape_name: str = "custom"
+    problem_name: str = "custom"
+
+    @property
+    def device_name(self) -> str:
+        return provenance.device_name(self.device)
+
+    @property
+    def draw_device(self) -> str:
+        return draw_device(self.problem, self.device)
+
+    @property
+    def switches_json(self) -> str:
+        return json.dumps(switches_dict(self.switches), sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A point ready to run: the backend built with its switches (and able to run the problem on the device),
+    the inputs drawn (seeded) and checked against what the backend's switches assume, and each stage's matmul
+    precision as the backend reports it."""
+
+    point: Point
+    backend: Backend
+    inputs: Inputs
+    precision: dict[str, str]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.point.problem.torch_dtype
+
+
+def build(point: Point) -> Plan:
+    """The Plan of `point`; raises why it cannot run (backend unavailable, problem unsupported, unsafe inputs)."""
+    backend = get_backend(point.backend, point.switches)
+    require(backend, point.problem, point.device)
+    dtype = point.problem.torch_dtype
+    precision = {stage: backend.precision(stage, dtype, point.device) for stage in backend.STAGES}
+    inputs = make_inputs(point.problem, device=point.device, seed=point.seed, draw_device=point.draw_device)
+    correctness.refuse_unsafe_inputs(backend, inputs)
+    return Plan(point, backend, inputs, precision)
+
+
+# --- identity ---------------------------------------------------------------------------------------------
+
+def switches_dict(switches) -> dict:
+    return dataclasses.asdict(switches) if dataclasses.is_dataclass(switches) else dict(switches or {})
+
+
+def semantic(backend: str, switches, ablation: str, problem: Problem, bench: BenchSettings, seed: int,
+             device_name: str) -> dict[str, Any]:
+    """What defines a measurement: backend and its full switches, shape, problem, dtype, bench settings, seed, and
+    the device it runs on. Not: logging, output places, force, sharding, names of presets."""
+    problem_fields = {k: v for k, v in dataclasses.asdict(problem).items() if k not in ("shape", "dtype")}
+    problem_fields["dt_limit"] = list(problem_fields["dt_limit"])
+    return {
+        "backend": backend,
+        "switches": switches_dict(switches),
+        "ablation": None if dataclasses.is_dataclass(switches) else ablation,
+        "shape": dataclasses.asdict(problem.shape),
+        "problem": problem_fields,
+        "dtype": {"name": problem.dtype},
+        "bench": {k: list(v) if isinstance(v, tuple) else v
+                  for k, v in dataclasses.asdict(bench).items() if k != "name"},
+        "seed": seed,
+        "device": device_name,
+    }
+
+
+def draw_device(problem: Problem, device: torch.device) -> str:
+    """Where the inputs' random numbers are drawn: on the GPU for problems too big to draw on the CPU quickly."""
+    s = problem.shape
+    big = s.batch * s.seqlen * s.nheads * s.headdim > DEVICE_DRAW_ELEMENTS
+    return device.type if big and device.type == "cuda" else "cpu"
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise conf.ConfigError("device=cuda but torch.cuda.is_available() is False")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def point(backend: str, problem: Problem, *, switches=None, ablation: str = "none", seed: int = 0,
+          device: str | torch.device = "cpu", bench: BenchSettings | None = None, sweep_id: str = "adhoc",
+          sweep_name: str = "adhoc", job_num: int = 0, shape_name: str = "custom", problem_name: str = "custom",
+          hydra_choices: str = "{}", config: dict | None = None, config_yaml: str | None = None) -> Point:
+    """A Point in plain Python: `switches` a dict of overrides with `ablation` applied on top, resolved against
+    the backend's Switches (or a Switches instance, taken as is; kept as given when the backend's module cannot be
+    imported here); identity computed as the Hydra entry computes it."""
+    conf.check_shape(problem.shape, shape_name)
+    conf.check_problem(problem)
+    bench = bench or BenchSettings()
+    device = resolve_device(device) if isinstance(device, str) else device
+    try:
+        cls = backend_class(backend)
+    except BackendUnavailable:
+        switches = switches_dict(switches)
+    else:
+        if not dataclasses.is_dataclass(switches):
+            switches = make_switches(backend, cls.Switches, cls.CANNOT_EXPRESS,
+                                     conf.apply_ablation(cls.Switches, switches_dict(switches), ablation), {})
+    prov = provenance.collect(device)
+    device_name = provenance.device_name(device)
+    sem = semantic(backend, switches, ablation, problem, bench, seed, device_name)
+    if config is None:  # what the config column and the W&B run show for a point built in Python (plain values)
+        config = json.loads(json.dumps({**sem, "shape": {"name": shape_name, **sem["shape"]},
+                                        "problem": {"name": problem_name, **sem["problem"]},
+                                        "bench": dataclasses.asdict(bench)}, default=str))
+    identity = Identity(config_hash=conf.config_hash(sem), code_key=provenance.code_key(prov, backend, device_name),
+                        sweep_id=sweep_id, sweep_name=sweep_name, job_num=job_num, hydra_choices=hydra_choices,
+                        config_yaml=OmegaConf.to_yaml(OmegaConf.create(config)) if config_yaml is None else config_yaml,
+                        config=config)
+    return Point(backend=backend, switches=switches, ablation=ablation, problem=problem, seed=seed, device=device,
+                 bench=bench, identity=identity, provenance=prov, shape_name=shape_name, problem_name=problem_name)
+
+
+def from_config(cfg: DictConfig, sweep_id: str = "adhoc", job_num: int = 0, hydra_choices: dict | None = None) -> Point:
+    """The Point of a composed config; the start-up checks (experiments.config.validate) raise ConfigError."""
+    problem, switches = conf.validate(cfg)
+    if switches is None:  # the backend's module cannot be imported here: the point is recorded as failed
+        switches = OmegaConf.to_container(cfg.backend.switches, resolve=True)
+    return point(conf.backend_name(cfg), problem, switches=switches, ablation=cfg.backend.ablation,
+                 seed=int(cfg.seed), device=cfg.device, bench=BenchSettings.from_config(cfg.bench),
+                 sweep_id=sweep_id, sweep_name=cfg.sweep_name, job_num=job_num, shape_name=cfg.shape.name,
+                 problem_name=cfg.problem.name,
+                 hydra_choices=json.dumps(dict(hydra_choices or {}), sort_keys=True, default=str),
+                 config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                 config_yaml=OmegaConf.to_yaml(cfg, resolve=True))
