@@ -29,7 +29,7 @@ import triton.language as tl
 
 from impls.triton import config as cfg
 from impls.triton import descriptors
-from impls.triton.fwd_pass_state import rows_desc
+from impls.triton.fwd_pass_state import program_coords, rows_desc
 
 
 @triton.jit
@@ -379,6 +379,29 @@ def tile_coords(m0, p0, c, seqlen, headdim, dstate, CHUNK: tl.constexpr, BLOCK_M
 
 
 @triton.jit
+def program_bases(C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, cb_ptr, seq_ptr, z_ptr, y_ptr, b, start, g, h, c,
+                  s_C_b, s_C_l, s_C_g, s_B_b, s_B_l, s_B_g, s_x_b, s_x_l, s_x_h, s_dt_b, s_dt_h, s_dt_c,
+                  s_dA_b, s_dA_h, s_dA_c, s_st_b, s_st_c, s_st_h, s_cb_b, s_cb_c, s_cb_g, s_seq_b, s_seq_l,
+                  s_z_b, s_z_l, s_z_h, s_y_b, s_y_l, s_y_h):
+    """The program's operands at (batch b (64-bit), chunk c from position start, group g, head h): C, B, x, seq,
+    z, y at the chunk's first position, dt and dA at the chunk, the states at (b, c, h), C·Bᵀ at (b, c, g) (a
+    kernel that reads none passes a stand-in; the unused pointer compiles to nothing). The offsets are 64-bit:
+    batch·stride, position·stride and chunk·stride pass 2^31 at a million tokens."""
+    start64 = start.to(tl.int64)
+    C_base = C_ptr + b * s_C_b + start64 * s_C_l + g.to(tl.int64) * s_C_g
+    B_base = B_ptr + b * s_B_b + start64 * s_B_l + g.to(tl.int64) * s_B_g
+    x_base = x_ptr + b * s_x_b + start64 * s_x_l + h.to(tl.int64) * s_x_h
+    dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
+    dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
+    st_base = st_ptr + b * s_st_b + c.to(tl.int64) * s_st_c + h.to(tl.int64) * s_st_h
+    cb_base = cb_ptr + b * s_cb_b + c.to(tl.int64) * s_cb_c + g.to(tl.int64) * s_cb_g
+    seq_base = seq_ptr + b * s_seq_b + start64 * s_seq_l
+    z_base = z_ptr + b * s_z_b + start64 * s_z_l + h.to(tl.int64) * s_z_h
+    y_base = y_ptr + b * s_y_b + start64 * s_y_l + h.to(tl.int64) * s_y_h
+    return C_base, B_base, x_base, dt_base, dA_base, st_base, cb_base, seq_base, z_base, y_base
+
+
+@triton.jit
 def compute_out_kernel(
     C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr,
     batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
@@ -404,29 +427,17 @@ def compute_out_kernel(
     pid = tl.program_id(0)
     tiles_p = tl.cdiv(headdim, BLOCK_P)
     tiles = tiles_p * (CHUNK // BLOCK_M)
-    tile = pid % tiles
-    h = ((pid // tiles) % (nheads // HB)) * HB
-    bc = pid // (tiles * (nheads // HB))
-    c = bc % nchunks
-    b32 = bc // nchunks  # descriptor offsets are 32-bit
-    b = b32.to(tl.int64)
+    tile, h, c, b32, b = program_coords(pid, tiles, nheads, nchunks, HB)
     g = h // heads_per_group
     m0 = (tile // tiles_p) * BLOCK_M
     p0 = (tile % tiles_p) * BLOCK_P
     offs_p, offs_m, offs_n, start, chunk_len, mask_p, mask_m, mask_n = tile_coords(
         m0, p0, c, seqlen, headdim, dstate, CHUNK, BLOCK_M, BLOCK_P, BLOCK_DSTATE)
     # 64-bit base offsets: batch·stride, position·stride and chunk·stride pass 2^31 at a million tokens
-    start64 = start.to(tl.int64)
-    C_base = C_ptr + b * s_C_b + start64 * s_C_l + g.to(tl.int64) * s_C_g
-    B_base = B_ptr + b * s_B_b + start64 * s_B_l + g.to(tl.int64) * s_B_g
-    x_base = x_ptr + b * s_x_b + start64 * s_x_l + h.to(tl.int64) * s_x_h
-    dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
-    dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
-    st_base = st_ptr + b * s_st_b + c.to(tl.int64) * s_st_c + h.to(tl.int64) * s_st_h
-    cb_base = cb_ptr + b * s_cb_b + c.to(tl.int64) * s_cb_c + g.to(tl.int64) * s_cb_g
-    seq_base = seq_ptr + b * s_seq_b + start64 * s_seq_l
-    z_base = z_ptr + b * s_z_b + start64 * s_z_l + h.to(tl.int64) * s_z_h
-    y_base = y_ptr + b * s_y_b + start64 * s_y_l + h.to(tl.int64) * s_y_h
+    C_base, B_base, x_base, dt_base, dA_base, st_base, cb_base, seq_base, z_base, y_base = program_bases(
+        C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, cb_ptr, seq_ptr, z_ptr, y_ptr, b, start, g, h, c,
+        s_C_b, s_C_l, s_C_g, s_B_b, s_B_l, s_B_g, s_x_b, s_x_l, s_x_h, s_dt_b, s_dt_h, s_dt_c, s_dA_b, s_dA_h, s_dA_c,
+        s_st_b, s_st_c, s_st_h, s_cb_b, s_cb_c, s_cb_g, s_seq_b, s_seq_l, s_z_b, s_z_l, s_z_h, s_y_b, s_y_l, s_y_h)
     dtype = x_ptr.dtype.element_ty
     if TMA:
         C_desc = rows_desc(C_ptr, batch, seqlen, ngroups, dstate, s_C_b, s_C_l, s_C_g, BLOCK_M, BLOCK_DSTATE)

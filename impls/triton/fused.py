@@ -44,6 +44,7 @@ from impls.triton.compute_out import (
     epilogue,
     intra_chunk,
     operand_args,
+    program_bases,
     row_terms,
     state_term,
     tile_coords,
@@ -158,16 +159,11 @@ def fused_kernel(
     p0 = pb * BLOCK_P
     offs_p, offs_m, offs_n, start, chunk_len, mask_p, mask_m, mask_n = tile_coords(
         m0, p0, c, seqlen, headdim, dstate, CHUNK, BLOCK_M, BLOCK_P, BLOCK_DSTATE)
-    start64 = start.to(tl.int64)
-    C_base = C_ptr + b * s_C_b + start64 * s_C_l + g.to(tl.int64) * s_C_g
-    B_base = B_ptr + b * s_B_b + start64 * s_B_l + g.to(tl.int64) * s_B_g
-    x_base = x_ptr + b * s_x_b + start64 * s_x_l + h.to(tl.int64) * s_x_h
-    dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
-    dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
-    st_base = st_ptr + b * s_st_b + c.to(tl.int64) * s_st_c + h.to(tl.int64) * s_st_h
-    seq_base = seq_ptr + b * s_seq_b + start64 * s_seq_l
-    z_base = z_ptr + b * s_z_b + start64 * s_z_l + h.to(tl.int64) * s_z_h
-    y_base = y_ptr + b * s_y_b + start64 * s_y_l + h.to(tl.int64) * s_y_h
+    # no C·Bᵀ matrix here: x stands in for it (never read)
+    C_base, B_base, x_base, dt_base, dA_base, st_base, _, seq_base, z_base, y_base = program_bases(
+        C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, x_ptr, seq_ptr, z_ptr, y_ptr, b, start, g, h, c,
+        s_C_b, s_C_l, s_C_g, s_B_b, s_B_l, s_B_g, s_x_b, s_x_l, s_x_h, s_dt_b, s_dt_h, s_dt_c, s_dA_b, s_dA_h, s_dA_c,
+        s_st_b, s_st_c, s_st_h, 0, 0, 0, s_seq_b, s_seq_l, s_z_b, s_z_l, s_z_h, s_y_b, s_y_l, s_y_h)
     flags = sync_ptr + 1 + ((b * nheads + h) * tiles_p + pb) * (nchunks + 1)
     dtype = x_ptr.dtype.element_ty
     if TMA:

@@ -91,6 +91,18 @@ def rows_desc(ptr, batch, seqlen, width, depth, s_b, s_l, s_w, BLOCK_L: tl.const
 
 
 @triton.jit
+def program_coords(pid, tiles, nheads, nchunks, HB: tl.constexpr):
+    """A flat program id (axis 0 has no 65535 limit) -> (tile, head, chunk, batch in 32 bits for descriptor
+    offsets, batch in 64 bits): the tile fastest, then the block of HB heads (head = its first), chunk, batch."""
+    tile = pid % tiles
+    h = ((pid // tiles) % (nheads // HB)) * HB
+    bc = pid // (tiles * (nheads // HB))
+    c = bc % nchunks
+    b32 = bc // nchunks
+    return tile, h, c, b32, b32.to(tl.int64)
+
+
+@triton.jit
 def chunk_state_kernel(
     x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, out_ptr,
     batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
@@ -108,12 +120,7 @@ def chunk_state_kernel(
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(dstate, BLOCK_N)
     tiles = tl.cdiv(headdim, BLOCK_P) * tiles_n
-    tile = pid % tiles
-    h = (pid // tiles) % nheads
-    bc = pid // (tiles * nheads)
-    c = bc % nchunks
-    b32 = bc // nchunks  # descriptor offsets are 32-bit
-    b = b32.to(tl.int64)
+    tile, h, c, b32, b = program_coords(pid, tiles, nheads, nchunks, 1)
     g = h // heads_per_group
     p0 = (tile // tiles_n) * BLOCK_P
     n0 = (tile % tiles_n) * BLOCK_N
