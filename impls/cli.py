@@ -16,8 +16,8 @@ import re
 import sys
 from pathlib import Path
 
-from impls.problem import Problem, Shape
 from impls.declaration import Declaration, declarations
+from impls.problem import Problem, Shape
 from impls.registry import Backend, backend_class, list_backends, switch_table
 
 SHAPE_DIR = Path(__file__).resolve().parents[1] / "conf" / "shape"

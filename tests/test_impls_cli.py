@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 import dataclasses
 import subprocess
 import sys
+
+import pytest
 
 from impls import cli
 from impls.declaration import declarations
