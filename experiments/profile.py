@@ -271,8 +271,8 @@ def main(argv=None) -> int:
                   f"issue {launch['issue_active_pct']:5.1f} % stalls: " + stall_summary(launch), flush=True)
     if rows:
         df = pd.DataFrame(rows)
-        for key in ("v_torch", "v_triton", "v_cuda_tile", "v_tileiras", "v_mamba_ssm", "v_tilegym", "v_fla", "v_vllm",
-                    "gpu_name", "gpu_uuid", "driver", "git_commit", "git_dirty"):
+        versions = [key for key in prov if key.startswith("v_")]  # every declared package (experiments.provenance)
+        for key in (*versions, "gpu_name", "gpu_uuid", "driver", "git_commit", "git_dirty"):
             df[key] = prov.get(key)
         df["tool"] = "ncu --clock-control none"
         df["problem"] = f"headline bf16 {problem.shape.label()}"

@@ -16,10 +16,13 @@ from pathlib import Path
 
 import torch
 
+from impls.declaration import version_columns
+
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = {"torch": "torch", "triton": "triton", "cuda_tile": "cuda-tile", "tileiras": "nvidia-cuda-tileiras",
-            "mamba_ssm": "mamba_ssm", "wandb": "wandb", "hydra": "hydra-core", "fla": "fla-core",
-            "tilegym": "tilegym"}
+# The packages of the harness itself; every backend's own are its declaration's PACKAGES (impls/declaration.py).
+HARNESS_PACKAGES = {"torch": "torch", "wandb": "wandb", "hydra": "hydra-core"}
+# column key (v_<key>) -> distribution: what every result row records
+PACKAGES = version_columns(HARNESS_PACKAGES)
 
 
 def _version(dist: str) -> str:
@@ -174,10 +177,12 @@ def device_name(device: torch.device) -> str:
 def collect(device: torch.device) -> dict:
     """The provenance columns shared by every row of a point."""
     row = {"python": platform.python_version(), "host": platform.node(), "cuda": torch.version.cuda or "absent"}
-    row.update({f"v_{key}": _version(dist) for key, dist in PACKAGES.items()})
-    row["v_tileiras"] = tileiras_version()
-    row["v_vllm"] = vllm_version()
+    row.update({f"v_{key}": VERSION_READERS.get(key, _version)(dist) for key, dist in PACKAGES.items()})
     row.update(gpu_info(device))
     row.update(git_state())
     row["slurm_job_id"] = os.environ.get("SLURM_JOB_ID")  # null outside SLURM
     return row
+
+
+# Packages whose version is not (only) in the installed metadata: column key -> reader taking the distribution.
+VERSION_READERS = {"tileiras": lambda _dist: tileiras_version(), "vllm": lambda _dist: vllm_version()}

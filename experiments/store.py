@@ -14,10 +14,23 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
+from impls.declaration import version_columns
+
 SCHEMA_VERSION = 4
 # Columns added after version 1, with the version that added them: files written before read them as null.
 # Version 4 leaves `tf32` null (it was a config flag, not what ran): `precision` says what each stage ran.
 ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4, "gate": 4}
+
+# The v_<key> columns: those of schema version 4 (every committed file has them, so they stay) and then any other
+# package a backend declares (impls/<name>/__init__.py PACKAGES, impls/declaration.py), read as null from files
+# written before it was declared.
+SCHEMA_4_VERSIONS = {"torch": "torch", "triton": "triton", "cuda_tile": "cuda-tile",
+                     "tileiras": "nvidia-cuda-tileiras", "mamba_ssm": "mamba-ssm", "wandb": "wandb",
+                     "hydra": "hydra-core", "fla": "fla-core", "tilegym": "tilegym", "vllm": "vllm"}
+VERSION_COLUMNS = {**SCHEMA_4_VERSIONS, **version_columns(SCHEMA_4_VERSIONS)}
+LATER_VERSIONS = [f"v_{key}" for key in VERSION_COLUMNS if key not in SCHEMA_4_VERSIONS]
+VERSION_NOTES = {"vllm": "vLLM's version as the METADATA beside its SSD kernel files says (impls/vllm/loader.py)",
+                 "tileiras": "the tileiras wheel's version, else the `tileiras --version` on PATH"}
 
 # name -> (pandas dtype, meaning). Every row has every column; missing values are null.
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -77,10 +90,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "config": ("string", "YAML: the full resolved config"),
     "python": ("string", ""), "host": ("string", ""),
     "slurm_job_id": ("string", "SLURM_JOB_ID of the job that measured the point (null outside SLURM)"), "cuda": ("string", "torch.version.cuda or 'absent'"),
-    "v_torch": ("string", ""), "v_triton": ("string", ""), "v_cuda_tile": ("string", ""),
-    "v_tileiras": ("string", ""), "v_mamba_ssm": ("string", ""), "v_wandb": ("string", ""),
-    "v_hydra": ("string", ""), "v_fla": ("string", ""), "v_tilegym": ("string", ""),
-    "v_vllm": ("string", "vLLM's version as the METADATA beside its SSD kernel files says (impls/vllm/loader.py)"),
+    **{f"v_{key}": ("string", VERSION_NOTES.get(key, f"{dist} version ('absent' when not installed)"))
+       for key, dist in VERSION_COLUMNS.items()},
     "gpu_name": ("string", ""), "gpu_uuid": ("string", ""), "gpu_cc": ("string", "compute capability"),
     "gpu_clock_sm_mhz": ("float64", "SM clock when the point ran"), "gpu_clock_mem_mhz": ("float64", ""),
     "gpu_clock_max_sm_mhz": ("float64", ""), "gpu_clock_max_mem_mhz": ("float64", ""),
@@ -90,14 +101,15 @@ COLUMNS: dict[str, tuple[str, str]] = {
 
 
 def conform(df: pd.DataFrame) -> pd.DataFrame:
-    """A frame read from any schema version, with exactly COLUMNS: columns added since (ADDED_IN) are null where
-    an older file lacks them; any other missing column is an error."""
-    missing = [c for c in COLUMNS if c not in df.columns and c not in ADDED_IN]
+    """A frame read from any schema version, with exactly COLUMNS: columns added since (ADDED_IN, and the v_*
+    columns of packages declared since: LATER_VERSIONS) are null where an older file lacks them; any other missing
+    column is an error."""
+    missing = [c for c in COLUMNS if c not in df.columns and c not in ADDED_IN and c not in LATER_VERSIONS]
     if missing:
         raise ValueError(f"results lack schema columns {missing}; expected experiments.store.COLUMNS "
                          f"(schema version {SCHEMA_VERSION})")
     df = df.reindex(columns=list(COLUMNS))
-    for name in ADDED_IN:
+    for name in (*ADDED_IN, *LATER_VERSIONS):
         df[name] = df[name].astype(COLUMNS[name][0])
     return df
 

@@ -1,8 +1,9 @@
 """What is there: `python -m impls backends | switches <backend> | supports <backend> --shape S1`.
 
-`backends` lists every registered backend: whether it can run in this process (or why not), the stages it can
-time and the package versions it declares (`Backend.REQUIRES`). A backend whose declared packages are missing or
-at another version is reported unavailable from the installed metadata alone, without importing them.
+`backends` lists every declared backend (impls/declaration.py): the stages it can time and the package versions
+it declares, with those installed. It imports no backend: one whose declared packages are missing or at another
+version is reported unavailable from the installed metadata alone; `backends --check` imports the others and asks
+each whether it can run in this process (or why not), which imports cuda.tile, mamba_ssm, fla where they are.
 `switches` prints a backend's switch table (impls.registry.switch_table); `supports` says whether a backend can
 run a problem of a shape from conf/shape/ (ok, or the backend's reason).
 """
@@ -15,6 +16,7 @@ import re
 import sys
 from pathlib import Path
 
+from impls.declaration import Declaration, declarations
 from impls.problem import Problem, Shape
 from impls.registry import Backend, backend_class, list_backends, switch_table
 
@@ -43,10 +45,10 @@ def installed(dist: str) -> str | None:
         return None
 
 
-def declared_packages(cls: type[Backend]) -> tuple[list[str], str]:
-    """("dist required (found X)" per declared package, the first mismatch as a reason or "")."""
+def declared_packages(decl: Declaration) -> tuple[list[str], str]:
+    """("dist pin (found X)" per pinned package, the first mismatch as a reason or "")."""
     lines, reason = [], ""
-    for dist, required in cls.REQUIRES.items():
+    for dist, required in decl.requires.items():
         found = installed(dist)
         lines.append(f"{dist} {required} (found {found or 'none'})")
         if not reason and found is None:
@@ -57,14 +59,15 @@ def declared_packages(cls: type[Backend]) -> tuple[list[str], str]:
 
 
 def availability(name: str) -> tuple[type[Backend] | None, bool, str]:
-    """(class or None, ok, reason). Never raises: an import failure or a raising check is the reason."""
+    """(class or None, ok, reason), importing the backend. Never raises: an import failure or a raising check is
+    the reason."""
+    _, reason = declared_packages(declarations()[name])
+    if reason:
+        return None, False, reason
     try:
         cls = backend_class(name)
     except Exception as exc:  # BackendUnavailable, or a module raising at import
         return None, False, str(exc)
-    _, reason = declared_packages(cls)
-    if reason:
-        return cls, False, reason
     try:
         ok, reason = cls.available()
     except Exception as exc:
@@ -72,13 +75,19 @@ def availability(name: str) -> tuple[type[Backend] | None, bool, str]:
     return cls, ok, reason
 
 
-def cmd_backends(_args) -> int:
-    for name in list_backends():
-        cls, ok, reason = availability(name)
-        print(f"{name}: {'available' if ok else 'unavailable: ' + reason}")
-        if cls is not None:
-            print(f"  stages: {', '.join(cls.STAGES)}")
-            print(f"  requires: {'; '.join(declared_packages(cls)[0])}")
+def cmd_backends(args) -> int:
+    for name, decl in declarations().items():
+        packages, reason = declared_packages(decl)
+        if reason:
+            status = "unavailable: " + reason
+        elif args.check:
+            _, ok, why = availability(name)
+            status = "available" if ok else "unavailable: " + why
+        else:
+            status = "declared packages installed (not imported; --check asks the backend)"
+        print(f"{name}: {status}")
+        print(f"  stages: {', '.join(decl.stages)}")
+        print(f"  requires: {'; '.join(packages)}")
     return 0
 
 
@@ -133,8 +142,10 @@ def cmd_supports(args) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m impls", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("backends", help="every backend: available here or why not, stages, declared versions") \
-        .set_defaults(run=cmd_backends)
+    ba = sub.add_parser("backends", help="every backend: stages, declared versions, installed or why not")
+    ba.add_argument("--check", action="store_true",
+                    help="import each backend whose packages are installed and ask whether it can run here")
+    ba.set_defaults(run=cmd_backends)
     sw = sub.add_parser("switches", help="a backend's switches: default, choices, meaning on sm_90 and sm_100")
     sw.add_argument("backend", choices=list_backends())
     sw.set_defaults(run=cmd_switches)

@@ -22,19 +22,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from impls.declaration import ALL_STAGES, declarations
 from impls.problem import Problem
 
-# Where each backend lives. Modules are imported on first use, so a missing optional dependency (cuda.tile,
-# fla, tilegym, vllm) only matters to whoever asks for that backend.
-BACKEND_MODULES: dict[str, str] = {
-    "reference": "impls.reference",
-    "mamba_ssm": "impls.mamba_ssm",
-    "cutile": "impls.cutile",
-    "triton": "impls.triton",
-    "tilegym": "impls.tilegym",
-    "fla": "impls.fla",
-    "vllm": "impls.vllm",
-}
+# Where each backend lives: every impls/<name>/ folder that declares BACKEND (impls/declaration.py), found
+# without importing it. Modules are imported on first use, so a missing optional dependency (cuda.tile, fla,
+# tilegym, vllm) only matters to whoever asks for that backend.
+BACKEND_MODULES: dict[str, str] = {name: decl.module for name, decl in declarations().items()}
 
 _REGISTRY: dict[str, type[Backend]] = {}
 _BUILT: dict[tuple, Backend] = {}  # (name, switches) -> the one instance get_backend hands out
@@ -78,11 +72,11 @@ class Backend:
     Switches: ClassVar[type] = NoSwitches
     # Switches that other backends have and this one cannot express: name -> why.
     CANNOT_EXPRESS: ClassVar[dict[str, str]] = {}
-    # What can be called (and timed) on its own; a forward-only peer lists just ("forward",).
-    STAGES: ClassVar[tuple[str, ...]] = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
-    # The packages it runs on: distribution name -> the version it is pinned to ("3.6.*": any 3.6 release).
-    # Read without importing them (`python -m impls backends`).
-    REQUIRES: ClassVar[dict[str, str]] = {"torch": ">=2.11"}
+    # Both filled in by @register from the package's declaration (impls/<name>/__init__.py STAGES, PACKAGES):
+    # what can be called (and timed) on its own (a forward-only peer: just ("forward",)), and the pinned packages
+    # it runs on, distribution -> pin ("3.6.*": any 3.6 release).
+    STAGES: ClassVar[tuple[str, ...]] = ALL_STAGES
+    REQUIRES: ClassVar[dict[str, str]] = {}
     # Resolves configs on a stage's first call (a search, a tuning record, an autotuner): the harness then makes
     # one plain pass before the correctness gate (experiments/correctness.py `resolve_tuning`).
     TUNED: ClassVar[bool] = False
@@ -162,7 +156,6 @@ class ForwardOnlyBackend(Backend):
     """A peer whose kernels have no stage split matching the contract: only `ssd_forward` (and `forward_parts`);
     the stage methods raise NotImplementedError with the subclass's NO_STAGES reason."""
 
-    STAGES = ("forward",)
     NO_STAGES: ClassVar[str] = "only the whole forward is available"
 
     def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
@@ -224,11 +217,28 @@ def cuda_only(device, what: str) -> tuple[bool, str]:
 
 
 def register(cls: type[Backend]) -> type[Backend]:
-    """Class decorator: makes a backend available by its `name`."""
+    """Class decorator: makes a backend available by its `name`, with the STAGES and REQUIRES its package
+    declares (impls/declaration.py); raises when the name has no declaration or a declared stage is missing."""
     if cls.name not in BACKEND_MODULES:
-        raise ValueError(f"backend name {cls.name!r} is not listed in impls.registry.BACKEND_MODULES")
+        raise ValueError(f"backend name {cls.name!r}: no impls/{cls.name}/__init__.py declares BACKEND = "
+                         f"{cls.name!r} (impls/declaration.py); declared: {sorted(BACKEND_MODULES)}")
+    for attr in ("STAGES", "REQUIRES"):
+        if attr in vars(cls):
+            raise ValueError(f"backend {cls.name!r}: {attr} is declared in impls/{cls.name}/__init__.py, "
+                             f"not on the class")
+    decl = declarations()[cls.name]
+    missing = [s for s in decl.stages if s != "forward" and not _implements(cls, s)]
+    if missing:
+        raise ValueError(f"backend {cls.name!r} declares stages {missing} that {cls.__name__} does not implement")
+    cls.STAGES = decl.stages
+    cls.REQUIRES = decl.requires
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def _implements(cls: type[Backend], stage: str) -> bool:
+    """Whether `cls` overrides `stage` with more than the base classes' NotImplementedError."""
+    return all(getattr(cls, stage) is not getattr(base, stage) for base in (Backend, ForwardOnlyBackend))
 
 
 def backend_class(name: str) -> type[Backend]:
@@ -295,6 +305,7 @@ def require(backend: Backend, problem: Problem, device: torch.device) -> None:
 
 
 def list_backends() -> list[str]:
+    """Every declared backend, by name; imports none of them."""
     return list(BACKEND_MODULES)
 
 

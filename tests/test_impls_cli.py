@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
+
 import pytest
 
 from impls import cli
-from impls.reference.backend import ReferenceBackend
+from impls.declaration import declarations
 
 pytestmark = pytest.mark.quick
 
@@ -13,15 +17,31 @@ pytestmark = pytest.mark.quick
 def test_backends_lists_every_backend_with_stages_and_versions(capsys):
     assert cli.main(["backends"]) == 0
     out = capsys.readouterr().out
-    for name in ("reference", "mamba_ssm", "cutile", "triton", "tilegym", "fla"):
+    for name in ("reference", "mamba_ssm", "cutile", "triton", "tilegym", "fla", "vllm"):
         assert f"\n{name}: " in "\n" + out
-    assert "reference: available" in out
+    assert "reference: declared packages installed" in out
     assert "cuda-tile 1.7.0" in out and "stages: forward" in out  # cutile's pin, fla's one stage
 
 
+def test_check_asks_the_backend(capsys):
+    assert cli.main(["backends", "--check"]) == 0
+    assert "reference: available" in capsys.readouterr().out
+
+
+def test_listing_imports_no_backend():
+    """`python -m impls backends` reads the declarations: no backend package, nor cuda.tile, mamba_ssm, fla."""
+    code = ("import sys; from impls import cli; cli.main(['backends']); "
+            "print(sorted(m for m in sys.modules if m.startswith(('cuda.tile', 'mamba_ssm', 'fla', 'tilegym')) "
+            "or m.count('.') == 1 and m.split('.')[1] in cli.list_backends()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "[]"
+
+
 def test_a_missing_declared_package_is_unavailable_without_importing_it(capsys, monkeypatch):
-    monkeypatch.setattr(ReferenceBackend, "REQUIRES", {"no-such-dist-xyz": "1.0"})
-    cli.main(["backends"])
+    changed = dict(declarations())
+    changed["reference"] = dataclasses.replace(changed["reference"], packages={"x": ("no-such-dist-xyz", "1.0")})
+    monkeypatch.setattr(cli, "declarations", lambda: changed)
+    cli.main(["backends", "--check"])
     assert "reference: unavailable: no-such-dist-xyz is not installed" in capsys.readouterr().out
 
 

@@ -26,7 +26,6 @@ class CutileBackend(Backend):
 
     name = "cutile"
     Switches = CutileSwitches
-    REQUIRES = {"torch": ">=2.11", "cuda-tile": "1.7.0"}
     TUNED = True
 
     def __init__(self, switches=None, **overrides):

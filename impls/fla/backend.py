@@ -1,8 +1,8 @@
 """The "fla" backend: FLA 0.6.0's chunked simple GLA (Triton) computing the SSD forward through an exact map.
 
 FLA has no stage split: only the whole forward (`ssd_forward` = `prepare` -> `peer` -> `finish`); the stage
-methods raise NotImplementedError and `STAGES = ("forward",)` says so. mapping.py holds the map; docs/peers.md
-derives it and quantifies each way a near-miss mapping goes wrong.
+methods raise NotImplementedError and its declaration (`STAGES = ("forward",)` in __init__.py) says so.
+mapping.py holds the map; docs/peers.md derives it and quantifies each way a near-miss mapping goes wrong.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ class FlaBackend(ForwardOnlyBackend):
     name = "fla"
     Switches = FlaSwitches
     NO_STAGES = NO_STAGES
-    REQUIRES = {"torch": ">=2.11", "triton": "3.6.*", "fla-core": peer.VERSION_REQUIRED}
     TUNED = True  # FLA's Triton autotuners pick their configs on the first call
 
     # --- capability -------------------------------------------------------------------------------------

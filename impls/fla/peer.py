@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-VERSION_REQUIRED = "0.6.0"
+from impls.declaration import declared
+
+VERSION_REQUIRED = declared("fla").pin("fla-core")  # impls/fla/__init__.py PACKAGES
 FLA_DEFAULT_CHUNK = 64  # chunk_simple_gla's chunk when none is passed (ChunkSimpleGLAFunction.forward)
 
 

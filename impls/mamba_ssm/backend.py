@@ -27,7 +27,6 @@ class MambaSSMBackend(Backend):
 
     name = "mamba_ssm"
     Switches = MambaSSMSwitches
-    REQUIRES = {"torch": ">=2.11", "triton": "3.6.*", "mamba-ssm": upstream.VERSION_REQUIRED}
     TUNED = True  # upstream's Triton autotuners pick their configs on the first call
     _up = None
 

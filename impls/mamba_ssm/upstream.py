@@ -23,7 +23,9 @@ import types
 
 import torch
 
-VERSION_REQUIRED = "2.3.2.post1"
+from impls.declaration import declared
+
+VERSION_REQUIRED = declared("mamba_ssm").pin("mamba-ssm")  # impls/mamba_ssm/__init__.py PACKAGES
 SSD_MODULES = ("ssd_chunk_state", "ssd_state_passing", "ssd_bmm", "ssd_chunk_scan", "ssd_combined")
 
 interpreter_calls = 0  # how many calls went through interpreter_mode (a GPU test asserts it stays 0 there)

@@ -79,9 +79,7 @@ class TilegymBackend(Backend):
 
     name = "tilegym"
     Switches = TilegymSwitches
-    REQUIRES = {"torch": ">=2.11", "cuda-tile": "1.7.0", "tilegym": loader.VERSION_REQUIRED}
     TUNED = True
-    STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)

@@ -23,8 +23,10 @@ import sys
 import types
 from pathlib import Path
 
+from impls.declaration import declared
+
 MODULE_NAME = "_ssd_peer_tilegym_mamba2"  # private: never collides with TileGym's own module name
-VERSION_REQUIRED = "1.5.1"
+VERSION_REQUIRED = declared("tilegym").pin("tilegym")  # impls/tilegym/__init__.py PACKAGES
 
 registered: dict[str, object] = {}  # what mamba2.py handed to register_impl (op name -> function)
 _module = None

@@ -5,3 +5,8 @@ written (same stages, layouts and operand orders). Importing this package regist
 """
 
 from impls.triton.backend import TritonBackend  # noqa: F401  (registers "triton")
+
+# The declaration, read without importing this package (impls/declaration.py, docs/add-a-backend.md).
+BACKEND = "triton"
+# result column v_<key> -> (distribution, pin or None: recorded only)
+PACKAGES = {"torch": ("torch", ">=2.11"), "triton": ("triton", "3.6.*")}

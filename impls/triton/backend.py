@@ -32,7 +32,6 @@ class TritonBackend(Backend):
 
     name = "triton"
     Switches = cfg.TritonSwitches
-    REQUIRES = {"torch": ">=2.11", "triton": "3.6.*"}
     TUNED = True
     CANNOT_EXPRESS = {
         "latency_hints": "Triton has no per-load latency hint; the nearest analogues are the num_stages "

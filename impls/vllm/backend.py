@@ -1,10 +1,10 @@
 """The "vllm" backend: vLLM 0.33.0's Mamba-2 prefill SSD kernels (Triton), the ones its serving engine runs,
 behind the contract through its varlen entry point `mamba_chunk_scan_combined_varlen`.
 
-Whole forward only (`STAGES = ("forward",)`): vLLM's intermediates differ from the contract's (its state passing
-stores the state after each chunk, the contract the state entering it), so its stages do not chain with ours.
-The forward is `prepare` (adapter) -> `peer` (vLLM's five kernels) -> `finish` (views); mapping.py holds the map,
-docs/peers.md explains it.
+Whole forward only (`STAGES = ("forward",)` in __init__.py): vLLM's intermediates differ from the contract's (its
+state passing stores the state after each chunk, the contract the state entering it), so its stages do not chain
+with ours. The forward is `prepare` (adapter) -> `peer` (vLLM's five kernels) -> `finish` (views); mapping.py
+holds the map, docs/peers.md explains it.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ class VllmBackend(ForwardOnlyBackend):
 
     name = "vllm"
     # vLLM itself is never installed: its SSD kernel files are checked by available() (impls/vllm/loader.py)
-    REQUIRES = {"torch": ">=2.11", "triton": "3.6.*"}
     TUNED = True  # its Triton autotuners pick their configs on the first call of a shape
     NO_STAGES = NO_STAGES
 
