@@ -2,17 +2,17 @@
 named ("by name", as the README shows) and with the backend built beforehand ("prebuilt"), plus the prebuilt call
 replayed from a CUDA graph (no host work at all).
 
-Rows (stage "forward"), per point: byname_median_ms and prebuilt_median_ms (do_bench medians on the GPU, L2 flushed;
-wall-clock medians on the CPU), graph_median_ms (one replay, L2 flushed between replays; on the CPU a NaN whose
-note says why), host_byname_us and host_prebuilt_us (time.perf_counter around one call, no synchronisation inside
-the timed span, median of bench.host_calls calls; the device is synchronised before each call, so a full launch
-queue never turns host time into kernel time) and host_overhead_us, the median of the per-pair differences. The two
-paths alternate call by call in ABBA order (by name, prebuilt, prebuilt, by name, ...), so that a drift of the host (clocks, other
-processes) over the run falls on both alike: timed in two blocks one after the other, one NVIDIA H200's host
-differed by -285 to +270 µs between the blocks (results/2026-12-04-h200-vllm-blockwise-gate), far more than the
-lookup itself costs. The harness runs it with
-bench.api_overhead=true (conf/experiment/api_overhead.yaml); `python -m experiments.api_overhead [overrides]` is that
-sweep.
+Rows (stage "forward"), per point: byname_median_ms and prebuilt_median_ms (do_bench medians on the GPU, L2
+flushed; wall-clock medians on the CPU; each the median over bench.device_rounds ABBA quads of such medians),
+graph_median_ms (one replay, L2 flushed between replays; on the CPU a NaN whose note says why), host_byname_us and
+host_prebuilt_us (time.perf_counter around one call, no synchronisation inside the timed span, median of
+bench.host_calls calls; the device is synchronised before each call, so a full launch queue never turns host time
+into kernel time) and host_overhead_us, the median of the per-pair differences. The two paths alternate call by call
+in ABBA order (by name, prebuilt, prebuilt, by name, ...), so that a drift of the host (clocks, other processes) over
+the run falls on both alike: timed in two blocks one after the other, one NVIDIA H200's host differed by -285 to
++270 µs between the blocks (results/2026-12-04-h200-vllm-blockwise-gate), far more than the lookup itself costs.
+The harness runs it with bench.api_overhead=true (conf/experiment/api_overhead.yaml); `python -m
+experiments.api_overhead [overrides]` is that sweep.
 """
 
 from __future__ import annotations
@@ -38,16 +38,24 @@ def _host_seconds(fn, device) -> float:
     return time.perf_counter() - t0
 
 
-def paired_host_us(first, second, device, calls: int) -> tuple[float, float, float]:
-    """(median µs of `first`, of `second`, median over ABBA quads of the difference first − second): the calls
-    run first, second, second, first, ..., so that a drift of the host that is linear over a quad cancels in it."""
+def abba(measure_first, measure_second, quads: int) -> tuple[list[float], list[float], list[float]]:
+    """Both measurements in ABBA order (first, second, second, first) `quads` times: (the first's values, the
+    second's, and per quad the difference first − second), so that a drift that is linear over a quad cancels in
+    its difference and falls on both sides' medians alike."""
     a, b, diffs = [], [], []
-    for _ in range(max(1, calls // 2)):
-        a1, b1 = _host_seconds(first, device), _host_seconds(second, device)
-        b2, a2 = _host_seconds(second, device), _host_seconds(first, device)
+    for _ in range(max(1, quads)):
+        a1, b1 = measure_first(), measure_second()
+        b2, a2 = measure_second(), measure_first()
         a += [a1, a2]
         b += [b1, b2]
         diffs.append((a1 + a2 - b1 - b2) / 2)
+    return a, b, diffs
+
+
+def paired_host_us(first, second, device, calls: int) -> tuple[float, float, float]:
+    """(median µs of `first`, of `second`, median over ABBA quads of the difference first − second), over `calls`
+    calls of each."""
+    a, b, diffs = abba(lambda: _host_seconds(first, device), lambda: _host_seconds(second, device), calls // 2)
     timing.synchronize(device)
     return statistics.median(a) * 1e6, statistics.median(b) * 1e6, statistics.median(diffs) * 1e6
 
@@ -56,6 +64,15 @@ def device_median_ms(fn, device, bench) -> float:
     if device.type == "cuda":
         return timing.gpu_times(fn, bench.warmup_ms, bench.rep_ms, False, ())["median_ms"]
     return timing.cpu_times(fn, bench.cpu_warmup, bench.cpu_reps, ())["median_ms"]
+
+
+def paired_device_ms(first, second, device, bench) -> tuple[float, float]:
+    """The device-side medians of both paths, each the median of its bench.device_rounds × 2 timed blocks, taken
+    in ABBA order: a host-bound point (a forward whose launches take longer than its kernels) measures the host's
+    launch rate, which drifts over a run as much as the host time does."""
+    a, b, _ = abba(lambda: device_median_ms(first, device, bench), lambda: device_median_ms(second, device, bench),
+                   bench.device_rounds)
+    return statistics.median(a), statistics.median(b)
 
 
 def measure(backend, inputs, device, bench) -> list[tuple[str, str, object]]:
@@ -69,8 +86,7 @@ def measure(backend, inputs, device, bench) -> list[tuple[str, str, object]]:
     by_name = public_forward_call(backend.name, kw)
     prebuilt = public_forward_call(backend, kw)
     by_name()  # resolves and builds whatever the by-name call builds once
-    rows = {"byname_median_ms": device_median_ms(by_name, device, bench),
-            "prebuilt_median_ms": device_median_ms(prebuilt, device, bench)}
+    rows = dict(zip(("byname_median_ms", "prebuilt_median_ms"), paired_device_ms(by_name, prebuilt, device, bench)))
     if device.type == "cuda":
         rows["graph_median_ms"] = timing.graph_median(prebuilt, bench.rep_ms)
     else:

@@ -91,6 +91,7 @@ class BenchConfig:
     # the api_overhead experiment (experiments/api_overhead.py): the forward by name vs on the built backend
     api_overhead: bool = False
     host_calls: int = 1000  # calls per host-time median
+    device_rounds: int = 2  # ABBA quads of device-time medians per path
     ceilings: bool = True  # measure a matmul and a copy in the same run (GPU only)
     cpu_warmup: int = 1  # CPU: wall-clock median over a few repetitions
     cpu_reps: int = 3
@@ -299,6 +300,8 @@ def check_timing_knobs(bench, device: str) -> None:
                           "repetition and cannot be told not to; timing without the flush is not implemented")
     if bench.host_calls < 1:
         raise ConfigError(f"bench.host_calls must be >= 1, got {bench.host_calls}")
+    if bench.device_rounds < 1:
+        raise ConfigError(f"bench.device_rounds must be >= 1, got {bench.device_rounds}")
 
 
 # --- identity of a point ------------------------------------------------------------------------------

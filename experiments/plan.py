@@ -41,6 +41,7 @@ class BenchSettings:
     cuda_graph: bool = False
     api_overhead: bool = False
     host_calls: int = 1000
+    device_rounds: int = 2
     ceilings: bool = True
     cpu_warmup: int = 1
     cpu_reps: int = 3

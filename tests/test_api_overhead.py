@@ -140,3 +140,23 @@ def test_host_times_alternate_the_two_paths_and_pair_their_differences(monkeypat
     assert calls[:8] == ["by_name", "prebuilt", "prebuilt", "by_name"] * 2
     assert abs(diff - 2.0) < 1e-6  # the drift (1 ms more per call) cancels in every ABBA quad
     assert by_name > 1e3 and prebuilt > 1e3  # the plain medians carry it
+
+
+def test_device_medians_alternate_the_two_paths(monkeypatch):
+    """The device-side medians are taken in ABBA blocks too: a launch rate that drifts over the run falls on both."""
+    from types import SimpleNamespace
+
+    from experiments import api_overhead
+
+    order, level = [], [1.0]
+
+    def fake_median(fn, device, bench):
+        order.append(fn)
+        level[0] += 0.1  # every block slower than the one before
+        return level[0]
+
+    monkeypatch.setattr(api_overhead, "device_median_ms", fake_median)
+    first, second = object(), object()
+    a, b = api_overhead.paired_device_ms(first, second, torch.device("cpu"), SimpleNamespace(device_rounds=2))
+    assert order == [first, second, second, first] * 2
+    assert abs(a - b) < 1e-9  # a linear drift gives both the same median

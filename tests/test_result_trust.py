@@ -163,6 +163,7 @@ def bench_cfg(**changes):
     pytest.param({"quantiles": [0.333]}, "cpu", "quantiles", id="fractional-percent"),
     pytest.param({"flush_l2": False}, "cuda", "flush_l2", id="no-flush-on-gpu"),
     pytest.param({"host_calls": 0}, "cpu", "host_calls", id="no-host-calls"),
+    pytest.param({"device_rounds": 0}, "cpu", "device_rounds", id="no-device-rounds"),
 ])
 def test_timing_knobs_that_cannot_be_honoured_are_refused(changes, device, match):
     with pytest.raises(config.ConfigError, match=match):
