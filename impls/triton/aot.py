@@ -25,7 +25,15 @@ SHARED_MEMORY_LIMIT = {90: 232448, 100: 232448}  # bytes of dynamic shared memor
 POINTER = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 
 
-def _compile(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int, num_stages: int) -> int:
+def _compile(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int,
+             num_stages: int) -> tuple[int, bool]:
+    """The variant's shared-memory bytes and whether its PTX has bulk tensor copies."""
+    compiled = compile_variant(kernel, pointers, constexprs, arch, num_warps, num_stages)
+    return compiled.metadata.shared, "cp.async.bulk.tensor" in compiled.asm["ptx"]
+
+
+def compile_variant(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int, num_stages: int):
+    """`triton.compile` of one variant for sm_<arch> (the compiled kernel: .asm["ptx"], .metadata, ...)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -41,9 +49,8 @@ def _compile(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_
         else:
             signature[name] = "i32"
     source = ASTSource(kernel, signature, constexprs={(names.index(k),): v for k, v in constexprs.items()})
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
-    return compiled.metadata.shared, "cp.async.bulk.tensor" in compiled.asm["ptx"]
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def variants(dtype: str, all_variants: bool):
