@@ -7,7 +7,7 @@ It guards changes meant to leave the generated code as it is (the backend's conf
 concern); a change meant to alter a kernel or a fallback re-records the fixture:
 `python -m impls.triton.ptx_hashes --write tests/fixtures/triton_ptx_before.json`. Compared only under the Triton the
 fixture was recorded with. bf16 shares its compiles with test_triton_interp's test_kernels_compile_for_sm90 (Triton's
-cache: seconds after it, about a minute cold); fp32 (about four minutes cold on a busy 2-core machine) is slow.
+cache: seconds after it, about two minutes cold); fp32 (about four minutes cold on a busy 2-core machine) is slow.
 """
 
 from __future__ import annotations

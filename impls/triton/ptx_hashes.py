@@ -8,8 +8,8 @@ changes a hash too. The hash is the SHA-256 of `normalized(ptx)`: the PTX withou
 directives, comments and debug-range labels (they name source files and lines, which move when imports move).
 
 Run `python -m impls.triton.ptx_hashes [--dtype bf16|fp32] [--write PATH]` without TRITON_INTERPRET (CPU only;
-bf16 about a minute cold, fp32 about four, seconds from Triton's cache). tests/test_triton_ptx_same.py compares against
-tests/fixtures/triton_ptx_before.json.
+on a busy 2-core machine bf16 takes about two minutes cold, fp32 about four, seconds from Triton's cache).
+tests/test_triton_ptx_same.py compares against tests/fixtures/triton_ptx_before.json.
 """
 
 from __future__ import annotations
