@@ -76,9 +76,9 @@ def stack(backend: str) -> tuple[str, ...]:
     """The software a record of `backend` is bound to, as the backend declares it."""
     from impls.cutile import tune as cutile_tune
     from impls.tilegym import tune as tilegym_tune
-    from impls.triton import config as triton_config
+    from impls.triton import tune as triton_tune
 
-    return {"cutile": cutile_tune.STACK, "triton": triton_config.STACK, "tilegym": tilegym_tune.STACK}[backend]
+    return {"cutile": cutile_tune.STACK, "triton": triton_tune.STACK, "tilegym": tilegym_tune.STACK}[backend]
 
 
 def backfilled(record: dict, backend: str, row) -> dict:

@@ -36,10 +36,16 @@ from impls.inputs import make_inputs  # noqa: E402
 from impls.problem import Problem, Shape  # noqa: E402
 from impls.registry import get_backend  # noqa: E402
 from impls.tolerance import poisoned_allocations, rel_err, tolerance  # noqa: E402
-from impls.triton import config as cfg  # noqa: E402
+from impls.triton.clamp import clamp  # noqa: E402
+from impls.triton.fallbacks import FALLBACK, fallback  # noqa: E402
+from impls.triton.occupancy import maxnreg  # noqa: E402
+from impls.triton.smem import SMEM_BUDGET, compute_out_smem  # noqa: E402
+from impls.triton.space import search_space  # noqa: E402
+from impls.triton.stages import FUSED, STAGES  # noqa: E402
+from impls.triton.target import interpreting  # noqa: E402
 from tests.common import failures, float64_forward, forward_errors  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not cfg.interpreting(), reason="impls.triton was imported without TRITON_INTERPRET=1"
+pytestmark = pytest.mark.skipif(not interpreting(), reason="impls.triton was imported without TRITON_INTERPRET=1"
                                 " (its kernels are compiled, not interpreted): run the CPU suite on its own")
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16")]
@@ -276,7 +282,7 @@ def test_fuse_state_out(switches, problem, dtype):
     errors, out = forward_stage_errors(backend, inputs, float64_forward(inputs))
     assert not failures(errors, dtype), errors
     stages = backend.describe()["stages"]
-    assert cfg.FUSED in stages and "compute_out" not in stages and "state_passing" not in stages, stages
+    assert FUSED in stages and "compute_out" not in stages and "state_passing" not in stages, stages
     assert (out.states.stride(-2) == 1) == backend.switches.transposed_layout
 
 
@@ -391,16 +397,16 @@ def test_tuning_modes(tmp_path, monkeypatch):
     search = get_backend("triton", tuning="search")
     out = impls.ssd_forward(**inputs.forward_kwargs(), backend=search)
     assert rel_err(out.y, ref.y) <= tolerance(torch.float32)
-    assert set(_stage_sources(search)) == set(cfg.STAGES) and set(_stage_sources(search).values()) == {"search"}
+    assert set(_stage_sources(search)) == set(STAGES) and set(_stage_sources(search).values()) == {"search"}
     files = sorted(p.name for p in tmp_path.rglob("*.json"))
-    assert files == sorted(f"triton_{stage}.json" for stage in cfg.STAGES)
+    assert files == sorted(f"triton_{stage}.json" for stage in STAGES)
     for backend in (get_backend("triton", tuning="record"), get_backend("triton")):
         out = impls.ssd_forward(**inputs.forward_kwargs(), backend=backend)
         assert set(_stage_sources(backend).values()) == {"record"}
         assert rel_err(out.y, ref.y) <= tolerance(torch.float32)
-    fallback = get_backend("triton", tuning="fallback")
-    impls.ssd_forward(**inputs.forward_kwargs(), backend=fallback)
-    assert set(_stage_sources(fallback).values()) == {"fallback"}
+    fixed = get_backend("triton", tuning="fallback")
+    impls.ssd_forward(**inputs.forward_kwargs(), backend=fixed)
+    assert set(_stage_sources(fixed).values()) == {"fallback"}
 
 
 def test_pinned_switches_override_and_report():
@@ -420,25 +426,24 @@ def test_pinned_switches_override_and_report():
 
 def test_search_space_respects_pins_and_clamps():
     dims = {"nheads": 4, "chunk": 32, "headdim": 16, "dstate": 16}
-    space = cfg.search_space("compute_out", {"num_warps": 4}, dims)
+    space = search_space("compute_out", {"num_warps": 4}, dims)
     assert all(c["num_warps"] == 4 and c["block_rows"] <= 32 and c["block_headdim"] == 16 for c in space)
     assert len(space) == len({tuple(sorted(c.items())) for c in space})
 
 
 def test_fallback_shrinks_compute_out_to_fit_shared_memory():
     dims = {"nheads": 80, "chunk": 256, "headdim": 64, "dstate": 256}
-    config = cfg.fallback("sm90", "compute_out", dims, 4, {})
-    assert cfg.compute_out_smem(config, dims, 4) <= cfg.SMEM_BUDGET
-    assert cfg.fallback("sm90", "compute_out", dims, 2, {}) == cfg.clamp("compute_out",
-                                                                          cfg.FALLBACK["sm90"]["compute_out"], dims)
+    config = fallback("sm90", "compute_out", dims, 4, {})
+    assert compute_out_smem(config, dims, 4) <= SMEM_BUDGET
+    assert fallback("sm90", "compute_out", dims, 2, {}) == clamp("compute_out", FALLBACK["sm90"]["compute_out"], dims)
 
 
 # --- what the backend refuses -------------------------------------------------------------------------------
 def test_occupancy_maps_to_a_register_cap():
-    assert cfg.maxnreg({"occupancy": 0, "num_warps": 4}) is None and cfg.maxnreg({"num_warps": 4}) is None
-    assert cfg.maxnreg({"occupancy": 3, "num_warps": 4}) == 168  # 65536 / (3 · 128) = 170.7, down to 8s
-    assert cfg.maxnreg({"occupancy": 4, "num_warps": 8}) == 64
-    assert cfg.maxnreg({"occupancy": 1, "num_warps": 4}) == 255  # the PTX ceiling
+    assert maxnreg({"occupancy": 0, "num_warps": 4}) is None and maxnreg({"num_warps": 4}) is None
+    assert maxnreg({"occupancy": 3, "num_warps": 4}) == 168  # 65536 / (3 · 128) = 170.7, down to 8s
+    assert maxnreg({"occupancy": 4, "num_warps": 8}) == 64
+    assert maxnreg({"occupancy": 1, "num_warps": 4}) == 255  # the PTX ceiling
 
 
 @pytest.mark.parametrize("name", ["latency_hints"])

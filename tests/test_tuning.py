@@ -453,7 +453,7 @@ MEASUREMENT = r"\d\s*%|\d\s*(?:µs|ms)\b|\bmeasured\b|results/|\d×"
 
 @pytest.mark.parametrize("module, cls", [
     pytest.param("impls.cutile.switches", "CutileSwitches", id="cutile"),
-    pytest.param("impls.triton.config", "TritonSwitches", id="triton"),
+    pytest.param("impls.triton.switches", "TritonSwitches", id="triton"),
     pytest.param("impls.tilegym.backend", "TilegymSwitches", id="tilegym"),
 ])
 def test_switch_help_carries_no_measurements(module, cls):
@@ -465,6 +465,14 @@ def test_switch_help_carries_no_measurements(module, cls):
     for row in switch_table(getattr(importlib.import_module(module), cls)):
         for field in ("help", "sm90", "sm100"):
             assert not re.search(MEASUREMENT, row[field]), (row["name"], field, row[field])
+
+
+def test_triton_space_size_is_declared():
+    """impls/triton/space.py declares each stage's space size beside its space, to compare with cuTile's."""
+    from impls.triton.space import SEARCH_SPACE, SPACE_SIZE, space_size
+
+    assert set(SPACE_SIZE) == set(SEARCH_SPACE)
+    assert {stage: space_size(stage) for stage in SEARCH_SPACE} == SPACE_SIZE
 
 
 def test_auto_and_record_keep_a_record_of_an_older_space():

@@ -73,7 +73,7 @@ def test_tilegym_records_resolve_as_before(point, on_the_h200):
 @pytest.mark.parametrize("point", sorted(BEFORE["triton"]))
 def test_triton_resolves_as_before(point, on_the_h200):
     """No Triton record is committed: the sm_90 fallback, clamped, as before."""
-    from impls.triton import config as cfg
+    from impls.triton import target
     from impls.triton.backend import TritonBackend
 
     name, stage = point.split("/")
@@ -81,8 +81,8 @@ def test_triton_resolves_as_before(point, on_the_h200):
     dims = {"nheads": s.nheads, "chunk": s.chunk_size}
     if stage != "chunk_cumsum":
         dims.update(headdim=s.headdim, dstate=s.dstate)
-    with mock.patch.object(cfg, "arch", return_value="sm90"), \
-            mock.patch.object(cfg, "device_name", return_value="NVIDIA H200"):
+    with mock.patch.object(target, "arch", return_value="sm90"), \
+            mock.patch.object(target, "device_name", return_value="NVIDIA H200"):
         backend = TritonBackend()
         config = backend._config(stage, s, "bfloat16", {}, dims, torch.device("cpu"), launch=None)
     # fields added since the picks were frozen must sit at their neutral value (no register cap, one head)

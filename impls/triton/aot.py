@@ -25,7 +25,15 @@ SHARED_MEMORY_LIMIT = {90: 232448, 100: 232448}  # bytes of dynamic shared memor
 POINTER = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 
 
-def _compile(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int, num_stages: int) -> int:
+def _compile(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int,
+             num_stages: int) -> tuple[int, bool]:
+    """The variant's shared-memory bytes and whether its PTX has bulk tensor copies."""
+    compiled = compile_variant(kernel, pointers, constexprs, arch, num_warps, num_stages)
+    return compiled.metadata.shared, "cp.async.bulk.tensor" in compiled.asm["ptx"]
+
+
+def compile_variant(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int, num_stages: int):
+    """`triton.compile` of one variant for sm_<arch> (the compiled kernel: .asm["ptx"], .metadata, ...)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -41,35 +49,36 @@ def _compile(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_
         else:
             signature[name] = "i32"
     source = ASTSource(kernel, signature, constexprs={(names.index(k),): v for k, v in constexprs.items()})
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
-    return compiled.metadata.shared, "cp.async.bulk.tensor" in compiled.asm["ptx"]
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def variants(dtype: str, all_variants: bool):
     """(kernel name, kernel, pointer types, constexprs, num_warps, num_stages) for the defaults and all-off (and,
     at the defaults, the tensor-descriptor builds and the fused kernel), or for every combination of the code
     switches and features when `all_variants`."""
-    from impls.triton import config as cfg
     from impls.triton.chunk_cumsum import chunk_cumsum_kernel
     from impls.triton.compute_out import CB_BLOCK, cb_kernel, compute_out_kernel
+    from impls.triton.fallbacks import fallback
     from impls.triton.fused import fused_kernel
     from impls.triton.fwd_pass_state import chunk_state_kernel, state_passing_kernel
+    from impls.triton.smem import DTYPE_BYTES
+    from impls.triton.stages import FUSED
 
     p = POINTER[dtype]
     dims = {"nheads": 80, "chunk": 256, "headdim": 64, "dstate": 128}
-    itemsize = cfg.DTYPE_BYTES[dtype]
+    itemsize = DTYPE_BYTES[dtype]
     flags = list(itertools.product((True, False), repeat=3)) if all_variants else [(True,) * 3, (False,) * 3]
     precisions = ("tf32", "ieee") if dtype == "float32" else ("tf32",)
     for swap, exp2, feature in flags:
         tmas = (False, True) if all_variants or (swap, exp2, feature) == flags[0] else (False,)
-        base = cfg.fallback("sm90", "chunk_cumsum", dims, itemsize, {})
+        base = fallback("sm90", "chunk_cumsum", dims, itemsize, {})
         yield ("chunk_cumsum", chunk_cumsum_kernel,
                {"dt_ptr": p, "A_ptr": "*fp32", "bias_ptr": "*fp32", "dt_out_ptr": "*fp32", "dA_ptr": "*fp32"},
                dict(CHUNK=256, BLOCK_H=base["block_heads"], HAS_BIAS=feature, SOFTPLUS=feature, HAS_LIMIT=feature,
                     EXP2=exp2), base["num_warps"], 1)
         for precision, tma in itertools.product(precisions, tmas):
-            c = cfg.fallback("sm90", "chunk_state", dims, itemsize, {})
+            c = fallback("sm90", "chunk_state", dims, itemsize, {})
             yield ("chunk_state", chunk_state_kernel,
                    {"x_ptr": p, "B_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "seq_ptr": "*i32",
                     "out_ptr": "*fp32"},
@@ -80,7 +89,7 @@ def variants(dtype: str, all_variants: bool):
                 if hb == 2 and not (all_variants or (swap, exp2, feature) == flags[0]):
                     continue
                 d = dict(dims, dstate=dstate)
-                c = cfg.fallback("sm90", "compute_out", d, itemsize, {})
+                c = fallback("sm90", "compute_out", d, itemsize, {})
                 yield ("compute_out", compute_out_kernel,
                        {"C_ptr": p, "B_ptr": p, "x_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "st_ptr": p,
                         "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "cb_ptr": "*fp32", "y_ptr": p},
@@ -89,7 +98,7 @@ def variants(dtype: str, all_variants: bool):
                             HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precision, SHARED_CB=feature,
                             DECAY_FACTOR=feature, TMA=tma, ST_N_CONTIG=not swap, HB=hb),
                        c["num_warps"], c["num_stages"])
-            c = cfg.fallback("sm90", cfg.FUSED, dims, itemsize, {})
+            c = fallback("sm90", FUSED, dims, itemsize, {})
             yield ("fused_state_out", fused_kernel,
                    {"C_ptr": p, "B_ptr": p, "x_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "init_ptr": "*fp32",
                     "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "st_ptr": p, "slot_ptr": "*fp32", "y_ptr": p,
@@ -102,7 +111,7 @@ def variants(dtype: str, all_variants: bool):
                 continue
             yield ("cb", cb_kernel, {"C_ptr": p, "B_ptr": p, "cb_ptr": "*fp32"},
                    dict(CHUNK=256, BLOCK=CB_BLOCK, BLOCK_DSTATE=128, DOT_PRECISION=precision), 4, 1)
-        s = cfg.fallback("sm90", "state_passing", dims, itemsize, {})
+        s = fallback("sm90", "state_passing", dims, itemsize, {})
         yield ("state_passing", state_passing_kernel,
                {"local_ptr": "*fp32", "out_ptr": p, "final_ptr": "*fp32", "init_ptr": "*fp32", "dA_ptr": "*fp32",
                 "seq_ptr": "*i64"},

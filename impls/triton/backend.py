@@ -2,8 +2,8 @@
 layouts and operand orders as the cuTile backend, so that comparing the two isolates the language.
 
 This file wires the stages to the switches and to the tuning protocol: for every stage it resolves a launch
-configuration through impls/tuning.py (`config.tunable` declares the stage's space, fallback and call), clamps
-block sizes to the problem and remembers what ran, which `describe()` reports. Outputs are allocated with
+configuration through impls/tuning.py (impls/triton/tune.py: `tunable` declares the stage's space, fallback and
+call), clamps block sizes to the problem and remembers what ran, which `describe()` reports. Outputs are allocated with
 torch.empty looked up at call time, so tests can NaN-poison them with impls.tolerance.poisoned_allocations.
 """
 
@@ -18,12 +18,16 @@ import torch
 from impls import tuning
 from impls.problem import Problem, Shape, dtype_name
 from impls.registry import Backend, ForwardResult, register
-from impls.triton import config as cfg
+from impls.triton import tune
 from impls.triton.chunk_cumsum import chunk_cumsum as _chunk_cumsum
+from impls.triton.clamp import MAX_DSTATE, clamp
 from impls.triton.compute_out import compute_out as _compute_out
 from impls.triton.fused import fused_state_out as _fused_state_out
 from impls.triton.fwd_pass_state import chunk_states as _chunk_states
 from impls.triton.fwd_pass_state import pass_states as _pass_states
+from impls.triton.stages import FUSED
+from impls.triton.switches import TritonSwitches
+from impls.triton.target import interpreting
 
 
 @register
@@ -31,7 +35,7 @@ class TritonBackend(Backend):
     """Triton kernels on CUDA tensors; on CPU tensors only under the Triton interpreter (TRITON_INTERPRET=1)."""
 
     name = "triton"
-    Switches = cfg.TritonSwitches
+    Switches = TritonSwitches
     TUNED = True
     CANNOT_EXPRESS = {
         "latency_hints": "Triton has no per-load latency hint; the nearest analogues are the num_stages "
@@ -43,27 +47,27 @@ class TritonBackend(Backend):
         if self.switches.fuse_state_out and self.switches.cb_mode == "shared":
             raise ValueError("switch fuse_state_out of backend 'triton': the fused kernel computes C·Bᵀ inline; "
                              "cb_mode='shared' would add a launch before it (use cb_mode='inline')")
-        self._resolved: dict[tuple[str, str], cfg.Resolved] = {}
+        self._resolved: dict[tuple[str, str], tune.Resolved] = {}
         self.last_tuning: dict[str, dict[str, Any]] = {}
 
     # --- capability -------------------------------------------------------------------------------------
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        if cfg.interpreting() or torch.cuda.is_available():
+        if interpreting() or torch.cuda.is_available():
             return True, ""
         return False, "no CUDA device, and the Triton interpreter is off (TRITON_INTERPRET=1 before import)"
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
         if problem.dtype not in ("float32", "float16", "bfloat16"):
             return False, f"dtype {problem.dtype}: the kernels take float32, float16 or bfloat16 inputs"
-        if problem.shape.dstate > cfg.MAX_DSTATE:
-            return False, (f"dstate {problem.shape.dstate} > {cfg.MAX_DSTATE}: compute_out holds all of dstate "
+        if problem.shape.dstate > MAX_DSTATE:
+            return False, (f"dstate {problem.shape.dstate} > {MAX_DSTATE}: compute_out holds all of dstate "
                            "in one tile")
         return True, ""
 
     def check_device(self, device: torch.device) -> tuple[bool, str]:
         device = torch.device(device)
-        if device.type == "cuda" or (device.type == "cpu" and cfg.interpreting()):
+        if device.type == "cuda" or (device.type == "cpu" and interpreting()):
             return True, ""
         return False, f"tensors on {device}: Triton runs CUDA tensors (CPU ones only under TRITON_INTERPRET=1)"
 
@@ -133,7 +137,7 @@ class TritonBackend(Backend):
             return _fused_state_out(C, B, x, dt, dA_cumsum, initial_states, D, z, seq_idx, out_dtype, config=config,
                                     switches=self.switches, empty=self._empty, dot_precision=precision)
 
-        config = self._config(cfg.FUSED, shape, dtype_name(x.dtype), flags, dims, x.device, launch)
+        config = self._config(FUSED, shape, dtype_name(x.dtype), flags, dims, x.device, launch)
         return launch(config)
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
@@ -189,13 +193,13 @@ class TritonBackend(Backend):
                 device: torch.device, launch: Callable[[dict], Any]) -> dict[str, int]:
         """The launch configuration of `stage` for this call (resolved once per tuning key), and records its
         source."""
-        key = cfg.record_key(self.switches, shape.label(), dtype, flags)
+        key = tune.record_key(self.switches, shape.label(), dtype, flags)
         resolved = self._resolved.get((stage, key))
         if resolved is None:
-            t = cfg.tunable(stage, self.switches, key, dtype, dims, device, launch)
+            t = tune.tunable(stage, self.switches, key, dtype, dims, device, launch)
             resolution = tuning.resolve(t)
             # a record holds the tuned fields; the pinned switches win over it (applied by resolve), all clamped
-            resolved = cfg.Resolved(cfg.clamp(stage, resolution.config, dims), resolution, tuple(sorted(t.pins)))
+            resolved = tune.Resolved(clamp(stage, resolution.config, dims), resolution, tuple(sorted(t.pins)))
             self._resolved[(stage, key)] = resolved
         self.last_tuning[stage] = resolved.as_dict()
         return dict(resolved.config)

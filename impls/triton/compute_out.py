@@ -5,8 +5,8 @@ and computes, in fp32:
   1. the state term C_m·S_cᵀ scaled by exp(dA_cs[m]) (zero for rows whose sequence started inside the chunk);
   2. for every BLOCK_K-wide tile of earlier positions k (up to the causal edge): the scores C_m·B_kᵀ — on the fly
      (switch cb_mode="inline"), or read from the (b, c, g, chunk, chunk) fp32 C·Bᵀ that `cb_kernel` computed once
-     per group ("shared": the heads of a group then stop recomputing it) — times exp(dA_cs[m] − dA_cs[k])·dt_k on the causal, same-sequence part, then
-     the MMA with x_k;
+     per group ("shared": the heads of a group then stop recomputing it) — times exp(dA_cs[m] − dA_cs[k])·dt_k on
+     the causal, same-sequence part, then the MMA with x_k;
   3. the D skip and the silu(z) gate, and one store in x's dtype.
 Operands of each MMA are in the input dtype (fp32 accumulation); with fp32 inputs `cb_precision` picks tf32 or
 ieee. A state tensor in another dtype (state_dtype) is cast to the input dtype for its MMA.
@@ -27,9 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from impls.triton import config as cfg
 from impls.triton import descriptors
 from impls.triton.fwd_pass_state import program_coords, rows_desc
+from impls.triton.occupancy import maxnreg
 
 
 @triton.jit
@@ -530,7 +530,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
-        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=cfg.maxnreg(config),
+        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
     )
     return y
 

@@ -36,7 +36,6 @@ import torch
 import triton
 import triton.language as tl
 
-from impls.triton import config as cfg
 from impls.triton import descriptors
 from impls.triton.chunk_cumsum import _exp
 from impls.triton.compute_out import (
@@ -50,6 +49,7 @@ from impls.triton.compute_out import (
     tile_coords,
 )
 from impls.triton.fwd_pass_state import _state_buffer, local_state, rows_desc
+from impls.triton.occupancy import maxnreg
 
 
 @triton.jit
@@ -232,6 +232,6 @@ def fused_state_out(C, B, x, dt, dA_cumsum, initial_states, D, z, seq_idx, state
         HAS_INIT=initial_states is not None, HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma,
-        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=cfg.maxnreg(config),
+        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
     )
     return y, states, final

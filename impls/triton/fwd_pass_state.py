@@ -23,9 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from impls.triton import config as cfg
 from impls.triton import descriptors
 from impls.triton.chunk_cumsum import _exp
+from impls.triton.occupancy import maxnreg
 
 
 @triton.jit
@@ -250,7 +250,7 @@ def chunk_states(B, x, dt, dA_cumsum, seq_idx, *, config, switches, empty, dot_p
         CHUNK=chunk, BLOCK_P=config["block_headdim"], BLOCK_N=config["block_dstate"], BLOCK_K=config["block_positions"],
         HAS_SEQ=seq_idx is not None, SWAP=switches.operand_swap, EXP2=switches.exp2,
         DOT_PRECISION=dot_precision, TMA=switches.tma, OUT_N_CONTIG=local.stride(-1) == 1,
-        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=cfg.maxnreg(config),
+        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
     )
     return local
 

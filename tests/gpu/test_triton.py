@@ -68,7 +68,7 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
 
 def _backend(**switches):
     from impls.triton import TritonBackend
-    from impls.triton.config import interpreting
+    from impls.triton.target import interpreting
 
     if interpreting():
         pytest.skip("impls.triton was imported under TRITON_INTERPRET=1: run `pytest tests/gpu` on its own")

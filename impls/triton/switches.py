@@ -1,0 +1,112 @@
+"""The switches of the Triton backend (`TritonSwitches`) with their help strings, and which of them change code.
+
+Two kinds of knobs:
+- *code switches* change what the kernels compute with: layout of the states, operand order of the MMAs, exp vs
+  exp2, tf32 vs fp32 dots. They are part of the kernel's identity (and of the tuning key: `code_switches`).
+- *launch switches* (block sizes, num_warps, num_stages, occupancy, heads_per_tile) pin fields of the launch
+  configurations, which otherwise come from the tuning machinery in impls/tuning.py (search / record / fallback /
+  auto; impls/triton/tune.py): 0 means "tuned", a value pins that field in every stage where it applies (the search
+  then only varies the other fields; a stage whose fields are all pinned reports the source "switches").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from impls.registry import switch
+from impls.tuning import MODES
+
+
+@dataclass(frozen=True)
+class TritonSwitches:
+    """Defaults: every switch on, launch configuration tuned (tuning mode "auto"). Names follow the cuTile
+    backend's switches where both have the knob."""
+
+    transposed_layout: bool = switch(
+        True,
+        "states (the entering-state tensor of fwd_pass_state, and its fp32 chunk-local scratch) are stored "
+        "(batch, nchunks, nheads, dstate, headdim), i.e. dstate-major, and returned as a .transpose(-1, -2) view; "
+        "compute_out then reads the (dstate x headdim) operand of C·stateᵀ with headdim contiguous")
+    operand_swap: bool = switch(
+        True,
+        "MMAs computed transposed: chunk state as Bᵀ·x (dstate on M, headdim on N) instead of xᵀ·B; output tile "
+        "as yᵀ = xᵀ·(B·Cᵀ ∘ Lᵀ) + state·Cᵀ (headdim on M, chunk positions on N) instead of "
+        "y = (C·Bᵀ ∘ L)·x + C·stateᵀ (chunk positions on M, headdim on N)",
+        sm90="the order of tl.dot's operands decides which tile is the warpgroup MMA's M side (64-row granules) and "
+             "which lands on N; Triton picks the instruction and layouts",
+        sm100="the order of tl.dot's operands decides the M side of the accumulator; Triton picks the MMA "
+              "instruction (tcgen05 where it applies) and the layouts")
+    exp2: bool = switch(
+        True, "every exp(v) computed as exp2(v·log2 e), with log2 e folded into the dA_cumsum values as loaded "
+        "(one multiply per loaded element instead of per exponent); softplus via exp2/log2 too")
+    cb_precision: str = switch(
+        "tf32", "fp32 inputs: tl.dot input_precision of every MMA ('tf32' = tensor cores at tf32, 'fp32' = "
+        "input_precision='ieee'); fp16/bf16 inputs are unaffected", choices=("tf32", "fp32"))
+    cb_mode: str = switch(
+        "inline", "compute_out's C·Bᵀ: 'inline' = recomputed on the fly for each head; 'shared' = once per (batch, "
+                  "chunk, group) by cb_kernel (fp32, read back by every head of the group)",
+        choices=("inline", "shared"))
+    decay_factor: bool = switch(
+        False, "compute_out: source tiles wholly before the row tile use the factored decay exp(dA_m - dA_ref)·"
+               "exp(dA_ref - dA_k), dA_ref at the row tile's first row (impls/README.md): the source factor times dt "
+               "scales the C·Bᵀ tile's columns, the row factor the tiles' sum — no causal mask and no exp per "
+               "(row, source) pair there; off by default, as cuTile's (docs/perf-notes.md: Switch defaults)")
+    tma: bool = switch(
+        False, "tensor-descriptor loads and stores (tl.make_tensor_descriptor) for the MMA stages' tiles: x and B in "
+               "chunk_state (and its fp32 scratch store), C, B, x and the states in compute_out (and the y store), "
+               "C, B and x in the fused kernel; off = pointer loads with masks. Needs the tensors contiguous in the "
+               "last dimension, 16-byte aligned, strides 16-byte multiples (else ValueError naming the tensor). "
+               "chunk_cumsum and state_passing keep pointer loads (as cuTile's chunk_cumsum, whose compiler uses no "
+               "TMA there). Off by default",
+        sm90="in-kernel TMA descriptors (tensormap.cp_fenceproxy into a workspace from triton.set_allocator), tiles "
+             "by cp.async.bulk.tensor into shared memory, out-of-bounds boxes zero-filled",
+        sm100="same TMA descriptors and bulk copies")
+    fuse_state_out: bool = switch(
+        False, "the forward as chunk_cumsum, then one kernel for stages 2 and 3 (impls/triton/fused.py): one program "
+               "per (chunk, batch, head, row tile, headdim tile) does its rows' intra-chunk output; the row-tile-0 "
+               "program of each (chunk, batch, head, headdim tile) also computes the chunk's local state and hands "
+               "the state on (flags with acquire/release, programs numbered by an atomic ticket so that waits only "
+               "point at running programs); every program adds exp(dA)·C·S_c once S_c is there. Off by default",
+        sm90="removes the chunk-local fp32 scratch (write and read-back), the state_passing launch and the "
+             "compute_out launch; the states are still written (the contract's output, read back by the row tiles)")
+    tuning: str = switch("auto", "where launch configurations come from (impls/tuning.py modes)", choices=MODES)
+    # Launch sizes: 0 = from tuning (as in the cuTile backend); a value pins that field wherever it applies.
+    block_rows: int = switch(0, "compute_out: chunk rows (output positions) per program; 0 = from tuning",
+                             choices=(0, 16, 32, 64, 128))
+    block_positions: int = switch(
+        0, "chunk positions per inner step: compute_out's source positions, chunk_state's reduction step; "
+           "0 = from tuning", choices=(0, 16, 32, 64, 128))
+    block_headdim: int = switch(0, "headdim columns per program (chunk_state, compute_out); 0 = from tuning",
+                                choices=(0, 16, 32, 64, 128, 256))
+    block_dstate: int = switch(0, "dstate columns per program in chunk_state (compute_out takes all of dstate); "
+                                  "0 = from tuning", choices=(0, 16, 32, 64, 128, 256))
+    block_heads: int = switch(0, "chunk_cumsum: heads per program; 0 = from tuning", choices=(0, 1, 2, 4, 8, 16))
+    block_state: int = switch(0, "state_passing: state elements per program; 0 = from tuning",
+                              choices=(0, 64, 128, 256, 512, 1024, 2048, 4096))
+    num_warps: int = switch(0, "warps per program in every stage; 0 = from tuning", choices=(0, 1, 2, 4, 8, 16))
+    num_stages: int = switch(
+        0, "software-pipelining depth of the loops (chunk_state, compute_out); 0 = from tuning. Triton's "
+           "nearest analogue of cuTile's latency hints", choices=(0, 1, 2, 3, 4, 5))
+    heads_per_tile: int = switch(
+        0, "compute_out: heads of one group per program (1 or 2; must divide nheads / ngroups, else ValueError); "
+           "with 2, C's rows, each B tile and each C·Bᵀ tile are loaded/computed once for both heads, each head "
+           "keeping its own state term, scores, x tiles, accumulator and epilogue (cuTile's head_mma='per_head'); "
+           "0 = from tuning (fallback 1)", choices=(0, 1, 2))
+    occupancy: int = switch(
+        0, "CTAs per SM the register allocation must leave room for (chunk_state, compute_out, the fused kernel): "
+           "N > 0 launches with maxnreg = 65536 / (N · 32 · num_warps), rounded down to a multiple of 8, at most "
+           "255; 0 = from tuning, whose fallback 0 leaves registers to the compiler. cuTile's occupancy hint, as far "
+           "as Triton can express it: registers only (shared memory still decides its own limit)",
+        choices=(0, 1, 2, 3, 4),
+        sm90="PTX .maxnreg on the kernel (Triton 3.6 has no .minnctapersm; an `occupancy=` compile option is "
+             "ignored without an error, docs/triton-switches.md)")
+
+
+def code_switches(switches: TritonSwitches) -> dict[str, Any]:
+    """The switches that change the kernels' code (part of the tuning key)."""
+    return {k: v for k, v in dataclasses.asdict(switches).items()
+            if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
+            # in the key only when on: records found without them keep their keys
+            or (k in ("decay_factor", "tma", "fuse_state_out") and v)}

@@ -1,0 +1,59 @@
+"""How a launch configuration is chosen per stage of the Triton backend: what impls/tuning.py needs (`tunable`: the
+record key, the declared space with the pinned fields fixed and clamped, the fallback, the call to time) and what
+one stage ran with (`Resolved`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from impls import tuning
+from impls.triton import target
+from impls.triton.clamp import pinned
+from impls.triton.fallbacks import fallback
+from impls.triton.smem import DTYPE_BYTES
+from impls.triton.space import SEARCH_SPACE, search_space
+from impls.triton.stages import STAGE_FIELDS
+from impls.triton.switches import TritonSwitches, code_switches
+
+
+@dataclass
+class Resolved:
+    """What one stage ran with: the configuration after pinning and clamping, and where it came from."""
+
+    config: dict[str, int]
+    resolution: Any  # impls.tuning.Resolution: source ("search" | "record" | "fallback" | "switches"), key, reason
+    pinned: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.resolution.as_dict(), "config": dict(self.config), "pinned": list(self.pinned)}
+
+
+STACK = ("triton", "driver")  # what a Triton record is bound to
+
+
+def record_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict) -> str:
+    """The tuning record's key: shape, dtype, the code-changing switches and the call's flags (bias, z, ...)."""
+    return tuning.tuning_key(shape_label, dtype, **code_switches(switches), **flags)
+
+
+def tunable(stage: str, switches: TritonSwitches, key: str, dtype: str, dims: dict[str, int], device: torch.device,
+            launch) -> tuning.Tunable:
+    """The stage's choice as impls/tuning.py takes it: key (shape, dtype, code switches, call flags), the declared
+    space with the pinned fields fixed and clamped, the fallback of the architecture, and the stage's launch as
+    the call to time (whole stage, do_bench median; under the interpreter one configuration, the fallback, timed
+    by the wall clock)."""
+    pins = pinned(switches, stage)
+    arch_name = target.arch(device)
+    fixed = fallback(arch_name, stage, dims, DTYPE_BYTES[dtype], pins)
+    interp = arch_name == "interpreter"
+    return tuning.Tunable(
+        backend="triton", stage=stage, key=key,
+        gpu=target.device_name(device), mode=switches.tuning, fallback=fixed,
+        space={k: list(v) for k, v in SEARCH_SPACE[stage].items()},
+        configs=[fixed] if interp else search_space(stage, pins, dims), run=launch,
+        pins=pins, pinned_all=set(pins) == set(STAGE_FIELDS[stage]), stack=STACK,
+        stage_timer=tuning.wall_ms if interp else None)
