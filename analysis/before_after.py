@@ -29,7 +29,7 @@ def compare(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     """One row per (backend, shape, stage) of either run (wide frames, analysis.load.wide): before and after
     medians, the relative change, the allowance max(2 %, (p80 − p20) / median of the before-run) and `holds`."""
     b, a = _medians(before), _medians(after)
-    out = b.join(a, how="outer", suffixes=("_before", "_after"))
+    out = b.join(a.add_suffix("_after"), how="outer").rename(columns={c: f"{c}_before" for c in b.columns})
     out["change"] = out["median_ms_after"] / out["median_ms_before"] - 1
     spread = (out["p80_ms_before"] - out["p20_ms_before"]) / out["median_ms_before"]
     out["allowance"] = spread.clip(lower=MIN_ALLOWANCE)
