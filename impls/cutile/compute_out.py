@@ -296,12 +296,17 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
                        HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool], TRANS: ct.Constant[bool],
                        TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
                        LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool],
-                       PER_HEAD: ct.Constant[bool]):
+                       PER_HEAD: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool]):
     """One (batch, chunk, row block i, head block hb of HB heads, headdim block pb) tile. The heads run as NL lanes
     of HL heads: switch head_mma "batched" = one lane of HB heads (rank-3 MMAs when HB > 1), "per_head" (PER_HEAD)
     = HB lanes of one head (2-D MMAs). Per-lane values (accumulator, dA rows, decay reference) are tuples unrolled
-    at compile time; C_l, each B_j, C_l·B_jᵀ and the masks are shared by the lanes."""
+    at compile time; C_l, each B_j, C_l·B_jᵀ and the masks are shared by the lanes. Program order (`grid`):
+    the row tiles (b, c, i) along axis 0 and the head blocks along axis 1, or with HEADS_FIRST (switch
+    heads_first) both along axis 0, head block fastest."""
     pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
+    if HEADS_FIRST:
+        head_blocks = x.shape[2] // HB
+        pid, hb = ct.bid(0) // head_blocks, ct.bid(0) % head_blocks
     NL = HB if PER_HEAD else 1
     HL = HB // NL
     k = OutConsts(CHUNK, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE, HAS_Z)
@@ -390,6 +395,16 @@ def shared_cb(sw, config: dict) -> bool:
     return bool(config.get("shared_cb", False))
 
 
+def grid_of(row_tiles: int, head_blocks: int, headdim_blocks: int, heads_first: bool) -> tuple[int, int, int]:
+    """The launch grid. CTAs are dispatched in increasing linear block id (axis 0 fastest), so the programs resident
+    together are neighbours along axis 0: by default the row tiles (batch, chunk, row block) of one head block, each
+    reading its own C and B tiles; with heads_first (switch) the head blocks of one row tile, which read the same C
+    and B tiles (the heads of a group share them) and so find them in L2 after the first."""
+    if heads_first:
+        return (row_tiles * head_blocks, 1, headdim_blocks)
+    return (row_tiles, head_blocks, headdim_blocks)
+
+
 def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config) -> KernelCall:
     """arrays = (C, B, x, dt, dA, states_storage, D, z, seq, cb, y): tensors, or ArraySpec for AOT compiles; cb is
     the (b, c, g, chunk, chunk) fp32 output of cb_kernel when shared_cb, else a 5-d stand-in."""
@@ -399,8 +414,8 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
     hb = head_block(nheads // ngroups, config)
     args = (*arrays, nheads // ngroups, chunk_size, bl, bp, bn, hb, int(d_mode), bool(has_z), bool(has_seq),
             sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0,
-            shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb))
-    grid = (batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp))
+            shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb), sw.heads_first)
+    grid = grid_of(batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp), sw.heads_first)
     return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0))
 
 
