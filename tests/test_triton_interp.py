@@ -327,6 +327,11 @@ def test_heads_first(switches, problem):
     assert not failures(errors, torch.float32), errors
 
 
+def test_heads_first_refused_with_fuse_state_out():
+    with pytest.raises(ValueError, match="fuse_state_out.*heads_first"):
+        get_backend("triton", fuse_state_out=True, heads_first=True)
+
+
 def test_heads_per_tile_must_divide_the_group():
     inputs = make_inputs(Problem(dataclasses.replace(SMALL, ngroups=4)), seed=12, dtype=torch.float32)
     with pytest.raises(ValueError, match="heads_per_tile of backend 'triton': 2 heads per program must divide the 1"):
