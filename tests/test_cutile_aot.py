@@ -222,7 +222,29 @@ def test_head_mma_is_the_same_kernel_for_one_head():
                 for sw in (BATCHED, PER_HEAD))
     assert one.kernel is per.kernel and one.args == per.args and one.grid == per.grid
     two = build_call("compute_out", torch.bfloat16, PER_HEAD, config={"heads_per_tile": 2})
-    assert two.args[-1] is True and two.grid[1] == AOT_DIMS["nheads"] // 2
+    assert _constant(two, "PER_HEAD") is True and two.grid[1] == AOT_DIMS["nheads"] // 2
+
+
+def _constant(call, name: str):
+    """The value `call` passes for the kernel parameter `name`."""
+    import inspect
+
+    params = list(inspect.signature(call.kernel._annotated_function.pyfunc).parameters)
+    return call.args[params.index(name)]
+
+
+@pytest.mark.parametrize("heads_first", [False, True])
+def test_heads_first_grid(heads_first):
+    """heads_first: the head blocks move from grid axis 1 into axis 0 (fastest); the programs' count is the same."""
+    from impls.cutile.compute_out import grid_of
+
+    assert grid_of(512, 40, 1, False) == (512, 40, 1) and grid_of(512, 40, 2, True) == (20480, 1, 2)
+    sw = dataclasses.replace(PER_HEAD, heads_first=heads_first)
+    call = build_call("compute_out", torch.bfloat16, sw, config={"heads_per_tile": 2, "block_rows": 64})
+    rows = AOT_DIMS["batch"] * (AOT_DIMS["seqlen"] // AOT_DIMS["chunk"]) * (AOT_DIMS["chunk"] // 64)
+    heads = AOT_DIMS["nheads"] // 2
+    assert call.grid == ((rows * heads, 1, 1) if heads_first else (rows, heads, 1))
+    assert _constant(call, "HEADS_FIRST") is heads_first and _constant(call, "SKIP_FIRST") is False
 
 
 @pytest.mark.parametrize("switches,config,dims,word", [

@@ -58,3 +58,19 @@ def test_a_shared_cb_record_reports_the_cb_kernel_too():
     assert spills.kernels_of("compute_out", {"shared_cb": True}) == ("compute_out", "compute_out_cb")
     assert spills.kernels_of("compute_out", {"shared_cb": False}) == ("compute_out",)
     assert spills.kernels_of("fused", {}) == ("fused",)
+
+
+def test_assignments_are_parsed_with_their_types():
+    assert spills.parse_assignments(["heads_per_tile=2", "skip_first=True", "head_mma=batched"], "--set") == {
+        "heads_per_tile": 2, "skip_first": True, "head_mma": "batched"}
+    with pytest.raises(ValueError, match="--switch: 'skip_first' is not name=value"):
+        spills.parse_assignments(["skip_first"], "--switch")
+
+
+def test_report_compiles_a_candidate_config_and_switches():
+    from impls.cutile.switches import CutileSwitches
+
+    (row,) = spills.report(("S1",), ("compute_out",), overrides={"block_headdim": 32},
+                           switches=CutileSwitches(skip_first=True))
+    assert row.config == dict(spills.tuned_config("compute_out", "S1"), block_headdim=32)
+    assert row.registers > 0 and row.ldl >= 0 and row.stl >= 0

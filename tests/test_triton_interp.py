@@ -312,6 +312,32 @@ def test_heads_per_tile_2(switches, problem, dtype):
     assert backend.describe()["stages"]["compute_out"]["config"]["heads_per_tile"] == 2
 
 
+# the heads-first program order: every (row, headdim) tile of every head block of every chunk and batch still
+# written once, with one and two heads per program, several row and headdim tiles, the swap on and off
+HEADS_FIRST_CASES = [
+    pytest.param({}, RICH, id="rich-swap"),
+    pytest.param({"heads_per_tile": 2, "operand_swap": False, "block_rows": 16, "block_positions": 16,
+                  "block_headdim": 16},
+                 Problem(Shape(2, 150, 4, 32, 2, 32, 64), has_initial_states=True), id="heads2-rows16-p16-2-batches"),
+    pytest.param({"block_rows": 32, "block_positions": 16, "block_headdim": 16}, Problem(Shape(2, 150, 4, 32, 1, 32,
+                 64), nseqs=2, has_z=True), id="rows32-p16-seq_idx"),
+]
+
+
+@pytest.mark.parametrize("switches,problem", HEADS_FIRST_CASES)
+def test_heads_first(switches, problem):
+    """compute_out's programs in the heads-first order (switch heads_first), fp32: each stage against float64."""
+    backend = get_backend("triton", heads_first=True, **switches)
+    inputs = make_inputs(problem, seed=13, dtype=torch.float32)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, torch.float32), errors
+
+
+def test_heads_first_refused_with_fuse_state_out():
+    with pytest.raises(ValueError, match="fuse_state_out.*heads_first"):
+        get_backend("triton", fuse_state_out=True, heads_first=True)
+
+
 def test_heads_per_tile_must_divide_the_group():
     inputs = make_inputs(Problem(dataclasses.replace(SMALL, ngroups=4)), seed=12, dtype=torch.float32)
     with pytest.raises(ValueError, match="heads_per_tile of backend 'triton': 2 heads per program must divide the 1"):

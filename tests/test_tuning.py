@@ -322,6 +322,12 @@ BASE = "S|bfloat16|cb_precision=tf32|operand_swap=False|transposed_layout=True"
                  id="cb_mode-fixed"),
     pytest.param("fwd_pass_state", {"tma": False}, BASE.replace("|transposed", "|tma=False|transposed"),
                  id="code-trick-off"),
+    pytest.param("compute_out", {"heads_first": True, "skip_first": True},
+                 BASE.replace("|operand", "|heads_first=True|operand").replace("|transposed",
+                                                                                "|skip_first=True|transposed"),
+                 id="arrangements-on"),
+    pytest.param("fwd_pass_state", {"heads_first": True, "skip_first": True}, BASE,
+                 id="arrangements-the-stage-does-not-read"),
 ])
 def test_cutile_record_key(stage, switches, expect):
     """A search with a switch that changes the winner stores under a key of its own, never over the full search's
@@ -376,7 +382,7 @@ def test_cutile_search_with_fake_timers_confirms_the_fastest_stage(capsys):
     """cuTile's search over its declared compute_out space (fixed switches put in), kernel-only timer faked:
     shared_cb is fastest as a kernel, but its stage (with the C·Bᵀ kernel) is slower: the inline config wins."""
     t = _cutile_compute_out(tuning="search", occupancy=3)
-    assert all(c["occupancy"] == 3 for c in t.configs) and len(t.configs) == 8
+    assert all(c["occupancy"] == 3 for c in t.configs) and len(t.configs) == 16  # 2 rows × 2 headdim × 2 heads × 2 C·Bᵀ
 
     def kernel_us(cfg):
         return 100.0 - 20 * cfg["shared_cb"] - cfg["block_rows"] / 64 - cfg["heads_per_tile"]
@@ -391,9 +397,9 @@ def test_cutile_search_with_fake_timers_confirms_the_fastest_stage(capsys):
     assert res.config == {"block_rows": 128, "block_headdim": 64, "heads_per_tile": 2, "occupancy": 3,
                           "shared_cb": False}
     record = tuning.lookup("cutile", "compute_out", t.gpu, t.key)
-    assert len(record["measurements"]) == 8 and len(record["confirmed"]) == tuning.CONFIRM_TOP + 1
+    assert len(record["measurements"]) == 16 and len(record["confirmed"]) == tuning.CONFIRM_TOP + 1
     assert record["search_space"]["occupancy"] == [2, 3, 4]  # the declared space, without the fixed values
-    assert "8/8 configs" in capsys.readouterr().out
+    assert "16/16 configs" in capsys.readouterr().out
 
 
 def test_cutile_trick_off_borrows_the_default_codes_record():
@@ -410,6 +416,21 @@ def test_cutile_trick_off_borrows_the_default_codes_record():
     assert (res.config, res.source) == ({"block_heads": 16, "occupancy": 8}, "record")
     tuning.store("cutile", "chunk_cumsum", t.gpu, t.key, {"block_heads": 4, "occupancy": 4}, {}, stack)
     assert tuning.resolve(t).config == {"block_heads": 4, "occupancy": 4}
+
+
+@pytest.mark.parametrize("name", ["heads_first", "skip_first"])
+def test_cutile_compute_out_arrangement_borrows_the_default_record(name):
+    """compute_out's heads_first / skip_first on without a record of their own run on the default code's tiles."""
+    from impls.cutile import tune
+    from impls.cutile.switches import CutileSwitches
+
+    t = tune.tunable("compute_out", CutileSwitches(**{name: True}), None, "S", "bfloat16", make_call=None)
+    assert t.key != t.base_key == tune.record_key("compute_out", CutileSwitches(), "S", "bfloat16")
+    stack = {n: STACK.get(n) for n in tune.STACK}
+    config = {"block_rows": 64, "block_headdim": 32, "heads_per_tile": 2, "occupancy": 3, "shared_cb": False}
+    tuning.store("cutile", "compute_out", t.gpu, t.base_key, config, {}, stack)
+    res = tuning.resolve(t)
+    assert (res.config, res.source) == (config, "record")
 
 
 # --- Triton under the interpreter: a one-config space (the fallback), searched, confirmed, stored, bound ---------

@@ -125,6 +125,7 @@ class OutConsts(CopyHints):
     SHARED_CB: bool  # C·Bᵀ read from cb_kernel's output instead of computed in the tile
     D_MODE: int  # skip term D: 0 absent, 1 per head, 2 per (head, channel)
     HAS_Z: bool  # gate by silu(z)
+    SKIP_FIRST: bool = False  # switch skip_first: D∘x added to the accumulator before the source loop, not after
 
 
 def _by_source(v, HB, BL, SWAP):
@@ -271,16 +272,31 @@ def _off_chunk(states, c_l, state_scale, b, c, h, pb, k):
     return acc
 
 
+def _skip_term(x, D, b, row_block, h, pb, k):
+    """D ∘ x on the (HL, BL, BP) tile of the HL heads of lane block h (D per head or per channel; D_MODE > 0),
+    transposed to the accumulator's (HL, BP, BL) with SWAP."""
+    BL, BP, HL, tma = k.BL, k.BP, k.HL, k.tma()
+    x_l = _load_heads(x, b, row_block, h, pb, BL, HL, BP, tma, None).astype(ct.float32)
+    if k.D_MODE == 1:
+        d = ct.load(D, (h,), (HL,), allow_tma=tma).astype(ct.float32).reshape((HL, 1, 1))
+    else:
+        d = ct.load(D, (h, pb), (HL, BP), padding_mode=ZERO, allow_tma=tma).astype(ct.float32).reshape((HL, 1, BP))
+    if k.SWAP:
+        return ct.transpose(x_l * d, 1, 2)
+    return x_l * d
+
+
 def _epilogue(acc, x, D, z, y, b, row_block, h, pb, k):
     """y = (acc + D ∘ x)·silu(z) on the (HL, BL, BP) tile of the HL heads of lane block h (D per head or per
-    channel, each term when present), then one store."""
+    channel, each term when present; D ∘ x already in acc with SKIP_FIRST), then one store."""
     BL, BP, HL, tma = k.BL, k.BP, k.HL, k.tma()
-    if k.D_MODE > 0 or k.HAS_Z:
+    D_HERE = k.D_MODE > 0 and not k.SKIP_FIRST
+    if D_HERE or k.HAS_Z:
         x_l = _load_heads(x, b, row_block, h, pb, BL, HL, BP, tma, None).astype(ct.float32)
-    if k.D_MODE == 1:
+    if D_HERE and k.D_MODE == 1:
         d_h = ct.load(D, (h,), (HL,), allow_tma=tma).astype(ct.float32)
         acc = acc + x_l * d_h.reshape((HL, 1, 1))
-    if k.D_MODE == 2:
+    if D_HERE and k.D_MODE == 2:
         d_hp = ct.load(D, (h, pb), (HL, BP), padding_mode=ZERO, allow_tma=tma).astype(ct.float32)
         acc = acc + x_l * d_hp.reshape((HL, 1, BP))
     if k.HAS_Z:
@@ -296,15 +312,21 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
                        HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool], TRANS: ct.Constant[bool],
                        TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
                        LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool],
-                       PER_HEAD: ct.Constant[bool]):
+                       PER_HEAD: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool], SKIP_FIRST: ct.Constant[bool]):
     """One (batch, chunk, row block i, head block hb of HB heads, headdim block pb) tile. The heads run as NL lanes
     of HL heads: switch head_mma "batched" = one lane of HB heads (rank-3 MMAs when HB > 1), "per_head" (PER_HEAD)
     = HB lanes of one head (2-D MMAs). Per-lane values (accumulator, dA rows, decay reference) are tuples unrolled
-    at compile time; C_l, each B_j, C_l·B_jᵀ and the masks are shared by the lanes."""
+    at compile time; C_l, each B_j, C_l·B_jᵀ and the masks are shared by the lanes. Program order (`grid`):
+    the row tiles (b, c, i) along axis 0 and the head blocks along axis 1, or with HEADS_FIRST (switch
+    heads_first) both along axis 0, head block fastest."""
     pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
+    if HEADS_FIRST:
+        head_blocks = x.shape[2] // HB
+        pid, hb = ct.bid(0) // head_blocks, ct.bid(0) % head_blocks
     NL = HB if PER_HEAD else 1
     HL = HB // NL
-    k = OutConsts(CHUNK, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE, HAS_Z)
+    k = OutConsts(CHUNK, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE, HAS_Z,
+                  SKIP_FIRST)
     nsub = CHUNK // BL
     nchunks = dA.shape[2]
     i = pid % nsub
@@ -330,6 +352,10 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
         state_scales = tuple(ct.where(same, state_scales[l], 0.0) for l in ct.static_iter(range(NL)))
     accs = tuple(_off_chunk(states, c_l, state_scales[l], b, c, _lane_block(hb, l, NL), pb, k)
                  for l in ct.static_iter(range(NL)))
+
+    if SKIP_FIRST and D_MODE > 0:  # D ∘ x now: its head indices and D values need not live across the loop
+        accs = tuple(accs[l] + _skip_term(x, D, b, row_block, _lane_block(hb, l, NL), pb, k)
+                     for l in ct.static_iter(range(NL)))
 
     # in-chunk term, causal over source blocks j <= i
     if DECAY_FACTOR:
@@ -390,6 +416,16 @@ def shared_cb(sw, config: dict) -> bool:
     return bool(config.get("shared_cb", False))
 
 
+def grid_of(row_tiles: int, head_blocks: int, headdim_blocks: int, heads_first: bool) -> tuple[int, int, int]:
+    """The launch grid. CTAs are dispatched in increasing linear block id (axis 0 fastest), so the programs resident
+    together are neighbours along axis 0: by default the row tiles (batch, chunk, row block) of one head block, each
+    reading its own C and B tiles; with heads_first (switch) the head blocks of one row tile, which read the same C
+    and B tiles (the heads of a group share them) and so find them in L2 after the first."""
+    if heads_first:
+        return (row_tiles * head_blocks, 1, headdim_blocks)
+    return (row_tiles, head_blocks, headdim_blocks)
+
+
 def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config) -> KernelCall:
     """arrays = (C, B, x, dt, dA, states_storage, D, z, seq, cb, y): tensors, or ArraySpec for AOT compiles; cb is
     the (b, c, g, chunk, chunk) fp32 output of cb_kernel when shared_cb, else a 5-d stand-in."""
@@ -399,8 +435,9 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
     hb = head_block(nheads // ngroups, config)
     args = (*arrays, nheads // ngroups, chunk_size, bl, bp, bn, hb, int(d_mode), bool(has_z), bool(has_seq),
             sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0,
-            shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb))
-    grid = (batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp))
+            shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb), sw.heads_first,
+            sw.skip_first)
+    grid = grid_of(batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp), sw.heads_first)
     return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0))
 
 

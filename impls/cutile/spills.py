@@ -1,12 +1,15 @@
 """Register spills of the tuned cuTile kernels, read from sm_90 machine code compiled on the CPU.
 
     python -m impls.cutile.spills [--shapes S1 S2 S3 S4] [--stages compute_out fwd_pass_state fused] [--arch sm_90]
+                                  [--set heads_per_tile=2 block_headdim=32 ...] [--switch skip_first=True ...]
 
 For each headline shape (conf/shape/) and stage, the committed tuning record of one NVIDIA H200
 (tuning/NVIDIA_H200/cutile_<stage>.json, the key the default switches give, bf16) is compiled ahead of time
 (impls/cutile/aot.py) at the shape's sizes, as the headline problem calls it (D per head, no z, no initial states,
 no sequence index), and its SASS is read: local loads and stores (LDL/STL: the spill traffic), registers per thread
-and stack bytes per thread (cuobjdump -res-usage). Printed as a table, one row per kernel.
+and stack bytes per thread (cuobjdump -res-usage). Printed as a table, one row per kernel. `--set` changes entries
+of the record's config and `--switch` the switches (default CutileSwitches()), to read a candidate arrangement's
+spills before it is measured (docs/perf-notes.md, version 8).
 """
 
 from __future__ import annotations
@@ -71,9 +74,9 @@ def count_spills(sass_text: str) -> tuple[int, int]:
 
 
 def kernel_spills(stage: str, shape_name: str, config: dict | None = None, kernel: str | None = None,
-                  dtype: str = "bfloat16", arch: str = "sm_90") -> KernelSpills:
-    """Compiles one kernel of `stage` at the shape's sizes with `config` (default: the committed record) and reads
-    its spills, registers and stack from the cubin."""
+                  dtype: str = "bfloat16", arch: str = "sm_90", switches=None) -> KernelSpills:
+    """Compiles one kernel of `stage` at the shape's sizes with `config` (default: the committed record) and
+    `switches` (default: CutileSwitches()) and reads its spills, registers and stack from the cubin."""
     from impls.cli import load_shape
     from impls.cutile.switches import CutileSwitches
 
@@ -82,7 +85,8 @@ def kernel_spills(stage: str, shape_name: str, config: dict | None = None, kerne
     s = load_shape(shape_name)
     dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
                 dstate=s.dstate, chunk=s.chunk_size)
-    call = aot.build_call(kernel, getattr(torch, dtype), CutileSwitches(), dims=dims, config=config, optional=False,
+    sw = CutileSwitches() if switches is None else switches
+    call = aot.build_call(kernel, getattr(torch, dtype), sw, dims=dims, config=config, optional=False,
                           d_mode=HEADLINE_D_MODE)
     cubin = aot.export(call, arch)
     ldl, stl = count_spills(aot.sass(cubin))
@@ -90,19 +94,38 @@ def kernel_spills(stage: str, shape_name: str, config: dict | None = None, kerne
     return KernelSpills(shape_name, stage, kernel, config, ldl, stl, usage["REG"], usage["STACK"])
 
 
-def report(shapes=HEADLINE_SHAPES, stages=STAGES, dtype: str = "bfloat16", arch: str = "sm_90"):
-    """Every kernel of `stages` at `shapes` with its committed record: KernelSpills, or the reason there is none."""
+def report(shapes=HEADLINE_SHAPES, stages=STAGES, dtype: str = "bfloat16", arch: str = "sm_90",
+           overrides: dict | None = None, switches=None):
+    """Every kernel of `stages` at `shapes` with its committed record (its config updated by `overrides`) and
+    `switches`: KernelSpills, or the reason there is none."""
     rows = []
     for shape_name in shapes:
         for stage in stages:
             try:
-                config = tuned_config(stage, shape_name, dtype)
+                config = dict(tuned_config(stage, shape_name, dtype), **(overrides or {}))
             except LookupError as exc:
                 rows.append((shape_name, stage, str(exc)))
                 continue
-            rows += [kernel_spills(stage, shape_name, config, kernel, dtype, arch)
+            rows += [kernel_spills(stage, shape_name, config, kernel, dtype, arch, switches)
                      for kernel in kernels_of(stage, config)]
     return rows
+
+
+def parse_assignments(items: list[str], where: str) -> dict:
+    """["name=value", ...] -> {name: value} with ints, True/False and strings; raises ValueError naming `where`."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"{where}: {item!r} is not name=value")
+        if value in ("True", "False"):
+            out[name] = value == "True"
+        else:
+            try:
+                out[name] = int(value)
+            except ValueError:
+                out[name] = value
+    return out
 
 
 def format_table(rows) -> str:
@@ -125,9 +148,19 @@ def main(argv=None) -> int:
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="change these entries of each record's config")
+    parser.add_argument("--switch", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="cuTile switches away from their defaults")
     args = parser.parse_args(argv)
-    rows = report(args.shapes, args.stages, args.dtype, args.arch)
-    print(f"cuTile kernels at the committed {GPU} records ({args.dtype}, {args.arch}): spills in the SASS")
+    from impls.cutile.switches import CutileSwitches
+
+    switches = CutileSwitches(**parse_assignments(args.switch, "--switch"))
+    overrides = parse_assignments(args.set, "--set")
+    rows = report(args.shapes, args.stages, args.dtype, args.arch, overrides, switches)
+    changed = ", ".join(args.set + args.switch)
+    print(f"cuTile kernels at the committed {GPU} records ({args.dtype}, {args.arch}"
+          f"{'; ' + changed if changed else ''}): spills in the SASS")
     print(format_table(rows))
     return 0
 

@@ -56,6 +56,25 @@ class CutileSwitches:
         sm90="one multiply and a cast per score element instead of a compare, select, subtract, exp2 and two "
              "multiplies",
         sm100="the same per-element saving; the scaled tiles feed tcgen05 MMAs")
+    heads_first: bool = switch(
+        False, "stage 3 program order: the head blocks of one (batch, chunk, row block) tile fastest-varying in the "
+               "program id, so that the programs resident at the same time share their C and B tiles (one group's "
+               "heads read the same ones) instead of each reading another chunk's; off: the row tiles fastest, one "
+               "head block at a time (the order before the switch)",
+        sm90="CTAs are dispatched in increasing linear block id: on, the CTAs in flight (occupancy × 132 SMs) cover "
+             "a few row tiles × all head blocks, so C_l and each B_j come from DRAM once and from L2 for the other "
+             "heads of the group; off, they cover hundreds of row tiles of one head block and the next head block "
+             "reads them again after they may have left L2",
+        sm100="the same dispatch order and L2 reuse (148 SMs); the grid's layout is all the switch changes")
+    skip_first: bool = switch(
+        False, "stage 3: the skip term D ∘ x of the tile's rows added to the accumulator before the source-block "
+               "loop (right after the off-chunk term) instead of in the epilogue, so that the D values and the "
+               "per-head indices of their loads do not live across the loop; off: in the epilogue (as before)",
+        sm90="fewer values live through the loop in the math warpgroup's registers (128 per thread at occupancy 3 "
+             "after the producer warpgroup gives registers back), so fewer of them are spilled to local memory "
+             "around it; x's row tile is read once more (before the loop; the epilogue still reads it for z)",
+        sm100="the same live ranges; the accumulator is in registers as on sm_90 (cuTile's tcgen05 lowering is "
+              "the compiler's)")
     cb_precision: str = switch(
         "tf32", "precision of the matmuls for fp32 inputs (C·Bᵀ and the others): tf32 tensor cores or full fp32; "
                 "ignored for fp16/bf16 inputs", choices=("tf32", "fp32"))
@@ -119,7 +138,7 @@ class CutileSwitches:
 FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision")
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
-                     "heads_per_tile")
+                     "heads_per_tile", "heads_first", "skip_first")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 
 
@@ -143,7 +162,7 @@ def per_head_refusal(sw: CutileSwitches, hb: int) -> str | None:
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
 CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "cb_precision",
-                 "head_mma")
+                 "head_mma", "heads_first", "skip_first")
 # fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in
 # tests/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
 # default reads the config); its ablation points are cb_mode:inline and cb_mode:shared

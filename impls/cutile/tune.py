@@ -30,12 +30,14 @@ FALLBACK = {
 }
 # heads_per_tile 2 is searched with the per-head lowering (switch head_mma, default per_head: HGMMA on sm_90); the
 # batched rank-3 MMA lowers to HMMA.16816 with spills and measured 1.19x slower than one head per tile at S1
-# (docs/perf-notes.md, versions 1 and 5). `search_space` drops the head blocks a problem or the switches cannot take.
+# (docs/perf-notes.md, versions 1 and 5). block_headdim 32: two heads per tile at occupancy 3 compile without spills in
+# the source loop there (64 spill in it; docs/perf-notes.md, version 8). `search_space` drops the head blocks a
+# problem or the switches cannot take.
 SPACE = {
     "chunk_cumsum": {"block_heads": [4, 8, 16], "occupancy": [4, 8]},
     "fwd_pass_state": {"block_headdim": [64], "block_dstate": [64, 128], "occupancy": [2, 3, 4]},
-    "compute_out": {"block_rows": [64, 128], "block_headdim": [64], "heads_per_tile": [1, 2], "occupancy": [2, 3, 4],
-                    "shared_cb": [False, True]},
+    "compute_out": {"block_rows": [64, 128], "block_headdim": [64, 32], "heads_per_tile": [1, 2],
+                    "occupancy": [2, 3, 4], "shared_cb": [False, True]},
     "fused": {"block_rows": [64], "block_headdim": [32, 64], "occupancy": [2]},
 }
 # the size switches each stage reads (a superset of its search space)
@@ -90,15 +92,18 @@ DEFAULT_HEAD_MMA = CutileSwitches().head_mma  # other lowerings search and store
 def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool = True) -> str:
     """The tuning record's key: shape, dtype, the layout/operand switches, and what else changes the winner only
     when set away from its default (so the records stored without them keep their keys): a default-on code trick
-    turned off (tma, exp2, latency_hints), decay_factor on, a lowering of several heads per tile other than the
-    default, and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search
-    with block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False:
-    the key without the tricks turned off, whose record impls/tuning.py borrows when the tricks' own key has none."""
+    turned off (tma, exp2, latency_hints) or compute_out's heads_first or skip_first on (borrowing like those),
+    decay_factor on, a lowering of several heads per tile other than the default, and everything `explicit` fixes by
+    hand: size switches and compute_out's C·Bᵀ arrangement (a search with block_rows 32 or cb_mode inline fixed must
+    not replace the record of the full search). code_tricks=False: the key without the tricks turned off (and
+    without heads_first, skip_first), whose record impls/tuning.py borrows when the tricks' own key has none."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
     if code_tricks:
         extra.update({k: False for k in CODE_TRICKS if not getattr(sw, k)})
     if stage == "compute_out" and sw.decay_factor:
         extra["decay_factor"] = True
+    if code_tricks and stage == "compute_out":  # arrangements that borrow the tiles of the key without them
+        extra.update({k: True for k in ("heads_first", "skip_first") if getattr(sw, k)})
     if stage == "compute_out" and sw.head_mma != DEFAULT_HEAD_MMA and sw.heads_per_tile != 1:  # 1: the same kernel
         extra["head_mma"] = sw.head_mma
     extra.update(explicit(stage, sw))

@@ -96,7 +96,7 @@ def variants(dtype: str, all_variants: bool):
                        dict(CHUNK=256, BLOCK_M=c["block_rows"], BLOCK_K=c["block_positions"],
                             BLOCK_P=c["block_headdim"], BLOCK_DSTATE=dstate, HAS_D=feature, HAS_Z=feature,
                             HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precision, SHARED_CB=feature,
-                            DECAY_FACTOR=feature, TMA=tma, ST_N_CONTIG=not swap, HB=hb),
+                            DECAY_FACTOR=feature, TMA=tma, ST_N_CONTIG=not swap, HB=hb, HEADS_FIRST=False),
                        c["num_warps"], c["num_stages"])
             c = fallback("sm90", FUSED, dims, itemsize, {})
             yield ("fused_state_out", fused_kernel,

@@ -47,6 +47,9 @@ class TritonBackend(Backend):
         if self.switches.fuse_state_out and self.switches.cb_mode == "shared":
             raise ValueError("switch fuse_state_out of backend 'triton': the fused kernel computes C·Bᵀ inline; "
                              "cb_mode='shared' would add a launch before it (use cb_mode='inline')")
+        if self.switches.fuse_state_out and self.switches.heads_first:
+            raise ValueError("switch fuse_state_out of backend 'triton': the fused kernel does not read heads_first "
+                             "(compute_out's program order); turn one of them off")
         self._resolved: dict[tuple[str, str], tune.Resolved] = {}
         self.last_tuning: dict[str, dict[str, Any]] = {}
 

@@ -402,6 +402,15 @@ def program_bases(C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, cb_ptr, seq_ptr, 
 
 
 @triton.jit
+def heads_first_pid(pid, tiles, head_blocks):
+    """The program id in the default order (`program_coords`: tile fastest, then head block) of the program
+    `pid` of the heads-first order (head block fastest, then tile; chunk and batch slowest in both)."""
+    hb = pid % head_blocks
+    tile = (pid // head_blocks) % tiles
+    return (pid - pid % (tiles * head_blocks)) + hb * tiles + tile
+
+
+@triton.jit
 def compute_out_kernel(
     C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr,
     batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
@@ -421,12 +430,15 @@ def compute_out_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SEQ: tl.constexpr,
     SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr,
     DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, ST_N_CONTIG: tl.constexpr, HB: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
     # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head block (HB heads of one
-    # group: h and, with HB = 2, h + 1), chunk, batch
+    # group: h and, with HB = 2, h + 1), chunk, batch; HEADS_FIRST (switch heads_first): the head block fastest
     pid = tl.program_id(0)
     tiles_p = tl.cdiv(headdim, BLOCK_P)
     tiles = tiles_p * (CHUNK // BLOCK_M)
+    if HEADS_FIRST:
+        pid = heads_first_pid(pid, tiles, nheads // HB)
     tile, h, c, b32, b = program_coords(pid, tiles, nheads, nchunks, HB)
     g = h // heads_per_group
     m0 = (tile // tiles_p) * BLOCK_M
@@ -530,6 +542,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
+        HEADS_FIRST=switches.heads_first,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
     )
     return y

@@ -53,6 +53,15 @@ class TritonSwitches:
                "exp(dA_ref - dA_k), dA_ref at the row tile's first row (impls/README.md): the source factor times dt "
                "scales the C·Bᵀ tile's columns, the row factor the tiles' sum — no causal mask and no exp per "
                "(row, source) pair there; off by default, as cuTile's (docs/perf-notes.md: Switch defaults)")
+    heads_first: bool = switch(
+        False, "compute_out program order: the head blocks of one (batch, chunk, row tile, headdim tile) fastest in "
+               "the flat program id, so that the programs in flight together read the same C and B tiles (one group's "
+               "heads share them); off: the (row, headdim) tiles fastest, then the head blocks (the order before the "
+               "switch)",
+        sm90="programs are dispatched in increasing program id: on, consecutive programs read one C tile and the "
+             "same B tiles, from DRAM once and from L2 after; off, consecutive programs read the other row tiles "
+             "of the chunk (their own C tile) and the heads come a chunk's row tiles apart",
+        sm100="the same dispatch order and L2 reuse; the flat grid's order is all the switch changes")
     tma: bool = switch(
         False, "tensor-descriptor loads and stores (tl.make_tensor_descriptor) for the MMA stages' tiles: x and B in "
                "chunk_state (and its fp32 scratch store), C, B, x and the states in compute_out (and the y store), "
@@ -109,4 +118,4 @@ def code_switches(switches: TritonSwitches) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(switches).items()
             if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
             # in the key only when on: records found without them keep their keys
-            or (k in ("decay_factor", "tma", "fuse_state_out") and v)}
+            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first") and v)}

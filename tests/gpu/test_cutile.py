@@ -26,7 +26,11 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # (cb_mode shared) and inside the main kernel (inline); the factored decay (decay_factor) alone, with the swap, with
 # the shared C·Bᵀ, with 32-row blocks (8 blocks per chunk of 256: 7 factored source blocks for the last) and all off;
 # heads per tile lowered per head (head_mma per_head: one 2-D MMA chain per head, C·Bᵀ shared) with 2 heads, with the
-# factored decay, the shared C·Bᵀ, all off, and with 4 heads (on the cases whose groups hold a multiple of 4 heads)
+# factored decay, the shared C·Bᵀ, all off, and with 4 heads (on the cases whose groups hold a multiple of 4 heads);
+# the heads-first program order (heads_first) alone, with 2 heads per tile, with all off and the shared C·Bᵀ, and
+# with small row and headdim blocks (several of each per chunk and head); the skip term before the source loop
+# (skip_first) alone, with the swap (transposed accumulator), with 2 heads per tile and 32 headdim columns (the
+# arrangement without spills in the loop at occupancy 3), with the factored decay and all off, with heads_first
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
@@ -41,15 +45,24 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "decay_factor-all-off": {**OFF, "decay_factor": True},
             "heads2-per_head": dict(PER_HEAD), "heads2-per_head-decay_factor": {**PER_HEAD, "decay_factor": True},
             "heads2-per_head-cb-shared": {**PER_HEAD, "cb_mode": "shared"},
-            "heads2-per_head-all-off": {**OFF, **PER_HEAD}, "heads4-per_head": {**PER_HEAD, "heads_per_tile": 4}}
+            "heads2-per_head-all-off": {**OFF, **PER_HEAD}, "heads4-per_head": {**PER_HEAD, "heads_per_tile": 4},
+            "heads_first": {"heads_first": True}, "heads_first-heads2-per_head": {**PER_HEAD, "heads_first": True},
+            "heads_first-cb-shared-all-off": {**OFF, "cb_mode": "shared", "heads_first": True},
+            "heads_first-rows32-headdim32": {"heads_first": True, "block_rows": 32, "block_headdim": 32},
+            "skip_first": {"skip_first": True}, "skip_first-swap": {"skip_first": True, "operand_swap": True},
+            "skip_first-heads2-per_head-headdim32": {**PER_HEAD, "skip_first": True, "block_headdim": 32},
+            "skip_first-decay_factor-all-off": {**OFF, "decay_factor": True, "skip_first": True},
+            "skip_first-heads_first-heads2-batched": {"skip_first": True, "heads_first": True, "heads_per_tile": 2,
+                                                      "head_mma": "batched"}}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
-FP32_VARIANTS = ("heads2-per_head",)
+FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first")
 
 
 def _skip(case: str, variant: str) -> bool:
     """The big shape: a few variants only (its float64 reference is heavy); heads_per_tile must divide the heads
     of a group."""
-    if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head"):
+    if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head",
+                                        "heads_first-heads2-per_head", "skip_first-heads2-per_head-headdim32"):
         return True
     shape = CASES[case].shape
     return (shape.nheads // shape.ngroups) % VARIANTS[variant].get("heads_per_tile", 1) != 0
