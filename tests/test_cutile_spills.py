@@ -58,3 +58,11 @@ def test_a_shared_cb_record_reports_the_cb_kernel_too():
     assert spills.kernels_of("compute_out", {"shared_cb": True}) == ("compute_out", "compute_out_cb")
     assert spills.kernels_of("compute_out", {"shared_cb": False}) == ("compute_out",)
     assert spills.kernels_of("fused", {}) == ("fused",)
+
+
+def test_chunk_parallel_stage_2_kernels_do_not_spill_at_s1():
+    """state_pass='chunk_parallel': the local-state kernel and the pass kernel at the S1 record's tiles (the default
+    arrangement's: no record of their own yet) compile without local-memory traffic (cuda-tile 1.7, sm_90)."""
+    rows = spills.report(["S1"], ["fwd_pass_state"], state_pass="chunk_parallel")
+    assert [row.kernel for row in rows] == ["fwd_pass_state_local", "fwd_pass_state_pass"]
+    assert all((row.ldl, row.stl, row.stack_bytes) == (0, 0, 0) for row in rows), spills.format_table(rows)

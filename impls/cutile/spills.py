@@ -1,6 +1,7 @@
 """Register spills of the tuned cuTile kernels, read from sm_90 machine code compiled on the CPU.
 
     python -m impls.cutile.spills [--shapes S1 S2 S3 S4] [--stages compute_out fwd_pass_state fused] [--arch sm_90]
+                                  [--state-pass chunk_parallel]
 
 For each headline shape (conf/shape/) and stage, the committed tuning record of one NVIDIA H200
 (tuning/NVIDIA_H200/cutile_<stage>.json, the key the default switches give, bf16) is compiled ahead of time
@@ -57,10 +58,13 @@ def tuned_config(stage: str, shape_name: str, dtype: str = "bfloat16") -> dict:
     return dict(record["config"])
 
 
-def kernels_of(stage: str, config: dict) -> tuple[str, ...]:
-    """The kernels one stage launches under `config` (aot.KERNELS names)."""
+def kernels_of(stage: str, config: dict, state_pass: str = "serial") -> tuple[str, ...]:
+    """The kernels one stage launches under `config` and stage 2's arrangement `state_pass` (aot.KERNELS and
+    aot.STATE_PASS_KERNELS names)."""
     if stage == "compute_out" and config.get("shared_cb"):
         return ("compute_out", "compute_out_cb")
+    if stage == "fwd_pass_state" and state_pass == "chunk_parallel":
+        return aot.STATE_PASS_KERNELS
     return (stage,)
 
 
@@ -90,8 +94,10 @@ def kernel_spills(stage: str, shape_name: str, config: dict | None = None, kerne
     return KernelSpills(shape_name, stage, kernel, config, ldl, stl, usage["REG"], usage["STACK"])
 
 
-def report(shapes=HEADLINE_SHAPES, stages=STAGES, dtype: str = "bfloat16", arch: str = "sm_90"):
-    """Every kernel of `stages` at `shapes` with its committed record: KernelSpills, or the reason there is none."""
+def report(shapes=HEADLINE_SHAPES, stages=STAGES, dtype: str = "bfloat16", arch: str = "sm_90",
+           state_pass: str = "serial"):
+    """Every kernel of `stages` at `shapes` with its committed record: KernelSpills, or the reason there is none.
+    state_pass='chunk_parallel' compiles stage 2's two kernels at the tiles of the default arrangement's record."""
     rows = []
     for shape_name in shapes:
         for stage in stages:
@@ -101,21 +107,21 @@ def report(shapes=HEADLINE_SHAPES, stages=STAGES, dtype: str = "bfloat16", arch:
                 rows.append((shape_name, stage, str(exc)))
                 continue
             rows += [kernel_spills(stage, shape_name, config, kernel, dtype, arch)
-                     for kernel in kernels_of(stage, config)]
+                     for kernel in kernels_of(stage, config, state_pass)]
     return rows
 
 
 def format_table(rows) -> str:
-    lines = [f"{'shape':5} {'kernel':15} {'LDL':>4} {'STL':>4} {'regs':>4} {'stack B':>7}  config",
+    lines = [f"{'shape':5} {'kernel':20} {'LDL':>4} {'STL':>4} {'regs':>4} {'stack B':>7}  config",
              "-" * 100]
     for row in rows:
         if isinstance(row, KernelSpills):
             config = ", ".join(f"{k}={v}" for k, v in sorted(row.config.items()))
-            lines.append(f"{row.shape:5} {row.kernel:15} {row.ldl:4d} {row.stl:4d} {row.registers:4d} "
+            lines.append(f"{row.shape:5} {row.kernel:20} {row.ldl:4d} {row.stl:4d} {row.registers:4d} "
                          f"{row.stack_bytes:7d}  {config}")
         else:
             shape_name, stage, reason = row
-            lines.append(f"{shape_name:5} {stage:15} {reason}")
+            lines.append(f"{shape_name:5} {stage:20} {reason}")
     return "\n".join(lines)
 
 
@@ -125,8 +131,10 @@ def main(argv=None) -> int:
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--state-pass", default="serial", choices=("serial", "chunk_parallel"),
+                        help="stage 2's arrangement (switch state_pass)")
     args = parser.parse_args(argv)
-    rows = report(args.shapes, args.stages, args.dtype, args.arch)
+    rows = report(args.shapes, args.stages, args.dtype, args.arch, args.state_pass)
     print(f"cuTile kernels at the committed {GPU} records ({args.dtype}, {args.arch}): spills in the SASS")
     print(format_table(rows))
     return 0

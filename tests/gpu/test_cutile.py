@@ -26,7 +26,8 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # (cb_mode shared) and inside the main kernel (inline); the factored decay (decay_factor) alone, with the swap, with
 # the shared C·Bᵀ, with 32-row blocks (8 blocks per chunk of 256: 7 factored source blocks for the last) and all off;
 # heads per tile lowered per head (head_mma per_head: one 2-D MMA chain per head, C·Bᵀ shared) with 2 heads, with the
-# factored decay, the shared C·Bᵀ, all off, and with 4 heads (on the cases whose groups hold a multiple of 4 heads)
+# factored decay, the shared C·Bᵀ, all off, and with 4 heads (on the cases whose groups hold a multiple of 4 heads);
+# stage 2 chunk-parallel (state_pass: local states at once, then the pass across chunks), with the swap and all off
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
@@ -41,7 +42,10 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "decay_factor-all-off": {**OFF, "decay_factor": True},
             "heads2-per_head": dict(PER_HEAD), "heads2-per_head-decay_factor": {**PER_HEAD, "decay_factor": True},
             "heads2-per_head-cb-shared": {**PER_HEAD, "cb_mode": "shared"},
-            "heads2-per_head-all-off": {**OFF, **PER_HEAD}, "heads4-per_head": {**PER_HEAD, "heads_per_tile": 4}}
+            "heads2-per_head-all-off": {**OFF, **PER_HEAD}, "heads4-per_head": {**PER_HEAD, "heads_per_tile": 4},
+            "state_pass-chunk_parallel": {"state_pass": "chunk_parallel"},
+            "state_pass-chunk_parallel-swap": {"state_pass": "chunk_parallel", "operand_swap": True},
+            "state_pass-chunk_parallel-all-off": {"state_pass": "chunk_parallel", **OFF}}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
 FP32_VARIANTS = ("heads2-per_head",)
 
@@ -49,7 +53,8 @@ FP32_VARIANTS = ("heads2-per_head",)
 def _skip(case: str, variant: str) -> bool:
     """The big shape: a few variants only (its float64 reference is heavy); heads_per_tile must divide the heads
     of a group."""
-    if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head"):
+    if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head",
+                                        "state_pass-chunk_parallel"):
         return True
     shape = CASES[case].shape
     return (shape.nheads // shape.ngroups) % VARIANTS[variant].get("heads_per_tile", 1) != 0
