@@ -103,6 +103,16 @@ def program_coords(pid, tiles, nheads, nchunks, HB: tl.constexpr):
 
 
 @triton.jit
+def tile_coords(tile, tiles_n, headdim, dstate, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(p0, n0, offs_p, offs_n, mask_p, mask_n) of state tile number `tile` (dstate tiles fastest)."""
+    p0 = (tile // tiles_n) * BLOCK_P
+    n0 = (tile % tiles_n) * BLOCK_N
+    offs_p = p0 + tl.arange(0, BLOCK_P)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    return p0, n0, offs_p, offs_n, offs_p < headdim, offs_n < dstate
+
+
+@triton.jit
 def chunk_state_kernel(
     x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, out_ptr,
     batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
@@ -122,12 +132,7 @@ def chunk_state_kernel(
     tiles = tl.cdiv(headdim, BLOCK_P) * tiles_n
     tile, h, c, b32, b = program_coords(pid, tiles, nheads, nchunks, 1)
     g = h // heads_per_group
-    p0 = (tile // tiles_n) * BLOCK_P
-    n0 = (tile % tiles_n) * BLOCK_N
-    offs_p = p0 + tl.arange(0, BLOCK_P)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    mask_p = offs_p < headdim
-    mask_n = offs_n < dstate
+    p0, n0, offs_p, offs_n, mask_p, mask_n = tile_coords(tile, tiles_n, headdim, dstate, BLOCK_P, BLOCK_N)
     start = c * CHUNK
     chunk_len = tl.minimum(CHUNK, seqlen - start)
     # 64-bit base offsets: batch·stride and position·stride pass 2^31 at a million tokens
@@ -259,20 +264,11 @@ def serial_state_kernel(
     """state_pass='serial': one program per (headdim tile, dstate tile, head, batch) walks the chunks, writing the
     state entering each chunk (state_dtype) and carrying S <- exp(dA_last)·S + local_state in registers; the final
     state (fp32) at the end. The chunk-local states never reach memory."""
-    pid = tl.program_id(0)
     tiles_n = tl.cdiv(dstate, BLOCK_N)
-    tiles = tl.cdiv(headdim, BLOCK_P) * tiles_n
-    tile = pid % tiles
-    h = (pid // tiles) % nheads
-    b32 = pid // (tiles * nheads)
-    b = b32.to(tl.int64)
+    # tile fastest, then head, then batch (program_coords with one chunk)
+    tile, h, _, b32, b = program_coords(tl.program_id(0), tl.cdiv(headdim, BLOCK_P) * tiles_n, nheads, 1, 1)
     g = h // heads_per_group
-    p0 = (tile // tiles_n) * BLOCK_P
-    n0 = (tile % tiles_n) * BLOCK_N
-    offs_p = p0 + tl.arange(0, BLOCK_P)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    mask_p = offs_p < headdim
-    mask_n = offs_n < dstate
+    p0, n0, offs_p, offs_n, mask_p, mask_n = tile_coords(tile, tiles_n, headdim, dstate, BLOCK_P, BLOCK_N)
     if TMA:
         x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
         B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_N)
