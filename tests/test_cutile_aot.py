@@ -346,3 +346,11 @@ def test_state_pass_switch():
     assert fwd_pass_state.pass_tile(64, 128, True) == (16, 64, 128)
     assert fwd_pass_state.pass_tile(64, 128, False) == (8, 128, 64)
     assert fwd_pass_state.pass_tile(80, 48, True) == (8, 128, 48)
+
+
+@pytest.mark.parametrize("kernel", STATE_PASS_KERNELS)
+def test_state_pass_kernels_int64_build(kernel):
+    """Past 2^31 elements (the fp32 scratch at 2^20 tokens × 80 heads holds 2.7·10^9) the int64-indexed build."""
+    sw = dataclasses.replace(DEFAULTS, state_pass="chunk_parallel")
+    wide = build_call(kernel, torch.bfloat16, sw, wide=True)
+    assert wide.wide and facts(sass(export(wide, "sm_90")))["instructions"] > 100
