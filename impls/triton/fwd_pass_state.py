@@ -1,6 +1,6 @@
 """Stage 2, Triton: each chunk's own state (one tiled MMA per chunk), then the states carried across chunks.
 
-Two kernels:
+Two kernels (switch state_pass="chunk_parallel", the default):
 - `chunk_state_kernel`: one program per (headdim tile, dstate tile, head, chunk, batch) accumulates
   sum_t exp(dA_cs[last] − dA_cs[t])·dt_t·x_t B_tᵀ over the chunk in steps of BLOCK_K positions with tl.dot,
   counting only the tokens of the sequence active at the chunk's last token. It writes an fp32 scratch tensor
@@ -14,6 +14,8 @@ the logical (b, c, h, headdim, dstate) as a transposed view; `operand_swap` comp
 Bᵀ·(dt-weighted x) (dstate on the MMA's M) instead of (dt-weighted x)ᵀ·B; `exp2` computes the decays with exp2;
 `tma` reads x and B and writes the scratch through tensor descriptors (impls/triton/descriptors.py). The chunk
 sum itself is `local_state`, which the fused kernel (impls/triton/fused.py) calls too.
+Switch `state_pass='serial'` replaces both by `serial_state_kernel`: one program per (headdim tile, dstate tile,
+head, batch) walks the chunks, `local_state` per chunk in registers, no scratch (chunk_state's launch fields).
 The kernels address every tensor through its strides, so any layout of the inputs (and of states) works.
 """
 
@@ -396,6 +398,10 @@ def serial_states(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, *, 
 
 def fwd_pass_state(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, *, configs, switches, empty,
                    dot_precision):
+    if switches.state_pass == "serial":
+        return serial_states(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype or x.dtype,
+                             config=configs["chunk_state"], switches=switches, empty=empty,
+                             dot_precision=dot_precision)
     local = chunk_states(B, x, dt, dA_cumsum, seq_idx, config=configs["chunk_state"], switches=switches,
                          empty=empty, dot_precision=dot_precision)
     return pass_states(local, dA_cumsum, initial_states, seq_idx, x.shape[1], state_dtype or x.dtype,
