@@ -21,7 +21,17 @@ import torch
 
 pytest.importorskip("cuda.tile")
 
-from impls.cutile.aot import AOT_DIMS, STAGES, build_call, cuobjdump_path, export, facts, normalized, sass  # noqa: E402
+from impls.cutile.aot import (  # noqa: E402
+    AOT_DIMS,
+    STAGES,
+    STATE_PASS_KERNELS,
+    build_call,
+    cuobjdump_path,
+    export,
+    facts,
+    normalized,
+    sass,
+)
 from impls.cutile.switch_effects import OFF_VALUE, off  # noqa: E402
 from impls.cutile.switch_effects import PATH as EFFECTS_PATH
 from impls.cutile.switches import CODE_SWITCHES, CutileSwitches  # noqa: E402
@@ -321,3 +331,48 @@ def test_cb_mode_switch(mode, config, expect):
     assert compute_out.shared_cb(sw, config) is expect
     if mode != "tuned":
         assert tune.explicit("compute_out", sw) == {"shared_cb": mode == "shared"}
+
+
+# --- stage 2 chunk-parallel (switch state_pass) -------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,switches,arch", [
+    pytest.param("bfloat16", {}, "sm_90", id="bf16-defaults-sm90"),
+    pytest.param("bfloat16", {"transposed_layout": False, "operand_swap": True}, "sm_90", id="bf16-swap-rowmajor-sm90"),
+    pytest.param("float16", {"tma": False, "exp2": False, "latency_hints": False}, "sm_90", id="fp16-no-tricks-sm90"),
+    pytest.param("float32", {}, "sm_90", id="fp32-tf32-sm90"),
+    pytest.param("bfloat16", {}, "sm_100", id="bf16-defaults-sm100", marks=pytest.mark.slow),
+])
+def test_state_pass_kernels_compile(dtype, switches, arch):
+    """The local-state kernel does the chunk's MMA on the tensor cores; the pass kernel has no MMA (one FMA per
+    state element per chunk)."""
+    sw = dataclasses.replace(DEFAULTS, state_pass="chunk_parallel", **switches)
+    local_kernel, pass_kernel = (facts(sass(export(build_call(k, getattr(torch, dtype), sw), arch)))
+                                 for k in STATE_PASS_KERNELS)
+    mma = "HGMMA" if arch == "sm_90" else "UTCMMA"
+    assert local_kernel[mma] > 0, local_kernel
+    assert pass_kernel["HGMMA"] == pass_kernel["UTCMMA"] == 0 and pass_kernel["instructions"] > 100, pass_kernel
+
+
+def test_state_pass_switch():
+    from impls.cutile import CutileBackend, fwd_pass_state, tune
+
+    with pytest.raises(ValueError, match="state_pass"):
+        CutileBackend(state_pass="two_level")
+    with pytest.raises(ValueError, match="state_pass"):
+        CutileSwitches(fuse_state_out=True, state_pass="chunk_parallel")
+    parallel = dataclasses.replace(DEFAULTS, state_pass="chunk_parallel")
+    assert "state_pass" in tune.record_key("fwd_pass_state", parallel, "S", "bfloat16")
+    assert tune.record_key("fwd_pass_state", DEFAULTS, "S", "bfloat16") == tune.record_key(
+        "fwd_pass_state", dataclasses.replace(DEFAULTS, state_pass="serial"), "S", "bfloat16")
+    assert "state_pass" not in tune.record_key("compute_out", parallel, "S", "bfloat16")
+    # the pass kernel's tile: (rows, the whole contiguous dimension) in the states' memory order, 1024 elements
+    assert fwd_pass_state.pass_tile(64, 128, True) == (16, 64, 128)
+    assert fwd_pass_state.pass_tile(64, 128, False) == (8, 128, 64)
+    assert fwd_pass_state.pass_tile(80, 48, True) == (8, 128, 48)
+
+
+@pytest.mark.parametrize("kernel", STATE_PASS_KERNELS)
+def test_state_pass_kernels_int64_build(kernel):
+    """Past 2^31 elements (the fp32 scratch at 2^20 tokens × 80 heads holds 2.7·10^9) the int64-indexed build."""
+    sw = dataclasses.replace(DEFAULTS, state_pass="chunk_parallel")
+    wide = build_call(kernel, torch.bfloat16, sw, wide=True)
+    assert wide.wide and facts(sass(export(wide, "sm_90")))["instructions"] > 100

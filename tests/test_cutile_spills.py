@@ -74,3 +74,13 @@ def test_report_compiles_a_candidate_config_and_switches():
                            switches=CutileSwitches(skip_first=True))
     assert row.config == dict(spills.tuned_config("compute_out", "S1"), block_headdim=32)
     assert row.registers > 0 and row.ldl >= 0 and row.stl >= 0
+
+
+def test_chunk_parallel_stage_2_kernels_do_not_spill_at_s1():
+    """state_pass='chunk_parallel': the local-state kernel and the pass kernel at the S1 record's tiles (the default
+    arrangement's: no record of their own yet) compile without local-memory traffic (cuda-tile 1.7, sm_90)."""
+    from impls.cutile.switches import CutileSwitches
+
+    rows = spills.report(["S1"], ["fwd_pass_state"], switches=CutileSwitches(state_pass="chunk_parallel"))
+    assert [row.kernel for row in rows] == ["fwd_pass_state_local", "fwd_pass_state_pass"]
+    assert all((row.ldl, row.stl, row.stack_bytes) == (0, 0, 0) for row in rows), spills.format_table(rows)

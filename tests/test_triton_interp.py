@@ -291,6 +291,39 @@ def test_fuse_state_out_refuses_shared_cb():
         get_backend("triton", fuse_state_out=True, cb_mode="shared")
 
 
+# --- stage 2's arrangement (switch state_pass; the default chunk_parallel runs everywhere above) ------------------
+STATE_PASS_CASES = [
+    pytest.param({}, RICH, id="rich-swap-transposed"),  # seq_idx 3 sequences, initial states, partial last chunk
+    pytest.param({"operand_swap": False, "transposed_layout": False, "exp2": False}, RICH, id="rich-all-off"),
+    pytest.param({"block_headdim": 16, "block_dstate": 16, "operand_swap": False},
+                 Problem(Shape(2, 150, 2, 24, 1, 40, 32), has_initial_states=True, state_dtype="float32"),
+                 id="b2-p24-n40-tiles-fp32-states"),
+    pytest.param({}, Problem(SMALL, varlen=True, nseqs=3), id="cu_seqlens-3-seqs"),
+    pytest.param({"tma": True}, Problem(Shape(1, 100, 2, 32, 1, 32, 64), nseqs=2, has_initial_states=True),
+                 id="tma-seq_idx-initial"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("switches,problem", STATE_PASS_CASES)
+def test_state_pass_serial(switches, problem, dtype):
+    """state_pass='serial' (one kernel walking the chunks): each stage and the forward against the float64
+    reference; its launch is resolved as chunk_state's fields under a key of its own."""
+    backend = get_backend("triton", state_pass="serial", **switches)
+    inputs = make_inputs(problem, seed=12, dtype=dtype)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, dtype), errors
+    stages = backend.describe()["stages"]
+    assert "state_passing" not in stages and "state_pass" in stages["chunk_state"]["key"], stages
+
+
+def test_state_pass_refusals():
+    with pytest.raises(ValueError, match="state_pass"):
+        get_backend("triton", state_pass="two_level")
+    with pytest.raises(ValueError, match="state_pass.*fuse_state_out"):
+        get_backend("triton", fuse_state_out=True, state_pass="serial")
+
+
 HEADS_PER_TILE_CASES = [
     pytest.param({}, RICH, id="rich-swap"),  # 2 heads per group: one program per group's pair
     pytest.param({"operand_swap": False, "transposed_layout": False, "exp2": False}, RICH, id="rich-all-off"),
@@ -507,9 +540,10 @@ def test_kernels_compile_for_sm90():
     interpreter accepts programs the compiler rejects, so this is the CPU suite's guard on the compiled path."""
     result = _aot("--arch", "90", "--dtype", "bfloat16")
     assert result.returncode == 0, result.stdout + result.stderr
-    # defaults and all-off (6 kernels each, the fused one included), and at the defaults chunk_state, compute_out
-    # (dstate 128, 256) and the fused kernel again with tensor descriptors, whose PTX must have bulk tensor copies
-    assert result.stdout.count("ok  ") == 20, result.stdout  # and compute_out with 2 heads per program (x2)
+    # defaults and all-off (7 kernels each, the fused one and state_pass's serial one included), and at the
+    # defaults chunk_state, compute_out (dstate 128, 256) and the fused kernel again with tensor descriptors, whose
+    # PTX must have bulk tensor copies
+    assert result.stdout.count("ok  ") == 22, result.stdout  # and compute_out with 2 heads per program (x2)
     assert result.stdout.count("bulk_tensor_copies=yes") == 4, result.stdout
 
 

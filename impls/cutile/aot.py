@@ -28,6 +28,8 @@ from impls.cutile.common import ArraySpec, KernelCall, ct_dtype
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
 # compute_out_cb: stage 3's C·Bᵀ kernel, launched when shared_cb; fused: stages 2 and 3 in one (fuse_state_out)
 KERNELS = (*STAGES, "compute_out_cb", "fused")
+# stage 2 with state_pass='chunk_parallel': the local states, then the pass across chunks (not in the SASS fixture)
+STATE_PASS_KERNELS = ("fwd_pass_state_local", "fwd_pass_state_pass")
 # A small problem with every optional piece present: the shape does not enter the code (all sizes are runtime
 # values), only the tile sizes derived from it do.
 AOT_DIMS = dict(batch=2, seqlen=512, nheads=8, headdim=64, ngroups=2, dstate=128, chunk=128)
@@ -104,6 +106,16 @@ def build_call(stage: str, dtype: torch.dtype, switches, dims: dict | None = Non
         arrays = (spec(dtype, 4), spec(dtype, 4), spec(f32, 4), spec(f32, 4), spec(f32, 4),
                   spec(i32, 2), spec(dtype, 5), spec(f32, 4))
         return mod.make_call(arrays, dims6, d["chunk"], optional, optional, tf32, switches, config)
+    if stage == "fwd_pass_state_local":
+        from impls.cutile import fwd_pass_state as mod
+
+        arrays = (spec(dtype, 4), spec(dtype, 4), spec(f32, 4), spec(f32, 4), spec(i32, 2), spec(f32, 5))
+        return mod.make_local_call(arrays, dims6, d["chunk"], optional, tf32, switches, config)
+    if stage == "fwd_pass_state_pass":
+        from impls.cutile import fwd_pass_state as mod
+
+        arrays = (spec(f32, 5), spec(f32, 4), spec(f32, 4), spec(i32, 2), spec(dtype, 5), spec(f32, 4))
+        return mod.make_pass_call(arrays, dims6, d["chunk"], optional, optional, switches)
     if stage == "compute_out":
         from impls.cutile import compute_out as mod
 
@@ -121,7 +133,7 @@ def build_call(stage: str, dtype: torch.dtype, switches, dims: dict | None = Non
         arrays = (spec(dtype, 4), spec(dtype, 4), spec(dtype, 4), spec(f32, 4), spec(f32, 4), spec(f32, 4),
                   d_spec, spec(dtype, 4), spec(dtype, 4), spec(f32, 4))
         return mod.make_call(arrays, dims6, d["chunk"], optional, d_mode, optional, tf32, switches, config)
-    raise ValueError(f"stage: expected one of {KERNELS}, got {stage!r}")
+    raise ValueError(f"stage: expected one of {KERNELS + STATE_PASS_KERNELS}, got {stage!r}")
 
 
 # --- SASS ------------------------------------------------------------------------------------------------------
@@ -211,7 +223,7 @@ def main(argv=None) -> int:  # pragma: no cover - a convenience for looking at o
     from impls.cutile.switches import CutileSwitches
 
     p = argparse.ArgumentParser(description="AOT-compile one cuTile stage and print its SASS facts")
-    p.add_argument("stage", choices=KERNELS)
+    p.add_argument("stage", choices=KERNELS + STATE_PASS_KERNELS)
     p.add_argument("--config", default="{}", help="JSON tile config, e.g. '{\"shared_cb\": true}'")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--arch", default="sm_90")

@@ -118,7 +118,15 @@ class CutileBackend(Backend):
                                  (batch, seqlen, nheads, headdim, B.shape[2], B.shape[3]), dt.shape[-1],
                                  initial_states is not None, seq_idx is not None, self._tf32(x), self.switches, cfg)
 
-        cfg = self._config("fwd_pass_state", label, x.dtype, x.device, make)
+        def make_local(cfg):  # state_pass chunk_parallel: the search times the local-state kernel
+            return mod.local_call(B, x, dt, dA_cumsum, seq_idx, self._tf32(x), self.switches, cfg)
+
+        def run(cfg):  # the whole stage (both kernels), for the search's confirmation
+            return mod.run(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, self.switches, cfg)
+
+        parallel = self.switches.state_pass == "chunk_parallel"
+        cfg = self._config("fwd_pass_state", label, x.dtype, x.device, make_local if parallel else make,
+                           run_config=run if parallel else None)
         return mod.run(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, self.switches, cfg)
 
     def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):

@@ -60,10 +60,13 @@ def tuned_config(stage: str, shape_name: str, dtype: str = "bfloat16") -> dict:
     return dict(record["config"])
 
 
-def kernels_of(stage: str, config: dict) -> tuple[str, ...]:
-    """The kernels one stage launches under `config` (aot.KERNELS names)."""
+def kernels_of(stage: str, config: dict, state_pass: str = "serial") -> tuple[str, ...]:
+    """The kernels one stage launches under `config` and stage 2's arrangement `state_pass` (aot.KERNELS and
+    aot.STATE_PASS_KERNELS names)."""
     if stage == "compute_out" and config.get("shared_cb"):
         return ("compute_out", "compute_out_cb")
+    if stage == "fwd_pass_state" and state_pass == "chunk_parallel":
+        return aot.STATE_PASS_KERNELS
     return (stage,)
 
 
@@ -97,7 +100,9 @@ def kernel_spills(stage: str, shape_name: str, config: dict | None = None, kerne
 def report(shapes=HEADLINE_SHAPES, stages=STAGES, dtype: str = "bfloat16", arch: str = "sm_90",
            overrides: dict | None = None, switches=None):
     """Every kernel of `stages` at `shapes` with its committed record (its config updated by `overrides`) and
-    `switches`: KernelSpills, or the reason there is none."""
+    `switches`: KernelSpills, or the reason there is none. With state_pass='chunk_parallel' stage 2's two kernels
+    are compiled at the tiles of the default arrangement's record."""
+    state_pass = getattr(switches, "state_pass", "serial")
     rows = []
     for shape_name in shapes:
         for stage in stages:
@@ -107,7 +112,7 @@ def report(shapes=HEADLINE_SHAPES, stages=STAGES, dtype: str = "bfloat16", arch:
                 rows.append((shape_name, stage, str(exc)))
                 continue
             rows += [kernel_spills(stage, shape_name, config, kernel, dtype, arch, switches)
-                     for kernel in kernels_of(stage, config)]
+                     for kernel in kernels_of(stage, config, state_pass)]
     return rows
 
 
@@ -129,16 +134,16 @@ def parse_assignments(items: list[str], where: str) -> dict:
 
 
 def format_table(rows) -> str:
-    lines = [f"{'shape':5} {'kernel':15} {'LDL':>4} {'STL':>4} {'regs':>4} {'stack B':>7}  config",
+    lines = [f"{'shape':5} {'kernel':20} {'LDL':>4} {'STL':>4} {'regs':>4} {'stack B':>7}  config",
              "-" * 100]
     for row in rows:
         if isinstance(row, KernelSpills):
             config = ", ".join(f"{k}={v}" for k, v in sorted(row.config.items()))
-            lines.append(f"{row.shape:5} {row.kernel:15} {row.ldl:4d} {row.stl:4d} {row.registers:4d} "
+            lines.append(f"{row.shape:5} {row.kernel:20} {row.ldl:4d} {row.stl:4d} {row.registers:4d} "
                          f"{row.stack_bytes:7d}  {config}")
         else:
             shape_name, stage, reason = row
-            lines.append(f"{shape_name:5} {stage:15} {reason}")
+            lines.append(f"{shape_name:5} {stage:20} {reason}")
     return "\n".join(lines)
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from impls import tuning
 from impls.registry import switch
 
+STATE_PASS = ("serial", "chunk_parallel")  # stage 2's arrangements (switch state_pass), the default first
+
 
 @dataclass(frozen=True)
 class CutileSwitches:
@@ -100,6 +102,17 @@ class CutileSwitches:
         sm90="removes the states' write (stage 2) and read-back (stage 3) and one launch; the work of stages 2 and "
              "3 runs in batch x nheads x headdim-block programs, each serial over the chunks",
         sm100="as on sm_90")
+    state_pass: str = switch(
+        "serial", "stage 2's arrangement: 'serial' = one kernel whose programs own (batch, head, headdim block, "
+                  "dstate block) and walk the chunks in order, each chunk's local state kept in registers; "
+                  "'chunk_parallel' = a kernel computing every chunk's local state at once into an fp32 scratch "
+                  "(programs over batch x chunks x heads x blocks), then a light kernel carrying the state across "
+                  "the chunks, parallel over (batch, head, state elements) (impls/README.md, two-pass form)",
+        choices=STATE_PASS,
+        sm90="chunk_parallel trades the local states' fp32 write and read-back (2 x 4 bytes per state element per "
+             "chunk) for nchunks times more programs in the MMA kernel; the serial chain left is an FMA per element "
+             "per chunk",
+        sm100="as on sm_90")
     block_heads: int = switch(
         0, "stage 1 heads per tile (the tile count is batch x nchunks x nheads / block_heads); 0 = from tuning",
         choices=(0, 4, 8, 16, 32, 64))
@@ -138,7 +151,8 @@ class CutileSwitches:
 FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision")
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
-                     "heads_per_tile", "heads_first", "skip_first")
+                     "heads_per_tile", "heads_first", "skip_first",
+                     "state_pass")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 
 
@@ -165,4 +179,5 @@ CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "e
                  "head_mma", "heads_first", "skip_first")
 # fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in
 # tests/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
-# default reads the config); its ablation points are cb_mode:inline and cb_mode:shared
+# default reads the config); its ablation points are cb_mode:inline and cb_mode:shared. state_pass picks stage 2's
+# kernels (fwd_pass_state, or fwd_pass_state_local + fwd_pass_state_pass: aot.STATE_PASS_KERNELS), as cb_mode does

@@ -87,19 +87,23 @@ def explicit(stage: str, sw) -> dict:
 # ablation of one trick then runs on the same tiles as the default)
 CODE_TRICKS = ("tma", "exp2", "latency_hints")
 DEFAULT_HEAD_MMA = CutileSwitches().head_mma  # other lowerings search and store under keys of their own
+DEFAULT_STATE_PASS = CutileSwitches().state_pass  # stage 2's other arrangement searches under a key of its own
 
 
 def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool = True) -> str:
     """The tuning record's key: shape, dtype, the layout/operand switches, and what else changes the winner only
     when set away from its default (so the records stored without them keep their keys): a default-on code trick
     turned off (tma, exp2, latency_hints) or compute_out's heads_first or skip_first on (borrowing like those),
-    decay_factor on, a lowering of several heads per tile other than the default, and everything `explicit` fixes by
-    hand: size switches and compute_out's C·Bᵀ arrangement (a search with block_rows 32 or cb_mode inline fixed must
-    not replace the record of the full search). code_tricks=False: the key without the tricks turned off (and
-    without heads_first, skip_first), whose record impls/tuning.py borrows when the tricks' own key has none."""
+    decay_factor on, stage 2's chunk-parallel arrangement (state_pass), a lowering of several heads per tile other
+    than the default, and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a
+    search with block_rows 32 or cb_mode inline fixed must not replace the record of the full search).
+    code_tricks=False: the key without the tricks turned off (and without heads_first, skip_first), whose record
+    impls/tuning.py borrows when the tricks' own key has none."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
     if code_tricks:
         extra.update({k: False for k in CODE_TRICKS if not getattr(sw, k)})
+    if stage == "fwd_pass_state" and sw.state_pass != DEFAULT_STATE_PASS:
+        extra["state_pass"] = sw.state_pass
     if stage == "compute_out" and sw.decay_factor:
         extra["decay_factor"] = True
     if code_tricks and stage == "compute_out":  # arrangements that borrow the tiles of the key without them

@@ -61,7 +61,7 @@ def variants(dtype: str, all_variants: bool):
     from impls.triton.compute_out import CB_BLOCK, cb_kernel, compute_out_kernel
     from impls.triton.fallbacks import fallback
     from impls.triton.fused import fused_kernel
-    from impls.triton.fwd_pass_state import chunk_state_kernel, state_passing_kernel
+    from impls.triton.fwd_pass_state import chunk_state_kernel, serial_state_kernel, state_passing_kernel
     from impls.triton.smem import DTYPE_BYTES
     from impls.triton.stages import FUSED
 
@@ -117,6 +117,13 @@ def variants(dtype: str, all_variants: bool):
                 "seq_ptr": "*i64"},
                dict(CHUNK=256, BLOCK_S=s["block_state"], DSTATE_MAJOR=swap, HAS_INIT=feature, HAS_SEQ=feature,
                     EXP2=exp2), s["num_warps"], 1)
+        c = fallback("sm90", "chunk_state", dims, itemsize, {})  # state_pass='serial' takes chunk_state's fields
+        yield ("serial_state", serial_state_kernel,
+               {"x_ptr": p, "B_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "seq_ptr": "*i32", "init_ptr": "*fp32",
+                "out_ptr": p, "final_ptr": "*fp32"},
+               dict(CHUNK=256, BLOCK_P=c["block_headdim"], BLOCK_N=c["block_dstate"], BLOCK_K=c["block_positions"],
+                    HAS_INIT=feature, HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precisions[0], TMA=False),
+               c["num_warps"], c["num_stages"])
 
 
 def main(argv=None) -> int:

@@ -25,6 +25,7 @@ from impls.triton.compute_out import compute_out as _compute_out
 from impls.triton.fused import fused_state_out as _fused_state_out
 from impls.triton.fwd_pass_state import chunk_states as _chunk_states
 from impls.triton.fwd_pass_state import pass_states as _pass_states
+from impls.triton.fwd_pass_state import serial_states as _serial_states
 from impls.triton.stages import FUSED
 from impls.triton.switches import TritonSwitches
 from impls.triton.target import interpreting
@@ -50,6 +51,10 @@ class TritonBackend(Backend):
         if self.switches.fuse_state_out and self.switches.heads_first:
             raise ValueError("switch fuse_state_out of backend 'triton': the fused kernel does not read heads_first "
                              "(compute_out's program order); turn one of them off")
+        if self.switches.fuse_state_out and self.switches.state_pass != TritonSwitches().state_pass:
+            raise ValueError("switch state_pass of backend 'triton': fuse_state_out=True runs stage 2 inside the fused "
+                             f"kernel, so state_pass={self.switches.state_pass!r} would be recorded without running "
+                             "(leave it at its default or turn fuse_state_out off)")
         self._resolved: dict[tuple[str, str], tune.Resolved] = {}
         self.last_tuning: dict[str, dict[str, Any]] = {}
 
@@ -90,6 +95,8 @@ class TritonBackend(Backend):
         return launch(config)
 
     def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        if self.switches.state_pass == "serial":
+            return self._serial_states(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype)
         shape, dims = self._shape(x, B, dt)
         dtype = dtype_name(x.dtype)
         precision = self._dot_precision(x)
@@ -110,6 +117,22 @@ class TritonBackend(Backend):
         flags = {"seq": seq_idx is not None, "init": initial_states is not None, "state": dtype_name(out_dtype)}
         pass_config = self._config("state_passing", shape, dtype, flags, dims, x.device, launch_pass)
         return launch_pass(pass_config)
+
+    def _serial_states(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        """state_pass='serial': one kernel walking the chunks, with chunk_state's launch fields under a key of its
+        own (the flag state_pass)."""
+        shape, dims = self._shape(x, B, dt)
+        precision = self._dot_precision(x)
+        out_dtype = state_dtype or x.dtype
+        flags = {"seq": seq_idx is not None, "init": initial_states is not None, "state": dtype_name(out_dtype),
+                 "state_pass": "serial"}
+
+        def launch(config):
+            return _serial_states(B, x, dt, dA_cumsum, initial_states, seq_idx, out_dtype, config=config,
+                                  switches=self.switches, empty=self._empty, dot_precision=precision)
+
+        config = self._config("chunk_state", shape, dtype_name(x.dtype), flags, dims, x.device, launch)
+        return launch(config)
 
     def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
         shape, dims = self._shape(x, B, dt)

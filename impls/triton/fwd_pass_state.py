@@ -1,6 +1,6 @@
 """Stage 2, Triton: each chunk's own state (one tiled MMA per chunk), then the states carried across chunks.
 
-Two kernels:
+Two kernels (switch state_pass="chunk_parallel", the default):
 - `chunk_state_kernel`: one program per (headdim tile, dstate tile, head, chunk, batch) accumulates
   sum_t exp(dA_cs[last] − dA_cs[t])·dt_t·x_t B_tᵀ over the chunk in steps of BLOCK_K positions with tl.dot,
   counting only the tokens of the sequence active at the chunk's last token. It writes an fp32 scratch tensor
@@ -14,6 +14,8 @@ the logical (b, c, h, headdim, dstate) as a transposed view; `operand_swap` comp
 Bᵀ·(dt-weighted x) (dstate on the MMA's M) instead of (dt-weighted x)ᵀ·B; `exp2` computes the decays with exp2;
 `tma` reads x and B and writes the scratch through tensor descriptors (impls/triton/descriptors.py). The chunk
 sum itself is `local_state`, which the fused kernel (impls/triton/fused.py) calls too.
+Switch `state_pass='serial'` replaces both by `serial_state_kernel`: one program per (headdim tile, dstate tile,
+head, batch) walks the chunks, `local_state` per chunk in registers, no scratch (chunk_state's launch fields).
 The kernels address every tensor through its strides, so any layout of the inputs (and of states) works.
 """
 
@@ -103,6 +105,16 @@ def program_coords(pid, tiles, nheads, nchunks, HB: tl.constexpr):
 
 
 @triton.jit
+def tile_coords(tile, tiles_n, headdim, dstate, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(p0, n0, offs_p, offs_n, mask_p, mask_n) of state tile number `tile` (dstate tiles fastest)."""
+    p0 = (tile // tiles_n) * BLOCK_P
+    n0 = (tile % tiles_n) * BLOCK_N
+    offs_p = p0 + tl.arange(0, BLOCK_P)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    return p0, n0, offs_p, offs_n, offs_p < headdim, offs_n < dstate
+
+
+@triton.jit
 def chunk_state_kernel(
     x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, out_ptr,
     batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
@@ -122,12 +134,7 @@ def chunk_state_kernel(
     tiles = tl.cdiv(headdim, BLOCK_P) * tiles_n
     tile, h, c, b32, b = program_coords(pid, tiles, nheads, nchunks, 1)
     g = h // heads_per_group
-    p0 = (tile // tiles_n) * BLOCK_P
-    n0 = (tile % tiles_n) * BLOCK_N
-    offs_p = p0 + tl.arange(0, BLOCK_P)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    mask_p = offs_p < headdim
-    mask_n = offs_n < dstate
+    p0, n0, offs_p, offs_n, mask_p, mask_n = tile_coords(tile, tiles_n, headdim, dstate, BLOCK_P, BLOCK_N)
     start = c * CHUNK
     chunk_len = tl.minimum(CHUNK, seqlen - start)
     # 64-bit base offsets: batch·stride and position·stride pass 2^31 at a million tokens
@@ -173,6 +180,21 @@ def chunk_state_kernel(
 
 
 @triton.jit
+def chunk_decay(dA_last_ptr, seq_base, c, seqlen, s_seq_l, CHUNK: tl.constexpr, HAS_SEQ: tl.constexpr,
+                EXP2: tl.constexpr):
+    """exp(dA_cs[c, last]) (dA_last_ptr points at it), the factor of the state carried into chunk c + 1. With
+    HAS_SEQ the carry survives only if the sequence at this chunk's last token is the one at the previous chunk's
+    last token (sequence 0 before the first chunk); positions·stride fit 32 bits (seqlen does)."""
+    decay = _exp(tl.load(dA_last_ptr).to(tl.float32), EXP2)
+    if HAS_SEQ:
+        last = tl.minimum((c + 1) * CHUNK, seqlen) - 1
+        current = tl.load(seq_base + last * s_seq_l)
+        previous = tl.load(seq_base + (c * CHUNK - 1) * s_seq_l, mask=c > 0, other=0)
+        decay = tl.where(current == previous, decay, 0.0)
+    return decay
+
+
+@triton.jit
 def state_passing_kernel(
     local_ptr, out_ptr, final_ptr, init_ptr, dA_ptr, seq_ptr,
     seqlen, nchunks, headdim, dstate,
@@ -208,19 +230,88 @@ def state_passing_kernel(
     seq_base = seq_ptr + b * s_seq_b
     for c in range(0, nchunks):
         tl.store(out_ptrs, state.to(out_ptr.dtype.element_ty), mask=mask)
-        decay = _exp(tl.load(dA_last_ptr).to(tl.float32), EXP2)
-        if HAS_SEQ:
-            # the carry survives only if the sequence at this chunk's last token is the one at the previous
-            # chunk's last token (sequence 0 before the first chunk); positions·stride fit 32 bits (seqlen does)
-            last = tl.minimum((c + 1) * CHUNK, seqlen) - 1
-            current = tl.load(seq_base + last * s_seq_l)
-            previous = tl.load(seq_base + (c * CHUNK - 1) * s_seq_l, mask=c > 0, other=0)
-            decay = tl.where(current == previous, decay, 0.0)
+        decay = chunk_decay(dA_last_ptr, seq_base, c, seqlen, s_seq_l, CHUNK, HAS_SEQ, EXP2)
         state = decay * state + tl.load(local_ptrs, mask=mask, other=0.0)
         local_ptrs += s_l_c
         out_ptrs += s_o_c
         dA_last_ptr += s_dA_c
     tl.store(final_ptr + b * s_f_b + h * s_f_h + p * s_f_p + n * s_f_n, state, mask=mask)
+
+
+@triton.jit
+def state_tile(offs_p, offs_n, mask_p, mask_n, s_p, s_n, SWAP: tl.constexpr):
+    """(element offsets, mask) of a state tile in local_state's orientation: (BLOCK_N, BLOCK_P) with SWAP."""
+    if SWAP:
+        return offs_n[:, None] * s_n + offs_p[None, :] * s_p, mask_n[:, None] & mask_p[None, :]
+    else:
+        return offs_p[:, None] * s_p + offs_n[None, :] * s_n, mask_p[:, None] & mask_n[None, :]
+
+
+@triton.jit
+def serial_state_kernel(
+    x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, init_ptr, out_ptr, final_ptr,
+    batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
+    s_x_b, s_x_l, s_x_h, s_x_p,
+    s_B_b, s_B_l, s_B_g, s_B_n,
+    s_dt_b, s_dt_h, s_dt_c, s_dt_l,
+    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
+    s_seq_b, s_seq_l,
+    s_i_b, s_i_h, s_i_p, s_i_n,
+    s_o_b, s_o_c, s_o_h, s_o_p, s_o_n,
+    s_f_b, s_f_h, s_f_p, s_f_n,
+    CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_INIT: tl.constexpr, HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+):
+    """state_pass='serial': one program per (headdim tile, dstate tile, head, batch) walks the chunks, writing the
+    state entering each chunk (state_dtype) and carrying S <- exp(dA_last)·S + local_state in registers; the final
+    state (fp32) at the end. The chunk-local states never reach memory."""
+    tiles_n = tl.cdiv(dstate, BLOCK_N)
+    # tile fastest, then head, then batch (program_coords with one chunk)
+    tile, h, _, b32, b = program_coords(tl.program_id(0), tl.cdiv(headdim, BLOCK_P) * tiles_n, nheads, 1, 1)
+    g = h // heads_per_group
+    p0, n0, offs_p, offs_n, mask_p, mask_n = tile_coords(tile, tiles_n, headdim, dstate, BLOCK_P, BLOCK_N)
+    if TMA:
+        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
+        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_N)
+    else:
+        x_desc = None
+        B_desc = None
+    out_offs, mask = state_tile(offs_p, offs_n, mask_p, mask_n, s_o_p, s_o_n, SWAP)
+    out_ptrs = out_ptr + b * s_o_b + h.to(tl.int64) * s_o_h + out_offs
+    if HAS_INIT:
+        init_offs, _ = state_tile(offs_p, offs_n, mask_p, mask_n, s_i_p, s_i_n, SWAP)
+        state = tl.load(init_ptr + b * s_i_b + h.to(tl.int64) * s_i_h + init_offs, mask=mask, other=0.0)
+        state = state.to(tl.float32)
+    elif SWAP:
+        state = tl.zeros((BLOCK_N, BLOCK_P), dtype=tl.float32)
+    else:
+        state = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    # per-chunk bases advance by their strides (pointer arithmetic is 64-bit: position·stride passes 2^31 at a
+    # million tokens)
+    seq_b = seq_ptr + b * s_seq_b
+    seq_c = seq_b
+    x_base = x_ptr + b * s_x_b + h.to(tl.int64) * s_x_h
+    B_base = B_ptr + b * s_B_b + g.to(tl.int64) * s_B_g
+    dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h
+    dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h
+    for c in range(0, nchunks):
+        tl.store(out_ptrs, state.to(out_ptr.dtype.element_ty), mask=mask)
+        start = c * CHUNK
+        local = local_state(x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq_c, b32, h, g, start,
+                            tl.minimum(CHUNK, seqlen - start), p0, n0, offs_p, offs_n, mask_p, mask_n,
+                            s_x_l, s_x_p, s_B_l, s_B_n, s_dt_l, s_dA_l, s_seq_l,
+                            CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+        decay = chunk_decay(dA_base + (CHUNK - 1) * s_dA_l, seq_b, c, seqlen, s_seq_l, CHUNK, HAS_SEQ, EXP2)
+        state = decay * state + local
+        out_ptrs += s_o_c
+        x_base += CHUNK * s_x_l
+        B_base += CHUNK * s_B_l
+        dt_base += s_dt_c
+        dA_base += s_dA_c
+        seq_c += CHUNK * s_seq_l
+    final_offs, _ = state_tile(offs_p, offs_n, mask_p, mask_n, s_f_p, s_f_n, SWAP)
+    tl.store(final_ptr + b * s_f_b + h.to(tl.int64) * s_f_h + final_offs, state, mask=mask)
 
 
 def _state_buffer(batch, nchunks, nheads, headdim, dstate, dtype, device, transposed, empty):
@@ -277,8 +368,40 @@ def pass_states(local, dA_cumsum, initial_states, seq_idx, seqlen, state_dtype, 
     return states, final
 
 
+def serial_states(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, *, config, switches, empty,
+                  dot_precision):
+    """state_pass='serial': (states entering every chunk in state_dtype, final states fp32) from one kernel that
+    walks the chunks per (batch, head, tile); config: chunk_state's fields (tiles, warps, stages, occupancy)."""
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    nchunks, chunk = dt.shape[2], dt.shape[3]
+    states = _state_buffer(batch, nchunks, nheads, headdim, dstate, state_dtype, x.device,
+                           switches.transposed_layout, empty)
+    final = empty((batch, nheads, headdim, dstate), torch.float32, x.device)
+    init = initial_states if initial_states is not None else final  # never read without HAS_INIT
+    seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
+    if switches.tma:
+        descriptors.require({"x": x, "B": B})
+    tiles = triton.cdiv(headdim, config["block_headdim"]) * triton.cdiv(dstate, config["block_dstate"])
+    serial_state_kernel[(tiles * nheads * batch,)](
+        x, B, dt, dA_cumsum, seq, init, states, final,
+        batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
+        *x.stride(), *B.stride(), *dt.stride(), *dA_cumsum.stride(), seq.stride(0), seq.stride(1),
+        *init.stride(), *states.stride(), *final.stride(),
+        CHUNK=chunk, BLOCK_P=config["block_headdim"], BLOCK_N=config["block_dstate"], BLOCK_K=config["block_positions"],
+        HAS_INIT=initial_states is not None, HAS_SEQ=seq_idx is not None, SWAP=switches.operand_swap,
+        EXP2=switches.exp2, DOT_PRECISION=dot_precision, TMA=switches.tma,
+        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
+    )
+    return states, final
+
+
 def fwd_pass_state(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, *, configs, switches, empty,
                    dot_precision):
+    if switches.state_pass == "serial":
+        return serial_states(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype or x.dtype,
+                             config=configs["chunk_state"], switches=switches, empty=empty,
+                             dot_precision=dot_precision)
     local = chunk_states(B, x, dt, dA_cumsum, seq_idx, config=configs["chunk_state"], switches=switches,
                          empty=empty, dot_precision=dot_precision)
     return pass_states(local, dA_cumsum, initial_states, seq_idx, x.shape[1], state_dtype or x.dtype,

@@ -80,6 +80,13 @@ class TritonSwitches:
                "point at running programs); every program adds exp(dA)·C·S_c once S_c is there. Off by default",
         sm90="removes the chunk-local fp32 scratch (write and read-back), the state_passing launch and the "
              "compute_out launch; the states are still written (the contract's output, read back by the row tiles)")
+    state_pass: str = switch(
+        "chunk_parallel", "fwd_pass_state's arrangement: 'chunk_parallel' = chunk_state (every chunk's local state at "
+                          "once, into an fp32 scratch) then state_passing (the carry across chunks, parallel over "
+                          "(batch, head, state elements)); 'serial' = one kernel whose programs own (batch, head, "
+                          "headdim tile, dstate tile) and walk the chunks, the local states in registers (cuTile's "
+                          "default arrangement; launch fields of chunk_state, tuned under their own key)",
+        choices=("serial", "chunk_parallel"))
     tuning: str = switch("auto", "where launch configurations come from (impls/tuning.py modes)", choices=MODES)
     # Launch sizes: 0 = from tuning (as in the cuTile backend); a value pins that field wherever it applies.
     block_rows: int = switch(0, "compute_out: chunk rows (output positions) per program; 0 = from tuning",

@@ -30,7 +30,8 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # the heads-first program order (heads_first) alone, with 2 heads per tile, with all off and the shared C·Bᵀ, and
 # with small row and headdim blocks (several of each per chunk and head); the skip term before the source loop
 # (skip_first) alone, with the swap (transposed accumulator), with 2 heads per tile and 32 headdim columns (the
-# arrangement without spills in the loop at occupancy 3), with the factored decay and all off, with heads_first
+# arrangement without spills in the loop at occupancy 3), with the factored decay and all off, with heads_first;
+# stage 2 chunk-parallel (state_pass: local states at once, then the pass across chunks), with the swap and all off
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
@@ -53,7 +54,10 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "skip_first-heads2-per_head-headdim32": {**PER_HEAD, "skip_first": True, "block_headdim": 32},
             "skip_first-decay_factor-all-off": {**OFF, "decay_factor": True, "skip_first": True},
             "skip_first-heads_first-heads2-batched": {"skip_first": True, "heads_first": True, "heads_per_tile": 2,
-                                                      "head_mma": "batched"}}
+                                                      "head_mma": "batched"},
+            "state_pass-chunk_parallel": {"state_pass": "chunk_parallel"},
+            "state_pass-chunk_parallel-swap": {"state_pass": "chunk_parallel", "operand_swap": True},
+            "state_pass-chunk_parallel-all-off": {"state_pass": "chunk_parallel", **OFF}}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
 FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first")
 
@@ -62,7 +66,8 @@ def _skip(case: str, variant: str) -> bool:
     """The big shape: a few variants only (its float64 reference is heavy); heads_per_tile must divide the heads
     of a group."""
     if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head",
-                                        "heads_first-heads2-per_head", "skip_first-heads2-per_head-headdim32"):
+                                        "heads_first-heads2-per_head", "skip_first-heads2-per_head-headdim32",
+                                        "state_pass-chunk_parallel"):
         return True
     shape = CASES[case].shape
     return (shape.nheads // shape.ngroups) % VARIANTS[variant].get("heads_per_tile", 1) != 0

@@ -3,11 +3,11 @@ plus the 1,048,576-token problem checked on sampled chunks and its final state.
 
 Variants: the defaults, each code switch off alone (cb_precision "fp32" is its "off"), all off, and the switches
 that are off by default turned on (cb_mode shared, decay_factor, tma, fuse_state_out, heads_per_tile 2, heads_first,
-occupancy, some together). Cases: the headline S1 shape and shapes covering the contract (seqlen not a multiple
-of chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens, initial states + z + per-channel D + fp32 states,
-per-head D with x and z as strided views of one fused projection, headdim/dstate not powers of two). Outputs are
-NaN-poisoned (tests.common uses impls.tolerance.poisoned_allocations). fp32 with cb_precision "tf32" is held to
-the tf32 tolerance.
+occupancy, some together), and stage 2 as one serial kernel (state_pass serial). Cases: the headline S1 shape and
+shapes covering the contract (seqlen not a multiple of chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens,
+initial states + z + per-channel D + fp32 states, per-head D with x and z as strided views of one fused
+projection, headdim/dstate not powers of two). Outputs are NaN-poisoned (tests.common uses
+impls.tolerance.poisoned_allocations). fp32 with cb_precision "tf32" is held to the tf32 tolerance.
 
 TRITON_TEST_SHARD="i/n" runs every n-th test, so n processes can share the GPU and compile in parallel.
 
@@ -62,7 +62,10 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "heads2": {"heads_per_tile": 2}, "heads2-no-swap": {"heads_per_tile": 2, "operand_swap": False},
             "heads2-tma-occupancy3": {"heads_per_tile": 2, "tma": True, "occupancy": 3},
             "heads_first": {"heads_first": True}, "heads_first-heads2": {"heads_first": True, "heads_per_tile": 2},
-            "heads_first-tma-no-swap": {"heads_first": True, "tma": True, "operand_swap": False}}
+            "heads_first-tma-no-swap": {"heads_first": True, "tma": True, "operand_swap": False},
+            "state_pass-serial": {"state_pass": "serial"},
+            "state_pass-serial-all-off": {"state_pass": "serial", **OFF},
+            "state_pass-serial-tma": {"state_pass": "serial", "tma": True}}
 
 
 
@@ -89,7 +92,8 @@ def _skip(case, variant):
     return (case == "S1" or case.startswith("p256")) and variant not in ("defaults", "all-off", "cb-shared",
                                                                                   "decay_factor", "tma", "fused",
                                                                                   "fused-tma", "heads2",
-                                                                                  "heads_first-heads2")
+                                                                                  "heads_first-heads2",
+                                                                                  "state_pass-serial")
 
 
 @pytest.mark.parametrize("case,variant,dtype", switch_variant_params(CASES, VARIANTS, skip=_skip))
