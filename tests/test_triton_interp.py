@@ -30,6 +30,7 @@ if "impls.triton" not in sys.modules:
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 import impls  # noqa: E402
 from impls.inputs import make_inputs  # noqa: E402
@@ -37,6 +38,7 @@ from impls.problem import Problem, Shape  # noqa: E402
 from impls.registry import get_backend  # noqa: E402
 from impls.tolerance import poisoned_allocations, rel_err, tolerance  # noqa: E402
 from impls.triton import config as cfg  # noqa: E402
+from impls.triton import descriptors  # noqa: E402
 from tests.common import failures, float64_forward, forward_errors  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cfg.interpreting(), reason="impls.triton was imported without TRITON_INTERPRET=1"
@@ -230,6 +232,13 @@ TMA_CASES = [
                  DTYPES[:1], id="decay_factor-no-swap-chunk64"),
     pytest.param({"cb_mode": "shared"}, Problem(SMALL, varlen=True, nseqs=3, has_z=True), DTYPES[:1],
                  id="cb-shared-cu_seqlens"),
+    # descriptors made on the host (TensorDescriptor kernel arguments; the interpreter runs them)
+    pytest.param({"tma_descriptors": "host"}, RICH, DTYPES, id="host-swap-transposed"),
+    pytest.param({"tma_descriptors": "host", "operand_swap": False, "transposed_layout": False, "exp2": False}, RICH,
+                 DTYPES[:1], id="host-all-off"),
+    pytest.param({"tma_descriptors": "host", "heads_per_tile": 2, "decay_factor": True},
+                 Problem(Shape(1, 100, 4, 32, 1, 32, 64), nseqs=2, has_z=True), DTYPES[:1],
+                 id="host-heads2-decay_factor"),
 ]
 
 
@@ -251,6 +260,31 @@ def test_tma_refuses_tensors_a_descriptor_cannot_read():
     inputs = transposed_x(make_inputs(Problem(SMALL), seed=9, dtype=torch.float32))
     with pytest.raises(ValueError, match=r"x: its last dimension has stride"):
         impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True))
+
+
+def test_tma_host_descriptors_are_kernel_arguments(monkeypatch):
+    """tma_descriptors='host' builds compute_out's five and chunk_state's three descriptors on the host, once per
+    launch, with the launch's boxes."""
+    made = []
+    real = descriptors.host
+    monkeypatch.setattr(descriptors, "host", lambda tensors: made.append(real(tensors)) or made[-1])
+    inputs = make_inputs(Problem(SMALL), seed=9, dtype=torch.float32)
+    impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True, tma_descriptors="host"))
+    assert [sorted(m) for m in made] == [["B", "chunk-local states", "x"], ["B", "C", "states", "x", "y"]]
+    assert all(isinstance(d, TensorDescriptor) for m in made for d in m.values())
+    assert made[1]["C"].block_shape == [1, 16, 1, 16] and made[1]["x"].block_shape == [1, 16, 1, 16]
+
+
+def test_tma_host_refuses_what_it_cannot_run():
+    """Host descriptors: unaligned tensors raise naming the tensor; without tma, or with the fused kernel, the
+    backend refuses at construction."""
+    inputs = fused_projection(make_inputs(Problem(SMALL, has_z=True), seed=9, dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"'tma' with tma_descriptors='host' of backend 'triton': x: its data "):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True, tma_descriptors="host"))
+    with pytest.raises(ValueError, match=r"tma_descriptors='host'.*with tma=False there are none"):
+        get_backend("triton", tma_descriptors="host")
+    with pytest.raises(ValueError, match=r"tma_descriptors='host'.*fused kernel"):
+        get_backend("triton", tma=True, tma_descriptors="host", fuse_state_out=True)
 
 
 FUSED_CASES = [

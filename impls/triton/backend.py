@@ -43,6 +43,12 @@ class TritonBackend(Backend):
         if self.switches.fuse_state_out and self.switches.cb_mode == "shared":
             raise ValueError("switch fuse_state_out of backend 'triton': the fused kernel computes C·Bᵀ inline; "
                              "cb_mode='shared' would add a launch before it (use cb_mode='inline')")
+        if self.switches.tma_descriptors == "host" and not self.switches.tma:
+            raise ValueError("switch tma_descriptors='host' of backend 'triton': it says where tma's descriptors are "
+                             "made; with tma=False there are none (set tma=True, or leave tma_descriptors='device')")
+        if self.switches.tma_descriptors == "host" and self.switches.fuse_state_out:
+            raise ValueError("switch tma_descriptors='host' of backend 'triton': the fused kernel (fuse_state_out) "
+                             "makes its descriptors in the kernel only (use tma_descriptors='device')")
         self._resolved: dict[tuple[str, str], cfg.Resolved] = {}
         self.last_tuning: dict[str, dict[str, Any]] = {}
 

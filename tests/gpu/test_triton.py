@@ -2,11 +2,11 @@
 plus the 1,048,576-token problem checked on sampled chunks and its final state.
 
 Variants: the defaults, each code switch off alone (cb_precision "fp32" is its "off"), all off, and the switches
-that are off by default turned on (cb_mode shared, decay_factor, tma, fuse_state_out, heads_per_tile 2,
-occupancy, some together). Cases: the headline S1 shape and shapes covering the contract (seqlen not a multiple
-of chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens, initial states + z + per-channel D + fp32 states,
-per-head D with x and z as strided views of one fused projection, headdim/dstate not powers of two). Outputs are
-NaN-poisoned (tests.common uses impls.tolerance.poisoned_allocations). fp32 with cb_precision "tf32" is held to
+that are off by default turned on (cb_mode shared, decay_factor, tma (descriptors made in the kernel or on the
+host), fuse_state_out, heads_per_tile 2, occupancy, some together). Cases: the headline S1 shape and shapes
+covering the contract (seqlen not a multiple of chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens, initial
+states + z + per-channel D + fp32 states, per-head D with x and z as strided views of one fused projection,
+headdim/dstate not powers of two). Outputs are NaN-poisoned (tests.common uses impls.tolerance.poisoned_allocations). fp32 with cb_precision "tf32" is held to
 the tf32 tolerance.
 
 TRITON_TEST_SHARD="i/n" runs every n-th test, so n processes can share the GPU and compile in parallel.
@@ -60,7 +60,12 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "fused-tma": {"fuse_state_out": True, "tma": True},
             "fused-tma-decay_factor": {"fuse_state_out": True, "tma": True, "decay_factor": True},
             "heads2": {"heads_per_tile": 2}, "heads2-no-swap": {"heads_per_tile": 2, "operand_swap": False},
-            "heads2-tma-occupancy3": {"heads_per_tile": 2, "tma": True, "occupancy": 3}}
+            "heads2-tma-occupancy3": {"heads_per_tile": 2, "tma": True, "occupancy": 3},
+            "tma-host": {"tma": True, "tma_descriptors": "host"},
+            "tma-host-no-swap": {"tma": True, "tma_descriptors": "host", "operand_swap": False},
+            "tma-host-no-transposed": {"tma": True, "tma_descriptors": "host", "transposed_layout": False},
+            "tma-host-heads2-decay_factor": {"tma": True, "tma_descriptors": "host", "heads_per_tile": 2,
+                                             "decay_factor": True}}
 
 
 
@@ -86,7 +91,7 @@ def _skip(case, variant):
         return True
     return (case == "S1" or case.startswith("p256")) and variant not in ("defaults", "all-off", "cb-shared",
                                                                                   "decay_factor", "tma", "fused",
-                                                                                  "fused-tma", "heads2")
+                                                                                  "fused-tma", "heads2", "tma-host")
 
 
 @pytest.mark.parametrize("case,variant,dtype", switch_variant_params(CASES, VARIANTS, skip=_skip))
