@@ -6,8 +6,8 @@ that are off by default turned on (cb_mode shared, decay_factor, tma (descriptor
 host), fuse_state_out, heads_per_tile 2, occupancy, some together). Cases: the headline S1 shape and shapes
 covering the contract (seqlen not a multiple of chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens, initial
 states + z + per-channel D + fp32 states, per-head D with x and z as strided views of one fused projection,
-headdim/dstate not powers of two). Outputs are NaN-poisoned (tests.common uses impls.tolerance.poisoned_allocations). fp32 with cb_precision "tf32" is held to
-the tf32 tolerance.
+headdim/dstate not powers of two). Outputs are NaN-poisoned (tests.common uses
+impls.tolerance.poisoned_allocations). fp32 with cb_precision "tf32" is held to the tf32 tolerance.
 
 TRITON_TEST_SHARD="i/n" runs every n-th test, so n processes can share the GPU and compile in parallel.
 
