@@ -511,9 +511,12 @@ def test_kernels_compile_for_sm90():
     result = _aot("--arch", "90", "--dtype", "bfloat16")
     assert result.returncode == 0, result.stdout + result.stderr
     # defaults and all-off (6 kernels each, the fused one included), and at the defaults chunk_state, compute_out
-    # (dstate 128, 256) and the fused kernel again with tensor descriptors, whose PTX must have bulk tensor copies
-    assert result.stdout.count("ok  ") == 20, result.stdout  # and compute_out with 2 heads per program (x2)
-    assert result.stdout.count("bulk_tensor_copies=yes") == 4, result.stdout
+    # (dstate 128, 256) and the fused kernel again with in-kernel tensor descriptors, and chunk_state and
+    # compute_out (x2) with host-built ones (tma_descriptors='host'): PTX with bulk tensor copies, and the
+    # host-built ones without tensormap creation in the kernel
+    assert result.stdout.count("ok  ") == 23, result.stdout  # and compute_out with 2 heads per program (x2)
+    assert result.stdout.count("bulk_tensor_copies=yes") == 7, result.stdout
+    assert result.stdout.count("bulk_tensor_copies=yes descriptors_in_kernel=no") == 3, result.stdout
 
 
 def test_what_triton_cannot_express_is_shown_by_the_compiler():
