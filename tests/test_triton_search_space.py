@@ -28,7 +28,8 @@ def _triton_counts(count) -> dict[str, int]:
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_triton_times_as_many_configs_per_stage_as_cutile(shape):
     nheads, ngroups, headdim, dstate, chunk = SHAPES[shape]
-    cutile = {stage: len(cutile_tune.configs(stage, CutileSwitches(), nheads // ngroups)) for stage in cutile_tune.SPACE}
+    cutile = {stage: len(cutile_tune.configs(stage, CutileSwitches(), nheads // ngroups))
+              for stage in cutile_tune.SPACE}
     declared = _triton_counts(lambda k: math.prod(len(v) for v in cfg.SEARCH_SPACE[k].values()))
     assert declared == cutile
     dims = {"nheads": nheads, "chunk": chunk, "headdim": headdim, "dstate": dstate}
