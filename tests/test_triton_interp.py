@@ -521,7 +521,9 @@ def test_kernels_compile_for_sm90():
 
 def test_what_triton_cannot_express_is_shown_by_the_compiler():
     """The evidence docs/triton-switches.md quotes: a latency hint on tl.load is a compile error; an occupancy
-    compile option is dropped without a trace in the PTX; maxnreg (the occupancy switch's means) reaches it."""
+    compile option is dropped without a trace in the PTX; maxnreg (the occupancy switch's means) reaches it; a
+    pointer tile load never becomes TMA, an in-kernel descriptor writes a tensormap and a host-built one does
+    not; a batched 3-D tl.dot is mma.sync where the 2-D one is wgmma."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-m", "impls.triton.expressible"], capture_output=True, text=True,
                             env=env, cwd=Path(__file__).resolve().parent.parent, timeout=600)
@@ -530,6 +532,12 @@ def test_what_triton_cannot_express_is_shown_by_the_compiler():
         "latency_hints: CompilationError: load() got an unexpected keyword argument 'latency'",
         "occupancy: compile option occupancy=2 accepted; PTX directives: none",
         "occupancy via maxnreg=168: PTX directives: .maxnreg",
+        "tma by pointer load (64x64 bf16 tile): cp.async.bulk.tensor no, tensormap.cp_fenceproxy no",
+        "tma, descriptor made in the kernel: cp.async.bulk.tensor yes, tensormap.cp_fenceproxy yes",
+        "tma, descriptor built on the host: cp.async.bulk.tensor yes, tensormap.cp_fenceproxy no, "
+        ".param .align 64 .b8 yes",
+        "head_mma, 2-D tl.dot (bf16, 64x64 per head): wgmma.mma_async yes, mma.sync no",
+        "head_mma, batched 3-D tl.dot (bf16, 64x64 per head): wgmma.mma_async no, mma.sync yes",
     ], result.stdout
 
 
