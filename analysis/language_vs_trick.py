@@ -9,7 +9,8 @@ Per shape (S1-S4) and stage:
   the compute_out point), their ratio, and each language at its defaults and with every trick off;
 - *trick*: each trick's effect in each language, time without it / time with it - 1 (positive: the trick helps):
   for a trick on by default the ablation point "<trick>" against the defaults, for one off by default the
-  defaults against the point "<trick>:True" (tests/test_language_vs_trick.py checks both on synthetic rows);
+  defaults against the point "<trick>:True" (tests/test_language_vs_trick.py checks both on synthetic rows); Triton's
+  host-built TMA descriptors (tma and tma_descriptors=host, conf/lvt/triton_tma_host.yaml) against its defaults;
 - the knobs only one language has, with their values (defaults and choices, from the Switches dataclasses).
 """
 
@@ -37,6 +38,10 @@ SHAPES = ("S1", "S2", "S3", "S4")
 # the Triton point at cuTile's tiles each stage's row reads (Triton's occupancy switch is not per stage)
 TRITON_ARM = {"chunk_cumsum": "triton_compute_out", "fwd_pass_state": "triton_fwd_pass_state",
               "compute_out": "triton_compute_out", "forward": "triton_compute_out"}
+
+
+# tricks whose point is an arm of the first part (two switches at once), against the language's defaults
+ARM_TRICKS = {"tma_descriptors:host": ("triton", "triton_tma_host")}
 
 
 class MissingRows(FileNotFoundError):
@@ -89,7 +94,7 @@ def _triton_at_cutile_tiles(t: pd.DataFrame, shape: str, stage: str) -> pd.DataF
     rows = _point(t, MATCHED, "triton", shape, arm=TRITON_ARM[stage])
     if rows.empty:
         others = _point(t, MATCHED, "triton", shape)
-        others = others[others["arm"].str.startswith("triton_")]
+        others = others[others["arm"].isin(set(TRITON_ARM.values()))]
         if others["switches"].nunique() == 1:
             return others
     return rows
@@ -126,8 +131,11 @@ def trick_effect(t: pd.DataFrame, backend: str, shape: str, stage: str, point: s
     """Time without the trick / time with it - 1 (positive: the trick helps)."""
     sweep = PARTS[backend]
     defaults = _median(_point(t, sweep, backend, shape), stage)
-    other = _median(_point(t, sweep, backend, shape, point), stage)
-    turned_on = point.endswith(":True")
+    if point in ARM_TRICKS:
+        other = _median(_point(t, MATCHED, backend, shape, arm=ARM_TRICKS[point][1]), stage)
+    else:
+        other = _median(_point(t, sweep, backend, shape, point), stage)
+    turned_on = point.endswith(":True") or point in ARM_TRICKS
     without, with_ = (defaults, other) if turned_on else (other, defaults)
     return without / with_ - 1
 
@@ -136,6 +144,8 @@ def trick_table(w: pd.DataFrame) -> pd.DataFrame:
     """Rows (trick, stage); columns "<language> <shape>": each trick's effect, as a signed percentage."""
     t = timed(w)
     names = {b: {p.partition(":")[0]: p for p in tricks(w, b)} for b in PARTS}
+    for point, (backend, _) in ARM_TRICKS.items():
+        names[backend][point] = point
     out = []
     for trick in dict.fromkeys([*names["cutile"], *names["triton"]]):
         for stage in STAGES:

@@ -31,12 +31,15 @@ def _point(backend, shape, sweep, ms_scale, ablation="none", arm=None, switches=
 @pytest.fixture
 def synthetic(tmp_path):
     """S1 and S2: cuTile 1.0, Triton at cuTile's tiles 1.5 (fwd arm 1.2); tricks: cuTile tma off 1.1x slower,
-    Triton exp2 off 1.25x slower, Triton tma on 2x slower; S2 has one Triton arm point (equal pins)."""
+    Triton exp2 off 1.25x slower, Triton tma on 2x slower, with host descriptors 1.25x slower (2.5 vs defaults 2.0);
+    S2 has one Triton arm point at cuTile's tiles (equal pins)."""
     parts = {name: [] for name in lvt.EXPERIMENTS}
     for shape in ("S1", "S2"):
         parts[lvt.MATCHED] += _point("cutile", shape, lvt.MATCHED, 1.0, arm="cutile")
         parts[lvt.MATCHED] += _point("triton", shape, lvt.MATCHED, 1.5, arm="triton_compute_out",
                                      switches={"occupancy": 3})
+        parts[lvt.MATCHED] += _point("triton", shape, lvt.MATCHED, 2.5, arm="triton_tma_host",
+                                     switches={"tma": True, "tma_descriptors": "host"})
         if shape == "S1":
             parts[lvt.MATCHED] += _point("triton", shape, lvt.MATCHED, 1.2, arm="triton_fwd_pass_state",
                                          switches={"occupancy": 2})
@@ -74,6 +77,8 @@ def test_trick_table_on_synthetic_rows(synthetic):
     assert t.loc[("exp2", "forward"), "Triton S1"] == "+25.0 %"
     assert t.loc[("exp2", "forward"), "cuTile S1"] == "n/a"  # this synthetic cuTile part has no exp2 point
     assert t.loc[("tma", "compute_out"), "cuTile S3"] == ""  # no rows
+    assert t.loc[("tma_descriptors:host", "compute_out"), "Triton S1"] == "-20.0 %"  # the arm against defaults
+    assert t.loc[("tma_descriptors:host", "compute_out"), "cuTile S1"] == "n/a"
 
 
 def test_render_and_markers(synthetic, tmp_path):

@@ -153,23 +153,21 @@ def chunk_state_kernel(
                       CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
     if TMA:
         # the fp32 scratch through a descriptor in its memory order: (…, headdim, dstate) or (…, dstate, headdim)
+        if HOST_DESC:
+            out_desc = out_hd
+        elif OUT_N_CONTIG:
+            out_desc = tl.make_tensor_descriptor(out_ptr, shape=[batch, nchunks, nheads, headdim, dstate],
+                                                 strides=[s_o_b, s_o_c, s_o_h, s_o_p, 1],
+                                                 block_shape=[1, 1, 1, BLOCK_P, BLOCK_N])
+        else:
+            out_desc = tl.make_tensor_descriptor(out_ptr, shape=[batch, nchunks, nheads, dstate, headdim],
+                                                 strides=[s_o_b, s_o_c, s_o_h, s_o_n, 1],
+                                                 block_shape=[1, 1, 1, BLOCK_N, BLOCK_P])
         if OUT_N_CONTIG:
-            if HOST_DESC:
-                out_desc = out_hd
-            else:
-                out_desc = tl.make_tensor_descriptor(out_ptr, shape=[batch, nchunks, nheads, headdim, dstate],
-                                                     strides=[s_o_b, s_o_c, s_o_h, s_o_p, 1],
-                                                     block_shape=[1, 1, 1, BLOCK_P, BLOCK_N])
             if SWAP:
                 acc = tl.trans(acc)
             out_desc.store([b32, c, h, p0, n0], acc.reshape(1, 1, 1, BLOCK_P, BLOCK_N))
         else:
-            if HOST_DESC:
-                out_desc = out_hd
-            else:
-                out_desc = tl.make_tensor_descriptor(out_ptr, shape=[batch, nchunks, nheads, dstate, headdim],
-                                                     strides=[s_o_b, s_o_c, s_o_h, s_o_n, 1],
-                                                     block_shape=[1, 1, 1, BLOCK_N, BLOCK_P])
             if not SWAP:
                 acc = tl.trans(acc)
             out_desc.store([b32, c, h, n0, p0], acc.reshape(1, 1, 1, BLOCK_N, BLOCK_P))
