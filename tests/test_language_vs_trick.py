@@ -155,3 +155,21 @@ def test_triton_arm_pins_cutiles_tiles(arm, stage):
         with pytest.raises((conf.ConfigError, OmegaConfBaseException), match="no cuTile record for compute_out"):
             conf.validate(compose("config", overrides=["experiment=language_vs_trick", f"+lvt={arm}",
                                                        "shape=tiny"]))
+
+
+def test_every_arm_validates_at_every_headline_shape():
+    from hydra import compose, initialize_config_dir
+
+    from experiments import config as conf
+
+    conf.register_schemas()
+    conf.register_resolvers()
+    arms = [p.stem for p in sorted((repo_root() / "conf" / "lvt").glob("*.yaml"))]
+    with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+        swept = compose("config", overrides=["experiment=language_vs_trick"], return_hydra_config=True)
+        assert sorted(str(swept.hydra.sweeper.params["+lvt"]).split(",")) == arms
+        for arm in arms:
+            for shape in lvt.SHAPES:
+                cfg = compose("config", overrides=["experiment=language_vs_trick", f"+lvt={arm}", f"shape={shape}"])
+                _, sw = conf.validate(cfg)
+                assert sw is not None and cfg.backend.name.name == arm.partition("_")[0], (arm, shape)
