@@ -322,5 +322,15 @@ def register_resolvers() -> None:
             return "none"
         return ",".join(ablation_points(cls.Switches))
 
+    def cutile_tile(shape_name: str, stage: str, field: str):
+        from experiments import cutile_tiles
+
+        try:
+            return cutile_tiles.tile(shape_name, stage, field)
+        except cutile_tiles.MissingRecord as exc:
+            raise ConfigError(f"${{ssd_cutile_tile:{shape_name},{stage},{field}}}: {exc}") from exc
+
     if not OmegaConf.has_resolver("ssd_ablations"):
         OmegaConf.register_new_resolver("ssd_ablations", ablations)
+    if not OmegaConf.has_resolver("ssd_cutile_tile"):  # cuTile's tuned tiles as pins (experiments/cutile_tiles.py)
+        OmegaConf.register_new_resolver("ssd_cutile_tile", cutile_tile)

@@ -30,12 +30,14 @@ if "impls.triton" not in sys.modules:
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 import impls  # noqa: E402
 from impls.inputs import make_inputs  # noqa: E402
 from impls.problem import Problem, Shape  # noqa: E402
 from impls.registry import get_backend  # noqa: E402
 from impls.tolerance import poisoned_allocations, rel_err, tolerance  # noqa: E402
+from impls.triton import descriptors  # noqa: E402
 from impls.triton.clamp import clamp  # noqa: E402
 from impls.triton.fallbacks import FALLBACK, fallback  # noqa: E402
 from impls.triton.occupancy import maxnreg  # noqa: E402
@@ -236,6 +238,13 @@ TMA_CASES = [
                  DTYPES[:1], id="decay_factor-no-swap-chunk64"),
     pytest.param({"cb_mode": "shared"}, Problem(SMALL, varlen=True, nseqs=3, has_z=True), DTYPES[:1],
                  id="cb-shared-cu_seqlens"),
+    # descriptors made on the host (TensorDescriptor kernel arguments; the interpreter runs them)
+    pytest.param({"tma_descriptors": "host"}, RICH, DTYPES, id="host-swap-transposed"),
+    pytest.param({"tma_descriptors": "host", "operand_swap": False, "transposed_layout": False, "exp2": False}, RICH,
+                 DTYPES[:1], id="host-all-off"),
+    pytest.param({"tma_descriptors": "host", "heads_per_tile": 2, "decay_factor": True},
+                 Problem(Shape(1, 100, 4, 32, 1, 32, 64), nseqs=2, has_z=True), DTYPES[:1],
+                 id="host-heads2-decay_factor"),
 ]
 
 
@@ -257,6 +266,31 @@ def test_tma_refuses_tensors_a_descriptor_cannot_read():
     inputs = transposed_x(make_inputs(Problem(SMALL), seed=9, dtype=torch.float32))
     with pytest.raises(ValueError, match=r"x: its last dimension has stride"):
         impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True))
+
+
+def test_tma_host_descriptors_are_kernel_arguments(monkeypatch):
+    """tma_descriptors='host' builds compute_out's five and chunk_state's three descriptors on the host, once per
+    launch, with the launch's boxes."""
+    made = []
+    real = descriptors.host
+    monkeypatch.setattr(descriptors, "host", lambda tensors: made.append(real(tensors)) or made[-1])
+    inputs = make_inputs(Problem(SMALL), seed=9, dtype=torch.float32)
+    impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True, tma_descriptors="host"))
+    assert [sorted(m) for m in made] == [["B", "chunk-local states", "x"], ["B", "C", "states", "x", "y"]]
+    assert all(isinstance(d, TensorDescriptor) for m in made for d in m.values())
+    assert made[1]["C"].block_shape == [1, 16, 1, 16] and made[1]["x"].block_shape == [1, 16, 1, 16]
+
+
+def test_tma_host_refuses_what_it_cannot_run():
+    """Host descriptors: unaligned tensors raise naming the tensor; without tma, or with the fused kernel, the
+    backend refuses at construction."""
+    inputs = fused_projection(make_inputs(Problem(SMALL, has_z=True), seed=9, dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"'tma' with tma_descriptors='host' of backend 'triton': x: its data "):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True, tma_descriptors="host"))
+    with pytest.raises(ValueError, match=r"tma_descriptors='host'.*with tma=False there are none"):
+        get_backend("triton", tma_descriptors="host")
+    with pytest.raises(ValueError, match=r"tma_descriptors='host'.*fused kernel"):
+        get_backend("triton", tma=True, tma_descriptors="host", fuse_state_out=True)
 
 
 FUSED_CASES = [
@@ -541,15 +575,19 @@ def test_kernels_compile_for_sm90():
     result = _aot("--arch", "90", "--dtype", "bfloat16")
     assert result.returncode == 0, result.stdout + result.stderr
     # defaults and all-off (7 kernels each, the fused one and state_pass's serial one included), and at the
-    # defaults chunk_state, compute_out (dstate 128, 256) and the fused kernel again with tensor descriptors, whose
-    # PTX must have bulk tensor copies
-    assert result.stdout.count("ok  ") == 22, result.stdout  # and compute_out with 2 heads per program (x2)
-    assert result.stdout.count("bulk_tensor_copies=yes") == 4, result.stdout
+    # defaults chunk_state, compute_out (dstate 128, 256) and the fused kernel again with in-kernel tensor
+    # descriptors, and chunk_state and compute_out (x2) with host-built ones (tma_descriptors='host'): PTX with bulk
+    # tensor copies, and the host-built ones without tensormap creation in the kernel
+    assert result.stdout.count("ok  ") == 25, result.stdout  # and compute_out with 2 heads per program (x2)
+    assert result.stdout.count("bulk_tensor_copies=yes") == 7, result.stdout
+    assert result.stdout.count("bulk_tensor_copies=yes descriptors_in_kernel=no") == 3, result.stdout
 
 
 def test_what_triton_cannot_express_is_shown_by_the_compiler():
     """The evidence docs/triton-switches.md quotes: a latency hint on tl.load is a compile error; an occupancy
-    compile option is dropped without a trace in the PTX; maxnreg (the occupancy switch's means) reaches it."""
+    compile option is dropped without a trace in the PTX; maxnreg (the occupancy switch's means) reaches it; a
+    pointer tile load never becomes TMA, an in-kernel descriptor writes a tensormap and a host-built one does
+    not; a batched 3-D tl.dot is mma.sync where the 2-D one is wgmma."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-m", "impls.triton.expressible"], capture_output=True, text=True,
                             env=env, cwd=Path(__file__).resolve().parent.parent, timeout=600)
@@ -558,6 +596,12 @@ def test_what_triton_cannot_express_is_shown_by_the_compiler():
         "latency_hints: CompilationError: load() got an unexpected keyword argument 'latency'",
         "occupancy: compile option occupancy=2 accepted; PTX directives: none",
         "occupancy via maxnreg=168: PTX directives: .maxnreg",
+        "tma by pointer load (64x64 bf16 tile): cp.async.bulk.tensor no, tensormap.cp_fenceproxy no",
+        "tma, descriptor made in the kernel: cp.async.bulk.tensor yes, tensormap.cp_fenceproxy yes",
+        "tma, descriptor built on the host: cp.async.bulk.tensor yes, tensormap.cp_fenceproxy no, "
+        ".param .align 64 .b8 yes",
+        "head_mma, 2-D tl.dot (bf16, 64x64 per head): wgmma.mma_async yes, mma.sync no",
+        "head_mma, batched 3-D tl.dot (bf16, 64x64 per head): wgmma.mma_async no, mma.sync yes",
     ], result.stdout
 
 

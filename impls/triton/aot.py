@@ -8,8 +8,9 @@ call this module in a subprocess:
     python -m impls.triton.aot --arch 90 --dtype bfloat16 [--all-variants]
 
 It prints one line per kernel variant: name, switches, shared-memory bytes, whether the PTX has bulk tensor copies
-(cp.async.bulk.tensor: TMA; a variant built with TMA must have them, one without must not); exit status 1 if any
-failed.
+(cp.async.bulk.tensor: TMA; a variant built with TMA must have them, one without must not) and whether it builds
+descriptors in the kernel (tensormap.cp_fenceproxy: with TMA, the in-kernel descriptors must, the host-built ones
+of tma_descriptors='host' must not); exit status 1 if any failed.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ POINTER = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 
 
 def _compile(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int,
-             num_stages: int) -> tuple[int, bool]:
-    """The variant's shared-memory bytes and whether its PTX has bulk tensor copies."""
+             num_stages: int) -> tuple[int, bool, bool]:
+    """The variant's shared-memory bytes, whether its PTX has bulk tensor copies and whether it makes a tensor
+    descriptor in the kernel (tensormap.cp_fenceproxy)."""
     compiled = compile_variant(kernel, pointers, constexprs, arch, num_warps, num_stages)
-    return compiled.metadata.shared, "cp.async.bulk.tensor" in compiled.asm["ptx"]
+    ptx = compiled.asm["ptx"]
+    return compiled.metadata.shared, "cp.async.bulk.tensor" in ptx, "tensormap.cp_fenceproxy" in ptx
 
 
 def compile_variant(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int, num_stages: int):
@@ -51,6 +54,20 @@ def compile_variant(kernel, pointers: dict[str, str], constexprs: dict, arch: in
     source = ASTSource(kernel, signature, constexprs={(names.index(k),): v for k, v in constexprs.items()})
     return triton.compile(source, target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def _desc(dtype: str, box: tuple[int, ...]) -> str:
+    """The signature type of a host-built TensorDescriptor argument (Triton's mangling of one)."""
+    return f"tensordesc<{dtype}[{', '.join(map(str, box))}]>"
+
+
+def host_descriptors(names: tuple[str, ...], boxes: tuple[tuple[int, ...], ...], dtypes: tuple[str, ...],
+                     host: bool) -> tuple[dict[str, str], dict]:
+    """(signature types, constexprs) of a kernel's host-descriptor arguments: descriptor types when `host`, else
+    None (what the backend passes without tma_descriptors='host'), and HOST_DESC."""
+    if not host:
+        return {}, {**{n: None for n in names}, "HOST_DESC": False}
+    return {n: _desc(d.lstrip("*"), b) for n, b, d in zip(names, boxes, dtypes)}, {"HOST_DESC": True}
 
 
 def variants(dtype: str, all_variants: bool):
@@ -77,27 +94,43 @@ def variants(dtype: str, all_variants: bool):
                {"dt_ptr": p, "A_ptr": "*fp32", "bias_ptr": "*fp32", "dt_out_ptr": "*fp32", "dA_ptr": "*fp32"},
                dict(CHUNK=256, BLOCK_H=base["block_heads"], HAS_BIAS=feature, SOFTPLUS=feature, HAS_LIMIT=feature,
                     EXP2=exp2), base["num_warps"], 1)
-        for precision, tma in itertools.product(precisions, tmas):
+        # TMA: off, in-kernel descriptors, host-built descriptors (tma_descriptors='host', not in the fused kernel)
+        tma_modes = [(False, False)] + ([(True, False), (True, True)] if True in tmas else [])
+        for precision, (tma, host) in itertools.product(precisions, tma_modes):
             c = fallback("sm90", "chunk_state", dims, itemsize, {})
+            out_box = (1, 1, 1) + ((c["block_headdim"], c["block_dstate"]) if not swap else
+                                   (c["block_dstate"], c["block_headdim"]))
+            types, hd = host_descriptors(
+                ("x_hd", "B_hd", "out_hd"), ((1, c["block_positions"], 1, c["block_headdim"]),
+                                             (1, c["block_positions"], 1, c["block_dstate"]), out_box),
+                (p, p, "*fp32"), host)
             yield ("chunk_state", chunk_state_kernel,
                    {"x_ptr": p, "B_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "seq_ptr": "*i32",
-                    "out_ptr": "*fp32"},
+                    "out_ptr": "*fp32", **types},
                    dict(CHUNK=256, BLOCK_P=c["block_headdim"], BLOCK_N=c["block_dstate"],
                         BLOCK_K=c["block_positions"], HAS_SEQ=feature, SWAP=swap, EXP2=exp2,
-                        DOT_PRECISION=precision, TMA=tma, OUT_N_CONTIG=not swap), c["num_warps"], c["num_stages"])
+                        DOT_PRECISION=precision, TMA=tma, OUT_N_CONTIG=not swap, **hd), c["num_warps"],
+                   c["num_stages"])
             for dstate, hb in itertools.product((128, 256), (1, 2) if not tma else (1,)):
                 if hb == 2 and not (all_variants or (swap, exp2, feature) == flags[0]):
                     continue
                 d = dict(dims, dstate=dstate)
                 c = fallback("sm90", "compute_out", d, itemsize, {})
+                m, k, hp = c["block_rows"], c["block_positions"], c["block_headdim"]
+                types, hd = host_descriptors(
+                    ("C_hd", "B_hd", "x_hd", "y_hd", "st_hd"),
+                    ((1, m, 1, dstate), (1, k, 1, dstate), (1, k, 1, hp), (1, m, 1, hp),
+                     (1, 1, 1) + ((hp, dstate) if not swap else (dstate, hp))), (p,) * 5, host)
                 yield ("compute_out", compute_out_kernel,
                        {"C_ptr": p, "B_ptr": p, "x_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "st_ptr": p,
-                        "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "cb_ptr": "*fp32", "y_ptr": p},
-                       dict(CHUNK=256, BLOCK_M=c["block_rows"], BLOCK_K=c["block_positions"],
-                            BLOCK_P=c["block_headdim"], BLOCK_DSTATE=dstate, HAS_D=feature, HAS_Z=feature,
-                            HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precision, SHARED_CB=feature,
-                            DECAY_FACTOR=feature, TMA=tma, ST_N_CONTIG=not swap, HB=hb, HEADS_FIRST=False),
+                        "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "cb_ptr": "*fp32", "y_ptr": p, **types},
+                       dict(CHUNK=256, BLOCK_M=m, BLOCK_K=k, BLOCK_P=hp, BLOCK_DSTATE=dstate, HAS_D=feature,
+                            HAS_Z=feature, HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precision,
+                            SHARED_CB=feature, DECAY_FACTOR=feature, TMA=tma, ST_N_CONTIG=not swap, HB=hb,
+                            HEADS_FIRST=False, **hd),
                        c["num_warps"], c["num_stages"])
+            if host:
+                continue
             c = fallback("sm90", FUSED, dims, itemsize, {})
             yield ("fused_state_out", fused_kernel,
                    {"C_ptr": p, "B_ptr": p, "x_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "init_ptr": "*fp32",
@@ -139,16 +172,19 @@ def main(argv=None) -> int:
     for name, kernel, pointers, constexprs, warps, stages in variants(args.dtype, args.all_variants):
         label = f"{name} sm_{args.arch} {args.dtype} " + " ".join(f"{k}={v}" for k, v in constexprs.items())
         try:
-            shared, uses_tma = _compile(kernel, pointers, constexprs, args.arch, warps, stages)
+            shared, uses_tma, makes_desc = _compile(kernel, pointers, constexprs, args.arch, warps, stages)
         except Exception as exc:  # report every failing variant, not only the first
             failed += 1
             print(f"FAIL {label}: {type(exc).__name__}: {str(exc)[:500]}")
             continue
         fits = shared <= SHARED_MEMORY_LIMIT.get(args.arch, 232448)
-        tma_ok = uses_tma == bool(constexprs.get("TMA", False))  # descriptor loads compile to bulk tensor copies
+        tma = bool(constexprs.get("TMA", False))
+        # descriptor loads compile to bulk tensor copies; descriptors are made in the kernel unless built on the host
+        tma_ok = uses_tma == tma and makes_desc == (tma and not constexprs.get("HOST_DESC", False))
         failed += not (fits and tma_ok)
         status = "ok  " if fits and tma_ok else ("SMEM" if not fits else "TMA?")
-        print(f"{status} {label} shared={shared} bulk_tensor_copies={'yes' if uses_tma else 'no'}")
+        print(f"{status} {label} shared={shared} bulk_tensor_copies={'yes' if uses_tma else 'no'} "
+              f"descriptors_in_kernel={'yes' if makes_desc else 'no'}")
     return 1 if failed else 0
 
 

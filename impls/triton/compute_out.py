@@ -17,8 +17,9 @@ loaded; `decay_factor` takes the source tiles wholly before the row tile with th
 (no mask, no exp per (row, source) pair; the row factor scales their sum); `transposed_layout` only matters
 through the strides of `states` (fwd_pass_state's output): this kernel
 reads states through their strides; `tma` loads C, B, x and the states and stores y through tensor descriptors
-(impls/triton/descriptors.py). The kernel's parts (c_rows, row_terms, state_term, intra_chunk, epilogue) are
-jit functions that the fused kernel (impls/triton/fused.py) calls in another order.
+(impls/triton/descriptors.py), made in the kernel or, with `tma_descriptors='host'`, once on the host and passed
+in (C_hd, B_hd, x_hd, y_hd, st_hd; None otherwise). The kernel's parts (c_rows, row_terms, state_term,
+intra_chunk, epilogue) are jit functions that the fused kernel (impls/triton/fused.py) calls in another order.
 """
 
 from __future__ import annotations
@@ -413,6 +414,7 @@ def heads_first_pid(pid, tiles, head_blocks):
 @triton.jit
 def compute_out_kernel(
     C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr,
+    C_hd, B_hd, x_hd, y_hd, st_hd,
     batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
     s_C_b, s_C_l, s_C_g, s_C_n,
     s_B_b, s_B_l, s_B_g, s_B_n,
@@ -431,6 +433,7 @@ def compute_out_kernel(
     SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr,
     DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, ST_N_CONTIG: tl.constexpr, HB: tl.constexpr,
     HEADS_FIRST: tl.constexpr,
+    HOST_DESC: tl.constexpr,
 ):
     # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head block (HB heads of one
     # group: h and, with HB = 2, h + 1), chunk, batch; HEADS_FIRST (switch heads_first): the head block fastest
@@ -451,7 +454,13 @@ def compute_out_kernel(
         s_C_b, s_C_l, s_C_g, s_B_b, s_B_l, s_B_g, s_x_b, s_x_l, s_x_h, s_dt_b, s_dt_h, s_dt_c, s_dA_b, s_dA_h, s_dA_c,
         s_st_b, s_st_c, s_st_h, s_cb_b, s_cb_c, s_cb_g, s_seq_b, s_seq_l, s_z_b, s_z_l, s_z_h, s_y_b, s_y_l, s_y_h)
     dtype = x_ptr.dtype.element_ty
-    if TMA:
+    if HOST_DESC:  # made once on the host (tma_descriptors='host'), same boxes as below
+        C_desc = C_hd
+        B_desc = B_hd
+        x_desc = x_hd
+        y_desc = y_hd
+        st_desc = st_hd
+    elif TMA:
         C_desc = rows_desc(C_ptr, batch, seqlen, ngroups, dstate, s_C_b, s_C_l, s_C_g, BLOCK_M, BLOCK_DSTATE)
         B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_DSTATE)
         x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
@@ -521,7 +530,14 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
     y = empty((batch, seqlen, nheads, headdim), x.dtype, x.device)
     block_dstate = max(16, triton.next_power_of_2(dstate))
     D_arg, z_arg, seq, D_strides = operand_args(x, dt, D, z, seq_idx)
-    if switches.tma:
+    block_m, block_k, block_p = config["block_rows"], config["block_positions"], config["block_headdim"]
+    host = switches.tma and switches.tma_descriptors == "host"
+    if host:
+        st_box = (block_p, block_dstate) if states.stride(-1) == 1 else (block_dstate, block_p)
+        hd = descriptors.host({"C": (C, (1, block_m, 1, block_dstate)), "B": (B, (1, block_k, 1, block_dstate)),
+                               "x": (x, (1, block_k, 1, block_p)), "y": (y, (1, block_m, 1, block_p)),
+                               "states": (descriptors.memory_order(states), (1, 1, 1, *st_box))})
+    elif switches.tma:
         descriptors.require({"C": C, "B": B, "x": x, "states": descriptors.memory_order(states), "y": y})
     shared = switches.cb_mode == "shared"
     cb = cb_matrix(C, B, chunk, empty, dot_precision) if shared else dt  # never read unless shared
@@ -534,6 +550,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
     grid = (tiles * (nheads // hb) * nchunks * batch,)
     compute_out_kernel[grid](
         C, B, x, dt, dA_cumsum, states, D_arg, z_arg, seq, cb, y,
+        *((hd["C"], hd["B"], hd["x"], hd["y"], hd["states"]) if host else (None,) * 5),
         batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
         *C.stride(), *B.stride(), *x.stride(), *dt.stride(), *dA_cumsum.stride(), *states.stride(),
         *D_strides, *z_arg.stride(), seq.stride(0), seq.stride(1), *y.stride(), *cb_strides,
@@ -542,11 +559,10 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
-        HEADS_FIRST=switches.heads_first,
+        HEADS_FIRST=switches.heads_first, HOST_DESC=host,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
     )
     return y
-
 
 
 CB_BLOCK = 64  # cb_kernel's tile (or the whole chunk when shorter)

@@ -1,5 +1,12 @@
 """Tensor-descriptor (TMA) loads of the Triton backend (switch `tma`): what a tensor must satisfy to be read or
-written through `tl.make_tensor_descriptor`, and the global-memory workspace the descriptors are built in.
+written through a tensor descriptor, the global-memory workspace in-kernel descriptors are built in, and the
+descriptors built on the host (switch `tma_descriptors`).
+
+Two places a descriptor can be made (switch `tma_descriptors`):
+- "device": inside the kernel, `tl.make_tensor_descriptor`, by every program (the behaviour `tma` had alone);
+- "host": once per launch on the host, `triton.tools.tensor_descriptor.TensorDescriptor`, passed to the kernel as
+  an argument (on sm_90 Triton hands it over as a `__grid_constant__` CUtensorMap: no per-program creation, no
+  workspace).
 
 On sm_90 a descriptor made inside a kernel becomes a TMA descriptor (PTX `tensormap.cp_fenceproxy`, loads
 `cp.async.bulk.tensor`), written to a workspace that Triton asks for through `triton.set_allocator` at launch. The
@@ -12,6 +19,7 @@ from __future__ import annotations
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 
 def refusal(name: str, tensor: torch.Tensor) -> str | None:
@@ -33,15 +41,25 @@ def memory_order(states: torch.Tensor) -> torch.Tensor:
     return states.transpose(-1, -2) if states.stride(-1) != 1 and states.stride(-2) == 1 else states
 
 
-def require(tensors: dict[str, torch.Tensor]) -> None:
-    """Raise ValueError naming the first tensor a descriptor cannot read; set the descriptor workspace allocator."""
+def require(tensors: dict[str, torch.Tensor], where: str = "device") -> None:
+    """Raise ValueError naming the first tensor a descriptor cannot read; for in-kernel descriptors (`where`
+    "device") set the descriptor workspace allocator."""
     for name, tensor in tensors.items():
         reason = refusal(name, tensor)
         if reason:
-            raise ValueError(f"switch 'tma' of backend 'triton': {reason} (run with tma=False, or pass the tensor "
-                             "contiguous and aligned)")
-    device = next(iter(tensors.values())).device
-    triton.set_allocator(_Workspace(device))
+            switch = "'tma'" if where == "device" else "'tma' with tma_descriptors='host'"
+            raise ValueError(f"switch {switch} of backend 'triton': {reason} (run with tma=False, or pass the "
+                             "tensor contiguous and aligned)")
+    if where == "device":
+        device = next(iter(tensors.values())).device
+        triton.set_allocator(_Workspace(device))
+
+
+def host(tensors: dict[str, tuple[torch.Tensor, tuple[int, ...]]]) -> dict[str, TensorDescriptor]:
+    """Host-built descriptors, one per named (tensor, block shape), after `require` has checked every tensor (no
+    AssertionError from TensorDescriptor, a ValueError naming the tensor instead)."""
+    require({name: tensor for name, (tensor, _) in tensors.items()}, where="host")
+    return {name: TensorDescriptor.from_tensor(tensor, list(block)) for name, (tensor, block) in tensors.items()}
 
 
 class _Workspace:

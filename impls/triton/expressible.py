@@ -5,6 +5,14 @@ without a GPU (`python -m impls.triton.expressible`), each printing what the com
 - `occupancy` (cuTile: `ct.kernel(occupancy=N)`): Triton has no CTAs-per-SM hint. An `occupancy=` compile option
   is silently dropped (no `.minnctapersm` in the PTX); what Triton does have is `maxnreg` (PTX `.maxnreg`), a
   register cap, which the backend's `occupancy` switch uses.
+- `tma` (cuTile: the compiler picks TMA for any tile load, `allow_tma=None`): a Triton pointer load of a whole
+  64x64 tile stays a plain load (no `cp.async.bulk.tensor`); TMA only comes through an explicit descriptor. Made
+  in the kernel (`tl.make_tensor_descriptor`), every program writes a tensormap (`tensormap.cp_fenceproxy` in the
+  PTX); built on the host (`TensorDescriptor` argument, the backend's `tma_descriptors='host'`), the kernel takes it
+  as a 128-byte parameter (`.param .align 64 .b8`) and writes none.
+- `head_mma='batched'` (cuTile: one rank-3 MMA for several heads): Triton expresses it (a 3-D `tl.dot`), but on
+  sm_90 it becomes `mma.sync` where the same 2-D dot is a warpgroup `wgmma.mma_async`, as cuTile's batched form
+  became HMMA; the backend builds only the per-head form (`heads_per_tile`).
 
 The output is what docs/triton-switches.md quotes; tests/test_triton_interp.py runs it and checks each line.
 """
@@ -30,12 +38,49 @@ def copy(x_ptr, y_ptr, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, tl.load(x_ptr + offs))
 
 
-def _build(kernel, **options):
+@triton.jit
+def tile_copy(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs))
+
+
+@triton.jit
+def tile_copy_descriptor_in_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    desc = tl.make_tensor_descriptor(x_ptr, shape=[BLOCK, BLOCK], strides=[BLOCK, 1], block_shape=[BLOCK, BLOCK])
+    offs = tl.arange(0, BLOCK)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    tl.store(y_ptr + offs, desc.load([0, 0]))
+
+
+@triton.jit
+def tile_copy_descriptor_argument(x_desc, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    tl.store(y_ptr + offs, x_desc.load([0, 0]))
+
+
+@triton.jit
+def dot_2d(a_ptr, b_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    tl.store(y_ptr + offs, tl.dot(tl.load(a_ptr + offs), tl.load(b_ptr + offs)))
+
+
+@triton.jit
+def dot_batched(a_ptr, b_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = (tl.arange(0, 2)[:, None, None] * BLOCK * BLOCK + tl.arange(0, BLOCK)[None, :, None] * BLOCK
+            + tl.arange(0, BLOCK)[None, None, :])
+    tl.store(y_ptr + offs, tl.dot(tl.load(a_ptr + offs), tl.load(b_ptr + offs)))
+
+
+def _build(kernel, signature=None, block=128, **options):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    source = ASTSource(kernel, {"x_ptr": "*fp32", "y_ptr": "*fp32", "BLOCK": "constexpr"}, constexprs={(2,): 128})
+    signature = signature or {"x_ptr": "*fp32", "y_ptr": "*fp32", "BLOCK": "constexpr"}
+    source = ASTSource(kernel, signature, constexprs={(list(signature).index("BLOCK"),): block})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def _has(ptx: str, *needles: str) -> str:
+    return ", ".join(f"{n} {'yes' if n in ptx else 'no'}" for n in needles)
 
 
 def _directives(ptx: str) -> str:
@@ -54,6 +99,19 @@ def attempts() -> list[str]:
     lines.append(f"occupancy: compile option occupancy=2 accepted; PTX directives: {_directives(ptx)}")
     ptx = _build(copy, maxnreg=168).asm["ptx"]
     lines.append(f"occupancy via maxnreg=168: PTX directives: {_directives(ptx)}")
+    bf16 = {"x_ptr": "*bf16", "y_ptr": "*bf16", "BLOCK": "constexpr"}
+    tma = ("cp.async.bulk.tensor", "tensormap.cp_fenceproxy")
+    ptx = _build(tile_copy, bf16, 64).asm["ptx"]
+    lines.append(f"tma by pointer load (64x64 bf16 tile): {_has(ptx, *tma)}")
+    ptx = _build(tile_copy_descriptor_in_kernel, bf16, 64).asm["ptx"]
+    lines.append(f"tma, descriptor made in the kernel: {_has(ptx, *tma)}")
+    signature = {"x_desc": "tensordesc<bf16[64, 64]>", "y_ptr": "*bf16", "BLOCK": "constexpr"}
+    ptx = _build(tile_copy_descriptor_argument, signature, 64).asm["ptx"]
+    lines.append(f"tma, descriptor built on the host: {_has(ptx, *tma, '.param .align 64 .b8')}")
+    dots = {"a_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*fp32", "BLOCK": "constexpr"}
+    for name, kernel in (("2-D", dot_2d), ("batched 3-D", dot_batched)):
+        ptx = _build(kernel, dots, 64).asm["ptx"]
+        lines.append(f"head_mma, {name} tl.dot (bf16, 64x64 per head): {_has(ptx, 'wgmma.mma_async', 'mma.sync')}")
     return lines
 
 

@@ -12,8 +12,9 @@ Two kernels (switch state_pass="chunk_parallel", the default):
 Switches: `transposed_layout` stores the scratch and the entering states (b, c, h, dstate, headdim) and returns
 the logical (b, c, h, headdim, dstate) as a transposed view; `operand_swap` computes the chunk state as
 Bᵀ·(dt-weighted x) (dstate on the MMA's M) instead of (dt-weighted x)ᵀ·B; `exp2` computes the decays with exp2;
-`tma` reads x and B and writes the scratch through tensor descriptors (impls/triton/descriptors.py). The chunk
-sum itself is `local_state`, which the fused kernel (impls/triton/fused.py) calls too.
+`tma` reads x and B and writes the scratch through tensor descriptors (impls/triton/descriptors.py), made in the
+kernel or, with `tma_descriptors='host'`, once on the host and passed in (x_hd, B_hd, out_hd; None otherwise).
+The chunk sum itself is `local_state`, which the fused kernel (impls/triton/fused.py) calls too.
 Switch `state_pass='serial'` replaces both by `serial_state_kernel`: one program per (headdim tile, dstate tile,
 head, batch) walks the chunks, `local_state` per chunk in registers, no scratch (chunk_state's launch fields).
 The kernels address every tensor through its strides, so any layout of the inputs (and of states) works.
@@ -117,6 +118,7 @@ def tile_coords(tile, tiles_n, headdim, dstate, BLOCK_P: tl.constexpr, BLOCK_N: 
 @triton.jit
 def chunk_state_kernel(
     x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, out_ptr,
+    x_hd, B_hd, out_hd,
     batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
     s_x_b, s_x_l, s_x_h, s_x_p,
     s_B_b, s_B_l, s_B_g, s_B_n,
@@ -126,7 +128,7 @@ def chunk_state_kernel(
     s_o_b, s_o_c, s_o_h, s_o_p, s_o_n,
     CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    TMA: tl.constexpr, OUT_N_CONTIG: tl.constexpr,
+    TMA: tl.constexpr, OUT_N_CONTIG: tl.constexpr, HOST_DESC: tl.constexpr,
 ):
     # flat grid (axis 0 has no 65535 limit): tile fastest, then head, then chunk, then batch
     pid = tl.program_id(0)
@@ -143,7 +145,10 @@ def chunk_state_kernel(
     dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
     dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
     seq_base = seq_ptr + b * s_seq_b + start.to(tl.int64) * s_seq_l
-    if TMA:
+    if HOST_DESC:  # made once on the host (tma_descriptors='host'), same boxes as below
+        x_desc = x_hd
+        B_desc = B_hd
+    elif TMA:
         x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
         B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_N)
     else:
@@ -155,17 +160,21 @@ def chunk_state_kernel(
                       CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
     if TMA:
         # the fp32 scratch through a descriptor in its memory order: (…, headdim, dstate) or (…, dstate, headdim)
-        if OUT_N_CONTIG:
+        if HOST_DESC:
+            out_desc = out_hd
+        elif OUT_N_CONTIG:
             out_desc = tl.make_tensor_descriptor(out_ptr, shape=[batch, nchunks, nheads, headdim, dstate],
                                                  strides=[s_o_b, s_o_c, s_o_h, s_o_p, 1],
                                                  block_shape=[1, 1, 1, BLOCK_P, BLOCK_N])
-            if SWAP:
-                acc = tl.trans(acc)
-            out_desc.store([b32, c, h, p0, n0], acc.reshape(1, 1, 1, BLOCK_P, BLOCK_N))
         else:
             out_desc = tl.make_tensor_descriptor(out_ptr, shape=[batch, nchunks, nheads, dstate, headdim],
                                                  strides=[s_o_b, s_o_c, s_o_h, s_o_n, 1],
                                                  block_shape=[1, 1, 1, BLOCK_N, BLOCK_P])
+        if OUT_N_CONTIG:
+            if SWAP:
+                acc = tl.trans(acc)
+            out_desc.store([b32, c, h, p0, n0], acc.reshape(1, 1, 1, BLOCK_P, BLOCK_N))
+        else:
             if not SWAP:
                 acc = tl.trans(acc)
             out_desc.store([b32, c, h, n0, p0], acc.reshape(1, 1, 1, BLOCK_N, BLOCK_P))
@@ -329,18 +338,27 @@ def chunk_states(B, x, dt, dA_cumsum, seq_idx, *, config, switches, empty, dot_p
     local = _state_buffer(batch, nchunks, nheads, headdim, dstate, torch.float32, x.device,
                           switches.transposed_layout, empty)
     seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
-    if switches.tma:
+    block_p, block_n, block_k = config["block_headdim"], config["block_dstate"], config["block_positions"]
+    host = switches.tma and switches.tma_descriptors == "host"
+    if host:
+        out_box = (block_p, block_n) if local.stride(-1) == 1 else (block_n, block_p)
+        hd = descriptors.host({"x": (x, (1, block_k, 1, block_p)), "B": (B, (1, block_k, 1, block_n)),
+                               "chunk-local states": (descriptors.memory_order(local), (1, 1, 1, *out_box))})
+        host_args = (hd["x"], hd["B"], hd["chunk-local states"])
+    else:
+        host_args = (None,) * 3
+    if switches.tma and not host:
         descriptors.require({"x": x, "B": B, "chunk-local states": descriptors.memory_order(local)})
     tiles = triton.cdiv(headdim, config["block_headdim"]) * triton.cdiv(dstate, config["block_dstate"])
     grid = (tiles * nheads * nchunks * batch,)
     chunk_state_kernel[grid](
-        x, B, dt, dA_cumsum, seq, local,
+        x, B, dt, dA_cumsum, seq, local, *host_args,
         batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
         *x.stride(), *B.stride(), *dt.stride(), *dA_cumsum.stride(),
         seq.stride(0), seq.stride(1), *local.stride(),
         CHUNK=chunk, BLOCK_P=config["block_headdim"], BLOCK_N=config["block_dstate"], BLOCK_K=config["block_positions"],
         HAS_SEQ=seq_idx is not None, SWAP=switches.operand_swap, EXP2=switches.exp2,
-        DOT_PRECISION=dot_precision, TMA=switches.tma, OUT_N_CONTIG=local.stride(-1) == 1,
+        DOT_PRECISION=dot_precision, TMA=switches.tma, OUT_N_CONTIG=local.stride(-1) == 1, HOST_DESC=host,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
     )
     return local

@@ -41,13 +41,16 @@ def normalized(ptx: str) -> str:
 
 
 def variant_id(name: str, dtype: str, constexprs: dict) -> str:
-    """kernel-dtype[-defaults|-all-off][-tma][-ieee][-dstate256][-hb2]; aot.variants' flags are all on or all off."""
+    """kernel-dtype[-defaults|-all-off][-tma[-host]][-ieee][-dstate256][-hb2]; aot.variants' flags are all on or all
+    off."""
     if "EXP2" in constexprs:
         parts = [name, dtype, "defaults" if constexprs["EXP2"] else "all-off"]
     else:  # cb_kernel has no switch of its own; aot.variants builds it in both passes, identically
         parts = [name, dtype]
     if constexprs.get("TMA"):
         parts.append("tma")
+    if constexprs.get("HOST_DESC"):
+        parts.append("host")
     if constexprs.get("DOT_PRECISION") == "ieee":
         parts.append("ieee")
     if name == "compute_out" and constexprs.get("BLOCK_DSTATE") == 256:

@@ -72,6 +72,16 @@ class TritonSwitches:
         sm90="in-kernel TMA descriptors (tensormap.cp_fenceproxy into a workspace from triton.set_allocator), tiles "
              "by cp.async.bulk.tensor into shared memory, out-of-bounds boxes zero-filled",
         sm100="same TMA descriptors and bulk copies")
+    tma_descriptors: str = switch(
+        "device", "with tma on, where the tensor descriptors of compute_out and chunk_state (x, B, C, the states, "
+                  "the fp32 scratch, y) are made: 'device' = in the kernel by every program "
+                  "(tl.make_tensor_descriptor, the behaviour tma had alone); 'host' = once per launch on the host "
+                  "(triton.tools.tensor_descriptor.TensorDescriptor) and passed as kernel arguments. 'host' needs "
+                  "tma=True and the three-stage arrangement (ValueError otherwise); same alignment rules as tma",
+        choices=("device", "host"),
+        sm90="'host': the descriptor is a __grid_constant__ CUtensorMap kernel parameter, encoded once per launch by "
+             "the driver; no tensormap.cp_fenceproxy, no workspace",
+        sm100="same")
     fuse_state_out: bool = switch(
         False, "the forward as chunk_cumsum, then one kernel for stages 2 and 3 (impls/triton/fused.py): one program "
                "per (chunk, batch, head, row tile, headdim tile) does its rows' intra-chunk output; the row-tile-0 "
@@ -125,4 +135,5 @@ def code_switches(switches: TritonSwitches) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(switches).items()
             if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
             # in the key only when on: records found without them keep their keys
-            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first") and v)}
+            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first") and v)
+            or (k == "tma_descriptors" and v != "device")}

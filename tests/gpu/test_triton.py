@@ -2,12 +2,13 @@
 plus the 1,048,576-token problem checked on sampled chunks and its final state.
 
 Variants: the defaults, each code switch off alone (cb_precision "fp32" is its "off"), all off, and the switches
-that are off by default turned on (cb_mode shared, decay_factor, tma, fuse_state_out, heads_per_tile 2, heads_first,
-occupancy, some together), and stage 2 as one serial kernel (state_pass serial). Cases: the headline S1 shape and
-shapes covering the contract (seqlen not a multiple of chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens,
-initial states + z + per-channel D + fp32 states, per-head D with x and z as strided views of one fused
-projection, headdim/dstate not powers of two). Outputs are NaN-poisoned (tests.common uses
-impls.tolerance.poisoned_allocations). fp32 with cb_precision "tf32" is held to the tf32 tolerance.
+that are off by default turned on (cb_mode shared, decay_factor, tma (descriptors made in the kernel or on the
+host), fuse_state_out, heads_per_tile 2, heads_first, occupancy, some together), and stage 2 as one serial kernel
+(state_pass serial). Cases: the headline S1 shape and shapes covering the contract (seqlen not a multiple of
+chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens, initial states + z + per-channel D + fp32 states, per-head
+D with x and z as strided views of one fused projection, headdim/dstate not powers of two). Outputs are
+NaN-poisoned (tests.common uses impls.tolerance.poisoned_allocations). fp32 with cb_precision "tf32" is held to the
+tf32 tolerance.
 
 TRITON_TEST_SHARD="i/n" runs every n-th test, so n processes can share the GPU and compile in parallel.
 
@@ -65,7 +66,13 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "heads_first-tma-no-swap": {"heads_first": True, "tma": True, "operand_swap": False},
             "state_pass-serial": {"state_pass": "serial"},
             "state_pass-serial-all-off": {"state_pass": "serial", **OFF},
-            "state_pass-serial-tma": {"state_pass": "serial", "tma": True}}
+            "state_pass-serial-tma": {"state_pass": "serial", "tma": True},
+
+            "tma-host": {"tma": True, "tma_descriptors": "host"},
+            "tma-host-no-swap": {"tma": True, "tma_descriptors": "host", "operand_swap": False},
+            "tma-host-no-transposed": {"tma": True, "tma_descriptors": "host", "transposed_layout": False},
+            "tma-host-heads2-decay_factor": {"tma": True, "tma_descriptors": "host", "heads_per_tile": 2,
+                                             "decay_factor": True}}
 
 
 
@@ -93,7 +100,7 @@ def _skip(case, variant):
                                                                                   "decay_factor", "tma", "fused",
                                                                                   "fused-tma", "heads2",
                                                                                   "heads_first-heads2",
-                                                                                  "state_pass-serial")
+                                                                                  "state_pass-serial", "tma-host")
 
 
 @pytest.mark.parametrize("case,variant,dtype", switch_variant_params(CASES, VARIANTS, skip=_skip))

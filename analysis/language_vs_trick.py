@@ -1,0 +1,265 @@
+"""`python -m analysis.language_vs_trick [--check]`: the language-vs-trick tables of docs/language-vs-trick.md
+(written between its markers) and their figure, from the committed rows that results/index.yaml names for the
+three parts of the experiment (conf/experiment/language_vs_trick*.yaml). `--check` exits 1 when the committed doc
+differs from what the rows give.
+
+Per shape (S1-S4) and stage:
+- *language*: cuTile as shipped (its tuned tiles) next to Triton in cuTile's arrangement at cuTile's tuned tiles
+  (conf/lvt/triton_<stage>.yaml: the point whose occupancy is that stage's; chunk_cumsum and the forward from
+  the compute_out point), their ratio, and each language at its defaults and with every trick off;
+- *trick*: each trick's effect in each language, time without it / time with it - 1 (positive: the trick helps):
+  for a trick on by default the ablation point "<trick>" against the defaults, for one off by default the
+  defaults against the point "<trick>:True" (tests/test_language_vs_trick.py checks both on synthetic rows); Triton's
+  host-built TMA descriptors (tma and tma_descriptors=host, conf/lvt/triton_tma_host.yaml) against its defaults;
+- the knobs only one language has, with their values (defaults and choices, from the Switches dataclasses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.load import INDEX, repo_root, results_index, timed, wide
+from analysis.markdown import table
+
+DOC = "docs/language-vs-trick.md"
+FIGURE_DIR = "docs/figures"
+FIGURE = "language_vs_trick"
+BEGIN, END = "<!-- language_vs_trick:begin -->", "<!-- language_vs_trick:end -->"
+MATCHED, PARTS = "language_vs_trick", {"cutile": "language_vs_trick_cutile", "triton": "language_vs_trick_triton"}
+EXPERIMENTS = (MATCHED, *PARTS.values())
+STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
+SHAPES = ("S1", "S2", "S3", "S4")
+# the Triton point at cuTile's tiles each stage's row reads (Triton's occupancy switch is not per stage)
+TRITON_ARM = {"chunk_cumsum": "triton_compute_out", "fwd_pass_state": "triton_fwd_pass_state",
+              "compute_out": "triton_compute_out", "forward": "triton_compute_out"}
+
+
+# tricks whose point is an arm of the first part (two switches at once), against the language's defaults
+ARM_TRICKS = {"tma_descriptors:host": ("triton", "triton_tma_host")}
+
+
+class MissingRows(FileNotFoundError):
+    """results/index.yaml names no file for a part of the experiment."""
+
+
+def missing_entries(root: Path | None = None) -> list[str]:
+    index = results_index(root)
+    return [name for name in EXPERIMENTS if name not in index]
+
+
+def load(root: Path | None = None) -> pd.DataFrame:
+    """The wide rows of the three parts (their index entries), each row's `arm` (conf/lvt option, '' outside)."""
+    root = root or repo_root()
+    missing = missing_entries(root)
+    if missing:
+        raise MissingRows(f"{INDEX} has no entry {', '.join(missing)}: run `scripts/gpu_session.sh sweep "
+                          f"{' '.join(EXPERIMENTS)}` on the GPU and commit its folder")
+    index = results_index(root)
+    frames = [wide(str(root / Path(INDEX).parent / index[name])) for name in EXPERIMENTS]
+    w = pd.concat(frames, ignore_index=True)
+    w["arm"] = w["hydra_choices"].map(_arm)
+    return w
+
+
+def _arm(choices) -> str:
+    try:
+        return str((json.loads(choices) if isinstance(choices, str) and choices else {}).get("lvt") or "")
+    except ValueError:
+        return ""
+
+
+def _median(rows: pd.DataFrame, stage: str) -> float:
+    sel = rows[rows["stage"] == stage]["median_ms"]
+    return float(sel.median()) if len(sel) else float("nan")
+
+
+def _point(t: pd.DataFrame, sweep: str, backend: str, shape: str, ablation: str = "none",
+           arm: str | None = None) -> pd.DataFrame:
+    sel = (t["sweep_name"] == sweep) & (t["backend"] == backend) & (t["shape_name"] == shape)
+    sel &= t["ablation"].fillna("none") == ablation
+    if arm is not None:
+        sel &= t["arm"] == arm
+    return t[sel]
+
+
+def _triton_at_cutile_tiles(t: pd.DataFrame, shape: str, stage: str) -> pd.DataFrame:
+    """The Triton point of conf/lvt/<TRITON_ARM[stage]>; where the two Triton arms pin the same switches (equal
+    occupancies) the sweep stores one point once, and that one serves both."""
+    rows = _point(t, MATCHED, "triton", shape, arm=TRITON_ARM[stage])
+    if rows.empty:
+        others = _point(t, MATCHED, "triton", shape)
+        others = others[others["arm"].isin(set(TRITON_ARM.values()))]
+        if others["switches"].nunique() == 1:
+            return others
+    return rows
+
+
+def language_table(w: pd.DataFrame) -> pd.DataFrame:
+    """Per (shape, stage): median ms of cuTile tuned and Triton at cuTile's tiles, their ratio, and each language
+    at its defaults and all-off."""
+    t = timed(w)
+    out = []
+    for shape in SHAPES:
+        for stage in STAGES:
+            cutile = _median(_point(t, MATCHED, "cutile", shape, arm="cutile"), stage)
+            triton = _median(_triton_at_cutile_tiles(t, shape, stage), stage)
+            out.append({
+                "shape": shape, "stage": stage, "cuTile tuned ms": cutile, "Triton at cuTile's tiles ms": triton,
+                "Triton / cuTile": triton / cutile,
+                "cuTile defaults ms": _median(_point(t, PARTS["cutile"], "cutile", shape), stage),
+                "Triton defaults ms": _median(_point(t, PARTS["triton"], "triton", shape), stage),
+                "cuTile all-off ms": _median(_point(t, PARTS["cutile"], "cutile", shape, "all_off"), stage),
+                "Triton all-off ms": _median(_point(t, PARTS["triton"], "triton", shape, "all_off"), stage),
+            })
+    return pd.DataFrame(out)
+
+
+def tricks(w: pd.DataFrame, backend: str) -> list[str]:
+    """The single-trick ablation points of a language's part, in sweep order ("<trick>" or "<trick>:True")."""
+    rows = w[(w["sweep_name"] == PARTS[backend]) & (w["backend"] == backend)]
+    points = rows.sort_values("job_num", kind="stable")["ablation"].fillna("none").unique()
+    return [p for p in points if p not in ("none", "all_off") and not p.startswith("only:")]
+
+
+def trick_effect(t: pd.DataFrame, backend: str, shape: str, stage: str, point: str) -> float:
+    """Time without the trick / time with it - 1 (positive: the trick helps)."""
+    sweep = PARTS[backend]
+    defaults = _median(_point(t, sweep, backend, shape), stage)
+    if point in ARM_TRICKS:
+        other = _median(_point(t, MATCHED, backend, shape, arm=ARM_TRICKS[point][1]), stage)
+    else:
+        other = _median(_point(t, sweep, backend, shape, point), stage)
+    turned_on = point.endswith(":True") or point in ARM_TRICKS
+    without, with_ = (defaults, other) if turned_on else (other, defaults)
+    return without / with_ - 1
+
+
+def trick_table(w: pd.DataFrame) -> pd.DataFrame:
+    """Rows (trick, stage); columns "<language> <shape>": each trick's effect, as a signed percentage."""
+    t = timed(w)
+    names = {b: {p.partition(":")[0]: p for p in tricks(w, b)} for b in PARTS}
+    for point, (backend, _) in ARM_TRICKS.items():
+        names[backend][point] = point
+    out = []
+    for trick in dict.fromkeys([*names["cutile"], *names["triton"]]):
+        for stage in STAGES:
+            row = {"trick": trick, "stage": stage}
+            for backend, label in (("cutile", "cuTile"), ("triton", "Triton")):
+                for shape in SHAPES:
+                    point = names[backend].get(trick)
+                    value = trick_effect(t, backend, shape, stage, point) if point else float("nan")
+                    row[f"{label} {shape}"] = "n/a" if point is None else _percent(value)
+            out.append(row)
+    return pd.DataFrame(out)
+
+
+def _percent(value: float) -> str:
+    return "" if pd.isna(value) else f"{value * 100:+.1f} %"
+
+
+def one_language_knobs() -> pd.DataFrame:
+    """Switches only one of the two languages has, with their default and choices."""
+    from impls.cutile.switches import CutileSwitches
+    from impls.triton.switches import TritonSwitches
+
+    fields = {"cuTile": {f.name: f for f in dataclasses.fields(CutileSwitches)},
+              "Triton": {f.name: f for f in dataclasses.fields(TritonSwitches)}}
+    out = []
+    for language, other in (("cuTile", "Triton"), ("Triton", "cuTile")):
+        for name, f in fields[language].items():
+            if name not in fields[other]:
+                choices = f.metadata.get("choices")
+                out.append({"knob": name, "language": language, "default": str(f.default),
+                            "values": ", ".join(map(str, choices)) if choices else "bool" if
+                            isinstance(f.default, bool) else ""})
+    return pd.DataFrame(out)
+
+
+def render(w: pd.DataFrame, sources: str) -> str:
+    """The doc's generated section."""
+    gpus = ", ".join(sorted(w["gpu_name"].dropna().unique()))
+    days = sorted(w["timestamp"].dropna().str[:10].unique())
+    return "\n".join([
+        f"Generated by `python -m analysis.language_vs_trick` from {sources} ({w['run_id'].nunique()} points on "
+        f"{gpus}, {days[0] if days else '?'}{' to ' + days[-1] if len(days) > 1 else ''}; bf16, the headline "
+        "problem). Do not edit: regenerate.",
+        "",
+        "### Same arrangement, same tiles: the language",
+        "",
+        table(language_table(w)),
+        "",
+        "### Each trick in each language (time without it / with it - 1; n/a: the language has no such switch)",
+        "",
+        table(trick_table(w)),
+        "",
+        "### Knobs only one language has",
+        "",
+        table(one_language_knobs()),
+    ])
+
+
+def write_section(doc: Path, section: str) -> str:
+    """The doc's text with `section` between the markers (ValueError when they are missing)."""
+    text = doc.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{doc}: markers {BEGIN} / {END} not found")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{section}\n{END}{tail}"
+
+
+def figure(lang: pd.DataFrame):
+    """Bars per shape and stage: cuTile tuned and Triton at cuTile's tiles (median ms), the languages' colors."""
+    import numpy as np
+
+    from analysis import palette
+    from analysis.figures import plt
+
+    fig, axes = plt.subplots(1, len(STAGES), figsize=(4 * len(STAGES), 3.2))
+    for ax, stage in zip(axes, STAGES):
+        rows = lang[lang["stage"] == stage]
+        x = np.arange(len(rows))
+        for offset, (column, backend, hatch) in enumerate((("cuTile tuned ms", "cutile", ""),
+                                                           ("Triton at cuTile's tiles ms", "triton",
+                                                            palette.VARIANT_HATCH))):
+            ax.bar(x + (offset - 0.5) * 0.4, rows[column], width=0.4, color=palette.color(backend), hatch=hatch,
+                   label="cuTile (tuned)" if backend == "cutile" else "Triton (cuTile's arrangement and tiles)",
+                   gid=f"backend:{backend}")
+        ax.set_xticks(x, rows["shape"])
+        ax.set_title(stage)
+        ax.set_ylabel("median ms")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis.language_vs_trick", description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if the committed doc differs from the rows")
+    a = p.parse_args(argv)
+    root = repo_root()
+    w = load(root)
+    index = results_index(root)
+    sources = ", ".join(f"`results/{index[n]}`" for n in EXPERIMENTS)
+    doc = root / DOC
+    text = write_section(doc, render(w, sources))
+    if a.check:
+        same = doc.read_text() == text
+        print(f"[language_vs_trick] {doc} " + ("matches the rows" if same else "differs: regenerate it"))
+        return 0 if same else 1
+    doc.write_text(text)
+    from analysis.figures import save
+
+    paths = save(figure(language_table(w)), root / FIGURE_DIR, FIGURE)
+    print(f"[language_vs_trick] {doc}, {', '.join(map(str, paths))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The language-vs-trick tables (analysis/language_vs_trick.py): the generator on a small synthetic Parquet set
+(known times, so every cell can be checked), the doc regenerated from the committed rows, and the pins the
+experiment reads off cuTile's records (experiments/cutile_tiles.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from analysis import language_vs_trick as lvt
+from analysis.load import repo_root
+from experiments import cutile_tiles, store
+from tests.fixtures.make_fixture import SHAPES, base
+
+STAGE_MS = {"chunk_cumsum": 0.01, "fwd_pass_state": 0.1, "compute_out": 0.3, "forward": 0.42}
+
+
+def _point(backend, shape, sweep, ms_scale, ablation="none", arm=None, switches=None, job=0):
+    _, b = base(backend, shape, SHAPES[shape], "bfloat16", sweep, switches or {"tuning": "auto"}, ablation)
+    b.update(job_num=job, hydra_choices=json.dumps({"lvt": arm} if arm else {}), sweep_id=f"synthetic-{sweep}")
+    rows = []
+    for stage, ms in STAGE_MS.items():
+        for metric, value in (("median_ms", ms * ms_scale), ("p20_ms", ms * ms_scale), ("p80_ms", ms * ms_scale)):
+            rows.append({**b, "stage": stage, "metric": metric, "value": value})
+    return rows
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    """S1 and S2: cuTile 1.0, Triton at cuTile's tiles 1.5 (fwd arm 1.2); tricks: cuTile tma off 1.1x slower,
+    Triton exp2 off 1.25x slower, Triton tma on 2x slower, with host descriptors 1.25x slower (2.5 vs defaults 2.0);
+    S2 has one Triton arm point at cuTile's tiles (equal pins)."""
+    parts = {name: [] for name in lvt.EXPERIMENTS}
+    for shape in ("S1", "S2"):
+        parts[lvt.MATCHED] += _point("cutile", shape, lvt.MATCHED, 1.0, arm="cutile")
+        parts[lvt.MATCHED] += _point("triton", shape, lvt.MATCHED, 1.5, arm="triton_compute_out",
+                                     switches={"occupancy": 3})
+        parts[lvt.MATCHED] += _point("triton", shape, lvt.MATCHED, 2.5, arm="triton_tma_host",
+                                     switches={"tma": True, "tma_descriptors": "host"})
+        if shape == "S1":
+            parts[lvt.MATCHED] += _point("triton", shape, lvt.MATCHED, 1.2, arm="triton_fwd_pass_state",
+                                         switches={"occupancy": 2})
+        c, t = lvt.PARTS["cutile"], lvt.PARTS["triton"]
+        for job, (ablation, scale) in enumerate((("none", 1.0), ("tma", 1.1), ("all_off", 1.3))):
+            parts[c] += _point("cutile", shape, c, scale, ablation, job=job)
+        for job, (ablation, scale) in enumerate((("none", 2.0), ("exp2", 2.5), ("tma:True", 4.0),
+                                                 ("all_off", 3.0))):
+            parts[t] += _point("triton", shape, t, scale, ablation, job=job)
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "results" / "run").mkdir(parents=True)
+    index = {}
+    for name, rows in parts.items():
+        store.write_atomic(store.frame(rows), tmp_path / "results" / "run" / f"{name}.parquet")
+        index[name] = f"run/{name}.parquet"
+    (tmp_path / "results" / "index.yaml").write_text("".join(f"{k}: {v}\n" for k, v in index.items()))
+    return tmp_path
+
+
+def test_language_table_on_synthetic_rows(synthetic):
+    t = lvt.language_table(lvt.load(synthetic)).set_index(["shape", "stage"])
+    s1 = t.loc[("S1", "compute_out")]
+    assert s1["cuTile tuned ms"] == pytest.approx(0.3) and s1["Triton / cuTile"] == pytest.approx(1.5)
+    assert t.loc[("S1", "fwd_pass_state"), "Triton / cuTile"] == pytest.approx(1.2)  # the fwd arm's point
+    assert t.loc[("S2", "fwd_pass_state"), "Triton / cuTile"] == pytest.approx(1.5)  # one point serves both
+    assert t.loc[("S1", "forward"), "Triton defaults ms"] == pytest.approx(0.84)
+    assert t.loc[("S2", "chunk_cumsum"), "cuTile all-off ms"] == pytest.approx(0.013)
+    assert math.isnan(t.loc[("S3", "compute_out"), "cuTile tuned ms"])  # no S3 rows: empty, not invented
+
+
+def test_trick_table_on_synthetic_rows(synthetic):
+    t = lvt.trick_table(lvt.load(synthetic)).set_index(["trick", "stage"])
+    assert t.loc[("tma", "compute_out"), "cuTile S1"] == "+10.0 %"  # on by default: off is 1.1x slower
+    assert t.loc[("tma", "compute_out"), "Triton S2"] == "-50.0 %"  # off by default: turning it on halves speed
+    assert t.loc[("exp2", "forward"), "Triton S1"] == "+25.0 %"
+    assert t.loc[("exp2", "forward"), "cuTile S1"] == "n/a"  # this synthetic cuTile part has no exp2 point
+    assert t.loc[("tma", "compute_out"), "cuTile S3"] == ""  # no rows
+    assert t.loc[("tma_descriptors:host", "compute_out"), "Triton S1"] == "-20.0 %"  # the arm against defaults
+    assert t.loc[("tma_descriptors:host", "compute_out"), "cuTile S1"] == "n/a"
+
+
+def test_render_and_markers(synthetic, tmp_path):
+    text = lvt.render(lvt.load(synthetic), "synthetic")
+    assert "| S1 | compute_out | 0.3 | 0.45 | 1.5 |" in text and "latency_hints" in text  # a cuTile-only knob
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"intro\n{lvt.BEGIN}\nold\n{lvt.END}\ntail\n")
+    assert lvt.write_section(doc, "new") == f"intro\n{lvt.BEGIN}\nnew\n{lvt.END}\ntail\n"
+    doc.write_text("no markers")
+    with pytest.raises(ValueError, match="markers"):
+        lvt.write_section(doc, "new")
+
+
+def test_missing_index_entries_are_named(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "index.yaml").write_text("headline: x.parquet\n")
+    with pytest.raises(lvt.MissingRows, match="language_vs_trick, language_vs_trick_cutile"):
+        lvt.load(tmp_path)
+
+
+def test_committed_doc_matches_the_committed_rows():
+    root = repo_root()
+    missing = lvt.missing_entries(root)
+    if missing:
+        pytest.skip(f"results/index.yaml has no entry {', '.join(missing)} (no GPU rows of the language_vs_trick "
+                    "experiment committed yet)")
+    assert lvt.main(["--check"]) == 0, "docs/language-vs-trick.md differs: python -m analysis.language_vs_trick"
+
+
+def test_cutile_tiles_read_the_records_and_refuse_a_shape_without_one():
+    key_s1 = cutile_tiles.shape_key("S1", "compute_out")
+    assert key_s1 == "b8-l4096-h80-p64-g1-n128-c256" and cutile_tiles.shape_key("S1", "chunk_cumsum") == \
+        "b8-l4096-h80-c256"
+    config = cutile_tiles.tuned("S4", "compute_out")
+    assert cutile_tiles.tile("S4", "compute_out", "occupancy") == config["occupancy"]
+    assert cutile_tiles.tile("S4", "compute_out", "cb_mode") == ("shared" if config["shared_cb"] else "inline")
+    with pytest.raises(cutile_tiles.MissingRecord, match="no cuTile record for compute_out at tiny"):
+        cutile_tiles.tile("tiny", "compute_out", "occupancy")
+
+
+def test_synthetic_rows_are_synthetic(synthetic):
+    w = lvt.load(synthetic)
+    assert (w["host"] == "synthetic-fixture").all() and isinstance(w, pd.DataFrame)
+
+
+def test_figure_draws_each_language_in_its_color(synthetic):
+    from matplotlib.colors import to_hex
+
+    from analysis import palette
+
+    fig = lvt.figure(lvt.language_table(lvt.load(synthetic)))
+    bars = [p for ax in fig.axes for p in ax.patches]
+    assert bars and all(to_hex(p.get_facecolor()) == palette.color(p.get_gid().split(":")[1]) for p in bars)
+
+
+@pytest.mark.parametrize("arm,stage", [("triton_compute_out", "compute_out"),
+                                       ("triton_fwd_pass_state", "fwd_pass_state")])
+def test_triton_arm_pins_cutiles_tiles(arm, stage):
+    from hydra import compose, initialize_config_dir
+    from omegaconf.errors import OmegaConfBaseException
+
+    from experiments import config as conf
+
+    conf.register_schemas()
+    conf.register_resolvers()
+    with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=language_vs_trick", f"+lvt={arm}", "shape=S3"])
+        _, sw = conf.validate(cfg)
+        out, fwd = cutile_tiles.tuned("S3", "compute_out"), cutile_tiles.tuned("S3", "fwd_pass_state")
+        assert (sw.block_rows, sw.heads_per_tile, sw.block_dstate) == (out["block_rows"], out["heads_per_tile"],
+                                                                       fwd["block_dstate"])
+        assert sw.occupancy == cutile_tiles.tuned("S3", stage)["occupancy"] and sw.operand_swap is False
+        # OmegaConf wraps the resolver's ConfigError; the message names the record file and key
+        with pytest.raises((conf.ConfigError, OmegaConfBaseException), match="no cuTile record for compute_out"):
+            conf.validate(compose("config", overrides=["experiment=language_vs_trick", f"+lvt={arm}",
+                                                       "shape=tiny"]))
+
+
+def test_every_arm_validates_at_every_headline_shape():
+    from hydra import compose, initialize_config_dir
+
+    from experiments import config as conf
+
+    conf.register_schemas()
+    conf.register_resolvers()
+    arms = [p.stem for p in sorted((repo_root() / "conf" / "lvt").glob("*.yaml"))]
+    with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+        swept = compose("config", overrides=["experiment=language_vs_trick"], return_hydra_config=True)
+        assert sorted(str(swept.hydra.sweeper.params["+lvt"]).split(",")) == arms
+        for arm in arms:
+            for shape in lvt.SHAPES:
+                cfg = compose("config", overrides=["experiment=language_vs_trick", f"+lvt={arm}", f"shape={shape}"])
+                _, sw = conf.validate(cfg)
+                assert sw is not None and cfg.backend.name.name == arm.partition("_")[0], (arm, shape)
