@@ -29,7 +29,9 @@ import sys
 from pathlib import Path
 
 # ncu metric -> (our name, unit, how launches add up over a forward). Names as Nsight Compute (2025.x) spells them
-# on sm_90; where each comes from:
+# on sm_90, each checked against `ncu --query-metrics --chip gh100` on the H200 machine (2026-12-04; the names are
+# in tests/fixtures/ncu_metrics_gh100.txt.gz, tests/test_profile.py) except the launch__ attributes, which that
+# query does not list and which the 2026-12-03 profile read; where each comes from:
 # - time, DRAM bytes, occupancy, registers: the GPU Speed Of Light, Occupancy and Launch Statistics sections of
 #   ncu (`sections/*.section`, shipped with Nsight Compute);
 # - local-memory (spill) requests: `l1tex__t_requests_pipe_lsu_mem_local_op_{ld,st}.sum`, the metrics the Nsight
@@ -46,8 +48,9 @@ from pathlib import Path
 #   total less the reasons named here, and each reason's share of the total is derived (DERIVED);
 # - tensor pipe: `sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active`, cycles the SM's tensor pipe
 #   was busy (warpgroup HGMMA and warp-level HMMA alike on sm_90), as a share of the active cycles' peak.
+# "gmma": waiting on WARPGROUP.ARRIVES, i.e. on an sm_90 warpgroup MMA's result (the MMA stall)
 STALL_REASONS = ("long_scoreboard", "barrier", "math_pipe_throttle", "wait", "short_scoreboard", "mio_throttle",
-                 "lg_throttle", "no_instruction", "dispatch_stall", "not_selected", "selected")
+                 "lg_throttle", "no_instruction", "dispatch_stall", "not_selected", "selected", "gmma")
 METRICS = {
     "gpu__time_duration.sum": ("duration_ns", "ns", "sum"),
     "dram__bytes_read.sum": ("dram_read_bytes", "byte", "sum"),
