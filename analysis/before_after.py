@@ -1,8 +1,10 @@
 """`python -m analysis.before_after BEFORE AFTER [--out FILE]`: the same sweep run by two versions of the code (a
-refactor's base commit, from `git archive`, and its result) compared point by point. A (backend, shape, stage)
-holds when the after-median lies within max(2 %, the before-run's p20–p80 spread relative to its median) of the
-before-median; the table lists both medians, the change, the allowance and the verdict. Points present in one run
-only are listed as missing, never dropped. Exit status 1 when any point does not hold or is missing.
+refactor's base commit, from `git archive`, and its result; scripts/before_after.sh) compared point by point. A run
+may hold several rounds of the sweep (ROUNDS=2: before, after, after, before); each side's figure is the median of
+its rounds' medians. A (backend, shape, stage) holds when the after-figure lies within max(2 %, the before-run's
+widest p20–p80 spread, the before-rounds' range, each relative to the median) of the before-figure; the table lists
+both figures, the change, the allowance and the verdict. Points present in one run only are listed as missing,
+never dropped. Exit status 1 when any point does not hold or is missing.
 """
 
 from __future__ import annotations
@@ -20,19 +22,27 @@ STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
 MIN_ALLOWANCE = 0.02
 
 
-def _medians(w: pd.DataFrame) -> pd.DataFrame:
-    w = w[(w["status"] == "ok") & w["stage"].isin(STAGES)]
-    return w.groupby(list(KEYS))[["median_ms", "p20_ms", "p80_ms"]].median()
+def _per_point(w: pd.DataFrame) -> pd.DataFrame:
+    """Per (backend, shape, stage): the median over the run's rounds of their medians (`median_ms`), the widest
+    p20–p80 spread of a round relative to its median (`spread`), how far the rounds' medians lie apart relative to
+    their median (`rounds_range`; 0 with one round) and the number of rounds."""
+    w = w[(w["status"] == "ok") & w["stage"].isin(STAGES)].assign(
+        spread=lambda d: (d["p80_ms"] - d["p20_ms"]) / d["median_ms"])
+    g = w.groupby(list(KEYS))
+    out = pd.DataFrame({"median_ms": g["median_ms"].median(), "spread": g["spread"].max(),
+                        "rounds": g["median_ms"].size()})
+    out["rounds_range"] = (g["median_ms"].max() - g["median_ms"].min()) / out["median_ms"]
+    return out
 
 
 def compare(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
-    """One row per (backend, shape, stage) of either run (wide frames, analysis.load.wide): before and after
-    medians, the relative change, the allowance max(2 %, (p80 − p20) / median of the before-run) and `holds`."""
-    b, a = _medians(before), _medians(after)
-    out = b.join(a.add_suffix("_after"), how="outer").rename(columns={c: f"{c}_before" for c in b.columns})
+    """One row per (backend, shape, stage) of either run (wide frames, analysis.load.wide, one or more rounds
+    each): before and after medians, the relative change, the allowance max(2 %, the before-run's widest p20–p80
+    spread, the before-rounds' range) and the verdict (holds, differs, missing)."""
+    b, a = _per_point(before), _per_point(after)
+    out = b.add_suffix("_before").join(a.add_suffix("_after"), how="outer")
     out["change"] = out["median_ms_after"] / out["median_ms_before"] - 1
-    spread = (out["p80_ms_before"] - out["p20_ms_before"]) / out["median_ms_before"]
-    out["allowance"] = spread.clip(lower=MIN_ALLOWANCE)
+    out["allowance"] = out[["spread_before", "rounds_range_before"]].max(axis=1).clip(lower=MIN_ALLOWANCE)
     out["holds"] = out["change"].abs() <= out["allowance"]
     out["verdict"] = out["holds"].map({True: "holds", False: "differs"})
     out.loc[out["median_ms_before"].isna() | out["median_ms_after"].isna(), "verdict"] = "missing"
@@ -45,6 +55,7 @@ def render(cmp: pd.DataFrame) -> str:
         "before ms": cmp["median_ms_before"].map("{:.4f}".format),
         "after ms": cmp["median_ms_after"].map("{:.4f}".format),
         "change": cmp["change"].map("{:+.1%}".format), "allowance": cmp["allowance"].map("{:.1%}".format),
+        "rounds": [f"{b:.0f} / {a:.0f}" for b, a in zip(cmp["rounds_before"].fillna(0), cmp["rounds_after"].fillna(0))],
         "verdict": cmp["verdict"]})
     return table(shown)
 

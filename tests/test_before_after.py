@@ -14,6 +14,17 @@ def _wide(points):
                           "p20_ms": m - spread / 2, "p80_ms": m + spread / 2} for b, s, st, m, spread in points])
 
 
+def test_rounds_pool_by_their_median_and_their_range_widens_the_allowance():
+    """Two before-rounds 1.00 and 1.10 ms (narrow spreads): the before-figure is 1.05 and the allowance the rounds'
+    range, 0.10 / 1.05; an after-figure of 1.12 holds, 1.20 does not."""
+    before = _wide([("cutile", "S4", "forward", 1.00, 0.001), ("cutile", "S4", "forward", 1.10, 0.001)])
+    for after_ms, verdict in ((1.12, "holds"), (1.20, "differs")):
+        cmp = before_after.compare(before, _wide([("cutile", "S4", "forward", after_ms, 0.001)]))
+        row = cmp.iloc[0]
+        assert row["median_ms_before"] == pytest.approx(1.05) and row["allowance"] == pytest.approx(0.10 / 1.05)
+        assert (row["verdict"], row["rounds_before"], row["rounds_after"]) == (verdict, 2, 1)
+
+
 @pytest.mark.parametrize("after_ms,verdict", [
     pytest.param(1.015, "holds", id="within-2pct"),
     pytest.param(1.025, "differs", id="past-2pct"),
@@ -42,8 +53,9 @@ def test_a_point_in_one_run_only_is_missing_and_fails_the_exit_status(tmp_path, 
 
 
 def test_the_script_runs_a_base_tree_and_this_one_and_compares(tmp_path):
-    """scripts/before_after.sh on the CPU experiment's quick point: the base tree (here an archive of this tree's
-    packages) and this tree each leave a log and a Parquet, and the comparison table lists every stage."""
+    """scripts/before_after.sh with ROUNDS=2 on the CPU experiment's quick point: the base tree (here an archive of
+    this tree's packages) and this tree each leave a log and one Parquet holding both of the side's rounds, and the
+    comparison table lists every stage."""
     import os
     import subprocess
     import sys
@@ -59,7 +71,7 @@ def test_the_script_runs_a_base_tree_and_this_one_and_compares(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "SWEEP_ROOT")}
     env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", PYTHONPATH=str(repo), TMPDIR=str(tmp_path),
                OUT=str(tmp_path / "out"), BEFORE_COMMIT="base", SSD_GIT_COMMIT="head", SSD_GIT_DIRTY="1",
-               SSD_TUNING_DIR=str(tmp_path / "tuning"), GPU_SESSION_BUDGET_S="300",
+               SSD_TUNING_DIR=str(tmp_path / "tuning"), GPU_SESSION_BUDGET_S="560", ROUNDS="2",
                SWEEP_OVERRIDES=f"backend=reference bench.cpu_warmup=0 bench.cpu_reps=1 logger.dir={tmp_path} "
                                f"hydra.sweep.dir={tmp_path}/multirun")
     done = subprocess.run(["bash", str(repo / "scripts" / "before_after.sh"), str(archive), "cpu"], cwd=repo, env=env,
@@ -67,5 +79,7 @@ def test_the_script_runs_a_base_tree_and_this_one_and_compares(tmp_path):
     out = tmp_path / "out"
     assert (out / "before" / "cpu.parquet").exists() and (out / "after" / "cpu.parquet").exists(), done.stderr
     assert not (out / "before" / "tuning.tar.gz").exists()
+    for side in ("before", "after"):
+        assert pd.read_parquet(out / side / "cpu.parquet")["run_id"].nunique() == 2, side
     md = (out / "before_after.md").read_text()
     assert all(stage in md for stage in before_after.STAGES) and "missing" not in md
