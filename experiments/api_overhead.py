@@ -2,15 +2,17 @@
 named ("by name", as the README shows) and with the backend built beforehand ("prebuilt"), plus the prebuilt call
 replayed from a CUDA graph (no host work at all).
 
-Rows (stage "forward"), per point: byname_median_ms and prebuilt_median_ms (do_bench medians on the GPU, L2
-flushed; wall-clock medians on the CPU; each the median over bench.device_rounds ABBA quads of such medians),
-graph_median_ms (one replay, L2 flushed between replays; on the CPU a NaN whose note says why), host_byname_us and
-host_prebuilt_us (time.perf_counter around one call, no synchronisation inside the timed span, median of
-bench.host_calls calls; the device is synchronised before each call, so a full launch queue never turns host time
-into kernel time) and host_overhead_us, the median of the per-pair differences. The two paths alternate call by call
-in ABBA order (by name, prebuilt, prebuilt, by name, ...), so that a drift of the host (clocks, other processes) over
-the run falls on both alike: timed in two blocks one after the other, one NVIDIA H200's host differed by -285 to
-+270 µs between the blocks (results/2026-12-04-h200-vllm-blockwise-gate), far more than the lookup itself costs.
+Rows (stage "forward"), per point: byname_median_ms and prebuilt_median_ms (on the GPU, per-call CUDA-event medians
+with L2 flushed before each call, the two paths' calls interleaved in ABBA order, pooled over bench.device_rounds
+rounds; wall-clock medians on the CPU), graph_median_ms (one replay, L2 flushed between replays; on the CPU a NaN
+whose note says why), host_byname_us and host_prebuilt_us (time.perf_counter around one call, no synchronisation
+inside the timed span, median of bench.host_calls calls; the device is synchronised before each call, so a full
+launch queue never turns host time into kernel time) and host_overhead_us, the median of the per-pair differences.
+The two paths alternate call by call in ABBA order (by name, prebuilt, prebuilt, by name, ...), so that a drift of
+the host (clocks, other processes) over the run falls on both alike: timed in two blocks one after the other, one
+NVIDIA H200's host differed by -285 to +270 µs between the blocks (results/2026-12-04-h200-vllm-blockwise-gate), far
+more than the lookup itself costs; the device medians, taken in ABBA blocks of do_bench runs, still differed by up
+to 29 % at host-bound S4 points (results/2026-12-04-h200-api-abba-gpu-suite), hence the per-call interleaving.
 The harness runs it with bench.api_overhead=true (conf/experiment/api_overhead.yaml); `python -m
 experiments.api_overhead [overrides]` is that sweep.
 """
@@ -67,9 +69,13 @@ def device_median_ms(fn, device, bench) -> float:
 
 
 def paired_device_ms(first, second, device, bench) -> tuple[float, float]:
-    """The device-side medians of both paths, each the median of its bench.device_rounds × 2 timed blocks, taken
-    in ABBA order: a host-bound point (a forward whose launches take longer than its kernels) measures the host's
-    launch rate, which drifts over a run as much as the host time does."""
+    """The device-side medians of both paths. On the GPU their calls alternate in ABBA order call by call
+    (timing.gpu_paired_ms), bench.device_rounds times, the rounds' medians pooled by their median: a host-bound point
+    (a forward whose launches take longer than its kernels) measures the host's launch rate, which drifts over a
+    run as much as the host time does. On the CPU: wall-clock medians of whole blocks, in ABBA order of blocks."""
+    if device.type == "cuda":
+        rounds = [timing.gpu_paired_ms(first, second, bench.rep_ms) for _ in range(bench.device_rounds)]
+        return statistics.median(a for a, _ in rounds), statistics.median(b for _, b in rounds)
     a, b, _ = abba(lambda: device_median_ms(first, device, bench), lambda: device_median_ms(second, device, bench),
                    bench.device_rounds)
     return statistics.median(a), statistics.median(b)

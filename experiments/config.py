@@ -91,7 +91,7 @@ class BenchConfig:
     # the api_overhead experiment (experiments/api_overhead.py): the forward by name vs on the built backend
     api_overhead: bool = False
     host_calls: int = 1000  # calls per host-time median
-    device_rounds: int = 2  # ABBA quads of device-time medians per path
+    device_rounds: int = 2  # rounds of the interleaved device-time measurement per point
     ceilings: bool = True  # measure a matmul and a copy in the same run (GPU only)
     cpu_warmup: int = 1  # CPU: wall-clock median over a few repetitions
     cpu_reps: int = 3

@@ -9,6 +9,8 @@ every repetition it zeroes a 256 MB buffer (`runtime.driver.active.clear_cache`)
 switched off, so bench.flush_l2=false is refused at start-up (experiments.config.validate). triton's
 do_bench_cudagraph replays back to back without a flush; `graph_times` flushes the same way between replays. A
 measurement that cannot be made (a capture that fails) is a `Missing` with its reason, recorded in the row's note.
+Two calls to compare (experiments/api_overhead.py) are timed interleaved, call by call in ABBA order
+(`gpu_paired_ms`), each between its own CUDA events after the same flush.
 """
 
 from __future__ import annotations
@@ -99,6 +101,46 @@ def graph_times(fn: Callable[[], object], rep_ms: int) -> float:
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def abba_sequence(pairs: int) -> list[int]:
+    """Which of two calls to make, in ABBA quads (0 = the first, 1 = the second): 0 1 1 0 0 1 1 0 ..., `pairs`
+    calls of each (rounded up to an even number, at least 2)."""
+    return [which for _ in range(max(1, (pairs + 1) // 2)) for which in (0, 1, 1, 0)]
+
+
+def split_by_call(order: list[int], values: list[float]) -> tuple[list[float], list[float]]:
+    """The values of the first call and of the second, from a sequence made by `abba_sequence`."""
+    return [v for o, v in zip(order, values) if o == 0], [v for o, v in zip(order, values) if o == 1]
+
+
+def gpu_paired_ms(first: Callable[[], object], second: Callable[[], object], rep_ms: int) -> tuple[float, float]:
+    """Median milliseconds of `first` and of `second` on the GPU, their calls interleaved in ABBA order, each call
+    between its own CUDA events with L2 flushed before it (as do_bench, outside the events): a host or clock that
+    drifts over the run falls on both alike, call by call. About rep_ms worth of calls of each, 10 to 1000."""
+    from triton import runtime
+
+    cache = runtime.driver.active.get_empty_cache_for_benchmark()
+    calls = (first, second)
+    first(), second()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    first()
+    end.record()
+    torch.cuda.synchronize()
+    order = abba_sequence(min(1000, max(10, int(rep_ms / max(start.elapsed_time(end), 1e-3)))))
+    events = []
+    for which in order:
+        runtime.driver.active.clear_cache(cache)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        calls[which]()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    a, b = split_by_call(order, [s.elapsed_time(e) for s, e in events])
+    return statistics.median(a), statistics.median(b)
 
 
 def cpu_times(fn: Callable[[], object], warmup: int, reps: int, quantiles=(0.2, 0.8)) -> dict[str, float]:

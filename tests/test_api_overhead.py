@@ -160,3 +160,24 @@ def test_device_medians_alternate_the_two_paths(monkeypatch):
     a, b = api_overhead.paired_device_ms(first, second, torch.device("cpu"), SimpleNamespace(device_rounds=2))
     assert order == [first, second, second, first] * 2
     assert abs(a - b) < 1e-9  # a linear drift gives both the same median
+
+
+def test_gpu_calls_alternate_call_by_call_in_abba_order():
+    from experiments import timing
+
+    order = timing.abba_sequence(5)
+    assert order[:8] == [0, 1, 1, 0, 0, 1, 1, 0] and order.count(0) == order.count(1) == 6
+    first, second = timing.split_by_call(order, [float(i) for i in range(len(order))])
+    assert first == [0.0, 3.0, 4.0, 7.0, 8.0, 11.0] and second == [1.0, 2.0, 5.0, 6.0, 9.0, 10.0]
+    assert sum(first) / len(first) == sum(second) / len(second)  # a linear drift falls on both alike
+
+
+def test_device_medians_on_the_gpu_pool_rounds_of_interleaved_calls(monkeypatch):
+    from types import SimpleNamespace
+
+    from experiments import api_overhead, timing
+
+    rounds = iter([(1.0, 1.1), (3.0, 3.1), (2.0, 2.1)])
+    monkeypatch.setattr(timing, "gpu_paired_ms", lambda first, second, rep_ms: next(rounds))
+    a, b = api_overhead.paired_device_ms(None, None, torch.device("cuda"), SimpleNamespace(device_rounds=3, rep_ms=5))
+    assert (a, b) == (2.0, 2.1)
