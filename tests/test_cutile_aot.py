@@ -23,6 +23,7 @@ pytest.importorskip("cuda.tile")
 
 from impls.cutile.aot import (  # noqa: E402
     AOT_DIMS,
+    KERNELS,
     STAGES,
     STATE_PASS_KERNELS,
     build_call,
@@ -30,6 +31,7 @@ from impls.cutile.aot import (  # noqa: E402
     export,
     facts,
     normalized,
+    opcode_sequence,
     sass,
 )
 from impls.cutile.switch_effects import OFF_VALUE, off  # noqa: E402
@@ -331,6 +333,73 @@ def test_cb_mode_switch(mode, config, expect):
     assert compute_out.shared_cb(sw, config) is expect
     if mode != "tuned":
         assert tune.explicit("compute_out", sw) == {"shared_cb": mode == "shared"}
+
+
+# --- programmatic dependent launch (switch pdl) and the compiler's optimisation level (switch opt_level) ---------
+PDL_ON = dataclasses.replace(DEFAULTS, pdl=True)
+PDL_PARALLEL = dataclasses.replace(PDL_ON, state_pass="chunk_parallel")
+# kernel -> (its switches with pdl on, launched as a programmatic dependent launch (so it waits))
+PDL_KERNELS = {"chunk_cumsum": (PDL_ON, False), "fwd_pass_state": (PDL_ON, True), "compute_out": (PDL_ON, True),
+               "fwd_pass_state_local": (PDL_PARALLEL, True), "fwd_pass_state_pass": (PDL_PARALLEL, True)}
+GLOBAL_MEMORY = ("LDG", "STG", "UTMALDG", "UTMASTG", "LDGSTS", "UBLKCP", "ATOMG", "RED")
+
+
+def _pdl_sass(kernel: str, pdl: bool) -> str:
+    sw, _ = PDL_KERNELS[kernel]
+    return compiled(kernel, "bfloat16", sw if pdl else dataclasses.replace(sw, pdl=False))
+
+
+@pytest.mark.parametrize("kernel", list(PDL_KERNELS))
+def test_pdl_instructions(kernel):
+    """pdl on: griddepcontrol.launch_dependents (SASS PREEXIT) in every kernel the switch reaches, and in the kernels
+    launched as dependents griddepcontrol.wait (SASS ACQBULK), listed before any global-memory access (the warp-
+    specialised kernels' TMA producer waits on an mbarrier that the waiting warps arrive on after it); pdl off:
+    neither instruction. The launches carry the flag ct.launch gets."""
+    on, no = opcode_sequence(_pdl_sass(kernel, True)), opcode_sequence(_pdl_sass(kernel, False))
+    sw, waits = PDL_KERNELS[kernel]
+    assert on.count("PREEXIT") == 1 and "PREEXIT" not in no and "ACQBULK" not in no
+    assert on.count("ACQBULK") == (1 if waits else 0), on.count("ACQBULK")
+    if waits:
+        first_memory = min(i for i, op in enumerate(on) if op.split(".")[0] in GLOBAL_MEMORY)
+        assert on.index("ACQBULK") < first_memory
+    call = build_call(kernel, torch.bfloat16, sw)
+    assert call.pdl is waits and _constant(call, "PDL") is True
+    assert build_call(kernel, torch.bfloat16, dataclasses.replace(sw, pdl=False)).pdl is False
+
+
+def test_pdl_leaves_the_other_kernels_alone():
+    """cb_mode shared's C·Bᵀ kernel and the fused kernel are launched as before; fuse_state_out refuses pdl."""
+    assert build_call("compute_out_cb", torch.bfloat16, PDL_ON, config={"shared_cb": True}).pdl is False
+    with pytest.raises(ValueError, match="pdl"):
+        CutileSwitches(fuse_state_out=True, pdl=True)
+
+
+@pytest.mark.parametrize("level", [v for v in CutileSwitches.__dataclass_fields__["opt_level"].metadata["choices"]
+                                   if v != DEFAULTS.opt_level])
+def test_opt_level_compiles(level):
+    """Every opt_level the switch offers compiles compute_out for sm_90 (the tensor-core kernel, the one the level
+    can change most); -O0 gives other machine code than the default -O3. Every kernel object gets the level."""
+    sw = dataclasses.replace(DEFAULTS, opt_level=level)
+    for kernel in KERNELS:
+        call = build_call(kernel, torch.bfloat16, sw, config={"shared_cb": True})
+        assert call.kernel._compiler_options.opt_level == level, kernel
+    text = compiled("compute_out", "bfloat16", sw)
+    assert facts(text)["instructions"] > 100 and facts(text)["HGMMA"] > 0
+    if level == 0:
+        assert normalized(text) != normalized(compiled("compute_out", "bfloat16", DEFAULTS))
+
+
+def test_pdl_and_opt_level_key_their_own_records():
+    """A search with pdl on or another opt_level stores under a key of its own and borrows the default's tiles."""
+    from impls.cutile import tune
+
+    for sw in (PDL_ON, dataclasses.replace(DEFAULTS, opt_level=1)):
+        own, base = (tune.record_key("compute_out", sw, "S", "bfloat16", tricks) for tricks in (True, False))
+        assert own != base == tune.record_key("compute_out", DEFAULTS, "S", "bfloat16")
+    with pytest.raises(ValueError, match="opt_level"):
+        from impls.cutile import CutileBackend
+
+        CutileBackend(opt_level=4)
 
 
 # --- stage 2 chunk-parallel (switch state_pass) -------------------------------------------------------------------

@@ -185,9 +185,14 @@ def resource_usage(cubin: bytes) -> dict:
 _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_x]+)*)")
 
 
+def opcode_sequence(sass_text: str) -> list[str]:
+    """The full opcodes (with modifiers) in the listing's order."""
+    return _OPCODE.findall(sass_text)
+
+
 def opcodes(sass_text: str) -> collections.Counter:
     """Full opcode (with modifiers) -> count."""
-    return collections.Counter(_OPCODE.findall(sass_text))
+    return collections.Counter(opcode_sequence(sass_text))
 
 
 def facts(sass_text: str) -> dict:

@@ -34,7 +34,9 @@ def _softplus(v, EXP2):
 def chunk_cumsum_kernel(dt, A, dt_bias, dt_out, dA_out, seqlen, lo, hi,
                         CHUNK: ct.Constant[int], BH: ct.Constant[int], HAS_BIAS: ct.Constant[bool],
                         SOFTPLUS: ct.Constant[bool], HAS_LIMIT: ct.Constant[bool], EXP2: ct.Constant[bool],
-                        TMA: ct.Constant[bool], LAT: ct.Constant[int]):
+                        TMA: ct.Constant[bool], LAT: ct.Constant[int], PDL: ct.Constant[bool]):
+    if PDL:  # switch pdl: stage 2 may be scheduled now; it waits for this kernel's completion (impls/cutile/common.py)
+        ct.grid_dependency_control_launch_dependents()
     bc, hb = ct.bid(0), ct.bid(1)
     nchunks = dt_out.shape[2]
     b, c = bc // nchunks, bc % nchunks
@@ -72,9 +74,9 @@ def make_call(arrays, dims, chunk_size: int, has_bias: bool, dt_softplus: bool, 
     # an infinite upper limit is passed as the largest fp32 (the kernel takes fp32 scalars)
     lo, hi = (float(dt_limit[0]), float(min(dt_limit[1], 3.0e38))) if has_limit else (0.0, 0.0)
     args = (*arrays, seqlen, lo, hi, chunk_size, bh, bool(has_bias), bool(dt_softplus), has_limit,
-            sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
+            sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl)
     grid = (batch * nchunks, math.ceil(nheads / bh), 1)
-    return kernel_call(chunk_cumsum_kernel, grid, args, config.get("occupancy", 0))
+    return kernel_call(chunk_cumsum_kernel, grid, args, config.get("occupancy", 0), sw.opt_level)
 
 
 def run(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit, sw, config):

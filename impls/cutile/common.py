@@ -19,6 +19,7 @@ import torch
 LOG2E = 1.4426950408889634  # exp(v) == exp2(v * LOG2E)
 LN2 = 0.6931471805599453
 INT32_LIMIT = 2**31 - 1  # cuTile arrays index with int32 unless annotated IndexedWithInt64
+DEFAULT_OPT_LEVEL = 3  # `ct.kernel(opt_level=)`'s default in cuda-tile 1.7 (tileiras -O3; it takes 0..3)
 
 
 def next_pow2(n: int) -> int:
@@ -65,12 +66,14 @@ class CopyHints:
 @dataclass
 class KernelCall:
     """One launch: the kernel object (with its compiler options), its grid, its positional arguments; `wide` when
-    the kernel indexes its arrays with int64."""
+    the kernel indexes its arrays with int64; `pdl` when it is launched as a programmatic dependent launch (switch
+    pdl: the kernel then waits for its predecessor itself, see `launch`)."""
 
     kernel: Any
     grid: tuple[int, ...]
     args: tuple
     wide: bool = False
+    pdl: bool = False
 
 
 @functools.cache
@@ -80,24 +83,26 @@ def _param_names(pyfunc) -> tuple[str, ...]:
     return tuple(inspect.signature(pyfunc).parameters)
 
 
-def kernel_call(pyfunc, grid, args, occupancy: int = 0) -> KernelCall:
+def kernel_call(pyfunc, grid, args, occupancy: int = 0, opt_level: int = DEFAULT_OPT_LEVEL,
+                pdl: bool = False) -> KernelCall:
     """The launch of `pyfunc` on `args`: the int64-indexed build of the kernel when any array's offsets pass 2^31
     (int32 otherwise: cheaper address arithmetic). Runs on every stage call: the signature is read once."""
     wide = any(needs_int64(a) for a in args)
     arrays = ()
     if wide:
         arrays = tuple(n for n, a in zip(_param_names(pyfunc), args) if isinstance(a, (torch.Tensor, ArraySpec)))
-    return KernelCall(kernel_for(pyfunc, occupancy, arrays), tuple(grid), tuple(args), wide)
+    return KernelCall(kernel_for(pyfunc, occupancy, arrays, opt_level), tuple(grid), tuple(args), wide, pdl)
 
 
 @functools.cache
-def kernel_for(pyfunc, occupancy: int = 0, int64_arrays: tuple[str, ...] = ()):
-    """The `ct.kernel` of a Python function, one object per occupancy hint (0 = compiler's choice) and per set of
-    parameters annotated `ct.IndexedWithInt64` (empty = all int32)."""
+def kernel_for(pyfunc, occupancy: int = 0, int64_arrays: tuple[str, ...] = (), opt_level: int = DEFAULT_OPT_LEVEL):
+    """The `ct.kernel` of a Python function, one object per occupancy hint (0 = compiler's choice), per set of
+    parameters annotated `ct.IndexedWithInt64` (empty = all int32) and per optimisation level (switch opt_level,
+    `ct.kernel(opt_level=)`, passed to tileiras as -O<level>)."""
     import cuda.tile as ct
 
     fn = _with_int64_index(pyfunc, int64_arrays) if int64_arrays else pyfunc
-    return ct.kernel(fn, occupancy=occupancy) if occupancy else ct.kernel(fn)
+    return ct.kernel(fn, occupancy=occupancy or None, opt_level=opt_level)
 
 
 def _with_int64_index(pyfunc, names: tuple[str, ...]):
@@ -128,8 +133,21 @@ def dummy(device, dtype=torch.float32, ndim: int = 1) -> torch.Tensor:
     return torch.zeros((1,) * ndim, device=device, dtype=dtype)
 
 
+# Programmatic dependent launch (switch pdl). `ct.launch(..., programmatic_dependent_launch=True)` lets the kernel
+# start before its predecessor in the stream has finished (CUDA's programmatic stream serialization). Why the
+# kernels so launched stay correct: the first statement of each (`if PDL:` at the top of the kernel) is
+# `ct.grid_dependency_control_wait()`, which returns only once the predecessor grid has completed and its memory
+# writes are visible; every load and every store of the kernel comes after it, so no read of a predecessor's output
+# (dt and dA_cumsum from stage 1, the states or local states from stage 2, C·Bᵀ from cb_kernel) and no write over a
+# buffer a predecessor may still read can happen early. cuTile keeps that order: its token pass treats the wait as a
+# store to every array with acquire order (cuda/tile/_passes/token_order.py), so no memory operation moves above it.
+# Completion is transitive: a kernel's CTAs all pass their wait before it completes, so compute_out's wait on stage
+# 2 covers stage 1's outputs too. `ct.grid_dependency_control_launch_dependents()` (chunk_cumsum and the dependent
+# kernels, at their start) only lets the next dependent kernel be scheduled early; it promises nothing about memory,
+# which that kernel's own wait covers. Launched without PDL, both instructions have nothing to wait for or release.
 def launch(call: KernelCall) -> None:
     import cuda.tile as ct
 
-    ct.launch(torch.cuda.current_stream(), call.grid, call.kernel, call.args)
+    ct.launch(torch.cuda.current_stream(), call.grid, call.kernel, call.args,
+              programmatic_dependent_launch=call.pdl)
 

@@ -312,13 +312,17 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
                        HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool], TRANS: ct.Constant[bool],
                        TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
                        LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool],
-                       PER_HEAD: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool], SKIP_FIRST: ct.Constant[bool]):
+                       PER_HEAD: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool], SKIP_FIRST: ct.Constant[bool],
+                       PDL: ct.Constant[bool]):
     """One (batch, chunk, row block i, head block hb of HB heads, headdim block pb) tile. The heads run as NL lanes
     of HL heads: switch head_mma "batched" = one lane of HB heads (rank-3 MMAs when HB > 1), "per_head" (PER_HEAD)
     = HB lanes of one head (2-D MMAs). Per-lane values (accumulator, dA rows, decay reference) are tuples unrolled
     at compile time; C_l, each B_j, C_l·B_jᵀ and the masks are shared by the lanes. Program order (`grid`):
     the row tiles (b, c, i) along axis 0 and the head blocks along axis 1, or with HEADS_FIRST (switch
     heads_first) both along axis 0, head block fastest."""
+    if PDL:  # launched as a programmatic dependent launch: nothing before the wait (impls/cutile/common.py)
+        ct.grid_dependency_control_wait()
+        ct.grid_dependency_control_launch_dependents()
     pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
     if HEADS_FIRST:
         head_blocks = x.shape[2] // HB
@@ -436,9 +440,9 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
     args = (*arrays, nheads // ngroups, chunk_size, bl, bp, bn, hb, int(d_mode), bool(has_z), bool(has_seq),
             sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0,
             shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb), sw.heads_first,
-            sw.skip_first)
+            sw.skip_first, sw.pdl)
     grid = grid_of(batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp), sw.heads_first)
-    return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0))
+    return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 
 
 def make_cb_call(arrays, dims, chunk_size, tf32, sw, config) -> KernelCall:
@@ -448,7 +452,7 @@ def make_cb_call(arrays, dims, chunk_size, tf32, sw, config) -> KernelCall:
     bl, _bp, bn = blocks(chunk_size, headdim, dstate, config)
     nsub = chunk_size // bl
     args = (*arrays, chunk_size, bl, bn, bool(tf32), sw.tma, 4 if sw.latency_hints else 0)
-    return kernel_call(cb_kernel, (batch * nchunks * nsub * nsub, ngroups), args)
+    return kernel_call(cb_kernel, (batch * nchunks * nsub * nsub, ngroups), args, opt_level=sw.opt_level)
 
 
 def cb_matrix(C, B, chunk, tf32, sw, config) -> torch.Tensor:

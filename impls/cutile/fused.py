@@ -92,7 +92,7 @@ def make_call(arrays, dims, chunk_size, has_init, d_mode, has_z, tf32, sw, confi
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bl, bp, bn, bool(has_init), int(d_mode), bool(has_z),
             bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
     grid = (batch * nheads, math.ceil(headdim / bp))
-    return kernel_call(fused_kernel, grid, args, config.get("occupancy", 0))
+    return kernel_call(fused_kernel, grid, args, config.get("occupancy", 0), sw.opt_level)
 
 
 def stage_call(C, B, x, dt, dA_cumsum, initial_states, D, z, y, final, sw, config) -> KernelCall:

@@ -125,7 +125,10 @@ def fwd_pass_state_kernel(x, B, dt, dA, init, seq, states, final, seqlen, heads_
                           CHUNK: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                           HAS_INIT: ct.Constant[bool], HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool],
                           TRANS: ct.Constant[bool], TF32: ct.Constant[bool], EXP2: ct.Constant[bool],
-                          TMA: ct.Constant[bool], LAT: ct.Constant[int]):
+                          TMA: ct.Constant[bool], LAT: ct.Constant[int], PDL: ct.Constant[bool]):
+    if PDL:  # launched as a programmatic dependent launch: nothing before the wait (impls/cutile/common.py)
+        ct.grid_dependency_control_wait()
+        ct.grid_dependency_control_launch_dependents()
     k = StateConsts(CHUNK, BP, BN, HAS_INIT, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT)
     bh, pb, nb = ct.bid(0), ct.bid(1), ct.bid(2)
     nheads = x.shape[2]
@@ -153,9 +156,12 @@ def local_state_kernel(x, B, dt, dA, seq, local, seqlen, heads_per_group,
                        CHUNK: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                        HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool], TRANS: ct.Constant[bool],
                        TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
-                       LAT: ct.Constant[int]):
+                       LAT: ct.Constant[int], PDL: ct.Constant[bool]):
     """local[b, c, h] = the state chunk c builds from zero (fp32, the states' memory layout); heads fastest in the
     grid's first axis, so neighbouring programs share the chunk's B tile."""
+    if PDL:  # launched as a programmatic dependent launch: nothing before the wait (impls/cutile/common.py)
+        ct.grid_dependency_control_wait()
+        ct.grid_dependency_control_launch_dependents()
     k = StateConsts(CHUNK, BP, BN, False, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT)
     bch, pb, nb = ct.bid(0), ct.bid(1), ct.bid(2)
     nheads = x.shape[2]
@@ -215,9 +221,12 @@ def chunk_decay(dA, seq, seqlen, b, c, h, k):
 def pass_kernel(local, dA, init, seq, states, final, seqlen,
                 CHUNK: ct.Constant[int], ROWS: ct.Constant[int], COLS: ct.Constant[int],
                 HAS_INIT: ct.Constant[bool], HAS_SEQ: ct.Constant[bool], TRANS: ct.Constant[bool],
-                EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int]):
+                EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int], PDL: ct.Constant[bool]):
     """S_0 = init, S_{c+1} = decay_c·S_c + local_c over the chunks; writes every S_c (state_dtype) and S_C (fp32).
     local and states are the 5-d storages, (b, c, h, dstate, headdim) when TRANS else (b, c, h, headdim, dstate)."""
+    if PDL:  # launched as a programmatic dependent launch: nothing before the wait (impls/cutile/common.py)
+        ct.grid_dependency_control_wait()
+        ct.grid_dependency_control_launch_dependents()
     k = PassConsts(CHUNK, ROWS, COLS, HAS_INIT, HAS_SEQ, TRANS, EXP2, TMA, LAT)
     bh, rb = ct.bid(0), ct.bid(1)
     nheads = local.shape[2]
@@ -248,9 +257,9 @@ def make_local_call(arrays, dims, chunk_size, has_seq, tf32, sw, config) -> Kern
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     bp, bn = blocks(headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bp, bn, bool(has_seq), sw.operand_swap,
-            sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
+            sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl)
     grid = (batch * math.ceil(seqlen / chunk_size) * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
-    return kernel_call(local_state_kernel, grid, args, config.get("occupancy", 0))
+    return kernel_call(local_state_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 
 
 def make_pass_call(arrays, dims, chunk_size, has_init, has_seq, sw) -> KernelCall:
@@ -258,8 +267,9 @@ def make_pass_call(arrays, dims, chunk_size, has_init, has_seq, sw) -> KernelCal
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     rows_tile, cols, rows = pass_tile(headdim, dstate, sw.transposed_layout)
     args = (*arrays, seqlen, chunk_size, rows_tile, cols, bool(has_init), bool(has_seq), sw.transposed_layout,
-            sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
-    return kernel_call(pass_kernel, (batch * nheads, math.ceil(rows / rows_tile)), args)
+            sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl)
+    return kernel_call(pass_kernel, (batch * nheads, math.ceil(rows / rows_tile)), args, opt_level=sw.opt_level,
+                       pdl=sw.pdl)
 
 
 def blocks(headdim: int, dstate: int, config: dict) -> tuple[int, int]:
@@ -273,9 +283,9 @@ def make_call(arrays, dims, chunk_size, has_init, has_seq, tf32, sw, config) -> 
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     bp, bn = blocks(headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bp, bn, bool(has_init), bool(has_seq),
-            sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
+            sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl)
     grid = (batch * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
-    return kernel_call(fwd_pass_state_kernel, grid, args, config.get("occupancy", 0))
+    return kernel_call(fwd_pass_state_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 
 
 def state_storage(x, nchunks, dstate, dtype, transposed):

@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from impls import tuning
+from impls.cutile.common import DEFAULT_OPT_LEVEL
 from impls.registry import switch
 
 STATE_PASS = ("serial", "chunk_parallel")  # stage 2's arrangements (switch state_pass), the default first
+OPT_LEVELS = (3, 2, 1, 0)  # what `ct.kernel(opt_level=)` accepts in cuda-tile 1.7 (0..3), its default first
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,23 @@ class CutileSwitches:
              "chunk) for nchunks times more programs in the MMA kernel; the serial chain left is an FMA per element "
              "per chunk",
         sm100="as on sm_90")
+    pdl: bool = switch(
+        False, "programmatic dependent launch: stage 2's kernels (fwd_pass_state; local_state_kernel and pass_kernel "
+               "with state_pass chunk_parallel) and stage 3's main kernel (compute_out_kernel) launched with "
+               "`ct.launch(..., programmatic_dependent_launch=True)`, so that each may start while its predecessor "
+               "in the stream still runs; its first statement waits for the predecessor's completion "
+               "(`ct.grid_dependency_control_wait`) and then releases its own successor "
+               "(`ct.grid_dependency_control_launch_dependents`); chunk_cumsum releases stage 2 at its start. "
+               "cb_mode shared's C·Bᵀ kernel is launched as before. Not with fuse_state_out",
+        sm90="griddepcontrol.wait / griddepcontrol.launch_dependents in the kernels (SASS ACQBULK / PREEXIT): the "
+             "dependent grid's launch and its CTAs' start overlap the predecessor's last wave and its completion; "
+             "no load or store of the dependent kernel runs before the wait",
+        sm100="the same instructions and launch attribute (PDL exists from sm_90 on)")
+    opt_level: int = switch(
+        DEFAULT_OPT_LEVEL, "`ct.kernel(opt_level=)` of every kernel, passed to tileiras as -O<level>; 3 is cuTile's "
+                           "default (0 is a real level here, not 'unset')", choices=OPT_LEVELS,
+        sm90="tileiras's optimisation level for the sm_90 cubin",
+        sm100="tileiras's optimisation level for the sm_100 cubin")
     block_heads: int = switch(
         0, "stage 1 heads per tile (the tile count is batch x nchunks x nheads / block_heads); 0 = from tuning",
         choices=(0, 4, 8, 16, 32, 64))
@@ -148,11 +167,11 @@ class CutileSwitches:
 # With fuse_state_out the forward runs chunk_cumsum then the fused kernel (impls/cutile/fused.py). Of the code
 # switches they read only FUSED_READS, of the sizes FUSED_SIZES (and tuning); the rest are refused away from their
 # defaults and describe() marks them n/a.
-FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision")
+FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
                      "heads_per_tile", "heads_first", "skip_first",
-                     "state_pass")
+                     "state_pass", "pdl")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 
 
@@ -181,3 +200,6 @@ CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "e
 # tests/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
 # default reads the config); its ablation points are cb_mode:inline and cb_mode:shared. state_pass picks stage 2's
 # kernels (fwd_pass_state, or fwd_pass_state_local + fwd_pass_state_pass: aot.STATE_PASS_KERNELS), as cb_mode does
+# pdl and opt_level change the code of the kernels they reach but stay out of CODE_SWITCHES (the switch-effects
+# table and the factorials): tests/test_cutile_aot.py shows the PDL instructions in the SASS with pdl on and none
+# with it off, and compiles every opt_level.

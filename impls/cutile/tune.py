@@ -86,6 +86,8 @@ def explicit(stage: str, sw) -> dict:
 # stores under a key of its own, and a run without such a record borrows the record of the key without them (the
 # ablation of one trick then runs on the same tiles as the default)
 CODE_TRICKS = ("tma", "exp2", "latency_hints")
+# the launch mode and the compiler's optimisation level: away from their defaults they key and borrow like CODE_TRICKS
+LAUNCH_OPTIONS = {name: getattr(CutileSwitches(), name) for name in ("pdl", "opt_level")}
 DEFAULT_HEAD_MMA = CutileSwitches().head_mma  # other lowerings search and store under keys of their own
 DEFAULT_STATE_PASS = CutileSwitches().state_pass  # stage 2's other arrangement searches under a key of its own
 
@@ -93,15 +95,17 @@ DEFAULT_STATE_PASS = CutileSwitches().state_pass  # stage 2's other arrangement 
 def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool = True) -> str:
     """The tuning record's key: shape, dtype, the layout/operand switches, and what else changes the winner only
     when set away from its default (so the records stored without them keep their keys): a default-on code trick
-    turned off (tma, exp2, latency_hints) or compute_out's heads_first or skip_first on (borrowing like those),
-    decay_factor on, stage 2's chunk-parallel arrangement (state_pass), a lowering of several heads per tile other
-    than the default, and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a
-    search with block_rows 32 or cb_mode inline fixed must not replace the record of the full search).
-    code_tricks=False: the key without the tricks turned off (and without heads_first, skip_first), whose record
+    turned off (tma, exp2, latency_hints), pdl on or another opt_level, or compute_out's heads_first or skip_first
+    on (borrowing like those), decay_factor on, stage 2's chunk-parallel arrangement (state_pass), a lowering of
+    several heads per tile other than the default, and everything `explicit` fixes by hand: size switches and
+    compute_out's C·Bᵀ arrangement (a search with block_rows 32 or cb_mode inline fixed must not replace the record
+    of the full search). code_tricks=False: the key without the tricks turned off, pdl, opt_level (and without
+    heads_first, skip_first), whose record
     impls/tuning.py borrows when the tricks' own key has none."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
     if code_tricks:
         extra.update({k: False for k in CODE_TRICKS if not getattr(sw, k)})
+        extra.update({k: getattr(sw, k) for k, default in LAUNCH_OPTIONS.items() if getattr(sw, k) != default})
     if stage == "fwd_pass_state" and sw.state_pass != DEFAULT_STATE_PASS:
         extra["state_pass"] = sw.state_pass
     if stage == "compute_out" and sw.decay_factor:

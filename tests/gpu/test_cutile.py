@@ -31,7 +31,9 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # with small row and headdim blocks (several of each per chunk and head); the skip term before the source loop
 # (skip_first) alone, with the swap (transposed accumulator), with 2 heads per tile and 32 headdim columns (the
 # arrangement without spills in the loop at occupancy 3), with the factored decay and all off, with heads_first;
-# stage 2 chunk-parallel (state_pass: local states at once, then the pass across chunks), with the swap and all off
+# stage 2 chunk-parallel (state_pass: local states at once, then the pass across chunks), with the swap and all off;
+# stages 2 and 3 as programmatic dependent launches (pdl) alone, with the shared C·Bᵀ (its kernel launched normally in
+# between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
@@ -57,7 +59,11 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
                                                       "head_mma": "batched"},
             "state_pass-chunk_parallel": {"state_pass": "chunk_parallel"},
             "state_pass-chunk_parallel-swap": {"state_pass": "chunk_parallel", "operand_swap": True},
-            "state_pass-chunk_parallel-all-off": {"state_pass": "chunk_parallel", **OFF}}
+            "state_pass-chunk_parallel-all-off": {"state_pass": "chunk_parallel", **OFF},
+            "pdl": {"pdl": True}, "pdl-cb-shared": {"pdl": True, "cb_mode": "shared"},
+            "pdl-state_pass-chunk_parallel": {"pdl": True, "state_pass": "chunk_parallel"},
+            "pdl-heads2-per_head": {**PER_HEAD, "pdl": True},
+            **{f"opt_level{v}": {"opt_level": v} for v in (0, 1, 2)}}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
 FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first")
 
