@@ -282,8 +282,8 @@ def test_tma_host_descriptors_are_kernel_arguments(monkeypatch):
 
 
 def test_tma_host_refuses_what_it_cannot_run():
-    """Host descriptors: unaligned tensors raise naming the tensor; without tma, or with the fused kernel, the
-    backend refuses at construction."""
+    """Host descriptors: unaligned tensors raise naming the tensor; without tma, with the fused kernel, or with the
+    serial stage 2 (which makes its descriptors in the kernel), the backend refuses at construction."""
     inputs = fused_projection(make_inputs(Problem(SMALL, has_z=True), seed=9, dtype=torch.float32))
     with pytest.raises(ValueError, match=r"'tma' with tma_descriptors='host' of backend 'triton': x: its data "):
         impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True, tma_descriptors="host"))
@@ -291,6 +291,8 @@ def test_tma_host_refuses_what_it_cannot_run():
         get_backend("triton", tma_descriptors="host")
     with pytest.raises(ValueError, match=r"tma_descriptors='host'.*fused kernel"):
         get_backend("triton", tma=True, tma_descriptors="host", fuse_state_out=True)
+    with pytest.raises(ValueError, match=r"tma_descriptors='host'.*state_pass='serial'"):
+        get_backend("triton", tma=True, tma_descriptors="host", state_pass="serial")
 
 
 FUSED_CASES = [
