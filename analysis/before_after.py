@@ -1,7 +1,7 @@
 """`python -m analysis.before_after BEFORE AFTER [--out FILE]`: the same sweep run by two versions of the code (a
 refactor's base commit, from `git archive`, and its result; scripts/before_after.sh) compared point by point. A run
 may hold several rounds of the sweep (ROUNDS=2: before, after, after, before); each side's figure is the median of
-its rounds' medians. A (backend, shape, stage) holds when the after-figure lies within max(2 %, the before-run's
+its rounds' medians. A (variant, dtype, shape, stage) holds when the after-figure lies within max(2 %, the before-run's
 widest p20–p80 spread, the before-rounds' range, each relative to the median) of the before-figure; the table lists
 both figures, the change, the allowance and the verdict. Points present in one run only are listed as missing,
 never dropped. Exit status 1 when any point does not hold or is missing.
@@ -17,26 +17,27 @@ import pandas as pd
 from analysis.load import wide
 from analysis.markdown import table
 
-KEYS = ("backend", "shape_name", "stage")
+KEYS = ("label", "dtype", "shape_name", "stage")  # label: the backend with its ablation or switches
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
 MIN_ALLOWANCE = 0.02
 
 
 def _per_point(w: pd.DataFrame) -> pd.DataFrame:
-    """Per (backend, shape, stage): the median over the run's rounds of their medians (`median_ms`), the widest
-    p20–p80 spread of a round relative to its median (`spread`), how far the rounds' medians lie apart relative to
-    their median (`rounds_range`; 0 with one round) and the number of rounds."""
+    """Per variant (backend with its ablation or switches, dtype), shape and stage: the median over the run's
+    rounds of their medians (`median_ms`), the widest p20–p80 spread of a round relative to its median (`spread`),
+    how far the rounds' medians lie apart relative to their median (`rounds_range`; 0 with one round) and the number
+    of rounds (distinct run ids)."""
     w = w[(w["status"] == "ok") & w["stage"].isin(STAGES)].assign(
         spread=lambda d: (d["p80_ms"] - d["p20_ms"]) / d["median_ms"])
     g = w.groupby(list(KEYS))
     out = pd.DataFrame({"median_ms": g["median_ms"].median(), "spread": g["spread"].max(),
-                        "rounds": g["median_ms"].size()})
+                        "rounds": g["run_id"].nunique()})
     out["rounds_range"] = (g["median_ms"].max() - g["median_ms"].min()) / out["median_ms"]
     return out
 
 
 def compare(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
-    """One row per (backend, shape, stage) of either run (wide frames, analysis.load.wide, one or more rounds
+    """One row per (variant, dtype, shape, stage) of either run (wide frames, analysis.load.wide, one or more rounds
     each): before and after medians, the relative change, the allowance max(2 %, the before-run's widest p20–p80
     spread, the before-rounds' range) and the verdict (holds, differs, missing)."""
     b, a = _per_point(before), _per_point(after)
@@ -51,7 +52,7 @@ def compare(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
 
 def render(cmp: pd.DataFrame) -> str:
     shown = pd.DataFrame({
-        "backend": cmp["backend"], "shape": cmp["shape_name"], "stage": cmp["stage"],
+        "variant": cmp["label"], "dtype": cmp["dtype"], "shape": cmp["shape_name"], "stage": cmp["stage"],
         "before ms": cmp["median_ms_before"].map("{:.4f}".format),
         "after ms": cmp["median_ms_after"].map("{:.4f}".format),
         "change": cmp["change"].map("{:+.1%}".format), "allowance": cmp["allowance"].map("{:.1%}".format),

@@ -9,9 +9,22 @@ import pytest
 from analysis import before_after
 
 
-def _wide(points):
-    return pd.DataFrame([{"backend": b, "shape_name": s, "stage": st, "status": "ok", "median_ms": m,
-                          "p20_ms": m - spread / 2, "p80_ms": m + spread / 2} for b, s, st, m, spread in points])
+def _wide(points, label_suffix=""):
+    return pd.DataFrame([{"label": b + label_suffix, "dtype": "bfloat16", "shape_name": s, "stage": st,
+                          "status": "ok", "run_id": f"r{i}", "median_ms": m, "p20_ms": m - spread / 2,
+                          "p80_ms": m + spread / 2} for i, (b, s, st, m, spread) in enumerate(points)])
+
+
+def test_variants_of_one_backend_are_compared_apart_not_pooled():
+    """Two ablation variants in one sweep: each is its own point, so a 50 % slowdown of one is not hidden by the
+    spread between the variants."""
+    before = pd.concat([_wide([("cutile", "S1", "forward", 1.0, 0.001)]),
+                        _wide([("cutile", "S1", "forward", 2.0, 0.001)], " tma=False")])
+    after = pd.concat([_wide([("cutile", "S1", "forward", 1.0, 0.001)]),
+                       _wide([("cutile", "S1", "forward", 3.0, 0.001)], " tma=False")])
+    cmp = before_after.compare(before, after)
+    assert dict(zip(cmp["label"], cmp["verdict"])) == {"cutile": "holds", "cutile tma=False": "differs"}
+    assert set(cmp["rounds_before"]) == {1}
 
 
 def test_rounds_pool_by_their_median_and_their_range_widens_the_allowance():
