@@ -9,8 +9,11 @@ Per shape (S1-S4) and stage:
   the compute_out point), their ratio, and each language at its defaults and with every trick off;
 - *trick*: each trick's effect in each language, time without it / time with it - 1 (positive: the trick helps):
   for a trick on by default the ablation point "<trick>" against the defaults, for one off by default the
-  defaults against the point "<trick>:True" (tests/test_language_vs_trick.py checks both on synthetic rows); Triton's
-  host-built TMA descriptors (tma and tma_descriptors=host, conf/lvt/triton_tma_host.yaml) against its defaults;
+  defaults against the point "<trick>:True" (tests/test_language_vs_trick.py checks both on synthetic rows); for a
+  switch with values, not on/off (state_pass), the point "<switch>:<other value>" against the defaults, so a
+  positive figure says the language's default arrangement is the faster (cuTile's default is serial, Triton's
+  chunk_parallel); Triton's host-built TMA descriptors (tma and tma_descriptors=host,
+  conf/lvt/triton_tma_host.yaml) against its point tma:True, whose descriptors are made in the kernel;
 - the knobs only one language has, with their values (defaults and choices, from the Switches dataclasses).
 """
 
@@ -40,8 +43,10 @@ TRITON_ARM = {"chunk_cumsum": "triton_compute_out", "fwd_pass_state": "triton_fw
               "compute_out": "triton_compute_out", "forward": "triton_compute_out"}
 
 
-# tricks whose point is an arm of the first part (two switches at once), against the language's defaults
-ARM_TRICKS = {"tma_descriptors:host": ("triton", "triton_tma_host")}
+# tricks whose point is an arm of the first part (two switches at once): (language, arm, the point of the language's
+# part it is measured against). Host-built descriptors need tma on, so their effect is against tma on with the
+# descriptors made in the kernel, not against the defaults (tma off): that difference would hold tma's own effect.
+ARM_TRICKS = {"tma_descriptors:host": ("triton", "triton_tma_host", "tma:True")}
 
 
 class MissingRows(FileNotFoundError):
@@ -132,7 +137,9 @@ def trick_effect(t: pd.DataFrame, backend: str, shape: str, stage: str, point: s
     sweep = PARTS[backend]
     defaults = _median(_point(t, sweep, backend, shape), stage)
     if point in ARM_TRICKS:
-        other = _median(_point(t, MATCHED, backend, shape, arm=ARM_TRICKS[point][1]), stage)
+        _, arm, against = ARM_TRICKS[point]
+        defaults = _median(_point(t, sweep, backend, shape, against), stage)
+        other = _median(_point(t, MATCHED, backend, shape, arm=arm), stage)
     else:
         other = _median(_point(t, sweep, backend, shape, point), stage)
     turned_on = point.endswith(":True") or point in ARM_TRICKS
@@ -144,7 +151,7 @@ def trick_table(w: pd.DataFrame) -> pd.DataFrame:
     """Rows (trick, stage); columns "<language> <shape>": each trick's effect, as a signed percentage."""
     t = timed(w)
     names = {b: {p.partition(":")[0]: p for p in tricks(w, b)} for b in PARTS}
-    for point, (backend, _) in ARM_TRICKS.items():
+    for point, (backend, _, _) in ARM_TRICKS.items():
         names[backend][point] = point
     out = []
     for trick in dict.fromkeys([*names["cutile"], *names["triton"]]):

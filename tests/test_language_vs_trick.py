@@ -31,7 +31,7 @@ def _point(backend, shape, sweep, ms_scale, ablation="none", arm=None, switches=
 @pytest.fixture
 def synthetic(tmp_path):
     """S1 and S2: cuTile 1.0, Triton at cuTile's tiles 1.5 (fwd arm 1.2); tricks: cuTile tma off 1.1x slower,
-    Triton exp2 off 1.25x slower, Triton tma on 2x slower, with host descriptors 1.25x slower (2.5 vs defaults 2.0);
+    Triton exp2 off 1.25x slower, Triton tma on 2x slower, with host descriptors 1.6x faster than tma on (2.5 vs 4.0);
     S2 has one Triton arm point at cuTile's tiles (equal pins)."""
     parts = {name: [] for name in lvt.EXPERIMENTS}
     for shape in ("S1", "S2"):
@@ -77,7 +77,8 @@ def test_trick_table_on_synthetic_rows(synthetic):
     assert t.loc[("exp2", "forward"), "Triton S1"] == "+25.0 %"
     assert t.loc[("exp2", "forward"), "cuTile S1"] == "n/a"  # this synthetic cuTile part has no exp2 point
     assert t.loc[("tma", "compute_out"), "cuTile S3"] == ""  # no rows
-    assert t.loc[("tma_descriptors:host", "compute_out"), "Triton S1"] == "-20.0 %"  # the arm against defaults
+    # the arm (2.5) against tma on with in-kernel descriptors (4.0), not against the defaults (tma off)
+    assert t.loc[("tma_descriptors:host", "compute_out"), "Triton S1"] == "+60.0 %"
     assert t.loc[("tma_descriptors:host", "compute_out"), "cuTile S1"] == "n/a"
 
 
@@ -151,6 +152,10 @@ def test_triton_arm_pins_cutiles_tiles(arm, stage):
         assert (sw.block_rows, sw.heads_per_tile, sw.block_dstate) == (out["block_rows"], out["heads_per_tile"],
                                                                        fwd["block_dstate"])
         assert sw.occupancy == cutile_tiles.tuned("S3", stage)["occupancy"] and sw.operand_swap is False
+        assert sw.block_headdim == cutile_tiles.tuned("S3", stage)["block_headdim"] and sw.tma is True
+        # stage 2 as cuTile arranges it where its rows are read; host descriptors where compute_out's are
+        assert (sw.state_pass, sw.tma_descriptors) == (
+            ("serial", "device") if stage == "fwd_pass_state" else ("chunk_parallel", "host"))
         # OmegaConf wraps the resolver's ConfigError; the message names the record file and key
         with pytest.raises((conf.ConfigError, OmegaConfBaseException), match="no cuTile record for compute_out"):
             conf.validate(compose("config", overrides=["experiment=language_vs_trick", f"+lvt={arm}",
