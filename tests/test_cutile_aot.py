@@ -32,7 +32,11 @@ from impls.cutile.aot import (  # noqa: E402
     facts,
     normalized,
     opcode_sequence,
+    pdl_access_guards,
+    pdl_unguarded,
     sass,
+    sass_instructions,
+    sass_outline,
 )
 from impls.cutile.switch_effects import OFF_VALUE, off  # noqa: E402
 from impls.cutile.switch_effects import PATH as EFFECTS_PATH
@@ -341,7 +345,8 @@ PDL_PARALLEL = dataclasses.replace(PDL_ON, state_pass="chunk_parallel")
 # kernel -> (its switches with pdl on, launched as a programmatic dependent launch (so it waits))
 PDL_KERNELS = {"chunk_cumsum": (PDL_ON, False), "fwd_pass_state": (PDL_ON, True), "compute_out": (PDL_ON, True),
                "fwd_pass_state_local": (PDL_PARALLEL, True), "fwd_pass_state_pass": (PDL_PARALLEL, True)}
-GLOBAL_MEMORY = ("LDG", "STG", "UTMALDG", "UTMASTG", "LDGSTS", "UBLKCP", "ATOMG", "RED")
+# the warp-specialised ones: their TMA producer and store warps branch past the ACQBULK and wait on mbarriers
+WARP_SPECIALISED = ("fwd_pass_state", "compute_out", "fwd_pass_state_local")
 
 
 def _pdl_sass(kernel: str, pdl: bool) -> str:
@@ -352,19 +357,84 @@ def _pdl_sass(kernel: str, pdl: bool) -> str:
 @pytest.mark.parametrize("kernel", list(PDL_KERNELS))
 def test_pdl_instructions(kernel):
     """pdl on: griddepcontrol.launch_dependents (SASS PREEXIT) in every kernel the switch reaches, and in the kernels
-    launched as dependents griddepcontrol.wait (SASS ACQBULK), listed before any global-memory access (the warp-
-    specialised kernels' TMA producer waits on an mbarrier that the waiting warps arrive on after it); pdl off:
-    neither instruction. The launches carry the flag ct.launch gets."""
+    launched as dependents griddepcontrol.wait (SASS ACQBULK); pdl off: neither instruction. The launches carry the
+    flag ct.launch gets."""
     on, no = opcode_sequence(_pdl_sass(kernel, True)), opcode_sequence(_pdl_sass(kernel, False))
     sw, waits = PDL_KERNELS[kernel]
     assert on.count("PREEXIT") == 1 and "PREEXIT" not in no and "ACQBULK" not in no
     assert on.count("ACQBULK") == (1 if waits else 0), on.count("ACQBULK")
-    if waits:
-        first_memory = min(i for i, op in enumerate(on) if op.split(".")[0] in GLOBAL_MEMORY)
-        assert on.index("ACQBULK") < first_memory
     call = build_call(kernel, torch.bfloat16, sw)
     assert call.pdl is waits and _constant(call, "PDL") is True
     assert build_call(kernel, torch.bfloat16, dataclasses.replace(sw, pdl=False)).pdl is False
+
+
+@pytest.mark.parametrize("kernel", [k for k, (_, waits) in PDL_KERNELS.items() if waits])
+def test_pdl_wait_precedes_every_global_access(kernel):
+    """Along every path of the control flow (not in file order), each global-memory access of a dependent kernel
+    comes after the ACQBULK or after a wait on an mbarrier that is arrived on only after one: the warp-specialised
+    kernels' producer and store warps branch past the ACQBULK and rely on the second."""
+    text = _pdl_sass(kernel, True)
+    assert not pdl_unguarded(text), "\n".join(pdl_unguarded(text) + ["listing:", sass_outline(sass_instructions(text))])
+    assert ("mbarrier" in pdl_access_guards(text).values()) is (kernel in WARP_SPECIALISED)
+
+
+def _with_load_at_role_branch(text: str) -> tuple[str, int]:
+    """The listing with its first instruction past the warp-role branch (the last branch before the ACQBULK that
+    jumps beyond it) made a global load, and that address."""
+    code = sass_instructions(text)
+    acq = next(ins.addr for ins in code if ins.op == "ACQBULK")
+    targets = [int(ins.args.split(",")[-1], 16) for ins in code if ins.base == "BRA" and ins.addr < acq]
+    beyond = [t for t in targets if t > acq]
+    assert beyond, "no warp-role branch past the ACQBULK:\n" + "\n".join(map(str, code[:80]))
+    new = re.sub(rf"(/\*{beyond[-1]:04x}\*/\s+)[^;]*;", r"\1LDG.E R0, desc[UR4][R2.64] ;", text)
+    assert new != text
+    return new, beyond[-1]
+
+
+@pytest.mark.parametrize("kernel", WARP_SPECIALISED)
+def test_pdl_check_catches_a_producer_load_before_its_wait(kernel):
+    """The compiled kernel with a load put where the producer warps start, before their first mbarrier wait."""
+    text, addr = _with_load_at_role_branch(_pdl_sass(kernel, True))
+    assert pdl_access_guards(text)[addr] == "none"
+
+
+def _listing(*lines: str) -> str:
+    """A hand-made one-kernel SASS listing in cuobjdump's layout, one instruction every 16 bytes."""
+    return "\n".join(f"        /*{16 * k:04x}*/                   {line} ;" for k, line in enumerate(lines))
+
+
+# consumer warps (tid < 128): ACQBULK, then the arrive the producer waits on; producer warps branch to 0x80
+_CONSUMER = ("S2R R0, SR_TID.X", "ISETP.GT.U32.AND P0, PT, R0, 0x7f, PT", "@P0 BRA 0x80", "ACQBULK",
+             "SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR4+0x100], RZ", "SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4+0x108], R3",
+             "STG.E desc[UR6][R4.64], R5", "EXIT")
+_WAIT, _LOAD = "SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4+0x100], R3", "UTMALDG.2D [UR8], [UR10], desc[URZ]"
+_ARRIVE = "SYNCS.ARRIVE.TRANS64 RZ, [UR4+0x108], R2"
+_EARLY_ARRIVE = ("S2R R0, SR_TID.X", "ISETP.GT.U32.AND P0, PT, R0, 0x7f, PT", "@P0 BRA 0x80",
+                 "SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR4+0x100], RZ", "ACQBULK",
+                 "SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4+0x108], R3", "STG.E desc[UR6][R4.64], R5", "EXIT")
+
+
+@pytest.mark.parametrize("lines, unguarded", [
+    (_CONSUMER + (_WAIT, _LOAD, _ARRIVE, "EXIT"), []),
+    (_CONSUMER + (_LOAD, _WAIT, _ARRIVE, "EXIT"), ["/*0080*/ UTMALDG.2D"]),
+    (_EARLY_ARRIVE + (_WAIT, _LOAD, _ARRIVE, "EXIT"), ["/*0090*/ UTMALDG.2D"]),
+    (_CONSUMER + ("@P1 " + _WAIT, _LOAD, _ARRIVE, "EXIT"), ["/*0090*/ UTMALDG.2D"]),
+    (_CONSUMER + ("@P1 BRA 0xa0", _WAIT, _LOAD, _ARRIVE, "EXIT"), ["/*00a0*/ UTMALDG.2D"]),
+], ids=["producer-waits", "producer-loads-first", "arrive-before-acqbulk", "predicated-wait", "wait-skipped"])
+def test_pdl_check_on_hand_made_listings(lines, unguarded):
+    found = pdl_unguarded(_listing(*lines))
+    assert [f.split(" [")[0] for f in found] == unguarded, found
+
+
+@pytest.mark.parametrize("lines, word", [
+    (("ACQBULK", "BRX R4 -0x10", "LDG.E R0, desc[UR4][R2.64]", "EXIT"), "indirect"),
+    (("ACQBULK", "@P0 BRA 0x18", "LDG.E R0, desc[UR4][R2.64]", "EXIT"), "no instruction"),
+    (("ACQBULK", "EXIT"), "no global-memory access"),
+    (("BRA 0x30", "LDG.E R0, desc[UR4][R2.64]", "EXIT", "EXIT"), "no path reaches"),
+], ids=["indirect-branch", "bad-target", "no-access", "unreached-access"])
+def test_pdl_check_refuses_what_it_cannot_follow(lines, word):
+    with pytest.raises(ValueError, match=word):
+        pdl_access_guards(_listing(*lines))
 
 
 def test_pdl_leaves_the_other_kernels_alone():

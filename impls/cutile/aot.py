@@ -4,7 +4,8 @@
 placeholders for the tensors; `export(call, arch)` turns it into a cubin with
 `cuda.tile.compilation.export_kernel`; `sass(cubin)` disassembles it with the cuobjdump of the venv
 (`nvidia-cuda-cuobjdump` wheel; with the `nvidia-cuda-nvdisasm` wheel beside it; triton's older bundled copy is the
-last resort).
+last resort). `pdl_access_guards(sass_text)` follows a listing's control flow to say what each global-memory access of
+a programmatic dependent launch waits on first.
 """
 
 from __future__ import annotations
@@ -220,6 +221,129 @@ def normalized(sass_text: str) -> str:
         if m:
             lines.append(m.group(1))
     return "\n".join(lines)
+
+
+# --- which guard every global-memory access of a programmatic dependent launch passes first ------------------------
+# Global-memory opcodes (TMA tensor loads/stores, bulk copies, plain, generic and atomic accesses). UTMACCTL (the
+# tensor-map prefetch) is left out: it reads the kernel's descriptor, a launch parameter, not a predecessor's output.
+GLOBAL_MEMORY = ("LDG", "STG", "LDGSTS", "UTMALDG", "UTMASTG", "UTMAREDG", "UBLKCP", "UBLKRED", "ATOMG", "ATOM",
+                 "RED", "LD", "ST")
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:(@!?U?P[T0-9]+)\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_MBARRIER = re.compile(r"\[[^\]]*?(?:\+(0x[0-9a-f]+))?\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class SassInstruction:
+    addr: int
+    pred: str  # '' when unpredicated, else e.g. '@!P0'
+    op: str  # with modifiers: 'SYNCS.PHASECHK.TRANS64.TRYWAIT'
+    args: str
+
+    @property
+    def base(self) -> str:
+        return self.op.split(".")[0]
+
+    def mbarrier(self) -> int:
+        """The shared-memory offset naming the mbarrier of a SYNCS instruction (its base register left out)."""
+        m = _MBARRIER.search(self.args)
+        return int(m.group(1), 16) if m and m.group(1) else 0
+
+    def __str__(self) -> str:
+        return f"/*{self.addr:04x}*/ {self.pred + ' ' if self.pred else ''}{self.op} {self.args}".rstrip()
+
+
+def sass_instructions(sass_text: str) -> list[SassInstruction]:
+    """The instructions of a one-kernel listing, in address order."""
+    return [SassInstruction(int(a, 16), p or "", op, args.strip())
+            for a, p, op, args in _SASS_LINE.findall(sass_text)]
+
+
+def sass_outline(code: list[SassInstruction]) -> str:
+    """The control-flow, synchronisation and global-memory lines of a listing (what a refusal shows)."""
+    keep = ("BRA", "CALL", "RET", "EXIT", "BRX", "JMP", "JMX", "ACQBULK", "PREEXIT", "SYNCS", "BAR") + GLOBAL_MEMORY
+    return "\n".join(str(i) for i in code if i.base in keep)
+
+
+def _successors(code: list[SassInstruction]) -> list[list[int]]:
+    """Indices each instruction may pass control to. A call continues after itself as well as at its target (the
+    subroutine's RET has no successor); an indirect jump refuses the listing."""
+    index = {ins.addr: k for k, ins in enumerate(code)}
+    out = []
+    for k, ins in enumerate(code):
+        nxt = [k + 1] if k + 1 < len(code) else []
+        if ins.base in ("BRX", "JMX", "JMP") or (ins.base == "RET" and not ins.op.startswith("RET.REL")):
+            raise ValueError(f"indirect control flow at {ins}; cannot follow it:\n{sass_outline(code)}")
+        if ins.base in ("BRA", "CALL"):
+            target = int(ins.args.split(",")[-1].strip(), 16)
+            if target not in index:
+                raise ValueError(f"branch target {target:#x} of {ins} is no instruction:\n{sass_outline(code)}")
+            conditional = ins.base == "CALL" or ins.pred or "," in ins.args or ins.op not in ("BRA", "BRA.U")
+            out.append([index[target]] + (nxt if conditional else []))
+        elif ins.base in ("EXIT", "RET"):
+            out.append(nxt if ins.pred else [])
+        else:
+            out.append(nxt)
+    return out
+
+
+def _passed(code, succ, guards) -> list[bool | None]:
+    """For each instruction: True when every path from the kernel's entry to it passes an unpredicated instruction
+    for which guards(ins) holds, False when one does not, None when no path reaches it."""
+    state: list[bool | None] = [None] * len(code)
+    state[0], work = False, [0]
+    while work:
+        k = work.pop()
+        after = state[k] or (not code[k].pred and guards(code[k]))
+        for j in succ[k]:
+            merged = after if state[j] is None else (state[j] and after)
+            if merged != state[j]:
+                state[j] = merged
+                work.append(j)
+    return state
+
+
+def pdl_access_guards(sass_text: str) -> dict[int, str]:
+    """Address -> what every path to that global-memory access passes first in a kernel launched as a programmatic
+    dependent: 'griddepcontrol.wait' (ACQBULK), 'mbarrier' (a wait on an mbarrier whose every arrive is itself
+    guarded: the warp-specialised kernels' producer and store warps, which skip the ACQBULK), or 'none'.
+
+    Follows the listing's control flow (role branches, loops, calls) instead of its file order; an mbarrier is named
+    by its shared-memory offset. Raises ValueError, with the listing's outline, when the flow cannot be followed or
+    the listing has no global-memory access. A wait is taken as blocking: whether its phase makes it pass at once is
+    not read from the code."""
+    code = sass_instructions(sass_text)
+    if not code:
+        raise ValueError("no SASS instructions in the listing")
+    succ = _successors(code)
+    accesses = [k for k, ins in enumerate(code) if ins.base in GLOBAL_MEMORY]
+    if not accesses:
+        raise ValueError(f"no global-memory access in the listing:\n{sass_outline(code)}")
+    arrives = collections.defaultdict(list)
+    for k, ins in enumerate(code):
+        if ins.op.startswith("SYNCS.ARRIVE"):
+            arrives[ins.mbarrier()].append(k)
+
+    def flow(safe):
+        return _passed(code, succ, lambda i: i.op == "ACQBULK" or (i.op.startswith("SYNCS.PHASECHK")
+                                                                  and i.mbarrier() in safe))
+
+    acq = flow(frozenset())
+    safe, state = frozenset(), acq
+    while True:  # the mbarriers arrived on only after a guard, grown until nothing changes
+        grown = frozenset(b for b, ks in arrives.items() if all(state[k] for k in ks))
+        if grown == safe:
+            break
+        safe, state = grown, flow(grown)
+    unreached = [code[k] for k in accesses if state[k] is None]
+    if unreached:
+        raise ValueError(f"global-memory accesses no path reaches: {unreached[0]}\n{sass_outline(code)}")
+    return {code[k].addr: "griddepcontrol.wait" if acq[k] else "mbarrier" if state[k] else "none" for k in accesses}
+
+
+def pdl_unguarded(sass_text: str) -> list[str]:
+    """The global-memory accesses some path reaches before a griddepcontrol.wait or a guarded mbarrier wait."""
+    code = {ins.addr: ins for ins in sass_instructions(sass_text)}
+    return [str(code[a]) for a, how in pdl_access_guards(sass_text).items() if how == "none"]
 
 
 def main(argv=None) -> int:  # pragma: no cover - a convenience for looking at one variant
