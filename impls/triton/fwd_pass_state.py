@@ -95,6 +95,21 @@ def rows_desc(ptr, batch, seqlen, width, depth, s_b, s_l, s_w, BLOCK_L: tl.const
 
 
 @triton.jit
+def operand_descs(x_ptr, B_ptr, x_hd, B_hd, batch, seqlen, nheads, ngroups, headdim, dstate, s_x_b, s_x_l, s_x_h,
+                  s_B_b, s_B_l, s_B_g, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  HOST_DESC: tl.constexpr):
+    """local_state's x and B descriptors with TMA: x_hd and B_hd when made once on the host
+    (tma_descriptors='host', the same boxes), else made here by rows_desc."""
+    if HOST_DESC:
+        x_desc = x_hd
+        B_desc = B_hd
+    else:
+        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
+        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_N)
+    return x_desc, B_desc
+
+
+@triton.jit
 def program_coords(pid, tiles, nheads, nchunks, HB: tl.constexpr):
     """A flat program id (axis 0 has no 65535 limit) -> (tile, head, chunk, batch in 32 bits for descriptor
     offsets, batch in 64 bits): the tile fastest, then the block of HB heads (head = its first), chunk, batch."""
@@ -146,12 +161,9 @@ def chunk_state_kernel(
     dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
     dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
     seq_base = seq_ptr + b * s_seq_b + start.to(tl.int64) * s_seq_l
-    if HOST_DESC:  # made once on the host (tma_descriptors='host'), same boxes as below
-        x_desc = x_hd
-        B_desc = B_hd
-    elif TMA:
-        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
-        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_N)
+    if TMA:
+        x_desc, B_desc = operand_descs(x_ptr, B_ptr, x_hd, B_hd, batch, seqlen, nheads, ngroups, headdim, dstate,
+                                       s_x_b, s_x_l, s_x_h, s_B_b, s_B_l, s_B_g, BLOCK_P, BLOCK_N, BLOCK_K, HOST_DESC)
     else:
         x_desc = None
         B_desc = None
@@ -283,12 +295,9 @@ def serial_state_kernel(
     tile, h, _, b32, b = program_coords(tl.program_id(0), tl.cdiv(headdim, BLOCK_P) * tiles_n, nheads, 1, 1)
     g = h // heads_per_group
     p0, n0, offs_p, offs_n, mask_p, mask_n = tile_coords(tile, tiles_n, headdim, dstate, BLOCK_P, BLOCK_N)
-    if HOST_DESC:  # made once on the host (tma_descriptors='host'), same boxes as below
-        x_desc = x_hd
-        B_desc = B_hd
-    elif TMA:
-        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
-        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_N)
+    if TMA:
+        x_desc, B_desc = operand_descs(x_ptr, B_ptr, x_hd, B_hd, batch, seqlen, nheads, ngroups, headdim, dstate,
+                                       s_x_b, s_x_l, s_x_h, s_B_b, s_B_l, s_B_g, BLOCK_P, BLOCK_N, BLOCK_K, HOST_DESC)
     else:
         x_desc = None
         B_desc = None
