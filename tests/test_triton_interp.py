@@ -268,22 +268,26 @@ def test_tma_refuses_tensors_a_descriptor_cannot_read():
         impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True))
 
 
-def test_tma_host_descriptors_are_kernel_arguments(monkeypatch):
-    """tma_descriptors='host' builds compute_out's five and chunk_state's three descriptors on the host, once per
-    launch, with the launch's boxes."""
+@pytest.mark.parametrize("state_pass,stage2", [pytest.param("chunk_parallel", ["B", "chunk-local states", "x"],
+                                                             id="chunk_parallel"),
+                                              pytest.param("serial", ["B", "x"], id="serial")])
+def test_tma_host_descriptors_are_kernel_arguments(monkeypatch, state_pass, stage2):
+    """tma_descriptors='host' builds compute_out's five descriptors and stage 2's (chunk_state's three, or the
+    serial kernel's x and B) on the host, once per launch, with the launch's boxes."""
     made = []
     real = descriptors.host
     monkeypatch.setattr(descriptors, "host", lambda tensors: made.append(real(tensors)) or made[-1])
     inputs = make_inputs(Problem(SMALL), seed=9, dtype=torch.float32)
-    impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True, tma_descriptors="host"))
-    assert [sorted(m) for m in made] == [["B", "chunk-local states", "x"], ["B", "C", "states", "x", "y"]]
+    impls.ssd_forward(**inputs.forward_kwargs(),
+                      backend=get_backend("triton", tma=True, tma_descriptors="host", state_pass=state_pass))
+    assert [sorted(m) for m in made] == [stage2, ["B", "C", "states", "x", "y"]]
     assert all(isinstance(d, TensorDescriptor) for m in made for d in m.values())
     assert made[1]["C"].block_shape == [1, 16, 1, 16] and made[1]["x"].block_shape == [1, 16, 1, 16]
 
 
 def test_tma_host_refuses_what_it_cannot_run():
-    """Host descriptors: unaligned tensors raise naming the tensor; without tma, with the fused kernel, or with the
-    serial stage 2 (which makes its descriptors in the kernel), the backend refuses at construction."""
+    """Host descriptors: unaligned tensors raise naming the tensor; without tma or with the fused kernel the backend
+    refuses at construction."""
     inputs = fused_projection(make_inputs(Problem(SMALL, has_z=True), seed=9, dtype=torch.float32))
     with pytest.raises(ValueError, match=r"'tma' with tma_descriptors='host' of backend 'triton': x: its data "):
         impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True, tma_descriptors="host"))
@@ -291,8 +295,6 @@ def test_tma_host_refuses_what_it_cannot_run():
         get_backend("triton", tma_descriptors="host")
     with pytest.raises(ValueError, match=r"tma_descriptors='host'.*fused kernel"):
         get_backend("triton", tma=True, tma_descriptors="host", fuse_state_out=True)
-    with pytest.raises(ValueError, match=r"tma_descriptors='host'.*state_pass='serial'"):
-        get_backend("triton", tma=True, tma_descriptors="host", state_pass="serial")
 
 
 FUSED_CASES = [
@@ -337,6 +339,12 @@ STATE_PASS_CASES = [
     pytest.param({}, Problem(SMALL, varlen=True, nseqs=3), id="cu_seqlens-3-seqs"),
     pytest.param({"tma": True}, Problem(Shape(1, 100, 2, 32, 1, 32, 64), nseqs=2, has_initial_states=True),
                  id="tma-seq_idx-initial"),
+    # x's and B's descriptors built on the host (TensorDescriptor kernel arguments; the interpreter runs them)
+    pytest.param({"tma": True, "tma_descriptors": "host"},
+                 Problem(Shape(1, 100, 2, 32, 1, 32, 64), nseqs=2, has_initial_states=True),
+                 id="tma-host-seq_idx-initial"),
+    pytest.param({"tma": True, "tma_descriptors": "host", "operand_swap": False, "transposed_layout": False}, RICH,
+                 id="tma-host-rich-no-swap"),
 ]
 
 

@@ -155,7 +155,8 @@ def variants(dtype: str, all_variants: bool):
                {"x_ptr": p, "B_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "seq_ptr": "*i32", "init_ptr": "*fp32",
                 "out_ptr": p, "final_ptr": "*fp32"},
                dict(CHUNK=256, BLOCK_P=c["block_headdim"], BLOCK_N=c["block_dstate"], BLOCK_K=c["block_positions"],
-                    HAS_INIT=feature, HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precisions[0], TMA=False),
+                    HAS_INIT=feature, HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precisions[0], TMA=False,
+                    x_hd=None, B_hd=None, HOST_DESC=False),
                c["num_warps"], c["num_stages"])
 
 

@@ -55,10 +55,6 @@ class TritonBackend(Backend):
             raise ValueError("switch state_pass of backend 'triton': fuse_state_out=True runs stage 2 inside the fused "
                              f"kernel, so state_pass={self.switches.state_pass!r} would be recorded without running "
                              "(leave it at its default or turn fuse_state_out off)")
-        if self.switches.tma_descriptors == "host" and self.switches.state_pass == "serial":
-            raise ValueError("switch tma_descriptors='host' of backend 'triton': state_pass='serial' runs stage 2 as "
-                             "one kernel that makes its descriptors in the kernel, so 'host' would be recorded for a "
-                             "stage that did not run it (use state_pass='chunk_parallel', or tma_descriptors='device')")
         if self.switches.tma_descriptors == "host" and not self.switches.tma:
             raise ValueError("switch tma_descriptors='host' of backend 'triton': it says where tma's descriptors are "
                              "made; with tma=False there are none (set tma=True, or leave tma_descriptors='device')")

@@ -16,7 +16,8 @@ Bᵀ·(dt-weighted x) (dstate on the MMA's M) instead of (dt-weighted x)ᵀ·B; 
 kernel or, with `tma_descriptors='host'`, once on the host and passed in (x_hd, B_hd, out_hd; None otherwise).
 The chunk sum itself is `local_state`, which the fused kernel (impls/triton/fused.py) calls too.
 Switch `state_pass='serial'` replaces both by `serial_state_kernel`: one program per (headdim tile, dstate tile,
-head, batch) walks the chunks, `local_state` per chunk in registers, no scratch (chunk_state's launch fields).
+head, batch) walks the chunks, `local_state` per chunk in registers, no scratch (chunk_state's launch fields); with
+`tma` x and B come through descriptors (in the kernel, or x_hd and B_hd from the host), the states go by pointer.
 The kernels address every tensor through its strides, so any layout of the inputs (and of states) works.
 """
 
@@ -94,6 +95,21 @@ def rows_desc(ptr, batch, seqlen, width, depth, s_b, s_l, s_w, BLOCK_L: tl.const
 
 
 @triton.jit
+def operand_descs(x_ptr, B_ptr, x_hd, B_hd, batch, seqlen, nheads, ngroups, headdim, dstate, s_x_b, s_x_l, s_x_h,
+                  s_B_b, s_B_l, s_B_g, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  HOST_DESC: tl.constexpr):
+    """local_state's x and B descriptors with TMA: x_hd and B_hd when made once on the host
+    (tma_descriptors='host', the same boxes), else made here by rows_desc."""
+    if HOST_DESC:
+        x_desc = x_hd
+        B_desc = B_hd
+    else:
+        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
+        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_N)
+    return x_desc, B_desc
+
+
+@triton.jit
 def program_coords(pid, tiles, nheads, nchunks, HB: tl.constexpr):
     """A flat program id (axis 0 has no 65535 limit) -> (tile, head, chunk, batch in 32 bits for descriptor
     offsets, batch in 64 bits): the tile fastest, then the block of HB heads (head = its first), chunk, batch."""
@@ -145,12 +161,9 @@ def chunk_state_kernel(
     dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
     dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
     seq_base = seq_ptr + b * s_seq_b + start.to(tl.int64) * s_seq_l
-    if HOST_DESC:  # made once on the host (tma_descriptors='host'), same boxes as below
-        x_desc = x_hd
-        B_desc = B_hd
-    elif TMA:
-        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
-        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_N)
+    if TMA:
+        x_desc, B_desc = operand_descs(x_ptr, B_ptr, x_hd, B_hd, batch, seqlen, nheads, ngroups, headdim, dstate,
+                                       s_x_b, s_x_l, s_x_h, s_B_b, s_B_l, s_B_g, BLOCK_P, BLOCK_N, BLOCK_K, HOST_DESC)
     else:
         x_desc = None
         B_desc = None
@@ -259,6 +272,7 @@ def state_tile(offs_p, offs_n, mask_p, mask_n, s_p, s_n, SWAP: tl.constexpr):
 @triton.jit
 def serial_state_kernel(
     x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, init_ptr, out_ptr, final_ptr,
+    x_hd, B_hd,
     batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
     s_x_b, s_x_l, s_x_h, s_x_p,
     s_B_b, s_B_l, s_B_g, s_B_n,
@@ -270,19 +284,20 @@ def serial_state_kernel(
     s_f_b, s_f_h, s_f_p, s_f_n,
     CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_INIT: tl.constexpr, HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr,
 ):
     """state_pass='serial': one program per (headdim tile, dstate tile, head, batch) walks the chunks, writing the
     state entering each chunk (state_dtype) and carrying S <- exp(dA_last)·S + local_state in registers; the final
-    state (fp32) at the end. The chunk-local states never reach memory."""
+    state (fp32) at the end. The chunk-local states never reach memory. With TMA, x and B through tensor
+    descriptors (made here, or with HOST_DESC on the host: x_hd, B_hd); the states through pointers."""
     tiles_n = tl.cdiv(dstate, BLOCK_N)
     # tile fastest, then head, then batch (program_coords with one chunk)
     tile, h, _, b32, b = program_coords(tl.program_id(0), tl.cdiv(headdim, BLOCK_P) * tiles_n, nheads, 1, 1)
     g = h // heads_per_group
     p0, n0, offs_p, offs_n, mask_p, mask_n = tile_coords(tile, tiles_n, headdim, dstate, BLOCK_P, BLOCK_N)
     if TMA:
-        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
-        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_N)
+        x_desc, B_desc = operand_descs(x_ptr, B_ptr, x_hd, B_hd, batch, seqlen, nheads, ngroups, headdim, dstate,
+                                       s_x_b, s_x_l, s_x_h, s_B_b, s_B_l, s_B_g, BLOCK_P, BLOCK_N, BLOCK_K, HOST_DESC)
     else:
         x_desc = None
         B_desc = None
@@ -330,6 +345,13 @@ def _state_buffer(batch, nchunks, nheads, headdim, dstate, dtype, device, transp
     return empty((batch, nchunks, nheads, headdim, dstate), dtype, device)
 
 
+def _operand_boxes(x, B, config) -> dict:
+    """{name: (tensor, box)} of local_state's x and B descriptors: BLOCK_K positions of one head (group) and a
+    headdim (dstate) tile, as rows_desc makes them in the kernel."""
+    block_p, block_n, block_k = config["block_headdim"], config["block_dstate"], config["block_positions"]
+    return {"x": (x, (1, block_k, 1, block_p)), "B": (B, (1, block_k, 1, block_n))}
+
+
 def chunk_states(B, x, dt, dA_cumsum, seq_idx, *, config, switches, empty, dot_precision):
     """fp32 (batch, nchunks, nheads, headdim, dstate): the state each chunk builds from zero."""
     batch, seqlen, nheads, headdim = x.shape
@@ -338,11 +360,11 @@ def chunk_states(B, x, dt, dA_cumsum, seq_idx, *, config, switches, empty, dot_p
     local = _state_buffer(batch, nchunks, nheads, headdim, dstate, torch.float32, x.device,
                           switches.transposed_layout, empty)
     seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
-    block_p, block_n, block_k = config["block_headdim"], config["block_dstate"], config["block_positions"]
+    block_p, block_n = config["block_headdim"], config["block_dstate"]
     host = switches.tma and switches.tma_descriptors == "host"
     if host:
         out_box = (block_p, block_n) if local.stride(-1) == 1 else (block_n, block_p)
-        hd = descriptors.host({"x": (x, (1, block_k, 1, block_p)), "B": (B, (1, block_k, 1, block_n)),
+        hd = descriptors.host({**_operand_boxes(x, B, config),
                                "chunk-local states": (descriptors.memory_order(local), (1, 1, 1, *out_box))})
         host_args = (hd["x"], hd["B"], hd["chunk-local states"])
     else:
@@ -398,17 +420,20 @@ def serial_states(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, *, 
     final = empty((batch, nheads, headdim, dstate), torch.float32, x.device)
     init = initial_states if initial_states is not None else final  # never read without HAS_INIT
     seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
-    if switches.tma:
+    host = switches.tma and switches.tma_descriptors == "host"
+    # x and B through descriptors with tma (made here with 'host'); the states are stored through pointers
+    host_args = tuple(descriptors.host(_operand_boxes(x, B, config)).values()) if host else (None, None)
+    if switches.tma and not host:
         descriptors.require({"x": x, "B": B})
     tiles = triton.cdiv(headdim, config["block_headdim"]) * triton.cdiv(dstate, config["block_dstate"])
     serial_state_kernel[(tiles * nheads * batch,)](
-        x, B, dt, dA_cumsum, seq, init, states, final,
+        x, B, dt, dA_cumsum, seq, init, states, final, *host_args,
         batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
         *x.stride(), *B.stride(), *dt.stride(), *dA_cumsum.stride(), seq.stride(0), seq.stride(1),
         *init.stride(), *states.stride(), *final.stride(),
         CHUNK=chunk, BLOCK_P=config["block_headdim"], BLOCK_N=config["block_dstate"], BLOCK_K=config["block_positions"],
         HAS_INIT=initial_states is not None, HAS_SEQ=seq_idx is not None, SWAP=switches.operand_swap,
-        EXP2=switches.exp2, DOT_PRECISION=dot_precision, TMA=switches.tma,
+        EXP2=switches.exp2, DOT_PRECISION=dot_precision, TMA=switches.tma, HOST_DESC=host,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
     )
     return states, final

@@ -74,11 +74,11 @@ class TritonSwitches:
         sm100="same TMA descriptors and bulk copies")
     tma_descriptors: str = switch(
         "device", "with tma on, where the tensor descriptors of compute_out and chunk_state (x, B, C, the states, "
-                  "the fp32 scratch, y) are made: 'device' = in the kernel by every program "
-                  "(tl.make_tensor_descriptor, the behaviour tma had alone); 'host' = once per launch on the host "
-                  "(triton.tools.tensor_descriptor.TensorDescriptor) and passed as kernel arguments. 'host' needs "
-                  "tma=True, the three-stage arrangement and state_pass='chunk_parallel' (ValueError otherwise); "
-                  "same alignment rules as tma",
+                  "the fp32 scratch, y; x and B of state_pass='serial''s kernel) are made: 'device' = in the kernel "
+                  "by every program (tl.make_tensor_descriptor, the behaviour tma had alone); 'host' = once per "
+                  "launch on the host (triton.tools.tensor_descriptor.TensorDescriptor) and passed as kernel "
+                  "arguments. 'host' needs tma=True and the three-stage arrangement (ValueError otherwise); same "
+                  "alignment rules as tma",
         choices=("device", "host"),
         sm90="'host': the descriptor is a __grid_constant__ CUtensorMap kernel parameter, encoded once per launch by "
              "the driver; no tensormap.cp_fenceproxy, no workspace",

@@ -67,7 +67,7 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "state_pass-serial": {"state_pass": "serial"},
             "state_pass-serial-all-off": {"state_pass": "serial", **OFF},
             "state_pass-serial-tma": {"state_pass": "serial", "tma": True},
-
+            "state_pass-serial-tma-host": {"state_pass": "serial", "tma": True, "tma_descriptors": "host"},
             "tma-host": {"tma": True, "tma_descriptors": "host"},
             "tma-host-no-swap": {"tma": True, "tma_descriptors": "host", "operand_swap": False},
             "tma-host-no-transposed": {"tma": True, "tma_descriptors": "host", "transposed_layout": False},
