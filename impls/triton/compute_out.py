@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from impls.triton import descriptors
-from impls.triton.fwd_pass_state import program_coords, rows_desc
+from impls.triton.fwd_pass_state import program_coords, rows_desc, states_desc
 from impls.triton.occupancy import maxnreg
 
 
@@ -349,21 +349,6 @@ def epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b, h, row0, p0, offs_m,
         y_desc.store([b, row0, h, p0], out.reshape(1, BLOCK_M, 1, BLOCK_P))
     else:
         tl.store(y_base + y_offs, out, mask=mask_tile)
-
-
-@triton.jit
-def states_desc(st_ptr, batch, nchunks, nheads, headdim, dstate, s_st_b, s_st_c, s_st_h, s_st_p, s_st_n,
-                BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr, ST_N_CONTIG: tl.constexpr):
-    """A descriptor over the states (batch, nchunks, nheads, headdim, dstate) in their memory order."""
-    if ST_N_CONTIG:
-        desc = tl.make_tensor_descriptor(st_ptr, shape=[batch, nchunks, nheads, headdim, dstate],
-                                         strides=[s_st_b, s_st_c, s_st_h, s_st_p, 1],
-                                         block_shape=[1, 1, 1, BLOCK_P, BLOCK_DSTATE])
-    else:
-        desc = tl.make_tensor_descriptor(st_ptr, shape=[batch, nchunks, nheads, dstate, headdim],
-                                         strides=[s_st_b, s_st_c, s_st_h, s_st_n, 1],
-                                         block_shape=[1, 1, 1, BLOCK_DSTATE, BLOCK_P])
-    return desc
 
 
 @triton.jit

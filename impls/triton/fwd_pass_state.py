@@ -95,6 +95,21 @@ def rows_desc(ptr, batch, seqlen, width, depth, s_b, s_l, s_w, BLOCK_L: tl.const
 
 
 @triton.jit
+def states_desc(st_ptr, batch, nchunks, nheads, headdim, dstate, s_st_b, s_st_c, s_st_h, s_st_p, s_st_n,
+                BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr, ST_N_CONTIG: tl.constexpr):
+    """A descriptor over the states (batch, nchunks, nheads, headdim, dstate) in their memory order."""
+    if ST_N_CONTIG:
+        desc = tl.make_tensor_descriptor(st_ptr, shape=[batch, nchunks, nheads, headdim, dstate],
+                                         strides=[s_st_b, s_st_c, s_st_h, s_st_p, 1],
+                                         block_shape=[1, 1, 1, BLOCK_P, BLOCK_DSTATE])
+    else:
+        desc = tl.make_tensor_descriptor(st_ptr, shape=[batch, nchunks, nheads, dstate, headdim],
+                                         strides=[s_st_b, s_st_c, s_st_h, s_st_n, 1],
+                                         block_shape=[1, 1, 1, BLOCK_DSTATE, BLOCK_P])
+    return desc
+
+
+@triton.jit
 def operand_descs(x_ptr, B_ptr, x_hd, B_hd, batch, seqlen, nheads, ngroups, headdim, dstate, s_x_b, s_x_l, s_x_h,
                   s_B_b, s_B_l, s_B_g, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   HOST_DESC: tl.constexpr):
@@ -175,14 +190,9 @@ def chunk_state_kernel(
         # the fp32 scratch through a descriptor in its memory order: (…, headdim, dstate) or (…, dstate, headdim)
         if HOST_DESC:
             out_desc = out_hd
-        elif OUT_N_CONTIG:
-            out_desc = tl.make_tensor_descriptor(out_ptr, shape=[batch, nchunks, nheads, headdim, dstate],
-                                                 strides=[s_o_b, s_o_c, s_o_h, s_o_p, 1],
-                                                 block_shape=[1, 1, 1, BLOCK_P, BLOCK_N])
         else:
-            out_desc = tl.make_tensor_descriptor(out_ptr, shape=[batch, nchunks, nheads, dstate, headdim],
-                                                 strides=[s_o_b, s_o_c, s_o_h, s_o_n, 1],
-                                                 block_shape=[1, 1, 1, BLOCK_N, BLOCK_P])
+            out_desc = states_desc(out_ptr, batch, nchunks, nheads, headdim, dstate, s_o_b, s_o_c, s_o_h, s_o_p,
+                                   s_o_n, BLOCK_P, BLOCK_N, OUT_N_CONTIG)
         if OUT_N_CONTIG:
             if SWAP:
                 acc = tl.trans(acc)
