@@ -16,14 +16,22 @@ tuning records are read from the working directory).
 
 from __future__ import annotations
 
-import argparse
-import cProfile
-import io
-import pstats
-import statistics
-import time
+import os
+import sys
 
-import torch
+if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    # run as a file, the folder of this file comes first on sys.path, and its profile.py would hide the standard
+    # library's (which cProfile imports)
+    sys.path.pop(0)
+
+import argparse  # noqa: E402
+import cProfile  # noqa: E402
+import io  # noqa: E402
+import pstats  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
 
 S4 = (16, 2048, 32, 64, 1, 64, 128)
 
