@@ -86,10 +86,10 @@ class CutileSwitches:
                "with the copy warpgroup: 24 warps per SM, as 3 CTAs of 8). The tile, its heads sharing C_l, B_j and "
                "C_l·B_jᵀ, and the math are unchanged",
         sm90="tileiras splits every MMA of the tile between the two math warpgroups: C_l·B_jᵀ by source columns "
-             "(HGMMA 64x32 each), the scores staged to shared memory (STSM, a named barrier of the 256 math "
-             "threads) and read back as the A operand of scores·x_j, split by headdim columns; each warpgroup holds "
-             "half of every accumulator and half of the exponentials, so bf16 at the tuned S1–S4 tiles compiles "
-             "with no local-memory spill (docs/perf-notes.md, version 11)",
+             "(HGMMA 64x32 each), the scores staged through shared memory (no HGMMA reads its A operand from "
+             "registers; a named barrier of the 256 math threads) for scores·x_j, split by headdim columns; "
+             "each warpgroup holds half of every accumulator and half of the exponentials, so bf16 at the tuned "
+             "S1–S4 tiles compiles with no local-memory spill (docs/perf-notes.md, version 11)",
         sm100="the same hint; the split tileiras makes for tcgen05 has not been examined")
     cb_precision: str = switch(
         "tf32", "precision of the matmuls for fp32 inputs (C·Bᵀ and the others): tf32 tensor cores or full fp32; "
