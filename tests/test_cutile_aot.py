@@ -590,6 +590,9 @@ def test_two_warpgroups_splits_the_mmas_between_two_math_warpgroups():
     pytest.param("bfloat16", {"cb_mode": "shared"}, {"heads_per_tile": 2, "occupancy": 2, "shared_cb": True},
                  id="bf16-heads2-cb-shared"),
     pytest.param("bfloat16", {}, {"heads_per_tile": 4, "occupancy": 2}, id="bf16-heads4"),
+    pytest.param("bfloat16", {**{k: OFF_VALUE.get(k, False) for k in ("transposed_layout", "latency_hints", "tma",
+                                                                       "exp2", "cb_precision")}},
+                 {"heads_per_tile": 2, "occupancy": 2}, id="bf16-heads2-tricks-off"),
     pytest.param("float32", {}, {"heads_per_tile": 2, "occupancy": 2}, id="fp32-heads2"),
 ])
 def test_two_warpgroups_compiles_with_every_optional_input(dtype, switches, config):
