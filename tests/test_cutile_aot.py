@@ -10,6 +10,7 @@ with the defaults (sm_100). Marked slow: all-off for fp16/fp32 and sm_100, and t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import re
@@ -515,3 +516,89 @@ def test_state_pass_kernels_int64_build(kernel):
     sw = dataclasses.replace(DEFAULTS, state_pass="chunk_parallel")
     wide = build_call(kernel, torch.bfloat16, sw, wide=True)
     assert wide.wide and facts(sass(export(wide, "sm_90")))["instructions"] > 100
+
+
+# --- two math warpgroups (switch two_warpgroups) --------------------------------------------------------------------
+TWO_WG = dataclasses.replace(DEFAULTS, two_warpgroups=True)
+
+
+@functools.cache
+def _tuned_spills(shape: str, sw: CutileSwitches):
+    from impls.cutile import spills
+
+    return spills.kernel_spills("compute_out", shape, switches=sw)
+
+
+@pytest.mark.parametrize("shape", ["S1", "S2", "S3", "S4"])
+def test_two_warpgroups_does_not_spill_at_the_tuned_tiles(shape):
+    """bf16 compute_out at the shape's committed NVIDIA H200 tiles, as the launcher resolves them with two_warpgroups
+    (the record's tiles, occupancy pinned to 2): no local-memory load or store, no stack in the sm_90 SASS."""
+    from impls.cutile import spills
+    from impls.cutile.switches import TWO_WARPGROUPS_OCCUPANCY
+
+    row = _tuned_spills(shape, TWO_WG)
+    assert row.config == dict(spills.tuned_config("compute_out", shape), occupancy=TWO_WARPGROUPS_OCCUPANCY)
+    assert (row.ldl, row.stl, row.stack_bytes) == (0, 0, 0), row
+
+
+@pytest.mark.parametrize("switches", [
+    pytest.param(DEFAULTS, id="one-warpgroup-occupancy3"),  # the committed S1 record as it runs today
+    pytest.param(dataclasses.replace(TWO_WG, occupancy=3), id="two_warpgroups-occupancy3"),  # without the pin
+])
+def test_two_warpgroups_negative_controls(switches):
+    """The same S1 tiles spill without the switch, and with it at the record's occupancy 3 (56 registers per thread
+    at 384 threads): the zero above is counted by the same code and is the switch's and its occupancy's doing."""
+    row = _tuned_spills("S1", switches)
+    assert row.config["heads_per_tile"] == 2 and row.config["occupancy"] == 3
+    assert row.ldl > 0 and row.stl > 0 and row.stack_bytes > 0, row
+
+
+def test_two_warpgroups_splits_the_mmas_between_two_math_warpgroups():
+    """The switch reaches the compiler as num_worker_warps=8 (compute_out's main kernel only), and tileiras splits the
+    S1 tile's 64-wide MMAs in two (HGMMA 64x32 instead of 64x64), synchronising the 256 math threads (named barrier
+    1 over 0x100 threads instead of 0x80) and reading the scores of the second product from shared memory: no
+    HGMMA takes its A operand from registers (the default's scores·x_j does), and each warpgroup computes half of
+    the exponentials."""
+    from impls.cli import load_shape
+    from impls.cutile import spills
+
+    s = load_shape("S1")
+    dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
+                dstate=s.dstate, chunk=s.chunk_size)
+    text = {}
+    for name, sw in (("one", DEFAULTS), ("two", TWO_WG)):
+        config = spills.resolved_config("compute_out", "S1", switches=sw)
+        call = build_call("compute_out", torch.bfloat16, sw, dims=dims, config=config, optional=False, d_mode=1)
+        assert call.kernel._compiler_options.num_worker_warps == (8 if name == "two" else None)
+        text[name] = sass(export(call, "sm_90"))
+        cb_call = build_call("compute_out_cb", torch.bfloat16, sw, dims=dims, config=config)
+        assert cb_call.kernel._compiler_options.num_worker_warps is None
+    assert "HGMMA.64x64x16" in text["one"] and "HGMMA.64x32x16" not in text["one"]
+    assert "HGMMA.64x32x16" in text["two"] and "HGMMA.64x64x16" not in text["two"]
+    a_from_registers = {k: len(re.findall(r"HGMMA\.\S+ R\d+, R\d+,", t)) for k, t in text.items()}
+    assert a_from_registers["one"] > 0 and a_from_registers["two"] == 0, a_from_registers
+    assert "BAR.SYNC.DEFER_BLOCKING 0x1, 0x80 " in text["one"] and "0x1, 0x100 " in text["two"]
+    assert 0 < facts(text["two"])["MUFU.EX2"] < facts(text["one"])["MUFU.EX2"]
+
+
+@pytest.mark.parametrize("dtype,switches,config", [
+    pytest.param("bfloat16", {}, {"heads_per_tile": 2, "occupancy": 2}, id="bf16-heads2"),
+    pytest.param("bfloat16", {"operand_swap": True, "head_mma": "batched"}, {"heads_per_tile": 2, "occupancy": 2},
+                 id="bf16-heads2-batched-swap"),
+    pytest.param("bfloat16", {"decay_factor": True, "skip_first": True}, {"heads_per_tile": 2, "occupancy": 2},
+                 id="bf16-heads2-decay_factor-skip_first"),
+    pytest.param("bfloat16", {"cb_mode": "shared"}, {"heads_per_tile": 2, "occupancy": 2, "shared_cb": True},
+                 id="bf16-heads2-cb-shared"),
+    pytest.param("bfloat16", {}, {"heads_per_tile": 4, "occupancy": 2}, id="bf16-heads4"),
+    pytest.param("bfloat16", {**{k: OFF_VALUE.get(k, False) for k in ("transposed_layout", "latency_hints", "tma",
+                                                                       "exp2", "cb_precision")}},
+                 {"heads_per_tile": 2, "occupancy": 2}, id="bf16-heads2-tricks-off"),
+    pytest.param("float32", {}, {"heads_per_tile": 2, "occupancy": 2}, id="fp32-heads2"),
+])
+def test_two_warpgroups_compiles_with_every_optional_input(dtype, switches, config):
+    """The switch with the other compute_out switches the GPU tests combine it with, every optional input present
+    (z, seq_idx, D per channel): the tensor-core MMAs stay (HGMMA; HMMA for the batched rank-3 lowering)."""
+    sw = dataclasses.replace(TWO_WG, **switches)
+    text = sass(export(build_call("compute_out", getattr(torch, dtype), sw, config=config), "sm_90"))
+    f = facts(text)
+    assert f["instructions"] > 100 and (f["HGMMA"] > 0 or "HMMA" in text), f

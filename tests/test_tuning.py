@@ -328,6 +328,8 @@ BASE = "S|bfloat16|cb_precision=tf32|operand_swap=False|transposed_layout=True"
                  id="arrangements-on"),
     pytest.param("fwd_pass_state", {"heads_first": True, "skip_first": True}, BASE,
                  id="arrangements-the-stage-does-not-read"),
+    pytest.param("compute_out", {"two_warpgroups": True}, BASE + "|two_warpgroups=True", id="two-warpgroups-on"),
+    pytest.param("fwd_pass_state", {"two_warpgroups": True}, BASE, id="two-warpgroups-the-stage-does-not-read"),
 ])
 def test_cutile_record_key(stage, switches, expect):
     """A search with a switch that changes the winner stores under a key of its own, never over the full search's
@@ -431,6 +433,30 @@ def test_cutile_compute_out_arrangement_borrows_the_default_record(name):
     tuning.store("cutile", "compute_out", t.gpu, t.base_key, config, {}, stack)
     res = tuning.resolve(t)
     assert (res.config, res.source) == (config, "record")
+
+
+@pytest.mark.parametrize("switches, occupancy", [
+    pytest.param({}, 2, id="pinned"),
+    pytest.param({"occupancy": 3}, 3, id="occupancy-switch-wins"),
+])
+def test_cutile_two_warpgroups_borrows_the_tiles_with_its_occupancy(switches, occupancy):
+    """compute_out's two_warpgroups without a record of its own runs on the default code's tiles with the occupancy
+    hint pinned to 2 CTAs of 12 warps (tune.pins), unless the occupancy switch sets one; the resolution's config says
+    what ran."""
+    from impls.cutile import tune
+    from impls.cutile.switches import TWO_WARPGROUPS_OCCUPANCY, CutileSwitches
+
+    assert TWO_WARPGROUPS_OCCUPANCY == 2
+    t = tune.tunable("compute_out", CutileSwitches(two_warpgroups=True, **switches), None, "S", "bfloat16",
+                     make_call=None)
+    assert "two_warpgroups=True" in t.key and t.pins == {"occupancy": occupancy}
+    assert t.base_key == tune.record_key("compute_out", CutileSwitches(**switches), "S", "bfloat16", False)
+    stack = {n: STACK.get(n) for n in tune.STACK}
+    config = {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 2, "occupancy": 3, "shared_cb": False}
+    tuning.store("cutile", "compute_out", t.gpu, t.base_key, config, {}, stack)
+    res = tuning.resolve(t)
+    assert (res.config, res.source) == (dict(config, occupancy=occupancy), "record")
+    assert tune.pins("fwd_pass_state", CutileSwitches(two_warpgroups=True)) == {}  # compute_out's switch only
 
 
 # --- Triton under the interpreter: a one-config space (the fallback), searched, confirmed, stored, bound ---------

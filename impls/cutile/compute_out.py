@@ -21,6 +21,10 @@ from memory (L2 at the headline shapes: 33.5 MB at S1) instead of being recomput
 one group) that removes 53 % of the stage's matmul work. The numbers are the same either way (the tile is fp32 in
 both, from the same operands).
 
+Switch two_warpgroups compiles the same kernel with two math warpgroups (`ct.kernel(num_worker_warps=8)`) that
+tileiras has share each MMA of the tile (docs/perf-notes.md, version 11); its occupancy hint is pinned by the
+tuning resolution (`tune.pins`).
+
 Switches: operand_swap accumulates yᵀ (headdim × rows): state·C_lᵀ and x_jᵀ·scoresᵀ; transposed_layout reads the
 states stored (dstate, headdim) by stage 2.
 """
@@ -34,7 +38,7 @@ import cuda.tile as ct
 import torch
 
 from impls.cutile.common import LOG2E, CopyHints, KernelCall, kernel_call, next_pow2
-from impls.cutile.switches import per_head_refusal
+from impls.cutile.switches import WORKER_WARPS, per_head_refusal
 
 ZERO = ct.PaddingMode.ZERO
 
@@ -442,7 +446,8 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
             shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb), sw.heads_first,
             sw.skip_first, sw.pdl)
     grid = grid_of(batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp), sw.heads_first)
-    return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
+    return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,
+                       WORKER_WARPS[sw.two_warpgroups])
 
 
 def make_cb_call(arrays, dims, chunk_size, tf32, sw, config) -> KernelCall:

@@ -3,7 +3,8 @@ machine code as it was.
 
 A variant is (kernel, dtype, switches, tile config): every kernel of `aot.KERNELS` at the defaults and with every
 code switch off (`switch_effects.OFF_VALUE`), in bf16 and fp32, and compute_out also with two heads per tile
-(head_mma per_head and batched) and with C·Bᵀ shared (`shared_cb`). The hash is the SHA-256 of
+(head_mma per_head and batched), with C·Bᵀ shared (`shared_cb`) and with two math warpgroups
+(`two_warpgroups`, two heads per tile at its occupancy 2). The hash is the SHA-256 of
 `aot.normalized(aot.sass(cubin))` (addresses, encodings and symbol names stripped); where nvdisasm cannot decode a
 cubin, of the cubin itself, marked `cubin:`.
 
@@ -58,6 +59,8 @@ def variants() -> list[Variant]:
         out.append(Variant("compute_out", dtype, "hb2-per_head", {"head_mma": "per_head"}, {"heads_per_tile": 2}))
         out.append(Variant("compute_out", dtype, "hb2-batched", {"head_mma": "batched"}, {"heads_per_tile": 2}))
         out.append(Variant("compute_out", dtype, "shared_cb", {}, {"shared_cb": True}))
+        out.append(Variant("compute_out", dtype, "hb2-two_warpgroups", {"two_warpgroups": True},
+                           {"heads_per_tile": 2, "occupancy": 2}))
     return out
 
 

@@ -9,7 +9,8 @@ For each headline shape (conf/shape/) and stage, the committed tuning record of 
 no sequence index), and its SASS is read: local loads and stores (LDL/STL: the spill traffic), registers per thread
 and stack bytes per thread (cuobjdump -res-usage). Printed as a table, one row per kernel. `--set` changes entries
 of the record's config and `--switch` the switches (default CutileSwitches()), to read a candidate arrangement's
-spills before it is measured (docs/perf-notes.md, version 8).
+spills before it is measured (docs/perf-notes.md, version 8). What the switches pin on top of the record (`tune.pins`:
+size switches, and the occupancy of two_warpgroups) is applied as the launcher applies it.
 """
 
 from __future__ import annotations
@@ -60,6 +61,16 @@ def tuned_config(stage: str, shape_name: str, dtype: str = "bfloat16") -> dict:
     return dict(record["config"])
 
 
+def resolved_config(stage: str, shape_name: str, dtype: str = "bfloat16", switches=None) -> dict:
+    """`tuned_config` with what the switches pin on top of any record (`tune.pins`: size switches, compute_out's
+    cb_mode, and its occupancy with two_warpgroups), as the launcher resolves it."""
+    from impls.cutile import tune
+    from impls.cutile.switches import CutileSwitches
+
+    sw = CutileSwitches() if switches is None else switches
+    return dict(tuned_config(stage, shape_name, dtype), **tune.pins(stage, sw))
+
+
 def kernels_of(stage: str, config: dict, state_pass: str = "serial") -> tuple[str, ...]:
     """The kernels one stage launches under `config` and stage 2's arrangement `state_pass` (aot.KERNELS and
     aot.STATE_PASS_KERNELS names)."""
@@ -79,16 +90,17 @@ def count_spills(sass_text: str) -> tuple[int, int]:
 def kernel_spills(stage: str, shape_name: str, config: dict | None = None, kernel: str | None = None,
                   dtype: str = "bfloat16", arch: str = "sm_90", switches=None) -> KernelSpills:
     """Compiles one kernel of `stage` at the shape's sizes with `config` (default: the committed record) and
-    `switches` (default: CutileSwitches()) and reads its spills, registers and stack from the cubin."""
+    `switches` (default: CutileSwitches()) and reads its spills, registers and stack from the cubin; the default
+    config is the record with the switches' pins (`resolved_config`)."""
     from impls.cli import load_shape
     from impls.cutile.switches import CutileSwitches
 
-    config = tuned_config(stage, shape_name, dtype) if config is None else config
+    sw = CutileSwitches() if switches is None else switches
+    config = resolved_config(stage, shape_name, dtype, sw) if config is None else config
     kernel = kernel or stage
     s = load_shape(shape_name)
     dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
                 dstate=s.dstate, chunk=s.chunk_size)
-    sw = CutileSwitches() if switches is None else switches
     call = aot.build_call(kernel, getattr(torch, dtype), sw, dims=dims, config=config, optional=False,
                           d_mode=HEADLINE_D_MODE)
     cubin = aot.export(call, arch)
@@ -107,7 +119,7 @@ def report(shapes=HEADLINE_SHAPES, stages=STAGES, dtype: str = "bfloat16", arch:
     for shape_name in shapes:
         for stage in stages:
             try:
-                config = dict(tuned_config(stage, shape_name, dtype), **(overrides or {}))
+                config = dict(resolved_config(stage, shape_name, dtype, switches), **(overrides or {}))
             except LookupError as exc:
                 rows.append((shape_name, stage, str(exc)))
                 continue

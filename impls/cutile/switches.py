@@ -79,6 +79,18 @@ class CutileSwitches:
              "around it; x's row tile is read once more (before the loop; the epilogue still reads it for z)",
         sm100="the same live ranges; the accumulator is in registers as on sm_90 (cuTile's tcgen05 lowering is "
               "the compiler's)")
+    two_warpgroups: bool = switch(
+        False, "stage 3's main kernel compiled with two math warpgroups sharing each tile (cuTile "
+               "`ct.kernel(num_worker_warps=8)`; off: the compiler's choice, one) and, unless the occupancy switch "
+               "sets it, the occupancy hint pinned to 2 CTAs per SM (12 warps per CTA "
+               "with the copy warpgroup: 24 warps per SM, as 3 CTAs of 8). The tile, its heads sharing C_l, B_j and "
+               "C_l·B_jᵀ, and the math are unchanged",
+        sm90="tileiras splits every MMA of the tile between the two math warpgroups: C_l·B_jᵀ by source columns "
+             "(HGMMA 64x32 each), the scores staged through shared memory (no HGMMA reads its A operand from "
+             "registers; a named barrier of the 256 math threads) for scores·x_j, split by headdim columns; "
+             "each warpgroup holds half of every accumulator and half of the exponentials, so bf16 at the tuned "
+             "S1–S4 tiles compiles with no local-memory spill (docs/perf-notes.md, version 11)",
+        sm100="the same hint; the split tileiras makes for tcgen05 has not been examined")
     cb_precision: str = switch(
         "tf32", "precision of the matmuls for fp32 inputs (C·Bᵀ and the others): tf32 tensor cores or full fp32; "
                 "ignored for fp16/bf16 inputs", choices=("tf32", "fp32"))
@@ -170,10 +182,15 @@ class CutileSwitches:
 FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
-                     "heads_per_tile", "heads_first", "skip_first",
+                     "heads_per_tile", "heads_first", "skip_first", "two_warpgroups",
                      "state_pass", "pdl")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 
+
+# compute_out's occupancy hint with two_warpgroups (unless the occupancy switch sets one): 2 CTAs of 12 warps hold
+# the 24 warps per SM of the tuned 3 CTAs of 8; at 3 the bf16 S1 record's tiles spill (56 registers per thread)
+TWO_WARPGROUPS_OCCUPANCY = 2
+WORKER_WARPS = {False: 0, True: 8}  # two_warpgroups -> ct.kernel(num_worker_warps=), 0 = the compiler's choice
 
 PER_HEAD_BLOCKS = (2, 4)  # heads_per_tile values the per-head lowering (head_mma per_head) is built and tested for
 
@@ -195,7 +212,7 @@ def per_head_refusal(sw: CutileSwitches, hb: int) -> str | None:
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
 CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "cb_precision",
-                 "head_mma", "heads_first", "skip_first")
+                 "head_mma", "heads_first", "skip_first", "two_warpgroups")
 # fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in
 # tests/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
 # default reads the config); its ablation points are cb_mode:inline and cb_mode:shared. state_pass picks stage 2's

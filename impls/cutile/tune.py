@@ -12,7 +12,7 @@ import itertools
 import torch
 
 from impls import tuning
-from impls.cutile.switches import CutileSwitches, per_head_refusal
+from impls.cutile.switches import TWO_WARPGROUPS_OCCUPANCY, CutileSwitches, per_head_refusal
 
 # Fixed configs per architecture (compute capability major). 0 = the compiler's choice of occupancy.
 # sm_90: the winners of the first search at S1 (tuning/NVIDIA_H200, docs/perf-notes.md version 1): occupancy 2
@@ -82,6 +82,16 @@ def explicit(stage: str, sw) -> dict:
     return fixed
 
 
+def pins(stage: str, sw) -> dict:
+    """What the switches fix of the config (`explicit`) and what the tuning resolution imposes on top of any
+    record: compute_out's occupancy hint with two_warpgroups, TWO_WARPGROUPS_OCCUPANCY unless the occupancy switch
+    sets one (12 warps per CTA; the tiles are borrowed from the record of the key without the switch)."""
+    fixed = explicit(stage, sw)
+    if stage == "compute_out" and sw.two_warpgroups and not sw.occupancy:
+        fixed["occupancy"] = TWO_WARPGROUPS_OCCUPANCY
+    return fixed
+
+
 # default-on code tricks that change the kernels but not which tiles suit them much: a search with one turned off
 # stores under a key of its own, and a run without such a record borrows the record of the key without them (the
 # ablation of one trick then runs on the same tiles as the default)
@@ -95,13 +105,13 @@ DEFAULT_STATE_PASS = CutileSwitches().state_pass  # stage 2's other arrangement 
 def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool = True) -> str:
     """The tuning record's key: shape, dtype, the layout/operand switches, and what else changes the winner only
     when set away from its default (so the records stored without them keep their keys): a default-on code trick
-    turned off (tma, exp2, latency_hints), pdl on or another opt_level, or compute_out's heads_first or skip_first
-    on (borrowing like those), decay_factor on, stage 2's chunk-parallel arrangement (state_pass), a lowering of
-    several heads per tile other than the default, and everything `explicit` fixes by hand: size switches and
-    compute_out's C·Bᵀ arrangement (a search with block_rows 32 or cb_mode inline fixed must not replace the record
-    of the full search). code_tricks=False: the key without the tricks turned off, pdl, opt_level (and without
-    heads_first, skip_first), whose record
-    impls/tuning.py borrows when the tricks' own key has none."""
+    turned off (tma, exp2, latency_hints), pdl on or another opt_level, or compute_out's heads_first, skip_first or
+    two_warpgroups on (borrowing like those; two_warpgroups with its occupancy pinned, `pins`), decay_factor on,
+    stage 2's chunk-parallel arrangement (state_pass), a lowering of several heads per tile other than the default,
+    and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search with
+    block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False: the
+    key without the tricks turned off, pdl, opt_level (and without heads_first, skip_first, two_warpgroups), whose
+    record impls/tuning.py borrows when the tricks' own key has none."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
     if code_tricks:
         extra.update({k: False for k in CODE_TRICKS if not getattr(sw, k)})
@@ -111,7 +121,7 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     if stage == "compute_out" and sw.decay_factor:
         extra["decay_factor"] = True
     if code_tricks and stage == "compute_out":  # arrangements that borrow the tiles of the key without them
-        extra.update({k: True for k in ("heads_first", "skip_first") if getattr(sw, k)})
+        extra.update({k: True for k in ("heads_first", "skip_first", "two_warpgroups") if getattr(sw, k)})
     if stage == "compute_out" and sw.head_mma != DEFAULT_HEAD_MMA and sw.heads_per_tile != 1:  # 1: the same kernel
         extra["head_mma"] = sw.head_mma
     extra.update(explicit(stage, sw))
@@ -149,8 +159,8 @@ def tunable(stage: str, sw, device, shape_label: str, dtype: str, make_call, hea
     """The stage's choice as impls/tuning.py takes it. Switch values override; a search measures
     `configs(stage, sw, heads_per_group)` (the fixed values put in) with `kernel_timer(make_call)`; with
     `run_config(config)` (the whole stage) its best are confirmed as stages. A code trick turned off borrows the
-    default code's record (`record_key`) in auto/record."""
-    fixed = explicit(stage, sw)
+    default code's record (`record_key`) in auto/record. `pins` win over the record's values."""
+    fixed = pins(stage, sw)
     space = []  # the configs with the fixed values put in, each once
     for cfg in configs(stage, sw, heads_per_group):
         if dict(cfg, **fixed) not in space:

@@ -32,6 +32,8 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # (skip_first) alone, with the swap (transposed accumulator), with 2 heads per tile and 32 headdim columns (the
 # arrangement without spills in the loop at occupancy 3), with the factored decay and all off, with heads_first;
 # stage 2 chunk-parallel (state_pass: local states at once, then the pass across chunks), with the swap and all off;
+# compute_out with two math warpgroups (two_warpgroups: occupancy pinned to 2) alone, with 2 heads per tile per head,
+# with the shared C·Bᵀ, the factored decay and skip_first, 2 heads batched with the swap, 4 heads, and all off;
 # stages 2 and 3 as programmatic dependent launches (pdl) alone, with the shared C·Bᵀ (its kernel launched normally in
 # between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
@@ -57,6 +59,15 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "skip_first-decay_factor-all-off": {**OFF, "decay_factor": True, "skip_first": True},
             "skip_first-heads_first-heads2-batched": {"skip_first": True, "heads_first": True, "heads_per_tile": 2,
                                                       "head_mma": "batched"},
+            "two_warpgroups": {"two_warpgroups": True},
+            "two_warpgroups-heads2-per_head": {**PER_HEAD, "two_warpgroups": True},
+            "two_warpgroups-heads2-per_head-cb-shared": {**PER_HEAD, "two_warpgroups": True, "cb_mode": "shared"},
+            "two_warpgroups-heads2-per_head-decay_factor-skip_first": {**PER_HEAD, "two_warpgroups": True,
+                                                                       "decay_factor": True, "skip_first": True},
+            "two_warpgroups-heads2-batched-swap": {"two_warpgroups": True, "heads_per_tile": 2, "head_mma": "batched",
+                                                   "operand_swap": True},
+            "two_warpgroups-heads4-per_head": {**PER_HEAD, "heads_per_tile": 4, "two_warpgroups": True},
+            "two_warpgroups-heads2-per_head-all-off": {**OFF, **PER_HEAD, "two_warpgroups": True},
             "state_pass-chunk_parallel": {"state_pass": "chunk_parallel"},
             "state_pass-chunk_parallel-swap": {"state_pass": "chunk_parallel", "operand_swap": True},
             "state_pass-chunk_parallel-all-off": {"state_pass": "chunk_parallel", **OFF},
@@ -65,7 +76,7 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "pdl-heads2-per_head": {**PER_HEAD, "pdl": True},
             **{f"opt_level{v}": {"opt_level": v} for v in (0, 1, 2)}}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
-FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first")
+FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "two_warpgroups-heads2-per_head")
 
 
 def _skip(case: str, variant: str) -> bool:
@@ -73,7 +84,7 @@ def _skip(case: str, variant: str) -> bool:
     of a group."""
     if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head",
                                         "heads_first-heads2-per_head", "skip_first-heads2-per_head-headdim32",
-                                        "state_pass-chunk_parallel"):
+                                        "state_pass-chunk_parallel", "two_warpgroups-heads2-per_head"):
         return True
     shape = CASES[case].shape
     return (shape.nheads // shape.ngroups) % VARIANTS[variant].get("heads_per_tile", 1) != 0
