@@ -3,11 +3,18 @@
 Each entry validates its arguments (metadata only, see impls/validate.py), asks the backend whether it can run
 the problem, and calls it. The contract — logical shapes, dtypes, what each stage computes — is in
 impls/README.md.
+
+A call whose metadata (every tensor's type, shape, dtype, device and strides, the scalar options and the backend
+asked for) matches one already validated reuses that call's Problem and the backend's verdict: the checks read
+nothing else, so they would pass again. Anything that differs (a stride, a device, a dtype, a non-tensor) misses
+and is checked in full, raising as ever. Value checks (check_values=True) run on every call. The memo is a small
+LRU of metadata tuples: it holds no tensor.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import torch
 
@@ -22,6 +29,69 @@ def _backend(backend, problem: Problem, device) -> Backend:
     impl = get_backend(backend)
     require(impl, problem, device)
     return impl
+
+
+MEMO_SIZE = 64  # distinct call signatures remembered (LRU)
+_MEMO: OrderedDict = OrderedDict()  # (entry, backend, scalars, tensor metadata) -> (Problem, Backend)
+
+
+def _tensor_key(tensors) -> tuple | None:
+    """Each tensor's (type, shape, dtype, device, strides), None for an absent one; None if any is not a tensor."""
+    key = []
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        elif isinstance(t, torch.Tensor):
+            key.append((type(t), t.shape, t.dtype, t.device, t.stride()))
+        else:
+            return None
+    return tuple(key)
+
+
+def _scalar_key(values) -> tuple | None:
+    """The scalar options with their types (16 and 16.0, True and 1 differ); None for anything but None, bool,
+    int, float, a torch.dtype or a tuple of those (a list or an iterator is checked in full every time)."""
+    key = []
+    for v in values:
+        if isinstance(v, tuple):
+            inner = _scalar_key(v)
+            if inner is None:
+                return None
+            key.append((tuple, inner))
+        elif v is None or type(v) in (bool, int, float) or isinstance(v, torch.dtype):
+            key.append((type(v), v))
+        else:
+            return None
+    return tuple(key)
+
+
+def _checked(entry: str, backend, tensors, scalars, metadata, values) -> tuple[Problem, Backend]:
+    """-> (Problem, backend) for a call: `metadata()` (the metadata checks, -> (Problem, device)), then `values()`
+    (the value checks, a no-op without check_values), then the backend's verdict. A call with the metadata of one
+    already checked runs `values()` only."""
+    tensor_key, scalar_key = _tensor_key(tensors), _scalar_key(scalars)
+    key = None
+    if tensor_key is not None and scalar_key is not None and isinstance(backend, (str, Backend)):
+        key = (entry, backend, scalar_key, tensor_key)
+        hit = _MEMO.get(key)
+        # a backend asked for by name: the registry's instance must still be the one that gave the verdict
+        if hit is not None and (isinstance(backend, Backend) or get_backend(backend) is hit[1]):
+            _MEMO.move_to_end(key)
+            values()
+            return hit
+    problem, device = metadata()
+    values()
+    impl = _backend(backend, problem, device)
+    if key is not None:
+        _MEMO[key] = (problem, impl)
+        if len(_MEMO) > MEMO_SIZE:
+            _MEMO.popitem(last=False)
+    return problem, impl
+
+
+def forget_checked() -> None:
+    """Forgets the validated call signatures (a test that changes what a backend supports calls it)."""
+    _MEMO.clear()
 
 
 def uses_decay_factor(impl: Backend) -> bool:
@@ -40,18 +110,23 @@ def chunk_cumsum(dt, A, chunk_size: int, dt_bias=None, dt_softplus: bool = False
                  backend="reference", check_values: bool = False):
     """dt (batch, seqlen, nheads), A (nheads,) -> (dt processed, dA_cumsum), each (batch, nheads, nchunks,
     chunk_size) fp32."""
-    check.tensor("dt", dt, shape=(None, None, None))
-    batch, seqlen, nheads = dt.shape
-    check.tensor("A", A, shape=(nheads,), device=dt.device)
-    check.optional("dt_bias", dt_bias, shape=(nheads,), device=dt.device)
-    check.chunk_size(chunk_size)
-    check.dt_limit(dt_limit)
-    if check_values:
-        check.values(dt=dt, A=A, dt_bias=dt_bias)
-    problem = Problem(Shape(batch, seqlen, nheads, 0, 0, 0, chunk_size), dtype=dtype_name(dt.dtype),
-                      has_dt_bias=dt_bias is not None, dt_softplus=dt_softplus,
-                      dt_limit=tuple(float(v) for v in dt_limit), has_D=False)
-    impl = _backend(backend, problem, dt.device)
+    def metadata():
+        check.tensor("dt", dt, shape=(None, None, None))
+        batch, seqlen, nheads = dt.shape
+        check.tensor("A", A, shape=(nheads,), device=dt.device)
+        check.optional("dt_bias", dt_bias, shape=(nheads,), device=dt.device)
+        check.chunk_size(chunk_size)
+        check.dt_limit(dt_limit)
+        return Problem(Shape(batch, seqlen, nheads, 0, 0, 0, chunk_size), dtype=dtype_name(dt.dtype),
+                       has_dt_bias=dt_bias is not None, dt_softplus=dt_softplus,
+                       dt_limit=tuple(float(v) for v in dt_limit), has_D=False), dt.device
+
+    def values():
+        if check_values:
+            check.values(dt=dt, A=A, dt_bias=dt_bias)
+
+    _, impl = _checked("chunk_cumsum", backend, (dt, A, dt_bias), (chunk_size, dt_softplus, dt_limit), metadata,
+                       values)
     return impl.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, tuple(float(v) for v in dt_limit))
 
 
@@ -71,31 +146,40 @@ def fwd_pass_state(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, state
                    backend="reference", check_values: bool = False):
     """-> (states entering every chunk (batch, nchunks, nheads, headdim, dstate) in state_dtype (default: x's
     dtype), final states (batch, nheads, headdim, dstate) fp32)."""
-    batch, seqlen, nheads, headdim, ngroups, dstate, chunk, nchunks = _check_chunked(B, x, dt, dA_cumsum)
-    check.optional("initial_states", initial_states, shape=(batch, nheads, headdim, dstate), device=x.device)
-    check.seq_idx(seq_idx, batch, seqlen, x.device)
-    check.state_dtype(state_dtype)
-    if check_values:
-        check.values(B=B, x=x, dt=dt, dA_cumsum=dA_cumsum, initial_states=initial_states, seq_idx=seq_idx)
-        check.flat_padded_tail(dt, dA_cumsum, seqlen)
-    problem = Problem.from_inputs(x, B, chunk, initial_states=initial_states, seq_idx=seq_idx,
-                                  state_dtype=state_dtype)
-    impl = _backend(backend, problem, x.device)
+    def metadata():
+        batch, seqlen, nheads, headdim, ngroups, dstate, chunk, nchunks = _check_chunked(B, x, dt, dA_cumsum)
+        check.optional("initial_states", initial_states, shape=(batch, nheads, headdim, dstate), device=x.device)
+        check.seq_idx(seq_idx, batch, seqlen, x.device)
+        check.state_dtype(state_dtype)
+        return Problem.from_inputs(x, B, chunk, initial_states=initial_states, seq_idx=seq_idx,
+                                   state_dtype=state_dtype), x.device
+
+    def values():
+        if check_values:
+            check.values(B=B, x=x, dt=dt, dA_cumsum=dA_cumsum, initial_states=initial_states, seq_idx=seq_idx)
+            check.flat_padded_tail(dt, dA_cumsum, x.shape[1])
+
+    _, impl = _checked("fwd_pass_state", backend, (B, x, dt, dA_cumsum, initial_states, seq_idx), (state_dtype,),
+                       metadata, values)
     return impl.fwd_pass_state(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype)
 
 
 def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None, *, backend="reference",
                 check_values: bool = False):
     """-> y (batch, seqlen, nheads, headdim) in x's dtype."""
-    batch, seqlen, nheads, headdim, ngroups, dstate, chunk, nchunks = _check_chunked(B, x, dt, dA_cumsum)
-    check.tensor("C", C, shape=tuple(B.shape), dtypes=(x.dtype,), device=x.device)
-    check.tensor("states", states, shape=(batch, nchunks, nheads, headdim, dstate), device=x.device)
-    _check_D_z(D, z, x)
-    check.seq_idx(seq_idx, batch, seqlen, x.device)
-    if check_values:
-        check.values(C=C, B=B, x=x, dt=dt, dA_cumsum=dA_cumsum, states=states, D=D, z=z, seq_idx=seq_idx)
-    problem = Problem.from_inputs(x, B, chunk, D=D, z=z, seq_idx=seq_idx)
-    impl = _backend(backend, problem, x.device)
+    def metadata():
+        batch, seqlen, nheads, headdim, ngroups, dstate, chunk, nchunks = _check_chunked(B, x, dt, dA_cumsum)
+        check.tensor("C", C, shape=tuple(B.shape), dtypes=(x.dtype,), device=x.device)
+        check.tensor("states", states, shape=(batch, nchunks, nheads, headdim, dstate), device=x.device)
+        _check_D_z(D, z, x)
+        check.seq_idx(seq_idx, batch, seqlen, x.device)
+        return Problem.from_inputs(x, B, chunk, D=D, z=z, seq_idx=seq_idx), x.device
+
+    def values():
+        if check_values:
+            check.values(C=C, B=B, x=x, dt=dt, dA_cumsum=dA_cumsum, states=states, D=D, z=z, seq_idx=seq_idx)
+
+    _, impl = _checked("compute_out", backend, (C, B, x, dt, dA_cumsum, states, D, z, seq_idx), (), metadata, values)
     if check_values and uses_decay_factor(impl):
         check.non_increasing_in_chunks(dA_cumsum)
     return impl.compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
@@ -116,30 +200,37 @@ def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, i
     """The whole forward: y (batch, seqlen, nheads, headdim) and final states (batch, nheads, headdim, dstate),
     plus the final state of every sequence (nseqs, nheads, headdim, dstate) when cu_seqlens is given. Without
     seq_idx, cu_seqlens also defines it."""
-    batch, seqlen, nheads, headdim, ngroups, dstate = check.dims(x, B)
-    check.tensor("dt", dt, shape=(batch, seqlen, nheads), device=x.device)
-    check.tensor("A", A, shape=(nheads,), device=x.device)
-    check.tensor("C", C, shape=tuple(B.shape), dtypes=(x.dtype,), device=x.device)
-    check.chunk_size(chunk_size)
-    check.dt_limit(dt_limit)
-    check.optional("dt_bias", dt_bias, shape=(nheads,), device=x.device)
-    _check_D_z(D, z, x)
-    check.optional("initial_states", initial_states, shape=(batch, nheads, headdim, dstate), device=x.device)
-    check.seq_idx(seq_idx, batch, seqlen, x.device)
-    check.cu_seqlens(cu_seqlens, batch, x.device)
-    check.state_dtype(state_dtype)
-    if check_values:
-        check.values(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
-                     seq_idx=seq_idx, cu_seqlens=cu_seqlens, seqlen=seqlen)
-        if seq_idx is not None and cu_seqlens is not None:
-            if not torch.equal(seq_idx.long(), seq_idx_from_cu_seqlens(cu_seqlens, seqlen).long()):
-                check.fail("seq_idx", "the sequence index that cu_seqlens defines", "a different one")
+    def metadata():
+        batch, seqlen, nheads, headdim, ngroups, dstate = check.dims(x, B)
+        check.tensor("dt", dt, shape=(batch, seqlen, nheads), device=x.device)
+        check.tensor("A", A, shape=(nheads,), device=x.device)
+        check.tensor("C", C, shape=tuple(B.shape), dtypes=(x.dtype,), device=x.device)
+        check.chunk_size(chunk_size)
+        check.dt_limit(dt_limit)
+        check.optional("dt_bias", dt_bias, shape=(nheads,), device=x.device)
+        _check_D_z(D, z, x)
+        check.optional("initial_states", initial_states, shape=(batch, nheads, headdim, dstate), device=x.device)
+        check.seq_idx(seq_idx, batch, seqlen, x.device)
+        check.cu_seqlens(cu_seqlens, batch, x.device)
+        check.state_dtype(state_dtype)
+        # with cu_seqlens the Problem counts the sequences from it, whether seq_idx is given or derived
+        return Problem.from_inputs(x, B, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                                   D=D, z=z, initial_states=initial_states, seq_idx=seq_idx,
+                                   cu_seqlens=cu_seqlens, state_dtype=state_dtype), x.device
+
+    def values():
+        if check_values:
+            seqlen = x.shape[1]
+            check.values(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                         seq_idx=seq_idx, cu_seqlens=cu_seqlens, seqlen=seqlen)
+            if seq_idx is not None and cu_seqlens is not None:
+                if not torch.equal(seq_idx.long(), seq_idx_from_cu_seqlens(cu_seqlens, seqlen).long()):
+                    check.fail("seq_idx", "the sequence index that cu_seqlens defines", "a different one")
+
+    _, impl = _checked("ssd_forward", backend, (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens),
+                       (chunk_size, dt_softplus, dt_limit, state_dtype), metadata, values)
     if cu_seqlens is not None and seq_idx is None:
-        seq_idx = seq_idx_from_cu_seqlens(cu_seqlens, seqlen)
-    problem = Problem.from_inputs(x, B, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
-                                  D=D, z=z, initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
-                                  state_dtype=state_dtype)
-    impl = _backend(backend, problem, x.device)
+        seq_idx = seq_idx_from_cu_seqlens(cu_seqlens, x.shape[1])
     if check_values and uses_decay_factor(impl):
         check.decay_factor_inputs(A, dt, dt_bias, dt_softplus, dt_limit)
     return impl.ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,

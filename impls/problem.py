@@ -6,7 +6,6 @@ the tensors of a call (metadata only).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -48,7 +47,8 @@ class Shape:
         return self.batch * self.seqlen
 
     def as_tuple(self) -> tuple[int, ...]:
-        return dataclasses.astuple(self)
+        # not dataclasses.astuple, which deep-copies: the tuning keys read it on every stage call
+        return (self.batch, self.seqlen, self.nheads, self.headdim, self.ngroups, self.dstate, self.chunk_size)
 
     def label(self) -> str:
         return "b{}-l{}-h{}-p{}-g{}-n{}-c{}".format(*self.as_tuple())

@@ -32,6 +32,7 @@ class CutileBackend(Backend):
         super().__init__(switches, **overrides)
         self._sources: dict[str, dict] = {}
         self._resolved: dict = {}  # (stage, record key) -> tuning.Resolution
+        self._keys: dict = {}  # (stage, shape label, dtype) -> record key (the switches are fixed per instance)
 
     # --- capability -------------------------------------------------------------------------------------
     @classmethod
@@ -72,7 +73,9 @@ class CutileBackend(Backend):
         from impls.cutile import tune
 
         dtype = str(dtype).replace("torch.", "")
-        key = tune.record_key(stage, self.switches, key_shape, dtype)
+        key = self._keys.get((stage, key_shape, dtype))
+        if key is None:
+            key = self._keys[(stage, key_shape, dtype)] = tune.record_key(stage, self.switches, key_shape, dtype)
         # resolved once per (stage, key): a search runs once, and no call reads the record file again
         if (stage, key) not in self._resolved:
             self._resolved[(stage, key)] = tuning.resolve(tune.tunable(

@@ -62,6 +62,7 @@ class TritonBackend(Backend):
             raise ValueError("switch tma_descriptors='host' of backend 'triton': the fused kernel (fuse_state_out) "
                              "makes its descriptors in the kernel only (use tma_descriptors='device')")
         self._resolved: dict[tuple[str, str], tune.Resolved] = {}
+        self._keys: dict[tuple, str] = {}  # (stage, shape, dtype, flags) -> record key (switches fixed per instance)
         self.last_tuning: dict[str, dict[str, Any]] = {}
 
     # --- capability -------------------------------------------------------------------------------------
@@ -225,7 +226,10 @@ class TritonBackend(Backend):
                 device: torch.device, launch: Callable[[dict], Any]) -> dict[str, int]:
         """The launch configuration of `stage` for this call (resolved once per tuning key), and records its
         source."""
-        key = tune.record_key(self.switches, shape.label(), dtype, flags)
+        memo = (stage, shape, dtype, tuple(flags.items()))
+        key = self._keys.get(memo)
+        if key is None:
+            key = self._keys[memo] = tune.record_key(self.switches, shape.label(), dtype, flags)
         resolved = self._resolved.get((stage, key))
         if resolved is None:
             t = tune.tunable(stage, self.switches, key, dtype, dims, device, launch)

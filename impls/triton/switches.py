@@ -12,6 +12,7 @@ Two kinds of knobs:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,8 +134,14 @@ class TritonSwitches:
 
 def code_switches(switches: TritonSwitches) -> dict[str, Any]:
     """The switches that change the kernels' code (part of the tuning key)."""
-    return {k: v for k, v in dataclasses.asdict(switches).items()
+    return dict(_code_switches(switches))
+
+
+@functools.lru_cache(maxsize=64)
+def _code_switches(switches: TritonSwitches) -> tuple[tuple[str, Any], ...]:
+    # every stage's tuning key on every call reads them: worked out once per (frozen, hashable) switches
+    return tuple((k, v) for k, v in dataclasses.asdict(switches).items()
             if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
             # in the key only when on: records found without them keep their keys
             or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first") and v)
-            or (k == "tma_descriptors" and v != "device")}
+            or (k == "tma_descriptors" and v != "device"))

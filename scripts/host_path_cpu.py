@@ -1,0 +1,99 @@
+"""The host (Python) cost per call of the public entries and of the cuTile/Triton backends, kernel launches stubbed.
+
+Runs on a CPU machine: CPU tensors of the headline shapes (torch.empty, never touched), the backends' device check
+and availability answered yes, every launch replaced by a no-op (cuTile: impls.cutile.common.launch; Triton:
+JITFunction.run), so what is timed is the Python before the launches: argument checks, tuning resolution, output
+allocation, launch descriptions. Prints µs per call, median of N calls (time.perf_counter), for the backend's
+method and for the public entry (impls.<stage>(..., backend=<built backend>)); their difference is the entry's own
+layer. Numbers are this machine's, not a GPU host's. Usage: python scripts/host_path_cpu.py [N]
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+import impls
+from impls import registry
+
+SHAPES = {"S4": (16, 2048, 32, 64, 1, 64, 128), "S1": (8, 4096, 80, 64, 1, 128, 256)}
+NO_LIMIT = (0.0, math.inf)
+
+
+def stub_launches() -> None:
+    import triton.runtime.jit as jit
+
+    import impls.cutile.common as cutile_common
+
+    cutile_common.launch = lambda call: None
+    jit.JITFunction.run = lambda self, *args, **kwargs: None
+    for name in ("cutile", "triton"):
+        cls = registry.backend_class(name)
+        cls.check_device = lambda self, device: (True, "")
+        cls.available = classmethod(lambda cls: (True, ""))
+    getattr(registry, "clear_cache", lambda: None)()  # absent in older trees (nothing cached there)
+
+
+def inputs(batch, seqlen, nheads, headdim, ngroups, dstate, chunk) -> dict:
+    def empty(*shape, dtype=torch.bfloat16):
+        return torch.empty(*shape, dtype=dtype)
+
+    nchunks = math.ceil(seqlen / chunk)
+    return dict(x=empty(batch, seqlen, nheads, headdim), dt=empty(batch, seqlen, nheads),
+                A=empty(nheads, dtype=torch.float32), B=empty(batch, seqlen, ngroups, dstate),
+                C=empty(batch, seqlen, ngroups, dstate), D=empty(nheads, dtype=torch.float32),
+                dt_bias=empty(nheads, dtype=torch.float32), chunk=chunk,
+                dtc=empty(batch, nheads, nchunks, chunk, dtype=torch.float32),
+                dA=empty(batch, nheads, nchunks, chunk, dtype=torch.float32))
+
+
+def calls(be, t) -> tuple[dict, dict]:
+    """(public entries, backend methods), stage -> zero-argument call."""
+    q = t["chunk"]
+    states = be.fwd_pass_state(t["B"], t["x"], t["dtc"], t["dA"], None, None, None)[0]  # in the backend's layout
+    public = {
+        "chunk_cumsum": lambda: impls.chunk_cumsum(t["dt"], t["A"], q, t["dt_bias"], True, backend=be),
+        "fwd_pass_state": lambda: impls.fwd_pass_state(t["B"], t["x"], t["dtc"], t["dA"], backend=be),
+        "compute_out": lambda: impls.compute_out(t["C"], t["B"], t["x"], t["dtc"], t["dA"], states, t["D"],
+                                                 backend=be),
+        "ssd_forward": lambda: impls.ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], q, t["D"],
+                                                 dt_bias=t["dt_bias"], dt_softplus=True, backend=be),
+    }
+    backend = {
+        "chunk_cumsum": lambda: be.chunk_cumsum(t["dt"], t["A"], q, t["dt_bias"], True, NO_LIMIT),
+        "fwd_pass_state": lambda: be.fwd_pass_state(t["B"], t["x"], t["dtc"], t["dA"], None, None, None),
+        "compute_out": lambda: be.compute_out(t["C"], t["B"], t["x"], t["dtc"], t["dA"], states, t["D"], None, None),
+        "ssd_forward": lambda: be.ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], q, t["D"], None,
+                                              t["dt_bias"], None, None, None, True, NO_LIMIT, None),
+    }
+    return public, backend
+
+
+def median_us(fn, n: int) -> float:
+    for _ in range(50):
+        fn()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def main(n: int) -> None:
+    stub_launches()
+    for shape, dims in SHAPES.items():
+        t = inputs(*dims)
+        for name in ("cutile", "triton"):
+            public, backend = calls(impls.get_backend(name), t)
+            for stage in public:
+                b, p = median_us(backend[stage], n), median_us(public[stage], n)
+                print(f"{shape} {name:7s} {stage:15s} backend {b:7.1f}  public {p:7.1f}  entry {p - b:6.1f} µs")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000)
