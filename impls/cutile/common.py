@@ -48,7 +48,11 @@ def span(t: torch.Tensor) -> int:
 def needs_int64(t) -> bool:
     if isinstance(t, ArraySpec):
         return t.wide
-    return isinstance(t, torch.Tensor) and span(t) > INT32_LIMIT
+    if not isinstance(t, torch.Tensor):
+        return False
+    if t.is_contiguous():  # then its span is its numel: no walk over the strides (this runs per launch argument)
+        return t.numel() > INT32_LIMIT
+    return span(t) > INT32_LIMIT
 
 
 class CopyHints:
@@ -87,7 +91,7 @@ def kernel_call(pyfunc, grid, args, occupancy: int = 0, opt_level: int = DEFAULT
                 pdl: bool = False, worker_warps: int = 0) -> KernelCall:
     """The launch of `pyfunc` on `args`: the int64-indexed build of the kernel when any array's offsets pass 2^31
     (int32 otherwise: cheaper address arithmetic). Runs on every stage call: the signature is read once."""
-    wide = any(needs_int64(a) for a in args)
+    wide = any(map(needs_int64, args))
     arrays = ()
     if wide:
         arrays = tuple(n for n, a in zip(_param_names(pyfunc), args) if isinstance(a, (torch.Tensor, ArraySpec)))
@@ -131,9 +135,20 @@ def ct_dtype(dtype: torch.dtype):
             torch.int32: ct.int32, torch.int64: ct.int64, torch.float64: ct.float64}[dtype]
 
 
+_DUMMIES: dict[tuple, torch.Tensor] = {}
+
+
 def dummy(device, dtype=torch.float32, ndim: int = 1) -> torch.Tensor:
-    """A 1-element stand-in for an absent optional tensor (the kernel never reads it: a constant says so)."""
-    return torch.zeros((1,) * ndim, device=device, dtype=dtype)
+    """A 1-element stand-in for an absent optional tensor (the kernel neither reads nor writes it: a constant says
+    so). One per (device, dtype, ndim), made once: a fresh one per call cost an allocation and a fill kernel per
+    absent input. One first asked for during CUDA-graph capture is not kept (it would live in the graph's pool)."""
+    key = (torch.device(device), dtype, ndim)
+    t = _DUMMIES.get(key)
+    if t is None:
+        t = torch.zeros((1,) * ndim, device=device, dtype=dtype)
+        if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _DUMMIES[key] = t
+    return t
 
 
 # Programmatic dependent launch (switch pdl). `ct.launch(..., programmatic_dependent_launch=True)` lets the kernel
