@@ -97,11 +97,12 @@ class CutileSwitches:
                "off: the compiler's choice, one). The tile, the occupancy hint of the record, the math and the "
                "rounding are unchanged; the chunk-parallel pass kernel keeps the compiler's choice",
         sm90="tileiras splits the chunk's (w x)ᵀ·B between the two math warpgroups by dstate columns (HGMMA 64x64 "
-             "instead of 64x128 at a 128-column tile), each forming half of the weighted x tile and staging it in "
-             "shared memory (the default keeps it in registers as the HGMMA's A operand) behind a named barrier of "
-             "the 256 math threads; each warpgroup holds half of the fp32 state, so bf16 at the tuned S1–S4 tiles "
+             "instead of 64x128 at a 128-column tile), the weighted x tile formed by the 256 math threads together "
+             "and staged in shared memory (the default keeps it in registers as the HGMMA's A operand) behind a "
+             "named barrier of them; each warpgroup holds half of the fp32 state, so bf16 at the tuned S1–S4 tiles "
              "compiles with no local-memory spill (docs/perf-notes.md, version 12). At a 128-column tile the CTA "
-             "needs 168 registers per thread and 183 KB of shared memory: one CTA per SM whatever the hint",
+             "needs 168 registers per thread and 183 KB of shared memory: one CTA per SM whatever the hint. fp32 "
+             "(tf32) at that tile compiles without the warpgroup MMA and spills",
         sm100="the same hint; the split tileiras makes for tcgen05 has not been examined")
     cb_precision: str = switch(
         "tf32", "precision of the matmuls for fp32 inputs (C·Bᵀ and the others): tf32 tensor cores or full fp32; "
