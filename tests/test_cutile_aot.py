@@ -602,3 +602,83 @@ def test_two_warpgroups_compiles_with_every_optional_input(dtype, switches, conf
     text = sass(export(build_call("compute_out", getattr(torch, dtype), sw, config=config), "sm_90"))
     f = facts(text)
     assert f["instructions"] > 100 and (f["HGMMA"] > 0 or "HMMA" in text), f
+
+
+# --- stage 2 with two math warpgroups (switch state_two_warpgroups) ------------------------------------------------
+STATE_TWO_WG = dataclasses.replace(DEFAULTS, state_two_warpgroups=True)
+STATE_MMA_KERNELS = {"serial": "fwd_pass_state", "chunk_parallel": "fwd_pass_state_local"}
+
+
+@functools.cache
+def _state_spills(shape: str, sw: CutileSwitches):
+    """The spills of the MMA kernel of stage 2's arrangement under `sw`, at the shape's committed tiles."""
+    from impls.cutile import spills
+
+    return spills.kernel_spills("fwd_pass_state", shape, kernel=STATE_MMA_KERNELS[sw.state_pass], switches=sw)
+
+
+@pytest.mark.parametrize("state_pass", ["serial", "chunk_parallel"])
+@pytest.mark.parametrize("shape", ["S1", "S2", "S3", "S4"])
+def test_state_two_warpgroups_does_not_spill_at_the_tuned_tiles(shape, state_pass):
+    """bf16 stage 2's MMA kernel (serial or chunk-parallel arrangement) at the shape's committed NVIDIA H200 tiles
+    and occupancy, with state_two_warpgroups: no local-memory load or store, no stack in the sm_90 SASS."""
+    from impls.cutile import spills
+
+    row = _state_spills(shape, dataclasses.replace(STATE_TWO_WG, state_pass=state_pass))
+    assert row.config == spills.tuned_config("fwd_pass_state", shape)  # the record's tiles and occupancy
+    assert (row.ldl, row.stl, row.stack_bytes) == (0, 0, 0), row
+
+
+@pytest.mark.parametrize("shape", ["S1", "S2", "S3"])
+def test_state_two_warpgroups_negative_control(shape):
+    """Without the switch the serial kernel spills at the same tiles (S1 and S3: 5 LDL / 5 STL, S2: 1 / 1, at 128
+    registers): the zero above is counted by the same code and is the switch's doing."""
+    row = _state_spills(shape, DEFAULTS)
+    assert row.ldl > 0 and row.stl > 0 and row.stack_bytes > 0, row
+
+
+def test_state_two_warpgroups_splits_the_chunk_mma_between_two_math_warpgroups():
+    """The switch reaches the compiler as num_worker_warps=8 on the MMA kernels only (not the chunk-parallel pass),
+    and tileiras splits the S1 tile's (w x)ᵀ·B by dstate columns (HGMMA 64x64 instead of 64x128) with the weighted x
+    read from shared memory (the default's HGMMA takes it from registers) behind a barrier of the 256 math threads."""
+    from impls.cli import load_shape
+    from impls.cutile import spills
+
+    s = load_shape("S1")
+    dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
+                dstate=s.dstate, chunk=s.chunk_size)
+    config = spills.tuned_config("fwd_pass_state", "S1")
+    text = {}
+    for name, sw in (("one", DEFAULTS), ("two", STATE_TWO_WG)):
+        call = build_call("fwd_pass_state", torch.bfloat16, sw, dims=dims, config=config, optional=False)
+        assert call.kernel._compiler_options.num_worker_warps == (8 if name == "two" else None)
+        text[name] = sass(export(call, "sm_90"))
+        parallel = dataclasses.replace(sw, state_pass="chunk_parallel")
+        local = build_call("fwd_pass_state_local", torch.bfloat16, parallel, dims=dims, config=config)
+        assert local.kernel._compiler_options.num_worker_warps == (8 if name == "two" else None)
+        assert build_call("fwd_pass_state_pass", torch.bfloat16, parallel).kernel._compiler_options.num_worker_warps \
+            is None
+    assert "HGMMA.64x128x16" in text["one"] and "HGMMA.64x64x16" not in text["one"]
+    assert "HGMMA.64x64x16" in text["two"] and "HGMMA.64x128x16" not in text["two"]
+    a_from_registers = {k: len(re.findall(r"HGMMA\.\S+ R\d+, R\d+,", t)) for k, t in text.items()}
+    assert a_from_registers["one"] > 0 and a_from_registers["two"] == 0, a_from_registers
+    assert "0x1, 0x80 " in text["one"] and "0x1, 0x100 " in text["two"]
+
+
+@pytest.mark.parametrize("kernel", ["fwd_pass_state", "fwd_pass_state_local"])
+@pytest.mark.parametrize("dtype,switches", [
+    pytest.param("bfloat16", {}, id="bf16"),
+    pytest.param("bfloat16", {"operand_swap": True, "transposed_layout": False}, id="bf16-swap-rowmajor"),
+    pytest.param("bfloat16", {"tma": False, "exp2": False, "latency_hints": False}, id="bf16-tricks-off"),
+    pytest.param("bfloat16", {"pdl": True}, id="bf16-pdl"),
+    pytest.param("float32", {}, id="fp32-tf32"),
+])
+def test_state_two_warpgroups_compiles_with_every_optional_input(kernel, dtype, switches):
+    """The switch with the other stage-2 switches the GPU tests combine it with, every optional input present
+    (initial states, seq_idx): the chunk's MMA stays on the warpgroup tensor cores."""
+    sw = dataclasses.replace(STATE_TWO_WG, state_pass="serial" if kernel == "fwd_pass_state" else "chunk_parallel",
+                             **switches)
+    call = build_call(kernel, getattr(torch, dtype), sw, config={"occupancy": 2})
+    assert call.kernel._compiler_options.num_worker_warps == 8
+    f = facts(sass(export(call, "sm_90")))
+    assert f["instructions"] > 100 and f["HGMMA"] > 0, f

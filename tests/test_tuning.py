@@ -330,6 +330,10 @@ BASE = "S|bfloat16|cb_precision=tf32|operand_swap=False|transposed_layout=True"
                  id="arrangements-the-stage-does-not-read"),
     pytest.param("compute_out", {"two_warpgroups": True}, BASE + "|two_warpgroups=True", id="two-warpgroups-on"),
     pytest.param("fwd_pass_state", {"two_warpgroups": True}, BASE, id="two-warpgroups-the-stage-does-not-read"),
+    pytest.param("fwd_pass_state", {"state_two_warpgroups": True},
+                 BASE.replace("|transposed", "|state_two_warpgroups=True|transposed"), id="state-two-warpgroups-on"),
+    pytest.param("compute_out", {"state_two_warpgroups": True}, BASE,
+                 id="state-two-warpgroups-the-stage-does-not-read"),
 ])
 def test_cutile_record_key(stage, switches, expect):
     """A search with a switch that changes the winner stores under a key of its own, never over the full search's
@@ -457,6 +461,24 @@ def test_cutile_two_warpgroups_borrows_the_tiles_with_its_occupancy(switches, oc
     res = tuning.resolve(t)
     assert (res.config, res.source) == (dict(config, occupancy=occupancy), "record")
     assert tune.pins("fwd_pass_state", CutileSwitches(two_warpgroups=True)) == {}  # compute_out's switch only
+
+
+@pytest.mark.parametrize("state_pass", ["serial", "chunk_parallel"])
+def test_cutile_state_two_warpgroups_borrows_the_record_as_it_is(state_pass):
+    """fwd_pass_state's state_two_warpgroups without a record of its own runs on the tiles and the occupancy of the
+    key without the switch (nothing pinned: the records' occupancies compile without spills with it)."""
+    from impls.cutile import tune
+    from impls.cutile.switches import CutileSwitches
+
+    sw = CutileSwitches(state_two_warpgroups=True, state_pass=state_pass)
+    t = tune.tunable("fwd_pass_state", sw, None, "S", "bfloat16", make_call=None)
+    assert "state_two_warpgroups=True" in t.key and t.pins == {}
+    assert t.base_key == tune.record_key("fwd_pass_state", CutileSwitches(state_pass=state_pass), "S", "bfloat16")
+    stack = {n: STACK.get(n) for n in tune.STACK}
+    config = {"block_headdim": 64, "block_dstate": 64, "occupancy": 2}
+    tuning.store("cutile", "fwd_pass_state", t.gpu, t.base_key, config, {}, stack)
+    res = tuning.resolve(t)
+    assert (res.config, res.source) == (config, "record")
 
 
 # --- Triton under the interpreter: a one-config space (the fallback), searched, confirmed, stored, bound ---------

@@ -4,7 +4,8 @@ machine code as it was.
 A variant is (kernel, dtype, switches, tile config): every kernel of `aot.KERNELS` at the defaults and with every
 code switch off (`switch_effects.OFF_VALUE`), in bf16 and fp32, and compute_out also with two heads per tile
 (head_mma per_head and batched), with C·Bᵀ shared (`shared_cb`) and with two math warpgroups
-(`two_warpgroups`, two heads per tile at its occupancy 2). The hash is the SHA-256 of
+(`two_warpgroups`, two heads per tile at its occupancy 2), and fwd_pass_state with two math warpgroups
+(`state_two_warpgroups`, at occupancy 2 as the S1 record). The hash is the SHA-256 of
 `aot.normalized(aot.sass(cubin))` (addresses, encodings and symbol names stripped); where nvdisasm cannot decode a
 cubin, of the cubin itself, marked `cubin:`.
 
@@ -61,6 +62,8 @@ def variants() -> list[Variant]:
         out.append(Variant("compute_out", dtype, "shared_cb", {}, {"shared_cb": True}))
         out.append(Variant("compute_out", dtype, "hb2-two_warpgroups", {"two_warpgroups": True},
                            {"heads_per_tile": 2, "occupancy": 2}))
+        out.append(Variant("fwd_pass_state", dtype, "state_two_warpgroups", {"state_two_warpgroups": True},
+                           {"occupancy": 2}))
     return out
 
 

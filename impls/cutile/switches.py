@@ -91,6 +91,19 @@ class CutileSwitches:
              "each warpgroup holds half of every accumulator and half of the exponentials, so bf16 at the tuned "
              "S1–S4 tiles compiles with no local-memory spill (docs/perf-notes.md, version 11)",
         sm100="the same hint; the split tileiras makes for tcgen05 has not been examined")
+    state_two_warpgroups: bool = switch(
+        False, "stage 2's MMA kernels (fwd_pass_state_kernel; local_state_kernel with state_pass chunk_parallel) "
+               "compiled with two math warpgroups sharing each state tile (cuTile `ct.kernel(num_worker_warps=8)`; "
+               "off: the compiler's choice, one). The tile, the occupancy hint of the record, the math and the "
+               "rounding are unchanged; the chunk-parallel pass kernel keeps the compiler's choice",
+        sm90="tileiras splits the chunk's (w x)ᵀ·B between the two math warpgroups by dstate columns (HGMMA 64x64 "
+             "instead of 64x128 at a 128-column tile), the weighted x tile formed by the 256 math threads together "
+             "and staged in shared memory (the default keeps it in registers as the HGMMA's A operand) behind a "
+             "named barrier of them; each warpgroup holds half of the fp32 state, so bf16 at the tuned S1–S4 tiles "
+             "compiles with no local-memory spill (docs/perf-notes.md, version 12). At a 128-column tile the CTA "
+             "needs 168 registers per thread and 183 KB of shared memory: one CTA per SM whatever the hint. fp32 "
+             "(tf32) at that tile compiles without the warpgroup MMA and spills",
+        sm100="the same hint; the split tileiras makes for tcgen05 has not been examined")
     cb_precision: str = switch(
         "tf32", "precision of the matmuls for fp32 inputs (C·Bᵀ and the others): tf32 tensor cores or full fp32; "
                 "ignored for fp16/bf16 inputs", choices=("tf32", "fp32"))
@@ -183,14 +196,16 @@ FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
                      "heads_per_tile", "heads_first", "skip_first", "two_warpgroups",
-                     "state_pass", "pdl")
+                     "state_two_warpgroups", "state_pass", "pdl")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 
 
 # compute_out's occupancy hint with two_warpgroups (unless the occupancy switch sets one): 2 CTAs of 12 warps hold
 # the 24 warps per SM of the tuned 3 CTAs of 8; at 3 the bf16 S1 record's tiles spill (56 registers per thread)
 TWO_WARPGROUPS_OCCUPANCY = 2
-WORKER_WARPS = {False: 0, True: 8}  # two_warpgroups -> ct.kernel(num_worker_warps=), 0 = the compiler's choice
+# two_warpgroups (compute_out) and state_two_warpgroups (stage 2's MMA kernels) -> ct.kernel(num_worker_warps=),
+# 0 = the compiler's choice
+WORKER_WARPS = {False: 0, True: 8}
 
 PER_HEAD_BLOCKS = (2, 4)  # heads_per_tile values the per-head lowering (head_mma per_head) is built and tested for
 
@@ -212,7 +227,7 @@ def per_head_refusal(sw: CutileSwitches, hb: int) -> str | None:
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
 CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "cb_precision",
-                 "head_mma", "heads_first", "skip_first", "two_warpgroups")
+                 "head_mma", "heads_first", "skip_first", "two_warpgroups", "state_two_warpgroups")
 # fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in
 # tests/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
 # default reads the config); its ablation points are cb_mode:inline and cb_mode:shared. state_pass picks stage 2's

@@ -34,6 +34,9 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # stage 2 chunk-parallel (state_pass: local states at once, then the pass across chunks), with the swap and all off;
 # compute_out with two math warpgroups (two_warpgroups: occupancy pinned to 2) alone, with 2 heads per tile per head,
 # with the shared C·Bᵀ, the factored decay and skip_first, 2 heads batched with the swap, 4 heads, and all off;
+# stage 2's MMA kernels with two math warpgroups (state_two_warpgroups) alone, with the swap and the row-major
+# layout (the state tile transposed before each store), with 32 dstate columns (four state blocks per head), with
+# all off, chunk-parallel (local-state kernel) alone and with all off;
 # stages 2 and 3 as programmatic dependent launches (pdl) alone, with the shared C·Bᵀ (its kernel launched normally in
 # between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
@@ -68,6 +71,14 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
                                                    "operand_swap": True},
             "two_warpgroups-heads4-per_head": {**PER_HEAD, "heads_per_tile": 4, "two_warpgroups": True},
             "two_warpgroups-heads2-per_head-all-off": {**OFF, **PER_HEAD, "two_warpgroups": True},
+            "state_two_warpgroups": {"state_two_warpgroups": True},
+            "state_two_warpgroups-swap-rowmajor": {"state_two_warpgroups": True, "operand_swap": True,
+                                                   "transposed_layout": False},
+            "state_two_warpgroups-dstate32": {"state_two_warpgroups": True, "block_dstate": 32},
+            "state_two_warpgroups-all-off": {**OFF, "state_two_warpgroups": True},
+            "state_two_warpgroups-chunk_parallel": {"state_two_warpgroups": True, "state_pass": "chunk_parallel"},
+            "state_two_warpgroups-chunk_parallel-all-off": {**OFF, "state_two_warpgroups": True,
+                                                            "state_pass": "chunk_parallel"},
             "state_pass-chunk_parallel": {"state_pass": "chunk_parallel"},
             "state_pass-chunk_parallel-swap": {"state_pass": "chunk_parallel", "operand_swap": True},
             "state_pass-chunk_parallel-all-off": {"state_pass": "chunk_parallel", **OFF},
@@ -76,7 +87,8 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "pdl-heads2-per_head": {**PER_HEAD, "pdl": True},
             **{f"opt_level{v}": {"opt_level": v} for v in (0, 1, 2)}}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
-FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "two_warpgroups-heads2-per_head")
+FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "two_warpgroups-heads2-per_head",
+                 "state_two_warpgroups", "state_two_warpgroups-chunk_parallel")
 
 
 def _skip(case: str, variant: str) -> bool:
@@ -84,7 +96,8 @@ def _skip(case: str, variant: str) -> bool:
     of a group."""
     if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head",
                                         "heads_first-heads2-per_head", "skip_first-heads2-per_head-headdim32",
-                                        "state_pass-chunk_parallel", "two_warpgroups-heads2-per_head"):
+                                        "state_pass-chunk_parallel", "two_warpgroups-heads2-per_head",
+                                        "state_two_warpgroups"):
         return True
     shape = CASES[case].shape
     return (shape.nheads // shape.ngroups) % VARIANTS[variant].get("heads_per_tile", 1) != 0
