@@ -200,7 +200,15 @@ def ablation_points(switches_cls) -> list[str]:
 
 
 def apply_ablation(switches_cls, given: dict[str, Any], ablation: str) -> dict[str, Any]:
-    """`given` switch overrides with the ablation applied on top."""
+    """`given` switch overrides with the ablation applied on top. Points joined by "+" apply left to right
+    ("heads_first:True+pdl:True": both on; "all_off+tma": everything off but tma)."""
+    if "+" in ablation:
+        out = dict(given)
+        for part in ablation.split("+"):
+            if not part:
+                raise ConfigError(f"backend.ablation {ablation!r}: an empty point between '+' signs")
+            out = apply_ablation(switches_cls, out, part)
+        return out
     out = dict(given)
     fields = {f.name: f for f in dataclasses.fields(switches_cls)}
     if ablation == "none":

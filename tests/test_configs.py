@@ -89,6 +89,9 @@ def test_bad_overrides_fail_at_composition(overrides, named):
     pytest.param(["backend=mamba_ssm", "+backend.switches.bogus=1"], "bogus", id="unknown-switch"),
     pytest.param(["backend=reference", "+backend.switches.fused=false"], "fused", id="switch-backend-lacks"),
     pytest.param(["backend=mamba_ssm", "backend.ablation=nothing"], "nothing", id="unknown-ablation"),
+    pytest.param(["backend=cutile", "backend.ablation=heads_first:True+nothing:True"], "nothing",
+                 id="unknown-switch-in-combined-ablation"),
+    pytest.param(["backend=cutile", "backend.ablation=heads_first:True+"], "empty point", id="dangling-plus"),
     pytest.param(["shape.chunk_size=100"], "chunk_size", id="chunk-not-power-of-two"),
     pytest.param(["shape.nheads=5"], "ngroups", id="heads-not-multiple-of-groups"),
     pytest.param(["shape.seqlen=0"], "seqlen", id="empty-sequence"),
@@ -122,3 +125,16 @@ def test_multirun_checks_every_job_before_the_first(tmp_path):
     out = _bench(["-m", "backend=mamba_ssm,reference", "+backend.switches.fused=false"], tmp_path)
     assert out.returncode != 0 and "fused" in out.stderr and "backend=reference" in out.stderr
     assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize("ablation, expect", [
+    ("heads_first:True+pdl:True", {"heads_first": True, "pdl": True}),
+    ("all_off+tma:True", {"tma": True, "exp2": False, "latency_hints": False, "transposed_layout": False}),
+    ("tma+tma:True", {"tma": True}),
+    ("state_pass:chunk_parallel+skip_first:True", {"state_pass": "chunk_parallel", "skip_first": True}),
+], ids=["two-on", "all-off-then-one-on", "later-wins", "choice-and-bool"])
+def test_ablation_points_joined_by_plus_apply_left_to_right(ablation, expect):
+    from impls.registry import backend_class
+
+    out = conf.apply_ablation(backend_class("cutile").Switches, {}, ablation)
+    assert {k: out[k] for k in expect} == expect
