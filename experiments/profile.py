@@ -1,6 +1,11 @@
 """Nsight Compute over one forward per backend: per kernel, DRAM and L2 traffic, spills, warp stalls, occupancy.
 
     python -m experiments.profile [--backends cutile mamba_ssm triton tilegym fla vllm] [--shape S1] [--out DIR]
+                                  [--ablations none heads_first:True+pdl:True ...]
+
+Each --ablations point (the harness's ablation grammar, experiments/config.py: `none`, `<switch>`,
+`<switch>:<value>`, `all_off`, `only:<switch>`, joined by `+`) is applied to each backend's switches, one target
+process per (backend, point); the rows carry the point in their `ablation` column.
 
 Each backend runs in its own process under `ncu --clock-control none` (the GPU machine's rule: leave the
 clocks alone) with `--profile-from-start off`: the target process draws the headline problem's inputs (bf16),
@@ -81,14 +86,22 @@ PROFILED_MARK = "PROFILED_FORWARD_DONE"
 
 
 # --- the target process -----------------------------------------------------------------------------------
-def run_target(backend_name: str, shape_name: str) -> None:
+def ablation_switches(backend_name: str, ablation: str) -> dict:
+    """The switch overrides of an ablation point for a backend; raises ConfigError naming a bad point."""
+    from experiments.config import apply_ablation
+    from impls.registry import backend_class
+
+    return apply_ablation(backend_class(backend_name).Switches, {}, ablation)
+
+
+def run_target(backend_name: str, shape_name: str, ablation: str = "none") -> None:
     import torch
 
     import impls
     from impls.inputs import make_inputs
 
     problem = headline_problem(shape_name)
-    backend = impls.get_backend(backend_name)
+    backend = impls.get_backend(backend_name, **ablation_switches(backend_name, ablation))
     inputs = make_inputs(problem, device="cuda", seed=0)
     kw = inputs.forward_kwargs()
     for _ in range(2):  # compile, autotune, warm the caches: outside the profiled range
@@ -125,10 +138,10 @@ def ncu() -> str:
     raise SystemExit("ncu (Nsight Compute) not found: it ships with the CUDA toolkit and in /opt/nvidia")
 
 
-def ncu_command(backend: str, shape: str) -> list[str]:
+def ncu_command(backend: str, shape: str, ablation: str = "none") -> list[str]:
     return [ncu(), "--clock-control", "none", "--profile-from-start", "off", "--target-processes", "all",
             "--metrics", ",".join(METRICS), "--csv", "--page", "raw", "--print-units", "base",
-            sys.executable, "-m", "experiments.profile", "--target", backend, shape]
+            sys.executable, "-m", "experiments.profile", "--target", backend, shape, ablation]
 
 
 def parse_ncu_csv(text: str) -> list[dict]:
@@ -196,7 +209,7 @@ def stall_summary(launch: dict) -> str:
     return ", ".join(f"{reason} {share:.0f} %" for reason, share in ranked[:5])
 
 
-def backend_rows(backend: str, shape: str, launches: list[dict], problem) -> list[dict]:
+def backend_rows(backend: str, shape: str, launches: list[dict], problem, ablation: str = "none") -> list[dict]:
     from experiments import cost_model
 
     units = UNITS
@@ -216,12 +229,12 @@ def backend_rows(backend: str, shape: str, launches: list[dict], problem) -> lis
     measured = totals["dram_read_bytes"] + totals["dram_write_bytes"]
     rows.append({"backend": backend, "shape_name": shape, "kernel": "forward", "launch": -1,
                  "metric": "dram_bytes_over_model", "value": measured / costs["bytes"], "unit": "1"})
-    return rows
+    return [{**row, "ablation": ablation} for row in rows]
 
 
-def profile_backend(backend: str, shape: str, timeout: int) -> tuple[list[dict], str]:
+def profile_backend(backend: str, shape: str, timeout: int, ablation: str = "none") -> tuple[list[dict], str]:
     try:
-        res = subprocess.run(ncu_command(backend, shape), capture_output=True, text=True, timeout=timeout,
+        res = subprocess.run(ncu_command(backend, shape, ablation), capture_output=True, text=True, timeout=timeout,
                              env=os.environ)
         out = res.stdout + "\n" + res.stderr
     except subprocess.TimeoutExpired as exc:
@@ -233,15 +246,27 @@ def profile_backend(backend: str, shape: str, timeout: int) -> tuple[list[dict],
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", nargs=2, metavar=("BACKEND", "SHAPE"), help=argparse.SUPPRESS)
+    parser.add_argument("--target", nargs=3, metavar=("BACKEND", "SHAPE", "ABLATION"), help=argparse.SUPPRESS)
     parser.add_argument("--backends", nargs="+", default=["cutile", "mamba_ssm", "triton", "tilegym", "fla", "vllm"])
     parser.add_argument("--shape", default="S1")
     parser.add_argument("--out", default="results/scratch/profile")
     parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--ablations", nargs="+", default=["none"],
+                        help="ablation points applied to each backend's switches (experiments/config.py grammar)")
     args = parser.parse_args(argv)
     if args.target:
         run_target(*args.target)
         return 0
+    from experiments.config import ConfigError
+
+    runs = []
+    for backend in args.backends:  # every point checked before the first profile starts
+        for ablation in args.ablations:
+            try:
+                ablation_switches(backend, ablation)
+            except ConfigError as err:
+                parser.error(f"--ablations: {err}")
+            runs.append((backend, ablation))
     import pandas as pd
     import torch
 
@@ -250,15 +275,16 @@ def main(argv=None) -> int:
     problem = headline_problem(args.shape)
     prov = provenance.collect(torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
     rows, failures = [], []
-    for backend in args.backends:
-        launches, log = profile_backend(backend, args.shape, args.timeout)
+    for backend, ablation in runs:
+        launches, log = profile_backend(backend, args.shape, args.timeout, ablation)
         if not launches:
-            failures.append(backend)
-            print(f"[profile] {backend}: no kernel profiled — {log[-600:]}", flush=True)
+            failures.append((backend, ablation))
+            print(f"[profile] {backend} {ablation}: no kernel profiled — {log[-600:]}", flush=True)
             continue
-        rows += backend_rows(backend, args.shape, launches, problem)
+        rows += backend_rows(backend, args.shape, launches, problem, ablation)
         t = forward_totals(launches)
-        print(f"[profile] {backend} {args.shape}: {len(launches)} launches, {t['duration_ns'] / 1e3:.1f} us, "
+        print(f"[profile] {backend} {ablation} {args.shape}: {len(launches)} launches, "
+              f"{t['duration_ns'] / 1e3:.1f} us, "
               f"DRAM read {t['dram_read_bytes'] / 1e9:.3f} GB write {t['dram_write_bytes'] / 1e9:.3f} GB, "
               f"occupancy {t['achieved_occupancy_pct']:.1f} %, max regs {t['registers_per_thread']:.0f}, "
               f"local ld/st {t['local_load_requests'] / 1e6:.2f}/{t['local_store_requests'] / 1e6:.2f} M requests",

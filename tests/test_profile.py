@@ -55,7 +55,7 @@ def test_ncu_command_leaves_the_clocks_alone_and_profiles_one_range(monkeypatch)
     monkeypatch.setattr(profile, "ncu", lambda: "/opt/ncu")
     cmd = profile.ncu_command("cutile", "S1")
     assert cmd[:5] == ["/opt/ncu", "--clock-control", "none", "--profile-from-start", "off"]
-    assert cmd[-3:] == ["--target", "cutile", "S1"]
+    assert cmd[-4:] == ["--target", "cutile", "S1", "none"]
 
 
 def test_unknown_shape_preset_is_refused():
@@ -101,7 +101,7 @@ def test_sm90_rows_are_one_metric_per_row_with_units():
     problem = Problem(Shape(8, 4096, 80, 64, 1, 128, 256))
     launches = profile.parse_ncu_csv(SM90_CSV)
     rows = profile.backend_rows("cutile", "S1", launches, problem)
-    assert all(set(r) == {"backend", "shape_name", "kernel", "launch", "metric", "value", "unit"} for r in rows)
+    assert all(set(r) == {"backend", "shape_name", "kernel", "launch", "metric", "value", "unit", "ablation"} for r in rows)
     by = {(r["kernel"], r["metric"]): r for r in rows}
     spill = by[("compute_out_kernel", "local_store_requests")]
     assert spill["value"] == 2_150_000 and spill["unit"] == "request"
@@ -135,3 +135,20 @@ def test_every_metric_is_one_nsight_compute_knows_on_gh100():
     base = {m: re.sub(r"\.(sum|avg|max|min|pct|ratio)(\..*)?$", "", m) for m in profile.METRICS}
     unknown = [m for m, b in base.items() if not m.startswith("launch__") and b not in known]
     assert not unknown, unknown
+
+
+def test_ablation_points_reach_the_target_and_the_rows(monkeypatch):
+    monkeypatch.setattr(profile, "ncu", lambda: "ncu")
+    cmd = profile.ncu_command("cutile", "S1", "heads_first:True+pdl:True")
+    assert cmd[-4:] == ["--target", "cutile", "S1", "heads_first:True+pdl:True"]
+    assert profile.ablation_switches("cutile", "heads_first:True+pdl:True") == {"heads_first": True, "pdl": True}
+    problem = profile.headline_problem("S1")
+    rows = profile.backend_rows("cutile", "S1", profile.parse_ncu_csv(NCU_CSV), problem, "pdl:True")
+    assert {row["ablation"] for row in rows} == {"pdl:True"}
+
+
+def test_a_bad_ablation_point_is_refused_before_any_profile(monkeypatch, capsys):
+    monkeypatch.setattr(profile, "profile_backend", lambda *a, **k: pytest.fail("profiled despite a bad point"))
+    with pytest.raises(SystemExit):
+        profile.main(["--backends", "cutile", "--ablations", "none", "no_such_switch:True"])
+    assert "no_such_switch" in capsys.readouterr().err
