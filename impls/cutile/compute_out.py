@@ -390,6 +390,83 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
         _epilogue(acc, x, D, z, y, b, row_block, _lane_block(hb, l, NL), pb, k)
 
 
+def _one_head(C, B, x, dt, dA, states, D, z, y, seq, cbm, c_l, same, s_l, rows, b, c, g, h, pb, i, row_block, k,
+              DECAY_FACTOR):
+    """The whole output tile of one head h (k.NL = k.HL = 1) for the rows of block i: the off-chunk term, the skip
+    term with SKIP_FIRST, the source blocks j <= i (`_source_block`; C_l·B_jᵀ recomputed from the C_l tile the
+    caller loaded once for its heads), the epilogue and the store. `same` (rows whose sequence began before this
+    chunk) and s_l are read only with HAS_SEQ, cbm only with SHARED_CB."""
+    BL, EXP2, SWAP = k.BL, k.EXP2, k.SWAP
+    scale = LOG2E if EXP2 else 1.0
+    dA_l = _per_head(dA, b, h, c, i, 1, BL, k.tma()) * scale
+    state_scale = _exp(dA_l, EXP2)
+    if k.HAS_SEQ:
+        state_scale = ct.where(same, state_scale, 0.0)
+    acc = _off_chunk(states, c_l, state_scale, b, c, h, pb, k)
+    if k.SKIP_FIRST and k.D_MODE > 0:
+        acc = acc + _skip_term(x, D, b, row_block, h, pb, k)
+    if DECAY_FACTOR:  # blocks j < i with the decay split at the row block's first row, then the diagonal block
+        dA_ref = ct.load(dA, (b, h, c, i * BL), (1, 1, 1, 1), allow_tma=k.tma()).reshape((1, 1)) * scale
+        off = ct.zeros(acc.shape, ct.float32)
+        for j in range(i):
+            off = _source_block(B, x, dt, dA, seq, cbm, off, c_l, dA_l, dA_ref, s_l, rows, b, c, g, h, pb, i, j, k,
+                                True)
+        acc = acc + off * _by_row(_exp(dA_l - dA_ref, EXP2), 1, BL, SWAP)
+        acc = _source_block(B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_ref, s_l, rows, b, c, g, h, pb, i, i, k, False)
+    else:
+        for j in range(i + 1):
+            acc = _source_block(B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_l, s_l, rows, b, c, g, h, pb, i, j, k,
+                                False)
+    _epilogue(ct.transpose(acc, 1, 2) if SWAP else acc, x, D, z, y, b, row_block, h, pb, k)
+
+
+def compute_out_head_loop_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_group,
+                                 CHUNK: ct.Constant[int], BL: ct.Constant[int], BP: ct.Constant[int],
+                                 BN: ct.Constant[int], HLOOP: ct.Constant[int], D_MODE: ct.Constant[int],
+                                 HAS_Z: ct.Constant[bool], HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool],
+                                 TRANS: ct.Constant[bool], TF32: ct.Constant[bool], EXP2: ct.Constant[bool],
+                                 TMA: ct.Constant[bool], LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool],
+                                 DECAY_FACTOR: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool],
+                                 SKIP_FIRST: ct.Constant[bool], PDL: ct.Constant[bool]):
+    """Switch head_loop: one (batch, chunk, row block i, block of up to HLOOP heads of one group, headdim block pb)
+    tile whose heads run one after another in a loop, one head's accumulator live at a time. The C_l tile, the
+    rows' indices and seq_idx are loaded once for the block's heads; each head's source loop reads B_j again (the
+    CTA's own recent reads: L2, close in time) and recomputes C_l·B_jᵀ. A group's heads are split in
+    ceil(heads_per_group / HLOOP) blocks, the last one shorter when HLOOP does not divide heads_per_group. Program
+    order (`grid_of`) as compute_out_kernel's, head blocks along axis 1 or, with HEADS_FIRST, fastest along axis 0."""
+    if PDL:  # launched as a programmatic dependent launch: nothing before the wait (impls/cutile/common.py)
+        ct.grid_dependency_control_wait()
+        ct.grid_dependency_control_launch_dependents()
+    pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
+    per_group = (heads_per_group + HLOOP - 1) // HLOOP  # head blocks per group
+    if HEADS_FIRST:
+        head_blocks = per_group * (x.shape[2] // heads_per_group)
+        pid, hb = ct.bid(0) // head_blocks, ct.bid(0) % head_blocks
+    k = OutConsts(CHUNK, BL, BP, BN, 1, 1, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE, HAS_Z,
+                  SKIP_FIRST)
+    nsub = CHUNK // BL
+    nchunks = dA.shape[2]
+    i = pid % nsub
+    c = (pid // nsub) % nchunks
+    b = pid // (nsub * nchunks)
+    g = hb // per_group
+    first = g * heads_per_group + (hb % per_group) * HLOOP
+    end = min(first + HLOOP, (g + 1) * heads_per_group)
+    row_block = c * nsub + i
+    tma = k.tma()
+
+    c_l = _load_rows(C, b, row_block, g, 0, BL, BN, tma, k.lat())
+    rows = i * BL + ct.arange(BL, dtype=ct.int32)
+    s_l, same = None, None  # the rows' seq_idx and whether their sequence began before the chunk, with HAS_SEQ
+    if HAS_SEQ:
+        s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
+        s_before = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
+        same = (s_l == s_before).reshape((1, BL))
+    for h in range(first, end):
+        _one_head(C, B, x, dt, dA, states, D, z, y, seq, cbm, c_l, same, s_l, rows, b, c, g, h, pb, i, row_block, k,
+                  DECAY_FACTOR)
+
+
 def head_block(heads_per_group: int, config: dict) -> int:
     """Heads per tile: the configured value, which must divide nheads / ngroups (1 when unset)."""
     hb = config.get("heads_per_tile") or 1
@@ -437,6 +514,8 @@ def grid_of(row_tiles: int, head_blocks: int, headdim_blocks: int, heads_first: 
 def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config) -> KernelCall:
     """arrays = (C, B, x, dt, dA, states_storage, D, z, seq, cb, y): tensors, or ArraySpec for AOT compiles; cb is
     the (b, c, g, chunk, chunk) fp32 output of cb_kernel when shared_cb, else a 5-d stand-in."""
+    if sw.head_loop:
+        return make_head_loop_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config)
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     nchunks = math.ceil(seqlen / chunk_size)
     bl, bp, bn = blocks(chunk_size, headdim, dstate, config)
@@ -447,6 +526,27 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
             sw.skip_first, sw.pdl)
     grid = grid_of(batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp), sw.heads_first)
     return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,
+                       WORKER_WARPS[sw.two_warpgroups])
+
+
+def make_head_loop_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config) -> KernelCall:
+    """Switch head_loop: compute_out_head_loop_kernel's launch, up to sw.head_loop heads of one group per program
+    (ceil(heads_per_group / head_loop) head blocks per group); the config's tiles and occupancy as for
+    compute_out_kernel, its heads_per_tile must be 1 (the heads are the loop's)."""
+    batch, seqlen, nheads, headdim, ngroups, dstate = dims
+    hb = config.get("heads_per_tile") or 1
+    if hb != 1:
+        raise ValueError(f"head_loop={sw.head_loop} with heads_per_tile={hb}: the loop walks the heads one at a time, "
+                         "leave heads_per_tile at 0 or 1 (cutile compute_out)")
+    nchunks = math.ceil(seqlen / chunk_size)
+    bl, bp, bn = blocks(chunk_size, headdim, dstate, config)
+    heads_per_group = nheads // ngroups
+    args = (*arrays, heads_per_group, chunk_size, bl, bp, bn, sw.head_loop, int(d_mode), bool(has_z), bool(has_seq),
+            sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0,
+            shared_cb(sw, config), sw.decay_factor, sw.heads_first, sw.skip_first, sw.pdl)
+    head_blocks = ngroups * math.ceil(heads_per_group / sw.head_loop)
+    grid = grid_of(batch * nchunks * (chunk_size // bl), head_blocks, math.ceil(headdim / bp), sw.heads_first)
+    return kernel_call(compute_out_head_loop_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,
                        WORKER_WARPS[sw.two_warpgroups])
 
 

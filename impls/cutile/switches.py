@@ -104,6 +104,18 @@ class CutileSwitches:
              "needs 168 registers per thread and 183 KB of shared memory: one CTA per SM whatever the hint. fp32 "
              "(tf32) at that tile compiles without the warpgroup MMA and spills",
         sm100="the same hint; the split tileiras makes for tcgen05 has not been examined")
+    head_loop: int = switch(
+        0, "stage 3 with one program per (batch, chunk, row block, block of up to this many heads of one group, "
+           "headdim block) that walks its heads one after another in a loop, one head's accumulator live at a time: "
+           "the C_l tile is loaded once for the block's heads, each head reads B_j again (the program's own recent "
+           "reads) and recomputes C_l·B_jᵀ; a group's last block is shorter when the value does not divide nheads / "
+           "ngroups. 0 = off (heads_per_tile heads per program, the default kernel); with it heads_per_tile must be "
+           "0 or 1 (pinned to 1). The math and the rounding are the default kernel's",
+        choices=(0, 2, 4, 8, 16),
+        sm90="the head loop is a runtime loop around the source loop: the code of one head (HGMMA 64x64 for "
+             "C_l·B_jᵀ and scores·x_j at 64-row tiles) runs head_loop times, C_l's tile staying in shared memory; "
+             "the program count falls head_loop times and each program's B_j reads follow each other closely",
+        sm100="the same loop; the tcgen05 lowering of its body is the compiler's")
     cb_precision: str = switch(
         "tf32", "precision of the matmuls for fp32 inputs (C·Bᵀ and the others): tf32 tensor cores or full fp32; "
                 "ignored for fp16/bf16 inputs", choices=("tf32", "fp32"))
@@ -195,7 +207,7 @@ class CutileSwitches:
 FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
-                     "heads_per_tile", "heads_first", "skip_first", "two_warpgroups",
+                     "heads_per_tile", "heads_first", "skip_first", "two_warpgroups", "head_loop",
                      "state_two_warpgroups", "state_pass", "pdl")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 
@@ -227,7 +239,8 @@ def per_head_refusal(sw: CutileSwitches, hb: int) -> str | None:
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
 CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "cb_precision",
-                 "head_mma", "heads_first", "skip_first", "two_warpgroups", "state_two_warpgroups")
+                 "head_mma", "heads_first", "skip_first", "two_warpgroups", "state_two_warpgroups",
+                 "head_loop")
 # fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in
 # tests/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
 # default reads the config); its ablation points are cb_mode:inline and cb_mode:shared. state_pass picks stage 2's

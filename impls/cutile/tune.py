@@ -85,10 +85,13 @@ def explicit(stage: str, sw) -> dict:
 def pins(stage: str, sw) -> dict:
     """What the switches fix of the config (`explicit`) and what the tuning resolution imposes on top of any
     record: compute_out's occupancy hint with two_warpgroups, TWO_WARPGROUPS_OCCUPANCY unless the occupancy switch
-    sets one (12 warps per CTA; the tiles are borrowed from the record of the key without the switch)."""
+    sets one (12 warps per CTA; the tiles are borrowed from the record of the key without the switch), and its
+    heads_per_tile 1 with head_loop, unless the heads_per_tile switch sets one (which the launch then refuses)."""
     fixed = explicit(stage, sw)
     if stage == "compute_out" and sw.two_warpgroups and not sw.occupancy:
         fixed["occupancy"] = TWO_WARPGROUPS_OCCUPANCY
+    if stage == "compute_out" and sw.head_loop and not sw.heads_per_tile:
+        fixed["heads_per_tile"] = 1  # the heads are the loop's (switch head_loop); the other tiles are the record's
     return fixed
 
 
@@ -106,13 +109,14 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     """The tuning record's key: shape, dtype, the layout/operand switches, and what else changes the winner only
     when set away from its default (so the records stored without them keep their keys): a default-on code trick
     turned off (tma, exp2, latency_hints), pdl on or another opt_level, or compute_out's heads_first, skip_first or
-    two_warpgroups on, fwd_pass_state's state_two_warpgroups on (borrowing like those; two_warpgroups with its
-    occupancy pinned, `pins`; state_two_warpgroups with the record's occupancy), decay_factor on,
+    two_warpgroups on or its head_loop set, fwd_pass_state's state_two_warpgroups on (borrowing like those;
+    two_warpgroups with its occupancy pinned, head_loop with heads_per_tile 1, `pins`; state_two_warpgroups with the
+    record's occupancy), decay_factor on,
     stage 2's chunk-parallel arrangement (state_pass), a lowering of several heads per tile other than the default,
     and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search with
     block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False: the
     key without the tricks turned off, pdl, opt_level (and without heads_first, skip_first, two_warpgroups,
-    state_two_warpgroups), whose
+    head_loop, state_two_warpgroups), whose
     record impls/tuning.py borrows when the tricks' own key has none."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
     if code_tricks:
@@ -124,6 +128,8 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
         extra["decay_factor"] = True
     if code_tricks and stage == "compute_out":  # arrangements that borrow the tiles of the key without them
         extra.update({k: True for k in ("heads_first", "skip_first", "two_warpgroups") if getattr(sw, k)})
+        if sw.head_loop:
+            extra["head_loop"] = sw.head_loop
     if code_tricks and stage == "fwd_pass_state" and sw.state_two_warpgroups:  # borrows likewise, occupancy too
         extra["state_two_warpgroups"] = True
     if stage == "compute_out" and sw.head_mma != DEFAULT_HEAD_MMA and sw.heads_per_tile != 1:  # 1: the same kernel
