@@ -341,27 +341,46 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     c = (pid // nsub) % nchunks
     b = pid // (nsub * nchunks)
     g = (hb * HB) // heads_per_group  # HB divides heads_per_group: the block's heads share one group
-    row_block = c * nsub + i
+    c_l, rows, s_l, same = _row_tile(C, seq, b, c, i, g, k)
+    _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, rows, s_l, same, b, c, g, hb, pb, i, k, DECAY_FACTOR)
+
+
+def _row_tile(C, seq, b, c, i, g, k):
+    """What a program's heads share of its row block i: the C_l tile (rows × dstate), the rows' indices in the chunk
+    and, with HAS_SEQ, the rows' seq_idx s_l and `same`, (1, BL): whether a row's sequence began before this chunk
+    (None, None without)."""
+    BL = k.BL
+    row_block = c * (k.CHUNK // BL) + i
+    c_l = _load_rows(C, b, row_block, g, 0, BL, k.BN, k.tma(), k.lat())
+    rows = i * BL + ct.arange(BL, dtype=ct.int32)
+    s_l, same = None, None
+    if k.HAS_SEQ:
+        s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=k.tma()).reshape((BL,))
+        s_before = ct.gather(seq, (b, c * k.CHUNK - 1), mask=c > 0, padding_value=0)
+        same = (s_l == s_before).reshape((1, BL))
+    return c_l, rows, s_l, same
+
+
+def _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, rows, s_l, same, b, c, g, hb, pb, i, k,
+                DECAY_FACTOR):
+    """The output tile of head block hb (HB = NL·HL heads, lanes as in compute_out_kernel) for the rows of block i,
+    from the shared `_row_tile` values: the off-chunk term, the skip term with SKIP_FIRST, the source blocks j <= i
+    (C_l·B_jᵀ once per step for the block's heads), the epilogue and the store of each lane."""
+    NL, HL, BL, EXP2, SWAP = k.NL, k.HL, k.BL, k.EXP2, k.SWAP
+    row_block = c * (k.CHUNK // BL) + i
     tma = k.tma()
     scale = LOG2E if EXP2 else 1.0
-
-    c_l = _load_rows(C, b, row_block, g, 0, BL, BN, tma, k.lat())
     dA_ls = tuple(_per_head(dA, b, _lane_block(hb, l, NL), c, i, HL, BL, tma) * scale
                   for l in ct.static_iter(range(NL)))
-    rows = i * BL + ct.arange(BL, dtype=ct.int32)
 
     # off-chunk term: C_l · stateᵀ, scaled by exp(dA_l) (zero for rows of a sequence that began in this chunk)
     state_scales = tuple(_exp(dA_ls[l], EXP2) for l in ct.static_iter(range(NL)))
-    s_l = None  # the rows' seq_idx, read only with HAS_SEQ
-    if HAS_SEQ:
-        s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
-        s_before = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
-        same = (s_l == s_before).reshape((1, BL))
+    if k.HAS_SEQ:
         state_scales = tuple(ct.where(same, state_scales[l], 0.0) for l in ct.static_iter(range(NL)))
     accs = tuple(_off_chunk(states, c_l, state_scales[l], b, c, _lane_block(hb, l, NL), pb, k)
                  for l in ct.static_iter(range(NL)))
 
-    if SKIP_FIRST and D_MODE > 0:  # D ∘ x now: its head indices and D values need not live across the loop
+    if k.SKIP_FIRST and k.D_MODE > 0:  # D ∘ x now: its head indices and D values need not live across the loop
         accs = tuple(accs[l] + _skip_term(x, D, b, row_block, _lane_block(hb, l, NL), pb, k)
                      for l in ct.static_iter(range(NL)))
 
@@ -390,81 +409,46 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
         _epilogue(acc, x, D, z, y, b, row_block, _lane_block(hb, l, NL), pb, k)
 
 
-def _one_head(C, B, x, dt, dA, states, D, z, y, seq, cbm, c_l, same, s_l, rows, b, c, g, h, pb, i, row_block, k,
-              DECAY_FACTOR):
-    """The whole output tile of one head h (k.NL = k.HL = 1) for the rows of block i: the off-chunk term, the skip
-    term with SKIP_FIRST, the source blocks j <= i (`_source_block`; C_l·B_jᵀ recomputed from the C_l tile the
-    caller loaded once for its heads), the epilogue and the store. `same` (rows whose sequence began before this
-    chunk) and s_l are read only with HAS_SEQ, cbm only with SHARED_CB."""
-    BL, EXP2, SWAP = k.BL, k.EXP2, k.SWAP
-    scale = LOG2E if EXP2 else 1.0
-    dA_l = _per_head(dA, b, h, c, i, 1, BL, k.tma()) * scale
-    state_scale = _exp(dA_l, EXP2)
-    if k.HAS_SEQ:
-        state_scale = ct.where(same, state_scale, 0.0)
-    acc = _off_chunk(states, c_l, state_scale, b, c, h, pb, k)
-    if k.SKIP_FIRST and k.D_MODE > 0:
-        acc = acc + _skip_term(x, D, b, row_block, h, pb, k)
-    if DECAY_FACTOR:  # blocks j < i with the decay split at the row block's first row, then the diagonal block
-        dA_ref = ct.load(dA, (b, h, c, i * BL), (1, 1, 1, 1), allow_tma=k.tma()).reshape((1, 1)) * scale
-        off = ct.zeros(acc.shape, ct.float32)
-        for j in range(i):
-            off = _source_block(B, x, dt, dA, seq, cbm, off, c_l, dA_l, dA_ref, s_l, rows, b, c, g, h, pb, i, j, k,
-                                True)
-        acc = acc + off * _by_row(_exp(dA_l - dA_ref, EXP2), 1, BL, SWAP)
-        acc = _source_block(B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_ref, s_l, rows, b, c, g, h, pb, i, i, k, False)
-    else:
-        for j in range(i + 1):
-            acc = _source_block(B, x, dt, dA, seq, cbm, acc, c_l, dA_l, dA_l, s_l, rows, b, c, g, h, pb, i, j, k,
-                                False)
-    _epilogue(ct.transpose(acc, 1, 2) if SWAP else acc, x, D, z, y, b, row_block, h, pb, k)
-
-
 def compute_out_head_loop_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_group,
                                  CHUNK: ct.Constant[int], BL: ct.Constant[int], BP: ct.Constant[int],
-                                 BN: ct.Constant[int], HLOOP: ct.Constant[int], D_MODE: ct.Constant[int],
-                                 HAS_Z: ct.Constant[bool], HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool],
-                                 TRANS: ct.Constant[bool], TF32: ct.Constant[bool], EXP2: ct.Constant[bool],
-                                 TMA: ct.Constant[bool], LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool],
-                                 DECAY_FACTOR: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool],
+                                 BN: ct.Constant[int], HB: ct.Constant[int], HLOOP: ct.Constant[int],
+                                 D_MODE: ct.Constant[int], HAS_Z: ct.Constant[bool], HAS_SEQ: ct.Constant[bool],
+                                 SWAP: ct.Constant[bool], TRANS: ct.Constant[bool], TF32: ct.Constant[bool],
+                                 EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int],
+                                 SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool],
+                                 PER_HEAD: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool],
                                  SKIP_FIRST: ct.Constant[bool], PDL: ct.Constant[bool]):
     """Switch head_loop: one (batch, chunk, row block i, block of up to HLOOP heads of one group, headdim block pb)
-    tile whose heads run one after another in a loop, one head's accumulator live at a time. The C_l tile, the
-    rows' indices and seq_idx are loaded once for the block's heads; each head's source loop reads B_j again (the
-    CTA's own recent reads: L2, close in time) and recomputes C_l·B_jᵀ. A group's heads are split in
-    ceil(heads_per_group / HLOOP) blocks, the last one shorter when HLOOP does not divide heads_per_group. Program
-    order (`grid_of`) as compute_out_kernel's, head blocks along axis 1 or, with HEADS_FIRST, fastest along axis 0."""
+    program that walks its heads HB at a time in a runtime loop (HB = heads_per_tile heads per step, lanes as in
+    compute_out_kernel; HB divides HLOOP and heads_per_group), so that only one step's accumulators are live. The
+    `_row_tile` values (C_l, the rows, seq_idx) are loaded once for all the block's heads; each step's source loop
+    reads B_j again (this program's own recent reads) and computes C_l·B_jᵀ once for its HB heads. A group's heads
+    form ceil(heads_per_group / HLOOP) blocks, the last one shorter when HLOOP does not divide heads_per_group.
+    Program order (`grid_of`) as compute_out_kernel's: head blocks along axis 1 or, with HEADS_FIRST, fastest along
+    axis 0."""
     if PDL:  # launched as a programmatic dependent launch: nothing before the wait (impls/cutile/common.py)
         ct.grid_dependency_control_wait()
         ct.grid_dependency_control_launch_dependents()
     pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
-    per_group = (heads_per_group + HLOOP - 1) // HLOOP  # head blocks per group
+    per_group = (heads_per_group + HLOOP - 1) // HLOOP  # head blocks of the loop per group
     if HEADS_FIRST:
         head_blocks = per_group * (x.shape[2] // heads_per_group)
         pid, hb = ct.bid(0) // head_blocks, ct.bid(0) % head_blocks
-    k = OutConsts(CHUNK, BL, BP, BN, 1, 1, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE, HAS_Z,
-                  SKIP_FIRST)
+    NL = HB if PER_HEAD else 1
+    k = OutConsts(CHUNK, BL, BP, BN, NL, HB // NL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE,
+                  HAS_Z, SKIP_FIRST)
     nsub = CHUNK // BL
     nchunks = dA.shape[2]
     i = pid % nsub
     c = (pid // nsub) % nchunks
     b = pid // (nsub * nchunks)
     g = hb // per_group
-    first = g * heads_per_group + (hb % per_group) * HLOOP
+    first = g * heads_per_group + (hb % per_group) * HLOOP  # the block's first head, a multiple of HB
     end = min(first + HLOOP, (g + 1) * heads_per_group)
-    row_block = c * nsub + i
-    tma = k.tma()
-
-    c_l = _load_rows(C, b, row_block, g, 0, BL, BN, tma, k.lat())
-    rows = i * BL + ct.arange(BL, dtype=ct.int32)
-    s_l, same = None, None  # the rows' seq_idx and whether their sequence began before the chunk, with HAS_SEQ
-    if HAS_SEQ:
-        s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
-        s_before = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
-        same = (s_l == s_before).reshape((1, BL))
-    for h in range(first, end):
-        _one_head(C, B, x, dt, dA, states, D, z, y, seq, cbm, c_l, same, s_l, rows, b, c, g, h, pb, i, row_block, k,
-                  DECAY_FACTOR)
+    c_l, rows, s_l, same = _row_tile(C, seq, b, c, i, g, k)
+    for step in range(first // HB, end // HB):  # head block `step` of HB heads
+        _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, rows, s_l, same, b, c, g, step, pb, i, k,
+                    DECAY_FACTOR)
 
 
 def head_block(heads_per_group: int, config: dict) -> int:
@@ -534,16 +518,17 @@ def make_head_loop_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, 
     (ceil(heads_per_group / head_loop) head blocks per group); the config's tiles and occupancy as for
     compute_out_kernel, its heads_per_tile must be 1 (the heads are the loop's)."""
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
-    hb = config.get("heads_per_tile") or 1
-    if hb != 1:
-        raise ValueError(f"head_loop={sw.head_loop} with heads_per_tile={hb}: the loop walks the heads one at a time, "
-                         "leave heads_per_tile at 0 or 1 (cutile compute_out)")
+    heads_per_group = nheads // ngroups
+    hb = head_block(heads_per_group, config)
+    if sw.head_loop % hb:
+        raise ValueError(f"head_loop={sw.head_loop} must be a multiple of heads_per_tile={hb} (the heads of one step "
+                         "of the loop) (cutile compute_out)")
     nchunks = math.ceil(seqlen / chunk_size)
     bl, bp, bn = blocks(chunk_size, headdim, dstate, config)
-    heads_per_group = nheads // ngroups
-    args = (*arrays, heads_per_group, chunk_size, bl, bp, bn, sw.head_loop, int(d_mode), bool(has_z), bool(has_seq),
-            sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0,
-            shared_cb(sw, config), sw.decay_factor, sw.heads_first, sw.skip_first, sw.pdl)
+    args = (*arrays, heads_per_group, chunk_size, bl, bp, bn, hb, sw.head_loop, int(d_mode), bool(has_z),
+            bool(has_seq), sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma,
+            4 if sw.latency_hints else 0, shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb), sw.heads_first,
+            sw.skip_first, sw.pdl)
     head_blocks = ngroups * math.ceil(heads_per_group / sw.head_loop)
     grid = grid_of(batch * nchunks * (chunk_size // bl), head_blocks, math.ceil(headdim / bp), sw.heads_first)
     return kernel_call(compute_out_head_loop_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,

@@ -106,15 +106,16 @@ class CutileSwitches:
         sm100="the same hint; the split tileiras makes for tcgen05 has not been examined")
     head_loop: int = switch(
         0, "stage 3 with one program per (batch, chunk, row block, block of up to this many heads of one group, "
-           "headdim block) that walks its heads one after another in a loop, one head's accumulator live at a time: "
-           "the C_l tile is loaded once for the block's heads, each head reads B_j again (the program's own recent "
-           "reads) and recomputes C_l·B_jᵀ; a group's last block is shorter when the value does not divide nheads / "
-           "ngroups. 0 = off (heads_per_tile heads per program, the default kernel); with it heads_per_tile must be "
-           "0 or 1 (pinned to 1). The math and the rounding are the default kernel's",
+           "headdim block) that walks its heads in a runtime loop, heads_per_tile of them per step (the step is "
+           "the default kernel's tile: C_l·B_jᵀ once per step for its heads, per_head or batched as head_mma says), "
+           "so that one step's accumulators are live at a time and the C_l tile is loaded once for all the "
+           "program's heads; each step reads B_j again (the program's own recent reads). A group's last block is "
+           "shorter when the value does not divide nheads / ngroups; it must be a multiple of heads_per_tile. 0 = "
+           "off (one program per heads_per_tile heads). The math and the rounding are the default kernel's",
         choices=(0, 2, 4, 8, 16),
-        sm90="the head loop is a runtime loop around the source loop: the code of one head (HGMMA 64x64 for "
-             "C_l·B_jᵀ and scores·x_j at 64-row tiles) runs head_loop times, C_l's tile staying in shared memory; "
-             "the program count falls head_loop times and each program's B_j reads follow each other closely",
+        sm90="the SASS has two nested loops of TMA loads (heads, then source blocks) where the default has one; C_l's "
+             "two boxes are loaded before the head loop and read by every step's HGMMAs from shared memory; the "
+             "step's code, registers and spills are those of the default kernel at the same tiles",
         sm100="the same loop; the tcgen05 lowering of its body is the compiler's")
     cb_precision: str = switch(
         "tf32", "precision of the matmuls for fp32 inputs (C·Bᵀ and the others): tf32 tensor cores or full fp32; "

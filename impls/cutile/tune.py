@@ -85,13 +85,10 @@ def explicit(stage: str, sw) -> dict:
 def pins(stage: str, sw) -> dict:
     """What the switches fix of the config (`explicit`) and what the tuning resolution imposes on top of any
     record: compute_out's occupancy hint with two_warpgroups, TWO_WARPGROUPS_OCCUPANCY unless the occupancy switch
-    sets one (12 warps per CTA; the tiles are borrowed from the record of the key without the switch), and its
-    heads_per_tile 1 with head_loop, unless the heads_per_tile switch sets one (which the launch then refuses)."""
+    sets one (12 warps per CTA; the tiles are borrowed from the record of the key without the switch)."""
     fixed = explicit(stage, sw)
     if stage == "compute_out" and sw.two_warpgroups and not sw.occupancy:
         fixed["occupancy"] = TWO_WARPGROUPS_OCCUPANCY
-    if stage == "compute_out" and sw.head_loop and not sw.heads_per_tile:
-        fixed["heads_per_tile"] = 1  # the heads are the loop's (switch head_loop); the other tiles are the record's
     return fixed
 
 
@@ -110,8 +107,8 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     when set away from its default (so the records stored without them keep their keys): a default-on code trick
     turned off (tma, exp2, latency_hints), pdl on or another opt_level, or compute_out's heads_first, skip_first or
     two_warpgroups on or its head_loop set, fwd_pass_state's state_two_warpgroups on (borrowing like those;
-    two_warpgroups with its occupancy pinned, head_loop with heads_per_tile 1, `pins`; state_two_warpgroups with the
-    record's occupancy), decay_factor on,
+    two_warpgroups with its occupancy pinned, `pins`; head_loop with the record's heads_per_tile as the heads of one
+    step; state_two_warpgroups with the record's occupancy), decay_factor on,
     stage 2's chunk-parallel arrangement (state_pass), a lowering of several heads per tile other than the default,
     and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search with
     block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False: the
