@@ -341,41 +341,29 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     c = (pid // nsub) % nchunks
     b = pid // (nsub * nchunks)
     g = (hb * HB) // heads_per_group  # HB divides heads_per_group: the block's heads share one group
-    c_l, rows, s_l, same = _row_tile(C, seq, b, c, i, g, k)
-    _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, rows, s_l, same, b, c, g, hb, pb, i, k, DECAY_FACTOR)
+    c_l = _load_rows(C, b, c * nsub + i, g, 0, BL, BN, k.tma(), k.lat())
+    _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, b, c, g, hb, pb, i, k, DECAY_FACTOR)
 
 
-def _row_tile(C, seq, b, c, i, g, k):
-    """What a program's heads share of its row block i: the C_l tile (rows × dstate), the rows' indices in the chunk
-    and, with HAS_SEQ, the rows' seq_idx s_l and `same`, (1, BL): whether a row's sequence began before this chunk
-    (None, None without)."""
-    BL = k.BL
-    row_block = c * (k.CHUNK // BL) + i
-    c_l = _load_rows(C, b, row_block, g, 0, BL, k.BN, k.tma(), k.lat())
-    rows = i * BL + ct.arange(BL, dtype=ct.int32)
-    s_l, same = None, None
-    if k.HAS_SEQ:
-        s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=k.tma()).reshape((BL,))
-        s_before = ct.gather(seq, (b, c * k.CHUNK - 1), mask=c > 0, padding_value=0)
-        same = (s_l == s_before).reshape((1, BL))
-    return c_l, rows, s_l, same
-
-
-def _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, rows, s_l, same, b, c, g, hb, pb, i, k,
-                DECAY_FACTOR):
+def _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, b, c, g, hb, pb, i, k, DECAY_FACTOR):
     """The output tile of head block hb (HB = NL·HL heads, lanes as in compute_out_kernel) for the rows of block i,
-    from the shared `_row_tile` values: the off-chunk term, the skip term with SKIP_FIRST, the source blocks j <= i
-    (C_l·B_jᵀ once per step for the block's heads), the epilogue and the store of each lane."""
-    NL, HL, BL, EXP2, SWAP = k.NL, k.HL, k.BL, k.EXP2, k.SWAP
-    row_block = c * (k.CHUNK // BL) + i
+    from the C_l tile of those rows: the off-chunk term, the skip term with SKIP_FIRST, the source blocks j <= i
+    (C_l·B_jᵀ once per source block for the block's heads), the epilogue and the store of each lane."""
+    NL, HL, BL, CHUNK, EXP2, SWAP = k.NL, k.HL, k.BL, k.CHUNK, k.EXP2, k.SWAP
+    row_block = c * (CHUNK // BL) + i
     tma = k.tma()
     scale = LOG2E if EXP2 else 1.0
     dA_ls = tuple(_per_head(dA, b, _lane_block(hb, l, NL), c, i, HL, BL, tma) * scale
                   for l in ct.static_iter(range(NL)))
+    rows = i * BL + ct.arange(BL, dtype=ct.int32)
 
     # off-chunk term: C_l · stateᵀ, scaled by exp(dA_l) (zero for rows of a sequence that began in this chunk)
     state_scales = tuple(_exp(dA_ls[l], EXP2) for l in ct.static_iter(range(NL)))
+    s_l = None  # the rows' seq_idx, read only with HAS_SEQ
     if k.HAS_SEQ:
+        s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
+        s_before = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
+        same = (s_l == s_before).reshape((1, BL))
         state_scales = tuple(ct.where(same, state_scales[l], 0.0) for l in ct.static_iter(range(NL)))
     accs = tuple(_off_chunk(states, c_l, state_scales[l], b, c, _lane_block(hb, l, NL), pb, k)
                  for l in ct.static_iter(range(NL)))
@@ -421,7 +409,7 @@ def compute_out_head_loop_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, hea
     """Switch head_loop: one (batch, chunk, row block i, block of up to HLOOP heads of one group, headdim block pb)
     program that walks its heads HB at a time in a runtime loop (HB = heads_per_tile heads per step, lanes as in
     compute_out_kernel; HB divides HLOOP and heads_per_group), so that only one step's accumulators are live. The
-    `_row_tile` values (C_l, the rows, seq_idx) are loaded once for all the block's heads; each step's source loop
+    C_l tile is loaded once for all the block's heads (seq_idx's rows, 64 ints, once per step); each step's loop
     reads B_j again (this program's own recent reads) and computes C_l·B_jᵀ once for its HB heads. A group's heads
     form ceil(heads_per_group / HLOOP) blocks, the last one shorter when HLOOP does not divide heads_per_group.
     Program order (`grid_of`) as compute_out_kernel's: head blocks along axis 1 or, with HEADS_FIRST, fastest along
@@ -445,10 +433,9 @@ def compute_out_head_loop_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, hea
     g = hb // per_group
     first = g * heads_per_group + (hb % per_group) * HLOOP  # the block's first head, a multiple of HB
     end = min(first + HLOOP, (g + 1) * heads_per_group)
-    c_l, rows, s_l, same = _row_tile(C, seq, b, c, i, g, k)
+    c_l = _load_rows(C, b, c * nsub + i, g, 0, BL, BN, k.tma(), k.lat())  # once for all the block's heads
     for step in range(first // HB, end // HB):  # head block `step` of HB heads
-        _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, rows, s_l, same, b, c, g, step, pb, i, k,
-                    DECAY_FACTOR)
+        _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, b, c, g, step, pb, i, k, DECAY_FACTOR)
 
 
 def head_block(heads_per_group: int, config: dict) -> int:
