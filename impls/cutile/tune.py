@@ -57,11 +57,13 @@ def fallback(stage: str, device) -> dict:
 def search_space(stage: str, sw=None, heads_per_group: int | None = None) -> dict[str, list]:
     """SPACE[stage] less the values this problem and these switches cannot take (never an explicit switch: that
     one raises when the launch is built): head blocks that do not divide the heads of a group, and head blocks
-    whose lowering is not built (`switches.per_head_refusal`)."""
+    whose lowering is not built (`switches.per_head_refusal`) or that do not divide the head loop (switch head_loop)."""
     space = {k: list(v) for k, v in SPACE[stage].items()}
     if "heads_per_tile" in space:
         def takes(hb: int) -> bool:
             if heads_per_group is not None and heads_per_group % hb:
+                return False
+            if sw is not None and sw.head_loop % hb:  # the head loop's step must divide it
                 return False
             return sw is None or per_head_refusal(sw, hb) is None
         space["heads_per_tile"] = [hb for hb in space["heads_per_tile"] if takes(hb)]
