@@ -138,6 +138,29 @@ def test_cutile_matches_float64(case, variant, dtype, request):
                            fused_views=case.startswith("Dhead-noncontig"))
 
 
+# 12 heads in one group (and 6 in each of two) with a loop of 8: blocks of 8 and 4 heads (of 6: one shorter block);
+# seq_idx, z and initial states present
+HEAD_LOOP_TAILS = {"g1-h12": (1, 12), "g2-h12": (2, 12)}
+
+
+@pytest.mark.parametrize("shape", list(HEAD_LOOP_TAILS))
+@pytest.mark.parametrize("switches", [pytest.param({"head_loop": 8}, id="loop8"),
+                                      pytest.param({**PER_HEAD, "head_loop": 8}, id="loop8-heads2-per_head"),
+                                      pytest.param({"head_loop": 8, "decay_factor": True, "operand_swap": True},
+                                                   id="loop8-decay_factor-swap")])
+def test_cutile_head_loop_tail_matches_float64(shape, switches):
+    """The head loop where it does not divide the heads of a group: the group's last program walks fewer heads."""
+    from impls.cutile import CutileBackend
+    from impls.problem import Problem, Shape
+
+    ok, reason = CutileBackend.available()
+    if not ok:
+        pytest.skip(reason)
+    ngroups, nheads = HEAD_LOOP_TAILS[shape]
+    problem = Problem(Shape(2, 600, nheads, 64, ngroups, 64, 128), nseqs=2, has_z=True, has_initial_states=True)
+    assert_matches_float64(CutileBackend(**switches), problem, "bfloat16", f"cutile head_loop tail {shape} {switches}")
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("cb_mode", ["inline", "shared"])
 def test_million_tokens(cb_mode):
