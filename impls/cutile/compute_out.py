@@ -25,6 +25,11 @@ Switch two_warpgroups compiles the same kernel with two math warpgroups (`ct.ker
 tileiras has share each MMA of the tile (docs/perf-notes.md, version 11); its occupancy hint is pinned by the
 tuning resolution (`tune.pins`).
 
+Switch head_loop = N runs `compute_out_head_loop_kernel` instead: one program per (batch, chunk, row block, block of
+up to N heads of one group, headdim block) that loads C_l once and walks its heads HB at a time in a runtime loop,
+each step the default kernel's head block (`_head_block`, the same helper), so that C_l is read once per N heads and
+only one step's accumulators are live (docs/perf-notes.md, version 14).
+
 Switches: operand_swap accumulates yᵀ (headdim × rows): state·C_lᵀ and x_jᵀ·scoresᵀ; transposed_layout reads the
 states stored (dstate, headdim) by stage 2.
 """
