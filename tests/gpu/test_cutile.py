@@ -40,7 +40,8 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # compute_out's head loop (head_loop: a program walks up to N heads of a group, heads_per_tile per step) with one head
 # per step (the fallback tiles), 2 heads per step per head and batched, with the swap, the factored decay and
 # skip_first, the shared C·Bᵀ, heads_first with pdl, two math warpgroups and all off; loops of 4, 8 and 16 over
-# groups of 2, 4, 8 and 80 heads: one shorter block where the loop is longer than a group;
+# groups of 2, 4 and 80 heads: one shorter block where the loop is longer than a group (and, below, a loop that does
+# not divide a group of 12);
 # stages 2 and 3 as programmatic dependent launches (pdl) alone, with the shared C·Bᵀ (its kernel launched normally in
 # between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
