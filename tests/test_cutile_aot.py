@@ -779,7 +779,8 @@ def test_head_loop_sass_nests_the_source_loop_in_the_head_loop(heads_per_tile):
 def test_head_loop_compiles_with_every_optional_input(dtype, switches, config):
     """The head loop with the switches the GPU tests combine it with, every optional input present (z, seq_idx, D
     per channel) at AOT_DIMS (4 heads per group: a loop of 8 or 16 covers a group in one shorter block); the
-    tensor-core MMAs stay (HGMMA; HMMA for the batched rank-3 lowering; none with cb_precision fp32)."""
+    tensor-core MMAs stay (HGMMA; HMMA for the batched rank-3 lowering; none with cb_precision fp32); with pdl no
+    global-memory access precedes the wait."""
     sw = dataclasses.replace(DEFAULTS, **switches)
     call = build_call("compute_out", getattr(torch, dtype), sw, config=config)
     assert call.kernel._annotated_function.pyfunc.__name__ == "compute_out_head_loop_kernel"
@@ -787,6 +788,8 @@ def test_head_loop_compiles_with_every_optional_input(dtype, switches, config):
     f = facts(text)
     assert f["instructions"] > 100
     assert f["HGMMA"] > 0 or "HMMA" in text or sw.cb_precision == "fp32", f
+    if sw.pdl:  # every global-memory access after the wait for the predecessor grid, as in the default kernel
+        assert pdl_unguarded(text) == []
 
 
 @pytest.mark.parametrize("head_loop, heads_per_tile, nheads, match", [
