@@ -137,8 +137,7 @@ def test_switch_effects_table_is_current():
 def test_full_factorial(stage, dtype, arch):
     """Every switch combination compiles (cubin only: the bundled nvdisasm 12.8 cannot decode every sm_90 cubin)."""
     names = [k for k in CODE_SWITCHES if k != "head_mma"]  # head_mma builds the same kernel at heads_per_tile 1
-    for values in itertools.product(*[(getattr(DEFAULTS, k), OFF_VALUE[k]) if k in OFF_VALUE else (True, False)
-                                      for k in names]):
+    for values in itertools.product(*[(getattr(DEFAULTS, k), getattr(off(k), k)) for k in names]):
         sw = CutileSwitches(**dict(zip(names, values)))
         assert len(export(build_call(stage, getattr(torch, dtype), sw), arch)) > 1000
 
@@ -682,3 +681,145 @@ def test_state_two_warpgroups_compiles_with_every_optional_input(kernel, dtype, 
     assert call.kernel._compiler_options.num_worker_warps == 8
     f = facts(sass(export(call, "sm_90")))
     assert f["instructions"] > 100 and f["HGMMA"] > 0, f
+
+
+# --- the head loop (switch head_loop) -------------------------------------------------------------------------------
+def _headline_call(shape: str, sw: CutileSwitches, overrides: dict | None = None):
+    """compute_out's bf16 launch at a headline shape as the launcher resolves it (the committed record, the
+    switches' pins, `overrides` on top), D per head, no other optional input."""
+    from impls.cli import load_shape
+    from impls.cutile import spills
+
+    s = load_shape(shape)
+    dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
+                dstate=s.dstate, chunk=s.chunk_size)
+    config = dict(spills.resolved_config("compute_out", shape, switches=sw), **(overrides or {}))
+    return build_call("compute_out", torch.bfloat16, sw, dims=dims, config=config, optional=False, d_mode=1)
+
+
+@functools.cache
+def _headline_sass(shape: str, sw: CutileSwitches, overrides: tuple = ()) -> tuple[str, dict]:
+    """(SASS, resource usage) of `_headline_call`, compiled once per session."""
+    from impls.cutile.aot import resource_usage
+
+    cubin = export(_headline_call(shape, sw, dict(overrides)), "sm_90")
+    return sass(cubin), resource_usage(cubin)
+
+
+def _spills(text: str, usage: dict) -> tuple[int, int, int]:
+    from impls.cutile.spills import count_spills
+
+    return (*count_spills(text), usage["STACK"])
+
+
+@pytest.mark.parametrize("shape, head_loop", [("S1", 8), ("S2", 16), ("S3", 4), ("S4", 16)])
+def test_head_loop_keeps_the_step_code_of_the_default_kernel(shape, head_loop):
+    """bf16 compute_out at the committed NVIDIA H200 tiles with the head loop, each step being the record's head
+    block (heads_per_tile 2 at S1–S3, 1 at S4): the same warpgroup MMAs (HGMMA 64x64x16) as many as the default
+    kernel's, the same registers per thread and the same stack (the step's live ranges are the default's: 56 bytes at
+    the two-head S1–S3 tiles, where the default spills too; none at S4), and a program count divided by the loop."""
+    sw = dataclasses.replace(DEFAULTS, head_loop=head_loop)
+    loop, base = _headline_sass(shape, sw), _headline_sass(shape, DEFAULTS)
+    assert facts(loop[0])["HGMMA"] == facts(base[0])["HGMMA"] > 0
+    assert set(o for o in re.findall(r"HGMMA\.\S+", loop[0])) == {"HGMMA.64x64x16.F32.BF16"}
+    assert loop[1]["REG"] == base[1]["REG"] and loop[1]["STACK"] == base[1]["STACK"], (loop[1], base[1])
+    assert (loop[1]["STACK"] == 0) == (shape == "S4")
+    from impls.cli import load_shape
+
+    s = load_shape(shape)
+    assert _headline_call(shape, sw).grid[1] * head_loop == s.nheads  # the loop divides every headline group
+
+
+@pytest.mark.parametrize("shape", ["S1", "S2", "S3", "S4"])
+def test_head_loop_one_head_per_step_does_not_spill(shape):
+    """With one head per step (heads_per_tile 1) the head loop compiles at every headline shape's tiles with no
+    local-memory load or store and no stack: one fp32 accumulator live, as the one-head default kernel; the negative
+    control is the S1 record's two heads per step (the previous test: 56 bytes of stack)."""
+    text, usage = _headline_sass(shape, dataclasses.replace(DEFAULTS, head_loop=8), (("heads_per_tile", 1),))
+    assert _spills(text, usage) == (0, 0, 0), usage
+    from impls.cli import load_shape
+
+    # per step, in k-steps of 16: C_l·stateᵀ and C_l·B_jᵀ over dstate, scores·x_j over the 64 sources of a block
+    assert facts(text)["HGMMA"] == 2 * load_shape(shape).dstate // 16 + 64 // 16
+
+
+@pytest.mark.parametrize("heads_per_tile", [1, 2])
+def test_head_loop_sass_nests_the_source_loop_in_the_head_loop(heads_per_tile):
+    """The S1 tiles' SASS: the TMA loads sit in two nested loops (heads, then source blocks) where the default kernel
+    has one (the negative control); every load but C_l's two boxes (64 rows x 128 dstate bf16: two 128-byte-wide
+    boxes) is inside the head loop, so C_l is loaded once per program and stays in shared memory for every step."""
+    from impls.cutile.aot import tma_loops
+
+    over = (("heads_per_tile", heads_per_tile),)
+    loop_text = _headline_sass("S1", dataclasses.replace(DEFAULTS, head_loop=8), over)[0]
+    base_text = _headline_sass("S1", DEFAULTS, over)[0]
+    outer, inner = tma_loops(loop_text)[0], tma_loops(loop_text)[-1]
+    assert len(tma_loops(loop_text)) == 2 and outer.start < inner.start < inner.end < outer.end
+    assert outer.loads == facts(loop_text)["UTMALDG"] - 2
+    assert len(tma_loops(base_text)) == 1 and facts(base_text)["UTMALDG"] == facts(loop_text)["UTMALDG"]
+
+
+@pytest.mark.parametrize("dtype,switches,config", [
+    pytest.param("bfloat16", {"head_loop": 8}, {}, id="bf16-loop8-one-head"),
+    pytest.param("bfloat16", {"head_loop": 2, "head_mma": "per_head"}, {"heads_per_tile": 2},
+                 id="bf16-loop2-heads2-per_head"),
+    pytest.param("bfloat16", {"head_loop": 4, "head_mma": "batched"}, {"heads_per_tile": 2},
+                 id="bf16-loop4-heads2-batched"),
+    pytest.param("bfloat16", {"head_loop": 4, "operand_swap": True}, {}, id="bf16-loop4-swap"),
+    pytest.param("bfloat16", {"head_loop": 4, "decay_factor": True, "skip_first": True}, {"heads_per_tile": 2},
+                 id="bf16-loop4-heads2-decay_factor-skip_first"),
+    pytest.param("bfloat16", {"head_loop": 16, "cb_mode": "shared"}, {"shared_cb": True}, id="bf16-loop16-cb-shared"),
+    pytest.param("bfloat16", {"head_loop": 4, "heads_first": True, "pdl": True}, {}, id="bf16-loop4-heads_first-pdl"),
+    pytest.param("bfloat16", {"head_loop": 4, "two_warpgroups": True}, {"heads_per_tile": 2, "occupancy": 2},
+                 id="bf16-loop4-heads2-two_warpgroups"),
+    pytest.param("bfloat16", {**{k: OFF_VALUE.get(k, False) for k in CODE_SWITCHES}, "head_loop": 4}, {},
+                 id="bf16-loop4-all-off"),
+    pytest.param("float32", {"head_loop": 4}, {"heads_per_tile": 2}, id="fp32-loop4-heads2"),
+])
+def test_head_loop_compiles_with_every_optional_input(dtype, switches, config):
+    """The head loop with the switches the GPU tests combine it with, every optional input present (z, seq_idx, D
+    per channel) at AOT_DIMS (4 heads per group: a loop of 8 or 16 covers a group in one shorter block); the
+    tensor-core MMAs stay (HGMMA; HMMA for the batched rank-3 lowering; none with cb_precision fp32); with pdl no
+    global-memory access precedes the wait."""
+    sw = dataclasses.replace(DEFAULTS, **switches)
+    call = build_call("compute_out", getattr(torch, dtype), sw, config=config)
+    assert call.kernel._annotated_function.pyfunc.__name__ == "compute_out_head_loop_kernel"
+    text = sass(export(call, "sm_90"))
+    f = facts(text)
+    assert f["instructions"] > 100
+    assert f["HGMMA"] > 0 or "HMMA" in text or sw.cb_precision == "fp32", f
+    if sw.pdl:  # every global-memory access after the wait for the predecessor grid, as in the default kernel
+        assert pdl_unguarded(text) == []
+
+
+@pytest.mark.parametrize("head_loop, heads_per_tile, nheads, match", [
+    pytest.param(2, 4, 8, "head_loop=2 must be a multiple of heads_per_tile=4", id="step-larger-than-the-loop"),
+    pytest.param(4, 2, 6, "heads_per_tile=2 must divide nheads/ngroups=3", id="step-not-dividing-the-group"),
+])
+def test_head_loop_refusals(head_loop, heads_per_tile, nheads, match):
+    """The loop's step (heads_per_tile) must divide the loop and the heads of a group; refused with both named."""
+    sw = dataclasses.replace(DEFAULTS, head_loop=head_loop)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        build_call("compute_out", torch.bfloat16, sw, dims=dict(nheads=nheads, ngroups=2),
+                   config={"heads_per_tile": heads_per_tile})
+
+
+@pytest.mark.parametrize("nheads, ngroups, head_loop, blocks", [
+    pytest.param(80, 1, 8, 10, id="divides"),
+    pytest.param(80, 1, 16, 5, id="divides-16"),
+    pytest.param(8, 2, 16, 1, id="loop-longer-than-a-group"),
+    pytest.param(12, 1, 8, 2, id="tail-of-4"),
+])
+def test_head_loop_grid_covers_every_head_once(nheads, ngroups, head_loop, blocks):
+    """ceil(heads_per_group / head_loop) programs per group along the head axis: the kernel's (first, end) head
+    ranges, computed here as it computes them, cover every head of every group exactly once."""
+    sw = dataclasses.replace(DEFAULTS, head_loop=head_loop)
+    call = build_call("compute_out", torch.bfloat16, sw, dims=dict(nheads=nheads, ngroups=ngroups), config={})
+    assert call.grid[1] == ngroups * blocks
+    hpg = nheads // ngroups
+    covered = []
+    for hb in range(call.grid[1]):
+        g, first = hb // blocks, (hb // blocks) * hpg + (hb % blocks) * head_loop
+        covered += range(first, min(first + head_loop, (g + 1) * hpg))
+    assert covered == list(range(nheads))
+

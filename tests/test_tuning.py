@@ -329,6 +329,8 @@ BASE = "S|bfloat16|cb_precision=tf32|operand_swap=False|transposed_layout=True"
     pytest.param("fwd_pass_state", {"heads_first": True, "skip_first": True}, BASE,
                  id="arrangements-the-stage-does-not-read"),
     pytest.param("compute_out", {"two_warpgroups": True}, BASE + "|two_warpgroups=True", id="two-warpgroups-on"),
+    pytest.param("compute_out", {"head_loop": 8}, BASE.replace("|operand", "|head_loop=8|operand"), id="head-loop-on"),
+    pytest.param("fwd_pass_state", {"head_loop": 8}, BASE, id="head-loop-the-stage-does-not-read"),
     pytest.param("fwd_pass_state", {"two_warpgroups": True}, BASE, id="two-warpgroups-the-stage-does-not-read"),
     pytest.param("fwd_pass_state", {"state_two_warpgroups": True},
                  BASE.replace("|transposed", "|state_two_warpgroups=True|transposed"), id="state-two-warpgroups-on"),
@@ -424,13 +426,16 @@ def test_cutile_trick_off_borrows_the_default_codes_record():
     assert tuning.resolve(t).config == {"block_heads": 4, "occupancy": 4}
 
 
-@pytest.mark.parametrize("name", ["heads_first", "skip_first"])
-def test_cutile_compute_out_arrangement_borrows_the_default_record(name):
-    """compute_out's heads_first / skip_first on without a record of their own run on the default code's tiles."""
+@pytest.mark.parametrize("switches", [pytest.param({"heads_first": True}, id="heads_first"),
+                                      pytest.param({"skip_first": True}, id="skip_first"),
+                                      pytest.param({"head_loop": 8}, id="head_loop")])
+def test_cutile_compute_out_arrangement_borrows_the_default_record(switches):
+    """compute_out's heads_first / skip_first on or head_loop set, without a record of their own, run on the default
+    code's tiles (head_loop: the record's heads_per_tile are the heads of one step of its loop)."""
     from impls.cutile import tune
     from impls.cutile.switches import CutileSwitches
 
-    t = tune.tunable("compute_out", CutileSwitches(**{name: True}), None, "S", "bfloat16", make_call=None)
+    t = tune.tunable("compute_out", CutileSwitches(**switches), None, "S", "bfloat16", make_call=None)
     assert t.key != t.base_key == tune.record_key("compute_out", CutileSwitches(), "S", "bfloat16")
     stack = {n: STACK.get(n) for n in tune.STACK}
     config = {"block_rows": 64, "block_headdim": 32, "heads_per_tile": 2, "occupancy": 3, "shared_cb": False}

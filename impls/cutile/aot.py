@@ -213,6 +213,31 @@ def facts(sass_text: str) -> dict:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class TmaLoop:
+    start: int  # address of the loop's first instruction (its back-edge's target)
+    end: int  # address of the back-edge
+    loads: int  # UTMALDG instructions in [start, end]
+
+
+def tma_loops(sass_text: str) -> list[TmaLoop]:
+    """The loops of a listing that issue TMA loads: every backward branch before the kernel's last EXIT (the
+    mbarrier-retry stubs after it jump back into the code and are left out) whose range holds a UTMALDG, in address
+    order. The spin loops of mbarrier waits hold no load and are not listed."""
+    code = sass_instructions(sass_text)
+    last_exit = max(ins.addr for ins in code if ins.base == "EXIT")
+    loads = [ins.addr for ins in code if ins.base == "UTMALDG"]
+    out = []
+    for ins in code:
+        if ins.base != "BRA" or ins.addr >= last_exit:
+            continue
+        target = int(ins.args.split(",")[-1].strip(), 16)
+        inside = sum(1 for a in loads if target <= a <= ins.addr)
+        if target < ins.addr and inside:
+            out.append(TmaLoop(target, ins.addr, inside))
+    return sorted(out, key=lambda loop: loop.start)
+
+
 def normalized(sass_text: str) -> str:
     """SASS without addresses/encodings/symbol names, for 'identical code' comparisons."""
     lines = []

@@ -25,6 +25,11 @@ Switch two_warpgroups compiles the same kernel with two math warpgroups (`ct.ker
 tileiras has share each MMA of the tile (docs/perf-notes.md, version 11); its occupancy hint is pinned by the
 tuning resolution (`tune.pins`).
 
+Switch head_loop = N runs `compute_out_head_loop_kernel` instead: one program per (batch, chunk, row block, block of
+up to N heads of one group, headdim block) that loads C_l once and walks its heads HB at a time in a runtime loop,
+each step the default kernel's head block (`_head_block`, the same helper), so that C_l is read once per N heads and
+only one step's accumulators are live (docs/perf-notes.md, version 14).
+
 Switches: operand_swap accumulates yᵀ (headdim × rows): state·C_lᵀ and x_jᵀ·scoresᵀ; transposed_layout reads the
 states stored (dstate, headdim) by stage 2.
 """
@@ -341,11 +346,18 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     c = (pid // nsub) % nchunks
     b = pid // (nsub * nchunks)
     g = (hb * HB) // heads_per_group  # HB divides heads_per_group: the block's heads share one group
-    row_block = c * nsub + i
+    c_l = _load_rows(C, b, c * nsub + i, g, 0, BL, BN, k.tma(), k.lat())
+    _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, b, c, g, hb, pb, i, k, DECAY_FACTOR)
+
+
+def _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, b, c, g, hb, pb, i, k, DECAY_FACTOR):
+    """The output tile of head block hb (HB = NL·HL heads, lanes as in compute_out_kernel) for the rows of block i,
+    from the C_l tile of those rows: the off-chunk term, the skip term with SKIP_FIRST, the source blocks j <= i
+    (C_l·B_jᵀ once per source block for the block's heads), the epilogue and the store of each lane."""
+    NL, HL, BL, CHUNK, EXP2, SWAP = k.NL, k.HL, k.BL, k.CHUNK, k.EXP2, k.SWAP
+    row_block = c * (CHUNK // BL) + i
     tma = k.tma()
     scale = LOG2E if EXP2 else 1.0
-
-    c_l = _load_rows(C, b, row_block, g, 0, BL, BN, tma, k.lat())
     dA_ls = tuple(_per_head(dA, b, _lane_block(hb, l, NL), c, i, HL, BL, tma) * scale
                   for l in ct.static_iter(range(NL)))
     rows = i * BL + ct.arange(BL, dtype=ct.int32)
@@ -353,7 +365,7 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     # off-chunk term: C_l · stateᵀ, scaled by exp(dA_l) (zero for rows of a sequence that began in this chunk)
     state_scales = tuple(_exp(dA_ls[l], EXP2) for l in ct.static_iter(range(NL)))
     s_l = None  # the rows' seq_idx, read only with HAS_SEQ
-    if HAS_SEQ:
+    if k.HAS_SEQ:
         s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
         s_before = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
         same = (s_l == s_before).reshape((1, BL))
@@ -361,7 +373,7 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     accs = tuple(_off_chunk(states, c_l, state_scales[l], b, c, _lane_block(hb, l, NL), pb, k)
                  for l in ct.static_iter(range(NL)))
 
-    if SKIP_FIRST and D_MODE > 0:  # D ∘ x now: its head indices and D values need not live across the loop
+    if k.SKIP_FIRST and k.D_MODE > 0:  # D ∘ x now: its head indices and D values need not live across the loop
         accs = tuple(accs[l] + _skip_term(x, D, b, row_block, _lane_block(hb, l, NL), pb, k)
                      for l in ct.static_iter(range(NL)))
 
@@ -388,6 +400,47 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     for l in ct.static_iter(range(NL)):
         acc = ct.transpose(accs[l], 1, 2) if SWAP else accs[l]
         _epilogue(acc, x, D, z, y, b, row_block, _lane_block(hb, l, NL), pb, k)
+
+
+def compute_out_head_loop_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_group,
+                                 CHUNK: ct.Constant[int], BL: ct.Constant[int], BP: ct.Constant[int],
+                                 BN: ct.Constant[int], HB: ct.Constant[int], HLOOP: ct.Constant[int],
+                                 D_MODE: ct.Constant[int], HAS_Z: ct.Constant[bool], HAS_SEQ: ct.Constant[bool],
+                                 SWAP: ct.Constant[bool], TRANS: ct.Constant[bool], TF32: ct.Constant[bool],
+                                 EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int],
+                                 SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool],
+                                 PER_HEAD: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool],
+                                 SKIP_FIRST: ct.Constant[bool], PDL: ct.Constant[bool]):
+    """Switch head_loop: one (batch, chunk, row block i, block of up to HLOOP heads of one group, headdim block pb)
+    program that walks its heads HB at a time in a runtime loop (HB = heads_per_tile heads per step, lanes as in
+    compute_out_kernel; HB divides HLOOP and heads_per_group), so that only one step's accumulators are live. The
+    C_l tile is loaded once for all the block's heads (seq_idx's rows, 64 ints, once per step); each step's loop
+    reads B_j again (this program's own recent reads) and computes C_l·B_jᵀ once for its HB heads. A group's heads
+    form ceil(heads_per_group / HLOOP) blocks, the last one shorter when HLOOP does not divide heads_per_group.
+    Program order (`grid_of`) as compute_out_kernel's: head blocks along axis 1 or, with HEADS_FIRST, fastest along
+    axis 0."""
+    if PDL:  # launched as a programmatic dependent launch: nothing before the wait (impls/cutile/common.py)
+        ct.grid_dependency_control_wait()
+        ct.grid_dependency_control_launch_dependents()
+    pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
+    per_group = (heads_per_group + HLOOP - 1) // HLOOP  # head blocks of the loop per group
+    if HEADS_FIRST:
+        head_blocks = per_group * (x.shape[2] // heads_per_group)
+        pid, hb = ct.bid(0) // head_blocks, ct.bid(0) % head_blocks
+    NL = HB if PER_HEAD else 1
+    k = OutConsts(CHUNK, BL, BP, BN, NL, HB // NL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE,
+                  HAS_Z, SKIP_FIRST)
+    nsub = CHUNK // BL
+    nchunks = dA.shape[2]
+    i = pid % nsub
+    c = (pid // nsub) % nchunks
+    b = pid // (nsub * nchunks)
+    g = hb // per_group
+    first = g * heads_per_group + (hb % per_group) * HLOOP  # the block's first head, a multiple of HB
+    end = min(first + HLOOP, (g + 1) * heads_per_group)
+    c_l = _load_rows(C, b, c * nsub + i, g, 0, BL, BN, k.tma(), k.lat())  # once for all the block's heads
+    for step in range(first // HB, end // HB):  # head block `step` of HB heads
+        _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, b, c, g, step, pb, i, k, DECAY_FACTOR)
 
 
 def head_block(heads_per_group: int, config: dict) -> int:
@@ -437,6 +490,8 @@ def grid_of(row_tiles: int, head_blocks: int, headdim_blocks: int, heads_first: 
 def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config) -> KernelCall:
     """arrays = (C, B, x, dt, dA, states_storage, D, z, seq, cb, y): tensors, or ArraySpec for AOT compiles; cb is
     the (b, c, g, chunk, chunk) fp32 output of cb_kernel when shared_cb, else a 5-d stand-in."""
+    if sw.head_loop:
+        return make_head_loop_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config)
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     nchunks = math.ceil(seqlen / chunk_size)
     bl, bp, bn = blocks(chunk_size, headdim, dstate, config)
@@ -447,6 +502,28 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
             sw.skip_first, sw.pdl)
     grid = grid_of(batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp), sw.heads_first)
     return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,
+                       WORKER_WARPS[sw.two_warpgroups])
+
+
+def make_head_loop_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config) -> KernelCall:
+    """Switch head_loop: compute_out_head_loop_kernel's launch, up to sw.head_loop heads of one group per program
+    (ceil(heads_per_group / head_loop) head blocks per group); the config's tiles and occupancy as for
+    compute_out_kernel, its heads_per_tile must be 1 (the heads are the loop's)."""
+    batch, seqlen, nheads, headdim, ngroups, dstate = dims
+    heads_per_group = nheads // ngroups
+    hb = head_block(heads_per_group, config)
+    if sw.head_loop % hb:
+        raise ValueError(f"head_loop={sw.head_loop} must be a multiple of heads_per_tile={hb} (the heads of one step "
+                         "of the loop) (cutile compute_out)")
+    nchunks = math.ceil(seqlen / chunk_size)
+    bl, bp, bn = blocks(chunk_size, headdim, dstate, config)
+    args = (*arrays, heads_per_group, chunk_size, bl, bp, bn, hb, sw.head_loop, int(d_mode), bool(has_z),
+            bool(has_seq), sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma,
+            4 if sw.latency_hints else 0, shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb), sw.heads_first,
+            sw.skip_first, sw.pdl)
+    head_blocks = ngroups * math.ceil(heads_per_group / sw.head_loop)
+    grid = grid_of(batch * nchunks * (chunk_size // bl), head_blocks, math.ceil(headdim / bp), sw.heads_first)
+    return kernel_call(compute_out_head_loop_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,
                        WORKER_WARPS[sw.two_warpgroups])
 
 

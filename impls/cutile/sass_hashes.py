@@ -5,7 +5,8 @@ A variant is (kernel, dtype, switches, tile config): every kernel of `aot.KERNEL
 code switch off (`switch_effects.OFF_VALUE`), in bf16 and fp32, and compute_out also with two heads per tile
 (head_mma per_head and batched), with C·Bᵀ shared (`shared_cb`) and with two math warpgroups
 (`two_warpgroups`, two heads per tile at its occupancy 2), and fwd_pass_state with two math warpgroups
-(`state_two_warpgroups`, at occupancy 2 as the S1 record). The hash is the SHA-256 of
+(`state_two_warpgroups`, at occupancy 2 as the S1 record), and compute_out's head loop (`head_loop` 4, one and
+two heads per step). The hash is the SHA-256 of
 `aot.normalized(aot.sass(cubin))` (addresses, encodings and symbol names stripped); where nvdisasm cannot decode a
 cubin, of the cubin itself, marked `cubin:`.
 
@@ -64,6 +65,9 @@ def variants() -> list[Variant]:
                            {"heads_per_tile": 2, "occupancy": 2}))
         out.append(Variant("fwd_pass_state", dtype, "state_two_warpgroups", {"state_two_warpgroups": True},
                            {"occupancy": 2}))
+        out.append(Variant("compute_out", dtype, "head_loop4", {"head_loop": 4}))
+        out.append(Variant("compute_out", dtype, "hb2-per_head-head_loop4", {"head_loop": 4, "head_mma": "per_head"},
+                           {"heads_per_tile": 2}))
     return out
 
 

@@ -104,6 +104,19 @@ class CutileSwitches:
              "needs 168 registers per thread and 183 KB of shared memory: one CTA per SM whatever the hint. fp32 "
              "(tf32) at that tile compiles without the warpgroup MMA and spills",
         sm100="the same hint; the split tileiras makes for tcgen05 has not been examined")
+    head_loop: int = switch(
+        0, "stage 3 with one program per (batch, chunk, row block, block of up to this many heads of one group, "
+           "headdim block) that walks its heads in a runtime loop, heads_per_tile of them per step (the step is "
+           "the default kernel's tile: C_l·B_jᵀ once per step for its heads, per_head or batched as head_mma says), "
+           "so that one step's accumulators are live at a time and the C_l tile is loaded once for all the "
+           "program's heads; each step reads B_j again (the program's own recent reads). A group's last block is "
+           "shorter when the value does not divide nheads / ngroups; it must be a multiple of heads_per_tile. 0 = "
+           "off (one program per heads_per_tile heads). The math and the rounding are the default kernel's",
+        choices=(0, 2, 4, 8, 16),
+        sm90="the SASS has two nested loops of TMA loads (heads, then source blocks) where the default has one; C_l's "
+             "two boxes are loaded before the head loop and read by every step's HGMMAs from shared memory; the "
+             "step's code, registers and spills are those of the default kernel at the same tiles",
+        sm100="the same loop; the tcgen05 lowering of its body is the compiler's")
     cb_precision: str = switch(
         "tf32", "precision of the matmuls for fp32 inputs (C·Bᵀ and the others): tf32 tensor cores or full fp32; "
                 "ignored for fp16/bf16 inputs", choices=("tf32", "fp32"))
@@ -195,7 +208,7 @@ class CutileSwitches:
 FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
-                     "heads_per_tile", "heads_first", "skip_first", "two_warpgroups",
+                     "heads_per_tile", "heads_first", "skip_first", "two_warpgroups", "head_loop",
                      "state_two_warpgroups", "state_pass", "pdl")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 
@@ -227,7 +240,8 @@ def per_head_refusal(sw: CutileSwitches, hb: int) -> str | None:
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
 CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "cb_precision",
-                 "head_mma", "heads_first", "skip_first", "two_warpgroups", "state_two_warpgroups")
+                 "head_mma", "heads_first", "skip_first", "two_warpgroups", "state_two_warpgroups",
+                 "head_loop")
 # fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in
 # tests/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
 # default reads the config); its ablation points are cb_mode:inline and cb_mode:shared. state_pass picks stage 2's

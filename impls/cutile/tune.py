@@ -57,11 +57,13 @@ def fallback(stage: str, device) -> dict:
 def search_space(stage: str, sw=None, heads_per_group: int | None = None) -> dict[str, list]:
     """SPACE[stage] less the values this problem and these switches cannot take (never an explicit switch: that
     one raises when the launch is built): head blocks that do not divide the heads of a group, and head blocks
-    whose lowering is not built (`switches.per_head_refusal`)."""
+    whose lowering is not built (`switches.per_head_refusal`) or that do not divide the head loop (switch head_loop)."""
     space = {k: list(v) for k, v in SPACE[stage].items()}
     if "heads_per_tile" in space:
         def takes(hb: int) -> bool:
             if heads_per_group is not None and heads_per_group % hb:
+                return False
+            if sw is not None and sw.head_loop % hb:  # the head loop's step must divide it
                 return False
             return sw is None or per_head_refusal(sw, hb) is None
         space["heads_per_tile"] = [hb for hb in space["heads_per_tile"] if takes(hb)]
@@ -106,13 +108,14 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     """The tuning record's key: shape, dtype, the layout/operand switches, and what else changes the winner only
     when set away from its default (so the records stored without them keep their keys): a default-on code trick
     turned off (tma, exp2, latency_hints), pdl on or another opt_level, or compute_out's heads_first, skip_first or
-    two_warpgroups on, fwd_pass_state's state_two_warpgroups on (borrowing like those; two_warpgroups with its
-    occupancy pinned, `pins`; state_two_warpgroups with the record's occupancy), decay_factor on,
+    two_warpgroups on or its head_loop set, fwd_pass_state's state_two_warpgroups on (borrowing like those;
+    two_warpgroups with its occupancy pinned, `pins`; head_loop with the record's heads_per_tile as the heads of one
+    step; state_two_warpgroups with the record's occupancy), decay_factor on,
     stage 2's chunk-parallel arrangement (state_pass), a lowering of several heads per tile other than the default,
     and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search with
     block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False: the
     key without the tricks turned off, pdl, opt_level (and without heads_first, skip_first, two_warpgroups,
-    state_two_warpgroups), whose
+    head_loop, state_two_warpgroups), whose
     record impls/tuning.py borrows when the tricks' own key has none."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
     if code_tricks:
@@ -124,6 +127,8 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
         extra["decay_factor"] = True
     if code_tricks and stage == "compute_out":  # arrangements that borrow the tiles of the key without them
         extra.update({k: True for k in ("heads_first", "skip_first", "two_warpgroups") if getattr(sw, k)})
+        if sw.head_loop:
+            extra["head_loop"] = sw.head_loop
     if code_tricks and stage == "fwd_pass_state" and sw.state_two_warpgroups:  # borrows likewise, occupancy too
         extra["state_two_warpgroups"] = True
     if stage == "compute_out" and sw.head_mma != DEFAULT_HEAD_MMA and sw.heads_per_tile != 1:  # 1: the same kernel

@@ -37,6 +37,11 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # stage 2's MMA kernels with two math warpgroups (state_two_warpgroups) alone, with the swap and the row-major
 # layout (the state tile transposed before each store), with 32 dstate columns (four state blocks per head), with
 # all off, chunk-parallel (local-state kernel) alone and with all off;
+# compute_out's head loop (head_loop: a program walks up to N heads of a group, heads_per_tile per step) with one head
+# per step (the fallback tiles), 2 heads per step per head and batched, with the swap, the factored decay and
+# skip_first, the shared C·Bᵀ, heads_first with pdl, two math warpgroups and all off; loops of 4, 8 and 16 over
+# groups of 2, 4 and 80 heads: one shorter block where the loop is longer than a group (and, below, a loop that does
+# not divide a group of 12);
 # stages 2 and 3 as programmatic dependent launches (pdl) alone, with the shared C·Bᵀ (its kernel launched normally in
 # between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
@@ -71,6 +76,16 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
                                                    "operand_swap": True},
             "two_warpgroups-heads4-per_head": {**PER_HEAD, "heads_per_tile": 4, "two_warpgroups": True},
             "two_warpgroups-heads2-per_head-all-off": {**OFF, **PER_HEAD, "two_warpgroups": True},
+            "head_loop4": {"head_loop": 4},
+            "head_loop8-heads2-per_head": {**PER_HEAD, "head_loop": 8},
+            "head_loop4-heads2-batched": {"head_loop": 4, "heads_per_tile": 2, "head_mma": "batched"},
+            "head_loop4-swap": {"head_loop": 4, "operand_swap": True},
+            "head_loop4-heads2-per_head-decay_factor-skip_first": {**PER_HEAD, "head_loop": 4, "decay_factor": True,
+                                                                   "skip_first": True},
+            "head_loop16-cb-shared": {"head_loop": 16, "cb_mode": "shared"},
+            "head_loop4-heads_first-pdl": {"head_loop": 4, "heads_first": True, "pdl": True},
+            "head_loop4-heads2-per_head-two_warpgroups": {**PER_HEAD, "head_loop": 4, "two_warpgroups": True},
+            "head_loop4-all-off": {**OFF, "head_loop": 4},
             "state_two_warpgroups": {"state_two_warpgroups": True},
             "state_two_warpgroups-swap-rowmajor": {"state_two_warpgroups": True, "operand_swap": True,
                                                    "transposed_layout": False},
@@ -88,7 +103,7 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             **{f"opt_level{v}": {"opt_level": v} for v in (0, 1, 2)}}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
 FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "two_warpgroups-heads2-per_head",
-                 "state_two_warpgroups", "state_two_warpgroups-chunk_parallel")
+                 "state_two_warpgroups", "state_two_warpgroups-chunk_parallel", "head_loop8-heads2-per_head")
 
 
 def _skip(case: str, variant: str) -> bool:
@@ -97,7 +112,7 @@ def _skip(case: str, variant: str) -> bool:
     if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head",
                                         "heads_first-heads2-per_head", "skip_first-heads2-per_head-headdim32",
                                         "state_pass-chunk_parallel", "two_warpgroups-heads2-per_head",
-                                        "state_two_warpgroups"):
+                                        "state_two_warpgroups", "head_loop8-heads2-per_head"):
         return True
     shape = CASES[case].shape
     return (shape.nheads // shape.ngroups) % VARIANTS[variant].get("heads_per_tile", 1) != 0
@@ -122,6 +137,29 @@ def test_cutile_matches_float64(case, variant, dtype, request):
     backend = CutileBackend(**VARIANTS[variant])
     assert_matches_float64(backend, CASES[case], dtype, f"cutile {case} {variant} {dtype}",
                            fused_views=case.startswith("Dhead-noncontig"))
+
+
+# 12 heads in one group (and 6 in each of two) with a loop of 8: blocks of 8 and 4 heads (of 6: one shorter block);
+# seq_idx, z and initial states present
+HEAD_LOOP_TAILS = {"g1-h12": (1, 12), "g2-h12": (2, 12)}
+
+
+@pytest.mark.parametrize("shape", list(HEAD_LOOP_TAILS))
+@pytest.mark.parametrize("switches", [pytest.param({"head_loop": 8}, id="loop8"),
+                                      pytest.param({**PER_HEAD, "head_loop": 8}, id="loop8-heads2-per_head"),
+                                      pytest.param({"head_loop": 8, "decay_factor": True, "operand_swap": True},
+                                                   id="loop8-decay_factor-swap")])
+def test_cutile_head_loop_tail_matches_float64(shape, switches):
+    """The head loop where it does not divide the heads of a group: the group's last program walks fewer heads."""
+    from impls.cutile import CutileBackend
+    from impls.problem import Problem, Shape
+
+    ok, reason = CutileBackend.available()
+    if not ok:
+        pytest.skip(reason)
+    ngroups, nheads = HEAD_LOOP_TAILS[shape]
+    problem = Problem(Shape(2, 600, nheads, 64, ngroups, 64, 128), nseqs=2, has_z=True, has_initial_states=True)
+    assert_matches_float64(CutileBackend(**switches), problem, "bfloat16", f"cutile head_loop tail {shape} {switches}")
 
 
 @pytest.mark.heavy
