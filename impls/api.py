@@ -76,7 +76,10 @@ def _checked(entry: str, backend, tensors, scalars, metadata, values) -> tuple[P
         hit = _MEMO.get(key)
         # a backend asked for by name: the registry's instance must still be the one that gave the verdict
         if hit is not None and (isinstance(backend, Backend) or get_backend(backend) is hit[1]):
-            _MEMO.move_to_end(key)
+            try:
+                _MEMO.move_to_end(key)
+            except KeyError:  # another thread's insertion evicted it since the get: the verdict still stands
+                pass
             values()
             return hit
     problem, device = metadata()

@@ -131,3 +131,18 @@ def test_the_memo_is_bounded_and_holds_no_tensor():
     del first
     gc.collect()
     assert alive() is None
+
+
+def test_a_hit_evicted_by_another_thread_is_still_a_hit(monkeypatch):
+    """Another thread may evict the entry between the lookup and the move to the end: the call must not fail."""
+    kw = inputs()
+    impls.ssd_forward(**kw)
+
+    class EvictedAfterGet(type(api._MEMO)):
+        def get(self, key, default=None):
+            hit = super().get(key, default)
+            self.pop(key, None)
+            return hit
+
+    monkeypatch.setattr(api, "_MEMO", EvictedAfterGet(api._MEMO))
+    impls.ssd_forward(**kw)
