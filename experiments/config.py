@@ -201,7 +201,7 @@ def ablation_points(switches_cls) -> list[str]:
 
 def apply_ablation(switches_cls, given: dict[str, Any], ablation: str) -> dict[str, Any]:
     """`given` switch overrides with the ablation applied on top. Points joined by "+" apply left to right
-    ("heads_first:True+pdl:True": both on; "all_off+tma": everything off but tma)."""
+    ("heads_first:True+pdl:True": both on; "all_off+tma:True": everything off but tma; a bare "tma" turns it off)."""
     if "+" in ablation:
         out = dict(given)
         for part in ablation.split("+"):
