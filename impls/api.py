@@ -5,10 +5,10 @@ the problem, and calls it. The contract — logical shapes, dtypes, what each st
 impls/README.md.
 
 A call whose metadata (every tensor's type, shape, dtype, device and strides, the scalar options and the backend
-asked for) matches one already validated reuses that call's Problem and the backend's verdict: the checks read
-nothing else, so they would pass again. Anything that differs (a stride, a device, a dtype, a non-tensor) misses
-and is checked in full, raising as ever. Value checks (check_values=True) run on every call. The memo is a small
-LRU of metadata tuples: it holds no tensor.
+asked for) matches one already validated reuses that call's Problem and the backend's verdict on it: the checks
+read nothing else, so they would pass again (the device verdict, which reads TRITON_INTERPRET, is asked again).
+Anything that differs (a stride, a device, a dtype, a non-tensor) misses and is checked in full, raising as ever.
+Value checks (check_values=True) run on every call. The memo is a small LRU of metadata tuples: it holds no tensor.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from impls import validate as check
 from impls.problem import Problem, Shape, dtype_name
-from impls.registry import Backend, ForwardResult, get_backend, require
+from impls.registry import Backend, BackendUnavailable, ForwardResult, get_backend, require
 
 INF = math.inf
 
@@ -32,7 +32,7 @@ def _backend(backend, problem: Problem, device) -> Backend:
 
 
 MEMO_SIZE = 64  # distinct call signatures remembered (LRU)
-_MEMO: OrderedDict = OrderedDict()  # (entry, backend, scalars, tensor metadata) -> (Problem, Backend)
+_MEMO: OrderedDict = OrderedDict()  # (entry, backend, scalars, tensor metadata) -> (Problem, Backend, device)
 
 
 def _tensor_key(tensors) -> tuple | None:
@@ -81,12 +81,17 @@ def _checked(entry: str, backend, tensors, scalars, metadata, values) -> tuple[P
             except KeyError:  # another thread's insertion evicted it since the get: the verdict still stands
                 pass
             values()
-            return hit
+            problem, impl, device = hit
+            # the device verdict reads process state (TRITON_INTERPRET for the Triton-based backends): asked again
+            ok, reason = impl.check_device(device)
+            if not ok:
+                raise BackendUnavailable(f"backend {impl.name!r} does not support this problem: {reason}")
+            return problem, impl
     problem, device = metadata()
     values()
     impl = _backend(backend, problem, device)
     if key is not None:
-        _MEMO[key] = (problem, impl)
+        _MEMO[key] = (problem, impl, device)
         if len(_MEMO) > MEMO_SIZE:
             _MEMO.popitem(last=False)
     return problem, impl

@@ -146,3 +146,14 @@ def test_a_hit_evicted_by_another_thread_is_still_a_hit(monkeypatch):
 
     monkeypatch.setattr(api, "_MEMO", EvictedAfterGet(api._MEMO))
     impls.ssd_forward(**kw)
+
+
+def test_a_remembered_call_asks_the_device_verdict_again(monkeypatch):
+    """check_device reads process state (TRITON_INTERPRET for the Triton-based backends): a built backend passed
+    in whose answer changed since the first call must refuse the repeated call."""
+    kw = inputs()
+    impl = ReferenceBackend()
+    impls.ssd_forward(**kw, backend=impl)
+    monkeypatch.setattr(impl, "check_device", lambda device: (False, "planted device refusal"))
+    with pytest.raises(impls.BackendUnavailable, match="planted device refusal"):
+        impls.ssd_forward(**kw, backend=impl)
