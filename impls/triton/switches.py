@@ -134,11 +134,12 @@ class TritonSwitches:
 
 def code_switches(switches: TritonSwitches) -> dict[str, Any]:
     """The switches that change the kernels' code (part of the tuning key)."""
-    return dict(_code_switches(switches))
+    # equal switches can differ in type (tma=1 == tma=True) and so in the key's text: the types are in the cache key
+    return dict(_code_switches(switches, tuple(type(v) for v in vars(switches).values())))
 
 
 @functools.lru_cache(maxsize=64)
-def _code_switches(switches: TritonSwitches) -> tuple[tuple[str, Any], ...]:
+def _code_switches(switches: TritonSwitches, _types: tuple) -> tuple[tuple[str, Any], ...]:
     # every stage's tuning key on every call reads them: worked out once per (frozen, hashable) switches
     return tuple((k, v) for k, v in dataclasses.asdict(switches).items()
             if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
