@@ -43,6 +43,7 @@ import cuda.tile as ct
 import torch
 
 from impls.cutile.common import LOG2E, CopyHints, KernelCall, kernel_call, next_pow2
+from impls.cutile.pdl import start_as_dependent
 from impls.cutile.switches import WORKER_WARPS, per_head_refusal
 
 ZERO = ct.PaddingMode.ZERO
@@ -329,9 +330,8 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     at compile time; C_l, each B_j, C_l·B_jᵀ and the masks are shared by the lanes. Program order (`grid`):
     the row tiles (b, c, i) along axis 0 and the head blocks along axis 1, or with HEADS_FIRST (switch
     heads_first) both along axis 0, head block fastest."""
-    if PDL:  # launched as a programmatic dependent launch: nothing before the wait (impls/cutile/common.py)
-        ct.grid_dependency_control_wait()
-        ct.grid_dependency_control_launch_dependents()
+    if PDL:  # launched as a programmatic dependent launch: nothing before the wait
+        start_as_dependent()
     pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
     if HEADS_FIRST:
         head_blocks = x.shape[2] // HB
@@ -419,9 +419,8 @@ def compute_out_head_loop_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, hea
     form ceil(heads_per_group / HLOOP) blocks, the last one shorter when HLOOP does not divide heads_per_group.
     Program order (`grid_of`) as compute_out_kernel's: head blocks along axis 1 or, with HEADS_FIRST, fastest along
     axis 0."""
-    if PDL:  # launched as a programmatic dependent launch: nothing before the wait (impls/cutile/common.py)
-        ct.grid_dependency_control_wait()
-        ct.grid_dependency_control_launch_dependents()
+    if PDL:  # launched as a programmatic dependent launch: nothing before the wait
+        start_as_dependent()
     pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
     per_group = (heads_per_group + HLOOP - 1) // HLOOP  # head blocks of the loop per group
     if HEADS_FIRST:

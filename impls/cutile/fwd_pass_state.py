@@ -29,6 +29,7 @@ import cuda.tile as ct
 import torch
 
 from impls.cutile.common import LOG2E, CopyHints, KernelCall, kernel_call, next_pow2
+from impls.cutile.pdl import start_as_dependent
 from impls.cutile.switches import WORKER_WARPS
 
 ZERO = ct.PaddingMode.ZERO
@@ -130,9 +131,8 @@ def fwd_pass_state_kernel(x, B, dt, dA, init, seq, states, final, seqlen, heads_
                           HAS_INIT: ct.Constant[bool], HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool],
                           TRANS: ct.Constant[bool], TF32: ct.Constant[bool], EXP2: ct.Constant[bool],
                           TMA: ct.Constant[bool], LAT: ct.Constant[int], PDL: ct.Constant[bool]):
-    if PDL:  # launched as a programmatic dependent launch: nothing before the wait (impls/cutile/common.py)
-        ct.grid_dependency_control_wait()
-        ct.grid_dependency_control_launch_dependents()
+    if PDL:  # launched as a programmatic dependent launch: nothing before the wait
+        start_as_dependent()
     k = StateConsts(CHUNK, BP, BN, HAS_INIT, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT)
     bh, pb, nb = ct.bid(0), ct.bid(1), ct.bid(2)
     nheads = x.shape[2]
@@ -163,9 +163,8 @@ def local_state_kernel(x, B, dt, dA, seq, local, seqlen, heads_per_group,
                        LAT: ct.Constant[int], PDL: ct.Constant[bool]):
     """local[b, c, h] = the state chunk c builds from zero (fp32, the states' memory layout); heads fastest in the
     grid's first axis, so neighbouring programs share the chunk's B tile."""
-    if PDL:  # launched as a programmatic dependent launch: nothing before the wait (impls/cutile/common.py)
-        ct.grid_dependency_control_wait()
-        ct.grid_dependency_control_launch_dependents()
+    if PDL:  # launched as a programmatic dependent launch: nothing before the wait
+        start_as_dependent()
     k = StateConsts(CHUNK, BP, BN, False, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT)
     bch, pb, nb = ct.bid(0), ct.bid(1), ct.bid(2)
     nheads = x.shape[2]
@@ -228,9 +227,8 @@ def pass_kernel(local, dA, init, seq, states, final, seqlen,
                 EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int], PDL: ct.Constant[bool]):
     """S_0 = init, S_{c+1} = decay_c·S_c + local_c over the chunks; writes every S_c (state_dtype) and S_C (fp32).
     local and states are the 5-d storages, (b, c, h, dstate, headdim) when TRANS else (b, c, h, headdim, dstate)."""
-    if PDL:  # launched as a programmatic dependent launch: nothing before the wait (impls/cutile/common.py)
-        ct.grid_dependency_control_wait()
-        ct.grid_dependency_control_launch_dependents()
+    if PDL:  # launched as a programmatic dependent launch: nothing before the wait
+        start_as_dependent()
     k = PassConsts(CHUNK, ROWS, COLS, HAS_INIT, HAS_SEQ, TRANS, EXP2, TMA, LAT)
     bh, rb = ct.bid(0), ct.bid(1)
     nheads = local.shape[2]
