@@ -186,12 +186,15 @@ def check_problem(problem: Problem) -> None:
 
 def ablation_points(switches_cls) -> list[str]:
     """The ablation sweep of a Switches dataclass: default, each bool switch that defaults to on turned off
-    alone, each that defaults to off turned on alone ("<switch>:True"), then all of the default-on ones off.
+    alone, each that defaults to off turned on alone ("<switch>:True", after the switches it needs), then all of
+    the default-on ones off.
     Non-bool switches (tile sizes, tuning mode) have no "off"; an explicit
     "<switch>:<value>" ablation still sets one of them."""
     on_by_default = [f.name for f in dataclasses.fields(switches_cls) if f.default is True]
-    # a trick whose measured default is off (evidence in docs/perf-notes.md) is ablated by turning it on
-    off_by_default = [f"{f.name}:True" for f in dataclasses.fields(switches_cls) if f.default is False]
+    # a trick whose measured default is off (evidence in docs/perf-notes.md) is ablated by turning it on, together
+    # with the switches it needs (its `needs`: "tma:True+tma_descriptors:host+warp_specialize:True")
+    off_by_default = ["+".join([*(f"{k}:{v}" for k, v in f.metadata.get("needs", {}).items()), f"{f.name}:True"])
+                      for f in dataclasses.fields(switches_cls) if f.default is False]
     points = ["none"] + on_by_default + off_by_default
     if len(on_by_default) > 1:
         # all off, then each switch alone on top of all-off: the "alone" column of the ablation table

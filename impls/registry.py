@@ -44,9 +44,11 @@ class NoSwitches:
     """A backend without switches."""
 
 
-def switch(default, help: str, sm90: str | None = None, sm100: str | None = None, choices=None):
-    """Declares one switch: its default and what it means, per architecture where that differs."""
-    meta = {"help": help, "sm90": sm90 or help, "sm100": sm100 or help, "choices": choices}
+def switch(default, help: str, sm90: str | None = None, sm100: str | None = None, choices=None,
+           needs: dict | None = None):
+    """Declares one switch: its default and what it means, per architecture where that differs. `needs`: the other
+    switches' values it cannot run without (an ablation turns them on with it)."""
+    meta = {"help": help, "sm90": sm90 or help, "sm100": sm100 or help, "choices": choices, "needs": needs or {}}
     return dataclasses.field(default=default, metadata=meta)
 
 

@@ -297,6 +297,50 @@ def test_tma_host_refuses_what_it_cannot_run():
         get_backend("triton", tma=True, tma_descriptors="host", fuse_state_out=True)
 
 
+
+# --- warp specialisation (switch warp_specialize): the interpreter runs the loops' math, unchanged by the switch -----
+WARP_SPECIALIZE_CASES = [
+    pytest.param({"tma_descriptors": "host"}, RICH, DTYPES, id="host-swap-transposed"),
+    pytest.param({"tma_descriptors": "host", "state_pass": "serial", "operand_swap": False, "heads_per_tile": 2,
+                  "heads_first": True}, RICH, DTYPES[:1], id="host-serial-heads2-heads_first"),
+    pytest.param({"decay_factor": True, "operand_swap": False}, Problem(Shape(1, 100, 2, 32, 1, 32, 64), nseqs=2),
+                 DTYPES[:1], id="device-desc-decay_factor-seq_idx"),
+]
+
+
+@pytest.mark.parametrize("switches,problem,dtypes", WARP_SPECIALIZE_CASES)
+def test_warp_specialize(switches, problem, dtypes):
+    """tma with warp_specialize: each stage against the float64 reference, and the tuned stages ran at occupancy
+    0 (no register cap: the warp-specialised kernels set their own)."""
+    backend = get_backend("triton", tma=True, warp_specialize=True, **switches)
+    for dtype in [d.values[0] for d in dtypes]:
+        inputs = make_inputs(problem, seed=14, dtype=dtype)
+        errors = forward_errors(backend, inputs, float64_forward(inputs))
+        assert not failures(errors, dtype), (dtype, errors)
+    stages = backend.describe()["stages"]
+    assert stages["compute_out"]["config"]["occupancy"] == 0 and "occupancy" in stages["compute_out"]["pinned"]
+    assert stages["chunk_state"]["config"]["occupancy"] == 0
+
+
+@pytest.mark.parametrize("switches,match", [
+    pytest.param({}, r"warp_specialize of backend 'triton'.*set tma=True", id="no-tma"),
+    pytest.param({"tma": True, "cb_mode": "shared"}, r"cb_mode='shared'.*use cb_mode='inline'", id="cb-shared"),
+    pytest.param({"tma": True, "fuse_state_out": True}, r"fused kernel.*turn one of them off", id="fused"),
+    pytest.param({"tma": True, "occupancy": 3}, r"occupancy=3 .*leave it at 0", id="occupancy"),
+    pytest.param({"tma": True, "state_pass": "serial"}, r"state_pass='serial' with operand_swap", id="serial-swap"),
+])
+def test_warp_specialize_refuses_what_triton_cannot_specialise(switches, match):
+    with pytest.raises(ValueError, match=match):
+        get_backend("triton", warp_specialize=True, **switches)
+
+
+def test_warp_specialize_refuses_fp32_without_tensor_cores():
+    """cb_precision='fp32' (input_precision 'ieee') compiles unspecialised: refused before any kernel runs."""
+    backend = get_backend("triton", tma=True, warp_specialize=True, cb_precision="fp32")
+    inputs = make_inputs(Problem(SMALL), seed=14, dtype=torch.float32)
+    with poisoned_allocations(), pytest.raises(ValueError, match=r"cb_precision='fp32'.*not warp-specialised"):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=backend)
+
 FUSED_CASES = [
     pytest.param({}, RICH, id="rich-swap-transposed"),  # seq_idx 3 sequences, initial states, z, per-channel D
     pytest.param({"operand_swap": False, "transposed_layout": False, "exp2": False}, RICH, id="rich-all-off"),
@@ -587,17 +631,22 @@ def test_kernels_compile_for_sm90():
     # defaults and all-off (7 kernels each, the fused one and state_pass's serial one included), and at the
     # defaults chunk_state, compute_out (dstate 128, 256) and the fused kernel again with in-kernel tensor
     # descriptors, and chunk_state and compute_out (x2) with host-built ones (tma_descriptors='host'): PTX with bulk
-    # tensor copies, and the host-built ones without tensormap creation in the kernel
-    assert result.stdout.count("ok  ") == 25, result.stdout  # and compute_out with 2 heads per program (x2)
-    assert result.stdout.count("bulk_tensor_copies=yes") == 7, result.stdout
-    assert result.stdout.count("bulk_tensor_copies=yes descriptors_in_kernel=no") == 3, result.stdout
+    # tensor copies, and the host-built ones without tensormap creation in the kernel; then compute_out, chunk_state
+    # and the serial kernel with switch warp_specialize (host descriptors): warp-specialised (setmaxnreg), and no
+    # other kernel is
+    assert result.stdout.count("ok  ") == 28, result.stdout  # and compute_out with 2 heads per program (x2)
+    assert result.stdout.count("bulk_tensor_copies=yes") == 10, result.stdout
+    assert result.stdout.count("bulk_tensor_copies=yes descriptors_in_kernel=no") == 6, result.stdout
+    assert result.stdout.count("warp_specialized=yes") == 3, result.stdout
+    assert all(("WS=True" in line) == ("warp_specialized=yes" in line) for line in result.stdout.splitlines())
 
 
 def test_what_triton_cannot_express_is_shown_by_the_compiler():
     """The evidence docs/triton-switches.md quotes: a latency hint on tl.load is a compile error; an occupancy
     compile option is dropped without a trace in the PTX; maxnreg (the occupancy switch's means) reaches it; a
     pointer tile load never becomes TMA, an in-kernel descriptor writes a tensormap and a host-built one does
-    not; a batched 3-D tl.dot is mma.sync where the 2-D one is wgmma."""
+    not; a batched 3-D tl.dot is mma.sync where the 2-D one is wgmma; a warp_specialize loop is specialised at 4
+    warps, not at 8, and does not compile with pointer loads."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-m", "impls.triton.expressible"], capture_output=True, text=True,
                             env=env, cwd=Path(__file__).resolve().parent.parent, timeout=600)
@@ -612,6 +661,9 @@ def test_what_triton_cannot_express_is_shown_by_the_compiler():
         ".param .align 64 .b8 yes",
         "head_mma, 2-D tl.dot (bf16, 64x64 per head): wgmma.mma_async yes, mma.sync no",
         "head_mma, batched 3-D tl.dot (bf16, 64x64 per head): wgmma.mma_async no, mma.sync yes",
+        "warp_specialize, descriptor loads, num_warps=4: setmaxnreg yes, 12 warps",
+        "warp_specialize, descriptor loads, num_warps=8: setmaxnreg no, 8 warps",
+        "warp_specialize, pointer loads: RuntimeError: PassManager::run failed",
     ], result.stdout
 
 

@@ -8,9 +8,10 @@ call this module in a subprocess:
     python -m impls.triton.aot --arch 90 --dtype bfloat16 [--all-variants]
 
 It prints one line per kernel variant: name, switches, shared-memory bytes, whether the PTX has bulk tensor copies
-(cp.async.bulk.tensor: TMA; a variant built with TMA must have them, one without must not) and whether it builds
+(cp.async.bulk.tensor: TMA; a variant built with TMA must have them, one without must not), whether it builds
 descriptors in the kernel (tensormap.cp_fenceproxy: with TMA, the in-kernel descriptors must, the host-built ones
-of tma_descriptors='host' must not); exit status 1 if any failed.
+of tma_descriptors='host' must not) and whether it is warp-specialised (setmaxnreg: the variants of switch
+warp_specialize must be, every other must not); exit status 1 if any failed.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ POINTER = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 
 
 def _compile(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int,
-             num_stages: int) -> tuple[int, bool, bool]:
-    """The variant's shared-memory bytes, whether its PTX has bulk tensor copies and whether it makes a tensor
-    descriptor in the kernel (tensormap.cp_fenceproxy)."""
+             num_stages: int) -> tuple[int, bool, bool, bool]:
+    """The variant's shared-memory bytes, whether its PTX has bulk tensor copies, whether it makes a tensor
+    descriptor in the kernel (tensormap.cp_fenceproxy) and whether it is warp-specialised (setmaxnreg)."""
     compiled = compile_variant(kernel, pointers, constexprs, arch, num_warps, num_stages)
     ptx = compiled.asm["ptx"]
-    return compiled.metadata.shared, "cp.async.bulk.tensor" in ptx, "tensormap.cp_fenceproxy" in ptx
+    return (compiled.metadata.shared, "cp.async.bulk.tensor" in ptx, "tensormap.cp_fenceproxy" in ptx,
+            "setmaxnreg" in ptx)
 
 
 def compile_variant(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int, num_stages: int):
@@ -41,6 +43,8 @@ def compile_variant(kernel, pointers: dict[str, str], constexprs: dict, arch: in
     from triton.compiler import ASTSource
 
     names = kernel.arg_names
+    # constexpr parameters left out take their defaults, as a launch does (WS, switch warp_specialize)
+    constexprs = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constexprs}
     signature = {}
     for name in names:
         if name in constexprs:
@@ -160,6 +164,30 @@ def variants(dtype: str, all_variants: bool):
                c["num_warps"], c["num_stages"])
 
 
+def warp_specialized_variants(dtype: str):
+    """The kernels of switch warp_specialize (WS) at the defaults with host-built descriptors, at the fallback
+    tiles: compute_out, chunk_state and state_pass='serial''s kernel (operand_swap off, as the switch needs)."""
+    for name, kernel, pointers, constexprs, warps, stages in variants(dtype, False):
+        if name in ("compute_out", "chunk_state") and constexprs.get("HOST_DESC") and \
+                constexprs.get("BLOCK_DSTATE", 128) == 128 and constexprs.get("HB", 1) == 1:
+            # with C·Bᵀ inline (cb_mode='shared' reads it through pointers in the loop: refused with the switch)
+            shared_cb = {"SHARED_CB": False} if name == "compute_out" else {}
+            yield name, kernel, pointers, {**constexprs, **shared_cb, "WS": True}, warps, stages
+    from impls.triton.fallbacks import fallback
+    from impls.triton.fwd_pass_state import serial_state_kernel
+
+    p = POINTER[dtype]
+    c = fallback("sm90", "chunk_state", {"nheads": 80, "chunk": 256, "headdim": 64, "dstate": 128}, 2, {})
+    types, hd = host_descriptors(("x_hd", "B_hd"), ((1, c["block_positions"], 1, c["block_headdim"]),
+                                                    (1, c["block_positions"], 1, c["block_dstate"])), (p, p), True)
+    yield ("serial_state", serial_state_kernel,
+           {"x_ptr": p, "B_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "seq_ptr": "*i32", "init_ptr": "*fp32",
+            "out_ptr": p, "final_ptr": "*fp32", **types},
+           dict(CHUNK=256, BLOCK_P=c["block_headdim"], BLOCK_N=c["block_dstate"], BLOCK_K=c["block_positions"],
+                HAS_INIT=False, HAS_SEQ=False, SWAP=False, EXP2=True, DOT_PRECISION="tf32", TMA=True, **hd, WS=True),
+           c["num_warps"], c["num_stages"])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90)
@@ -170,10 +198,11 @@ def main(argv=None) -> int:
         print("TRITON_INTERPRET is set: unset it to compile for a GPU", file=sys.stderr)
         return 2
     failed = 0
-    for name, kernel, pointers, constexprs, warps, stages in variants(args.dtype, args.all_variants):
+    every = itertools.chain(variants(args.dtype, args.all_variants), warp_specialized_variants(args.dtype))
+    for name, kernel, pointers, constexprs, warps, stages in every:
         label = f"{name} sm_{args.arch} {args.dtype} " + " ".join(f"{k}={v}" for k, v in constexprs.items())
         try:
-            shared, uses_tma, makes_desc = _compile(kernel, pointers, constexprs, args.arch, warps, stages)
+            shared, uses_tma, makes_desc, ws = _compile(kernel, pointers, constexprs, args.arch, warps, stages)
         except Exception as exc:  # report every failing variant, not only the first
             failed += 1
             print(f"FAIL {label}: {type(exc).__name__}: {str(exc)[:500]}")
@@ -182,10 +211,11 @@ def main(argv=None) -> int:
         tma = bool(constexprs.get("TMA", False))
         # descriptor loads compile to bulk tensor copies; descriptors are made in the kernel unless built on the host
         tma_ok = uses_tma == tma and makes_desc == (tma and not constexprs.get("HOST_DESC", False))
-        failed += not (fits and tma_ok)
-        status = "ok  " if fits and tma_ok else ("SMEM" if not fits else "TMA?")
+        ws_ok = ws == bool(constexprs.get("WS", False))  # warp-specialised exactly when built with WS
+        failed += not (fits and tma_ok and ws_ok)
+        status = "ok  " if fits and tma_ok and ws_ok else ("SMEM" if not fits else ("TMA?" if not tma_ok else "WS? "))
         print(f"{status} {label} shared={shared} bulk_tensor_copies={'yes' if uses_tma else 'no'} "
-              f"descriptors_in_kernel={'yes' if makes_desc else 'no'}")
+              f"descriptors_in_kernel={'yes' if makes_desc else 'no'} warp_specialized={'yes' if ws else 'no'}")
     return 1 if failed else 0
 
 

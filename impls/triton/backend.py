@@ -18,7 +18,7 @@ import torch
 from impls import tuning
 from impls.problem import Problem, Shape, dtype_name
 from impls.registry import Backend, ForwardResult, register
-from impls.triton import tune
+from impls.triton import tune, warp_spec
 from impls.triton.chunk_cumsum import chunk_cumsum as _chunk_cumsum
 from impls.triton.clamp import MAX_DSTATE, clamp
 from impls.triton.compute_out import compute_out as _compute_out
@@ -61,6 +61,9 @@ class TritonBackend(Backend):
         if self.switches.tma_descriptors == "host" and self.switches.fuse_state_out:
             raise ValueError("switch tma_descriptors='host' of backend 'triton': the fused kernel (fuse_state_out) "
                              "makes its descriptors in the kernel only (use tma_descriptors='device')")
+        reason = warp_spec.refusal(self.switches)
+        if reason:
+            raise ValueError(reason)
         self._resolved: dict[tuple[str, str], tune.Resolved] = {}
         self._keys: dict[tuple, str] = {}  # (stage, shape, dtype, flags) -> record key (switches fixed per instance)
         self.last_tuning: dict[str, dict[str, Any]] = {}
@@ -210,9 +213,11 @@ class TritonBackend(Backend):
 
     def _dot_precision(self, x: torch.Tensor) -> str:
         # input_precision only means something for fp32 operands; fp16/bf16 dots get Triton's default
+        precision = "tf32"
         if x.dtype == torch.float32 and self.switches.cb_precision == "fp32":
-            return "ieee"
-        return "tf32"
+            precision = "ieee"
+        warp_spec.check_precision(self.switches, precision)
+        return precision
 
     @staticmethod
     def _shape(x, B, dt) -> tuple[Shape, dict[str, int]]:

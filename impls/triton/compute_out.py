@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from impls.triton import descriptors
+from impls.triton import descriptors, warp_spec
 from impls.triton.fwd_pass_state import program_coords, rows_desc, states_desc
 from impls.triton.occupancy import maxnreg
 
@@ -262,10 +262,12 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
                 mask_n, mask_p, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k, dtype,
                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr,
                 HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, HB: tl.constexpr):
+                SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, HB: tl.constexpr,
+                WS: tl.constexpr = False):
     """(acc, acc1) + the chunk's own tokens' term for the row tile starting at m0, up to its causal edge: for head h
     into acc, and with HB = 2 for head h + 1 (same group) into acc1 (its x_base1, dA_base1, dt_base1, dA_m1),
-    C·Bᵀ computed once per source tile for both. With HB = 1 acc1 is returned as given."""
+    C·Bᵀ computed once per source tile for both. With HB = 1 acc1 is returned as given. WS (switch
+    warp_specialize): both source loops as `tl.range(..., warp_specialize=True)`."""
     k_end = tl.minimum(chunk_len, m0 + BLOCK_M)
     k_masked = 0
     if DECAY_FACTOR:
@@ -276,7 +278,7 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
         dA_ref1 = _row_ref(dA_base1, m0, chunk_len, s_dA_l, EXP2)
         off = tl.zeros(acc.shape, dtype=tl.float32)
         off1 = tl.zeros(acc1.shape, dtype=tl.float32)
-        for k0 in range(0, k_masked, BLOCK_K):
+        for k0 in tl.range(0, k_masked, BLOCK_K, warp_specialize=WS):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < chunk_len
             seq_k = offs_k
@@ -295,7 +297,7 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
         acc = _scale_rows(acc, off, _decay(dA_m - dA_ref, EXP2), SWAP)
         if HB == 2:
             acc1 = _scale_rows(acc1, off1, _decay(dA_m1 - dA_ref1, EXP2), SWAP)
-    for k0 in range(k_masked, k_end, BLOCK_K):
+    for k0 in tl.range(k_masked, k_end, BLOCK_K, warp_specialize=WS):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < chunk_len
         seq_k = offs_k
@@ -419,6 +421,7 @@ def compute_out_kernel(
     DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, ST_N_CONTIG: tl.constexpr, HB: tl.constexpr,
     HEADS_FIRST: tl.constexpr,
     HOST_DESC: tl.constexpr,
+    WS: tl.constexpr = False,
 ):
     # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head block (HB heads of one
     # group: h and, with HB = 2, h + 1), chunk, batch; HEADS_FIRST (switch heads_first): the head block fastest
@@ -484,7 +487,7 @@ def compute_out_kernel(
                             seq_base, B_desc, x_desc, CmT, dA_m, dA_m1, seq_m, b32, g, h, start, m0, p0, chunk_len,
                             offs_m, offs_n, offs_p, mask_m, mask_n, mask_p, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l,
                             s_dt_l, s_seq_l, s_cb_m, s_cb_k, dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE, HAS_SEQ,
-                            SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, HB)
+                            SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, HB, WS)
     # 3. D skip, z gate, store
     epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b32, h, start + m0, p0, offs_m, offs_p, mask_m, mask_p,
              s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, BLOCK_M, BLOCK_P, HAS_D, HAS_Z, SWAP, EXP2, TMA)
@@ -533,8 +536,8 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
                          f"{nheads // ngroups} heads of a group")
     tiles = triton.cdiv(headdim, config["block_headdim"]) * (chunk // config["block_rows"])
     grid = (tiles * (nheads // hb) * nchunks * batch,)
-    compute_out_kernel[grid](
-        C, B, x, dt, dA_cumsum, states, D_arg, z_arg, seq, cb, y,
+    warp_spec.launch(
+        compute_out_kernel, grid, C, B, x, dt, dA_cumsum, states, D_arg, z_arg, seq, cb, y,
         *((hd["C"], hd["B"], hd["x"], hd["y"], hd["states"]) if host else (None,) * 5),
         batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
         *C.stride(), *B.stride(), *x.stride(), *dt.stride(), *dA_cumsum.stride(), *states.stride(),
@@ -544,8 +547,9 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
-        HEADS_FIRST=switches.heads_first, HOST_DESC=host,
+        HEADS_FIRST=switches.heads_first, HOST_DESC=host, WS=switches.warp_specialize,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
+        ws=switches.warp_specialize, what="compute_out",
     )
     return y
 

@@ -14,6 +14,11 @@ without a GPU (`python -m impls.triton.expressible`), each printing what the com
   sm_90 it becomes `mma.sync` where the same 2-D dot is a warpgroup `wgmma.mma_async`, as cuTile's batched form
   became HMMA; the backend builds only the per-head form (`heads_per_tile`).
 
+And what Triton 3.6 can express only in part: warp specialisation (cuTile's compiler gives every kernel a producer
+warpgroup for the copies and math warpgroups, unasked). `tl.range(..., warp_specialize=True)` does it on sm_90 for a
+loop of descriptor loads at num_warps=4 (12 warps: setmaxnreg in the PTX), silently not at num_warps=8, and not at
+all for pointer loads (the pass pipeline fails); the backend's switch `warp_specialize` (impls/triton/warp_spec.py).
+
 The output is what docs/triton-switches.md quotes; tests/test_triton_interp.py runs it and checks each line.
 """
 
@@ -70,6 +75,24 @@ def dot_batched(a_ptr, b_ptr, y_ptr, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, tl.dot(tl.load(a_ptr + offs), tl.load(b_ptr + offs)))
 
 
+@triton.jit
+def loop_dot_descriptors(a_desc, b_desc, y_ptr, n, BLOCK: tl.constexpr):
+    acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    for k in tl.range(0, n, BLOCK, warp_specialize=True):
+        acc = tl.dot(a_desc.load([0, k]), b_desc.load([k, 0]), acc)
+    offs = tl.arange(0, BLOCK)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    tl.store(y_ptr + offs, acc)
+
+
+@triton.jit
+def loop_dot_pointers(a_ptr, b_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    offs = tl.arange(0, BLOCK)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    for k in tl.range(0, n, BLOCK, warp_specialize=True):
+        acc = tl.dot(tl.load(a_ptr + k + offs), tl.load(b_ptr + k * BLOCK + offs), acc)
+    tl.store(y_ptr + offs, acc)
+
+
 def _build(kernel, signature=None, block=128, **options):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -112,6 +135,19 @@ def attempts() -> list[str]:
     for name, kernel in (("2-D", dot_2d), ("batched 3-D", dot_batched)):
         ptx = _build(kernel, dots, 64).asm["ptx"]
         lines.append(f"head_mma, {name} tl.dot (bf16, 64x64 per head): {_has(ptx, 'wgmma.mma_async', 'mma.sync')}")
+    descs = {"a_desc": "tensordesc<bf16[64, 64]>", "b_desc": "tensordesc<bf16[64, 64]>", "y_ptr": "*fp32",
+             "n": "i32", "BLOCK": "constexpr"}
+    for warps in (4, 8):
+        compiled = _build(loop_dot_descriptors, descs, 64, num_warps=warps)
+        found = _has(compiled.asm["ptx"], "setmaxnreg")
+        warps_run = compiled.metadata.num_warps
+        lines.append(f"warp_specialize, descriptor loads, num_warps={warps}: {found}, {warps_run} warps")
+    pointers = {"a_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    try:
+        _build(loop_dot_pointers, pointers, 64, num_warps=4)
+        lines.append("warp_specialize, pointer loads: compiled (unexpected)")
+    except Exception as exc:  # RuntimeError from the MLIR pass pipeline
+        lines.append(f"warp_specialize, pointer loads: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}")
     return lines
 
 

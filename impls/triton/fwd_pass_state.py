@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from impls.triton import descriptors
+from impls.triton import descriptors, warp_spec
 from impls.triton.chunk_cumsum import _exp
 from impls.triton.occupancy import maxnreg
 
@@ -37,7 +37,7 @@ def local_state(x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq_base, b, h
                 offs_p, offs_n, mask_p, mask_n, s_x_l, s_x_p, s_B_l, s_B_n, s_dt_l, s_dA_l, s_seq_l,
                 CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                TMA: tl.constexpr):
+                TMA: tl.constexpr, WS: tl.constexpr = False):
     """sum_t exp(dA_cs[last] - dA_cs[t])·dt_t·x_t B_tᵀ over one chunk (same-sequence tokens only), fp32:
     (BLOCK_N, BLOCK_P) with SWAP, else (BLOCK_P, BLOCK_N). With TMA, x and B tiles come through the tensor
     descriptors x_desc (batch, seqlen, nheads, headdim) and B_desc (batch, seqlen, ngroups, dstate), whose
@@ -50,7 +50,7 @@ def local_state(x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq_base, b, h
         acc = tl.zeros((BLOCK_N, BLOCK_P), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, chunk_len, BLOCK_K):
+    for k0 in tl.range(0, chunk_len, BLOCK_K, warp_specialize=WS):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < chunk_len
         dA_k = tl.load(dA_base + offs_k * s_dA_l, mask=mask_k, other=0.0).to(tl.float32)
@@ -159,7 +159,7 @@ def chunk_state_kernel(
     s_o_b, s_o_c, s_o_h, s_o_p, s_o_n,
     CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    TMA: tl.constexpr, OUT_N_CONTIG: tl.constexpr, HOST_DESC: tl.constexpr,
+    TMA: tl.constexpr, OUT_N_CONTIG: tl.constexpr, HOST_DESC: tl.constexpr, WS: tl.constexpr = False,
 ):
     # flat grid (axis 0 has no 65535 limit): tile fastest, then head, then chunk, then batch
     pid = tl.program_id(0)
@@ -185,7 +185,7 @@ def chunk_state_kernel(
     acc = local_state(x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq_base, b32, h, g, start, chunk_len, p0,
                       n0,
                       offs_p, offs_n, mask_p, mask_n, s_x_l, s_x_p, s_B_l, s_B_n, s_dt_l, s_dA_l, s_seq_l,
-                      CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+                      CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, WS)
     if TMA:
         # the fp32 scratch through a descriptor in its memory order: (…, headdim, dstate) or (…, dstate, headdim)
         if HOST_DESC:
@@ -294,7 +294,7 @@ def serial_state_kernel(
     s_f_b, s_f_h, s_f_p, s_f_n,
     CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_INIT: tl.constexpr, HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, WS: tl.constexpr = False,
 ):
     """state_pass='serial': one program per (headdim tile, dstate tile, head, batch) walks the chunks, writing the
     state entering each chunk (state_dtype) and carrying S <- exp(dA_last)·S + local_state in registers; the final
@@ -335,7 +335,7 @@ def serial_state_kernel(
         local = local_state(x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq_c, b32, h, g, start,
                             tl.minimum(CHUNK, seqlen - start), p0, n0, offs_p, offs_n, mask_p, mask_n,
                             s_x_l, s_x_p, s_B_l, s_B_n, s_dt_l, s_dA_l, s_seq_l,
-                            CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+                            CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, WS)
         decay = chunk_decay(dA_base + (CHUNK - 1) * s_dA_l, seq_b, c, seqlen, s_seq_l, CHUNK, HAS_SEQ, EXP2)
         state = decay * state + local
         out_ptrs += s_o_c
@@ -383,15 +383,17 @@ def chunk_states(B, x, dt, dA_cumsum, seq_idx, *, config, switches, empty, dot_p
         descriptors.require({"x": x, "B": B, "chunk-local states": descriptors.memory_order(local)})
     tiles = triton.cdiv(headdim, config["block_headdim"]) * triton.cdiv(dstate, config["block_dstate"])
     grid = (tiles * nheads * nchunks * batch,)
-    chunk_state_kernel[grid](
-        x, B, dt, dA_cumsum, seq, local, *host_args,
+    warp_spec.launch(
+        chunk_state_kernel, grid, x, B, dt, dA_cumsum, seq, local, *host_args,
         batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
         *x.stride(), *B.stride(), *dt.stride(), *dA_cumsum.stride(),
         seq.stride(0), seq.stride(1), *local.stride(),
         CHUNK=chunk, BLOCK_P=config["block_headdim"], BLOCK_N=config["block_dstate"], BLOCK_K=config["block_positions"],
         HAS_SEQ=seq_idx is not None, SWAP=switches.operand_swap, EXP2=switches.exp2,
         DOT_PRECISION=dot_precision, TMA=switches.tma, OUT_N_CONTIG=local.stride(-1) == 1, HOST_DESC=host,
+        WS=switches.warp_specialize,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
+        ws=switches.warp_specialize, what="chunk_state",
     )
     return local
 
@@ -436,15 +438,17 @@ def serial_states(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, *, 
     if switches.tma and not host:
         descriptors.require({"x": x, "B": B})
     tiles = triton.cdiv(headdim, config["block_headdim"]) * triton.cdiv(dstate, config["block_dstate"])
-    serial_state_kernel[(tiles * nheads * batch,)](
-        x, B, dt, dA_cumsum, seq, init, states, final, *host_args,
+    warp_spec.launch(
+        serial_state_kernel, (tiles * nheads * batch,), x, B, dt, dA_cumsum, seq, init, states, final, *host_args,
         batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
         *x.stride(), *B.stride(), *dt.stride(), *dA_cumsum.stride(), seq.stride(0), seq.stride(1),
         *init.stride(), *states.stride(), *final.stride(),
         CHUNK=chunk, BLOCK_P=config["block_headdim"], BLOCK_N=config["block_dstate"], BLOCK_K=config["block_positions"],
         HAS_INIT=initial_states is not None, HAS_SEQ=seq_idx is not None, SWAP=switches.operand_swap,
         EXP2=switches.exp2, DOT_PRECISION=dot_precision, TMA=switches.tma, HOST_DESC=host,
+        WS=switches.warp_specialize,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
+        ws=switches.warp_specialize, what="fwd_pass_state (state_pass='serial')",
     )
     return states, final
 

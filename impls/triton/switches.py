@@ -99,6 +99,19 @@ class TritonSwitches:
                           "headdim tile, dstate tile) and walk the chunks, the local states in registers (cuTile's "
                           "default arrangement; launch fields of chunk_state, tuned under their own key)",
         choices=("serial", "chunk_parallel"))
+    warp_specialize: bool = switch(
+        False, "the MMA loops (compute_out's source loop, chunk_state's and state_pass='serial''s position loop) "
+               "written tl.range(..., warp_specialize=True): Triton splits the program into a producer warpgroup "
+               "issuing the loop's TMA copies and consumer warpgroups doing the math (impls/triton/warp_spec.py). "
+               "Needs tma=True, cb_mode='inline', occupancy 0, not fuse_state_out, operand_swap=False with "
+               "state_pass='serial', and with fp32 inputs cb_precision='tf32' (ValueError naming what is missing); "
+               "a kernel the compiler does not specialise raises instead of running unspecialised. The interpreter "
+               "runs the loop's math only. Off by default",
+        sm90="Triton 3.6's Hopper warp specialisation (experimental there: the tl.range docs say Blackwell): 12 "
+             "warps at num_warps=4 (one producer, two consumer warpgroups), setmaxnreg per warpgroup; cuTile's "
+             "compiler warp-specialises every kernel on its own",
+        sm100="the same loop attribute; on Blackwell Triton's warp specialisation is the documented path",
+        needs={"tma": True, "tma_descriptors": "host"})
     tuning: str = switch("auto", "where launch configurations come from (impls/tuning.py modes)", choices=MODES)
     # Launch sizes: 0 = from tuning (as in the cuTile backend); a value pins that field wherever it applies.
     block_rows: int = switch(0, "compute_out: chunk rows (output positions) per program; 0 = from tuning",
@@ -144,5 +157,5 @@ def _code_switches(switches: TritonSwitches, _types: tuple) -> tuple[tuple[str, 
     return tuple((k, v) for k, v in dataclasses.asdict(switches).items()
             if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
             # in the key only when on: records found without them keep their keys
-            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first") and v)
+            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first", "warp_specialize") and v)
             or (k == "tma_descriptors" and v != "device"))

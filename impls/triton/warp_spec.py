@@ -1,0 +1,85 @@
+"""Switch warp_specialize: the MMA loops written `tl.range(..., warp_specialize=True)`, and what Triton 3.6 makes of
+it, so that the switch either runs as asked or raises.
+
+On sm_90, Triton 3.6's Hopper pass splits such a program into a producer warpgroup that issues the loop's
+tensor-descriptor (TMA) copies and consumer warpgroups that do the math, rebalancing registers between them with
+`setmaxnreg` — the arrangement tileiras gives every cuTile kernel without being asked. Compiled on the CPU
+(`impls/triton/aot.py`, docs/triton-switches.md) it does so only in part of the space:
+- a loop with pointer loads (tma off, compute_out's cb_mode='shared') fails to compile: refused before compiling;
+- fp32 at input_precision 'ieee' and num_warps 8 compile to a kernel that is not warp-specialised, with no error;
+- a 128-row compute_out tile and state_pass='serial' with operand_swap fail to compile.
+So the backend refuses what is known not to compile, names the switch when the compiler fails anyway, and checks
+that every kernel it launched with the switch is warp-specialised (`setmaxnreg` in its PTX), raising otherwise. The
+Triton interpreter (CPU tensors) runs the loop's math only: the switch changes nothing there.
+"""
+
+from __future__ import annotations
+
+import triton
+
+from impls.triton.target import interpreting
+
+SWITCH = "switch warp_specialize of backend 'triton'"
+_SPECIALISED: dict[str, bool] = {}  # compiled kernel hash -> warp-specialised
+
+
+def refusal(switches) -> str | None:
+    """Why these switches cannot run with warp_specialize (None when they can, or when it is off)."""
+    if not switches.warp_specialize:
+        return None
+    if not switches.tma:
+        return (f"{SWITCH}: Triton 3.6 warp-specialises loops whose loads are tensor-descriptor loads only (pointer "
+                "loads fail to compile); set tma=True (and tma_descriptors='host' for cuTile's arrangement)")
+    if switches.cb_mode == "shared":
+        return (f"{SWITCH}: cb_mode='shared' reads C·Bᵀ through pointers inside compute_out's loop, which "
+                "Triton 3.6 cannot warp-specialise; use cb_mode='inline'")
+    if switches.fuse_state_out:
+        return f"{SWITCH}: the fused kernel (fuse_state_out) is not written with it; turn one of them off"
+    if switches.occupancy:
+        return (f"{SWITCH}: the warp-specialised kernels set their own registers per warpgroup (setmaxnreg); "
+                f"occupancy={switches.occupancy} (a maxnreg cap for num_warps warps) cannot apply; leave it at 0")
+    if switches.state_pass == "serial" and switches.operand_swap:
+        return (f"{SWITCH}: state_pass='serial' with operand_swap does not compile warp-specialised in Triton 3.6; "
+                "set operand_swap=False")
+    return None
+
+
+def check_precision(switches, dot_precision: str) -> None:
+    """fp32 inputs at input_precision 'ieee' (cb_precision='fp32') compile without warp specialisation: refused."""
+    if switches.warp_specialize and dot_precision == "ieee":
+        raise ValueError(f"{SWITCH}: fp32 inputs with cb_precision='fp32' (no tensor cores) compile to a kernel "
+                         "that is not warp-specialised; use cb_precision='tf32' or turn warp_specialize off")
+
+
+def launch(kernel, grid, *args, ws: bool, what: str, **kwargs):
+    """kernel[grid](*args, **kwargs); with ws, a compiler failure is re-raised naming the switch and the stage, and
+    the compiled kernel must be warp-specialised (RuntimeError otherwise)."""
+    if not ws or interpreting():
+        return kernel[grid](*args, **kwargs)
+    try:
+        compiled = kernel[grid](*args, **kwargs)
+    except Exception as exc:
+        if not _compile_failure(exc):
+            raise
+        raise RuntimeError(f"{SWITCH}: Triton {triton.__version__} could not compile {what} warp-specialised "
+                           f"(num_warps={kwargs.get('num_warps')}, num_stages={kwargs.get('num_stages')}): "
+                           f"{str(exc).strip().splitlines()[-1][:200]}") from exc
+    if not specialised(compiled):
+        raise RuntimeError(f"{SWITCH}: Triton {triton.__version__} compiled {what} without warp specialisation "
+                           f"(num_warps={kwargs.get('num_warps')}; it specialises at num_warps=4 only); the result "
+                           "is not returned")
+    return compiled
+
+
+def specialised(compiled) -> bool:
+    """Whether a compiled kernel is warp-specialised: its PTX rebalances registers between warpgroups."""
+    key = compiled.hash
+    if key not in _SPECIALISED:
+        _SPECIALISED[key] = "setmaxnreg" in compiled.asm["ptx"]
+    return _SPECIALISED[key]
+
+
+def _compile_failure(exc: Exception) -> bool:
+    from triton.compiler.errors import CompilationError
+
+    return isinstance(exc, CompilationError) or "PassManager::run failed" in str(exc)
