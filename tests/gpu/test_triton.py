@@ -3,10 +3,10 @@ plus the 1,048,576-token problem checked on sampled chunks and its final state.
 
 Variants: the defaults, each code switch off alone (cb_precision "fp32" is its "off"), all off, and the switches
 that are off by default turned on (cb_mode shared, decay_factor, tma (descriptors made in the kernel or on the
-host), fuse_state_out, heads_per_tile 2, heads_first, occupancy, some together), and stage 2 as one serial kernel
-(state_pass serial). Cases: the headline S1 shape and shapes covering the contract (seqlen not a multiple of
-chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens, initial states + z + per-channel D + fp32 states, per-head
-D with x and z as strided views of one fused projection, headdim/dstate not powers of two). Outputs are
+host), fuse_state_out, heads_per_tile 2, heads_first, occupancy, warp_specialize, some together), and stage 2 as
+one serial kernel (state_pass serial). Cases: the headline S1 shape and shapes covering the contract (seqlen not a
+multiple of chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens, initial states + z + per-channel D + fp32
+states, per-head D with x and z as strided views of one fused projection, headdim/dstate not powers of two). Outputs are
 NaN-poisoned (tests.common uses impls.tolerance.poisoned_allocations). fp32 with cb_precision "tf32" is held to the
 tf32 tolerance.
 
@@ -72,7 +72,14 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "tma-host-no-swap": {"tma": True, "tma_descriptors": "host", "operand_swap": False},
             "tma-host-no-transposed": {"tma": True, "tma_descriptors": "host", "transposed_layout": False},
             "tma-host-heads2-decay_factor": {"tma": True, "tma_descriptors": "host", "heads_per_tile": 2,
-                                             "decay_factor": True}}
+                                             "decay_factor": True},
+            "ws-host": {"tma": True, "tma_descriptors": "host", "warp_specialize": True},
+            "ws-host-no-swap": {"tma": True, "tma_descriptors": "host", "warp_specialize": True,
+                                "operand_swap": False},
+            "ws-host-serial-heads2-heads_first": {"tma": True, "tma_descriptors": "host", "warp_specialize": True,
+                                                  "state_pass": "serial", "operand_swap": False,
+                                                  "heads_per_tile": 2, "heads_first": True},
+            "ws-device-decay_factor": {"tma": True, "warp_specialize": True, "decay_factor": True}}
 
 
 
@@ -100,7 +107,8 @@ def _skip(case, variant):
                                                                                   "decay_factor", "tma", "fused",
                                                                                   "fused-tma", "heads2",
                                                                                   "heads_first-heads2",
-                                                                                  "state_pass-serial", "tma-host")
+                                                                                  "state_pass-serial", "tma-host",
+                                                                                  "ws-host")
 
 
 @pytest.mark.parametrize("case,variant,dtype", switch_variant_params(CASES, VARIANTS, skip=_skip))
@@ -108,6 +116,21 @@ def test_triton_matches_float64(case, variant, dtype, request):
     backend = _backend(**VARIANTS[variant])
     assert_matches_float64(backend, CASES[case], dtype, f"triton {case} {variant} {dtype}",
                            fused_views=case.startswith("Dhead-noncontig"))
+
+
+def test_warp_specialize_raises_where_the_compiler_does_not_specialise():
+    """At num_warps=8 Triton 3.6 compiles the warp_specialize loops unspecialised: the backend raises instead of
+    returning a result of the kernel it was not asked for; at num_warps=4 every launched kernel is specialised."""
+    from impls.triton import warp_spec
+
+    inputs = make_inputs(Problem(SMALL), device="cuda", seed=3, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="without warp specialisation"):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=_backend(tma=True, tma_descriptors="host",
+                                                                      warp_specialize=True, num_warps=8))
+    out = impls.ssd_forward(**inputs.forward_kwargs(), backend=_backend(tma=True, tma_descriptors="host",
+                                                                        warp_specialize=True, num_warps=4))
+    assert rel_err(out.y, float64_forward(inputs).y) <= tolerance(torch.bfloat16)
+    assert warp_spec._SPECIALISED and all(warp_spec._SPECIALISED.values())
 
 
 def test_search_then_record_on_gpu(tmp_path, monkeypatch, request):
