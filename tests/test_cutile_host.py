@@ -31,3 +31,24 @@ def test_absent_inputs_share_one_stand_in_per_dtype_and_rank():
     assert a is b and a.shape == (1,) and a.dtype == torch.float32
     c = common.dummy("cpu", torch.int32, ndim=2)
     assert c is not a and c.shape == (1, 1) and c.dtype == torch.int32
+
+
+@pytest.mark.parametrize("head_loop, heads_per_group, walked", [(16, 8, 8), (4, 8, 4), (8, 8, 8)],
+                         ids=["loop-longer-than-group", "loop-shorter", "loop-equal"])
+def test_head_loop_rows_record_the_heads_a_program_walks(monkeypatch, head_loop, heads_per_group, walked):
+    """Switch head_loop longer than a group's heads: the program walks the group's heads, and what the rows record
+    (describe()['stages']['compute_out']['head_loop_heads']) says so; launches stubbed, no GPU."""
+    from impls.cutile.backend import CutileBackend
+
+    launched = []
+    monkeypatch.setattr(common, "launch", launched.append)
+    monkeypatch.setattr(CutileBackend, "available", classmethod(lambda cls: (True, "")))
+    be = CutileBackend(head_loop=head_loop, tuning="fallback")
+    ngroups, chunk = 2, 64
+    x = torch.empty(1, 128, ngroups * heads_per_group, 64, dtype=torch.bfloat16)
+    B = torch.empty(1, 128, ngroups, 32, dtype=torch.bfloat16)
+    dt = torch.empty(1, x.shape[2], 2, chunk)
+    states = torch.empty(1, 2, x.shape[2], 64, 32, dtype=torch.bfloat16)
+    be.compute_out(B, B, x, dt, dt, states, None, None, None)
+    assert be.describe()["stages"]["compute_out"]["head_loop_heads"] == walked
+    assert launched and launched[-1].kernel._pyfunc.__name__ == "compute_out_head_loop_kernel"

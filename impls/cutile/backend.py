@@ -145,6 +145,8 @@ class CutileBackend(Backend):
             return mod.run(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, self.switches, cfg)
 
         cfg = self._config("compute_out", label, x.dtype, x.device, make, x.shape[2] // B.shape[2], run)
+        if self.switches.head_loop:  # what ran: a program walks at most its group's heads, fewer than the loop's
+            self._sources["compute_out"]["head_loop_heads"] = min(self.switches.head_loop, x.shape[2] // B.shape[2])
         return mod.run(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, self.switches, cfg)
 
     # --- the fused arrangement (switch fuse_state_out): chunk_cumsum, then stages 2 and 3 in one kernel ----------
