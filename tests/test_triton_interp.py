@@ -641,6 +641,31 @@ def test_kernels_compile_for_sm90():
     assert all(("WS=True" in line) == ("warp_specialized=yes" in line) for line in result.stdout.splitlines())
 
 
+def _spills(*switches: str) -> list[list[str]]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "impls.triton.spills", "--shapes", "S1", "--switch", *switches],
+                            capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parent.parent,
+                            timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [line.split() for line in result.stdout.splitlines() if line.startswith("S1 ")]
+
+
+def test_triton_spills_reads_the_kernels_the_backend_launches():
+    """`python -m impls.triton.spills` compiles what the stage calls launch (the backend's own constexprs and
+    configs, sm_90, no GPU): cuTile's arrangement at cuTile's S1 tiles with its occupancy 3 caps registers at 168
+    and spills in both kernels; warp_specialize (occupancy 0) runs 12 warps, warp-specialised, without spills at one
+    head per program (docs/perf-notes.md, version 15)."""
+    arm = ["tma=True", "tma_descriptors=host", "state_pass=serial", "operand_swap=False", "block_dstate=128",
+           "block_rows=64", "block_positions=64", "block_headdim=64"]
+    capped = {row[1]: row for row in _spills(*arm, "heads_per_tile=2", "occupancy=3")}
+    assert set(capped) == {"serial_state_kernel", "compute_out_kernel"}
+    for row in capped.values():  # shape kernel regs LDL STL warps smem WS config...
+        assert row[2] == "168" and int(row[3]) > 0 and int(row[4]) > 0 and row[5] == "4" and row[7] == "no", row
+    ws = {row[1]: row for row in _spills(*arm, "heads_per_tile=1", "warp_specialize=True")}
+    for row in ws.values():
+        assert row[3:6] == ["0", "0", "12"] and row[7] == "yes", row
+
+
 def test_what_triton_cannot_express_is_shown_by_the_compiler():
     """The evidence docs/triton-switches.md quotes: a latency hint on tl.load is a compile error; an occupancy
     compile option is dropped without a trace in the PTX; maxnreg (the occupancy switch's means) reaches it; a
