@@ -138,8 +138,8 @@ def report(shapes=HEADLINE_SHAPES, switches: dict | None = None, tuning: str = "
 
 
 def format_table(rows: list[KernelFacts]) -> str:
-    lines = [f"{'shape':5} {'kernel':22} {'regs':>4} {'LDL':>4} {'STL':>4} {'warps':>5} {'smem B':>7} {'WS':>3}  config",
-             "-" * 110]
+    head = f"{'shape':5} {'kernel':22} {'regs':>4} {'LDL':>4} {'STL':>4} {'warps':>5} {'smem B':>7} {'WS':>3}  config"
+    lines = [head, "-" * 110]
     for r in rows:
         config = ", ".join(f"{k}={v}" for k, v in sorted(r.config.items()))
         lines.append(f"{r.shape:5} {r.kernel:22} {r.registers:4d} {r.ldl:4d} {r.stl:4d} {r.warps:5d} {r.shared:7d} "
