@@ -5,8 +5,8 @@ differs from what the rows give.
 
 Per shape (S1-S4) and stage:
 - *language*: cuTile as shipped (its tuned tiles) next to Triton in cuTile's arrangement at cuTile's tuned tiles
-  (conf/lvt/triton_<stage>.yaml: the point whose occupancy is that stage's; chunk_cumsum and the forward from
-  the compute_out point), their ratio, and each language at its defaults and with every trick off;
+  (conf/lvt/triton_cutile_tiles.yaml: one point, each MMA stage at its cuTile record's occupancy), their ratio,
+  and each language at its defaults and with every trick off;
 - *trick*: each trick's effect in each language, time without it / time with it - 1 (positive: the trick helps):
   for a trick on by default the ablation point "<trick>" against the defaults, for one off by default the
   defaults against the point "<trick>:True" (tests/test_language_vs_trick.py checks both on synthetic rows); for a
@@ -40,9 +40,8 @@ MATCHED, PARTS = "language_vs_trick", {"cutile": "language_vs_trick_cutile", "tr
 EXPERIMENTS = (MATCHED, *PARTS.values())
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
 SHAPES = ("S1", "S2", "S3", "S4")
-# the Triton point at cuTile's tiles each stage's row reads (Triton's occupancy switch is not per stage)
-TRITON_ARM = {"chunk_cumsum": "triton_compute_out", "fwd_pass_state": "triton_fwd_pass_state",
-              "compute_out": "triton_compute_out", "forward": "triton_compute_out"}
+# the Triton point at cuTile's tiles (each stage at its cuTile record's occupancy: occupancy and state_occupancy)
+TRITON_ARM = "triton_cutile_tiles"
 
 
 # tricks whose point is an arm of the first part (two switches at once): (language, arm, the point of the language's
@@ -105,18 +104,6 @@ def _point(t: pd.DataFrame, sweep: str, backend: str, shape: str, ablation: str 
     return t[sel]
 
 
-def _triton_at_cutile_tiles(t: pd.DataFrame, shape: str, stage: str) -> pd.DataFrame:
-    """The Triton point of conf/lvt/<TRITON_ARM[stage]>; where the two Triton arms pin the same switches (equal
-    occupancies) the sweep stores one point once, and that one serves both."""
-    rows = _point(t, MATCHED, "triton", shape, arm=TRITON_ARM[stage])
-    if rows.empty:
-        others = _point(t, MATCHED, "triton", shape)
-        others = others[others["arm"].isin(set(TRITON_ARM.values()))]
-        if others["switches"].nunique() == 1:
-            return others
-    return rows
-
-
 def language_table(w: pd.DataFrame) -> pd.DataFrame:
     """Per (shape, stage): median ms of cuTile tuned and Triton at cuTile's tiles, their ratio, and each language
     at its defaults and all-off."""
@@ -125,7 +112,7 @@ def language_table(w: pd.DataFrame) -> pd.DataFrame:
     for shape in SHAPES:
         for stage in STAGES:
             cutile = _median(_point(t, MATCHED, "cutile", shape, arm="cutile"), stage)
-            triton = _median(_triton_at_cutile_tiles(t, shape, stage), stage)
+            triton = _median(_point(t, MATCHED, "triton", shape, arm=TRITON_ARM), stage)
             out.append({
                 "shape": shape, "stage": stage, "cuTile tuned ms": cutile, "Triton at cuTile's tiles ms": triton,
                 "Triton / cuTile": triton / cutile,

@@ -30,20 +30,16 @@ def _point(backend, shape, sweep, ms_scale, ablation="none", arm=None, switches=
 
 @pytest.fixture
 def synthetic(tmp_path):
-    """S1 and S2: cuTile 1.0, Triton at cuTile's tiles 1.5 (fwd arm 1.2); tricks: cuTile tma off 1.1x slower,
+    """S1 and S2: cuTile 1.0, Triton at cuTile's tiles 1.5; tricks: cuTile tma off 1.1x slower,
     Triton exp2 off 1.25x slower, Triton tma on 2x slower, with host descriptors 1.6x faster than tma on (2.5 vs 4.0),
-    warp_specialize on top of those 1.25x faster (2.0 vs 2.5);
-    S2 has one Triton arm point at cuTile's tiles (equal pins)."""
+    warp_specialize on top of those 1.25x faster (2.0 vs 2.5)."""
     parts = {name: [] for name in lvt.EXPERIMENTS}
     for shape in ("S1", "S2"):
         parts[lvt.MATCHED] += _point("cutile", shape, lvt.MATCHED, 1.0, arm="cutile")
-        parts[lvt.MATCHED] += _point("triton", shape, lvt.MATCHED, 1.5, arm="triton_compute_out",
-                                     switches={"occupancy": 3})
+        parts[lvt.MATCHED] += _point("triton", shape, lvt.MATCHED, 1.5, arm="triton_cutile_tiles",
+                                     switches={"occupancy": 3, "state_occupancy": 2})
         parts[lvt.MATCHED] += _point("triton", shape, lvt.MATCHED, 2.5, arm="triton_tma_host",
                                      switches={"tma": True, "tma_descriptors": "host"})
-        if shape == "S1":
-            parts[lvt.MATCHED] += _point("triton", shape, lvt.MATCHED, 1.2, arm="triton_fwd_pass_state",
-                                         switches={"occupancy": 2})
         c, t = lvt.PARTS["cutile"], lvt.PARTS["triton"]
         for job, (ablation, scale) in enumerate((("none", 1.0), ("tma", 1.1), ("all_off", 1.3))):
             parts[c] += _point("cutile", shape, c, scale, ablation, job=job)
@@ -65,8 +61,7 @@ def test_language_table_on_synthetic_rows(synthetic):
     t = lvt.language_table(lvt.load(synthetic)).set_index(["shape", "stage"])
     s1 = t.loc[("S1", "compute_out")]
     assert s1["cuTile tuned ms"] == pytest.approx(0.3) and s1["Triton / cuTile"] == pytest.approx(1.5)
-    assert t.loc[("S1", "fwd_pass_state"), "Triton / cuTile"] == pytest.approx(1.2)  # the fwd arm's point
-    assert t.loc[("S2", "fwd_pass_state"), "Triton / cuTile"] == pytest.approx(1.5)  # one point serves both
+    assert t.loc[("S1", "fwd_pass_state"), "Triton / cuTile"] == pytest.approx(1.5)  # one point, every stage
     assert t.loc[("S1", "forward"), "Triton defaults ms"] == pytest.approx(0.84)
     assert t.loc[("S2", "chunk_cumsum"), "cuTile all-off ms"] == pytest.approx(0.013)
     assert math.isnan(t.loc[("S3", "compute_out"), "cuTile tuned ms"])  # no S3 rows: empty, not invented
@@ -141,9 +136,9 @@ def test_figure_draws_each_language_in_its_color(synthetic):
     assert bars and all(to_hex(p.get_facecolor()) == palette.color(p.get_gid().split(":")[1]) for p in bars)
 
 
-@pytest.mark.parametrize("arm,stage", [("triton_compute_out", "compute_out"),
-                                       ("triton_fwd_pass_state", "fwd_pass_state")])
-def test_triton_arm_pins_cutiles_tiles(arm, stage):
+def test_triton_arm_pins_cutiles_tiles():
+    """One Triton point in cuTile's arrangement at cuTile's S3 tiles, each MMA stage at its record's occupancy."""
+    arm = "triton_cutile_tiles"
     from hydra import compose, initialize_config_dir
     from omegaconf.errors import OmegaConfBaseException
 
@@ -157,9 +152,13 @@ def test_triton_arm_pins_cutiles_tiles(arm, stage):
         out, fwd = cutile_tiles.tuned("S3", "compute_out"), cutile_tiles.tuned("S3", "fwd_pass_state")
         assert (sw.block_rows, sw.heads_per_tile, sw.block_dstate) == (out["block_rows"], out["heads_per_tile"],
                                                                        fwd["block_dstate"])
-        assert sw.occupancy == cutile_tiles.tuned("S3", stage)["occupancy"] and sw.operand_swap is False
-        assert sw.block_headdim == cutile_tiles.tuned("S3", stage)["block_headdim"] and sw.tma is True
-        # stage 2 as cuTile arranges it, descriptors built on the host, in both arms
+        assert (sw.occupancy, sw.state_occupancy) == (out["occupancy"], fwd["occupancy"])
+        assert sw.operand_swap is False and sw.tma is True
+        # one block_headdim switch serves both MMA stages: the two records agree on it at every headline shape
+        assert sw.block_headdim == out["block_headdim"]
+        assert all(cutile_tiles.tuned(s, "compute_out")["block_headdim"] ==
+                   cutile_tiles.tuned(s, "fwd_pass_state")["block_headdim"] for s in lvt.SHAPES)
+        # stage 2 as cuTile arranges it, descriptors built on the host
         assert (sw.state_pass, sw.tma_descriptors) == ("serial", "host")
         # OmegaConf wraps the resolver's ConfigError; the message names the record file and key
         with pytest.raises((conf.ConfigError, OmegaConfBaseException), match="no cuTile record for compute_out"):

@@ -571,6 +571,23 @@ def test_pinned_switches_override_and_report():
     assert stages["chunk_cumsum"]["config"] == {"block_heads": 4, "num_warps": 2}
 
 
+@pytest.mark.parametrize("state_pass", ["chunk_parallel", "serial"])
+def test_state_occupancy_pins_stage_2_only(state_pass):
+    """state_occupancy sets stage 2's occupancy (chunk_state's launch fields, which the serial kernel takes too)
+    over the shared occupancy switch, as cuTile's records tune it per stage; compute_out keeps occupancy's; the
+    forward still matches float64."""
+    backend = get_backend("triton", occupancy=3, state_occupancy=2, state_pass=state_pass, tuning="fallback")
+    inputs = make_inputs(Problem(SMALL), seed=15, dtype=torch.float32)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, torch.float32), errors
+    stages = backend.describe()["stages"]
+    assert stages["chunk_state"]["config"]["occupancy"] == 2 and stages["compute_out"]["config"]["occupancy"] == 3
+    with pytest.raises(ValueError, match="state_occupancy of backend 'triton': fuse_state_out"):
+        get_backend("triton", fuse_state_out=True, state_occupancy=2)
+    with pytest.raises(ValueError, match="warp_specialize.*state_occupancy=2"):
+        get_backend("triton", tma=True, warp_specialize=True, state_occupancy=2)
+
+
 def test_search_space_respects_pins_and_clamps():
     dims = {"nheads": 4, "chunk": 32, "headdim": 16, "dstate": 16}
     space = search_space("compute_out", {"num_warps": 4}, dims)

@@ -55,6 +55,9 @@ class TritonBackend(Backend):
             raise ValueError("switch state_pass of backend 'triton': fuse_state_out=True runs stage 2 inside the fused "
                              f"kernel, so state_pass={self.switches.state_pass!r} would be recorded without running "
                              "(leave it at its default or turn fuse_state_out off)")
+        if self.switches.fuse_state_out and self.switches.state_occupancy:
+            raise ValueError("switch state_occupancy of backend 'triton': fuse_state_out=True runs stage 2 inside the "
+                             "fused kernel (its occupancy is `occupancy`'s); leave state_occupancy at 0")
         if self.switches.tma_descriptors == "host" and not self.switches.tma:
             raise ValueError("switch tma_descriptors='host' of backend 'triton': it says where tma's descriptors are "
                              "made; with tma=False there are none (set tma=True, or leave tma_descriptors='device')")

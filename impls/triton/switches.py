@@ -143,6 +143,11 @@ class TritonSwitches:
         choices=(0, 1, 2, 3, 4),
         sm90="PTX .maxnreg on the kernel (Triton 3.6 has no .minnctapersm; an `occupancy=` compile option is "
              "ignored without an error, docs/triton-switches.md)")
+    state_occupancy: int = switch(
+        0, "stage 2's occupancy where it differs from compute_out's: N > 0 pins chunk_state's (the local-state "
+           "kernel, or state_pass='serial''s kernel) occupancy to N over the `occupancy` switch, as cuTile's "
+           "records tune occupancy per stage; 0 = stage 2 takes `occupancy` (or tuning) like the other MMA kernels",
+        choices=(0, 1, 2, 3, 4))
 
 
 def code_switches(switches: TritonSwitches) -> dict[str, Any]:

@@ -35,9 +35,11 @@ def refusal(switches) -> str | None:
                 "Triton 3.6 cannot warp-specialise; use cb_mode='inline'")
     if switches.fuse_state_out:
         return f"{SWITCH}: the fused kernel (fuse_state_out) is not written with it; turn one of them off"
-    if switches.occupancy:
-        return (f"{SWITCH}: the warp-specialised kernels set their own registers per warpgroup (setmaxnreg); "
-                f"occupancy={switches.occupancy} (a maxnreg cap for num_warps warps) cannot apply; leave it at 0")
+    for name in ("occupancy", "state_occupancy"):
+        if getattr(switches, name):
+            return (f"{SWITCH}: the warp-specialised kernels set their own registers per warpgroup (setmaxnreg); "
+                    f"{name}={getattr(switches, name)} (a maxnreg cap for num_warps warps) cannot apply; leave it "
+                    "at 0")
     if switches.state_pass == "serial" and switches.operand_swap:
         return (f"{SWITCH}: state_pass='serial' with operand_swap does not compile warp-specialised in Triton 3.6; "
                 "set operand_swap=False")
