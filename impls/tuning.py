@@ -24,6 +24,8 @@ here, the same for every backend:
 4. the search: every config of the declared space timed by the backend's kernel-only timer (else the whole stage
    with do_bench's median); then the fastest CONFIRM_TOP (plus `Tunable.candidates`' extras) timed again as whole
    stages (do_bench median) and the fastest stage wins — a kernel-only timer can leave kernels of the stage out.
+   A config that fails to compile or launch, or whose whole stage writes NaN/Inf on the call's finite inputs
+   (`nonfinite_output`), is a failure of the record, never a winner.
    A backend with its own autotuner (TileGym) passes `Tunable.own_search` instead: what it chose is stored the
    same way.
 5. the record stored, atomically: config, search space and its hash, versions, date, every measured config,
@@ -323,8 +325,11 @@ def _measure(t: Tunable, today: dict, resume: bool) -> tuple[list[dict], list[di
             continue
         try:
             m = timer(cfg)
+            bad = nonfinite_output(t.run, cfg)
+            if bad:
+                raise ArithmeticError(bad)
             measurements.append({"config": cfg, **(m if isinstance(m, dict) else {"us": round(m, 2)})})
-        except Exception as exc:  # a config that does not compile, fit or launch
+        except Exception as exc:  # a config that does not compile, fit or launch, or writes NaN/Inf
             failures.append({"config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
         measured.append(cfg)
         _save_partial(t, today, measurements, failures)
@@ -334,6 +339,28 @@ def _measure(t: Tunable, today: dict, resume: bool) -> tuple[list[dict], list[di
         raise RuntimeError(f"tuning {t.backend}/{t.stage}: no config of the search space ran; first failure: "
                            f"{failures[0] if failures else 'none tried'}")
     return measurements, failures
+
+
+def nonfinite_output(run: Callable[[dict], Any] | None, cfg: dict) -> str:
+    """Why the stage's output under `cfg` cannot be kept ("" when every floating element is finite, or when there is
+    no whole-stage call to ask): a config the compiler gets wrong (a warpgroup MMA left running while its register
+    operand is overwritten writes NaN/Inf rows on sm_90, as vLLM's chunk-scan autotuner records of Triton) must not
+    win the search on its speed. The search's inputs are the call's own, finite."""
+    if run is None:
+        return ""
+    import torch
+
+    stack = [run(cfg)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            if item.is_floating_point() and not bool(torch.isfinite(item).all()):
+                return f"non-finite values in the stage's output, shape {tuple(item.shape)} (a miscompiled config?)"
+        elif isinstance(item, (tuple, list)):
+            stack.extend(item)
+        elif hasattr(item, "__dataclass_fields__"):
+            stack.extend(getattr(item, f) for f in item.__dataclass_fields__)
+    return ""
 
 
 def confirm_candidates(ranked: list[dict], extra: Callable[[list[dict]], list[dict]] | None = None) -> list[dict]:

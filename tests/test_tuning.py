@@ -150,6 +150,27 @@ def test_failing_configs_are_recorded_and_the_rest_searched():
     assert {m["config"]["block"] for m in record["measurements"]} == {32, 128}
 
 
+def test_a_config_that_writes_nan_cannot_win_the_search():
+    """The fastest config (64 by the kernel timer) returns NaN rows from the whole stage (a miscompile): it is
+    recorded as a failure, the search picks among the others."""
+    import torch
+
+    class NanAt64(Fake):
+        def run(self, cfg):
+            super().run(cfg)
+            y = torch.ones(4, 8)
+            if cfg["block"] == 64:
+                y[1] = float("nan")
+            return (y, [torch.zeros(2)])
+
+    fake = NanAt64()
+    res = tuning.resolve(_tunable("search", fake))
+    record = tuning.lookup("b", "s", GPU, "k")
+    assert [f["config"] for f in record["failures"]] == [{"block": 64}]
+    assert "ArithmeticError: non-finite values in the stage's output, shape (4, 8)" in record["failures"][0]["error"]
+    assert res.config == {"block": 128} and {m["config"]["block"] for m in record["measurements"]} == {32, 128}
+
+
 def test_nothing_runs_raises_with_the_first_failure():
     def timer(cfg):
         raise RuntimeError("no kernel")
