@@ -676,8 +676,9 @@ def test_triton_spills_reads_the_kernels_the_backend_launches():
            "block_rows=64", "block_positions=64", "block_headdim=64"]
     capped = {row[1]: row for row in _spills(*arm, "heads_per_tile=2", "occupancy=3")}
     assert set(capped) == {"serial_state_kernel", "compute_out_kernel"}
-    for row in capped.values():  # shape kernel regs LDL STL warps smem WS config...
+    for row in capped.values():  # shape kernel regs LDL STL warps smem WS MMA-in-flight config...
         assert row[2] == "168" and int(row[3]) > 0 and int(row[4]) > 0 and row[5] == "4" and row[7] == "no", row
+        assert row[8] == "0", row  # every warpgroup MMA waited for before its register operand is rewritten
     ws = {row[1]: row for row in _spills(*arm, "heads_per_tile=1", "warp_specialize=True")}
     for row in ws.values():
         assert row[3:6] == ["0", "0", "12"] and row[7] == "yes", row

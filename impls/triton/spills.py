@@ -10,8 +10,9 @@ kernel (`JITFunction.run` with warmup: `triton.compile` for the target, ptxas in
 launch configuration is resolved as on an NVIDIA H200 (`--tuning fallback`: the sm_90 fallback clamped to the
 shape; `record`: the committed record where its stack matches this one). Launch switches pin fields as usual
 (`--switch block_dstate=128 heads_per_tile=2 occupancy=3`). For each kernel launched, one row: registers per thread
-and local-memory loads/stores in the SASS (cuobjdump: LDL/STL, the spill traffic), warps per program, shared memory
-and whether it is warp-specialised (setmaxnreg in the PTX; switch warp_specialize). The process must not run under
+and local-memory loads/stores in the SASS (cuobjdump: LDL/STL, the spill traffic), warps per program, shared memory,
+whether it is warp-specialised (setmaxnreg in the PTX; switch warp_specialize) and the most warpgroup MMAs left in
+flight at a wait (MMA; `mma_in_flight`). The process must not run under
 the interpreter (TRITON_INTERPRET unset); it changes Triton's driver for the rest of the process, so run it as a
 command or in a subprocess. docs/perf-notes.md (version 15) quotes its tables.
 """
@@ -23,6 +24,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import sys
 
 import torch
@@ -43,6 +45,7 @@ class KernelFacts:
     warps: int
     shared: int  # bytes per program
     warp_specialized: bool
+    mma_in_flight: int  # most warpgroup MMA groups left running at a wait (PTX wgmma.wait_group N; 0 = none)
     config: dict
 
 
@@ -131,19 +134,28 @@ def report(shapes=HEADLINE_SHAPES, switches: dict | None = None, tuning: str = "
                 ldl, stl = count_spills(aot.sass(kernel.asm["cubin"]))
                 stage = {"chunk_state_kernel": "chunk_state", "serial_state_kernel": "chunk_state",
                          "state_passing_kernel": "state_passing"}.get(name, "compute_out")
+                ptx = kernel.asm["ptx"]
                 rows.append(KernelFacts(shape_name, name, aot.resource_usage(kernel.asm["cubin"])["REG"], ldl, stl,
-                                        kernel.metadata.num_warps, kernel.metadata.shared,
-                                        "setmaxnreg" in kernel.asm["ptx"], stages[stage]["config"]))
+                                        kernel.metadata.num_warps, kernel.metadata.shared, "setmaxnreg" in ptx,
+                                        mma_in_flight(ptx), stages[stage]["config"]))
     return rows
 
 
+def mma_in_flight(ptx: str) -> int:
+    """The most warpgroup MMA groups the kernel leaves running at any wait (`wgmma.wait_group.sync.aligned N`): above
+    0, an MMA may still read its register operand while the loop's next iteration writes it (the sm_90 miscompile
+    vLLM's chunk-scan autotuner drops configs for)."""
+    return max((int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)), default=0)
+
+
 def format_table(rows: list[KernelFacts]) -> str:
-    head = f"{'shape':5} {'kernel':22} {'regs':>4} {'LDL':>4} {'STL':>4} {'warps':>5} {'smem B':>7} {'WS':>3}  config"
+    head = (f"{'shape':5} {'kernel':22} {'regs':>4} {'LDL':>4} {'STL':>4} {'warps':>5} {'smem B':>7} {'WS':>3} "
+            f"{'MMA':>3}  config")
     lines = [head, "-" * 110]
     for r in rows:
         config = ", ".join(f"{k}={v}" for k, v in sorted(r.config.items()))
         lines.append(f"{r.shape:5} {r.kernel:22} {r.registers:4d} {r.ldl:4d} {r.stl:4d} {r.warps:5d} {r.shared:7d} "
-                     f"{'yes' if r.warp_specialized else 'no':>3}  {config}")
+                     f"{'yes' if r.warp_specialized else 'no':>3} {r.mma_in_flight:3d}  {config}")
     return "\n".join(lines)
 
 
