@@ -678,10 +678,30 @@ def test_triton_spills_reads_the_kernels_the_backend_launches():
     assert set(capped) == {"serial_state_kernel", "compute_out_kernel"}
     for row in capped.values():  # shape kernel regs LDL STL warps smem WS MMA-in-flight config...
         assert row[2] == "168" and int(row[3]) > 0 and int(row[4]) > 0 and row[5] == "4" and row[7] == "no", row
-        assert row[8] == "0", row  # every warpgroup MMA waited for before its register operand is rewritten
+        assert row[8] == "0", row  # no register operand of a running warpgroup MMA rewritten
     ws = {row[1]: row for row in _spills(*arm, "heads_per_tile=1", "warp_specialize=True")}
     for row in ws.values():
         assert row[3:6] == ["0", "0", "12"] and row[7] == "yes", row
+
+
+def test_a_register_operand_rewritten_under_a_running_mma_is_found():
+    """The static check behind the MMA column of impls.triton.spills, on hand-written SASS: a loop that packs the A
+    fragment of an HGMMA it leaves running across its back-edge (wait to 1) rewrites a running MMA's operand; the
+    same loop waiting to 0, or rotating four A blocks behind a wait to 3 as the serial kernel does, does not."""
+    from impls.triton.spills import mma_operand_hazards
+
+    def sass(*lines):
+        return "\n".join(f"        /*{0x100 + 16 * i:04x}*/   {line} ;" for i, line in enumerate(lines))
+
+    loop = ["F2FP.BF16.F32.PACK_AB R56, R23, R56", "HGMMA.64x64x16.F32.BF16 R24, R56, gdesc[UR16].tnspB, R24, gsb0"]
+    assert mma_operand_hazards(sass(*loop, "WARPGROUP.DEPBAR.LE gsb0, 0x1", "@P0 BRA 0x100")) == 1
+    assert mma_operand_hazards(sass(*loop, "WARPGROUP.DEPBAR.LE gsb0, 0x0", "@P0 BRA 0x100")) == 0
+    rotating = []
+    for a in (100, 88, 92, 96):
+        rotating += [f"LDS.128 R{a}, [R1]", f"HGMMA.64x128x16.F32.BF16 R24, R{a}, gdesc[UR8].tnspB, R24, gsb0",
+                     "WARPGROUP.DEPBAR.LE gsb0, 0x3"]
+    assert mma_operand_hazards(sass(*rotating, "@P6 BRA 0x100")) == 0
+    assert mma_operand_hazards(sass(*rotating[:-1], "WARPGROUP.DEPBAR.LE gsb0, 0x4", "@P6 BRA 0x100")) > 0
 
 
 def test_what_triton_cannot_express_is_shown_by_the_compiler():

@@ -11,10 +11,10 @@ launch configuration is resolved as on an NVIDIA H200 (`--tuning fallback`: the 
 shape; `record`: the committed record where its stack matches this one). Launch switches pin fields as usual
 (`--switch block_dstate=128 heads_per_tile=2 occupancy=3`). For each kernel launched, one row: registers per thread
 and local-memory loads/stores in the SASS (cuobjdump: LDL/STL, the spill traffic), warps per program, shared memory,
-whether it is warp-specialised (setmaxnreg in the PTX; switch warp_specialize) and the most warpgroup MMAs left in
-flight at a wait (MMA; `mma_in_flight`). The process must not run under
-the interpreter (TRITON_INTERPRET unset); it changes Triton's driver for the rest of the process, so run it as a
-command or in a subprocess. docs/perf-notes.md (version 15) quotes its tables.
+whether it is warp-specialised (setmaxnreg in the PTX; switch warp_specialize) and the writes onto the register
+operand of a warpgroup MMA that may still be running (MMA; `mma_operand_hazards`, 0 in a correct kernel). The
+process must not run under the interpreter (TRITON_INTERPRET unset); it changes Triton's driver for the rest of the
+process, so run it as a command or in a subprocess. docs/perf-notes.md (version 15) quotes its tables.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class KernelFacts:
     warps: int
     shared: int  # bytes per program
     warp_specialized: bool
-    mma_in_flight: int  # most warpgroup MMA groups left running at a wait (PTX wgmma.wait_group N; 0 = none)
+    mma_hazards: int  # register writes onto the operand of a warpgroup MMA that may still run (0 = none)
     config: dict
 
 
@@ -131,21 +131,69 @@ def report(shapes=HEADLINE_SHAPES, switches: dict | None = None, tuning: str = "
             _forward_stages(backend, load_shape(shape_name), getattr(torch, dtype))
             stages = backend.describe()["stages"]
             for name, kernel in compiled[start:]:
-                ldl, stl = count_spills(aot.sass(kernel.asm["cubin"]))
+                sass = aot.sass(kernel.asm["cubin"])
+                ldl, stl = count_spills(sass)
                 stage = {"chunk_state_kernel": "chunk_state", "serial_state_kernel": "chunk_state",
                          "state_passing_kernel": "state_passing"}.get(name, "compute_out")
                 ptx = kernel.asm["ptx"]
                 rows.append(KernelFacts(shape_name, name, aot.resource_usage(kernel.asm["cubin"])["REG"], ldl, stl,
                                         kernel.metadata.num_warps, kernel.metadata.shared, "setmaxnreg" in ptx,
-                                        mma_in_flight(ptx), stages[stage]["config"]))
+                                        mma_operand_hazards(sass), stages[stage]["config"]))
     return rows
 
 
-def mma_in_flight(ptx: str) -> int:
-    """The most warpgroup MMA groups the kernel leaves running at any wait (`wgmma.wait_group.sync.aligned N`): above
-    0, an MMA may still read its register operand while the loop's next iteration writes it (the sm_90 miscompile
-    vLLM's chunk-scan autotuner drops configs for)."""
-    return max((int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)), default=0)
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+
+
+_WIDTH = {".64": 2, ".WIDE": 2, ".128": 4}
+_NO_DESTINATION = ("ST", "RED", "ATOM", "BRA", "BAR", "EXIT", "HGMMA", "WARPGROUP", "DEPBAR", "SYNCS", "UTMA",
+                   "ARRIVES", "MEMBAR", "FENCE", "CCTL", "NOP", "RET", "CALL", "WARPSYNC", "LDGDEPBAR", "ISETP",
+                   "FSETP", "PLOP3", "R2UR", "USETMAXREG")
+
+
+def _written(op: str, operands: str) -> set[int]:
+    """The registers an instruction writes (its first operand, 1, 2 or 4 wide by the opcode's suffix)."""
+    if op.split(".")[0].startswith(_NO_DESTINATION) or op.startswith("U"):
+        return set()
+    first = re.match(r"R(\d+)\b", operands)
+    if not first:
+        return set()
+    width = max((w for suffix, w in _WIDTH.items() if suffix in op), default=1)
+    return set(range(int(first.group(1)), int(first.group(1)) + width))
+
+
+def mma_operand_hazards(sass_text: str) -> int:
+    """How many register writes of the machine code land on the register operand (A fragment: 4 registers) of a
+    warpgroup MMA (HGMMA) that may still be running: each loop body (a backward branch's target to the branch) is
+    walked twice in order, as iteration i then i + 1, with the HGMMAs in flight queued oldest first and every
+    `WARPGROUP.DEPBAR.LE gsb0, N` retiring all but the newest N. A write to a queued HGMMA's A registers is the sm_90
+    race vLLM's chunk-scan autotuner drops Triton configs for (NaN rows). Waits of N > 0 are not hazards by
+    themselves: the non-swapped serial kernel keeps three of four k-slices in flight across its back-edge and
+    rewrites each A block only after the HGMMA that read it retired."""
+    code = []
+    for pc, text in _INSTRUCTION.findall(sass_text):
+        op, _, operands = re.sub(r"^@!?U?P\w+\s+", "", text).partition(" ")
+        code.append((int(pc, 16), op, operands.strip()))
+    hazards = 0
+    for pc_branch, op, rest in code:
+        target = re.match(r"0x([0-9a-f]+)", rest)
+        if not op.startswith("BRA") or not target or int(target.group(1), 16) >= pc_branch:
+            continue
+        body = [(o, r) for pc, o, r in code if int(target.group(1), 16) <= pc <= pc_branch]
+        running: list[set[int]] = []
+        for o, r in body + body:
+            if o.startswith("HGMMA"):
+                a = re.match(r"R\d+,\s*R(\d+)", r)
+                running.append(set(range(int(a.group(1)), int(a.group(1)) + 4)) if a else set())
+                continue
+            wait = re.match(r"gsb0,\s*0x([0-9a-f]+)", r) if o.startswith("WARPGROUP.DEPBAR") else None
+            if wait:
+                keep = int(wait.group(1), 16)
+                running = running[max(0, len(running) - keep):]
+                continue
+            written = _written(o, r)
+            hazards += sum(1 for regs in running if regs & written)
+    return hazards
 
 
 def format_table(rows: list[KernelFacts]) -> str:
@@ -155,7 +203,7 @@ def format_table(rows: list[KernelFacts]) -> str:
     for r in rows:
         config = ", ".join(f"{k}={v}" for k, v in sorted(r.config.items()))
         lines.append(f"{r.shape:5} {r.kernel:22} {r.registers:4d} {r.ldl:4d} {r.stl:4d} {r.warps:5d} {r.shared:7d} "
-                     f"{'yes' if r.warp_specialized else 'no':>3} {r.mma_in_flight:3d}  {config}")
+                     f"{'yes' if r.warp_specialized else 'no':>3} {r.mma_hazards:3d}  {config}")
     return "\n".join(lines)
 
 
