@@ -49,11 +49,10 @@ SPACE_SIZE: dict[str, int] = {"chunk_cumsum": 6, "chunk_state": 4, "state_passin
 # Code switches a search may vary besides the launch fields, per kernel they change (values to try, the default
 # first). Each value is a different kernel (and tuning key), so a search over them times each value's best launch
 # configuration; fuse_state_out replaces chunk_state + state_passing + compute_out by the FUSED kernel.
-# warp_specialize only with tma on (impls/triton/warp_spec.py refuses the rest).
 SWITCH_SEARCH_SPACE: dict[str, dict[str, tuple]] = {
-    "chunk_state": {"tma": (False, True), "operand_swap": (True, False), "warp_specialize": (False, True)},
+    "chunk_state": {"tma": (False, True), "operand_swap": (True, False)},
     "compute_out": {"tma": (False, True), "operand_swap": (True, False), "decay_factor": (False, True),
-                    "cb_mode": ("inline", "shared"), "warp_specialize": (False, True)},
+                    "cb_mode": ("inline", "shared")},
     FUSED: {"tma": (False, True), "operand_swap": (True, False)},
     "forward": {"fuse_state_out": (False, True)},
 }
