@@ -14,8 +14,7 @@ Per shape (S1-S4) and stage:
   positive figure says the language's default arrangement is the faster (cuTile's default is serial, Triton's
   chunk_parallel); Triton's host-built TMA descriptors (tma and tma_descriptors=host,
   conf/lvt/triton_tma_host.yaml) against its point tma:True, whose descriptors are made in the kernel; a trick
-  swept with the switches it needs ("tma:True+tma_descriptors:host+warp_specialize:True") against those switches
-  alone (there the same arm);
+  swept with the switches it needs ("tma:True+warp_specialize:True") against those switches alone ("tma:True");
 - the knobs only one language has, with their values (defaults and choices, from the Switches dataclasses).
 """
 
@@ -48,15 +47,13 @@ TRITON_ARM = "triton_cutile_tiles"
 # part it is measured against). Host-built descriptors need tma on, so their effect is against tma on with the
 # descriptors made in the kernel, not against the defaults (tma off): that difference would hold tma's own effect.
 ARM_TRICKS = {"tma_descriptors:host": ("triton", "triton_tma_host", "tma:True")}
-# a trick that needs other switches is swept as one point, the needs first ("tma:True+tma_descriptors:host+
-# warp_specialize:True", experiments/config.py ablation_points): its effect is against the point of its needs alone,
-# which the first part measures as an arm when the language's part has no such point
-NEEDS_ARMS = {("triton", "tma:True+tma_descriptors:host"): "triton_tma_host"}
+# a trick that needs other switches is swept as one point, the needs first ("tma:True+warp_specialize:True",
+# experiments/config.py ablation_points): its effect is against the point of its needs alone ("tma:True")
 
 
 def trick_name(point: str) -> str:
     """The trick an ablation point turns on or off: its last switch ("warp_specialize" for
-    "tma:True+tma_descriptors:host+warp_specialize:True", "tma" for "tma:True")."""
+    "tma:True+warp_specialize:True", "tma" for "tma:True")."""
     return point.rsplit("+", 1)[-1].partition(":")[0]
 
 
@@ -136,11 +133,7 @@ def trick_effect(t: pd.DataFrame, backend: str, shape: str, stage: str, point: s
     sweep = PARTS[backend]
     defaults = _median(_point(t, sweep, backend, shape), stage)
     if "+" in point:  # against the point of the switches it needs
-        needs = point.rsplit("+", 1)[0]
-        rows = _point(t, sweep, backend, shape, needs)
-        if rows.empty and (backend, needs) in NEEDS_ARMS:
-            rows = _point(t, MATCHED, backend, shape, arm=NEEDS_ARMS[(backend, needs)])
-        defaults = _median(rows, stage)
+        defaults = _median(_point(t, sweep, backend, shape, point.rsplit("+", 1)[0]), stage)
         other = _median(_point(t, sweep, backend, shape, point), stage)
     elif point in ARM_TRICKS:
         _, arm, against = ARM_TRICKS[point]

@@ -192,7 +192,7 @@ def ablation_points(switches_cls) -> list[str]:
     "<switch>:<value>" ablation still sets one of them."""
     on_by_default = [f.name for f in dataclasses.fields(switches_cls) if f.default is True]
     # a trick whose measured default is off (evidence in docs/perf-notes.md) is ablated by turning it on, together
-    # with the switches it needs (its `needs`: "tma:True+tma_descriptors:host+warp_specialize:True")
+    # with the switches it needs (its `needs`: "tma:True+warp_specialize:True")
     off_by_default = ["+".join([*(f"{k}:{v}" for k, v in f.metadata.get("needs", {}).items()), f"{f.name}:True"])
                       for f in dataclasses.fields(switches_cls) if f.default is False]
     points = ["none"] + on_by_default + off_by_default

@@ -345,7 +345,9 @@ def nonfinite_output(run: Callable[[dict], Any] | None, cfg: dict) -> str:
     """Why the stage's output under `cfg` cannot be kept ("" when every floating element is finite, or when there is
     no whole-stage call to ask): a config the compiler gets wrong (a warpgroup MMA left running while its register
     operand is overwritten writes NaN/Inf rows on sm_90, as vLLM's chunk-scan autotuner records of Triton) must not
-    win the search on its speed. The search's inputs are the call's own, finite."""
+    win the search on its speed. The search's inputs are the call's own, finite. Stages without a whole-stage call
+    (cuTile's serial stage 2 and fused kernel, whose search times the kernel alone) are not asked; measurements a
+    resumed search reads from a partial file were asked when they were taken, if the code then did."""
     if run is None:
         return ""
     import torch
@@ -358,6 +360,8 @@ def nonfinite_output(run: Callable[[dict], Any] | None, cfg: dict) -> str:
                 return f"non-finite values in the stage's output, shape {tuple(item.shape)} (a miscompiled config?)"
         elif isinstance(item, (tuple, list)):
             stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
         elif hasattr(item, "__dataclass_fields__"):
             stack.extend(getattr(item, f) for f in item.__dataclass_fields__)
     return ""

@@ -67,16 +67,15 @@ def test_ablation_lists_follow_the_switches():
 
 
 def test_a_switch_that_needs_others_is_ablated_with_them():
-    """warp_specialize (Triton) cannot run without tma and host descriptors: its ablation point turns them on
-    first, and every off-by-default point builds a backend (none is refused at construction)."""
+    """warp_specialize (Triton) cannot run without tma: its ablation point turns it on first, and every
+    off-by-default point builds a backend (none is refused at construction)."""
     from impls.registry import backend_class
 
     for name in ("triton", "cutile"):
         cls = backend_class(name)
         for point in [p for p in conf.ablation_points(cls.Switches) if p.endswith(":True")]:
             cls(cls.Switches(**conf.apply_ablation(cls.Switches, {}, point)))  # its checks run in __init__
-    assert "tma:True+tma_descriptors:host+warp_specialize:True" in conf.ablation_points(backend_class("triton")
-                                                                                        .Switches)
+    assert "tma:True+warp_specialize:True" in conf.ablation_points(backend_class("triton").Switches)
 
 
 def test_slurm_launcher_config_only_when_selected():

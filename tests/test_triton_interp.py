@@ -327,9 +327,10 @@ def test_warp_specialize(switches, problem, dtypes):
     pytest.param({"tma": True, "cb_mode": "shared"}, r"cb_mode='shared'.*use cb_mode='inline'", id="cb-shared"),
     pytest.param({"tma": True, "fuse_state_out": True}, r"fused kernel.*turn one of them off", id="fused"),
     pytest.param({"tma": True, "occupancy": 3}, r"occupancy=3 .*leave it at 0", id="occupancy"),
-    pytest.param({"tma": True, "state_pass": "serial"}, r"state_pass='serial' with operand_swap", id="serial-swap"),
 ])
 def test_warp_specialize_refuses_what_triton_cannot_specialise(switches, match):
+    """Combinations that never compile warp-specialised are refused before any kernel (the launch configurations
+    that do not are caught at launch, tests/gpu/test_triton.py)."""
     with pytest.raises(ValueError, match=match):
         get_backend("triton", warp_specialize=True, **switches)
 
@@ -684,6 +685,34 @@ def test_triton_spills_reads_the_kernels_the_backend_launches():
         assert row[3:6] == ["0", "0", "12"] and row[7] == "yes", row
 
 
+def test_triton_spills_puts_back_what_it_answered():
+    """compile_only (impls.triton.spills) answers for an sm_90 GPU while it runs, even when the stage call raises,
+    and leaves Triton's driver, the kernels' caches and the backend's availability as they were."""
+    code = """
+import pytest, torch
+from triton.runtime import driver
+from impls.cli import load_shape
+from impls.triton import spills
+from impls.triton.backend import TritonBackend
+from impls.triton.compute_out import compute_out_kernel
+from impls.triton.switches import TritonSwitches
+before = (driver._active, type(TritonBackend.__dict__["available"]), compute_out_kernel.device_caches)
+with pytest.raises(ValueError, match="stop"):
+    with spills.compile_only() as compiled:
+        assert TritonBackend.available() == (True, "")
+        spills._forward_stages(TritonBackend(TritonSwitches(tuning="fallback")), load_shape("S4"), torch.bfloat16)
+        assert [name for name, _ in compiled][-1] == "compute_out_kernel"
+        raise ValueError("stop")
+after = (driver._active, type(TritonBackend.__dict__["available"]), compute_out_kernel.device_caches)
+assert before[0] is after[0] and after[1] is classmethod and before[2] is after[2], (before, after)
+print("restored")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                            cwd=Path(__file__).resolve().parent.parent, timeout=600)
+    assert result.returncode == 0 and "restored" in result.stdout, result.stdout + result.stderr
+
+
 def test_a_register_operand_rewritten_under_a_running_mma_is_found():
     """The static check behind the MMA column of impls.triton.spills, on hand-written SASS: a loop that packs the A
     fragment of an HGMMA it leaves running across its back-edge (wait to 1) rewrites a running MMA's operand; the
@@ -702,6 +731,12 @@ def test_a_register_operand_rewritten_under_a_running_mma_is_found():
                      "WARPGROUP.DEPBAR.LE gsb0, 0x3"]
     assert mma_operand_hazards(sass(*rotating, "@P6 BRA 0x100")) == 0
     assert mma_operand_hazards(sass(*rotating[:-1], "WARPGROUP.DEPBAR.LE gsb0, 0x4", "@P6 BRA 0x100")) > 0
+    # a wait counts committed groups, not HGMMAs: a chain of two committed by the second (gsb0) is one group, and a
+    # wait to 1 leaves both running; the uniform-predicate back-edge form is a loop too
+    chain = ["F2FP.BF16.F32.PACK_AB R56, R23, R56", "HGMMA.64x64x16.F32.BF16 R24, R56, gdesc[UR16], R24",
+             "HGMMA.64x64x16.F32.BF16 R24, R60, gdesc[UR16], R24, gsb0", "WARPGROUP.DEPBAR.LE gsb0, 0x1"]
+    assert mma_operand_hazards(sass(*chain, "BRA.U !UP0, 0x100")) == 1
+    assert mma_operand_hazards(sass(*chain[:-1], "WARPGROUP.DEPBAR.LE gsb0, 0x0", "BRA.U !UP0, 0x100")) == 0
 
 
 def test_what_triton_cannot_express_is_shown_by_the_compiler():

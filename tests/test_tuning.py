@@ -161,7 +161,7 @@ def test_a_config_that_writes_nan_cannot_win_the_search():
             y = torch.ones(4, 8)
             if cfg["block"] == 64:
                 y[1] = float("nan")
-            return (y, [torch.zeros(2)])
+            return (torch.zeros(2), {"y": [y]})
 
     fake = NanAt64()
     res = tuning.resolve(_tunable("search", fake))

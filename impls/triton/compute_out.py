@@ -549,7 +549,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
         HEADS_FIRST=switches.heads_first, HOST_DESC=host, WS=switches.warp_specialize,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
-        ws=switches.warp_specialize, what="compute_out",
+        ws=switches.warp_specialize, what="compute_out", config=config,
     )
     return y
 

@@ -393,7 +393,7 @@ def chunk_states(B, x, dt, dA_cumsum, seq_idx, *, config, switches, empty, dot_p
         DOT_PRECISION=dot_precision, TMA=switches.tma, OUT_N_CONTIG=local.stride(-1) == 1, HOST_DESC=host,
         WS=switches.warp_specialize,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
-        ws=switches.warp_specialize, what="chunk_state",
+        ws=switches.warp_specialize, what="chunk_state", config=config,
     )
     return local
 
@@ -448,7 +448,7 @@ def serial_states(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, *, 
         EXP2=switches.exp2, DOT_PRECISION=dot_precision, TMA=switches.tma, HOST_DESC=host,
         WS=switches.warp_specialize,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
-        ws=switches.warp_specialize, what="fwd_pass_state (state_pass='serial')",
+        ws=switches.warp_specialize, what="fwd_pass_state (state_pass='serial')", config=config,
     )
     return states, final
 

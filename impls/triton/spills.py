@@ -13,13 +13,15 @@ shape; `record`: the committed record where its stack matches this one). Launch 
 and local-memory loads/stores in the SASS (cuobjdump: LDL/STL, the spill traffic), warps per program, shared memory,
 whether it is warp-specialised (setmaxnreg in the PTX; switch warp_specialize) and the writes onto the register
 operand of a warpgroup MMA that may still be running (MMA; `mma_operand_hazards`, 0 in a correct kernel). The
-process must not run under the interpreter (TRITON_INTERPRET unset); it changes Triton's driver for the rest of the
-process, so run it as a command or in a subprocess. docs/perf-notes.md (version 15) quotes its tables.
+process must not run under the interpreter (TRITON_INTERPRET unset); `compile_only` puts Triton's driver, the
+kernels' caches and the backend's device answers back when it ends. docs/perf-notes.md (version 15) quotes its
+tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import math
@@ -79,16 +81,18 @@ def compile_only():
 
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("TRITON_INTERPRET is set: unset it to compile for a GPU")
-    compiled, touched = [], []
+    compiled, caches = [], {}  # caches: JITFunction -> its own binders and kernels, put back on the way out
     real_run = jit.JITFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):
-        touched.append(self)
+        if self not in caches:  # binders made here hold the sm_90 target answered here: give them a cache of their own
+            caches[self] = self.device_caches
+            self.device_caches = collections.defaultdict(self.create_binder)
         kernel = real_run(self, *args, grid=grid, warmup=True, **kwargs)
         compiled.append((self.fn.__name__, kernel))
         return kernel
 
-    saved = (target.arch, target.device_name, TritonBackend.available, TritonBackend.check_device)
+    saved = (target.arch, target.device_name, TritonBackend.__dict__["available"], TritonBackend.check_device)
     saved_driver = driver._active  # None until a launch asked for one (a CPU machine has none to create)
     driver.set_active(_CompileOnlyDriver())
     jit.JITFunction.run = run
@@ -101,8 +105,8 @@ def compile_only():
     finally:
         jit.JITFunction.run = real_run
         driver._active = saved_driver
-        for fn in touched:  # their binders and kernel caches hold the sm_90 target answered here
-            fn.device_caches.clear()
+        for fn, cache in caches.items():
+            fn.device_caches = cache
         target.arch, target.device_name, TritonBackend.available, TritonBackend.check_device = saved
 
 
@@ -148,54 +152,78 @@ def report(shapes=HEADLINE_SHAPES, switches: dict | None = None, tuning: str = "
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
 
-_WIDTH = {".64": 2, ".WIDE": 2, ".128": 4}
+_WIDTH = {".64": 2, ".WIDE": 2, ".F64": 2, ".128": 4}  # suffixes of 64- and 128-bit destinations
+_WIDE_OPS = ("CS2R", "DADD", "DMUL", "DFMA", "DMNMX")  # 64-bit destinations whatever their suffix
 _NO_DESTINATION = ("ST", "RED", "ATOM", "BRA", "BAR", "EXIT", "HGMMA", "WARPGROUP", "DEPBAR", "SYNCS", "UTMA",
                    "ARRIVES", "MEMBAR", "FENCE", "CCTL", "NOP", "RET", "CALL", "WARPSYNC", "LDGDEPBAR", "ISETP",
-                   "FSETP", "PLOP3", "R2UR", "USETMAXREG")
+                   "FSETP", "DSETP", "HSETP2", "PLOP3", "R2UR", "USETMAXREG", "ELECT", "VOTE")
+_PREDICATE = re.compile(r"^@!?U?P\w+\s+")
 
 
 def _written(op: str, operands: str) -> set[int]:
-    """The registers an instruction writes (its first operand, 1, 2 or 4 wide by the opcode's suffix)."""
-    if op.split(".")[0].startswith(_NO_DESTINATION) or op.startswith("U"):
+    """The registers an instruction writes: its first register operand after any predicate destinations (SHFL's
+    `PT, R5, ...`), 1, 2 or 4 wide (the destination type's suffix: .64/.WIDE/.F64 first or alone, .128; CS2R and
+    the double-precision ops are 64-bit). Uniform-datapath instructions write uniform registers only."""
+    base = op.split(".")[0]
+    if base.startswith(_NO_DESTINATION) or op.startswith("U"):
         return set()
-    first = re.match(r"R(\d+)\b", operands)
+    first = re.match(r"(?:!?U?P(?:T|\d+)\s*,\s*)*R(\d+)\b", operands)
     if not first:
         return set()
-    width = max((w for suffix, w in _WIDTH.items() if suffix in op), default=1)
+    suffixes = op.split(".")[1:]
+    width = 2 if base in _WIDE_OPS else 1
+    for suffix, w in _WIDTH.items():
+        if suffix == ".F64" and base == "F2F":  # F2F.<destination>.<source>: only the destination type counts
+            w = w if suffixes and suffixes[0] == "F64" else 1
+        elif suffix[1:] not in suffixes:
+            continue
+        width = max(width, w)
     return set(range(int(first.group(1)), int(first.group(1)) + width))
+
+
+def _instructions(sass_text: str) -> list[tuple[int, str, str]]:
+    """(address, opcode with modifiers, operands) of each SASS instruction, its guard predicate dropped."""
+    code = []
+    for pc, text in _INSTRUCTION.findall(sass_text):
+        op, _, operands = _PREDICATE.sub("", text).partition(" ")
+        code.append((int(pc, 16), op, operands.strip()))
+    return code
 
 
 def mma_operand_hazards(sass_text: str) -> int:
     """How many register writes of the machine code land on the register operand (A fragment: 4 registers) of a
-    warpgroup MMA (HGMMA) that may still be running: each loop body (a backward branch's target to the branch) is
-    walked twice in order, as iteration i then i + 1, with the HGMMAs in flight queued oldest first and every
-    `WARPGROUP.DEPBAR.LE gsb0, N` retiring all but the newest N. A write to a queued HGMMA's A registers is the sm_90
-    race vLLM's chunk-scan autotuner drops Triton configs for (NaN rows). Waits of N > 0 are not hazards by
-    themselves: the non-swapped serial kernel keeps three of four k-slices in flight across its back-edge and
-    rewrites each A block only after the HGMMA that read it retired."""
-    code = []
-    for pc, text in _INSTRUCTION.findall(sass_text):
-        op, _, operands = re.sub(r"^@!?U?P\w+\s+", "", text).partition(" ")
-        code.append((int(pc, 16), op, operands.strip()))
+    warpgroup MMA (HGMMA) that may still be running. Each loop body (a backward branch's target to the branch) is
+    walked twice in order, as iteration i then i + 1. HGMMAs accumulate into an open group that the one marked `gsb0`
+    commits; every `WARPGROUP.DEPBAR.LE gsb0, N` retires all committed groups but the newest N. A write to the A
+    registers of an HGMMA in a committed group not yet retired, or in the open group, is the sm_90 race vLLM's
+    chunk-scan autotuner drops Triton configs for (NaN rows). Waits of N > 0 are not hazards by themselves: the
+    non-swapped serial kernel keeps three of four k-slices in flight across its back-edge and rewrites each A block
+    only after the HGMMA that read it retired."""
+    code = _instructions(sass_text)
     hazards = 0
     for pc_branch, op, rest in code:
-        target = re.match(r"0x([0-9a-f]+)", rest)
+        target = re.search(r"0x([0-9a-f]+)", rest)
         if not op.startswith("BRA") or not target or int(target.group(1), 16) >= pc_branch:
             continue
         body = [(o, r) for pc, o, r in code if int(target.group(1), 16) <= pc <= pc_branch]
-        running: list[set[int]] = []
+        committed: list[set[int]] = []
+        open_group: set[int] = set()
         for o, r in body + body:
             if o.startswith("HGMMA"):
                 a = re.match(r"R\d+,\s*R(\d+)", r)
-                running.append(set(range(int(a.group(1)), int(a.group(1)) + 4)) if a else set())
+                if a:
+                    open_group |= set(range(int(a.group(1)), int(a.group(1)) + 4))
+                if re.search(r"\bgsb0\b", r):
+                    committed.append(open_group)
+                    open_group = set()
                 continue
             wait = re.match(r"gsb0,\s*0x([0-9a-f]+)", r) if o.startswith("WARPGROUP.DEPBAR") else None
             if wait:
                 keep = int(wait.group(1), 16)
-                running = running[max(0, len(running) - keep):]
+                committed = committed[max(0, len(committed) - keep):]
                 continue
             written = _written(o, r)
-            hazards += sum(1 for regs in running if regs & written)
+            hazards += sum(1 for regs in (*committed, open_group) if regs & written)
     return hazards
 
 

@@ -103,15 +103,15 @@ class TritonSwitches:
         False, "the MMA loops (compute_out's source loop, chunk_state's and state_pass='serial''s position loop) "
                "written tl.range(..., warp_specialize=True): Triton splits the program into a producer warpgroup "
                "issuing the loop's TMA copies and consumer warpgroups doing the math (impls/triton/warp_spec.py). "
-               "Needs tma=True, cb_mode='inline', occupancy 0, not fuse_state_out, operand_swap=False with "
-               "state_pass='serial', and with fp32 inputs cb_precision='tf32' (ValueError naming what is missing); "
-               "a kernel the compiler does not specialise raises instead of running unspecialised. The interpreter "
-               "runs the loop's math only. Off by default",
+               "Needs tma=True, cb_mode='inline', occupancy and state_occupancy 0, not fuse_state_out, and with "
+               "fp32 inputs cb_precision='tf32' (ValueError naming what is missing); a launch configuration the "
+               "compiler cannot build or does not specialise raises RuntimeError naming it instead of running "
+               "unspecialised. The interpreter runs the loop's math only. Off by default",
         sm90="Triton 3.6's Hopper warp specialisation (experimental there: the tl.range docs say Blackwell): 12 "
              "warps at num_warps=4 (one producer, two consumer warpgroups), setmaxnreg per warpgroup; cuTile's "
              "compiler warp-specialises every kernel on its own",
         sm100="the same loop attribute; on Blackwell Triton's warp specialisation is the documented path",
-        needs={"tma": True, "tma_descriptors": "host"})
+        needs={"tma": True})
     tuning: str = switch("auto", "where launch configurations come from (impls/tuning.py modes)", choices=MODES)
     # Launch sizes: 0 = from tuning (as in the cuTile backend); a value pins that field wherever it applies.
     block_rows: int = switch(0, "compute_out: chunk rows (output positions) per program; 0 = from tuning",

@@ -4,13 +4,18 @@ it, so that the switch either runs as asked or raises.
 On sm_90, Triton 3.6's Hopper pass splits such a program into a producer warpgroup that issues the loop's
 tensor-descriptor (TMA) copies and consumer warpgroups that do the math, rebalancing registers between them with
 `setmaxnreg` — the arrangement tileiras gives every cuTile kernel without being asked. Compiled on the CPU
-(`impls/triton/aot.py`, docs/triton-switches.md) it does so only in part of the space:
-- a loop with pointer loads (tma off, compute_out's cb_mode='shared') fails to compile: refused before compiling;
-- fp32 at input_precision 'ieee' and num_warps 8 compile to a kernel that is not warp-specialised, with no error;
-- a 128-row compute_out tile and state_pass='serial' with operand_swap fail to compile.
-So the backend refuses what is known not to compile, names the switch when the compiler fails anyway, and checks
-that every kernel it launched with the switch is warp-specialised (`setmaxnreg` in its PTX), raising otherwise. The
-Triton interpreter (CPU tensors) runs the loop's math only: the switch changes nothing there.
+(`python -m impls.triton.spills`, `python -m impls.triton.expressible`, docs/triton-switches.md) it does so only in
+part of the space:
+- a loop with pointer loads (tma off, compute_out's cb_mode='shared') fails to compile, whatever the tiles;
+- fp32 at input_precision 'ieee' compiles to a kernel that is not warp-specialised, with no error;
+- at some launch configurations (num_warps 8; a 32-wide headdim tile of chunk_state with operand_swap off) the
+  kernel compiles unspecialised, with no error, and at others (a 128-row compute_out tile; a 32-wide compute_out
+  tile or a 128-wide dstate tile of the position loop with operand_swap on) the pass pipeline fails.
+So the backend refuses the switch combinations that can never compile, before any kernel; the configurations, which
+tuning resolves per shape, are checked at launch: a compiler failure is re-raised naming the switch, the stage and
+the configuration, and every kernel launched with the switch must be warp-specialised (`setmaxnreg` in its PTX),
+else RuntimeError instead of its result. The Triton interpreter (CPU tensors) runs the loop's math only: the switch
+changes nothing there.
 """
 
 from __future__ import annotations
@@ -40,9 +45,6 @@ def refusal(switches) -> str | None:
             return (f"{SWITCH}: the warp-specialised kernels set their own registers per warpgroup (setmaxnreg); "
                     f"{name}={getattr(switches, name)} (a maxnreg cap for num_warps warps) cannot apply; leave it "
                     "at 0")
-    if switches.state_pass == "serial" and switches.operand_swap:
-        return (f"{SWITCH}: state_pass='serial' with operand_swap does not compile warp-specialised in Triton 3.6; "
-                "set operand_swap=False")
     return None
 
 
@@ -53,23 +55,22 @@ def check_precision(switches, dot_precision: str) -> None:
                          "that is not warp-specialised; use cb_precision='tf32' or turn warp_specialize off")
 
 
-def launch(kernel, grid, *args, ws: bool, what: str, **kwargs):
-    """kernel[grid](*args, **kwargs); with ws, a compiler failure is re-raised naming the switch and the stage, and
-    the compiled kernel must be warp-specialised (RuntimeError otherwise)."""
+def launch(kernel, grid, *args, ws: bool, what: str, config: dict, **kwargs):
+    """kernel[grid](*args, **kwargs); with ws, a compiler failure is re-raised naming the switch, the stage and its
+    launch configuration, and the compiled kernel must be warp-specialised (RuntimeError otherwise)."""
     if not ws or interpreting():
         return kernel[grid](*args, **kwargs)
+    where = f"{what} at {', '.join(f'{k}={v}' for k, v in sorted(config.items()))}"
     try:
         compiled = kernel[grid](*args, **kwargs)
     except Exception as exc:
         if not _compile_failure(exc):
             raise
-        raise RuntimeError(f"{SWITCH}: Triton {triton.__version__} could not compile {what} warp-specialised "
-                           f"(num_warps={kwargs.get('num_warps')}, num_stages={kwargs.get('num_stages')}): "
+        raise RuntimeError(f"{SWITCH}: Triton {triton.__version__} could not compile {where} warp-specialised: "
                            f"{str(exc).strip().splitlines()[-1][:200]}") from exc
     if not specialised(compiled):
-        raise RuntimeError(f"{SWITCH}: Triton {triton.__version__} compiled {what} without warp specialisation "
-                           f"(num_warps={kwargs.get('num_warps')}; it specialises at num_warps=4 only); the result "
-                           "is not returned")
+        raise RuntimeError(f"{SWITCH}: Triton {triton.__version__} compiled {where} without warp specialisation (no "
+                           "setmaxnreg in its PTX); the result is not returned")
     return compiled
 
 
