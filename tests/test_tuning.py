@@ -171,6 +171,17 @@ def test_a_config_that_writes_nan_cannot_win_the_search():
     assert res.config == {"block": 128} and {m["config"]["block"] for m in record["measurements"]} == {32, 128}
 
 
+def test_without_a_whole_stage_run_the_outputs_are_asked_for_nan():
+    """A stage whose search confirms nothing (run None) hands its outputs to the guard through Tunable.output."""
+    import torch
+
+    fake = Fake()
+    res = tuning.resolve(_tunable("search", fake, run=None, stage_timer=None,
+                                  output=lambda cfg: torch.full((2,), float("inf") if cfg["block"] == 64 else 1.0)))
+    record = tuning.lookup("b", "s", GPU, "k")
+    assert [f["config"] for f in record["failures"]] == [{"block": 64}] and res.config != {"block": 64}
+
+
 def test_nothing_runs_raises_with_the_first_failure():
     def timer(cfg):
         raise RuntimeError("no kernel")

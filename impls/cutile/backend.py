@@ -68,7 +68,7 @@ class CutileBackend(Backend):
 
     # --- stages -----------------------------------------------------------------------------------------
     def _config(self, stage: str, key_shape: str, dtype, device, make_call, heads_per_group: int | None = None,
-                run_config=None):
+                run_config=None, output=None):
         from impls import tuning
         from impls.cutile import tune
 
@@ -79,7 +79,7 @@ class CutileBackend(Backend):
         # resolved once per (stage, key): a search runs once, and no call reads the record file again
         if (stage, key) not in self._resolved:
             self._resolved[(stage, key)] = tuning.resolve(tune.tunable(
-                stage, self.switches, device, key_shape, dtype, make_call, heads_per_group, run_config))
+                stage, self.switches, device, key_shape, dtype, make_call, heads_per_group, run_config, output))
         resolution = self._resolved[(stage, key)]
         self._sources[stage] = resolution.as_dict()
         return dict(resolution.config)
@@ -98,8 +98,10 @@ class CutileBackend(Backend):
             return mod.make_call((dt, A, bias, out[0], out[1]), (batch, seqlen, nheads), chunk_size,
                                  dt_bias is not None, dt_softplus, dt_limit, self.switches, cfg)
 
-        cfg = self._config("chunk_cumsum", label, dt.dtype, dt.device, make)
-        return mod.run(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit, self.switches, cfg)
+        def run(cfg):
+            return mod.run(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit, self.switches, cfg)
+
+        return run(self._config("chunk_cumsum", label, dt.dtype, dt.device, make, output=run))
 
     def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
         mod = _stage("fwd_pass_state")
@@ -129,7 +131,7 @@ class CutileBackend(Backend):
 
         parallel = self.switches.state_pass == "chunk_parallel"
         cfg = self._config("fwd_pass_state", label, x.dtype, x.device, make_local if parallel else make,
-                           run_config=run if parallel else None)
+                           run_config=run if parallel else None, output=run)
         return mod.run(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, self.switches, cfg)
 
     def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
@@ -160,8 +162,10 @@ class CutileBackend(Backend):
             return mod.stage_call(C, B, x, dt, dA_cumsum, initial_states, D, z, torch.empty_like(x), final,
                                   self.switches, cfg)
 
-        cfg = self._config("fused", label, x.dtype, x.device, make)
-        return mod.run(C, B, x, dt, dA_cumsum, initial_states, D, z, self.switches, cfg)
+        def run(cfg):
+            return mod.run(C, B, x, dt, dA_cumsum, initial_states, D, z, self.switches, cfg)
+
+        return run(self._config("fused", label, x.dtype, x.device, make, output=run))
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                     dt_softplus, dt_limit, state_dtype):

@@ -164,11 +164,12 @@ STACK = ("cuda-tile", "tileiras", "driver")  # what a cuTile record is bound to
 
 
 def tunable(stage: str, sw, device, shape_label: str, dtype: str, make_call, heads_per_group: int | None = None,
-            run_config=None) -> tuning.Tunable:
+            run_config=None, output=None) -> tuning.Tunable:
     """The stage's choice as impls/tuning.py takes it. Switch values override; a search measures
     `configs(stage, sw, heads_per_group)` (the fixed values put in) with `kernel_timer(make_call)`; with
-    `run_config(config)` (the whole stage) its best are confirmed as stages. A code trick turned off borrows the
-    default code's record (`record_key`) in auto/record. `pins` win over the record's values."""
+    `run_config(config)` (the whole stage) its best are confirmed as stages; `output(config)` (the whole stage's
+    outputs) is asked for NaN/Inf where there is no run_config. A code trick turned off borrows the default code's
+    record (`record_key`) in auto/record. `pins` win over the record's values."""
     fixed = pins(stage, sw)
     space = []  # the configs with the fixed values put in, each once
     for cfg in configs(stage, sw, heads_per_group):
@@ -180,4 +181,4 @@ def tunable(stage: str, sw, device, shape_label: str, dtype: str, make_call, hea
         fallback=fallback(stage, device), space=search_space(stage, sw, heads_per_group), configs=space,
         run=run_config, timer=kernel_timer(make_call), candidates=candidates if stage == "compute_out" else None,
         pins=fixed, pinned_all=bool(fixed) and set(fixed) >= set(SPACE[stage]),
-        base_key=record_key(stage, sw, shape_label, dtype, code_tricks=False), stack=STACK)
+        base_key=record_key(stage, sw, shape_label, dtype, code_tricks=False), stack=STACK, output=output)
