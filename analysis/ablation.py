@@ -8,8 +8,10 @@ Effect of a switch = 1 − t_with / t_without: the fraction of the time without 
 - alone: t_without = the all-off point, t_with = all off except this switch (present only if the sweep ran it;
   the standard sweep does not, and the table says "not measured").
 Points are matched by their resolved switches (the `switches` JSON), not by the ablation label. Non-bool
-settings that differ from the default in one key (e.g. cb_precision=fp32) get a row "<switch>=<value>": the
-effect there is that of the default setting over this one. Intervals use p20/p80 (or repeats), pairing ends
+settings that differ from the default in one key (e.g. cb_precision=fp32), and default-off switches turned on,
+get a row "<switch>=<value>": the effect there is that of the default setting over this one (negative: the setting
+is faster). A point that changes several such settings at once (an ablation point joined by "+", e.g.
+heads_first:True+skip_first:True+pdl:True) gets one row "<a>=<v>+<b>=<w>", read the same way. Intervals use p20/p80 (or repeats), pairing ends
 conservatively.
 """
 
@@ -111,20 +113,22 @@ def ablation_table(results, backend: str, stage: str = "forward", noop_switches=
                         "effect_on_top": top[0], "effect_on_top_lo": top[1], "effect_on_top_hi": top[2],
                         "effect_alone": solo[0], "effect_alone_lo": solo[1], "effect_alone_hi": solo[2],
                         "meaning": meaning(backend, s, arch)})
-        for p in points.values():  # one non-bool setting changed from the default
-            diff = [k for k in set(D) | set(p["switches"]) if p["switches"].get(k) != D.get(k)]
-            if len(diff) != 1 or D.get(diff[0]) is True:
+        for p in points.values():  # settings changed from the default, none of them a default-on switch turned off
+            diff = sorted(k for k in set(D) | set(p["switches"]) if p["switches"].get(k) != D.get(k))
+            if not diff or any(D.get(k) is True for k in diff):
                 continue
-            k = diff[0]
             top = _effect(base, p)
-            status = _noop_status(arch, noop[k]) if k in noop else "measured (on top)"
-            if k in noop:
+            quiet = [k for k in diff if k in noop]
+            status = _noop_status(arch, noop[quiet[0]]) if len(diff) == 1 and quiet else "measured (on top)"
+            if len(diff) == 1 and quiet:
                 top = (np.nan,) * 3
-            out.append({**common, "switch": f"{k}={p['switches'].get(k)}", "status": status,
+            label = "+".join(f"{k}={p['switches'].get(k)}" for k in diff)
+            what = "; ".join(f"default {D.get(k)!r} vs {p['switches'].get(k)!r}: " + meaning(backend, k, arch)
+                             for k in diff)
+            out.append({**common, "switch": label, "status": status,
                         "t_without_ms": p["time"], "t_alone_ms": np.nan, "effect_on_top": top[0],
                         "effect_on_top_lo": top[1], "effect_on_top_hi": top[2], "effect_alone": np.nan,
-                        "effect_alone_lo": np.nan, "effect_alone_hi": np.nan,
-                        "meaning": f"default {D.get(k)!r} vs {p['switches'].get(k)!r}: " + meaning(backend, k, arch)})
+                        "effect_alone_lo": np.nan, "effect_alone_hi": np.nan, "meaning": what})
         if bools:
             eff = _effect(base, all_off)
             out.append({**common, "switch": "all (default vs all off)",

@@ -112,6 +112,7 @@ def ablation_frame():
         point("cutile", 2.0, switches={**D, **off}, ablation="all_off"),
         point("cutile", 2.2, switches={**D, **off, "costly": True}),                    # costly alone
         point("cutile", 1.21, switches={**D, "tile": 64}, ablation="tile:64"),
+        point("cutile", 0.88, switches={**D, "tile": 32, "extra": True}, ablation="tile:32+extra:True"),
     )
 
 
@@ -124,6 +125,9 @@ def test_switch_costing_10_percent_reads_minus_10():
     assert r.loc["good", "effect_on_top"] == pytest.approx(0.5)
     assert r.loc["all (default vs all off)", "effect_on_top"] == pytest.approx(1 - 1.1 / 2.0)
     assert r.loc["tile=64", "effect_on_top"] == pytest.approx(1 - 1.1 / 1.21)
+    # two settings at once (a point joined by "+"): one row, the defaults over the combination (it is faster)
+    assert r.loc["extra=True+tile=32", "effect_on_top"] == pytest.approx(1 - 1.1 / 0.88)
+    assert "all_off" not in " ".join(r.index) and len([k for k in r.index if "+" in k]) == 1
 
 
 def test_noop_switch_is_labelled_never_measured():
