@@ -53,10 +53,27 @@ def _select(w: pd.DataFrame, ours: dict) -> pd.DataFrame:
     return t
 
 
+def _with_switches(t: pd.DataFrame, backend: str, switches: dict) -> pd.DataFrame:
+    """`t` with the backend's rows narrowed to the points run with these switch values (other backends' untouched)."""
+    import json
+
+    def matches(text) -> bool:
+        given = json.loads(text) if isinstance(text, str) and text else {}
+        return all(given.get(k) == v for k, v in switches.items())
+
+    return t[(t["backend"] != backend) | t["switches"].map(matches)]
+
+
 def _measure(w: pd.DataFrame, claim: dict) -> tuple[float, str, pd.DataFrame]:
-    """(measured value, description, rows used)."""
+    """(measured value, description, rows used). `ours.results` (a results source such as
+    "index:headline,triton_tricks": files of one run) replaces the caller's rows for this claim; `ours.switches`
+    keeps only the backend's points run with those switch values."""
     ours = claim.get("ours") or {}
+    if ours.get("results"):
+        w = wide(ours["results"])
     t = _select(w, ours)
+    if ours.get("switches") and ours.get("backend"):
+        t = _with_switches(t, ours["backend"], ours["switches"])
     if claim["kind"] == "speedup" and ours.get("backend") and ours.get("baseline"):
         s = time_summary(t, stages=(ours.get("stage", "forward"),))
         keys = ["shape_name", "shape", "dtype", "gpu_name"]
@@ -67,8 +84,9 @@ def _measure(w: pd.DataFrame, claim: dict) -> tuple[float, str, pd.DataFrame]:
             return np.nan, "", t.iloc[0:0]
         value = geomean(m["time_ms_base"] / m["time_ms"])
         used = t[t["backend"].isin([ours["backend"], ours["baseline"]]) & t["shape"].isin(m["shape"])]
-        return value, f"{ours['backend']} over {ours['baseline']}, {ours.get('stage', 'forward')}, geomean of " \
-                      f"{len(m)} shape(s)", used
+        switched = "".join(f" {k}={v}" for k, v in (ours.get("switches") or {}).items())
+        return value, f"{ours['backend']}{switched} over {ours['baseline']}, {ours.get('stage', 'forward')}, " \
+                      f"geomean of {len(m)} shape(s)", used
     if claim["kind"] == "value" and ours.get("metric", "median_ms") == "median_ms":
         if ours.get("backends"):
             t = t[t["backend"].isin(ours["backends"])]

@@ -209,6 +209,17 @@ def test_claim_status(kw, status):
     assert t["status"].iloc[0].startswith(status)
 
 
+def test_a_claim_can_name_the_switches_of_its_point():
+    """ours.switches keeps only the backend's points run with those switches (the fused Triton arrangement beside
+    the staged one of the same run); the baseline's rows are untouched."""
+    rows = frame(point("mamba_ssm", 2.0), point("triton", 1.0, switches={"fuse_state_out": False}),
+                 point("triton", 4.0, switches={"fuse_state_out": True}))
+    ours = {"backend": "triton", "baseline": "mamba_ssm", "stage": "forward", "switches": {"fuse_state_out": True}}
+    t = compare_claims(rows, [claim(ours=ours, claimed={"low": 1.5, "high": 2.5})])
+    assert t["measured"].iloc[0].startswith("0.5× (triton fuse_state_out=True over mamba_ssm")
+    assert t["status"].iloc[0] == "not reproduced"
+
+
 def test_claims_file_has_sources_and_quotes():
     claims = load_claims()
     assert {"megatron_cutedsl_ssd", "pytorch_fused_triton_ssd", "tilelang_chunk_scan_h800"} <= {c["id"] for c in claims}
