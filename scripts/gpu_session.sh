@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One run on the GPU machine: the GPU test suite and/or sweeps, writing one log and merged Parquet files under $OUT.
 #   scripts/gpu_session.sh tests                 tests/gpu in parallel workers (pytest-xdist, on the image)
+#   scripts/gpu_session.sh tests_matching REGEX PATH...
+#                                                the tests under PATH... whose node id matches REGEX (re.search;
+#                                                scripts/select_tests.py), light ones in workers, then heavy ones
 #   scripts/gpu_session.sh sweep EXP [EXP ...]   experiment overlays, e.g. headline ablate_cutile
 #   scripts/gpu_session.sh sweep_each EXP B...   one experiment, each backend B in a process of its own (a kernel's
 #                                                illegal memory access loses the whole process's CUDA context)
@@ -49,6 +52,20 @@ case "$phase" in
       --junitxml="$OUT/gpu-tests.xml" -ra "$@" 2>&1 | tee -a "$log"
     timeout "$(left)" python -m pytest tests/gpu -q -p no:cacheprovider -m heavy \
       --junitxml="$OUT/gpu-tests-heavy.xml" -ra "$@" 2>&1 | tee -a "$log"
+    ;;
+  tests_matching)
+    # ids selected from the collection (the image's pytest -k over-matches); -m splits them as `tests` does
+    pattern=$1; shift
+    ids=$(python "$(dirname "$0")/select_tests.py" "$pattern" "$@") || { echo "no test id under $* matches $pattern" | tee -a "$log"; exit 2; }
+    echo "== $(echo "$ids" | wc -l) tests match $pattern" | tee -a "$log"
+    workers=()
+    [ "${GPU_TEST_WORKERS:-8}" -gt 0 ] && workers=(-n "${GPU_TEST_WORKERS:-8}")
+    # shellcheck disable=SC2086  # one node id per word
+    timeout "$(left)" python -m pytest $ids -v "${workers[@]}" -p no:cacheprovider -m "not heavy" \
+      --junitxml="$OUT/gpu-tests.xml" -ra 2>&1 | tee -a "$log"
+    # shellcheck disable=SC2086
+    timeout "$(left)" python -m pytest $ids -v -p no:cacheprovider -m heavy \
+      --junitxml="$OUT/gpu-tests-heavy.xml" -ra 2>&1 | tee -a "$log"
     ;;
   sweep|api_overhead)
     [ "$phase" = api_overhead ] && set -- api_overhead
