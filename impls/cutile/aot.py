@@ -253,7 +253,8 @@ def normalized(sass_text: str) -> str:
 # tensor-map prefetch) is left out: it reads the kernel's descriptor, a launch parameter, not a predecessor's output.
 GLOBAL_MEMORY = ("LDG", "STG", "LDGSTS", "UTMALDG", "UTMASTG", "UTMAREDG", "UBLKCP", "UBLKRED", "ATOMG", "ATOM",
                  "RED", "LD", "ST")
-_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:(@!?U?P[T0-9]+)\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+# the opcode token may hold a lowercase x (HGMMA.64x64x16.F32.BF16), as in _OPCODE
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:(@!?U?P[T0-9]+)\s+)?([A-Z][A-Z0-9_.x]*)\s*([^;]*);")
 _MBARRIER = re.compile(r"\[[^\]]*?(?:\+(0x[0-9a-f]+))?\]")
 
 

@@ -149,7 +149,6 @@ def report(shapes=HEADLINE_SHAPES, switches: dict | None = None, tuning: str = "
     return rows
 
 
-_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
 
 _WIDTH = {".64": 2, ".WIDE": 2, ".F64": 2, ".128": 4}  # suffixes of 64- and 128-bit destinations
@@ -157,7 +156,6 @@ _WIDE_OPS = ("CS2R", "DADD", "DMUL", "DFMA", "DMNMX")  # 64-bit destinations wha
 _NO_DESTINATION = ("ST", "RED", "ATOM", "BRA", "BAR", "EXIT", "HGMMA", "WARPGROUP", "DEPBAR", "SYNCS", "UTMA",
                    "ARRIVES", "MEMBAR", "FENCE", "CCTL", "NOP", "RET", "CALL", "WARPSYNC", "LDGDEPBAR", "ISETP",
                    "FSETP", "DSETP", "HSETP2", "PLOP3", "R2UR", "USETMAXREG", "ELECT", "VOTE")
-_PREDICATE = re.compile(r"^@!?U?P\w+\s+")
 
 
 def _written(op: str, operands: str) -> set[int]:
@@ -181,15 +179,6 @@ def _written(op: str, operands: str) -> set[int]:
     return set(range(int(first.group(1)), int(first.group(1)) + width))
 
 
-def _instructions(sass_text: str) -> list[tuple[int, str, str]]:
-    """(address, opcode with modifiers, operands) of each SASS instruction, its guard predicate dropped."""
-    code = []
-    for pc, text in _INSTRUCTION.findall(sass_text):
-        op, _, operands = _PREDICATE.sub("", text).partition(" ")
-        code.append((int(pc, 16), op, operands.strip()))
-    return code
-
-
 def mma_operand_hazards(sass_text: str) -> int:
     """How many register writes of the machine code land on the register operand (A fragment: 4 registers) of a
     warpgroup MMA (HGMMA) that may still be running. Each loop body (a backward branch's target to the branch) is
@@ -199,7 +188,9 @@ def mma_operand_hazards(sass_text: str) -> int:
     chunk-scan autotuner drops Triton configs for (NaN rows). Waits of N > 0 are not hazards by themselves: the
     non-swapped serial kernel keeps three of four k-slices in flight across its back-edge and rewrites each A block
     only after the HGMMA that read it retired."""
-    code = _instructions(sass_text)
+    from impls.cutile import aot
+
+    code = [(ins.addr, ins.op, ins.args) for ins in aot.sass_instructions(sass_text)]
     hazards = 0
     for pc_branch, op, rest in code:
         target = re.search(r"0x([0-9a-f]+)", rest)
