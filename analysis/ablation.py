@@ -11,8 +11,8 @@ Points are matched by their resolved switches (the `switches` JSON), not by the 
 settings that differ from the default in one key (e.g. cb_precision=fp32), and default-off switches turned on,
 get a row "<switch>=<value>": the effect there is that of the default setting over this one (negative: the setting
 is faster). A point that changes several such settings at once (an ablation point joined by "+", e.g.
-heads_first:True+skip_first:True+pdl:True) gets one row "<a>=<v>+<b>=<w>", read the same way. Intervals use p20/p80 (or repeats), pairing ends
-conservatively.
+heads_first:True+skip_first:True+pdl:True) gets one row "<a>=<v>+<b>=<w>", read the same way. Intervals use
+p20/p80 (or repeats), pairing ends conservatively.
 """
 
 from __future__ import annotations

@@ -55,13 +55,8 @@ def _select(w: pd.DataFrame, ours: dict) -> pd.DataFrame:
 
 def _with_switches(t: pd.DataFrame, backend: str, switches: dict) -> pd.DataFrame:
     """`t` with the backend's rows narrowed to the points run with these switch values (other backends' untouched)."""
-    import json
-
-    def matches(text) -> bool:
-        given = json.loads(text) if isinstance(text, str) and text else {}
-        return all(given.get(k) == v for k, v in switches.items())
-
-    return t[(t["backend"] != backend) | t["switches"].map(matches)]
+    matches = t["switch_dict"].map(lambda given: all(given.get(k) == v for k, v in switches.items()))
+    return t[(t["backend"] != backend) | matches]
 
 
 def _measure(w: pd.DataFrame, claim: dict) -> tuple[float, str, pd.DataFrame]:
