@@ -60,18 +60,22 @@ def launch(kernel, grid, *args, ws: bool, what: str, config: dict, **kwargs):
     launch configuration, and the compiled kernel must be warp-specialised (RuntimeError otherwise)."""
     if not ws or interpreting():
         return kernel[grid](*args, **kwargs)
-    where = f"{what} at {', '.join(f'{k}={v}' for k, v in sorted(config.items()))}"
     try:
         compiled = kernel[grid](*args, **kwargs)
     except Exception as exc:
         if not _compile_failure(exc):
             raise
-        raise RuntimeError(f"{SWITCH}: Triton {triton.__version__} could not compile {where} warp-specialised: "
-                           f"{str(exc).strip().splitlines()[-1][:200]}") from exc
+        raise RuntimeError(f"{SWITCH}: Triton {triton.__version__} could not compile {_where(what, config)} "
+                           f"warp-specialised: {str(exc).strip().splitlines()[-1][:200]}") from exc
     if not specialised(compiled):
-        raise RuntimeError(f"{SWITCH}: Triton {triton.__version__} compiled {where} without warp specialisation (no "
-                           "setmaxnreg in its PTX); the result is not returned")
+        raise RuntimeError(f"{SWITCH}: Triton {triton.__version__} compiled {_where(what, config)} without warp "
+                           "specialisation (no setmaxnreg in its PTX); the result is not returned")
     return compiled
+
+
+def _where(what: str, config: dict) -> str:
+    """The stage and its launch configuration, as the errors name them (built only when one is raised)."""
+    return f"{what} at {', '.join(f'{k}={v}' for k, v in sorted(config.items()))}"
 
 
 def specialised(compiled) -> bool:
