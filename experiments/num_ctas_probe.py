@@ -1,0 +1,217 @@
+"""Does cuTile's `ct.kernel(num_ctas=)` (a cluster of CTAs per tile program) run on sm_90, and what does it do to our
+kernels? Issue: the tuned compute_out with `num_ctas=2` once failed at launch with "misaligned address" and lost the
+CUDA context, so every case runs in a process of its own.
+
+    python -m experiments.num_ctas_probe [--out DIR] [--cases add matmul compute_out fwd_pass_state] [--ctas 1 2]
+
+Cases, each at `num_ctas` 1 and 2:
+- add: y = x + 1 over 64 × 64 tiles (no MMA, no reduction): does a cluster launch run at all;
+- matmul: bf16 (1024 × 1024) · (1024 × 1024) over 128 × 128 × 64 tiles, fp32 accumulation;
+- compute_out, fwd_pass_state: our stage at S1 (conf/shape/S1.yaml, bf16, the committed tuning record), its
+  kernels built with the given `num_ctas` (every other setting of the record kept), gated by
+  experiments.correctness.check against the float64 reference, then timed (do_bench median, p20, p80, ms).
+Each prints one JSON line (case, num_ctas, ok, error, rel_err, timings, the kernel's registers/spills from its
+sm_90 cubin when the case is one of ours); the parent writes them to DIR/num_ctas_probe.jsonl.
+Compiled on the CPU (`--compile-only`), the cases report only what the sm_90 machine code holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import traceback
+
+CASES = ("add", "matmul", "compute_out", "fwd_pass_state")
+STAGE_KERNELS = {"compute_out": ("compute_out_kernel",), "fwd_pass_state": ("fwd_pass_state_kernel",)}
+
+
+def _add_kernel():
+    import cuda.tile as ct
+
+    def add_one(x, y, T: ct.Constant[int]):
+        i, j = ct.bid(0), ct.bid(1)
+        t = ct.load(x, (i, j), (T, T))
+        ct.store(y, (i, j), t + 1.0)
+
+    return add_one
+
+
+def _matmul_kernel():
+    import cuda.tile as ct
+
+    def matmul(a, b, c, TM: ct.Constant[int], TN: ct.Constant[int], TK: ct.Constant[int], KT: ct.Constant[int]):
+        i, j = ct.bid(0), ct.bid(1)
+        acc = ct.zeros((TM, TN), dtype=ct.float32)
+        for k in range(KT):
+            acc = ct.mma(ct.load(a, (i, k), (TM, TK)), ct.load(b, (k, j), (TK, TN)), acc)
+        ct.store(c, (i, j), acc.astype(c.dtype))
+
+    return matmul
+
+
+def _bench(fn) -> dict:
+    import triton.testing
+
+    med, p20, p80 = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
+    return {"median_ms": med, "p20_ms": p20, "p80_ms": p80}
+
+
+def run_small(case: str, ctas: int) -> dict:
+    import cuda.tile as ct
+    import torch
+
+    stream = torch.cuda.current_stream()
+    if case == "add":
+        x = torch.randn(4096, 4096, device="cuda")
+        y = torch.full_like(x, float("nan"))
+        k = ct.kernel(_add_kernel(), num_ctas=ctas)
+        go = lambda: ct.launch(stream, (64, 64, 1), k, (x, y, 64))  # noqa: E731
+        go()
+        torch.cuda.synchronize()
+        err = ((y - (x + 1)).norm() / (x + 1).norm()).item()
+    else:
+        n, tm, tn, tk = 1024, 128, 128, 64
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        c = torch.full((n, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        k = ct.kernel(_matmul_kernel(), num_ctas=ctas)
+        go = lambda: ct.launch(stream, (n // tm, n // tn, 1), k, (a, b, c, tm, tn, tk, n // tk))  # noqa: E731
+        go()
+        torch.cuda.synchronize()
+        ref = a.double() @ b.double()
+        err = ((c.double() - ref).norm() / ref.norm()).item()
+    return {"rel_err": err, "ok": err < 1e-2, **_bench(go)}
+
+
+def _with_num_ctas(ctas: int, names: tuple[str, ...]) -> None:
+    """`cuda.tile.kernel` wrapped so that the kernels named `names` are built with `num_ctas=ctas` (the stage's
+    launcher calls `ct.kernel` through impls.cutile.common.kernel_for, which looks it up at each first build)."""
+    import cuda.tile as ct
+
+    plain = ct.kernel
+
+    def kernel(fn=None, /, **kw):
+        if fn is not None and getattr(fn, "__name__", "") in names:
+            kw["num_ctas"] = ctas
+        return plain(fn, **kw) if fn is not None else plain(**kw)
+
+    ct.kernel = kernel
+
+
+def run_stage(case: str, ctas: int) -> dict:
+    import torch
+    import triton.testing  # noqa: F401  (fail before the long reference if the timer is missing)
+
+    from experiments import correctness
+    from experiments.calls import forward_kwargs
+    from impls import get_backend
+    from impls.cli import load_shape
+    from impls.inputs import make_inputs
+    from impls.problem import Problem
+
+    _with_num_ctas(ctas, STAGE_KERNELS[case])
+    problem = Problem(shape=load_shape("S1"), dtype="bfloat16")
+    inputs = make_inputs(problem, device="cuda", draw_device="cuda")
+    backend = get_backend("cutile")
+    ref = correctness.reference_forward(inputs, "float64")
+    report = correctness.check(backend, inputs, ref, torch.bfloat16)
+    torch.cuda.synchronize()
+    row = {"rel_err": report[case]["rel_err"], "ok": report[case]["ok"], "error": report[case]["error"],
+           "forward_ok": report["forward"]["ok"]}
+    if not row["ok"]:
+        return row
+    kw = forward_kwargs(inputs)
+    dt, dA = backend.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"], kw["dt_softplus"],
+                                  kw["dt_limit"])
+    states, _ = backend.fwd_pass_state(kw["B"], kw["x"], dt, dA, None, None, kw["state_dtype"])
+    if case == "compute_out":
+        go = lambda: backend.compute_out(kw["C"], kw["B"], kw["x"], dt, dA, states, kw["D"], None, None)  # noqa: E731
+    else:
+        go = lambda: backend.fwd_pass_state(kw["B"], kw["x"], dt, dA, None, None, kw["state_dtype"])  # noqa: E731
+    return {**row, **_bench(go)}
+
+
+def compile_facts(case: str, ctas: int) -> dict:
+    """Registers, stack and local loads/stores of the stage's kernel compiled for sm_90 on the CPU, at the S1
+    record with `num_ctas=ctas`; the multicast TMA loads and cluster barriers in its SASS."""
+    import dataclasses
+
+    import cuda.tile as ct
+
+    from impls.cutile import aot, spills
+
+    if case not in STAGE_KERNELS:
+        return {}
+    import torch
+
+    from impls.cli import load_shape
+    from impls.cutile.switches import CutileSwitches
+
+    cfg = spills.resolved_config(case, "S1")
+    s = load_shape("S1")
+    dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
+                dstate=s.dstate, chunk=s.chunk_size)
+    call = aot.build_call(case, torch.bfloat16, CutileSwitches(), dims=dims, config=cfg, optional=False,
+                          d_mode=spills.HEADLINE_D_MODE)
+    kernel = ct.kernel(call.kernel._pyfunc, occupancy=cfg.get("occupancy") or None, num_ctas=ctas)
+    cubin = aot.export(dataclasses.replace(call, kernel=kernel), "sm_90")
+    ops = aot.opcodes(aot.sass(cubin))
+    usage = aot.resource_usage(cubin)
+    return {"registers": usage["REG"], "stack_bytes": usage["STACK"], "smem_bytes": usage["SHARED"],
+            "ldl": sum(v for k, v in ops.items() if k.startswith("LDL")),
+            "stl": sum(v for k, v in ops.items() if k.startswith("STL")),
+            "tma_multicast": sum(v for k, v in ops.items() if "MULTICAST" in k),
+            "cluster_barriers": sum(v for k, v in ops.items() if k.startswith("UCGABAR")),
+            "hgmma": sorted({k for k in ops if k.startswith("HGMMA")})}
+
+
+def child(case: str, ctas: int, compile_only: bool) -> int:
+    row = {"case": case, "num_ctas": ctas}
+    try:
+        row.update(compile_facts(case, ctas))
+        if not compile_only:
+            row.update(run_small(case, ctas) if case in ("add", "matmul") else run_stage(case, ctas))
+    except Exception as exc:  # the probe's answer is the error itself
+        row.update(ok=False, error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc()[-2000:])
+    print("PROBE " + json.dumps(row, default=str), flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/scratch/num_ctas")
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    ap.add_argument("--ctas", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--child", nargs=2, metavar=("CASE", "CTAS"), help=argparse.SUPPRESS)
+    ap.add_argument("--timeout", type=float, default=240)
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(args.child[0], int(args.child[1]), args.compile_only)
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for case in args.cases:
+        for ctas in args.ctas:
+            cmd = [sys.executable, "-m", "experiments.num_ctas_probe", "--child", case, str(ctas)]
+            if args.compile_only:
+                cmd.append("--compile-only")
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                lines = [ln[6:] for ln in done.stdout.splitlines() if ln.startswith("PROBE ")]
+                row = json.loads(lines[-1]) if lines else {"case": case, "num_ctas": ctas, "ok": False,
+                                                            "error": f"exit {done.returncode}: {done.stderr[-1500:]}"}
+                row["exit_code"] = done.returncode
+            except subprocess.TimeoutExpired:
+                row = {"case": case, "num_ctas": ctas, "ok": False, "error": f"timed out after {args.timeout} s"}
+            print(json.dumps({k: v for k, v in row.items() if k != "trace"}), flush=True)
+            rows.append(row)
+    with open(os.path.join(args.out, "num_ctas_probe.jsonl"), "w") as f:
+        f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
