@@ -823,3 +823,17 @@ def test_head_loop_grid_covers_every_head_once(nheads, ngroups, head_loop, block
         covered += range(first, min(first + head_loop, (g + 1) * hpg))
     assert covered == list(range(nheads))
 
+
+
+def test_num_ctas_probe_reads_the_cluster_split_from_the_sass():
+    """docs/perf-notes.md version 16: at the S1 record, `num_ctas=2` splits compute_out's MMAs by N (HGMMA 64x32)
+    with multicast TMA loads and cluster barriers, and compiles without local memory; with one CTA none of that
+    (and the record's spills). The probe's compile-only mode, as its GPU run reports it."""
+    from experiments.num_ctas_probe import compile_facts
+
+    one, two = compile_facts("compute_out", 1), compile_facts("compute_out", 2)
+    assert (one["tma_multicast"], one["cluster_barriers"]) == (0, 0)
+    assert one["ldl"] + one["stl"] > 0
+    assert two["tma_multicast"] > 0 and two["cluster_barriers"] > 0
+    assert (two["ldl"], two["stl"], two["stack_bytes"]) == (0, 0, 0)
+    assert two["hgmma"] == ["HGMMA.64x32x16.F32.BF16"] and one["hgmma"] == ["HGMMA.64x64x16.F32.BF16"]
