@@ -24,32 +24,25 @@ import subprocess
 import sys
 import traceback
 
+import cuda.tile as ct
+
 CASES = ("add", "matmul", "compute_out", "fwd_pass_state")
 STAGE_KERNELS = {"compute_out": ("compute_out_kernel",), "fwd_pass_state": ("fwd_pass_state_kernel",)}
 
 
-def _add_kernel():
-    import cuda.tile as ct
-
-    def add_one(x, y, T: ct.Constant[int]):
-        i, j = ct.bid(0), ct.bid(1)
-        t = ct.load(x, (i, j), (T, T))
-        ct.store(y, (i, j), t + 1.0)
-
-    return add_one
+def add_one(x, y, T: ct.Constant[int]):
+    """y = x + 1 over T × T tiles."""
+    i, j = ct.bid(0), ct.bid(1)
+    ct.store(y, (i, j), ct.load(x, (i, j), (T, T)) + 1.0)
 
 
-def _matmul_kernel():
-    import cuda.tile as ct
-
-    def matmul(a, b, c, TM: ct.Constant[int], TN: ct.Constant[int], TK: ct.Constant[int], KT: ct.Constant[int]):
-        i, j = ct.bid(0), ct.bid(1)
-        acc = ct.zeros((TM, TN), dtype=ct.float32)
-        for k in range(KT):
-            acc = ct.mma(ct.load(a, (i, k), (TM, TK)), ct.load(b, (k, j), (TK, TN)), acc)
-        ct.store(c, (i, j), acc.astype(c.dtype))
-
-    return matmul
+def matmul(a, b, c, TM: ct.Constant[int], TN: ct.Constant[int], TK: ct.Constant[int], KT: ct.Constant[int]):
+    """c = a · b over TM × TN tiles, KT steps of TK, fp32 accumulation."""
+    i, j = ct.bid(0), ct.bid(1)
+    acc = ct.zeros((TM, TN), dtype=ct.float32)
+    for k in range(KT):
+        acc = ct.mma(ct.load(a, (i, k), (TM, TK)), ct.load(b, (k, j), (TK, TN)), acc)
+    ct.store(c, (i, j), acc.astype(c.dtype))
 
 
 def _bench(fn) -> dict:
@@ -60,14 +53,13 @@ def _bench(fn) -> dict:
 
 
 def run_small(case: str, ctas: int) -> dict:
-    import cuda.tile as ct
     import torch
 
     stream = torch.cuda.current_stream()
     if case == "add":
         x = torch.randn(4096, 4096, device="cuda")
         y = torch.full_like(x, float("nan"))
-        k = ct.kernel(_add_kernel(), num_ctas=ctas)
+        k = ct.kernel(add_one, num_ctas=ctas)
         go = lambda: ct.launch(stream, (64, 64, 1), k, (x, y, 64))  # noqa: E731
         go()
         torch.cuda.synchronize()
@@ -77,7 +69,7 @@ def run_small(case: str, ctas: int) -> dict:
         a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         c = torch.full((n, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        k = ct.kernel(_matmul_kernel(), num_ctas=ctas)
+        k = ct.kernel(matmul, num_ctas=ctas)
         go = lambda: ct.launch(stream, (n // tm, n // tn, 1), k, (a, b, c, tm, tn, tk, n // tk))  # noqa: E731
         go()
         torch.cuda.synchronize()
@@ -89,7 +81,6 @@ def run_small(case: str, ctas: int) -> dict:
 def _with_num_ctas(ctas: int, names: tuple[str, ...]) -> None:
     """`cuda.tile.kernel` wrapped so that the kernels named `names` are built with `num_ctas=ctas` (the stage's
     launcher calls `ct.kernel` through impls.cutile.common.kernel_for, which looks it up at each first build)."""
-    import cuda.tile as ct
 
     plain = ct.kernel
 
@@ -135,29 +126,35 @@ def run_stage(case: str, ctas: int) -> dict:
 
 
 def compile_facts(case: str, ctas: int) -> dict:
-    """Registers, stack and local loads/stores of the stage's kernel compiled for sm_90 on the CPU, at the S1
-    record with `num_ctas=ctas`; the multicast TMA loads and cluster barriers in its SASS."""
+    """Registers, stack and local loads/stores of the case's kernel compiled for sm_90 on the CPU with
+    `num_ctas=ctas` (our stages at the S1 record, every other option as the record); the multicast TMA loads and
+    cluster barriers in its SASS."""
     import dataclasses
 
-    import cuda.tile as ct
-
-    from impls.cutile import aot, spills
-
-    if case not in STAGE_KERNELS:
-        return {}
     import torch
 
-    from impls.cli import load_shape
-    from impls.cutile.switches import CutileSwitches
+    from impls.cutile import aot, spills
+    from impls.cutile.common import ArraySpec, KernelCall
 
-    cfg = spills.resolved_config(case, "S1")
-    s = load_shape("S1")
-    dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
-                dstate=s.dstate, chunk=s.chunk_size)
-    call = aot.build_call(case, torch.bfloat16, CutileSwitches(), dims=dims, config=cfg, optional=False,
-                          d_mode=spills.HEADLINE_D_MODE)
-    kernel = ct.kernel(call.kernel._pyfunc, occupancy=cfg.get("occupancy") or None, num_ctas=ctas)
-    cubin = aot.export(dataclasses.replace(call, kernel=kernel), "sm_90")
+    if case == "add":
+        f32 = ArraySpec(torch.float32, 2)
+        call = KernelCall(ct.kernel(add_one, num_ctas=ctas), (64, 64, 1), (f32, f32, 64))
+    elif case == "matmul":
+        bf = ArraySpec(torch.bfloat16, 2)
+        call = KernelCall(ct.kernel(matmul, num_ctas=ctas), (8, 8, 1), (bf, bf, bf, 128, 128, 64, 16))
+    else:
+        from impls.cli import load_shape
+        from impls.cutile.switches import CutileSwitches
+
+        cfg = spills.resolved_config(case, "S1")
+        s = load_shape("S1")
+        dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
+                    dstate=s.dstate, chunk=s.chunk_size)
+        call = aot.build_call(case, torch.bfloat16, CutileSwitches(), dims=dims, config=cfg, optional=False,
+                              d_mode=spills.HEADLINE_D_MODE)
+        call = dataclasses.replace(call, kernel=ct.kernel(call.kernel._pyfunc, occupancy=cfg.get("occupancy") or None,
+                                                          num_ctas=ctas))
+    cubin = aot.export(call, "sm_90")
     ops = aot.opcodes(aot.sass(cubin))
     usage = aot.resource_usage(cubin)
     return {"registers": usage["REG"], "stack_bytes": usage["STACK"], "smem_bytes": usage["SHARED"],
