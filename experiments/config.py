@@ -193,8 +193,10 @@ def ablation_points(switches_cls) -> list[str]:
     on_by_default = [f.name for f in dataclasses.fields(switches_cls) if f.default is True]
     # a trick whose measured default is off (evidence in docs/perf-notes.md) is ablated by turning it on, together
     # with the switches it needs (its `needs`: "tma:True+warp_specialize:True")
+    # (a switch the backend refuses on a GPU, its `gpu_refused`, is left out: the sweeps run there)
     off_by_default = ["+".join([*(f"{k}:{v}" for k, v in f.metadata.get("needs", {}).items()), f"{f.name}:True"])
-                      for f in dataclasses.fields(switches_cls) if f.default is False]
+                      for f in dataclasses.fields(switches_cls)
+                      if f.default is False and not f.metadata.get("gpu_refused")]
     points = ["none"] + on_by_default + off_by_default
     if len(on_by_default) > 1:
         # all off, then each switch alone on top of all-off: the "alone" column of the ablation table

@@ -45,10 +45,12 @@ class NoSwitches:
 
 
 def switch(default, help: str, sm90: str | None = None, sm100: str | None = None, choices=None,
-           needs: dict | None = None):
+           needs: dict | None = None, gpu_refused: str | None = None):
     """Declares one switch: its default and what it means, per architecture where that differs. `needs`: the other
-    switches' values it cannot run without (an ablation turns them on with it)."""
-    meta = {"help": help, "sm90": sm90 or help, "sm100": sm100 or help, "choices": choices, "needs": needs or {}}
+    switches' values it cannot run without (an ablation turns them on with it). `gpu_refused`: why the backend
+    refuses it on a GPU (the ablation sweeps, which run there, leave it out)."""
+    meta = {"help": help, "sm90": sm90 or help, "sm100": sm100 or help, "choices": choices, "needs": needs or {},
+            "gpu_refused": gpu_refused}
     return dataclasses.field(default=default, metadata=meta)
 
 

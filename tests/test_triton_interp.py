@@ -335,6 +335,18 @@ def test_warp_specialize_refuses_what_triton_cannot_specialise(switches, match):
         get_backend("triton", warp_specialize=True, **switches)
 
 
+def test_warp_specialize_is_refused_on_a_gpu_device():
+    """On a GPU the switch raises before any kernel (its kernels computed wrong results on an NVIDIA H200); the CPU
+    paths (interpreter, compile-only tools) keep it. Read on the device argument alone: no GPU needed."""
+    from impls.triton import warp_spec
+
+    sw = get_backend("triton", tma=True, warp_specialize=True).switches
+    with pytest.raises(ValueError, match="warp_specialize of backend 'triton': refused on a GPU"):
+        warp_spec.check_device(sw, torch.device("cuda", 0))
+    warp_spec.check_device(sw, torch.device("cpu"))  # the interpreter's tensors
+    warp_spec.check_device(get_backend("triton", tma=True).switches, torch.device("cuda", 0))  # off: nothing
+
+
 def test_warp_specialize_refuses_fp32_without_tensor_cores():
     """cb_precision='fp32' (input_precision 'ieee') compiles unspecialised: refused before any kernel runs."""
     backend = get_backend("triton", tma=True, warp_specialize=True, cb_precision="fp32")

@@ -19,6 +19,19 @@ from typing import Any
 from impls.registry import switch
 from impls.tuning import MODES
 
+# What one NVIDIA H200 measured of the switch (docs/perf-notes.md, version 15 measured): 13 of the 30 GPU cases of
+# tests/gpu/test_triton.py over tolerance (relative errors up to inf in compute_out's y and 0.5 in stage 2's
+# states: operand_swap off, stage 2 serial with two heads per tile and heads_first, in-kernel descriptors with
+# decay_factor; at edge shapes, varlen, initial states and eight groups), and every gated headline point 2.0-3.0x
+# slower than without it. Triton 3.6's warp-specialised loops are therefore refused on a GPU; the CPU paths (the
+# interpreter, which runs the loops' math only, and the compile-only tools that read the kernels' machine code)
+# keep the switch.
+WARP_SPECIALIZE_GPU_REFUSAL = (
+    "switch warp_specialize of backend 'triton': refused on a GPU: with Triton 3.6 its warp-specialised kernels "
+    "computed wrong results on an NVIDIA H200 (13 of 30 GPU test cases over tolerance, up to inf) and were 2-3x "
+    "slower where right (docs/perf-notes.md, version 15 measured); it runs only where nothing is launched on a GPU "
+    "(the Triton interpreter, `python -m impls.triton.spills`)")
+
 
 @dataclass(frozen=True)
 class TritonSwitches:
@@ -106,12 +119,14 @@ class TritonSwitches:
                "Needs tma=True, cb_mode='inline', occupancy and state_occupancy 0, not fuse_state_out, and with "
                "fp32 inputs cb_precision='tf32' (ValueError naming what is missing); a launch configuration the "
                "compiler cannot build or does not specialise raises RuntimeError naming it instead of running "
-               "unspecialised. The interpreter runs the loop's math only. Off by default",
+               "unspecialised. Refused on a GPU (ValueError before any kernel): with Triton 3.6 its kernels computed "
+               "wrong results on an NVIDIA H200 and were 2-3x slower (docs/perf-notes.md, version 15 measured); the "
+               "interpreter (which runs the loop's math only) and the compile-only tools keep it. Off by default",
         sm90="Triton 3.6's Hopper warp specialisation (experimental there: the tl.range docs say Blackwell): 12 "
              "warps at num_warps=4 (one producer, two consumer warpgroups), setmaxnreg per warpgroup; cuTile's "
              "compiler warp-specialises every kernel on its own",
         sm100="the same loop attribute; on Blackwell Triton's warp specialisation is the documented path",
-        needs={"tma": True})
+        needs={"tma": True}, gpu_refused=WARP_SPECIALIZE_GPU_REFUSAL)
     tuning: str = switch("auto", "where launch configurations come from (impls/tuning.py modes)", choices=MODES)
     # Launch sizes: 0 = from tuning (as in the cuTile backend); a value pins that field wherever it applies.
     block_rows: int = switch(0, "compute_out: chunk rows (output positions) per program; 0 = from tuning",

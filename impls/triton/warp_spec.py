@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import triton
 
+from impls.triton.switches import WARP_SPECIALIZE_GPU_REFUSAL
 from impls.triton.target import interpreting
 
 SWITCH = "switch warp_specialize of backend 'triton'"
@@ -46,6 +47,12 @@ def refusal(switches) -> str | None:
                     f"{name}={getattr(switches, name)} (a maxnreg cap for num_warps warps) cannot apply; leave it "
                     "at 0")
     return None
+
+
+def check_device(switches, device) -> None:
+    """Raises before any kernel when warp_specialize would launch on a GPU (switches.WARP_SPECIALIZE_GPU_REFUSAL)."""
+    if switches.warp_specialize and device.type == "cuda":
+        raise ValueError(WARP_SPECIALIZE_GPU_REFUSAL)
 
 
 def check_precision(switches, dot_precision: str) -> None:

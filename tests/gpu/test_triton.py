@@ -73,13 +73,9 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "tma-host-no-transposed": {"tma": True, "tma_descriptors": "host", "transposed_layout": False},
             "tma-host-heads2-decay_factor": {"tma": True, "tma_descriptors": "host", "heads_per_tile": 2,
                                              "decay_factor": True},
-            "ws-host": {"tma": True, "tma_descriptors": "host", "warp_specialize": True},
-            "ws-host-no-swap": {"tma": True, "tma_descriptors": "host", "warp_specialize": True,
-                                "operand_swap": False},
-            "ws-host-serial-heads2-heads_first": {"tma": True, "tma_descriptors": "host", "warp_specialize": True,
-                                                  "state_pass": "serial", "operand_swap": False,
-                                                  "heads_per_tile": 2, "heads_first": True},
-            "ws-device-decay_factor": {"tma": True, "warp_specialize": True, "decay_factor": True}}
+            # warp_specialize is refused on a GPU (13 of these 30 cases were over tolerance with it on one NVIDIA
+            # H200: docs/perf-notes.md, version 15 measured): test_warp_specialize_is_refused_on_the_gpu
+            }
 
 
 
@@ -107,8 +103,7 @@ def _skip(case, variant):
                                                                                   "decay_factor", "tma", "fused",
                                                                                   "fused-tma", "heads2",
                                                                                   "heads_first-heads2",
-                                                                                  "state_pass-serial", "tma-host",
-                                                                                  "ws-host")
+                                                                                  "state_pass-serial", "tma-host")
 
 
 @pytest.mark.parametrize("case,variant,dtype", switch_variant_params(CASES, VARIANTS, skip=_skip))
@@ -118,21 +113,21 @@ def test_triton_matches_float64(case, variant, dtype, request):
                            fused_views=case.startswith("Dhead-noncontig"))
 
 
-def test_warp_specialize_raises_where_the_compiler_does_not_specialise():
-    """At num_warps=8 Triton 3.6 compiles the warp_specialize loops unspecialised: the backend raises instead of
-    returning a result of the kernel it was not asked for; at num_warps=4 every launched kernel is specialised."""
-    from impls.triton import warp_spec
-
+@pytest.mark.parametrize("call", ["ssd_forward", "fwd_pass_state", "compute_out"])
+def test_warp_specialize_is_refused_on_the_gpu(call):
+    """With Triton 3.6 the warp-specialised kernels computed wrong results on an NVIDIA H200: the switch raises on a
+    GPU, naming itself, before any kernel runs (the outputs stay untouched)."""
     inputs = make_inputs(Problem(SMALL), device="cuda", seed=3, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="without warp specialisation"):
-        impls.ssd_forward(**inputs.forward_kwargs(), backend=_backend(tma=True, tma_descriptors="host",
-                                                                      warp_specialize=True, num_warps=8))
-    unspecialised = {k for k, v in warp_spec._SPECIALISED.items() if not v}
-    assert unspecialised  # the 8-warp build was read and refused
-    out = impls.ssd_forward(**inputs.forward_kwargs(), backend=_backend(tma=True, tma_descriptors="host",
-                                                                        warp_specialize=True, num_warps=4))
-    assert rel_err(out.y, float64_forward(inputs).y) <= tolerance(torch.bfloat16)
-    assert {k for k, v in warp_spec._SPECIALISED.items() if not v} == unspecialised  # every 4-warp build was
+    backend = _backend(tma=True, tma_descriptors="host", warp_specialize=True)
+    kw = inputs.forward_kwargs()
+    plain = _backend(tma=True, tma_descriptors="host")
+    dt, dA = plain.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"], kw["dt_softplus"], kw["dt_limit"])
+    states, _ = plain.fwd_pass_state(kw["B"], kw["x"], dt, dA, None, None, None)
+    calls = {"ssd_forward": lambda: impls.ssd_forward(**kw, backend=backend),
+             "fwd_pass_state": lambda: backend.fwd_pass_state(kw["B"], kw["x"], dt, dA, None, None, None),
+             "compute_out": lambda: backend.compute_out(kw["C"], kw["B"], kw["x"], dt, dA, states, kw["D"], None, None)}
+    with pytest.raises(ValueError, match="warp_specialize of backend 'triton': refused on a GPU"):
+        calls[call]()
 
 
 def test_search_then_record_on_gpu(tmp_path, monkeypatch, request):
