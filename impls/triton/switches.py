@@ -119,9 +119,9 @@ class TritonSwitches:
                "Needs tma=True, cb_mode='inline', occupancy and state_occupancy 0, not fuse_state_out, and with "
                "fp32 inputs cb_precision='tf32' (ValueError naming what is missing); a launch configuration the "
                "compiler cannot build or does not specialise raises RuntimeError naming it instead of running "
-               "unspecialised. Refused on a GPU (ValueError before any kernel): with Triton 3.6 its kernels computed "
-               "wrong results on an NVIDIA H200 and were 2-3x slower (docs/perf-notes.md, version 15 measured); the "
-               "interpreter (which runs the loop's math only) and the compile-only tools keep it. Off by default",
+               "unspecialised. Refused on a GPU (ValueError before any kernel): Triton 3.6's warp-specialised "
+               "kernels of these loops give wrong results there (docs/perf-notes.md, version 15); the interpreter "
+               "(which runs the loop's math only) and the compile-only tools keep it. Off by default",
         sm90="Triton 3.6's Hopper warp specialisation (experimental there: the tl.range docs say Blackwell): 12 "
              "warps at num_warps=4 (one producer, two consumer warpgroups), setmaxnreg per warpgroup; cuTile's "
              "compiler warp-specialises every kernel on its own",
