@@ -17,7 +17,7 @@ the configuration, and every kernel launched with the switch must be warp-specia
 else RuntimeError instead of its result. The Triton interpreter (CPU tensors) runs the loop's math only: the switch
 changes nothing there.
 On a GPU the switch is refused outright (`check_device`, before any kernel): on one NVIDIA H200 the specialised
-kernels gave results over tolerance in 13 of 31 GPU test cases and ran 2-3x slower than without the switch
+kernels gave results over tolerance in 13 of 30 GPU test cases and ran 2-3x slower than without the switch
 (docs/perf-notes.md, version 15 measured). What is above stays for the compile-only tools, which launch nothing.
 """
 
