@@ -837,3 +837,40 @@ def test_num_ctas_probe_reads_the_cluster_split_from_the_sass():
     assert two["tma_multicast"] > 0 and two["cluster_barriers"] > 0
     assert (two["ldl"], two["stl"], two["stack_bytes"]) == (0, 0, 0)
     assert two["hgmma"] == ["HGMMA.64x32x16.F32.BF16"] and one["hgmma"] == ["HGMMA.64x64x16.F32.BF16"]
+
+
+@pytest.mark.parametrize("switches", [
+    pytest.param(CutileSwitches(num_ctas=2), id="num_ctas2"),
+    pytest.param(CutileSwitches(num_ctas=2, head_loop=8), id="num_ctas2-head_loop8"),
+])
+def test_num_ctas_switch_builds_the_cluster_kernel(switches):
+    """Switch num_ctas: the stage's launch builds its kernel with `ct.kernel(num_ctas=2)` at the S1 record (tiles
+    and occupancy borrowed from the key without the switch): MMAs split by N, multicast TMA loads, cluster
+    barriers, and far fewer local loads/stores than one CTA (none without the head loop, 2 / 2 with it against
+    22 / 13) in the sm_90 SASS; off, none of that."""
+    from impls.cutile import aot, spills
+    from impls.cutile.tune import record_key
+
+    assert "num_ctas=2" in record_key("compute_out", switches, "b8-l4096-h80-p64-g1-n128-c256", "bfloat16")
+    assert "num_ctas" not in record_key("compute_out", switches, "b8-l4096-h80-p64-g1-n128-c256", "bfloat16",
+                                        code_tricks=False)
+    row = spills.kernel_spills("compute_out", "S1", switches=switches)
+    one = spills.kernel_spills("compute_out", "S1", switches=dataclasses.replace(switches, num_ctas=0))
+    assert row.ldl + row.stl <= (4 if switches.head_loop else 0) < one.ldl + one.stl, (row, one)
+    cfg = spills.resolved_config("compute_out", "S1", switches=switches)
+    text = sass(export(build_call("compute_out", torch.bfloat16, switches, dims=_s1_dims(), config=cfg,
+                                  optional=False, d_mode=1), "sm_90"))
+    ops = aot.opcodes(text)
+    assert ops["UTMALDG.4D.MULTICAST"] > 0 and ops["UCGABAR_WAIT"] > 0
+    assert {k for k in ops if k.startswith("HGMMA")} == {"HGMMA.64x32x16.F32.BF16"}
+    plain = build_call("compute_out", torch.bfloat16, dataclasses.replace(switches, num_ctas=0), dims=_s1_dims(),
+                       config=cfg, optional=False, d_mode=1)
+    assert "MULTICAST" not in sass(export(plain, "sm_90"))
+
+
+def _s1_dims() -> dict:
+    from impls.cli import load_shape
+
+    s = load_shape("S1")
+    return dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
+                dstate=s.dstate, chunk=s.chunk_size)

@@ -76,6 +76,7 @@ def test_fused_tiles_come_from_their_own_tuning_stage():
     pytest.param("two_warpgroups", True, id="two_warpgroups"),
     pytest.param("state_two_warpgroups", True, id="state_two_warpgroups"),
     pytest.param("head_loop", 8, id="head_loop"),
+    pytest.param("num_ctas", 2, id="num_ctas"),
 ])
 def test_fused_refuses_a_switch_it_does_not_read(name, value):
     from impls.cutile import CutileBackend

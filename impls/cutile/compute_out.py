@@ -501,7 +501,7 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
             sw.skip_first, sw.pdl)
     grid = grid_of(batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp), sw.heads_first)
     return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,
-                       WORKER_WARPS[sw.two_warpgroups])
+                       WORKER_WARPS[sw.two_warpgroups], sw.num_ctas)
 
 
 def make_head_loop_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config) -> KernelCall:
@@ -523,7 +523,7 @@ def make_head_loop_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, 
     head_blocks = ngroups * math.ceil(heads_per_group / sw.head_loop)
     grid = grid_of(batch * nchunks * (chunk_size // bl), head_blocks, math.ceil(headdim / bp), sw.heads_first)
     return kernel_call(compute_out_head_loop_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,
-                       WORKER_WARPS[sw.two_warpgroups])
+                       WORKER_WARPS[sw.two_warpgroups], sw.num_ctas)
 
 
 def make_cb_call(arrays, dims, chunk_size, tf32, sw, config) -> KernelCall:

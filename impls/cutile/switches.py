@@ -91,6 +91,17 @@ class CutileSwitches:
              "each warpgroup holds half of every accumulator and half of the exponentials, so bf16 at the tuned "
              "S1–S4 tiles compiles with no local-memory spill (docs/perf-notes.md, version 11)",
         sm100="the same hint; the split tileiras makes for tcgen05 has not been examined")
+    num_ctas: int = switch(
+        0, "stage 3's main kernel compiled for a cluster of this many CTAs per tile program (cuTile "
+           "`ct.kernel(num_ctas=)`; 0: the compiler's choice, one CTA). The grid, the tile, the record's occupancy "
+           "and the math are unchanged",
+        sm90="tileiras splits every MMA of the tile between the cluster's CTAs by its N columns (HGMMA 64x32 for "
+             "two CTAs at 64-wide tiles), multicasts the operand both halves read (C_l) with TMA and exchanges the "
+             "scores through distributed shared memory behind cluster barriers; each CTA holds half of every "
+             "accumulator, so the record's tiles compile without local-memory spills "
+             "(`python -m experiments.num_ctas_probe --compile-only`)",
+        sm100="the same hint; the split tileiras makes for tcgen05 has not been examined",
+        choices=(0, 2))
     state_two_warpgroups: bool = switch(
         False, "stage 2's MMA kernels (fwd_pass_state_kernel; local_state_kernel with state_pass chunk_parallel) "
                "compiled with two math warpgroups sharing each state tile (cuTile `ct.kernel(num_worker_warps=8)`; "
@@ -209,7 +220,7 @@ FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
                      "heads_per_tile", "heads_first", "skip_first", "two_warpgroups", "head_loop",
-                     "state_two_warpgroups", "state_pass", "pdl")
+                     "state_two_warpgroups", "state_pass", "pdl", "num_ctas")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 
 

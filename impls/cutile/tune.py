@@ -108,14 +108,14 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     """The tuning record's key: shape, dtype, the layout/operand switches, and what else changes the winner only
     when set away from its default (so the records stored without them keep their keys): a default-on code trick
     turned off (tma, exp2, latency_hints), pdl on or another opt_level, or compute_out's heads_first, skip_first or
-    two_warpgroups on or its head_loop set, fwd_pass_state's state_two_warpgroups on (borrowing like those;
+    two_warpgroups on or its head_loop or num_ctas set, fwd_pass_state's state_two_warpgroups on (borrowing like those;
     two_warpgroups with its occupancy pinned, `pins`; head_loop with the record's heads_per_tile as the heads of one
     step; state_two_warpgroups with the record's occupancy), decay_factor on,
     stage 2's chunk-parallel arrangement (state_pass), a lowering of several heads per tile other than the default,
     and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search with
     block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False: the
     key without the tricks turned off, pdl, opt_level (and without heads_first, skip_first, two_warpgroups,
-    head_loop, state_two_warpgroups), whose
+    head_loop, num_ctas, state_two_warpgroups), whose
     record impls/tuning.py borrows when the tricks' own key has none."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
     if code_tricks:
@@ -129,6 +129,8 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
         extra.update({k: True for k in ("heads_first", "skip_first", "two_warpgroups") if getattr(sw, k)})
         if sw.head_loop:
             extra["head_loop"] = sw.head_loop
+        if sw.num_ctas:
+            extra["num_ctas"] = sw.num_ctas
     if code_tricks and stage == "fwd_pass_state" and sw.state_two_warpgroups:  # borrows likewise, occupancy too
         extra["state_two_warpgroups"] = True
     if stage == "compute_out" and sw.head_mma != DEFAULT_HEAD_MMA and sw.heads_per_tile != 1:  # 1: the same kernel
