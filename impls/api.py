@@ -121,9 +121,12 @@ def chunk_cumsum(dt, A, chunk_size: int, dt_bias=None, dt_softplus: bool = False
     def metadata():
         check.tensor("dt", dt, shape=(None, None, None))
         batch, seqlen, nheads = dt.shape
-        check.tensor("A", A, shape=(nheads,), device=dt.device)
-        check.optional("dt_bias", dt_bias, shape=(nheads,), device=dt.device)
+        if min(batch, seqlen, nheads) < 1:
+            check.fail("dt", "non-empty batch, seqlen and nheads", (batch, seqlen, nheads))
+        check.tensor("A", A, shape=(nheads,), device=dt.device, device_of="dt")
+        check.optional("dt_bias", dt_bias, shape=(nheads,), device=dt.device, device_of="dt")
         check.chunk_size(chunk_size)
+        check.flag("dt_softplus", dt_softplus)
         check.dt_limit(dt_limit)
         return Problem(Shape(batch, seqlen, nheads, 0, 0, 0, chunk_size), dtype=dtype_name(dt.dtype),
                        has_dt_bias=dt_bias is not None, dt_softplus=dt_softplus,
@@ -143,7 +146,7 @@ def _check_chunked(B, x, dt, dA_cumsum):
     check.tensor("dt", dt, shape=(batch, nheads, None, None), dtypes=(torch.float32, torch.float64),
                  device=x.device)
     nchunks, chunk = dt.shape[2], dt.shape[3]
-    check.chunk_size(chunk)
+    check.chunk_size(chunk, "dt (dimension 3: chunk_size)")
     if nchunks != math.ceil(seqlen / chunk):
         check.fail("dt", f"nchunks = ceil(seqlen/chunk_size) = {math.ceil(seqlen / chunk)} (dimension 2)", nchunks)
     check.chunked("dA_cumsum", dA_cumsum, batch, nheads, nchunks, chunk, x.device)
@@ -214,6 +217,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, i
         check.tensor("A", A, shape=(nheads,), device=x.device)
         check.tensor("C", C, shape=tuple(B.shape), dtypes=(x.dtype,), device=x.device)
         check.chunk_size(chunk_size)
+        check.flag("dt_softplus", dt_softplus)
         check.dt_limit(dt_limit)
         check.optional("dt_bias", dt_bias, shape=(nheads,), device=x.device)
         _check_D_z(D, z, x)

@@ -21,8 +21,10 @@ def fail(arg: str, expected: str, got) -> None:
     raise ValueError(f"{arg}: expected {expected}, got {got}")
 
 
-def tensor(arg: str, t, shape: tuple[int, ...] | None = None, dtypes=FLOAT_DTYPES, device=None) -> None:
-    """`t` is a tensor of `shape` (None entries are free) with one of `dtypes`, on `device`."""
+def tensor(arg: str, t, shape: tuple[int, ...] | None = None, dtypes=FLOAT_DTYPES, device=None,
+           device_of: str = "x") -> None:
+    """`t` is a tensor of `shape` (None entries are free) with one of `dtypes`, on `device` (that of the argument
+    `device_of`)."""
     if not isinstance(t, torch.Tensor):
         fail(arg, "a torch.Tensor", type(t).__name__)
     if shape is not None:
@@ -32,7 +34,7 @@ def tensor(arg: str, t, shape: tuple[int, ...] | None = None, dtypes=FLOAT_DTYPE
     if dtypes is not None and t.dtype not in dtypes:
         fail(arg, f"dtype in {[str(d) for d in dtypes]}", t.dtype)
     if device is not None and t.device != device:
-        fail(arg, f"a tensor on {device} (the device of x)", t.device)
+        fail(arg, f"a tensor on {device} (the device of {device_of})", t.device)
     if t.numel() > 0 and any(st < 0 for st in t.stride()):
         fail(arg, "non-negative strides", t.stride())
 
@@ -45,11 +47,18 @@ def optional(arg: str, t, **kw) -> None:
 MAX_CHUNK_SIZE = 2048  # the intra-chunk term is quadratic in the chunk: Q×Q per head and chunk
 
 
-def chunk_size(value) -> None:
+def chunk_size(value, arg: str = "chunk_size") -> None:
+    """A power of two in [16, MAX_CHUNK_SIZE]; `arg` names where it was read (a stage reads it off dt's shape)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 16 or value & (value - 1):
-        fail("chunk_size", "a power of two >= 16", value)
+        fail(arg, "a power of two >= 16", value)
     if value > MAX_CHUNK_SIZE:
-        fail("chunk_size", f"at most {MAX_CHUNK_SIZE}", value)
+        fail(arg, f"at most {MAX_CHUNK_SIZE}", value)
+
+
+def flag(arg: str, value) -> None:
+    """A bool switch of the call (dt_softplus): a string such as "no" would otherwise read as true."""
+    if not isinstance(value, bool):
+        fail(arg, "a bool", repr(value))
 
 
 def dims(x: torch.Tensor, B: torch.Tensor) -> tuple[int, int, int, int, int, int]:
