@@ -102,10 +102,12 @@ def forget_checked() -> None:
     _MEMO.clear()
 
 
-def uses_decay_factor(impl: Backend) -> bool:
-    """Whether the backend's compute_out uses the factored decay (switch decay_factor), which assumes dA_cumsum
-    non-increasing inside a chunk."""
-    return bool(getattr(impl.switches, "decay_factor", False))
+def non_increasing_decay(impl: Backend) -> str:
+    """Why the backend needs dA_cumsum non-increasing inside a chunk ("" where it does not): its compute_out's
+    factored decay (switch decay_factor), or kernels that assume it (Backend.NON_INCREASING_DECAY)."""
+    if getattr(impl.switches, "decay_factor", False):
+        return check.DECAY_FACTOR
+    return impl.NON_INCREASING_DECAY
 
 
 def seq_idx_from_cu_seqlens(cu_seqlens: torch.Tensor, seqlen: int) -> torch.Tensor:
@@ -138,6 +140,8 @@ def chunk_cumsum(dt, A, chunk_size: int, dt_bias=None, dt_softplus: bool = False
 
     _, impl = _checked("chunk_cumsum", backend, (dt, A, dt_bias), (chunk_size, dt_softplus, dt_limit), metadata,
                        values)
+    if check_values and impl.NON_INCREASING_DECAY:  # the factored decay is compute_out's: not this stage's concern
+        check.decay_factor_inputs(A, dt, dt_bias, dt_softplus, dt_limit, impl.NON_INCREASING_DECAY)
     return impl.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, tuple(float(v) for v in dt_limit))
 
 
@@ -172,6 +176,8 @@ def fwd_pass_state(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, state
 
     _, impl = _checked("fwd_pass_state", backend, (B, x, dt, dA_cumsum, initial_states, seq_idx), (state_dtype,),
                        metadata, values)
+    if check_values and impl.NON_INCREASING_DECAY:
+        check.non_increasing_in_chunks(dA_cumsum, impl.NON_INCREASING_DECAY)
     return impl.fwd_pass_state(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype)
 
 
@@ -191,8 +197,8 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None, *,
             check.values(C=C, B=B, x=x, dt=dt, dA_cumsum=dA_cumsum, states=states, D=D, z=z, seq_idx=seq_idx)
 
     _, impl = _checked("compute_out", backend, (C, B, x, dt, dA_cumsum, states, D, z, seq_idx), (), metadata, values)
-    if check_values and uses_decay_factor(impl):
-        check.non_increasing_in_chunks(dA_cumsum)
+    if check_values and non_increasing_decay(impl):
+        check.non_increasing_in_chunks(dA_cumsum, non_increasing_decay(impl))
     return impl.compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
 
 
@@ -243,7 +249,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, i
                        (chunk_size, dt_softplus, dt_limit, state_dtype), metadata, values)
     if cu_seqlens is not None and seq_idx is None:
         seq_idx = seq_idx_from_cu_seqlens(cu_seqlens, x.shape[1])
-    if check_values and uses_decay_factor(impl):
-        check.decay_factor_inputs(A, dt, dt_bias, dt_softplus, dt_limit)
+    if check_values and non_increasing_decay(impl):
+        check.decay_factor_inputs(A, dt, dt_bias, dt_softplus, dt_limit, non_increasing_decay(impl))
     return impl.ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                             dt_softplus, tuple(float(v) for v in dt_limit), state_dtype)

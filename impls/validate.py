@@ -143,19 +143,20 @@ def flat_padded_tail(dt, dA_cumsum, seqlen: int) -> None:
 DECAY_FACTOR = "switch decay_factor (the factored decay assumes dA_cumsum non-increasing inside a chunk)"
 
 
-def non_increasing_in_chunks(dA_cumsum) -> None:
-    """dA_cumsum never increases along a chunk: what compute_out's factored decay assumes (impls/README.md)."""
+def non_increasing_in_chunks(dA_cumsum, why: str = DECAY_FACTOR) -> None:
+    """dA_cumsum never increases along a chunk: what compute_out's factored decay assumes (impls/README.md), or
+    the kernels `why` names."""
     if bool((dA_cumsum[..., 1:] > dA_cumsum[..., :-1]).any()):
-        fail("dA_cumsum", f"non-increasing inside every chunk with {DECAY_FACTOR}", "an increase (A > 0 or dt < 0)")
+        fail("dA_cumsum", f"non-increasing inside every chunk with {why}", "an increase (A > 0 or dt < 0)")
 
 
-def decay_factor_inputs(A, dt, dt_bias, dt_softplus: bool, dt_limit) -> None:
+def decay_factor_inputs(A, dt, dt_bias, dt_softplus: bool, dt_limit, why: str = DECAY_FACTOR) -> None:
     """The forward's inputs give a non-increasing dA_cumsum: A <= 0, and dt >= 0 after processing (softplus or a
-    dt_limit clamp make it so; without them dt + dt_bias must be >= 0 already)."""
+    dt_limit clamp make it so; without them dt + dt_bias must be >= 0 already). `why`: what assumes it."""
     if bool((A > 0).any()):
-        fail("A", f"values <= 0 with {DECAY_FACTOR}", "a positive entry")
+        fail("A", f"values <= 0 with {why}", "a positive entry")
     if dt_softplus or tuple(float(v) for v in dt_limit) != (0.0, math.inf):
         return
     v = dt.float() if dt_bias is None else dt.float() + dt_bias.float()
     if bool((v < 0).any()):
-        fail("dt", f"dt + dt_bias >= 0 without softplus or dt_limit, with {DECAY_FACTOR}", "a negative entry")
+        fail("dt", f"dt + dt_bias >= 0 without softplus or dt_limit, with {why}", "a negative entry")

@@ -12,7 +12,7 @@ import impls
 from impls.inputs import make_inputs
 from impls.problem import Problem
 from impls.tolerance import rel_err, tolerance
-from tests.common import TINY, failures, run_case
+from tests.common import TINY, failures, float64_forward, forward_errors, run_case
 
 pytestmark = pytest.mark.quick  # the quick tier: pytest -m quick
 
@@ -86,3 +86,74 @@ def test_extreme_decay_stays_finite():
         out = impls.ssd_forward(**kw, backend=backend)
         assert torch.isfinite(out.y).all()
         assert rel_err(out.y, ref.y) <= tolerance(torch.float32)
+
+
+def increasing_decay(case: str):
+    """Inputs whose dA_cumsum increases inside a chunk: a positive A (softplus on), or a negative dt without
+    softplus or dt_limit. Both are in the contract (impls/README.md)."""
+    problem = Problem(dataclasses.replace(TINY, batch=1, seqlen=40, chunk_size=16), dt_softplus=case == "A-positive",
+                      has_dt_bias=False)
+    inputs = make_inputs(problem, seed=6, dtype=torch.float32)
+    if case == "A-positive":
+        inputs.A = inputs.A.clone()
+        inputs.A[1] = 0.5
+    else:
+        inputs.dt = inputs.dt.clone()
+        inputs.dt[0, 3:6, 1] = -0.02  # small enough that the state stays bounded, large enough to show
+    return inputs
+
+
+INCREASING = [pytest.param("A-positive", "A", id="A-positive"),
+              pytest.param("dt-negative-without-softplus", "dt", id="dt-negative-without-softplus")]
+ASSUMING = [pytest.param("mamba_ssm", {"fused": True}, id="mamba_ssm-fused"),
+            pytest.param("mamba_ssm", {"fused": False}, id="mamba_ssm-stages"),
+            pytest.param("vllm", {}, id="vllm")]
+
+
+def backend_or_skip(name, switches):
+    try:
+        return impls.get_backend(name, **switches)
+    except impls.BackendUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("case, arg", INCREASING)
+def test_increasing_decay_is_computed(backend, case, arg):
+    inputs = increasing_decay(case)
+    ref = float64_forward(inputs)
+    assert bool((ref.dA_cumsum[..., 1:] > ref.dA_cumsum[..., :-1]).any())
+    errors = forward_errors(backend, inputs, ref)
+    assert not failures(errors, torch.float32, backend), errors
+
+
+@pytest.mark.parametrize("name, switches", ASSUMING)
+@pytest.mark.parametrize("case, arg", INCREASING)
+def test_increasing_decay_is_refused_where_kernels_assume_it(name, switches, case, arg):
+    """mamba-ssm's and vLLM's kernels clamp dt at 0 and exp(dA_cumsum[l] - dA_cumsum[s]) at 1 (20-30 % off the
+    float64 reference on these inputs): check_values and the harness's gate refuse such inputs, naming the
+    argument and why, as for the factored decay."""
+    from experiments import correctness
+
+    backend = backend_or_skip(name, switches)
+    inputs = increasing_decay(case)
+    why = rf"^{arg}: .*{'mamba-ssm' if name == 'mamba_ssm' else 'vLLM'}'s kernels"
+    with pytest.raises(ValueError, match=why):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=backend, check_values=True)
+    with pytest.raises(ValueError, match=why):
+        correctness.refuse_unsafe_inputs(backend, inputs)
+
+
+@pytest.mark.parametrize("case, arg", INCREASING)
+def test_mamba_ssm_stages_refuse_increasing_decay(case, arg):
+    backend = impls.get_backend("mamba_ssm", fused=False)
+    inputs = increasing_decay(case)
+    ref = impls.ssd_forward(**inputs.forward_kwargs())
+    if case == "dt-negative-without-softplus":  # A alone is fine for chunk_cumsum
+        with pytest.raises(ValueError, match="^dt: .*mamba-ssm's kernels"):
+            impls.chunk_cumsum(inputs.dt, inputs.A, inputs.chunk_size, backend=backend, check_values=True)
+    with pytest.raises(ValueError, match="^dA_cumsum: .*mamba-ssm's kernels"):
+        impls.fwd_pass_state(inputs.B, inputs.x, ref.dt, ref.dA_cumsum, backend=backend, check_values=True)
+    with pytest.raises(ValueError, match="^dA_cumsum: .*mamba-ssm's kernels"):
+        impls.compute_out(inputs.C, inputs.B, inputs.x, ref.dt, ref.dA_cumsum, ref.states, backend=backend,
+                          check_values=True)
