@@ -49,6 +49,16 @@ def test_short_sequences_compute_correctly(backend, problem):
     assert not failures(errors, torch.float32), errors
 
 
+@pytest.mark.parametrize("backend", [*BACKENDS, "triton"])
+@pytest.mark.parametrize("dt_limit", [pytest.param((0.0, 1e40), id="0-to-1e40"),
+                                      pytest.param((1e-3, 3.5e38), id="1e-3-to-3.5e38")])
+def test_dt_limit_beyond_the_float32_range(backend, dt_limit):
+    """A finite upper bound past fp32's largest value clamps nothing in fp32: no overflow error, the same result."""
+    problem = Problem(dataclasses.replace(TINY, batch=1, seqlen=40), dt_limit=dt_limit)
+    errors = run_case(backend, problem, torch.float32, seed=4)
+    assert not failures(errors, torch.float32), errors
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_non_finite_input_is_caught_or_propagates(backend):
     x = make_inputs(Problem(TINY), seed=2, dtype=torch.float32).x.clone()
