@@ -25,8 +25,12 @@ from impls.registry import Backend, BackendUnavailable, ForwardResult, get_backe
 INF = math.inf
 
 
-def _backend(backend, problem: Problem, device) -> Backend:
+def _backend(backend, problem: Problem, device, entry: str) -> Backend:
     impl = get_backend(backend)
+    stage = "forward" if entry == "ssd_forward" else entry
+    if stage not in impl.STAGES:  # before supports(), which would judge a stage's partial Problem
+        why = getattr(impl, "NO_STAGES", f"it runs {', '.join(impl.STAGES)} only")
+        raise BackendUnavailable(f"backend {impl.name!r} has no stage {stage!r} of its own: {why}")
     require(impl, problem, device)
     return impl
 
@@ -89,7 +93,7 @@ def _checked(entry: str, backend, tensors, scalars, metadata, values) -> tuple[P
             return problem, impl
     problem, device = metadata()
     values()
-    impl = _backend(backend, problem, device)
+    impl = _backend(backend, problem, device, entry)
     if key is not None:
         _MEMO[key] = (problem, impl, device)
         if len(_MEMO) > MEMO_SIZE:
