@@ -55,6 +55,9 @@ class MambaSSMBackend(Backend):
         return False, f"Triton kernels need a CUDA device, or CPU tensors with TRITON_INTERPRET=1 (got {device})"
 
     def supports(self, problem: Problem):
+        if problem.dtype not in ("float32", "float16", "bfloat16"):
+            return False, (f"dtype {problem.dtype}: upstream's kernels compute in fp32 (fp32 dt, dA_cumsum and "
+                           f"accumulators), so {problem.dtype} inputs would silently run at fp32 precision")
         if problem.varlen and problem.has_initial_states:
             return False, ("upstream chunk_state_varlen ignores the initial state for a first sequence that ends "
                            "inside the first chunk")
