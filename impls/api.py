@@ -144,8 +144,9 @@ def chunk_cumsum(dt, A, chunk_size: int, dt_bias=None, dt_softplus: bool = False
 
     _, impl = _checked("chunk_cumsum", backend, (dt, A, dt_bias), (chunk_size, dt_softplus, dt_limit), metadata,
                        values)
-    if check_values and impl.NON_INCREASING_DECAY:  # the factored decay is compute_out's: not this stage's concern
-        check.decay_factor_inputs(A, dt, dt_bias, dt_softplus, dt_limit, impl.NON_INCREASING_DECAY)
+    # kernels that clamp dt at 0 (Backend.NON_INCREASING_DECAY); A > 0 and the factored decay are later stages' concern
+    if check_values and impl.NON_INCREASING_DECAY:
+        check.non_negative_dt(dt, dt_bias, dt_softplus, dt_limit, impl.NON_INCREASING_DECAY)
     return impl.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, tuple(float(v) for v in dt_limit))
 
 

@@ -155,6 +155,11 @@ def decay_factor_inputs(A, dt, dt_bias, dt_softplus: bool, dt_limit, why: str = 
     dt_limit clamp make it so; without them dt + dt_bias must be >= 0 already). `why`: what assumes it."""
     if bool((A > 0).any()):
         fail("A", f"values <= 0 with {why}", "a positive entry")
+    non_negative_dt(dt, dt_bias, dt_softplus, dt_limit, why)
+
+
+def non_negative_dt(dt, dt_bias, dt_softplus: bool, dt_limit, why: str) -> None:
+    """dt >= 0 after processing: softplus or a dt_limit clamp make it so; without them dt + dt_bias must be."""
     if dt_softplus or tuple(float(v) for v in dt_limit) != (0.0, math.inf):
         return
     v = dt.float() if dt_bias is None else dt.float() + dt_bias.float()

@@ -159,9 +159,13 @@ def test_mamba_ssm_stages_refuse_increasing_decay(case, arg):
     backend = impls.get_backend("mamba_ssm", fused=False)
     inputs = increasing_decay(case)
     ref = impls.ssd_forward(**inputs.forward_kwargs())
-    if case == "dt-negative-without-softplus":  # A alone is fine for chunk_cumsum
+    cumsum = (inputs.dt, inputs.A, inputs.chunk_size, None, inputs.dt_softplus)
+    if case == "dt-negative-without-softplus":  # upstream's chunk cumsum clamps dt at 0
         with pytest.raises(ValueError, match="^dt: .*mamba-ssm's kernels"):
-            impls.chunk_cumsum(inputs.dt, inputs.A, inputs.chunk_size, backend=backend, check_values=True)
+            impls.chunk_cumsum(*cumsum, backend=backend, check_values=True)
+    else:  # A > 0 alone: its chunk cumsum is right, the later stages are not
+        dt, dA = impls.chunk_cumsum(*cumsum, backend=backend, check_values=True)
+        assert rel_err(dA, ref.dA_cumsum) <= tolerance(torch.float32)
     with pytest.raises(ValueError, match="^dA_cumsum: .*mamba-ssm's kernels"):
         impls.fwd_pass_state(inputs.B, inputs.x, ref.dt, ref.dA_cumsum, backend=backend, check_values=True)
     with pytest.raises(ValueError, match="^dA_cumsum: .*mamba-ssm's kernels"):
