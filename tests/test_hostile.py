@@ -12,7 +12,7 @@ import impls
 from impls.inputs import make_inputs
 from impls.problem import Problem
 from impls.tolerance import rel_err, tolerance
-from tests.common import TINY, failures, float64_forward, forward_errors, run_case
+from tests.common import INCREASING, TINY, failures, float64_forward, forward_errors, increasing_decay, run_case
 
 pytestmark = pytest.mark.quick  # the quick tier: pytest -m quick
 
@@ -98,23 +98,7 @@ def test_extreme_decay_stays_finite():
         assert rel_err(out.y, ref.y) <= tolerance(torch.float32)
 
 
-def increasing_decay(case: str):
-    """Inputs whose dA_cumsum increases inside a chunk: a positive A (softplus on), or a negative dt without
-    softplus or dt_limit. Both are in the contract (impls/README.md)."""
-    problem = Problem(dataclasses.replace(TINY, batch=1, seqlen=40, chunk_size=16), dt_softplus=case == "A-positive",
-                      has_dt_bias=False)
-    inputs = make_inputs(problem, seed=6, dtype=torch.float32)
-    if case == "A-positive":
-        inputs.A = inputs.A.clone()
-        inputs.A[1] = 0.5
-    else:
-        inputs.dt = inputs.dt.clone()
-        inputs.dt[0, 3:6, 1] = -0.02  # small enough that the state stays bounded, large enough to show
-    return inputs
-
-
-INCREASING = [pytest.param("A-positive", "A", id="A-positive"),
-              pytest.param("dt-negative-without-softplus", "dt", id="dt-negative-without-softplus")]
+INCREASING_SHAPE = dataclasses.replace(TINY, batch=1, seqlen=40, chunk_size=16)
 ASSUMING = [pytest.param("mamba_ssm", {"fused": True}, id="mamba_ssm-fused"),
             pytest.param("mamba_ssm", {"fused": False}, id="mamba_ssm-stages"),
             pytest.param("vllm", {}, id="vllm")]
@@ -130,7 +114,7 @@ def backend_or_skip(name, switches):
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize("case, arg", INCREASING)
 def test_increasing_decay_is_computed(backend, case, arg):
-    inputs = increasing_decay(case)
+    inputs = increasing_decay(case, INCREASING_SHAPE)
     ref = float64_forward(inputs)
     assert bool((ref.dA_cumsum[..., 1:] > ref.dA_cumsum[..., :-1]).any())
     errors = forward_errors(backend, inputs, ref)
@@ -146,7 +130,7 @@ def test_increasing_decay_is_refused_where_kernels_assume_it(name, switches, cas
     from experiments import correctness
 
     backend = backend_or_skip(name, switches)
-    inputs = increasing_decay(case)
+    inputs = increasing_decay(case, INCREASING_SHAPE)
     why = rf"^{arg}: .*{'mamba-ssm' if name == 'mamba_ssm' else 'vLLM'}'s kernels"
     with pytest.raises(ValueError, match=why):
         impls.ssd_forward(**inputs.forward_kwargs(), backend=backend, check_values=True)
@@ -157,7 +141,7 @@ def test_increasing_decay_is_refused_where_kernels_assume_it(name, switches, cas
 @pytest.mark.parametrize("case, arg", INCREASING)
 def test_mamba_ssm_stages_refuse_increasing_decay(case, arg):
     backend = impls.get_backend("mamba_ssm", fused=False)
-    inputs = increasing_decay(case)
+    inputs = increasing_decay(case, INCREASING_SHAPE)
     ref = impls.ssd_forward(**inputs.forward_kwargs())
     cumsum = (inputs.dt, inputs.A, inputs.chunk_size, None, inputs.dt_softplus)
     if case == "dt-negative-without-softplus":  # upstream's chunk cumsum clamps dt at 0
