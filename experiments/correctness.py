@@ -25,7 +25,7 @@ import torch
 from experiments.calls import FORWARD_ARGS, forward_kwargs, public_forward_call
 from impls import tolerance as tolerances
 from impls import validate
-from impls.api import uses_decay_factor
+from impls.api import non_increasing_decay
 from impls.inputs import Inputs
 from impls.reference.compute_out import BLOCK_ELEMENTS
 from impls.reference.sampled import INT32_LIMIT, sampled_reference
@@ -234,7 +234,9 @@ def mamba_ssm_rule(backend, inputs: Inputs, ref, problem, dtype: torch.dtype, de
 
 
 def refuse_unsafe_inputs(backend, inputs: Inputs) -> None:
-    """Value checks the gate makes before running a backend: what its switches assume of the inputs (the factored
-    decay, switch decay_factor: A <= 0 and dt >= 0 after processing). Raises ValueError naming the argument."""
-    if uses_decay_factor(backend):
-        validate.decay_factor_inputs(inputs.A, inputs.dt, inputs.dt_bias, inputs.dt_softplus, inputs.dt_limit)
+    """Value checks the gate makes before running a backend: what its kernels or switches assume of the inputs
+    (a non-increasing decay: the factored decay, switch decay_factor, or Backend.NON_INCREASING_DECAY; A <= 0 and
+    dt >= 0 after processing). Raises ValueError naming the argument."""
+    why = non_increasing_decay(backend)
+    if why:
+        validate.decay_factor_inputs(inputs.A, inputs.dt, inputs.dt_bias, inputs.dt_softplus, inputs.dt_limit, why)

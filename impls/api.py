@@ -25,8 +25,12 @@ from impls.registry import Backend, BackendUnavailable, ForwardResult, get_backe
 INF = math.inf
 
 
-def _backend(backend, problem: Problem, device) -> Backend:
+def _backend(backend, problem: Problem, device, entry: str) -> Backend:
     impl = get_backend(backend)
+    stage = "forward" if entry == "ssd_forward" else entry
+    if stage not in impl.STAGES:  # before supports(), which would judge a stage's partial Problem
+        why = getattr(impl, "NO_STAGES", f"it runs {', '.join(impl.STAGES)} only")
+        raise BackendUnavailable(f"backend {impl.name!r} has no stage {stage!r} of its own: {why}")
     require(impl, problem, device)
     return impl
 
@@ -89,7 +93,7 @@ def _checked(entry: str, backend, tensors, scalars, metadata, values) -> tuple[P
             return problem, impl
     problem, device = metadata()
     values()
-    impl = _backend(backend, problem, device)
+    impl = _backend(backend, problem, device, entry)
     if key is not None:
         _MEMO[key] = (problem, impl, device)
         if len(_MEMO) > MEMO_SIZE:
@@ -102,10 +106,12 @@ def forget_checked() -> None:
     _MEMO.clear()
 
 
-def uses_decay_factor(impl: Backend) -> bool:
-    """Whether the backend's compute_out uses the factored decay (switch decay_factor), which assumes dA_cumsum
-    non-increasing inside a chunk."""
-    return bool(getattr(impl.switches, "decay_factor", False))
+def non_increasing_decay(impl: Backend) -> str:
+    """Why the backend needs dA_cumsum non-increasing inside a chunk ("" where it does not): its compute_out's
+    factored decay (switch decay_factor), or kernels that assume it (Backend.NON_INCREASING_DECAY)."""
+    if getattr(impl.switches, "decay_factor", False):
+        return check.DECAY_FACTOR
+    return impl.NON_INCREASING_DECAY
 
 
 def seq_idx_from_cu_seqlens(cu_seqlens: torch.Tensor, seqlen: int) -> torch.Tensor:
@@ -121,9 +127,12 @@ def chunk_cumsum(dt, A, chunk_size: int, dt_bias=None, dt_softplus: bool = False
     def metadata():
         check.tensor("dt", dt, shape=(None, None, None))
         batch, seqlen, nheads = dt.shape
-        check.tensor("A", A, shape=(nheads,), device=dt.device)
-        check.optional("dt_bias", dt_bias, shape=(nheads,), device=dt.device)
+        if min(batch, seqlen, nheads) < 1:
+            check.fail("dt", "non-empty batch, seqlen and nheads", (batch, seqlen, nheads))
+        check.tensor("A", A, shape=(nheads,), device=dt.device, device_of="dt")
+        check.optional("dt_bias", dt_bias, shape=(nheads,), device=dt.device, device_of="dt")
         check.chunk_size(chunk_size)
+        check.flag("dt_softplus", dt_softplus)
         check.dt_limit(dt_limit)
         return Problem(Shape(batch, seqlen, nheads, 0, 0, 0, chunk_size), dtype=dtype_name(dt.dtype),
                        has_dt_bias=dt_bias is not None, dt_softplus=dt_softplus,
@@ -135,6 +144,9 @@ def chunk_cumsum(dt, A, chunk_size: int, dt_bias=None, dt_softplus: bool = False
 
     _, impl = _checked("chunk_cumsum", backend, (dt, A, dt_bias), (chunk_size, dt_softplus, dt_limit), metadata,
                        values)
+    # kernels that clamp dt at 0 (Backend.NON_INCREASING_DECAY); A > 0 and the factored decay are later stages' concern
+    if check_values and impl.NON_INCREASING_DECAY:
+        check.non_negative_dt(dt, dt_bias, dt_softplus, dt_limit, impl.NON_INCREASING_DECAY)
     return impl.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, tuple(float(v) for v in dt_limit))
 
 
@@ -143,7 +155,7 @@ def _check_chunked(B, x, dt, dA_cumsum):
     check.tensor("dt", dt, shape=(batch, nheads, None, None), dtypes=(torch.float32, torch.float64),
                  device=x.device)
     nchunks, chunk = dt.shape[2], dt.shape[3]
-    check.chunk_size(chunk)
+    check.chunk_size(chunk, "dt (dimension 3: chunk_size)")
     if nchunks != math.ceil(seqlen / chunk):
         check.fail("dt", f"nchunks = ceil(seqlen/chunk_size) = {math.ceil(seqlen / chunk)} (dimension 2)", nchunks)
     check.chunked("dA_cumsum", dA_cumsum, batch, nheads, nchunks, chunk, x.device)
@@ -169,6 +181,8 @@ def fwd_pass_state(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, state
 
     _, impl = _checked("fwd_pass_state", backend, (B, x, dt, dA_cumsum, initial_states, seq_idx), (state_dtype,),
                        metadata, values)
+    if check_values and impl.NON_INCREASING_DECAY:
+        check.non_increasing_in_chunks(dA_cumsum, impl.NON_INCREASING_DECAY)
     return impl.fwd_pass_state(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype)
 
 
@@ -188,8 +202,8 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None, *,
             check.values(C=C, B=B, x=x, dt=dt, dA_cumsum=dA_cumsum, states=states, D=D, z=z, seq_idx=seq_idx)
 
     _, impl = _checked("compute_out", backend, (C, B, x, dt, dA_cumsum, states, D, z, seq_idx), (), metadata, values)
-    if check_values and uses_decay_factor(impl):
-        check.non_increasing_in_chunks(dA_cumsum)
+    if check_values and non_increasing_decay(impl):
+        check.non_increasing_in_chunks(dA_cumsum, non_increasing_decay(impl))
     return impl.compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
 
 
@@ -214,6 +228,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, i
         check.tensor("A", A, shape=(nheads,), device=x.device)
         check.tensor("C", C, shape=tuple(B.shape), dtypes=(x.dtype,), device=x.device)
         check.chunk_size(chunk_size)
+        check.flag("dt_softplus", dt_softplus)
         check.dt_limit(dt_limit)
         check.optional("dt_bias", dt_bias, shape=(nheads,), device=x.device)
         _check_D_z(D, z, x)
@@ -239,7 +254,7 @@ def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, i
                        (chunk_size, dt_softplus, dt_limit, state_dtype), metadata, values)
     if cu_seqlens is not None and seq_idx is None:
         seq_idx = seq_idx_from_cu_seqlens(cu_seqlens, x.shape[1])
-    if check_values and uses_decay_factor(impl):
-        check.decay_factor_inputs(A, dt, dt_bias, dt_softplus, dt_limit)
+    if check_values and non_increasing_decay(impl):
+        check.decay_factor_inputs(A, dt, dt_bias, dt_softplus, dt_limit, non_increasing_decay(impl))
     return impl.ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                             dt_softplus, tuple(float(v) for v in dt_limit), state_dtype)

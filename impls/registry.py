@@ -84,6 +84,10 @@ class Backend:
     # Resolves configs on a stage's first call (a search, a tuning record, an autotuner): the harness then makes
     # one plain pass before the correctness gate (experiments/correctness.py `resolve_tuning`).
     TUNED: ClassVar[bool] = False
+    # Why the kernels need dA_cumsum non-increasing inside every chunk (A <= 0 and dt >= 0 after processing),
+    # where they assume it whatever the switches; "" where they do not. check_values and the harness's gate refuse
+    # inputs that break it, naming the argument (impls/api.py `non_increasing_decay`).
+    NON_INCREASING_DECAY: ClassVar[str] = ""
 
     def __init__(self, switches=None, **overrides):
         self.switches = make_switches(self.name, self.Switches, self.CANNOT_EXPRESS, switches, overrides)

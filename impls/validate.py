@@ -21,8 +21,10 @@ def fail(arg: str, expected: str, got) -> None:
     raise ValueError(f"{arg}: expected {expected}, got {got}")
 
 
-def tensor(arg: str, t, shape: tuple[int, ...] | None = None, dtypes=FLOAT_DTYPES, device=None) -> None:
-    """`t` is a tensor of `shape` (None entries are free) with one of `dtypes`, on `device`."""
+def tensor(arg: str, t, shape: tuple[int, ...] | None = None, dtypes=FLOAT_DTYPES, device=None,
+           device_of: str = "x") -> None:
+    """`t` is a tensor of `shape` (None entries are free) with one of `dtypes`, on `device` (that of the argument
+    `device_of`)."""
     if not isinstance(t, torch.Tensor):
         fail(arg, "a torch.Tensor", type(t).__name__)
     if shape is not None:
@@ -32,7 +34,7 @@ def tensor(arg: str, t, shape: tuple[int, ...] | None = None, dtypes=FLOAT_DTYPE
     if dtypes is not None and t.dtype not in dtypes:
         fail(arg, f"dtype in {[str(d) for d in dtypes]}", t.dtype)
     if device is not None and t.device != device:
-        fail(arg, f"a tensor on {device} (the device of x)", t.device)
+        fail(arg, f"a tensor on {device} (the device of {device_of})", t.device)
     if t.numel() > 0 and any(st < 0 for st in t.stride()):
         fail(arg, "non-negative strides", t.stride())
 
@@ -45,11 +47,18 @@ def optional(arg: str, t, **kw) -> None:
 MAX_CHUNK_SIZE = 2048  # the intra-chunk term is quadratic in the chunk: Q×Q per head and chunk
 
 
-def chunk_size(value) -> None:
+def chunk_size(value, arg: str = "chunk_size") -> None:
+    """A power of two in [16, MAX_CHUNK_SIZE]; `arg` names where it was read (a stage reads it off dt's shape)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 16 or value & (value - 1):
-        fail("chunk_size", "a power of two >= 16", value)
+        fail(arg, "a power of two >= 16", value)
     if value > MAX_CHUNK_SIZE:
-        fail("chunk_size", f"at most {MAX_CHUNK_SIZE}", value)
+        fail(arg, f"at most {MAX_CHUNK_SIZE}", value)
+
+
+def flag(arg: str, value) -> None:
+    """A bool switch of the call (dt_softplus): a string such as "no" would otherwise read as true."""
+    if not isinstance(value, bool):
+        fail(arg, "a bool", repr(value))
 
 
 def dims(x: torch.Tensor, B: torch.Tensor) -> tuple[int, int, int, int, int, int]:
@@ -134,19 +143,25 @@ def flat_padded_tail(dt, dA_cumsum, seqlen: int) -> None:
 DECAY_FACTOR = "switch decay_factor (the factored decay assumes dA_cumsum non-increasing inside a chunk)"
 
 
-def non_increasing_in_chunks(dA_cumsum) -> None:
-    """dA_cumsum never increases along a chunk: what compute_out's factored decay assumes (impls/README.md)."""
+def non_increasing_in_chunks(dA_cumsum, why: str = DECAY_FACTOR) -> None:
+    """dA_cumsum never increases along a chunk: what compute_out's factored decay assumes (impls/README.md), or
+    the kernels `why` names."""
     if bool((dA_cumsum[..., 1:] > dA_cumsum[..., :-1]).any()):
-        fail("dA_cumsum", f"non-increasing inside every chunk with {DECAY_FACTOR}", "an increase (A > 0 or dt < 0)")
+        fail("dA_cumsum", f"non-increasing inside every chunk with {why}", "an increase (A > 0 or dt < 0)")
 
 
-def decay_factor_inputs(A, dt, dt_bias, dt_softplus: bool, dt_limit) -> None:
+def decay_factor_inputs(A, dt, dt_bias, dt_softplus: bool, dt_limit, why: str = DECAY_FACTOR) -> None:
     """The forward's inputs give a non-increasing dA_cumsum: A <= 0, and dt >= 0 after processing (softplus or a
-    dt_limit clamp make it so; without them dt + dt_bias must be >= 0 already)."""
+    dt_limit clamp make it so; without them dt + dt_bias must be >= 0 already). `why`: what assumes it."""
     if bool((A > 0).any()):
-        fail("A", f"values <= 0 with {DECAY_FACTOR}", "a positive entry")
+        fail("A", f"values <= 0 with {why}", "a positive entry")
+    non_negative_dt(dt, dt_bias, dt_softplus, dt_limit, why)
+
+
+def non_negative_dt(dt, dt_bias, dt_softplus: bool, dt_limit, why: str) -> None:
+    """dt >= 0 after processing: softplus or a dt_limit clamp make it so; without them dt + dt_bias must be."""
     if dt_softplus or tuple(float(v) for v in dt_limit) != (0.0, math.inf):
         return
     v = dt.float() if dt_bias is None else dt.float() + dt_bias.float()
     if bool((v < 0).any()):
-        fail("dt", f"dt + dt_bias >= 0 without softplus or dt_limit, with {DECAY_FACTOR}", "a negative entry")
+        fail("dt", f"dt + dt_bias >= 0 without softplus or dt_limit, with {why}", "a negative entry")

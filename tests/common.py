@@ -53,6 +53,25 @@ GPU_CONTRACT_CASES = {
 }
 
 
+# dA_cumsum increasing inside a chunk, in the contract (impls/README.md): (case, the argument a refusal names)
+INCREASING = [pytest.param("A-positive", "A", id="A-positive"),
+              pytest.param("dt-negative-without-softplus", "dt", id="dt-negative-without-softplus")]
+
+
+def increasing_decay(case: str, shape: Shape, device="cpu") -> Inputs:
+    """fp32 inputs whose dA_cumsum increases inside a chunk (an INCREASING case): a positive A (softplus on), or a
+    negative dt at tokens 3..5 of head 1 without softplus or dt_limit."""
+    problem = Problem(shape, dt_softplus=case == "A-positive", has_dt_bias=False)
+    inputs = make_inputs(problem, device=device, seed=6, dtype=torch.float32)
+    if case == "A-positive":
+        inputs.A = inputs.A.clone()
+        inputs.A[1] = 0.5
+    else:
+        inputs.dt = inputs.dt.clone()
+        inputs.dt[:, 3:6, 1] = -0.02  # small enough that the state stays bounded, large enough to show
+    return inputs
+
+
 def float64_forward(inputs: Inputs) -> impls.ForwardResult:
     """The chunked reference in float64 (itself checked against the sequential definition)."""
     return impls.ssd_forward(**inputs.to(torch.float64).forward_kwargs(), backend="reference")

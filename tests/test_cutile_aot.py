@@ -159,12 +159,36 @@ def test_refusals():
     assert be.supports(Problem(base))[0]
     for shape, word in [(dataclasses.replace(base, headdim=16), "headdim"),
                         (dataclasses.replace(base, dstate=512), "dstate"),
-                        (dataclasses.replace(base, ngroups=3), "ngroups")]:
+                        (dataclasses.replace(base, ngroups=3), "ngroups"),
+                        (dataclasses.replace(base, chunk_size=512), "chunk_size")]:
         ok, reason = be.supports(Problem(shape))
         assert not ok and word in reason, reason
     assert not be.supports(Problem(base, dtype="float64"))[0]
     # past 2^31 elements the int64-indexed kernels take over (test_int64_indexed_kernels_compile)
     assert be.supports(Problem(dataclasses.replace(base, batch=1, seqlen=1 << 20, nheads=80, ngroups=1)))[0]
+
+
+# Shapes that supports() accepts and no headline uses: headdim and dstate not powers of two (tiles padded past
+# them), dstate 256 in one compute_out tile, the smallest and largest chunk, one token, heads 5 and 6.
+ODD_DIMS = {
+    "p48-n48-chunk16-L17-h3g1": dict(batch=1, seqlen=17, nheads=3, headdim=48, ngroups=1, dstate=48, chunk=16),
+    "p80-n256-chunk32-L33-h6g2": dict(batch=3, seqlen=33, nheads=6, headdim=80, ngroups=2, dstate=256, chunk=32),
+    "p32-n32-chunk256-L1-h5g5": dict(batch=1, seqlen=1, nheads=5, headdim=32, ngroups=5, dstate=32, chunk=256),
+}
+
+
+@pytest.mark.parametrize("stage", ["fwd_pass_state", "compute_out", "fused"])
+@pytest.mark.parametrize("name", ODD_DIMS)
+def test_odd_shapes_build_and_compile(name, stage):
+    """The launch the backend builds for an odd shape it accepts compiles for sm_90 (bf16, defaults)."""
+    from impls.cutile import CutileBackend
+
+    d = ODD_DIMS[name]
+    shape = Shape(d["batch"], d["seqlen"], d["nheads"], d["headdim"], d["ngroups"], d["dstate"], d["chunk"])
+    ok, reason = CutileBackend().supports(Problem(shape))
+    assert ok, reason
+    call = build_call(stage, torch.bfloat16, DEFAULTS, dims=d)
+    assert facts(sass(export(call, "sm_90")))["instructions"] > 100
 
 
 @pytest.mark.parametrize("stage", STAGES)

@@ -12,7 +12,7 @@ import impls
 from impls.inputs import make_inputs
 from impls.problem import Problem
 from impls.tolerance import rel_err, tolerance
-from tests.common import TINY, failures, run_case
+from tests.common import INCREASING, TINY, failures, float64_forward, forward_errors, increasing_decay, run_case
 
 pytestmark = pytest.mark.quick  # the quick tier: pytest -m quick
 
@@ -45,6 +45,16 @@ def test_rejected_with_the_argument_named(backend, arg, changes):
     pytest.param(Problem(dataclasses.replace(TINY, seqlen=33)), id="one-token-into-second-chunk"),
 ])
 def test_short_sequences_compute_correctly(backend, problem):
+    errors = run_case(backend, problem, torch.float32, seed=4)
+    assert not failures(errors, torch.float32), errors
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "triton"])
+@pytest.mark.parametrize("dt_limit", [pytest.param((0.0, 1e40), id="0-to-1e40"),
+                                      pytest.param((1e-3, 3.5e38), id="1e-3-to-3.5e38")])
+def test_dt_limit_beyond_the_float32_range(backend, dt_limit):
+    """A finite upper bound past fp32's largest value clamps nothing in fp32: no overflow error, the same result."""
+    problem = Problem(dataclasses.replace(TINY, batch=1, seqlen=40), dt_limit=dt_limit)
     errors = run_case(backend, problem, torch.float32, seed=4)
     assert not failures(errors, torch.float32), errors
 
@@ -86,3 +96,62 @@ def test_extreme_decay_stays_finite():
         out = impls.ssd_forward(**kw, backend=backend)
         assert torch.isfinite(out.y).all()
         assert rel_err(out.y, ref.y) <= tolerance(torch.float32)
+
+
+INCREASING_SHAPE = dataclasses.replace(TINY, batch=1, seqlen=40, chunk_size=16)
+ASSUMING = [pytest.param("mamba_ssm", {"fused": True}, id="mamba_ssm-fused"),
+            pytest.param("mamba_ssm", {"fused": False}, id="mamba_ssm-stages"),
+            pytest.param("vllm", {}, id="vllm")]
+
+
+def backend_or_skip(name, switches):
+    try:
+        return impls.get_backend(name, **switches)
+    except impls.BackendUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("case, arg", INCREASING)
+def test_increasing_decay_is_computed(backend, case, arg):
+    inputs = increasing_decay(case, INCREASING_SHAPE)
+    ref = float64_forward(inputs)
+    assert bool((ref.dA_cumsum[..., 1:] > ref.dA_cumsum[..., :-1]).any())
+    errors = forward_errors(backend, inputs, ref)
+    assert not failures(errors, torch.float32, backend), errors
+
+
+@pytest.mark.parametrize("name, switches", ASSUMING)
+@pytest.mark.parametrize("case, arg", INCREASING)
+def test_increasing_decay_is_refused_where_kernels_assume_it(name, switches, case, arg):
+    """mamba-ssm's and vLLM's kernels clamp dt at 0 and exp(dA_cumsum[l] - dA_cumsum[s]) at 1 (20-30 % off the
+    float64 reference on these inputs): check_values and the harness's gate refuse such inputs, naming the
+    argument and why, as for the factored decay."""
+    from experiments import correctness
+
+    backend = backend_or_skip(name, switches)
+    inputs = increasing_decay(case, INCREASING_SHAPE)
+    why = rf"^{arg}: .*{'mamba-ssm' if name == 'mamba_ssm' else 'vLLM'}'s kernels"
+    with pytest.raises(ValueError, match=why):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=backend, check_values=True)
+    with pytest.raises(ValueError, match=why):
+        correctness.refuse_unsafe_inputs(backend, inputs)
+
+
+@pytest.mark.parametrize("case, arg", INCREASING)
+def test_mamba_ssm_stages_refuse_increasing_decay(case, arg):
+    backend = impls.get_backend("mamba_ssm", fused=False)
+    inputs = increasing_decay(case, INCREASING_SHAPE)
+    ref = impls.ssd_forward(**inputs.forward_kwargs())
+    cumsum = (inputs.dt, inputs.A, inputs.chunk_size, None, inputs.dt_softplus)
+    if case == "dt-negative-without-softplus":  # upstream's chunk cumsum clamps dt at 0
+        with pytest.raises(ValueError, match="^dt: .*mamba-ssm's kernels"):
+            impls.chunk_cumsum(*cumsum, backend=backend, check_values=True)
+    else:  # A > 0 alone: its chunk cumsum is right, the later stages are not
+        dt, dA = impls.chunk_cumsum(*cumsum, backend=backend, check_values=True)
+        assert rel_err(dA, ref.dA_cumsum) <= tolerance(torch.float32)
+    with pytest.raises(ValueError, match="^dA_cumsum: .*mamba-ssm's kernels"):
+        impls.fwd_pass_state(inputs.B, inputs.x, ref.dt, ref.dA_cumsum, backend=backend, check_values=True)
+    with pytest.raises(ValueError, match="^dA_cumsum: .*mamba-ssm's kernels"):
+        impls.compute_out(inputs.C, inputs.B, inputs.x, ref.dt, ref.dA_cumsum, ref.states, backend=backend,
+                          check_values=True)

@@ -45,6 +45,9 @@ def test_refuses_what_it_cannot_map():
     problem = impls.Problem(CASES[0].values[0].shape, varlen=True, nseqs=2, has_initial_states=True)
     ok, reason = impls.get_backend("mamba_ssm").supports(problem)
     assert not ok and "initial state" in reason
+    # float64 ran at fp32 precision (relative error ~1e-5 against float64's 1e-10), returned as float64
+    ok, reason = impls.get_backend("mamba_ssm").supports(impls.Problem(problem.shape, dtype="float64"))
+    assert not ok and "float64" in reason and "fp32 precision" in reason
     with pytest.raises(impls.BackendUnavailable, match="state_dtype"):
         from impls.registry import require
 

@@ -84,6 +84,26 @@ def test_fla_has_no_stages():
     assert FlaBackend(chunk="requested").chunk_used(128) == 128
 
 
+@pytest.mark.parametrize("stage", ["chunk_cumsum", "fwd_pass_state", "compute_out"])
+def test_public_stage_entries_refuse_forward_only_peers(stage):
+    """impls.chunk_cumsum & co. on a forward-only peer name the missing stage and why, instead of judging the
+    stage's partial Problem by the forward's rules ("ngroups 0 does not divide nheads")."""
+    import impls
+    from impls.vllm.backend import VllmBackend
+
+    inputs = make_inputs(Problem(Shape(1, 40, 2, 16, 1, 16, 16)), seed=0, dtype=torch.float32)
+    ref = impls.ssd_forward(**inputs.forward_kwargs())
+    calls = {
+        "chunk_cumsum": lambda b: impls.chunk_cumsum(inputs.dt, inputs.A, 16, backend=b),
+        "fwd_pass_state": lambda b: impls.fwd_pass_state(inputs.B, inputs.x, ref.dt, ref.dA_cumsum, backend=b),
+        "compute_out": lambda b: impls.compute_out(inputs.C, inputs.B, inputs.x, ref.dt, ref.dA_cumsum, ref.states,
+                                                   backend=b),
+    }
+    for backend, why in ((FlaBackend(), "no stage split"), (VllmBackend(), "only the whole forward")):
+        with pytest.raises(impls.BackendUnavailable, match=rf"has no stage '{stage}' of its own: .*{why}"):
+            calls[stage](backend)
+
+
 # --- loading TileGym without its package __init__ ---------------------------------------------------------
 def tilegym_or_skip():
     """TileGym's module, or the test skipped with the reason it cannot be loaded here (TileGym or cuda.tile not

@@ -63,6 +63,8 @@ def _bad(kw, arg, draw):
         return draw(st.sampled_from([0, 8, 24, 48, 4096, -16]))
     if arg == "dt_limit":
         return draw(st.sampled_from([(0.1, 0.01), (-1.0, 1.0), (0.5, 0.5), (float("nan"), 1.0)]))
+    if arg == "dt_softplus":
+        return draw(st.sampled_from(["no", None, 1]))
     how = draw(st.sampled_from(["shape", "dtype", "rank"]))
     if how == "shape":
         dims = list(t.shape)
@@ -74,7 +76,7 @@ def _bad(kw, arg, draw):
     return t.reshape(-1) if t.dim() > 1 else t[None, None]
 
 
-ARGS = ["x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "chunk_size", "dt_limit"]
+ARGS = ["x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states", "chunk_size", "dt_limit", "dt_softplus"]
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)

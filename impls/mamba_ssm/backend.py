@@ -28,6 +28,9 @@ class MambaSSMBackend(Backend):
     name = "mamba_ssm"
     Switches = MambaSSMSwitches
     TUNED = True  # upstream's Triton autotuners pick their configs on the first call
+    NON_INCREASING_DECAY = ("mamba-ssm's kernels (they clamp dt at >= dt_limit's low end, 0 by default, and "
+                            "exp(dA_cumsum[l] - dA_cumsum[s]) at <= 1: they assume dA_cumsum non-increasing inside a "
+                            "chunk)")
     _up = None
 
     @classmethod
@@ -52,6 +55,9 @@ class MambaSSMBackend(Backend):
         return False, f"Triton kernels need a CUDA device, or CPU tensors with TRITON_INTERPRET=1 (got {device})"
 
     def supports(self, problem: Problem):
+        if problem.dtype not in ("float32", "float16", "bfloat16"):
+            return False, (f"dtype {problem.dtype}: upstream's kernels compute in fp32 (fp32 dt, dA_cumsum and "
+                           f"accumulators), so {problem.dtype} inputs would silently run at fp32 precision")
         if problem.varlen and problem.has_initial_states:
             return False, ("upstream chunk_state_varlen ignores the initial state for a first sequence that ends "
                            "inside the first chunk")

@@ -21,7 +21,10 @@ def process_dt(dt, dt_bias=None, dt_softplus=False, dt_limit=(0.0, math.inf), dt
     if dt_softplus:
         dt = torch.where(dt <= SOFTPLUS_THRESHOLD, F.softplus(dt), dt)
     if tuple(dt_limit) != (0.0, math.inf):
-        dt = dt.clamp(min=dt_limit[0], max=dt_limit[1])
+        # bounds past the dtype's range (dt_limit = (0, 1e40) on fp32) would overflow clamp's scalars: the largest
+        # finite value bounds the same finite dt
+        top = torch.finfo(dtype).max
+        dt = dt.clamp(min=min(dt_limit[0], top), max=min(dt_limit[1], top))
     return dt
 
 
