@@ -50,7 +50,8 @@ def chunk_cumsum_kernel(dt, A, dt_bias, dt_out, dA_out, seqlen, lo, hi,
     if SOFTPLUS:
         v = _softplus(v, EXP2)
     if HAS_LIMIT:
-        v = ct.minimum(ct.maximum(v, lo), hi)
+        # a NaN dt stays NaN (as torch.clamp keeps it): the hardware's max/min return the operand that is not NaN
+        v = ct.where(v == v, ct.minimum(ct.maximum(v, lo), hi), v)
     # positions past seqlen (the padded tail of the last chunk) carry dt = 0, so dA_cumsum stays flat there
     pos = c * CHUNK + ct.arange(CHUNK, dtype=ct.int32)
     v = ct.where(pos.reshape((CHUNK, 1)) < seqlen, v, 0.0)

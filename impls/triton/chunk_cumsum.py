@@ -69,7 +69,8 @@ def chunk_cumsum_kernel(
     if SOFTPLUS:
         dt = _softplus(dt, EXP2)
     if HAS_LIMIT:
-        dt = tl.minimum(tl.maximum(dt, dt_min), dt_max)
+        # a NaN dt stays NaN (as torch.clamp keeps it): on the GPU max/min return the operand that is not NaN
+        dt = tl.where(dt == dt, tl.minimum(tl.maximum(dt, dt_min), dt_max), dt)
     dt = tl.where(mask_h[:, None] & valid[None, :], dt, 0.0)  # padding carries dt = 0 whatever bias/softplus give
     A = tl.load(A_ptr + offs_h * s_A, mask=mask_h, other=0.0).to(tl.float32)
     dA_cumsum = tl.cumsum(dt * A[:, None], axis=1)
