@@ -1,6 +1,8 @@
 """Does cuTile's `ct.kernel(num_ctas=)` (a cluster of CTAs per tile program) run on sm_90, and what does it do to our
-kernels? Issue: the tuned compute_out with `num_ctas=2` once failed at launch with "misaligned address" and lost the
-CUDA context, so every case runs in a process of its own.
+kernels? The tuned compute_out with `num_ctas=2` once failed at launch with "misaligned address" and lost the CUDA
+context (with cuda-tile 1.7.0 on one NVIDIA H200 it no longer did: docs/perf-notes.md, versions 12–17 measured), so
+every case runs in a process of its own. compute_out has the switch `num_ctas` since; the probe wraps `ct.kernel`
+so that stage 2's kernel can be tried too.
 
     python -m experiments.num_ctas_probe [--out DIR] [--cases add matmul compute_out fwd_pass_state] [--ctas 1 2]
 
@@ -10,8 +12,8 @@ Cases, each at `num_ctas` 1 and 2:
 - compute_out, fwd_pass_state: our stage at S1 (conf/shape/S1.yaml, bf16, the committed tuning record), its
   kernels built with the given `num_ctas` (every other setting of the record kept), gated by
   experiments.correctness.check against the float64 reference, then timed (do_bench median, p20, p80, ms).
-Each prints one JSON line (case, num_ctas, ok, error, rel_err, timings, the kernel's registers/spills from its
-sm_90 cubin when the case is one of ours); the parent writes them to DIR/num_ctas_probe.jsonl.
+Each prints one JSON line (case, num_ctas, ok, error, rel_err, timings, the kernel's registers, spills, multicast
+loads and cluster barriers from its sm_90 cubin); the parent writes them to DIR/num_ctas_probe.jsonl.
 Compiled on the CPU (`--compile-only`), the cases report only what the sm_90 machine code holds.
 """
 
