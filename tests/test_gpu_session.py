@@ -66,12 +66,12 @@ def test_tests_matching_runs_exactly_the_selected_ids(tmp_path):
     """The tests_matching phase selects node ids by a regular expression over the collection (pytest's -k
     over-matched on the GPU image) and runs those: here GPU tests, which skip without CUDA; a pattern matching
     nothing stops the phase with status 2 before pytest runs."""
-    done = session(tmp_path, "out", "tests_matching", r"ngroups8-ws-host", str(REPO / "tests/gpu/test_triton.py"),
+    done = session(tmp_path, "out", "tests_matching", r"ngroups8-tma-host", str(REPO / "tests/gpu/test_triton.py"),
                    GPU_TEST_WORKERS="0")
     log = (tmp_path / "out" / "session.log").read_text()
     assert done.returncode == 0, done.stdout + done.stderr
     ran = [line for line in log.splitlines() if "::test_triton_matches_float64[" in line and "SKIPPED" in line]
-    assert len(ran) == 3 and all("[ngroups8-ws-host" in line for line in ran), log[-3000:]  # three ws-host variants
+    assert len(ran) == 4 and all("[ngroups8-tma-host" in line for line in ran), log[-3000:]  # four tma-host variants
     none = session(tmp_path, "out2", "tests_matching", "no-such-test", str(REPO / "tests/gpu/test_triton.py"),
                    GPU_TEST_WORKERS="0")
     assert none.returncode == 2 and "matches no-such-test" in (tmp_path / "out2" / "session.log").read_text()
