@@ -145,15 +145,11 @@ def compile_facts(case: str, ctas: int) -> dict:
         bf = ArraySpec(torch.bfloat16, 2)
         call = KernelCall(ct.kernel(matmul, num_ctas=ctas), (8, 8, 1), (bf, bf, bf, 128, 128, 64, 16))
     else:
-        from impls.cli import load_shape
         from impls.cutile.switches import CutileSwitches
 
         cfg = spills.resolved_config(case, "S1")
-        s = load_shape("S1")
-        dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
-                    dstate=s.dstate, chunk=s.chunk_size)
-        call = aot.build_call(case, torch.bfloat16, CutileSwitches(), dims=dims, config=cfg, optional=False,
-                              d_mode=spills.HEADLINE_D_MODE)
+        call = aot.build_call(case, torch.bfloat16, CutileSwitches(), dims=spills.shape_dims("S1"), config=cfg,
+                              optional=False, d_mode=spills.HEADLINE_D_MODE)
         call = dataclasses.replace(call, kernel=ct.kernel(call.kernel._pyfunc, occupancy=cfg.get("occupancy") or None,
                                                           num_ctas=ctas))
     cubin = aot.export(call, "sm_90")

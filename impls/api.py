@@ -202,8 +202,9 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None, *,
             check.values(C=C, B=B, x=x, dt=dt, dA_cumsum=dA_cumsum, states=states, D=D, z=z, seq_idx=seq_idx)
 
     _, impl = _checked("compute_out", backend, (C, B, x, dt, dA_cumsum, states, D, z, seq_idx), (), metadata, values)
-    if check_values and non_increasing_decay(impl):
-        check.non_increasing_in_chunks(dA_cumsum, non_increasing_decay(impl))
+    why = non_increasing_decay(impl)
+    if check_values and why:
+        check.non_increasing_in_chunks(dA_cumsum, why)
     return impl.compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
 
 
@@ -254,7 +255,8 @@ def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, i
                        (chunk_size, dt_softplus, dt_limit, state_dtype), metadata, values)
     if cu_seqlens is not None and seq_idx is None:
         seq_idx = seq_idx_from_cu_seqlens(cu_seqlens, x.shape[1])
-    if check_values and non_increasing_decay(impl):
-        check.decay_factor_inputs(A, dt, dt_bias, dt_softplus, dt_limit, non_increasing_decay(impl))
+    why = non_increasing_decay(impl)
+    if check_values and why:
+        check.decay_factor_inputs(A, dt, dt_bias, dt_softplus, dt_limit, why)
     return impl.ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                             dt_softplus, tuple(float(v) for v in dt_limit), state_dtype)

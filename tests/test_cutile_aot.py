@@ -582,12 +582,9 @@ def test_two_warpgroups_splits_the_mmas_between_two_math_warpgroups():
     1 over 0x100 threads instead of 0x80) and reading the scores of the second product from shared memory: no
     HGMMA takes its A operand from registers (the default's scores·x_j does), and each warpgroup computes half of
     the exponentials."""
-    from impls.cli import load_shape
     from impls.cutile import spills
 
-    s = load_shape("S1")
-    dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
-                dstate=s.dstate, chunk=s.chunk_size)
+    dims = spills.shape_dims("S1")
     text = {}
     for name, sw in (("one", DEFAULTS), ("two", TWO_WG)):
         config = spills.resolved_config("compute_out", "S1", switches=sw)
@@ -664,12 +661,9 @@ def test_state_two_warpgroups_splits_the_chunk_mma_between_two_math_warpgroups()
     """The switch reaches the compiler as num_worker_warps=8 on the MMA kernels only (not the chunk-parallel pass),
     and tileiras splits the S1 tile's (w x)ᵀ·B by dstate columns (HGMMA 64x64 instead of 64x128) with the weighted x
     read from shared memory (the default's HGMMA takes it from registers) behind a barrier of the 256 math threads."""
-    from impls.cli import load_shape
     from impls.cutile import spills
 
-    s = load_shape("S1")
-    dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
-                dstate=s.dstate, chunk=s.chunk_size)
+    dims = spills.shape_dims("S1")
     config = spills.tuned_config("fwd_pass_state", "S1")
     text = {}
     for name, sw in (("one", DEFAULTS), ("two", STATE_TWO_WG)):
@@ -711,14 +705,11 @@ def test_state_two_warpgroups_compiles_with_every_optional_input(kernel, dtype, 
 def _headline_call(shape: str, sw: CutileSwitches, overrides: dict | None = None):
     """compute_out's bf16 launch at a headline shape as the launcher resolves it (the committed record, the
     switches' pins, `overrides` on top), D per head, no other optional input."""
-    from impls.cli import load_shape
     from impls.cutile import spills
 
-    s = load_shape(shape)
-    dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
-                dstate=s.dstate, chunk=s.chunk_size)
     config = dict(spills.resolved_config("compute_out", shape, switches=sw), **(overrides or {}))
-    return build_call("compute_out", torch.bfloat16, sw, dims=dims, config=config, optional=False, d_mode=1)
+    return build_call("compute_out", torch.bfloat16, sw, dims=spills.shape_dims(shape), config=config,
+                      optional=False, d_mode=1)
 
 
 @functools.cache
@@ -881,20 +872,7 @@ def test_num_ctas_switch_builds_the_cluster_kernel(switches):
     row = spills.kernel_spills("compute_out", "S1", switches=switches)
     one = spills.kernel_spills("compute_out", "S1", switches=dataclasses.replace(switches, num_ctas=0))
     assert row.ldl + row.stl <= (4 if switches.head_loop else 0) < one.ldl + one.stl, (row, one)
-    cfg = spills.resolved_config("compute_out", "S1", switches=switches)
-    text = sass(export(build_call("compute_out", torch.bfloat16, switches, dims=_s1_dims(), config=cfg,
-                                  optional=False, d_mode=1), "sm_90"))
-    ops = aot.opcodes(text)
+    ops = aot.opcodes(sass(export(_headline_call("S1", switches), "sm_90")))
     assert ops["UTMALDG.4D.MULTICAST"] > 0 and ops["UCGABAR_WAIT"] > 0
     assert {k for k in ops if k.startswith("HGMMA")} == {"HGMMA.64x32x16.F32.BF16"}
-    plain = build_call("compute_out", torch.bfloat16, dataclasses.replace(switches, num_ctas=0), dims=_s1_dims(),
-                       config=cfg, optional=False, d_mode=1)
-    assert "MULTICAST" not in sass(export(plain, "sm_90"))
-
-
-def _s1_dims() -> dict:
-    from impls.cli import load_shape
-
-    s = load_shape("S1")
-    return dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
-                dstate=s.dstate, chunk=s.chunk_size)
+    assert "MULTICAST" not in sass(export(_headline_call("S1", dataclasses.replace(switches, num_ctas=0)), "sm_90"))

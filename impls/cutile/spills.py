@@ -87,22 +87,27 @@ def count_spills(sass_text: str) -> tuple[int, int]:
     return tuple(sum(n for op, n in ops.items() if op.split(".")[0] == name) for name in ("LDL", "STL"))
 
 
+def shape_dims(shape_name: str) -> dict:
+    """A conf/shape/ preset's sizes as impls.cutile.aot.build_call takes them (`dims`)."""
+    from impls.cli import load_shape
+
+    s = load_shape(shape_name)
+    return dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
+                dstate=s.dstate, chunk=s.chunk_size)
+
+
 def kernel_spills(stage: str, shape_name: str, config: dict | None = None, kernel: str | None = None,
                   dtype: str = "bfloat16", arch: str = "sm_90", switches=None) -> KernelSpills:
     """Compiles one kernel of `stage` at the shape's sizes with `config` (default: the committed record) and
     `switches` (default: CutileSwitches()) and reads its spills, registers and stack from the cubin; the default
     config is the record with the switches' pins (`resolved_config`)."""
-    from impls.cli import load_shape
     from impls.cutile.switches import CutileSwitches
 
     sw = CutileSwitches() if switches is None else switches
     config = resolved_config(stage, shape_name, dtype, sw) if config is None else config
     kernel = kernel or stage
-    s = load_shape(shape_name)
-    dims = dict(batch=s.batch, seqlen=s.seqlen, nheads=s.nheads, headdim=s.headdim, ngroups=s.ngroups,
-                dstate=s.dstate, chunk=s.chunk_size)
-    call = aot.build_call(kernel, getattr(torch, dtype), sw, dims=dims, config=config, optional=False,
-                          d_mode=HEADLINE_D_MODE)
+    call = aot.build_call(kernel, getattr(torch, dtype), sw, dims=shape_dims(shape_name), config=config,
+                          optional=False, d_mode=HEADLINE_D_MODE)
     cubin = aot.export(call, arch)
     ldl, stl = count_spills(aot.sass(cubin))
     usage = aot.resource_usage(cubin)
