@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One experiment run as several arms (a backend and its switches each), repeated in ROUNDS rounds interleaved arm by
+# arm (round 1: arm A, B, C...; round 2: A, B, C...), so that a drift of the machine over the run falls on every arm
+# alike. For targets that must hold "in three interleaved repeats, one run".
+#   scripts/rounds.sh ARMS_FILE [EXPERIMENT=headline]       (on the GPU machine, after setup.sh)
+# ARMS_FILE: one arm per line, the SWEEP_OVERRIDES of that arm (blank lines and #-comments skipped), e.g.
+# scripts/arms/fair_fight.txt. ROUNDS (default 3). Every arm of every round stores into one results folder (rounds
+# after the first with force=true, so each round is a run of its own: its own run_id), merged into
+# $OUT/<experiment>.parquet; one log, $OUT/session.log. Each sweep gets what is left of GPU_SESSION_BUDGET_S; a cut-off
+# run keeps what it measured.
+set -uo pipefail
+arms_file=${1:?usage: scripts/rounds.sh ARMS_FILE [EXPERIMENT]}
+exp=${2:-headline}
+rounds=${ROUNDS:-3}
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "rounds.sh: ROUNDS must be a positive integer, got $rounds" >&2; exit 2; }
+mapfile -t arms < <(grep -v '^[[:space:]]*\(#\|$\)' "$arms_file") \
+  || { echo "rounds.sh: cannot read $arms_file" >&2; exit 2; }
+[ "${#arms[@]}" -gt 0 ] || { echo "rounds.sh: no arm in $arms_file" >&2; exit 2; }
+OUT=${OUT:-results/scratch/gpu}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+budget=${GPU_SESSION_BUDGET_S:-560}
+start=$(date +%s)
+root=${SWEEP_ROOT:-$(mktemp -d "${TMPDIR:-/tmp}/rounds-XXXXXX")}
+echo "== rounds.sh: $rounds rounds x ${#arms[@]} arms of $exp, SWEEP_ROOT=$root" | tee -a "$OUT/session.log"
+for ((r = 1; r <= rounds; r++)); do
+  extra=""
+  [ "$r" -gt 1 ] && extra="force=true"
+  for arm in "${arms[@]}"; do
+    left=$(( budget - ($(date +%s) - start) ))
+    [ "$left" -gt 30 ] || { echo "== round $r, arm '$arm': skipped, out of time" | tee -a "$OUT/session.log"; continue; }
+    echo "== round $r, arm '$arm' ($left s left)" | tee -a "$OUT/session.log"
+    OUT="$OUT" GPU_SESSION_BUDGET_S=$left SWEEP_ROOT="$root" SWEEP_OVERRIDES="$arm $extra" \
+      "$(dirname "$0")/gpu_session.sh" sweep "$exp"
+  done
+done

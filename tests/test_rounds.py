@@ -1,0 +1,55 @@
+"""scripts/rounds.sh on the CPU: every arm runs once per round, each round a run of its own (run_id) in one merged
+Parquet, in round-major order; bad ROUNDS or an empty arms file are refused before anything runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "rounds.sh"
+
+
+def rounds(tmp_path: Path, arms: str, rounds_env: str = "2"):
+    arms_file = tmp_path / "arms.txt"
+    arms_file.write_text(arms)
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "SWEEP_ROOT", "SWEEP_OVERRIDES")}
+    env.update(PYTHONPATH=str(REPO), PATH=f"{Path(sys.executable).parent}:{env['PATH']}", OUT=str(tmp_path / "out"),
+               TMPDIR=str(tmp_path), SSD_TUNING_DIR=str(tmp_path / "tuning"), GPU_SESSION_BUDGET_S="400",
+               ROUNDS=rounds_env)
+    (tmp_path / "tuning").mkdir(exist_ok=True)
+    return subprocess.run(["bash", str(SCRIPT), str(arms_file), "cpu"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_two_arms_two_rounds_interleaved(tmp_path):
+    common = (f"bench.cpu_warmup=0 bench.cpu_reps=1 bench.stages=[forward] logger.dir={tmp_path} "
+              f"hydra.sweep.dir={tmp_path}/multirun")
+    arms = f"# a comment\nbackend=reference {common}\n\nbackend=reference {common} problem.dt_softplus=false\n"
+    done = rounds(tmp_path, arms)
+    assert done.returncode == 0, done.stderr[-3000:]
+    merged = pd.read_parquet(tmp_path / "out" / "cpu.parquet")
+    assert set(merged["status"]) == {"ok"}
+    # two configurations, each measured in two runs
+    per_config = merged.groupby("config_hash")["run_id"].nunique()
+    assert len(per_config) == 2 and set(per_config) == {2}
+    log = (tmp_path / "out" / "session.log").read_text()
+    order = [line.split("arm ")[1].split("'")[1].endswith("problem.dt_softplus=false")
+             for line in log.splitlines() if line.startswith("== round ")]
+    assert order == [False, True, False, True]
+
+
+@pytest.mark.parametrize("arms, rounds_env, message", [
+    ("backend=reference\n", "0", "ROUNDS"),
+    ("backend=reference\n", "two", "ROUNDS"),
+    ("# only a comment\n\n", "2", "no arm"),
+], ids=["zero-rounds", "rounds-not-a-number", "no-arm"])
+def test_refused_before_anything_runs(tmp_path, arms, rounds_env, message):
+    done = rounds(tmp_path, arms, rounds_env)
+    assert done.returncode == 2 and message in done.stderr
+    assert not (tmp_path / "out" / "cpu.parquet").exists()
