@@ -1,0 +1,59 @@
+"""analysis.targets: a target holds only when it holds in every round and enough rounds are there; a subject that
+matches two configurations is refused; the committed targets file parses."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from analysis.targets import check, load_targets
+
+
+def rows(backend: str, times: list[float], shape: str = "S1", ablation: str = "none", switches=None,
+         config: str | None = None, status: str = "ok") -> list[dict]:
+    return [{"stage": "forward", "median_ms": t, "graph_median_ms": t * 0.9, "status": status, "backend": backend,
+             "ablation": ablation, "switch_dict": dict(switches or {}), "shape_name": shape,
+             "config_hash": config or f"{backend}-{ablation}-{shape}", "timestamp": f"2026-12-05T04:0{k}:00"}
+            for k, t in enumerate(times)]
+
+
+SPEC = {"rounds": 3,
+        "subjects": {"ours": {"backend": "triton", "switches": {"tma": True}}, "theirs": {"backend": "vllm"}},
+        "targets": [{"id": "faster", "text": "t", "subject": "ours", "baseline": "theirs", "factor": 1.0,
+                     "shapes": ["S1"]},
+                    {"id": "bound", "text": "t", "subject": "ours", "at_most_ms": 1.0, "shapes": ["S1"]}]}
+
+
+@pytest.mark.parametrize("ours, theirs, verdicts", [
+    ([0.9, 0.95, 0.92], [1.0, 1.0, 1.0], ["holds", "holds"]),
+    ([0.9, 1.05, 0.92], [1.0, 1.0, 1.0], ["fails in 1 of 3 rounds", "fails in 1 of 3 rounds"]),
+    ([0.9, 0.95], [1.0, 1.0], ["too few rounds (2 of 3)", "too few rounds (2 of 3)"]),
+], ids=["all-rounds-hold", "one-round-fails", "two-rounds-only"])
+def test_verdict_per_round(ours, theirs, verdicts):
+    w = pd.DataFrame(rows("triton", ours, switches={"tma": True, "exp2": True}) + rows("vllm", theirs))
+    got = check(w, SPEC)
+    assert got["verdict"].tolist() == verdicts
+
+
+def test_subject_switches_and_failed_points_select():
+    # the untuned Triton (tma off) and a failed point are not the subject
+    w = pd.DataFrame(rows("triton", [0.5, 0.5, 0.5], switches={"tma": False}, config="off")
+                     + rows("triton", [1.2, 1.2, 1.2], switches={"tma": True}, config="on")
+                     + rows("triton", [0.1], switches={"tma": True}, config="on", status="failed")
+                     + rows("vllm", [1.0, 1.0, 1.0]))
+    got = check(w, SPEC).set_index("target")
+    assert got.loc["bound", "verdict"] == "fails in 3 of 3 rounds"
+    assert got.loc["faster", "rounds"].startswith("0.83×")
+
+
+def test_a_subject_matching_two_configurations_is_refused():
+    w = pd.DataFrame(rows("triton", [0.9] * 3, switches={"tma": True}, config="a")
+                     + rows("triton", [0.8] * 3, switches={"tma": True, "exp2": False}, config="b")
+                     + rows("vllm", [1.0] * 3))
+    with pytest.raises(ValueError, match="matches 2 configurations at S1"):
+        check(w, SPEC)
+
+
+def test_committed_targets_parse():
+    spec = load_targets()
+    assert {t["id"] for t in spec["targets"]} >= {"triton_at_most_vllm", "cutile_s1"}
