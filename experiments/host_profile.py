@@ -1,5 +1,5 @@
 """Where the host's time goes in one forward: `python -m experiments.host_profile [--backends cutile,triton]
-[--shape B,L,H,P,G,N,Q] [--calls 300] [--dtype bfloat16] [--top 25]`.
+[--shape B,L,H,P,G,N,Q] [--calls 300] [--dtype bfloat16] [--top 25] [--switches name=value,...]`.
 
 For each backend, on the headline problem (dt_bias, softplus, D per head, no z), after a warm-up that compiles and
 resolves tuning, it prints: the host time of one call through the public entry (`impls.ssd_forward(...,
@@ -109,17 +109,30 @@ def profile_text(fn, calls: int, top: int) -> str:
     return buf.getvalue()
 
 
-def report(name: str, shape, dtype, calls: int, top: int) -> None:
+def parse_switches(text: str) -> dict:
+    """"tma=true,tma_descriptors=host" -> {"tma": True, "tma_descriptors": "host"} (values read as YAML scalars)."""
+    import yaml
+
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise ValueError(f"--switches: expected name=value items separated by commas, got {item!r}")
+        out[name.strip()] = yaml.safe_load(value)
+    return out
+
+
+def report(name: str, shape, dtype, calls: int, top: int, switches: dict | None = None) -> None:
     import impls
 
-    backend = impls.get_backend(name)
+    backend = impls.get_backend(name, **(switches or {}))
     public, own = calls_of(backend, shape, headline_inputs(shape, dtype, torch.device("cuda")))
     for _ in range(20):
         public()
         own()
     torch.cuda.synchronize()
     host_public, host_own = abba_host_us(public, own, calls)
-    print(f"== {name} shape={shape} {dtype}")
+    print(f"== {name} shape={shape} {dtype}" + (f" switches {switches}" if switches else ""))
     print(f"host µs per call, device synchronised before each (median of {calls}): public {host_public:.1f}, "
           f"backend's own {host_own:.1f}, difference {host_public - host_own:.1f}")
     print(f"back-to-back public calls: {back_to_back_us(public, calls):.1f} µs per call; backend's own: "
@@ -135,7 +148,13 @@ def main(argv=None) -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--switches", default="", help="switches for every backend named, e.g. "
+                        "tma=true,tma_descriptors=host,state_pass=serial")
     args = parser.parse_args(argv)
+    try:
+        switches = parse_switches(args.switches)
+    except ValueError as exc:
+        parser.error(str(exc))
     shape = tuple(int(v) for v in args.shape.split(","))
     if len(shape) != 7:
         parser.error(f"--shape: expected 7 integers (batch,seqlen,nheads,headdim,ngroups,dstate,chunk_size), got "
@@ -145,7 +164,7 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("experiments.host_profile: needs a CUDA device (it times kernel launches)")
     for name in args.backends.split(","):
-        report(name.strip(), shape, getattr(torch, args.dtype), args.calls, args.top)
+        report(name.strip(), shape, getattr(torch, args.dtype), args.calls, args.top, switches)
 
 
 if __name__ == "__main__":

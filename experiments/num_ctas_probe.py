@@ -4,14 +4,17 @@ context (with cuda-tile 1.7.0 on one NVIDIA H200 it no longer did: docs/perf-not
 every case runs in a process of its own. compute_out has the switch `num_ctas` since; the probe wraps `ct.kernel`
 so that stage 2's kernel can be tried too.
 
-    python -m experiments.num_ctas_probe [--out DIR] [--cases add matmul compute_out fwd_pass_state] [--ctas 1 2]
+    python -m experiments.num_ctas_probe [--out DIR] [--cases add add_odd_x ... fwd_pass_state] [--ctas 1 2]
+                                         [--shape S1 | --shape B,L,H,P,G,N,C]
 
 Cases, each at `num_ctas` 1 and 2:
-- add: y = x + 1 over 64 × 64 tiles (no MMA, no reduction): does a cluster launch run at all;
+- add: y = x + 1 over 64 × 64 tiles (no MMA, no reduction) on a 64 × 64 grid: does a cluster launch run at all;
+- add_odd_x, add_odd_y: the same on a 63 × 64 and a 64 × 63 grid (a grid dimension that two CTAs do not divide);
 - matmul: bf16 (1024 × 1024) · (1024 × 1024) over 128 × 128 × 64 tiles, fp32 accumulation;
-- compute_out, fwd_pass_state: our stage at S1 (conf/shape/S1.yaml, bf16, the committed tuning record), its
-  kernels built with the given `num_ctas` (every other setting of the record kept), gated by
-  experiments.correctness.check against the float64 reference, then timed (do_bench median, p20, p80, ms).
+- compute_out, fwd_pass_state: our stage at `--shape` (default S1, conf/shape/S1.yaml; bf16; the committed tuning
+  record where one exists, else the fallback tiles), its kernels built with the given `num_ctas` (every other
+  setting of the record kept), gated by experiments.correctness.check against the float64 reference, then timed
+  (do_bench median, p20, p80, ms).
 Each prints one JSON line (case, num_ctas, ok, error, rel_err, timings, the kernel's registers, spills, multicast
 loads and cluster barriers from its sm_90 cubin); the parent writes them to DIR/num_ctas_probe.jsonl.
 Compiled on the CPU (`--compile-only`), the cases report only what the sm_90 machine code holds.
@@ -28,7 +31,9 @@ import traceback
 
 import cuda.tile as ct
 
-CASES = ("add", "matmul", "compute_out", "fwd_pass_state")
+CASES = ("add", "add_odd_x", "add_odd_y", "matmul", "compute_out", "fwd_pass_state")
+SMALL = ("add", "add_odd_x", "add_odd_y", "matmul")
+ADD_GRIDS = {"add": (64, 64), "add_odd_x": (63, 64), "add_odd_y": (64, 63)}  # grids of 64 × 64 tiles
 STAGE_KERNELS = {"compute_out": ("compute_out_kernel",), "fwd_pass_state": ("fwd_pass_state_kernel",)}
 
 
@@ -58,11 +63,12 @@ def run_small(case: str, ctas: int) -> dict:
     import torch
 
     stream = torch.cuda.current_stream()
-    if case == "add":
-        x = torch.randn(4096, 4096, device="cuda")
+    if case in ADD_GRIDS:
+        gx, gy = ADD_GRIDS[case]
+        x = torch.randn(gx * 64, gy * 64, device="cuda")
         y = torch.full_like(x, float("nan"))
         k = ct.kernel(add_one, num_ctas=ctas)
-        go = lambda: ct.launch(stream, (64, 64, 1), k, (x, y, 64))  # noqa: E731
+        go = lambda: ct.launch(stream, (gx, gy, 1), k, (x, y, 64))  # noqa: E731
         go()
         torch.cuda.synchronize()
         err = ((y - (x + 1)).norm() / (x + 1).norm()).item()
@@ -94,19 +100,32 @@ def _with_num_ctas(ctas: int, names: tuple[str, ...]) -> None:
     ct.kernel = kernel
 
 
-def run_stage(case: str, ctas: int) -> dict:
+def probe_shape(spec: str):
+    """A conf/shape preset name, or seven comma-separated sizes (batch, seqlen, nheads, headdim, ngroups, dstate,
+    chunk_size)."""
+    from impls.cli import load_shape
+    from impls.problem import Shape
+
+    if "," not in spec:
+        return load_shape(spec)
+    sizes = spec.split(",")
+    if len(sizes) != 7 or not all(v.strip().isdigit() and int(v) > 0 for v in sizes):
+        raise ValueError(f"--shape: expected a preset name or 7 positive integers B,L,H,P,G,N,C, got {spec!r}")
+    return Shape(*(int(v) for v in sizes))
+
+
+def run_stage(case: str, ctas: int, shape: str = "S1") -> dict:
     import torch
     import triton.testing  # noqa: F401  (fail before the long reference if the timer is missing)
 
     from experiments import correctness
     from experiments.calls import forward_kwargs
     from impls import get_backend
-    from impls.cli import load_shape
     from impls.inputs import make_inputs
     from impls.problem import Problem
 
     _with_num_ctas(ctas, STAGE_KERNELS[case])
-    problem = Problem(shape=load_shape("S1"), dtype="bfloat16")
+    problem = Problem(shape=probe_shape(shape), dtype="bfloat16")
     inputs = make_inputs(problem, device="cuda", draw_device="cuda")
     backend = get_backend("cutile")
     ref = correctness.reference_forward(inputs, "float64")
@@ -138,9 +157,9 @@ def compile_facts(case: str, ctas: int) -> dict:
     from impls.cutile import aot, spills
     from impls.cutile.common import ArraySpec, KernelCall
 
-    if case == "add":
+    if case in ADD_GRIDS:
         f32 = ArraySpec(torch.float32, 2)
-        call = KernelCall(ct.kernel(add_one, num_ctas=ctas), (64, 64, 1), (f32, f32, 64))
+        call = KernelCall(ct.kernel(add_one, num_ctas=ctas), (*ADD_GRIDS[case], 1), (f32, f32, 64))
     elif case == "matmul":
         bf = ArraySpec(torch.bfloat16, 2)
         call = KernelCall(ct.kernel(matmul, num_ctas=ctas), (8, 8, 1), (bf, bf, bf, 128, 128, 64, 16))
@@ -163,12 +182,13 @@ def compile_facts(case: str, ctas: int) -> dict:
             "hgmma": sorted({k for k in ops if k.startswith("HGMMA")})}
 
 
-def child(case: str, ctas: int, compile_only: bool) -> int:
-    row = {"case": case, "num_ctas": ctas}
+def child(case: str, ctas: int, compile_only: bool, shape: str = "S1") -> int:
+    row = {"case": case, "num_ctas": ctas, "shape": None if case in SMALL else shape}
     try:
-        row.update(compile_facts(case, ctas))
+        if case in SMALL or shape == "S1":  # the compile facts are read at the S1 record
+            row.update(compile_facts(case, ctas))
         if not compile_only:
-            row.update(run_small(case, ctas) if case in ("add", "matmul") else run_stage(case, ctas))
+            row.update(run_small(case, ctas) if case in SMALL else run_stage(case, ctas, shape))
     except Exception as exc:  # the probe's answer is the error itself
         row.update(ok=False, error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc()[-2000:])
     print("PROBE " + json.dumps(row, default=str), flush=True)
@@ -180,23 +200,27 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/scratch/num_ctas")
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     ap.add_argument("--ctas", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--shape", default="S1", help="the stage cases' shape: a preset or B,L,H,P,G,N,C")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--child", nargs=2, metavar=("CASE", "CTAS"), help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=float, default=240)
     args = ap.parse_args(argv)
     if args.child:
-        return child(args.child[0], int(args.child[1]), args.compile_only)
+        return child(args.child[0], int(args.child[1]), args.compile_only, args.shape)
+    probe_shape(args.shape)  # a bad --shape fails here, before any case runs
     os.makedirs(args.out, exist_ok=True)
     rows = []
     for case in args.cases:
         for ctas in args.ctas:
-            cmd = [sys.executable, "-m", "experiments.num_ctas_probe", "--child", case, str(ctas)]
+            cmd = [sys.executable, "-m", "experiments.num_ctas_probe", "--child", case, str(ctas),
+                   "--shape", args.shape]
             if args.compile_only:
                 cmd.append("--compile-only")
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
                 lines = [ln[6:] for ln in done.stdout.splitlines() if ln.startswith("PROBE ")]
-                row = json.loads(lines[-1]) if lines else {"case": case, "num_ctas": ctas, "ok": False,
+                row = json.loads(lines[-1]) if lines else {"case": case, "num_ctas": ctas, "shape": args.shape,
+                                                            "ok": False,
                                                             "error": f"exit {done.returncode}: {done.stderr[-1500:]}"}
                 row["exit_code"] = done.returncode
             except subprocess.TimeoutExpired:

@@ -854,6 +854,20 @@ def test_num_ctas_probe_reads_the_cluster_split_from_the_sass():
     assert two["hgmma"] == ["HGMMA.64x32x16.F32.BF16"] and one["hgmma"] == ["HGMMA.64x64x16.F32.BF16"]
 
 
+def test_num_ctas_probe_odd_grids_and_shapes():
+    """The probe's odd-grid add cases build for sm_90 like the even one (the grid is a launch argument, not in the
+    cubin), and its --shape takes a preset or seven sizes, refusing anything else before a case runs."""
+    from experiments.num_ctas_probe import ADD_GRIDS, compile_facts, main, probe_shape
+    from impls.problem import Shape
+
+    assert ADD_GRIDS["add_odd_x"][0] % 2 == 1 and ADD_GRIDS["add_odd_y"][1] % 2 == 1
+    assert compile_facts("add_odd_x", 2)["registers"] == compile_facts("add", 2)["registers"]
+    assert probe_shape("2,1000,8,64,2,64,256") == Shape(2, 1000, 8, 64, 2, 64, 256)
+    assert probe_shape("S1") == Shape(8, 4096, 80, 64, 1, 128, 256)
+    with pytest.raises(ValueError, match="--shape"):
+        main(["--shape", "2,1000,8", "--compile-only"])
+
+
 @pytest.mark.parametrize("switches", [
     pytest.param(CutileSwitches(num_ctas=2), id="num_ctas2"),
     pytest.param(CutileSwitches(num_ctas=2, head_loop=8), id="num_ctas2-head_loop8"),

@@ -10,7 +10,8 @@ from experiments import host_profile
     (["--shape", "1,2,3"], "--shape"),
     (["--calls", "1"], "--calls"),
     (["--dtype", "float64"], "--dtype"),
-], ids=["shape-of-three", "one-call", "float64"])
+    (["--switches", "tma"], "--switches"),
+], ids=["shape-of-three", "one-call", "float64", "switch-without-value"])
 def test_bad_arguments_are_refused_naming_them(argv, word, capsys):
     with pytest.raises(SystemExit):
         host_profile.main(argv)
@@ -30,3 +31,8 @@ def test_headline_inputs_match_the_shape():
     x, dt, A, B, C, D, dt_bias = host_profile.headline_inputs(shape, torch.float32, torch.device("cpu"))
     assert x.shape == (2, 16, 4, 8) and dt.shape == (2, 16, 4) and B.shape == C.shape == (2, 16, 1, 8)
     assert A.shape == D.shape == dt_bias.shape == (4,) and bool((A < 0).all())
+
+
+def test_switches_are_read_as_yaml_scalars():
+    got = host_profile.parse_switches("tma=true, tma_descriptors=host,occupancy=2")
+    assert got == {"tma": True, "tma_descriptors": "host", "occupancy": 2}
