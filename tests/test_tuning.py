@@ -621,3 +621,16 @@ def test_triton_record_key_of_equal_switches_of_other_types_does_not_depend_on_o
 
     assert "tma=True" in key(True)
     assert "tma=1" in key(1)
+
+
+def test_triton_fuse_state_out_keys_only_the_fused_kernel():
+    """fuse_state_out changes only the fused kernel: the staged kernels of the fused arrangement read the staged
+    records (no search of their own under a fuse_state_out key), the fused kernel keys on it."""
+    from impls.triton.stages import FUSED
+    from impls.triton.switches import TritonSwitches
+    from impls.triton.tune import record_key
+
+    fused, staged = TritonSwitches(fuse_state_out=True), TritonSwitches()
+    for stage in ("chunk_cumsum", "chunk_state", "state_passing", "compute_out"):
+        assert record_key(fused, "S1", "bfloat16", {}, stage) == record_key(staged, "S1", "bfloat16", {}, stage)
+    assert "fuse_state_out=True" in record_key(fused, "S1", "bfloat16", {}, FUSED)

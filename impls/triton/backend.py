@@ -239,7 +239,7 @@ class TritonBackend(Backend):
         memo = (stage, shape, dtype, tuple(flags.items()))
         key = self._keys.get(memo)
         if key is None:
-            key = self._keys[memo] = tune.record_key(self.switches, shape.label(), dtype, flags)
+            key = self._keys[memo] = tune.record_key(self.switches, shape.label(), dtype, flags, stage)
         resolved = self._resolved.get((stage, key))
         if resolved is None:
             t = tune.tunable(stage, self.switches, key, dtype, dims, device, launch)
