@@ -16,6 +16,19 @@ from impls.registry import switch
 
 STATE_PASS = ("serial", "chunk_parallel")  # stage 2's arrangements (switch state_pass), the default first
 OPT_LEVELS = (3, 2, 1, 0)  # what `ct.kernel(opt_level=)` accepts in cuda-tile 1.7 (0..3), its default first
+NUM_CTAS_GPU_REFUSAL = (
+    "switch num_ctas of backend 'cutile': refused on a GPU: with cuda-tile 1.7.0 the compute_out kernels built for "
+    "clusters of two CTAs failed with 'misaligned address' (losing the process's CUDA context) in every small GPU "
+    "test case on an NVIDIA H200 (seqlen 1000, ngroups 8, seq_idx, cu_seqlens, headdim 80; docs/perf-notes.md, "
+    "version 16), though the S1 record's tiles ran; it runs only where nothing is launched on a GPU (the sm_90 "
+    "AOT build, `python -m experiments.num_ctas_probe --compile-only`)")
+
+
+def check_device(switches, device) -> None:
+    """Raises before any kernel when a switch refused on a GPU (NUM_CTAS_GPU_REFUSAL) would launch there."""
+    if switches.num_ctas and getattr(device, "type", device) == "cuda":
+        raise ValueError(NUM_CTAS_GPU_REFUSAL)
+
 
 
 @dataclass(frozen=True)
@@ -101,7 +114,7 @@ class CutileSwitches:
              "accumulator, so the record's tiles compile without local-memory spills "
              "(`python -m experiments.num_ctas_probe --compile-only`)",
         sm100="the same hint; the split tileiras makes for tcgen05 has not been examined",
-        choices=(0, 2))
+        choices=(0, 2), gpu_refused=NUM_CTAS_GPU_REFUSAL)
     state_two_warpgroups: bool = switch(
         False, "stage 2's MMA kernels (fwd_pass_state_kernel; local_state_kernel with state_pass chunk_parallel) "
                "compiled with two math warpgroups sharing each state tile (cuTile `ct.kernel(num_worker_warps=8)`; "
