@@ -1,8 +1,9 @@
 """`python -m analysis.targets RESULTS [--targets FILE] [--out FILE]`: the issues' speed targets
 (analysis/targets.yaml) checked on one run's rows, round by round.
 
-A round is one measurement of each configuration: the k-th run (by timestamp) of a configuration is its round k, as
-`scripts/rounds.sh` lays them out. Per target and shape, each round compares the subject's forward median (or
+A round is one measurement of each configuration: the k-th run (by timestamp, failed ones included) of a
+configuration is its round k, as `scripts/rounds.sh` lays them out; the subject's round k meets the baseline's round k
+only. Per target and shape, each round compares the subject's forward median (or
 `metric`) with a bound in ms or with the baseline's median of the same round; the target holds when it holds in every
 round and at least `rounds` rounds are present ("too few rounds" otherwise). Only points that passed the gate count.
 """
@@ -42,19 +43,30 @@ def select(w: pd.DataFrame, subject: dict, stage: str = "forward") -> pd.DataFra
     return t[t["switch_dict"].map(lambda given: all(given.get(k) == v for k, v in wanted.items())).astype(bool)]
 
 
-def rounds_of(rows: pd.DataFrame, shape: str, metric: str, who: str) -> list[float]:
-    """The metric of each round at one shape, in time order. Raises ValueError when the subject matches several
-    configurations there (the selection must name one)."""
+def numbered(w: pd.DataFrame) -> pd.DataFrame:
+    """w with `round`: the k-th point of a configuration by timestamp, whatever its status, is its round k (every
+    point has rows, a failed one too), so that a round a point failed in or lacks the metric in keeps its number."""
+    runs = w.groupby("run_id", sort=False).agg(config_hash=("config_hash", "first"), timestamp=("timestamp", "min"))
+    runs = runs.sort_values("timestamp", kind="stable")
+    rank = runs.groupby("config_hash", sort=False).cumcount() + 1
+    return w.assign(round=w["run_id"].map(rank))
+
+
+def rounds_of(rows: pd.DataFrame, shape: str, metric: str, who: str) -> dict[int, float]:
+    """Round number -> the metric at one shape, for the rounds that have it. Raises ValueError when the subject
+    matches several configurations there (the selection must name one)."""
     at = rows[rows["shape_name"] == shape]
     if at["config_hash"].nunique() > 1:
         raise ValueError(f"{who} matches {at['config_hash'].nunique()} configurations at {shape}; "
                          "name its switches or ablation in analysis/targets.yaml")
-    return at.sort_values("timestamp")[metric].dropna().astype(float).tolist()
+    at = at[at[metric].notna()]
+    return dict(zip(at["round"].astype(int), at[metric].astype(float)))
 
 
 def check(w: pd.DataFrame, spec: dict) -> pd.DataFrame:
     """One row per (target, shape): each round's figures, the verdict."""
     out = []
+    w = numbered(w)
     for t in spec["targets"]:
         metric = t.get("metric", "median_ms")
         subject = select(w, spec["subjects"][t["subject"]])
@@ -64,11 +76,12 @@ def check(w: pd.DataFrame, spec: dict) -> pd.DataFrame:
             mine = rounds_of(subject, shape, metric, t["subject"])
             if baseline is None:
                 theirs = None
-                cells = [f"{m:.3f}" for m in mine]
-                holds = [m <= t["at_most_ms"] for m in mine]
+                cells = [f"{mine[k]:.3f}" for k in sorted(mine)]
+                holds = [mine[k] <= t["at_most_ms"] for k in sorted(mine)]
             else:
                 theirs = rounds_of(baseline, shape, metric, t["baseline"])
-                pairs = list(zip(mine, theirs))
+                # round k against round k: a round either side lacks is left out, never paired with another
+                pairs = [(mine[k], theirs[k]) for k in sorted(mine.keys() & theirs.keys())]
                 cells = [f"{b / m:.2f}× ({m:.3f} vs {b:.3f})" for m, b in pairs]
                 holds = [b >= t["factor"] * m for m, b in pairs]
             if len(holds) < need:

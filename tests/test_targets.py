@@ -10,10 +10,11 @@ from analysis.targets import check, load_targets
 
 
 def rows(backend: str, times: list[float], shape: str = "S1", ablation: str = "none", switches=None,
-         config: str | None = None, status: str = "ok") -> list[dict]:
+         config: str | None = None, status: str = "ok", second: int = 0) -> list[dict]:
     return [{"stage": "forward", "median_ms": t, "graph_median_ms": t * 0.9, "status": status, "backend": backend,
              "ablation": ablation, "switch_dict": dict(switches or {}), "shape_name": shape,
-             "config_hash": config or f"{backend}-{ablation}-{shape}", "timestamp": f"2026-12-05T04:0{k}:00"}
+             "config_hash": config or f"{backend}-{ablation}-{shape}", "timestamp": f"2026-12-05T04:0{k}:{second:02d}",
+             "run_id": f"{config or backend}-{shape}-{status}-{k}"}
             for k, t in enumerate(times)]
 
 
@@ -57,3 +58,29 @@ def test_a_subject_matching_two_configurations_is_refused():
 def test_committed_targets_parse():
     spec = load_targets()
     assert {t["id"] for t in spec["targets"]} >= {"triton_at_most_vllm", "cutile_s1"}
+
+
+def failed_in_round_2(rows_: list[dict]) -> list[dict]:
+    rows_[1]["status"] = "failed"
+    return rows_
+
+
+def no_graph_figure_in_round_2(rows_: list[dict]) -> list[dict]:
+    rows_[1]["graph_median_ms"] = float("nan")
+    return rows_
+
+
+@pytest.mark.parametrize("metric, spoil", [
+    ("median_ms", failed_in_round_2),
+    ("graph_median_ms", no_graph_figure_in_round_2),
+], ids=["baseline-failed-in-round-2", "baseline-without-the-metric-in-round-2"])
+def test_rounds_pair_by_number_when_the_baseline_lacks_one(metric, spoil):
+    """Round 3 of the subject is compared with round 3 of the baseline, never with the next round the baseline has
+    (its drift is what the interleaving evens out): here the subject's slow round 2 has no baseline to meet."""
+    spec = {"rounds": 2, "subjects": SPEC["subjects"],
+            "targets": [{**SPEC["targets"][0], "metric": metric}]}
+    w = pd.DataFrame(rows("triton", [0.9, 2.1, 1.8], switches={"tma": True}, second=1)
+                     + spoil(rows("vllm", [1.0, 2.0, 2.0])))
+    got = check(w, spec)
+    assert got["verdict"].tolist() == ["holds"]
+    assert got["rounds"].str.count(";").tolist() == [1]
