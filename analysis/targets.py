@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from analysis.load import timed, wide
+from analysis.load import METRICS, timed, wide
 from analysis.markdown import table
 
 TARGETS_PATH = Path(__file__).with_name("targets.yaml")
@@ -29,8 +29,10 @@ def load_targets(path: str | Path | None = None) -> dict:
         for name in ("subject", *(["baseline"] if "baseline" in t else [])):
             if t[name] not in spec["subjects"]:
                 raise ValueError(f"target {t['id']!r}: {name} {t[name]!r} is not under subjects")
-        if ("at_most_ms" in t) == ("baseline" in t):
+        if ("at_most_ms" in t) == ("baseline" in t) or ("baseline" in t) != ("factor" in t):
             raise ValueError(f"target {t['id']!r}: give either at_most_ms or baseline + factor")
+        if t.get("metric", "median_ms") not in METRICS:
+            raise ValueError(f"target {t['id']!r}: metric {t['metric']!r} is none of {', '.join(METRICS)}")
     return spec
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import yaml
 
 from analysis.targets import check, load_targets
 
@@ -84,3 +85,15 @@ def test_rounds_pair_by_number_when_the_baseline_lacks_one(metric, spoil):
     got = check(w, spec)
     assert got["verdict"].tolist() == ["holds"]
     assert got["rounds"].str.count(";").tolist() == [1]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"factor": None}, "give either at_most_ms or baseline \\+ factor"),
+    ({"metric": "graph_median"}, "metric 'graph_median'"),
+], ids=["baseline-without-factor", "unknown-metric"])
+def test_bad_targets_are_refused_naming_them(tmp_path, change, message):
+    target = {k: v for k, v in {**SPEC["targets"][0], **change}.items() if v is not None}
+    path = tmp_path / "targets.yaml"
+    path.write_text(yaml.safe_dump({**SPEC, "targets": [target]}))
+    with pytest.raises(ValueError, match=f"target 'faster': {message}"):
+        load_targets(path)
