@@ -33,3 +33,5 @@ for ((r = 1; r <= rounds; r++)); do
       "$(dirname "$0")/gpu_session.sh" sweep "$exp"
   done
 done
+# once more at the end: with no arm run (out of time) the merged Parquet would otherwise be an earlier call's
+python -m experiments.merge "$root/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$OUT/session.log"

@@ -15,12 +15,12 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "rounds.sh"
 
 
-def rounds(tmp_path: Path, arms: str, rounds_env: str = "2"):
+def rounds(tmp_path: Path, arms: str, rounds_env: str = "2", budget: str = "400"):
     arms_file = tmp_path / "arms.txt"
     arms_file.write_text(arms)
     env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "SWEEP_ROOT", "SWEEP_OVERRIDES")}
     env.update(PYTHONPATH=str(REPO), PATH=f"{Path(sys.executable).parent}:{env['PATH']}", OUT=str(tmp_path / "out"),
-               TMPDIR=str(tmp_path), SSD_TUNING_DIR=str(tmp_path / "tuning"), GPU_SESSION_BUDGET_S="400",
+               TMPDIR=str(tmp_path), SSD_TUNING_DIR=str(tmp_path / "tuning"), GPU_SESSION_BUDGET_S=budget,
                ROUNDS=rounds_env)
     (tmp_path / "tuning").mkdir(exist_ok=True)
     return subprocess.run(["bash", str(SCRIPT), str(arms_file), "cpu"], cwd=tmp_path, env=env, capture_output=True,
@@ -53,3 +53,14 @@ def test_refused_before_anything_runs(tmp_path, arms, rounds_env, message):
     done = rounds(tmp_path, arms, rounds_env)
     assert done.returncode == 2 and message in done.stderr
     assert not (tmp_path / "out" / "cpu.parquet").exists()
+
+
+def test_no_arm_in_time_leaves_no_stale_parquet(tmp_path):
+    """With no time for any arm, $OUT/<experiment>.parquet holds this call's points (none), not an earlier call's
+    rows left on a warm machine."""
+    (tmp_path / "out").mkdir()
+    pd.DataFrame({"run_id": ["earlier-call"]}).to_parquet(tmp_path / "out" / "cpu.parquet")
+    done = rounds(tmp_path, "backend=reference\n", budget="10")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "skipped, out of time" in (tmp_path / "out" / "session.log").read_text()
+    assert len(pd.read_parquet(tmp_path / "out" / "cpu.parquet")) == 0
