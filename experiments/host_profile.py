@@ -116,7 +116,7 @@ def parse_switches(text: str) -> dict:
     out = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, eq, value = item.partition("=")
-        if not eq or not name.strip():
+        if not eq or not name.strip() or not value.strip():
             raise ValueError(f"--switches: expected name=value items separated by commas, got {item!r}")
         out[name.strip()] = yaml.safe_load(value)
     return out
@@ -148,8 +148,8 @@ def main(argv=None) -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--switches", default="", help="switches for every backend named, e.g. "
-                        "tma=true,tma_descriptors=host,state_pass=serial")
+    parser.add_argument("--switches", default="", help="switches for every backend named (each must have them), "
+                        "e.g. --backends triton --switches tma=true,tma_descriptors=host,state_pass=serial")
     args = parser.parse_args(argv)
     try:
         switches = parse_switches(args.switches)
@@ -163,8 +163,16 @@ def main(argv=None) -> None:
         parser.error(f"--calls: expected at least 2, got {args.calls}")
     if not torch.cuda.is_available():
         raise SystemExit("experiments.host_profile: needs a CUDA device (it times kernel launches)")
-    for name in args.backends.split(","):
-        report(name.strip(), shape, getattr(torch, args.dtype), args.calls, args.top, switches)
+    names = [name.strip() for name in args.backends.split(",")]
+    import impls
+
+    for name in names:  # every backend built with the switches before any is profiled
+        try:
+            impls.get_backend(name, **switches)
+        except (ValueError, impls.BackendUnavailable) as exc:
+            parser.error(str(exc))
+    for name in names:
+        report(name, shape, getattr(torch, args.dtype), args.calls, args.top, switches)
 
 
 if __name__ == "__main__":

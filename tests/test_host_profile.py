@@ -11,7 +11,8 @@ from experiments import host_profile
     (["--calls", "1"], "--calls"),
     (["--dtype", "float64"], "--dtype"),
     (["--switches", "tma"], "--switches"),
-], ids=["shape-of-three", "one-call", "float64", "switch-without-value"])
+    (["--switches", "tma="], "--switches"),
+], ids=["shape-of-three", "one-call", "float64", "switch-without-value", "switch-with-empty-value"])
 def test_bad_arguments_are_refused_naming_them(argv, word, capsys):
     with pytest.raises(SystemExit):
         host_profile.main(argv)
@@ -22,6 +23,21 @@ def test_without_cuda_it_says_it_needs_a_gpu(monkeypatch):
     monkeypatch.setattr(host_profile.torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         host_profile.main(["--backends", "reference"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--backends", "reference", "--switches", "tma=true"], "switch 'tma': backend 'reference' has no such switch"),
+    (["--backends", "reference,nope"], "'nope'"),
+], ids=["switch-the-backend-lacks", "unknown-backend-after-a-known-one"])
+def test_every_backend_is_built_before_any_is_profiled(argv, message, monkeypatch, capsys):
+    def profiled(*args, **kwargs):
+        raise AssertionError("a backend was profiled before the arguments were checked")
+
+    monkeypatch.setattr(host_profile.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(host_profile, "report", profiled)
+    with pytest.raises(SystemExit):
+        host_profile.main(argv)
+    assert message in capsys.readouterr().err
 
 
 def test_headline_inputs_match_the_shape():
