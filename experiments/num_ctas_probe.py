@@ -209,7 +209,8 @@ def main(argv=None) -> int:
         return child(args.child[0], int(args.child[1]), args.compile_only, args.shape)
     probe_shape(args.shape)  # a bad --shape fails here, before any case runs
     os.makedirs(args.out, exist_ok=True)
-    rows = []
+    # each row written as its case ends: a parent cut off by the device call's limit keeps the cases it ran
+    out = open(os.path.join(args.out, "num_ctas_probe.jsonl"), "w")
     for case in args.cases:
         for ctas in args.ctas:
             cmd = [sys.executable, "-m", "experiments.num_ctas_probe", "--child", case, str(ctas),
@@ -224,11 +225,12 @@ def main(argv=None) -> int:
                                                             "error": f"exit {done.returncode}: {done.stderr[-1500:]}"}
                 row["exit_code"] = done.returncode
             except subprocess.TimeoutExpired:
-                row = {"case": case, "num_ctas": ctas, "ok": False, "error": f"timed out after {args.timeout} s"}
+                row = {"case": case, "num_ctas": ctas, "shape": args.shape, "ok": False,
+                       "error": f"timed out after {args.timeout} s"}
             print(json.dumps({k: v for k, v in row.items() if k != "trace"}), flush=True)
-            rows.append(row)
-    with open(os.path.join(args.out, "num_ctas_probe.jsonl"), "w") as f:
-        f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
+            out.write(json.dumps(row, default=str) + "\n")
+            out.flush()
+    out.close()
     return 0
 
 

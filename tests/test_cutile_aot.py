@@ -868,6 +868,30 @@ def test_num_ctas_probe_odd_grids_and_shapes():
         main(["--shape", "2,1000,8", "--compile-only"])
 
 
+@pytest.mark.parametrize("cut_off_at", [1, 2], ids=["cut-off-in-the-second-case", "cut-off-in-the-third-case"])
+def test_num_ctas_probe_keeps_the_cases_run_before_a_cut_off(tmp_path, monkeypatch, cut_off_at):
+    """The parent writes each case's row as the case ends: killed later (the device call's limit), the file holds
+    the cases that ran."""
+    import types
+
+    from experiments import num_ctas_probe
+
+    calls = []
+
+    def child(cmd, **kwargs):
+        if len(calls) == cut_off_at:
+            raise KeyboardInterrupt  # stands for the parent being killed
+        calls.append(cmd)
+        row = {"case": cmd[cmd.index("--child") + 1], "num_ctas": int(cmd[cmd.index("--child") + 2]), "ok": True}
+        return types.SimpleNamespace(stdout="PROBE " + json.dumps(row), stderr="", returncode=0)
+
+    monkeypatch.setattr(subprocess, "run", child)
+    with pytest.raises(KeyboardInterrupt):
+        num_ctas_probe.main(["--out", str(tmp_path), "--cases", "add", "matmul", "--compile-only"])
+    rows = [json.loads(line) for line in (tmp_path / "num_ctas_probe.jsonl").read_text().splitlines()]
+    assert [(r["case"], r["num_ctas"]) for r in rows] == [("add", 1), ("add", 2)][:cut_off_at]
+
+
 @pytest.mark.parametrize("switches", [
     pytest.param(CutileSwitches(num_ctas=2), id="num_ctas2"),
     pytest.param(CutileSwitches(num_ctas=2, head_loop=8), id="num_ctas2-head_loop8"),
