@@ -15,9 +15,10 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "rounds.sh"
 
 
-def rounds(tmp_path: Path, arms: str, rounds_env: str = "2", budget: str = "400"):
+def rounds(tmp_path: Path, arms: str | None, rounds_env: str = "2", budget: str = "400"):
     arms_file = tmp_path / "arms.txt"
-    arms_file.write_text(arms)
+    if arms is not None:  # None: no such file
+        arms_file.write_text(arms)
     env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "SWEEP_ROOT", "SWEEP_OVERRIDES")}
     env.update(PYTHONPATH=str(REPO), PATH=f"{Path(sys.executable).parent}:{env['PATH']}", OUT=str(tmp_path / "out"),
                TMPDIR=str(tmp_path), SSD_TUNING_DIR=str(tmp_path / "tuning"), GPU_SESSION_BUDGET_S=budget,
@@ -48,7 +49,8 @@ def test_two_arms_two_rounds_interleaved(tmp_path):
     ("backend=reference\n", "0", "ROUNDS"),
     ("backend=reference\n", "two", "ROUNDS"),
     ("# only a comment\n\n", "2", "no arm"),
-], ids=["zero-rounds", "rounds-not-a-number", "no-arm"])
+    (None, "2", "cannot read"),
+], ids=["zero-rounds", "rounds-not-a-number", "no-arm", "no-arms-file"])
 def test_refused_before_anything_runs(tmp_path, arms, rounds_env, message):
     done = rounds(tmp_path, arms, rounds_env)
     assert done.returncode == 2 and message in done.stderr
