@@ -14,7 +14,7 @@ exp=${2:-headline}
 rounds=${ROUNDS:-3}
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "rounds.sh: ROUNDS must be a positive integer, got $rounds" >&2; exit 2; }
 [ -f "$arms_file" ] && [ -r "$arms_file" ] || { echo "rounds.sh: cannot read $arms_file" >&2; exit 2; }
-mapfile -t arms < <(grep -v '^[[:space:]]*\(#\|$\)' "$arms_file")
+mapfile -t arms < <(tr -d '\r' < "$arms_file" | grep -v '^[[:space:]]*\(#\|$\)')
 [ "${#arms[@]}" -gt 0 ] || { echo "rounds.sh: no arm in $arms_file" >&2; exit 2; }
 OUT=${OUT:-results/scratch/gpu}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)

@@ -914,3 +914,19 @@ def test_num_ctas_switch_builds_the_cluster_kernel(switches):
     assert ops["UTMALDG.4D.MULTICAST"] > 0 and ops["UCGABAR_WAIT"] > 0
     assert {k for k in ops if k.startswith("HGMMA")} == {"HGMMA.64x32x16.F32.BF16"}
     assert "MULTICAST" not in sass(export(_headline_call("S1", dataclasses.replace(switches, num_ctas=0)), "sm_90"))
+
+
+@pytest.mark.parametrize("device, refused", [("cuda", True), ("cpu", False)], ids=["gpu-refused", "cpu-kept"])
+def test_num_ctas_refused_only_where_a_gpu_would_launch(device, refused):
+    """num_ctas misaligned at small shapes on an H200: check_device raises naming the switch before any launch on
+    a GPU; the AOT build (no device) keeps it; num_ctas 0 passes everywhere."""
+    import torch
+
+    from impls.cutile.switches import check_device
+
+    check_device(CutileSwitches(), torch.device(device))
+    if refused:
+        with pytest.raises(ValueError, match="switch num_ctas of backend 'cutile': refused on a GPU"):
+            check_device(CutileSwitches(num_ctas=2), torch.device(device))
+    else:
+        check_device(CutileSwitches(num_ctas=2), torch.device(device))

@@ -66,3 +66,13 @@ def test_no_arm_in_time_leaves_no_stale_parquet(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "skipped, out of time" in (tmp_path / "out" / "session.log").read_text()
     assert len(pd.read_parquet(tmp_path / "out" / "cpu.parquet")) == 0
+
+
+def test_arms_file_with_crlf_line_ends(tmp_path):
+    """An arms file saved with Windows line ends: the carriage returns do not reach Hydra as part of a value."""
+    common = (f"bench.cpu_warmup=0 bench.cpu_reps=1 bench.stages=[forward] logger.dir={tmp_path} "
+              f"hydra.sweep.dir={tmp_path}/multirun")
+    done = rounds(tmp_path, f"# comment\r\nbackend=reference {common}\r\n\r\n", rounds_env="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    merged = pd.read_parquet(tmp_path / "out" / "cpu.parquet")
+    assert set(merged["status"]) == {"ok"} and merged["run_id"].nunique() == 1

@@ -16,8 +16,7 @@ from impls.triton.clamp import pinned
 from impls.triton.fallbacks import fallback
 from impls.triton.smem import DTYPE_BYTES
 from impls.triton.space import SEARCH_SPACE, search_space
-from impls.triton.stages import FUSED
-from impls.triton.stages import STAGE_FIELDS
+from impls.triton.stages import FUSED, STAGE_FIELDS
 from impls.triton.switches import TritonSwitches, code_switches
 
 
@@ -39,8 +38,9 @@ STACK = ("triton", "driver")  # what a Triton record is bound to
 def record_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict, stage: str | None = None) -> str:
     """The tuning record's key: shape, dtype, the code-changing switches and the call's flags (bias, z, ...).
     `fuse_state_out` changes only the fused kernel's code: with a `stage` other than FUSED it stays out of the
-    key, so the fused arrangement's staged kernels (chunk_cumsum, and the stages timed on their own) share the
-    staged records instead of searching again under keys of their own."""
+    key, so the fused arrangement's staged kernels (chunk_cumsum, and the stages timed on their own) use the records
+    of the staged arrangement with the same other switches (with tma off, today none is committed: fallback tiles)
+    instead of searching again under keys of their own."""
     code = code_switches(switches)
     if stage is not None and stage != FUSED:
         code = {k: v for k, v in code.items() if k != "fuse_state_out"}
