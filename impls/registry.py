@@ -216,6 +216,17 @@ def pinned_version(dist: str, found: str | None, required: str) -> tuple[bool, s
     return True, ""
 
 
+def refuse_on_gpu(switches, device) -> None:
+    """Raises ValueError (the switch's `gpu_refused` text) before any kernel when a switch declared `gpu_refused`
+    is set away from its default and the call would launch on a CUDA device; CPU paths keep it."""
+    if torch.device(device).type != "cuda" or not dataclasses.is_dataclass(switches):
+        return
+    for f in dataclasses.fields(switches):
+        reason = f.metadata.get("gpu_refused")
+        if reason and getattr(switches, f.name) != f.default:
+            raise ValueError(reason)
+
+
 def cuda_only(device, what: str) -> tuple[bool, str]:
     """check_device() of a backend whose kernels run on CUDA devices only."""
     device = torch.device(device)

@@ -922,7 +922,7 @@ def test_num_ctas_refused_only_where_a_gpu_would_launch(device, refused):
     a GPU; the AOT build (no device) keeps it; num_ctas 0 passes everywhere."""
     import torch
 
-    from impls.cutile.switches import check_device
+    from impls.registry import refuse_on_gpu as check_device
 
     check_device(CutileSwitches(), torch.device(device))
     if refused:

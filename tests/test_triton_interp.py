@@ -338,13 +338,13 @@ def test_warp_specialize_refuses_what_triton_cannot_specialise(switches, match):
 def test_warp_specialize_is_refused_on_a_gpu_device():
     """On a GPU the switch raises before any kernel (its kernels computed wrong results on an NVIDIA H200); the CPU
     paths (interpreter, compile-only tools) keep it. Read on the device argument alone: no GPU needed."""
-    from impls.triton import warp_spec
+    from impls.registry import refuse_on_gpu
 
     sw = get_backend("triton", tma=True, warp_specialize=True).switches
     with pytest.raises(ValueError, match="warp_specialize of backend 'triton': refused on a GPU"):
-        warp_spec.check_device(sw, torch.device("cuda", 0))
-    warp_spec.check_device(sw, torch.device("cpu"))  # the interpreter's tensors
-    warp_spec.check_device(get_backend("triton", tma=True).switches, torch.device("cuda", 0))  # off: nothing
+        refuse_on_gpu(sw, torch.device("cuda", 0))
+    refuse_on_gpu(sw, torch.device("cpu"))  # the interpreter's tensors
+    refuse_on_gpu(get_backend("triton", tma=True).switches, torch.device("cuda", 0))  # off: nothing
 
 
 def test_warp_specialize_refuses_fp32_without_tensor_cores():

@@ -24,12 +24,6 @@ NUM_CTAS_GPU_REFUSAL = (
     "AOT build, `python -m experiments.num_ctas_probe --compile-only`)")
 
 
-def check_device(switches, device) -> None:
-    """Raises before any kernel when a switch refused on a GPU (NUM_CTAS_GPU_REFUSAL) would launch there."""
-    if switches.num_ctas and getattr(device, "type", device) == "cuda":
-        raise ValueError(NUM_CTAS_GPU_REFUSAL)
-
-
 
 @dataclass(frozen=True)
 class CutileSwitches:

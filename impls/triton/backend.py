@@ -17,7 +17,7 @@ import torch
 
 from impls import tuning
 from impls.problem import Problem, Shape, dtype_name
-from impls.registry import Backend, ForwardResult, register
+from impls.registry import Backend, ForwardResult, refuse_on_gpu, register
 from impls.triton import tune, warp_spec
 from impls.triton.chunk_cumsum import chunk_cumsum as _chunk_cumsum
 from impls.triton.clamp import MAX_DSTATE, clamp
@@ -181,7 +181,7 @@ class TritonBackend(Backend):
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                     dt_softplus, dt_limit, state_dtype):
-        warp_spec.check_device(self.switches, x.device)  # before stage 1 runs
+        refuse_on_gpu(self.switches, x.device)  # before stage 1 runs
         if not self.switches.fuse_state_out:
             return super().ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                                        cu_seqlens, dt_softplus, dt_limit, state_dtype)
@@ -217,7 +217,7 @@ class TritonBackend(Backend):
 
     def _dot_precision(self, x: torch.Tensor) -> str:
         # input_precision only means something for fp32 operands; fp16/bf16 dots get Triton's default
-        warp_spec.check_device(self.switches, x.device)
+        refuse_on_gpu(self.switches, x.device)
         precision = "tf32"
         if x.dtype == torch.float32 and self.switches.cb_precision == "fp32":
             precision = "ieee"

@@ -16,16 +16,16 @@ tuning resolves per shape, are checked at launch: a compiler failure is re-raise
 the configuration, and every kernel launched with the switch must be warp-specialised (`setmaxnreg` in its PTX),
 else RuntimeError instead of its result. The Triton interpreter (CPU tensors) runs the loop's math only: the switch
 changes nothing there.
-On a GPU the switch is refused outright (`check_device`, before any kernel): on one NVIDIA H200 the specialised
-kernels gave results over tolerance in 13 of 30 GPU test cases and ran 2-3x slower than without the switch
-(docs/perf-notes.md, version 15 measured). What is above stays for the compile-only tools, which launch nothing.
+On a GPU the switch is refused outright (its `gpu_refused` text, raised by `impls.registry.refuse_on_gpu` before any
+kernel): on one NVIDIA H200 the specialised kernels gave results over tolerance in 13 of 30 GPU test cases and ran
+2-3x slower than without the switch (docs/perf-notes.md, version 15 measured). What is above stays for the
+compile-only tools, which launch nothing.
 """
 
 from __future__ import annotations
 
 import triton
 
-from impls.triton.switches import WARP_SPECIALIZE_GPU_REFUSAL
 from impls.triton.target import interpreting
 
 SWITCH = "switch warp_specialize of backend 'triton'"
@@ -50,12 +50,6 @@ def refusal(switches) -> str | None:
                     f"{name}={getattr(switches, name)} (a maxnreg cap for num_warps warps) cannot apply; leave it "
                     "at 0")
     return None
-
-
-def check_device(switches, device) -> None:
-    """Raises before any kernel when warp_specialize would launch on a GPU (switches.WARP_SPECIALIZE_GPU_REFUSAL)."""
-    if switches.warp_specialize and device.type == "cuda":
-        raise ValueError(WARP_SPECIALIZE_GPU_REFUSAL)
 
 
 def check_precision(switches, dot_precision: str) -> None:
