@@ -77,7 +77,6 @@ def check(w: pd.DataFrame, spec: dict) -> pd.DataFrame:
         for shape in t["shapes"]:
             mine = rounds_of(subject, shape, metric, t["subject"])
             if baseline is None:
-                theirs = None
                 cells = [f"{mine[k]:.3f}" for k in sorted(mine)]
                 holds = [mine[k] <= t["at_most_ms"] for k in sorted(mine)]
             else:

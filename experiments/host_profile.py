@@ -122,10 +122,8 @@ def parse_switches(text: str) -> dict:
     return out
 
 
-def report(name: str, shape, dtype, calls: int, top: int, switches: dict | None = None) -> None:
-    import impls
-
-    backend = impls.get_backend(name, **(switches or {}))
+def report(name: str, backend, shape, dtype, calls: int, top: int, switches: dict | None = None) -> None:
+    """Host times and the profile of `backend` (built as `name` with `switches`)."""
     public, own = calls_of(backend, shape, headline_inputs(shape, dtype, torch.device("cuda")))
     for _ in range(20):
         public()
@@ -166,13 +164,14 @@ def main(argv=None) -> None:
     names = [name.strip() for name in args.backends.split(",")]
     import impls
 
+    backends = []
     for name in names:  # every backend built with the switches before any is profiled
         try:
-            impls.get_backend(name, **switches)
+            backends.append((name, impls.get_backend(name, **switches)))
         except (ValueError, impls.BackendUnavailable) as exc:
             parser.error(str(exc))
-    for name in names:
-        report(name, shape, getattr(torch, args.dtype), args.calls, args.top, switches)
+    for name, backend in backends:
+        report(name, backend, shape, getattr(torch, args.dtype), args.calls, args.top, switches)
 
 
 if __name__ == "__main__":
