@@ -5,7 +5,7 @@ every case runs in a process of its own. compute_out has the switch `num_ctas` s
 so that stage 2's kernel can be tried too.
 
     python -m experiments.num_ctas_probe [--out DIR] [--cases add add_odd_x ... fwd_pass_state] [--ctas 1 2]
-                                         [--shape S1 | --shape B,L,H,P,G,N,C]
+                                         [--shape S1 | --shape B,L,H,P,G,N,C] [--switches heads_per_tile=1,...]
 
 Cases, each at `num_ctas` 1 and 2:
 - add: y = x + 1 over 64 × 64 tiles (no MMA, no reduction) on a 64 × 64 grid: does a cluster launch run at all;
@@ -14,7 +14,10 @@ Cases, each at `num_ctas` 1 and 2:
 - compute_out, fwd_pass_state: our stage at `--shape` (default S1, conf/shape/S1.yaml; bf16; the committed tuning
   record where one exists, else the fallback tiles), its kernels built with the given `num_ctas` (every other
   setting of the record kept), gated by experiments.correctness.check against the float64 reference, then timed
-  (do_bench median, p20, p80, ms).
+  (do_bench median, p20, p80, ms). `--switches` builds the backend with those cuTile switches (size pins such as
+  heads_per_tile=1,occupancy=2 — the fallback tiles the small GPU test cases ran — over the record), so that a tile
+  configuration and a shape can be tried apart: the GPU tests' clusters misaligned at their small shapes under the
+  fallback tiles, and ran at S1 under its record.
 Each prints one JSON line (case, num_ctas, ok, error, rel_err, timings, the kernel's registers, spills, multicast
 loads and cluster barriers from its sm_90 cubin); the parent writes them to DIR/num_ctas_probe.jsonl.
 Compiled on the CPU (`--compile-only`), the cases report only what the sm_90 machine code holds.
@@ -114,7 +117,7 @@ def probe_shape(spec: str):
     return Shape(*(int(v) for v in sizes))
 
 
-def run_stage(case: str, ctas: int, shape: str = "S1") -> dict:
+def run_stage(case: str, ctas: int, shape: str = "S1", switches: dict | None = None) -> dict:
     import torch
     import triton.testing  # noqa: F401  (fail before the long reference if the timer is missing)
 
@@ -127,7 +130,7 @@ def run_stage(case: str, ctas: int, shape: str = "S1") -> dict:
     _with_num_ctas(ctas, STAGE_KERNELS[case])
     problem = Problem(shape=probe_shape(shape), dtype="bfloat16")
     inputs = make_inputs(problem, device="cuda", draw_device="cuda")
-    backend = get_backend("cutile")
+    backend = get_backend("cutile", **(switches or {}))
     ref = correctness.reference_forward(inputs, "float64")
     report = correctness.check(backend, inputs, ref, torch.bfloat16)
     torch.cuda.synchronize()
@@ -146,10 +149,11 @@ def run_stage(case: str, ctas: int, shape: str = "S1") -> dict:
     return {**row, **_bench(go)}
 
 
-def compile_facts(case: str, ctas: int) -> dict:
+def compile_facts(case: str, ctas: int, switches: dict | None = None) -> dict:
     """Registers, stack and local loads/stores of the case's kernel compiled for sm_90 on the CPU with
-    `num_ctas=ctas` (our stages at the S1 record, every other option as the record); the multicast TMA loads and
-    cluster barriers in its SASS."""
+    `num_ctas=ctas` (our stages at the S1 record with what `switches` pin over it, every other option as the
+    record); the multicast TMA loads, cluster barriers and generic 16-bit loads and stores (with a cluster: the
+    exchange through the peer's shared memory) in its SASS."""
     import dataclasses
 
     import torch
@@ -166,8 +170,9 @@ def compile_facts(case: str, ctas: int) -> dict:
     else:
         from impls.cutile.switches import CutileSwitches
 
-        cfg = spills.resolved_config(case, "S1")
-        call = aot.build_call(case, torch.bfloat16, CutileSwitches(), dims=spills.shape_dims("S1"), config=cfg,
+        sw = CutileSwitches(**(switches or {}))
+        cfg = spills.resolved_config(case, "S1", switches=sw)
+        call = aot.build_call(case, torch.bfloat16, sw, dims=spills.shape_dims("S1"), config=cfg,
                               optional=False, d_mode=spills.HEADLINE_D_MODE)
         call = dataclasses.replace(call, kernel=ct.kernel(call.kernel._pyfunc, occupancy=cfg.get("occupancy") or None,
                                                           num_ctas=ctas))
@@ -179,16 +184,18 @@ def compile_facts(case: str, ctas: int) -> dict:
             "stl": sum(v for k, v in ops.items() if k.startswith("STL")),
             "tma_multicast": sum(v for k, v in ops.items() if "MULTICAST" in k),
             "cluster_barriers": sum(v for k, v in ops.items() if k.startswith("UCGABAR")),
+            "generic_u16": sum(v for k, v in ops.items() if k in ("LD.E.U16", "ST.E.U16")),
             "hgmma": sorted({k for k in ops if k.startswith("HGMMA")})}
 
 
-def child(case: str, ctas: int, compile_only: bool, shape: str = "S1") -> int:
-    row = {"case": case, "num_ctas": ctas, "shape": None if case in SMALL else shape}
+def child(case: str, ctas: int, compile_only: bool, shape: str = "S1", switches: dict | None = None) -> int:
+    row = {"case": case, "num_ctas": ctas, "shape": None if case in SMALL else shape,
+           "switches": None if case in SMALL else (switches or {})}
     try:
         if case in SMALL or shape == "S1":  # the compile facts are read at the S1 record
-            row.update(compile_facts(case, ctas))
+            row.update(compile_facts(case, ctas, None if case in SMALL else switches))
         if not compile_only:
-            row.update(run_small(case, ctas) if case in SMALL else run_stage(case, ctas, shape))
+            row.update(run_small(case, ctas) if case in SMALL else run_stage(case, ctas, shape, switches))
     except Exception as exc:  # the probe's answer is the error itself
         row.update(ok=False, error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc()[-2000:])
     print("PROBE " + json.dumps(row, default=str), flush=True)
@@ -201,20 +208,29 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     ap.add_argument("--ctas", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--shape", default="S1", help="the stage cases' shape: a preset or B,L,H,P,G,N,C")
+    ap.add_argument("--switches", default="", help="cuTile switches for the stage cases, name=value[,...] (e.g. "
+                    "heads_per_tile=1,occupancy=2: the fallback tiles)")
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--child", nargs=2, metavar=("CASE", "CTAS"), help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=float, default=240)
     args = ap.parse_args(argv)
+    from experiments.host_profile import parse_switches
+
+    switches = parse_switches(args.switches)  # a bad item fails here, before any case runs
     if args.child:
-        return child(args.child[0], int(args.child[1]), args.compile_only, args.shape)
+        return child(args.child[0], int(args.child[1]), args.compile_only, args.shape, switches)
     probe_shape(args.shape)  # a bad --shape fails here, before any case runs
+    if switches:
+        from impls.cutile.switches import CutileSwitches
+
+        CutileSwitches(**switches)  # an unknown switch fails here too
     os.makedirs(args.out, exist_ok=True)
     # each row written as its case ends: a parent cut off by the device call's limit keeps the cases it ran
     out = open(os.path.join(args.out, "num_ctas_probe.jsonl"), "w")
     for case in args.cases:
         for ctas in args.ctas:
             cmd = [sys.executable, "-m", "experiments.num_ctas_probe", "--child", case, str(ctas),
-                   "--shape", args.shape]
+                   "--shape", args.shape, "--switches", args.switches]
             if args.compile_only:
                 cmd.append("--compile-only")
             try:

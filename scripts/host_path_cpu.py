@@ -5,12 +5,22 @@ and availability answered yes, every launch replaced by a no-op (cuTile: impls.c
 JITFunction.run), so what is timed is the Python before the launches: argument checks, tuning resolution, output
 allocation, launch descriptions. Prints µs per call, median of N calls (time.perf_counter), for the backend's
 method and for the public entry (impls.<stage>(..., backend=<built backend>)); their difference is the entry's own
-layer. Numbers are this machine's, not a GPU host's. Usage: python scripts/host_path_cpu.py [N]
+layer. Numbers are this machine's, not a GPU host's.
+
+With `--through triton` the Triton launches are not stubbed at Triton's door: experiments/triton_fake_driver.py
+stands in for the CUDA driver, so Triton's own per-launch work (JITFunction.run, the launcher's descriptor
+expansion) is timed too, and only the final driver call is left out; the kernels compile for sm_90 on first use.
+`--switches` builds the Triton backend with those switches (the cuTile backend with its defaults).
+
+    python scripts/host_path_cpu.py [--n N] [--through stub|triton] [--backends cutile triton] [--shapes S4 S1]
+        [--switches tma=true,tma_descriptors=host,state_pass=serial,launch_path=cached]
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -24,13 +34,18 @@ SHAPES = {"S4": (16, 2048, 32, 64, 1, 64, 128), "S1": (8, 4096, 80, 64, 1, 128, 
 NO_LIMIT = (0.0, math.inf)
 
 
-def stub_launches() -> None:
+def stub_launches(through: str = "stub") -> None:
     import triton.runtime.jit as jit
 
     import impls.cutile.common as cutile_common
 
     cutile_common.launch = lambda call: None
-    jit.JITFunction.run = lambda self, *args, **kwargs: None
+    if through == "stub":
+        jit.JITFunction.run = lambda self, *args, **kwargs: None
+    else:
+        from experiments import triton_fake_driver
+
+        triton_fake_driver.install()
     for name in ("cutile", "triton"):
         cls = registry.backend_class(name)
         cls.check_device = lambda self, device: (True, "")
@@ -84,16 +99,31 @@ def median_us(fn, n: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def main(n: int) -> None:
-    stub_launches()
-    for shape, dims in SHAPES.items():
-        t = inputs(*dims)
-        for name in ("cutile", "triton"):
-            public, backend = calls(impls.get_backend(name), t)
+def main(argv: list[str] | None = None) -> None:
+    from experiments.host_profile import parse_switches
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2000, help="timed calls per point (median)")
+    parser.add_argument("--through", choices=("stub", "triton"), default="stub",
+                        help="stub: JITFunction.run replaced by a no-op; triton: Triton's launch path runs, the "
+                             "driver call recorded (experiments/triton_fake_driver.py)")
+    parser.add_argument("--backends", nargs="+", choices=("cutile", "triton"), default=["cutile", "triton"])
+    parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES))
+    parser.add_argument("--switches", default="", help="Triton switches, name=value[,name=value...]")
+    args = parser.parse_args(argv)
+    switches = parse_switches(args.switches)  # a bad item fails here, before anything is built
+    if args.through == "triton" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        parser.error("--through triton compiles real kernels: unset TRITON_INTERPRET")
+    stub_launches(args.through)
+    built = {name: impls.get_backend(name, **(switches if name == "triton" else {})) for name in args.backends}
+    for shape in args.shapes:
+        t = inputs(*SHAPES[shape])
+        for name, be in built.items():
+            public, backend = calls(be, t)
             for stage in public:
-                b, p = median_us(backend[stage], n), median_us(public[stage], n)
+                b, p = median_us(backend[stage], args.n), median_us(public[stage], args.n)
                 print(f"{shape} {name:7s} {stage:15s} backend {b:7.1f}  public {p:7.1f}  entry {p - b:6.1f} µs")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000)
+    main(sys.argv[1:])

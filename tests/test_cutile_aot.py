@@ -868,6 +868,22 @@ def test_num_ctas_probe_odd_grids_and_shapes():
         main(["--shape", "2,1000,8", "--compile-only"])
 
 
+def test_num_ctas_probe_takes_tile_pins():
+    """--switches pins the stage cases' tiles over the record (the fallback tiles of the small GPU cases: one head
+    per tile at occupancy 2), so that a configuration and a shape can be tried apart; with a cluster the build
+    exchanges through the peer's shared memory with generic 16-bit accesses, with one CTA it has none."""
+    from experiments.num_ctas_probe import compile_facts, main
+
+    pins = {"heads_per_tile": 1, "occupancy": 2}
+    one, two = compile_facts("compute_out", 1, pins), compile_facts("compute_out", 2, pins)
+    assert one["registers"] == two["registers"] == 128  # occupancy 2: the pin reached the build
+    assert one["generic_u16"] == 0 and one["tma_multicast"] == 0
+    assert two["generic_u16"] > 0 and two["tma_multicast"] > 0
+    assert compile_facts("compute_out", 1)["registers"] == 80  # the S1 record (occupancy 3) without pins
+    with pytest.raises(ValueError, match="--switches"):
+        main(["--switches", "heads_per_tile", "--compile-only"])
+
+
 @pytest.mark.parametrize("cut_off_at", [1, 2], ids=["cut-off-in-the-second-case", "cut-off-in-the-third-case"])
 def test_num_ctas_probe_keeps_the_cases_run_before_a_cut_off(tmp_path, monkeypatch, cut_off_at):
     """The parent writes each case's row as the case ends: killed later (the device call's limit), the file holds

@@ -276,7 +276,7 @@ def test_tma_host_descriptors_are_kernel_arguments(monkeypatch, state_pass, stag
     serial kernel's x and B) on the host, once per launch, with the launch's boxes."""
     made = []
     real = descriptors.host
-    monkeypatch.setattr(descriptors, "host", lambda tensors: made.append(real(tensors)) or made[-1])
+    monkeypatch.setattr(descriptors, "host", lambda tensors, path: made.append(real(tensors, path)) or made[-1])
     inputs = make_inputs(Problem(SMALL), seed=9, dtype=torch.float32)
     impls.ssd_forward(**inputs.forward_kwargs(),
                       backend=get_backend("triton", tma=True, tma_descriptors="host", state_pass=state_pass))

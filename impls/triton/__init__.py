@@ -8,8 +8,9 @@ fwd_pass_state.py, compute_out.py; fused.py for stages 2 and 3 in one kernel; de
 and the configuration, one concern per module: switches.py (TritonSwitches and its help strings), stages.py (the
 tuned stages and their launch fields), fallbacks.py (fixed configurations per architecture), space.py (the search
 space and its size per stage), clamp.py (pinned fields, block sizes clamped to the problem), smem.py (the
-shared-memory model), occupancy.py (the register cap), target.py (interpreter or GPU) and tune.py (what
-impls/tuning.py needs). aot.py, ptx_hashes.py and expressible.py compile for sm_90 without a GPU.
+shared-memory model), occupancy.py (the register cap), target.py (interpreter or GPU), tune.py (what
+impls/tuning.py needs), launcher.py (every launch, through Triton or through the kernel it compiled: switch
+launch_path) and grid.py (host-side integer helpers). aot.py, ptx_hashes.py and expressible.py compile for sm_90 without a GPU.
 """
 
 from impls.triton.backend import TritonBackend  # noqa: F401  (registers "triton")

@@ -67,6 +67,10 @@ class TritonBackend(Backend):
         reason = warp_spec.refusal(self.switches)
         if reason:
             raise ValueError(reason)
+        if self.switches.launch_path == "cached" and interpreting():
+            raise ValueError("switch launch_path='cached' of backend 'triton': it launches the kernels Triton "
+                             "compiled, and the Triton interpreter (TRITON_INTERPRET=1) compiles none; use "
+                             "launch_path='triton' there")
         self._resolved: dict[tuple[str, str], tune.Resolved] = {}
         self._keys: dict[tuple, str] = {}  # (stage, shape, dtype, flags) -> record key (switches fixed per instance)
         self.last_tuning: dict[str, dict[str, Any]] = {}

@@ -13,6 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
+from impls.triton import launcher
+from impls.triton.grid import cdiv
+
 # Constants are spelled out inside the kernels (log2 e = 1.4426950408889634, ln 2 = 0.6931471805599453, the
 # softplus threshold 20, above which softplus(v) == v in fp32 -- the reference's cut).
 
@@ -87,14 +90,14 @@ def chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit, *, config, s
     dA_cumsum = empty((batch, nheads, nchunks, chunk_size), torch.float32, dt.device)
     has_limit = tuple(dt_limit) != (0.0, math.inf)
     bias = dt_bias if dt_bias is not None else A  # never read without HAS_BIAS; any pointer will do
-    grid = (nchunks, batch, triton.cdiv(nheads, config["block_heads"]))
-    chunk_cumsum_kernel[grid](
-        dt, A, bias, dt_out, dA_cumsum,
+    grid = (nchunks, batch, cdiv(nheads, config["block_heads"]))
+    launcher.launch(
+        chunk_cumsum_kernel, grid, dt, A, bias, dt_out, dA_cumsum,
         seqlen, nheads, float(dt_limit[0]), float(dt_limit[1]),
         dt.stride(0), dt.stride(1), dt.stride(2), A.stride(0), bias.stride(0),
         dt_out.stride(0), dt_out.stride(1), dt_out.stride(2),
         CHUNK=chunk_size, BLOCK_H=config["block_heads"],
         HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus), HAS_LIMIT=has_limit, EXP2=switches.exp2,
-        num_warps=config["num_warps"],
+        num_warps=config["num_warps"], path=switches.launch_path,
     )
     return dt_out, dA_cumsum

@@ -28,8 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from impls.triton import descriptors, warp_spec
+from impls.triton import descriptors, launcher
 from impls.triton.fwd_pass_state import program_coords, rows_desc, states_desc
+from impls.triton.grid import cdiv, next_pow2
 from impls.triton.occupancy import maxnreg
 
 
@@ -516,7 +517,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
     ngroups, dstate = B.shape[2], B.shape[3]
     nchunks, chunk = dt.shape[2], dt.shape[3]
     y = empty((batch, seqlen, nheads, headdim), x.dtype, x.device)
-    block_dstate = max(16, triton.next_power_of_2(dstate))
+    block_dstate = max(16, next_pow2(dstate))
     D_arg, z_arg, seq, D_strides = operand_args(x, dt, D, z, seq_idx)
     block_m, block_k, block_p = config["block_rows"], config["block_positions"], config["block_headdim"]
     host = switches.tma and switches.tma_descriptors == "host"
@@ -524,19 +525,21 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         st_box = (block_p, block_dstate) if states.stride(-1) == 1 else (block_dstate, block_p)
         hd = descriptors.host({"C": (C, (1, block_m, 1, block_dstate)), "B": (B, (1, block_k, 1, block_dstate)),
                                "x": (x, (1, block_k, 1, block_p)), "y": (y, (1, block_m, 1, block_p)),
-                               "states": (descriptors.memory_order(states), (1, 1, 1, *st_box))})
+                               "states": (descriptors.memory_order(states), (1, 1, 1, *st_box))},
+                              switches.launch_path)
     elif switches.tma:
         descriptors.require({"C": C, "B": B, "x": x, "states": descriptors.memory_order(states), "y": y})
     shared = switches.cb_mode == "shared"
-    cb = cb_matrix(C, B, chunk, empty, dot_precision) if shared else dt  # never read unless shared
+    # never read unless shared
+    cb = cb_matrix(C, B, chunk, empty, dot_precision, switches.launch_path) if shared else dt
     cb_strides = cb.stride() if shared else (0,) * 5
     hb = config.get("heads_per_tile", 1)
     if (nheads // ngroups) % hb:
         raise ValueError(f"switch heads_per_tile of backend 'triton': {hb} heads per program must divide the "
                          f"{nheads // ngroups} heads of a group")
-    tiles = triton.cdiv(headdim, config["block_headdim"]) * (chunk // config["block_rows"])
+    tiles = cdiv(headdim, config["block_headdim"]) * (chunk // config["block_rows"])
     grid = (tiles * (nheads // hb) * nchunks * batch,)
-    warp_spec.launch(
+    launcher.launch(
         compute_out_kernel, grid, C, B, x, dt, dA_cumsum, states, D_arg, z_arg, seq, cb, y,
         *((hd["C"], hd["B"], hd["x"], hd["y"], hd["states"]) if host else (None,) * 5),
         batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
@@ -549,7 +552,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
         HEADS_FIRST=switches.heads_first, HOST_DESC=host, WS=switches.warp_specialize,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
-        ws=switches.warp_specialize, what="compute_out", config=config,
+        path=switches.launch_path, ws=switches.warp_specialize, what="compute_out", config=config,
     )
     return y
 
@@ -557,14 +560,14 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
 CB_BLOCK = 64  # cb_kernel's tile (or the whole chunk when shorter)
 
 
-def cb_matrix(C, B, chunk, empty, dot_precision):
+def cb_matrix(C, B, chunk, empty, dot_precision, launch_path):
     """C·Bᵀ of every chunk and group, (batch, nchunks, ngroups, chunk, chunk) fp32, every element written."""
     batch, seqlen, ngroups, dstate = B.shape
-    nchunks = triton.cdiv(seqlen, chunk)
+    nchunks = cdiv(seqlen, chunk)
     cb = empty((batch, nchunks, ngroups, chunk, chunk), torch.float32, B.device)
     block = min(CB_BLOCK, chunk)
     grid = ((chunk // block) ** 2 * ngroups * nchunks * batch,)
-    cb_kernel[grid](C, B, cb, seqlen, nchunks, ngroups, *C.stride(), *B.stride(), *cb.stride(), dstate,
-                    CHUNK=chunk, BLOCK=block, BLOCK_DSTATE=max(16, triton.next_power_of_2(dstate)),
-                    DOT_PRECISION=dot_precision, num_warps=4)
+    launcher.launch(cb_kernel, grid, C, B, cb, seqlen, nchunks, ngroups, *C.stride(), *B.stride(), *cb.stride(),
+                    dstate, CHUNK=chunk, BLOCK=block, BLOCK_DSTATE=max(16, next_pow2(dstate)),
+                    DOT_PRECISION=dot_precision, num_warps=4, path=launch_path)
     return cb

@@ -21,6 +21,8 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from impls.triton import launcher
+
 
 def refusal(name: str, tensor: torch.Tensor) -> str | None:
     """Why `tensor` cannot be read through a tensor descriptor, or None when it can."""
@@ -55,10 +57,18 @@ def require(tensors: dict[str, torch.Tensor], where: str = "device") -> None:
         triton.set_allocator(_Workspace(device))
 
 
-def host(tensors: dict[str, tuple[torch.Tensor, tuple[int, ...]]]) -> dict[str, TensorDescriptor]:
+def host(tensors: dict[str, tuple[torch.Tensor, tuple[int, ...]]], launch_path: str = "triton") -> dict:
     """Host-built descriptors, one per named (tensor, block shape), after `require` has checked every tensor (no
-    AssertionError from TensorDescriptor, a ValueError naming the tensor instead)."""
+    AssertionError from TensorDescriptor, a ValueError naming the tensor instead): Triton's TensorDescriptor, or
+    with launch_path='cached' the launcher's HostDescriptor (the same fields, made full when a launch goes through
+    Triton; a zero-size dimension is refused here as TensorDescriptor refuses it)."""
     require({name: tensor for name, (tensor, _) in tensors.items()}, where="host")
+    if launch_path == "cached":
+        for name, (tensor, _) in tensors.items():
+            if 0 in tensor.shape:
+                raise ValueError(f"switch 'tma' with tma_descriptors='host' of backend 'triton': {name}: shape "
+                                 f"{tuple(tensor.shape)} has an empty dimension, a tensor descriptor cannot")
+        return {name: launcher.HostDescriptor(tensor, tuple(block)) for name, (tensor, block) in tensors.items()}
     return {name: TensorDescriptor.from_tensor(tensor, list(block)) for name, (tensor, block) in tensors.items()}
 
 

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from impls.triton import descriptors
+from impls.triton import descriptors, launcher
 from impls.triton.chunk_cumsum import _exp
 from impls.triton.compute_out import (
     c_rows,
@@ -49,6 +49,7 @@ from impls.triton.compute_out import (
     tile_coords,
 )
 from impls.triton.fwd_pass_state import _state_buffer, local_state, rows_desc
+from impls.triton.grid import cdiv, next_pow2
 from impls.triton.occupancy import maxnreg
 
 
@@ -219,19 +220,22 @@ def fused_state_out(C, B, x, dt, dA_cumsum, initial_states, D, z, seq_idx, state
         descriptors.require({"C": C, "B": B, "x": x, "y": y})
     D_arg, z_arg, seq, D_strides = operand_args(x, dt, D, z, seq_idx)
     init = initial_states if initial_states is not None else final  # never read without HAS_INIT
-    tiles_p = triton.cdiv(headdim, config["block_headdim"])
+    tiles_p = cdiv(headdim, config["block_headdim"])
     tiles = tiles_p * (chunk // config["block_rows"])
-    sync = torch.zeros(1 + batch * nheads * tiles_p * (nchunks + 1), dtype=torch.int32, device=x.device)
-    fused_kernel[(tiles * nheads * batch * nchunks,)](
+    # the ticket counter and the per-chunk flags, zeroed (through `empty`, as every buffer of the stage)
+    sync = empty((1 + batch * nheads * tiles_p * (nchunks + 1),), torch.int32, x.device).zero_()
+    launcher.launch(
+        fused_kernel, (tiles * nheads * batch * nchunks,),
         C, B, x, dt, dA_cumsum, init, D_arg, z_arg, seq, states, final, y, sync,
         batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
         *C.stride(), *B.stride(), *x.stride(), *dt.stride(), *dA_cumsum.stride(), *init.stride(), *states.stride(),
         *final.stride(), *D_strides, *z_arg.stride(), seq.stride(0), seq.stride(1), *y.stride(),
         CHUNK=chunk, BLOCK_M=config["block_rows"], BLOCK_K=config["block_positions"], BLOCK_P=config["block_headdim"],
-        BLOCK_DSTATE=max(16, triton.next_power_of_2(dstate)),
+        BLOCK_DSTATE=max(16, next_pow2(dstate)),
         HAS_INIT=initial_states is not None, HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
+        path=switches.launch_path,
     )
     return y, states, final

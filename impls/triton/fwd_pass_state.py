@@ -27,8 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from impls.triton import descriptors, warp_spec
+from impls.triton import descriptors, launcher
 from impls.triton.chunk_cumsum import _exp
+from impls.triton.grid import cdiv
 from impls.triton.occupancy import maxnreg
 
 
@@ -375,15 +376,16 @@ def chunk_states(B, x, dt, dA_cumsum, seq_idx, *, config, switches, empty, dot_p
     if host:
         out_box = (block_p, block_n) if local.stride(-1) == 1 else (block_n, block_p)
         hd = descriptors.host({**_operand_boxes(x, B, config),
-                               "chunk-local states": (descriptors.memory_order(local), (1, 1, 1, *out_box))})
+                               "chunk-local states": (descriptors.memory_order(local), (1, 1, 1, *out_box))},
+                              switches.launch_path)
         host_args = (hd["x"], hd["B"], hd["chunk-local states"])
     else:
         host_args = (None,) * 3
     if switches.tma and not host:
         descriptors.require({"x": x, "B": B, "chunk-local states": descriptors.memory_order(local)})
-    tiles = triton.cdiv(headdim, config["block_headdim"]) * triton.cdiv(dstate, config["block_dstate"])
+    tiles = cdiv(headdim, config["block_headdim"]) * cdiv(dstate, config["block_dstate"])
     grid = (tiles * nheads * nchunks * batch,)
-    warp_spec.launch(
+    launcher.launch(
         chunk_state_kernel, grid, x, B, dt, dA_cumsum, seq, local, *host_args,
         batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
         *x.stride(), *B.stride(), *dt.stride(), *dA_cumsum.stride(),
@@ -393,7 +395,7 @@ def chunk_states(B, x, dt, dA_cumsum, seq_idx, *, config, switches, empty, dot_p
         DOT_PRECISION=dot_precision, TMA=switches.tma, OUT_N_CONTIG=local.stride(-1) == 1, HOST_DESC=host,
         WS=switches.warp_specialize,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
-        ws=switches.warp_specialize, what="chunk_state", config=config,
+        path=switches.launch_path, ws=switches.warp_specialize, what="chunk_state", config=config,
     )
     return local
 
@@ -407,15 +409,15 @@ def pass_states(local, dA_cumsum, initial_states, seq_idx, seqlen, state_dtype, 
     final = empty((batch, nheads, headdim, dstate), torch.float32, local.device)
     init = initial_states if initial_states is not None else final  # never read without HAS_INIT
     seq = seq_idx if seq_idx is not None else dA_cumsum  # never read without HAS_SEQ
-    grid = (triton.cdiv(headdim * dstate, config["block_state"]), nheads, batch)
-    state_passing_kernel[grid](
-        local, states, final, init, dA_cumsum, seq,
+    grid = (cdiv(headdim * dstate, config["block_state"]), nheads, batch)
+    launcher.launch(
+        state_passing_kernel, grid, local, states, final, init, dA_cumsum, seq,
         seqlen, nchunks, headdim, dstate,
         *local.stride(), *states.stride(), *final.stride(), *init.stride(), *dA_cumsum.stride(),
         seq.stride(0), seq.stride(1),
         CHUNK=chunk, BLOCK_S=config["block_state"], DSTATE_MAJOR=switches.transposed_layout,
         HAS_INIT=initial_states is not None, HAS_SEQ=seq_idx is not None, EXP2=switches.exp2,
-        num_warps=config["num_warps"],
+        num_warps=config["num_warps"], path=switches.launch_path,
     )
     return states, final
 
@@ -434,11 +436,12 @@ def serial_states(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, *, 
     seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
     host = switches.tma and switches.tma_descriptors == "host"
     # x and B through descriptors with tma (made here with 'host'); the states are stored through pointers
-    host_args = tuple(descriptors.host(_operand_boxes(x, B, config)).values()) if host else (None, None)
+    host_args = (tuple(descriptors.host(_operand_boxes(x, B, config), switches.launch_path).values()) if host
+                 else (None, None))
     if switches.tma and not host:
         descriptors.require({"x": x, "B": B})
-    tiles = triton.cdiv(headdim, config["block_headdim"]) * triton.cdiv(dstate, config["block_dstate"])
-    warp_spec.launch(
+    tiles = cdiv(headdim, config["block_headdim"]) * cdiv(dstate, config["block_dstate"])
+    launcher.launch(
         serial_state_kernel, (tiles * nheads * batch,), x, B, dt, dA_cumsum, seq, init, states, final, *host_args,
         batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
         *x.stride(), *B.stride(), *dt.stride(), *dA_cumsum.stride(), seq.stride(0), seq.stride(1),
@@ -448,7 +451,8 @@ def serial_states(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, *, 
         EXP2=switches.exp2, DOT_PRECISION=dot_precision, TMA=switches.tma, HOST_DESC=host,
         WS=switches.warp_specialize,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
-        ws=switches.warp_specialize, what="fwd_pass_state (state_pass='serial')", config=config,
+        path=switches.launch_path, ws=switches.warp_specialize, what="fwd_pass_state (state_pass='serial')",
+        config=config,
     )
     return states, final
 

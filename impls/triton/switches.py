@@ -127,6 +127,15 @@ class TritonSwitches:
              "compiler warp-specialises every kernel on its own",
         sm100="the same loop attribute; on Blackwell Triton's warp specialisation is the documented path",
         needs={"tma": True}, gpu_refused=WARP_SPECIALIZE_GPU_REFUSAL)
+    launch_path: str = switch(
+        "triton", "how every kernel of the backend is launched (impls/triton/launcher.py): 'triton' = "
+                  "kernel[grid](...) on every call (Triton binds and specialises each argument at each launch); "
+                  "'cached' = the first launch of a signature through Triton, later ones straight to the kernel it "
+                  "compiled (key: each tensor's dtype and 16-byte alignment, each scalar's value, each host "
+                  "descriptor's dtype and box, the constexprs and launch options), host descriptors passed without "
+                  "TensorDescriptor's per-call validation. Changes no kernel; host cost only. Not under the Triton "
+                  "interpreter, which compiles nothing (ValueError)",
+        choices=("triton", "cached"))
     tuning: str = switch("auto", "where launch configurations come from (impls/tuning.py modes)", choices=MODES)
     # Launch sizes: 0 = from tuning (as in the cuTile backend); a value pins that field wherever it applies.
     block_rows: int = switch(0, "compute_out: chunk rows (output positions) per program; 0 = from tuning",

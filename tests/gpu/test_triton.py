@@ -73,6 +73,9 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "tma-host-no-transposed": {"tma": True, "tma_descriptors": "host", "transposed_layout": False},
             "tma-host-heads2-decay_factor": {"tma": True, "tma_descriptors": "host", "heads_per_tile": 2,
                                              "decay_factor": True},
+            "launch-cached": {"launch_path": "cached"},
+            "launch-cached-tma-host-serial": {"launch_path": "cached", "tma": True, "tma_descriptors": "host",
+                                              "state_pass": "serial"},
             # warp_specialize is refused on a GPU (13 of these 30 cases were over tolerance with it on one NVIDIA
             # H200: docs/perf-notes.md, version 15 measured): test_warp_specialize_is_refused_on_the_gpu
             }
@@ -128,6 +131,25 @@ def test_warp_specialize_is_refused_on_the_gpu(call):
              "compute_out": lambda: backend.compute_out(kw["C"], kw["B"], kw["x"], dt, dA, states, kw["D"], None, None)}
     with pytest.raises(ValueError, match="warp_specialize of backend 'triton': refused on a GPU"):
         calls[call]()
+
+
+@pytest.mark.parametrize("switches", [{}, {"tma": True, "tma_descriptors": "host", "state_pass": "serial"},
+                                      {"fuse_state_out": True}], ids=["defaults", "tma-host-serial", "fused"])
+def test_cached_launch_matches_triton_bitwise(switches):
+    """launch_path='cached' launches the same compiled kernels with the same arguments: the first call (through
+    Triton), a repeat (from the cache) and a call on new inputs (from the cache, new tensors and descriptors) give
+    the bits of launch_path='triton', and those match the float64 reference."""
+    from impls.tolerance import poisoned_allocations
+
+    plain, cached = _backend(**switches), _backend(launch_path="cached", **switches)
+    first, second = (make_inputs(Problem(SMALL), device="cuda", seed=s, dtype=torch.bfloat16) for s in (4, 5))
+    with poisoned_allocations():
+        for inputs in (first, first, second):
+            want = impls.ssd_forward(**inputs.forward_kwargs(), backend=plain)
+            got = impls.ssd_forward(**inputs.forward_kwargs(), backend=cached)
+            assert torch.equal(got.y, want.y) and torch.equal(got.final_states, want.final_states)
+            assert torch.equal(got.states, want.states)
+            assert rel_err(got.y, float64_forward(inputs).y) <= tolerance(torch.bfloat16)
 
 
 def test_search_then_record_on_gpu(tmp_path, monkeypatch, request):

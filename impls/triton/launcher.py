@@ -1,0 +1,134 @@
+"""How the Triton backend launches its kernels (switch `launch_path`): through Triton's `kernel[grid](...)` on every
+call, or through the kernel Triton compiled for the same arguments once it has.
+
+'triton': every launch is `JITFunction.run`: it binds and specialises every argument (a tensor's dtype and 16-byte
+alignment, an integer's width, whether it is 1 or a multiple of 16; about 44 arguments per launch in compute_out),
+computes the cache key, finds the compiled kernel, builds the launch metadata and hands the arguments to the
+kernel's launcher, which encodes each host-built tensor descriptor (CUtensorMap) and calls the driver.
+'cached': the first launch with a given signature goes through `kernel[grid](...)` as above (so compilation,
+Triton's checks and, with warp_specialize, impls.triton.warp_spec's checks all run); the compiled kernel it returns
+is kept under a key at least as fine as Triton's specialisation (`signature`: each tensor's dtype and 16-byte
+alignment, each scalar's exact value, each descriptor's dtype, block and padding, the constexprs and launch
+options, the device), and later launches with the same key call that kernel's launcher directly. The launcher still
+encodes the descriptors from the arguments of the call (their base pointers, shapes and strides), so nothing of a
+previous call's tensors is reused. What the cached path skips is Triton's per-launch binding; one check of
+`JITFunction.run` it does not repeat: that the Python globals a kernel read at compile time are unchanged (the
+backend's kernels read module constants only).
+"""
+
+from __future__ import annotations
+
+import torch
+from triton import knobs
+from triton.runtime import driver
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from impls.triton import warp_spec
+
+PATHS = ("triton", "cached")
+MAX_ENTRIES = 512  # compiled-kernel entries kept (one per kernel, signature and launch configuration); then cleared
+
+_COMPILED: dict[tuple, tuple] = {}  # signature -> (compiled kernel, the launch arguments after the positional ones)
+_TENSOR = torch.Tensor
+
+
+class HostDescriptor:
+    """A host-built tensor descriptor of the cached path: what the launcher reads of one (base, shape, strides,
+    padding; its box comes from the compiled kernel), without TensorDescriptor's per-call validation, which
+    impls.triton.descriptors.require has done in its own terms. `full()` makes the TensorDescriptor that a launch
+    through Triton needs."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape", "padding")
+
+    def __init__(self, base: torch.Tensor, block_shape: tuple[int, ...], padding: str = "zero"):
+        self.base = base
+        self.shape = base.shape
+        self.strides = base.stride()
+        self.block_shape = block_shape
+        self.padding = padding
+
+    def full(self) -> TensorDescriptor:
+        return TensorDescriptor.from_tensor(self.base, list(self.block_shape), self.padding)
+
+
+def _other_key(a):
+    """What of a positional argument other than an int or a tensor the compiled kernel depends on."""
+    kind = type(a)
+    if kind is HostDescriptor or kind is TensorDescriptor:
+        return "desc", a.base.dtype, tuple(a.block_shape), a.padding
+    if kind is float or kind is bool or a is None:
+        return kind, a
+    raise TypeError(f"switch launch_path='cached' of backend 'triton': no signature rule for an argument of type "
+                    f"{kind.__name__}")
+
+
+def signature(kernel, grid_rank: int, args: tuple, kwargs: dict) -> tuple:
+    """The cache key of one launch, at least as fine as Triton's specialisation: the kernel, the device, the grid's
+    rank, each positional argument (an int by its value, a tensor by its dtype and 16-byte alignment, anything else
+    by `_other_key`) and the keyword arguments (constexprs and launch options) by value."""
+    return (kernel, driver.active.get_current_device(), grid_rank,
+            tuple([a if type(a) is int else (a.dtype, not a.data_ptr() & 15) if type(a) is _TENSOR
+                   else _other_key(a) for a in args]),
+            tuple(kwargs.items()))
+
+
+def _through_triton(kernel, grid, args, kwargs, ws: bool, what: str, config: dict | None):
+    """One launch through `kernel[grid](...)` (descriptors of the cached path made full); the compiled kernel."""
+    args = tuple(a.full() if type(a) is HostDescriptor else a for a in args)
+    return warp_spec.launch(kernel, grid, *args, ws=ws, what=what, config=config or {}, **kwargs)
+
+
+def _tail(kernel, n_positional: int, kwargs: dict) -> tuple:
+    """The kernel's parameters after the positional ones, in order: the keyword's value, else the default."""
+    tail = []
+    for param in kernel.params[n_positional:]:
+        if param.name in kwargs:
+            tail.append(kwargs[param.name])
+        elif param.has_default:
+            tail.append(param.default)
+        else:
+            raise TypeError(f"{kernel.fn.__name__}: parameter {param.name!r} has no value")
+    return tuple(tail)
+
+
+def _hooks(compiled, grid, stream, args):
+    """(launch metadata, enter hook, exit hook) as JITFunction.run passes them; no metadata when no hook is set."""
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if enter is None or not getattr(enter, "calls", True):
+        return None, enter, leave
+    return compiled.launch_metadata(grid, stream, *args), enter, leave
+
+
+def launch(kernel, grid: tuple, *args, path: str, ws: bool = False, what: str = "", config: dict | None = None,
+           **kwargs):
+    """Launch `kernel` over `grid` with `args` (positional, in the kernel's order) and `kwargs` (constexprs and
+    launch options) by `path` ('triton' or 'cached'); with `ws` (switch warp_specialize) the launch through Triton
+    is checked by impls.triton.warp_spec. Returns nothing."""
+    if path == "triton":
+        _through_triton(kernel, grid, args, kwargs, ws, what, config)
+        return
+    if path != "cached":
+        raise ValueError(f"switch launch_path of backend 'triton': {path!r} is not one of {PATHS}")
+    key = signature(kernel, len(grid), args, kwargs)
+    entry = _COMPILED.get(key)
+    if entry is None:
+        compiled = _through_triton(kernel, grid, args, kwargs, ws, what, config)
+        if not hasattr(compiled, "packed_metadata"):
+            raise ValueError(f"switch launch_path of backend 'triton': 'cached' launches the kernel Triton compiled, "
+                             f"and {kernel!r} gave none to keep (the Triton interpreter compiles nothing); use "
+                             "launch_path='triton'")
+        if len(_COMPILED) >= MAX_ENTRIES:
+            _COMPILED.clear()
+        _COMPILED[key] = (compiled, _tail(kernel, len(args), kwargs))
+        return
+    compiled, tail = entry
+    full = args + tail
+    stream = driver.active.get_current_stream(key[1])
+    metadata, enter, leave = _hooks(compiled, grid, stream, full)
+    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                 compiled.function, compiled.packed_metadata, metadata, enter, leave, *full)
+
+
+def clear() -> None:
+    """Forget every compiled kernel kept by the cached path."""
+    _COMPILED.clear()

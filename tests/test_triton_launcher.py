@@ -1,0 +1,157 @@
+"""The Triton backend's launch paths (switch launch_path, impls/triton/launcher.py).
+
+In this process (the interpreter): the cached path's key is at least as fine as Triton's own specialisation, the
+host descriptors it passes carry what TensorDescriptor carries, and the switch is refused where nothing is compiled.
+In a subprocess without the interpreter (experiments/triton_fake_driver.py: real sm_90 compilation, the driver call
+recorded): the forward passes the driver the same arguments by both paths, on a hit without Triton's run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from triton._C.libtriton import native_specialize_impl  # noqa: E402
+from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+import impls  # noqa: E402
+from impls.triton import descriptors, launcher  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def one_device(monkeypatch):
+    monkeypatch.setattr(launcher, "driver", SimpleNamespace(active=SimpleNamespace(get_current_device=lambda: 0)))
+
+
+def _pool() -> list:
+    """Arguments of every kind the backend passes, with the cases where Triton's specialisation changes."""
+    storage = {dt: torch.empty(4096, dtype=dt) for dt in (torch.bfloat16, torch.float32)}
+    tensors = [storage[torch.bfloat16][:64], storage[torch.bfloat16][1:65], storage[torch.bfloat16][8:72],
+               storage[torch.float32][:64], storage[torch.float32][2:66], storage[torch.float32][4:68]]
+    ints = [0, 1, 2, 15, 16, 17, 32, -16, 2**31 - 1, 2**31, 2**31 + 16, 2**40, -(2**31) - 1]
+    descs = [TensorDescriptor.from_tensor(storage[torch.bfloat16][:1024].view(32, 32), [16, 16]),
+             TensorDescriptor.from_tensor(storage[torch.bfloat16][8:1032].view(32, 32), [16, 16]),
+             TensorDescriptor.from_tensor(storage[torch.bfloat16][:1024].view(32, 32), [32, 16]),
+             TensorDescriptor.from_tensor(storage[torch.float32][:1024].view(32, 32), [16, 16])]
+    light = [launcher.HostDescriptor(storage[torch.bfloat16][:1024].view(32, 32), (16, 16))]
+    return tensors + ints + descs + light + [0.5, 1.0, True, False, None]
+
+
+def _specialisation(args) -> tuple:
+    full = [a.full() if isinstance(a, launcher.HostDescriptor) else a for a in args]
+    return tuple(native_specialize_impl(CUDABackend, a, False, True, True) for a in full)
+
+
+def test_cached_key_at_least_as_fine_as_triton(one_device):
+    """Whenever two argument lists get the same key, Triton specialises them the same (so a hit launches the
+    kernel Triton would have chosen); checked over every pair of 400 random lists of three."""
+    pool = _pool()
+    rng = random.Random(0)
+    lists = [tuple(rng.choice(pool) for _ in range(3)) for _ in range(400)]
+    by_key: dict = {}
+    for args in lists:
+        by_key.setdefault(launcher.signature("k", 1, args, {"B": 16}), []).append(args)
+    assert len(by_key) > 50  # the pool gives many distinct keys (the check below is not vacuous)
+    for group in by_key.values():
+        for a, b in itertools.combinations(group, 2):
+            assert _specialisation(a) == _specialisation(b), (a, b)
+
+
+def test_key_tells_apart_what_triton_does(one_device):
+    bf = torch.empty(256, dtype=torch.bfloat16)
+    key = lambda *args, **kw: launcher.signature("k", 1, args, kw or {"B": 16})  # noqa: E731
+    assert key(bf[:64], 16) == key(bf[8:72], 16)  # both 16-byte aligned
+    assert key(bf[:64], 16) != key(bf[1:65], 16)  # alignment
+    assert key(bf[:64], 16) != key(bf.float()[:64], 16)  # dtype
+    assert key(bf[:64], 16) != key(bf[:64], 17)  # a scalar's value
+    assert key(bf[:64], 1) != key(bf[:64], True)  # int 1 and True are different arguments
+    assert key(bf[:64], 16) != key(bf[:64], 16, B=32)  # a constexpr
+    assert key(bf[:64], 16) != key(bf[:64], 16, B=16, num_warps=8)  # a launch option
+
+
+def test_key_refuses_an_unknown_argument(one_device):
+    with pytest.raises(TypeError, match="launch_path='cached'.*list"):
+        launcher.signature("k", 1, ([1, 2],), {})
+
+
+def test_host_descriptor_carries_what_tensordescriptor_does():
+    x = torch.empty(2, 64, 4, 32, dtype=torch.bfloat16)
+    light = descriptors.host({"x": (x, (1, 16, 1, 32))}, "cached")["x"]
+    full = descriptors.host({"x": (x, (1, 16, 1, 32))})["x"]
+    assert isinstance(light, launcher.HostDescriptor) and isinstance(full, TensorDescriptor)
+    made = light.full()
+    for field in ("shape", "strides", "block_shape", "padding"):
+        assert list(getattr(light, field)) == list(getattr(full, field)) == list(getattr(made, field)), field
+    assert light.base is full.base is made.base is x
+
+
+@pytest.mark.parametrize("path", ["triton", "cached"])
+def test_host_descriptors_refuse_the_same_tensors(path):
+    odd = torch.empty(2, 64, 4, 33, dtype=torch.bfloat16)[..., :32]  # strides not 16-byte multiples
+    with pytest.raises(ValueError, match="x: strides"):
+        descriptors.host({"x": (odd, (1, 16, 1, 32))}, path)
+
+
+def test_host_descriptor_refuses_an_empty_dimension():
+    with pytest.raises(ValueError, match="x: shape .* empty dimension"):
+        descriptors.host({"x": (torch.empty(0, 64, dtype=torch.bfloat16), (16, 16))}, "cached")
+
+
+def test_cached_refused_under_the_interpreter():
+    with pytest.raises(ValueError, match="launch_path='cached'.*interpreter"):
+        impls.get_backend("triton", launch_path="cached")
+
+
+def test_unknown_path_refused():
+    with pytest.raises(ValueError, match="launch_path.*'fast'"):
+        launcher.launch(None, (1,), path="fast")
+
+
+def test_launch_metadata_only_with_a_hook(monkeypatch):
+    from triton import knobs
+    from triton.knobs import HookChain
+
+    made = []
+    compiled = SimpleNamespace(launch_metadata=lambda grid, stream, *args: made.append(args) or "meta")
+    chain = HookChain()
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", chain)
+    assert launcher._hooks(compiled, (1,), 0, (1, 2))[0] is None and not made
+    chain.add(lambda metadata: None)
+    assert launcher._hooks(compiled, (1,), 0, (1, 2))[0] == "meta" and made == [(1, 2)]
+
+
+SWITCH_SETS = {
+    "searched-tma-host-serial": "tma=true,tma_descriptors=host,state_pass=serial",
+    "defaults": "",
+    "tma-device-shared-cb": "tma=true,cb_mode=shared",
+    "fused": "fuse_state_out=true",
+}
+
+
+@pytest.mark.parametrize("switches", list(SWITCH_SETS.values()), ids=list(SWITCH_SETS))
+def test_both_paths_pass_the_driver_the_same(switches):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "experiments.triton_fake_driver", switches], capture_output=True,
+                            text=True, env=env, cwd=ROOT, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got["launches"] >= 2
+    assert got["miss_equal"] and got["miss_runs"] == got["launches"]  # first call: every launch through Triton
+    assert got["hit_equal"] and got["hit_runs"] == 0  # second: none through Triton, same driver arguments
+    assert got["new_inputs_equal"]  # new tensors reach the driver (nothing of the first call's is reused)
+    if "tma=true" not in switches:
+        assert got["misaligned_equal"] and got["misaligned_new_entries"] >= 1 and got["misaligned_runs"] >= 1
