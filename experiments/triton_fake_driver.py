@@ -130,7 +130,8 @@ def compare_launch_paths(switches: dict, dims: tuple[int, ...] = (1, 256, 4, 32,
     cls.check_device = lambda self, device: (True, "")
     cls.available = classmethod(lambda cls: (True, ""))
     pool: dict[tuple, torch.Tensor] = {}
-    cls._empty = staticmethod(lambda shape, dt, device: pool.setdefault((tuple(shape), dt), torch.empty(shape, dtype=dt)))
+    cls._empty = staticmethod(lambda shape, dt, device: pool.setdefault((tuple(shape), dt),
+                                                                         torch.empty(shape, dtype=dt)))
     runs = [0]
     real_run = jit.JITFunction.run
 

@@ -10,7 +10,8 @@ tuned stages and their launch fields), fallbacks.py (fixed configurations per ar
 space and its size per stage), clamp.py (pinned fields, block sizes clamped to the problem), smem.py (the
 shared-memory model), occupancy.py (the register cap), target.py (interpreter or GPU), tune.py (what
 impls/tuning.py needs), launcher.py (every launch, through Triton or through the kernel it compiled: switch
-launch_path) and grid.py (host-side integer helpers). aot.py, ptx_hashes.py and expressible.py compile for sm_90 without a GPU.
+launch_path) and grid.py (host-side integer helpers). aot.py, ptx_hashes.py and expressible.py compile for sm_90
+without a GPU.
 """
 
 from impls.triton.backend import TritonBackend  # noqa: F401  (registers "triton")
