@@ -67,14 +67,15 @@ def missing_entries(root: Path | None = None) -> list[str]:
 
 
 def load(root: Path | None = None) -> pd.DataFrame:
-    """The wide rows of the three parts (their index entries), each row's `arm` (conf/lvt option, '' outside)."""
+    """The wide rows of the parts the index names (the matched part at least), each row's `arm` (conf/lvt option,
+    '' outside). A language's part not committed yet leaves its columns and tricks empty (`render` says so)."""
     root = root or repo_root()
     missing = missing_entries(root)
-    if missing:
+    if MATCHED in missing:
         raise MissingRows(f"{INDEX} has no entry {', '.join(missing)}: run `scripts/gpu_session.sh sweep "
                           f"{' '.join(EXPERIMENTS)}` on the GPU and commit its folder")
     index = results_index(root)
-    frames = [wide(str(root / Path(INDEX).parent / index[name])) for name in EXPERIMENTS]
+    frames = [wide(str(root / Path(INDEX).parent / index[name])) for name in EXPERIMENTS if name in index]
     w = pd.concat(frames, ignore_index=True)
     w["arm"] = w["hydra_choices"].map(_arm)
     return w
@@ -187,8 +188,9 @@ def one_language_knobs() -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def render(w: pd.DataFrame, sources: str) -> str:
-    """The doc's generated section."""
+def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = ()) -> str:
+    """The doc's generated section; `missing`: the parts not committed yet (their columns stay empty and the trick
+    table waits for both)."""
     gpus = ", ".join(sorted(w["gpu_name"].dropna().unique()))
     days = sorted(w["timestamp"].dropna().str[:10].unique())
     return "\n".join([
@@ -202,7 +204,9 @@ def render(w: pd.DataFrame, sources: str) -> str:
         "",
         "### Each trick in each language (time without it / with it - 1; n/a: the language has no such switch)",
         "",
-        table(trick_table(w)),
+        table(trick_table(w)) if not missing else
+        (f"Not run yet: `{INDEX}` has no entry {', '.join(f'`{m}`' for m in missing)} (each language's defaults, "
+         "all-off and single-trick points; the columns above that need them are empty until they are committed)."),
         "",
         "### Knobs only one language has",
         "",
@@ -252,9 +256,9 @@ def main(argv=None) -> int:
     root = repo_root()
     w = load(root)
     index = results_index(root)
-    sources = ", ".join(f"`results/{index[n]}`" for n in EXPERIMENTS)
+    sources = ", ".join(f"`results/{index[n]}`" for n in EXPERIMENTS if n in index)
     doc = root / DOC
-    text = write_section(doc, render(w, sources))
+    text = write_section(doc, render(w, sources, tuple(missing_entries(root))))
     if a.check:
         same = doc.read_text() == text
         print(f"[language_vs_trick] {doc} " + ("matches the rows" if same else "differs: regenerate it"))
