@@ -23,8 +23,14 @@ _recording = [False]
 
 
 class _Utils:
+    def __init__(self):
+        self.loaded = 0
+
     def load_binary(self, name, kernel, shared, device):
-        return None, 0, 0, 0, 1024  # module, function, registers, spills, max threads
+        # a module (not None: CompiledKernel loads once, as on a GPU) and a function token per loaded kernel, so
+        # that a recorded launch says which compiled kernel it launched
+        self.loaded += 1
+        return object(), self.loaded, 0, 0, 1024  # module, function, registers, spills, max threads
 
     def get_device_properties(self, device):
         return {"max_shared_mem": 232448, "multiprocessor_count": 132}
@@ -117,7 +123,9 @@ def compare_launch_paths(switches: dict, dims: tuple[int, ...] = (1, 256, 4, 32,
     that the two paths' pointers agree. Returns {check: bool or count}: the cached path's first call (through
     Triton), its second (from the cache, no JITFunction.run), a call on new inputs, and — with tma off — a call
     whose x is 2 bytes off 16-byte alignment (a new specialisation: a new cache entry) all pass the driver what
-    launch_path='triton' passes."""
+    launch_path='triton' passes: the same compiled kernel (each loaded kernel has its own function token) with the
+    same arguments. The pool hands out one buffer per allocation of a forward, in allocation order, so two outputs
+    of one shape and dtype (dt and dA_cumsum) are two buffers and a swap of them would show."""
     import math
 
     import triton.runtime.jit as jit
@@ -129,9 +137,16 @@ def compare_launch_paths(switches: dict, dims: tuple[int, ...] = (1, 256, 4, 32,
     cls = registry.backend_class("triton")
     cls.check_device = lambda self, device: (True, "")
     cls.available = classmethod(lambda cls: (True, ""))
-    pool: dict[tuple, torch.Tensor] = {}
-    cls._empty = staticmethod(lambda shape, dt, device: pool.setdefault((tuple(shape), dt),
-                                                                         torch.empty(shape, dtype=dt)))
+    pool: list[torch.Tensor] = []
+    cursor = [0]
+
+    def empty(shape, dt, device):
+        i, cursor[0] = cursor[0], cursor[0] + 1
+        if i == len(pool) or tuple(pool[i].shape) != tuple(shape) or pool[i].dtype != dt:
+            pool[i:] = [torch.empty(shape, dtype=dt)]
+        return pool[i]
+
+    cls._empty = staticmethod(empty)
     runs = [0]
     real_run = jit.JITFunction.run
 
@@ -144,6 +159,7 @@ def compare_launch_paths(switches: dict, dims: tuple[int, ...] = (1, 256, 4, 32,
 
     def forward(path: str, t: dict) -> tuple[list, int]:
         before = runs[0]
+        cursor[0] = 0
         with recording() as launches:
             paths[path].ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], t["chunk"], t["D"], None, t["dt_bias"],
                                     None, None, None, True, (0.0, math.inf), None)

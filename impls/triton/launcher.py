@@ -11,9 +11,11 @@ is kept under a key at least as fine as Triton's specialisation (`signature`: ea
 alignment, each scalar's exact value, each descriptor's dtype, block and padding, the constexprs and launch
 options, the device), and later launches with the same key call that kernel's launcher directly. The launcher still
 encodes the descriptors from the arguments of the call (their base pointers, shapes and strides), so nothing of a
-previous call's tensors is reused. What the cached path skips is Triton's per-launch binding; one check of
-`JITFunction.run` it does not repeat: that the Python globals a kernel read at compile time are unchanged (the
-backend's kernels read module constants only).
+previous call's tensors is reused. What the cached path skips is Triton's per-launch binding; two things
+`JITFunction.run` does at every launch it does not: the check that the Python globals a kernel read at compile time
+are unchanged (the backend's kernels read module constants only), and the JIT function's pre-run hooks (the backend
+sets none). The key holds the active driver, so kernels kept under a stand-in driver (the compile-only tools, the
+CPU fake driver) are not launched under another.
 """
 
 from __future__ import annotations
@@ -52,24 +54,29 @@ class HostDescriptor:
 
 
 def _other_key(a):
-    """What of a positional argument other than an int or a tensor the compiled kernel depends on."""
+    """What of a positional argument other than an int or a plain tensor the compiled kernel depends on."""
     kind = type(a)
     if kind is HostDescriptor or kind is TensorDescriptor:
         return "desc", a.base.dtype, tuple(a.block_shape), a.padding
     if kind is float or kind is bool or a is None:
         return kind, a
+    if isinstance(a, torch.Tensor):  # a subclass (nn.Parameter): what Triton reads of it, as of a tensor
+        return a.dtype, not a.data_ptr() & 15
     raise TypeError(f"switch launch_path='cached' of backend 'triton': no signature rule for an argument of type "
                     f"{kind.__name__}")
 
 
-def signature(kernel, grid_rank: int, args: tuple, kwargs: dict) -> tuple:
-    """The cache key of one launch, at least as fine as Triton's specialisation: the kernel, the device, the grid's
-    rank, each positional argument (an int by its value, a tensor by its dtype and 16-byte alignment, anything else
-    by `_other_key`) and the keyword arguments (constexprs and launch options) by value."""
-    return (kernel, driver.active.get_current_device(), grid_rank,
+def signature(kernel, device: int, grid_rank: int, args: tuple, kwargs: dict) -> tuple:
+    """The cache key of one launch, at least as fine as Triton's specialisation: the kernel, the active driver and
+    the device, the grid's rank, each positional argument (an int by its value, a tensor by its dtype and 16-byte
+    alignment, anything else by `_other_key`), the keyword arguments (constexprs and launch options) by name, type
+    and value (True, 1 and 1.0 are three keys, 0.0 and -0.0 two, as in Triton's), and the knobs JITFunction.run
+    reads into its own key at each launch (debug, instrumentation mode)."""
+    return (kernel, id(driver.active), device, grid_rank,
             tuple([a if type(a) is int else (a.dtype, not a.data_ptr() & 15) if type(a) is _TENSOR
                    else _other_key(a) for a in args]),
-            tuple(kwargs.items()))
+            tuple([(name, type(v), repr(v) if type(v) is float else v) for name, v in kwargs.items()]),
+            knobs.runtime.debug, knobs.compilation.instrumentation_mode)
 
 
 def _through_triton(kernel, grid, args, kwargs, ws: bool, what: str, config: dict | None):
@@ -79,9 +86,14 @@ def _through_triton(kernel, grid, args, kwargs, ws: bool, what: str, config: dic
 
 
 def _tail(kernel, n_positional: int, kwargs: dict) -> tuple:
-    """The kernel's parameters after the positional ones, in order: the keyword's value, else the default."""
+    """The kernel's parameters after the positional ones, in order: the keyword's value, else the default. Only
+    constexprs may come by keyword (the launcher ignores them; a runtime value kept here would be reused by every
+    later launch of the key): a runtime parameter passed by keyword raises TypeError."""
     tail = []
     for param in kernel.params[n_positional:]:
+        if param.name in kwargs and not param.is_constexpr:
+            raise TypeError(f"switch launch_path='cached' of backend 'triton': {kernel.fn.__name__}'s runtime "
+                            f"parameter {param.name!r} is passed by keyword; pass it positionally")
         if param.name in kwargs:
             tail.append(kwargs[param.name])
         elif param.has_default:
@@ -92,9 +104,10 @@ def _tail(kernel, n_positional: int, kwargs: dict) -> tuple:
 
 
 def _hooks(compiled, grid, stream, args):
-    """(launch metadata, enter hook, exit hook) as JITFunction.run passes them; no metadata when no hook is set."""
+    """(launch metadata, enter hook, exit hook) as JITFunction.run passes them; no metadata when neither hook chain
+    has a hook (Triton 3.6's hooks are HookChains, never None)."""
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    if enter is None or not getattr(enter, "calls", True):
+    if not any(h is not None and getattr(h, "calls", True) for h in (enter, leave)):
         return None, enter, leave
     return compiled.launch_metadata(grid, stream, *args), enter, leave
 
@@ -109,21 +122,23 @@ def launch(kernel, grid: tuple, *args, path: str, ws: bool = False, what: str = 
         return
     if path != "cached":
         raise ValueError(f"switch launch_path of backend 'triton': {path!r} is not one of {PATHS}")
-    key = signature(kernel, len(grid), args, kwargs)
+    device = driver.active.get_current_device()
+    key = signature(kernel, device, len(grid), args, kwargs)
     entry = _COMPILED.get(key)
     if entry is None:
+        tail = _tail(kernel, len(args), kwargs)  # before the launch: a keyword it refuses is refused unlaunched
         compiled = _through_triton(kernel, grid, args, kwargs, ws, what, config)
         if not hasattr(compiled, "packed_metadata"):
             raise ValueError(f"switch launch_path of backend 'triton': 'cached' launches the kernel Triton compiled, "
-                             f"and {kernel!r} gave none to keep (the Triton interpreter compiles nothing); use "
-                             "launch_path='triton'")
+                             f"and the launch of {kernel!r} returned none to keep (the Triton interpreter compiles "
+                             "nothing); use launch_path='triton'")
         if len(_COMPILED) >= MAX_ENTRIES:
             _COMPILED.clear()
-        _COMPILED[key] = (compiled, _tail(kernel, len(args), kwargs))
+        _COMPILED[key] = (compiled, tail)
         return
     compiled, tail = entry
     full = args + tail
-    stream = driver.active.get_current_stream(key[1])
+    stream = driver.active.get_current_stream(device)
     metadata, enter, leave = _hooks(compiled, grid, stream, full)
     compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
                  compiled.function, compiled.packed_metadata, metadata, enter, leave, *full)

@@ -139,17 +139,36 @@ def test_cached_launch_matches_triton_bitwise(switches):
     """launch_path='cached' launches the same compiled kernels with the same arguments: the first call (through
     Triton), a repeat (from the cache) and a call on new inputs (from the cache, new tensors and descriptors) give
     the bits of launch_path='triton', and those match the float64 reference."""
+    import triton.runtime.jit as jit
+
     from impls.tolerance import poisoned_allocations
+    from impls.triton import launcher
 
     plain, cached = _backend(**switches), _backend(launch_path="cached", **switches)
     first, second = (make_inputs(Problem(SMALL), device="cuda", seed=s, dtype=torch.bfloat16) for s in (4, 5))
-    with poisoned_allocations():
-        for inputs in (first, first, second):
-            want = impls.ssd_forward(**inputs.forward_kwargs(), backend=plain)
-            got = impls.ssd_forward(**inputs.forward_kwargs(), backend=cached)
-            assert torch.equal(got.y, want.y) and torch.equal(got.final_states, want.final_states)
-            assert torch.equal(got.states, want.states)
-            assert rel_err(got.y, float64_forward(inputs).y) <= tolerance(torch.bfloat16)
+    runs, real_run = [0], jit.JITFunction.run
+
+    def counted(self, *args, **kwargs):
+        runs[0] += 1
+        return real_run(self, *args, **kwargs)
+
+    launcher.clear()
+    jit.JITFunction.run = counted
+    try:
+        with poisoned_allocations():
+            for call, inputs in enumerate((first, first, second)):
+                want = impls.ssd_forward(**inputs.forward_kwargs(), backend=plain)
+                before = runs[0], len(launcher._COMPILED)
+                got = impls.ssd_forward(**inputs.forward_kwargs(), backend=cached)
+                if call:  # the repeat and the new inputs: every launch from the cache, none through Triton
+                    assert (runs[0], len(launcher._COMPILED)) == before
+                else:
+                    assert runs[0] > before[0] and len(launcher._COMPILED) > before[1]
+                assert torch.equal(got.y, want.y) and torch.equal(got.final_states, want.final_states)
+                assert torch.equal(got.states, want.states)
+                assert rel_err(got.y, float64_forward(inputs).y) <= tolerance(torch.bfloat16)
+    finally:
+        jit.JITFunction.run = real_run
 
 
 def test_search_then_record_on_gpu(tmp_path, monkeypatch, request):
