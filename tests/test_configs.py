@@ -160,3 +160,23 @@ def test_ablation_points_joined_by_plus_apply_left_to_right(ablation, expect):
 
     out = conf.apply_ablation(backend_class("cutile").Switches, {}, ablation)
     assert {k: out[k] for k in expect} == expect
+
+
+ARMS = sorted((REPO / "scripts" / "arms").glob("*.txt"))
+
+
+@pytest.mark.parametrize("arms_file", ARMS, ids=[p.stem for p in ARMS])
+def test_committed_arms_compose_and_validate(arms_file):
+    """Every arm of a committed arms file (scripts/rounds.sh) composes with the experiment it is run under and passes
+    the start-up checks for each backend and shape it sweeps, its switches included: a bad arm is found here, not
+    after the GPU call's first round."""
+    import itertools
+
+    arms = [line.split() for line in arms_file.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert arms
+    for overrides in arms:
+        choices = [[f"{o.split('=', 1)[0]}={v}" for v in o.split("=", 1)[1].split(",")]
+                   if o.split("=", 1)[0] in ("backend", "shape") else [o] for o in overrides]
+        for combo in itertools.product(*choices):
+            cfg = _compose(["experiment=headline", *combo])
+            conf.validate(cfg)
