@@ -106,28 +106,41 @@ def _normal(value):
     return value
 
 
-def _forward_inputs(dims: tuple[int, ...], dtype: torch.dtype, offset: int = 0) -> dict:
-    """Random CPU inputs of the forward; with `offset`, x starts that many elements into its storage."""
-    batch, seqlen, nheads, headdim, ngroups, dstate, chunk = dims
-    x = torch.randn(batch * seqlen * nheads * headdim + offset).to(dtype)[offset:]
-    return dict(x=x.view(batch, seqlen, nheads, headdim), dt=torch.rand(batch, seqlen, nheads).to(dtype),
-                A=-torch.rand(nheads), B=torch.randn(batch, seqlen, ngroups, dstate).to(dtype),
-                C=torch.randn(batch, seqlen, ngroups, dstate).to(dtype), D=torch.randn(nheads),
-                dt_bias=torch.randn(nheads), chunk=chunk)
+PROBLEMS = {  # name -> (Problem fields, dtype): small problems whose optional operands change the launches
+    "plain": (dict(shape=(1, 256, 4, 32, 1, 32, 64)), torch.bfloat16),
+    "z-init-seq_idx-Dchannel": (dict(shape=(2, 200, 4, 32, 2, 32, 64), has_z=True, has_initial_states=True,
+                                     nseqs=2, D_per_channel=True), torch.float16),
+    "varlen-fp32": (dict(shape=(1, 300, 4, 32, 1, 32, 64), varlen=True, nseqs=3, has_initial_states=True),
+                    torch.float32),
+}
 
 
-def compare_launch_paths(switches: dict, dims: tuple[int, ...] = (1, 256, 4, 32, 1, 32, 64),
-                         dtype: torch.dtype = torch.bfloat16) -> dict:
-    """The forward of the Triton backend launched by launch_path 'triton' and 'cached' (after `install()`): the
-    driver-level arguments of every launch, compared. Outputs come from a pool (one buffer per shape and dtype), so
-    that the two paths' pointers agree. Returns {check: bool or count}: the cached path's first call (through
-    Triton), its second (from the cache, no JITFunction.run), a call on new inputs, and — with tma off — a call
-    whose x is 2 bytes off 16-byte alignment (a new specialisation: a new cache entry) all pass the driver what
-    launch_path='triton' passes: the same compiled kernel (each loaded kernel has its own function token) with the
-    same arguments. The pool hands out one buffer per allocation of a forward, in allocation order, so two outputs
-    of one shape and dtype (dt and dA_cumsum) are two buffers and a swap of them would show."""
-    import math
+def _problem_inputs(name: str, seed: int, x_offset: int = 0) -> dict:
+    """The forward's keyword arguments for problem `name` on the CPU; with `x_offset`, x copied that many elements
+    into a fresh storage (its alignment changes, its values do not)."""
+    from impls.inputs import make_inputs
+    from impls.problem import Problem, Shape
 
+    fields, dtype = PROBLEMS[name]
+    problem = Problem(**{**fields, "shape": Shape(*fields["shape"])})
+    kw = make_inputs(problem, seed=seed, dtype=dtype).forward_kwargs()
+    if x_offset:
+        x = kw["x"]
+        moved = torch.empty(x.numel() + x_offset, dtype=x.dtype)[x_offset:].view(x.shape)
+        moved.copy_(x)
+        kw["x"] = moved
+    return kw
+
+
+def compare_launch_paths(switches: dict, problem: str = "plain") -> dict:
+    """The forward of the Triton backend on a small problem (PROBLEMS), launched by launch_path 'triton' and
+    'cached' (after `install()`): the driver-level arguments of every launch, compared. Returns {check: bool or
+    count}: the cached path's first call (through Triton), its second (from the cache, no JITFunction.run), a call
+    on new inputs, and — with tma off — a call whose x is 2 bytes off 16-byte alignment (a new specialisation: a new
+    cache entry) all pass the driver what launch_path='triton' passes: the same compiled kernel (each loaded kernel
+    has its own function token) with the same arguments. Outputs come from a pool that hands out one buffer per
+    allocation of a forward, in allocation order, so that the two paths' pointers agree and two outputs of one
+    shape and dtype (dt and dA_cumsum) are two buffers: a swap of them would show."""
     import triton.runtime.jit as jit
 
     import impls
@@ -157,17 +170,16 @@ def compare_launch_paths(switches: dict, dims: tuple[int, ...] = (1, 256, 4, 32,
     jit.JITFunction.run = counted
     paths = {p: impls.get_backend("triton", **{**switches, "launch_path": p}) for p in launcher.PATHS}
 
-    def forward(path: str, t: dict) -> tuple[list, int]:
+    def forward(path: str, kw: dict) -> tuple[list, int]:
         before = runs[0]
         cursor[0] = 0
         with recording() as launches:
-            paths[path].ssd_forward(t["x"], t["dt"], t["A"], t["B"], t["C"], t["chunk"], t["D"], None, t["dt_bias"],
-                                    None, None, None, True, (0.0, math.inf), None)
+            impls.ssd_forward(**kw, backend=paths[path])
         return [_normal(a) for a in launches], runs[0] - before
 
     try:
         launcher.clear()
-        first, second = _forward_inputs(dims, dtype), _forward_inputs(dims, dtype)
+        first, second = _problem_inputs(problem, 1), _problem_inputs(problem, 2)
         want, _ = forward("triton", first)
         miss, miss_runs = forward("cached", first)
         hit, hit_runs = forward("cached", first)
@@ -177,7 +189,7 @@ def compare_launch_paths(switches: dict, dims: tuple[int, ...] = (1, 256, 4, 32,
                "hit_runs": hit_runs, "new_inputs_equal": hit2 == want2 and want2 != want}
         if not switches.get("tma"):
             entries = len(launcher._COMPILED)
-            odd = _forward_inputs(dims, dtype, offset=1)
+            odd = _problem_inputs(problem, 1, x_offset=1)
             want3, _ = forward("triton", odd)
             got3, odd_runs = forward("cached", odd)
             out.update(misaligned_equal=got3 == want3, misaligned_new_entries=len(launcher._COMPILED) - entries,
@@ -194,4 +206,5 @@ if __name__ == "__main__":
     from experiments.host_profile import parse_switches
 
     install()
-    print(json.dumps(compare_launch_paths(parse_switches(sys.argv[1] if len(sys.argv) > 1 else ""))))
+    print(json.dumps(compare_launch_paths(parse_switches(sys.argv[1] if len(sys.argv) > 1 else ""),
+                                          sys.argv[2] if len(sys.argv) > 2 else "plain")))

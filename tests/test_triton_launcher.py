@@ -179,18 +179,24 @@ SWITCH_SETS = {
     "tma-device-shared-cb": "tma=true,cb_mode=shared",
     "fused": "fuse_state_out=true",
 }
+CASES = [(sw, "plain") for sw in SWITCH_SETS] + [
+    ("defaults", "z-init-seq_idx-Dchannel"), ("searched-tma-host-serial", "z-init-seq_idx-Dchannel"),
+    ("defaults", "varlen-fp32"), ("fused", "varlen-fp32")]
 
 
-@pytest.mark.parametrize("switches", list(SWITCH_SETS.values()), ids=list(SWITCH_SETS))
-def test_both_paths_pass_the_driver_the_same(switches):
+@pytest.mark.parametrize("switches,problem", CASES, ids=[f"{sw}-{p}" for sw, p in CASES])
+def test_both_paths_pass_the_driver_the_same(switches, problem):
+    """experiments/triton_fake_driver.py in a process without the interpreter: the kernels compile for sm_90, the
+    driver call is recorded; optional operands (z, initial states, seq_idx, per-channel D, cu_seqlens) and fp16/fp32
+    change the launches' arguments and specialisations."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-m", "experiments.triton_fake_driver", switches], capture_output=True,
-                            text=True, env=env, cwd=ROOT, timeout=900)
+    result = subprocess.run([sys.executable, "-m", "experiments.triton_fake_driver", SWITCH_SETS[switches], problem],
+                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     got = json.loads(result.stdout.strip().splitlines()[-1])
     assert got["launches"] >= 2
     assert got["miss_equal"] and got["miss_runs"] == got["launches"]  # first call: every launch through Triton
     assert got["hit_equal"] and got["hit_runs"] == 0  # second: none through Triton, same driver arguments
     assert got["new_inputs_equal"]  # new tensors reach the driver (nothing of the first call's is reused)
-    if "tma=true" not in switches:
+    if "tma=true" not in SWITCH_SETS[switches]:
         assert got["misaligned_equal"] and got["misaligned_new_entries"] >= 1 and got["misaligned_runs"] >= 1
