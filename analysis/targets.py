@@ -1,6 +1,9 @@
 """`python -m analysis.targets RESULTS [--targets FILE] [--out FILE]`: the issues' speed targets
 (analysis/targets.yaml) checked on one run's rows, round by round.
 
+Targets on a stage (`stages`) take that stage's rows; `at_least` bounds a metric from below (frac_floor, the cost
+model's floor over the measured time), and `min_median_ms` leaves out a stage faster than it in every round.
+
 A round is one measurement of each configuration: the k-th run (by timestamp, failed ones included) of a
 configuration is its round k, as `scripts/rounds.sh` lays them out; the subject's round k meets the baseline's round k
 only. Per target and shape, each round compares the subject's forward median (or
@@ -19,6 +22,9 @@ import yaml
 
 from analysis.load import METRICS, timed, wide
 from analysis.markdown import table
+from experiments.cost_model import STAGES
+
+FORWARD = "forward"
 
 TARGETS_PATH = Path(__file__).with_name("targets.yaml")
 
@@ -29,8 +35,12 @@ def load_targets(path: str | Path | None = None) -> dict:
         for name in ("subject", *(["baseline"] if "baseline" in t else [])):
             if t[name] not in spec["subjects"]:
                 raise ValueError(f"target {t['id']!r}: {name} {t[name]!r} is not under subjects")
-        if ("at_most_ms" in t) == ("baseline" in t) or ("baseline" in t) != ("factor" in t):
-            raise ValueError(f"target {t['id']!r}: give either at_most_ms or baseline + factor")
+        bounds = ("at_most_ms" in t) + ("at_least" in t) + ("baseline" in t)
+        if bounds != 1 or ("baseline" in t) != ("factor" in t):
+            raise ValueError(f"target {t['id']!r}: give one of at_most_ms, at_least, or baseline + factor")
+        bad = [st for st in t.get("stages", [FORWARD]) if st not in (*STAGES, FORWARD)]
+        if bad:
+            raise ValueError(f"target {t['id']!r}: stages {bad} are none of {', '.join((*STAGES, FORWARD))}")
         if t.get("metric", "median_ms") not in METRICS:
             raise ValueError(f"target {t['id']!r}: metric {t['metric']!r} is none of {', '.join(METRICS)}")
     return spec
@@ -57,41 +67,58 @@ def numbered(w: pd.DataFrame) -> pd.DataFrame:
 def rounds_of(rows: pd.DataFrame, shape: str, metric: str, who: str) -> dict[int, float]:
     """Round number -> the metric at one shape, for the rounds that have it. Raises ValueError when the subject
     matches several configurations there (the selection must name one)."""
+    return {k: v for k, (v, _) in rounds_with_median(rows, shape, metric, who).items()}
+
+
+def rounds_with_median(rows: pd.DataFrame, shape: str, metric: str, who: str) -> dict[int, tuple[float, float]]:
+    """Round number -> (the metric, the median ms) at one shape, for the rounds that have the metric."""
     at = rows[rows["shape_name"] == shape]
     if at["config_hash"].nunique() > 1:
         raise ValueError(f"{who} matches {at['config_hash'].nunique()} configurations at {shape}; "
                          "name its switches or ablation in analysis/targets.yaml")
     at = at[at[metric].notna()]
-    return dict(zip(at["round"].astype(int), at[metric].astype(float)))
+    return dict(zip(at["round"].astype(int), zip(at[metric].astype(float), at["median_ms"].astype(float))))
+
+
+def _verdict(holds: list[bool], need: int) -> str:
+    if len(holds) < need:
+        return f"too few rounds ({len(holds)} of {need})"
+    return "holds" if all(holds) else f"fails in {holds.count(False)} of {len(holds)} rounds"
 
 
 def check(w: pd.DataFrame, spec: dict) -> pd.DataFrame:
-    """One row per (target, shape): each round's figures, the verdict."""
+    """One row per (target, stage, shape): each round's figures, the verdict. A target names its stages (default the
+    forward); `at_least` bounds a metric from below (frac_floor: the cost model's floor over the time), and
+    `min_median_ms` leaves out a stage whose median is under it in every round (the issue's "kernels of 20 µs or
+    more")."""
     out = []
     w = numbered(w)
     for t in spec["targets"]:
         metric = t.get("metric", "median_ms")
-        subject = select(w, spec["subjects"][t["subject"]])
-        baseline = select(w, spec["subjects"][t["baseline"]]) if "baseline" in t else None
         need = int(t.get("rounds", spec.get("rounds", 3)))
-        for shape in t["shapes"]:
-            mine = rounds_of(subject, shape, metric, t["subject"])
-            if baseline is None:
-                cells = [f"{mine[k]:.3f}" for k in sorted(mine)]
-                holds = [mine[k] <= t["at_most_ms"] for k in sorted(mine)]
-            else:
-                theirs = rounds_of(baseline, shape, metric, t["baseline"])
-                # round k against round k: a round either side lacks is left out, never paired with another
-                pairs = [(mine[k], theirs[k]) for k in sorted(mine.keys() & theirs.keys())]
-                cells = [f"{b / m:.2f}× ({m:.3f} vs {b:.3f})" for m, b in pairs]
-                holds = [b >= t["factor"] * m for m, b in pairs]
-            if len(holds) < need:
-                verdict = f"too few rounds ({len(holds)} of {need})"
-            else:
-                verdict = "holds" if all(holds) else f"fails in {holds.count(False)} of {len(holds)} rounds"
-            out.append({"target": t["id"], "text": t["text"], "shape": shape, "metric": metric,
-                        "rounds": "; ".join(cells) or "not measured", "verdict": verdict})
-    return pd.DataFrame(out, columns=["target", "text", "shape", "metric", "rounds", "verdict"])
+        for stage in t.get("stages", [FORWARD]):
+            subject = select(w, spec["subjects"][t["subject"]], stage)
+            baseline = select(w, spec["subjects"][t["baseline"]], stage) if "baseline" in t else None
+            for shape in t["shapes"]:
+                mine = rounds_with_median(subject, shape, metric, t["subject"])
+                verdict = None
+                if baseline is not None:
+                    theirs = rounds_of(baseline, shape, metric, t["baseline"])
+                    # round k against round k: a round either side lacks is left out, never paired with another
+                    pairs = [(mine[k][0], theirs[k]) for k in sorted(mine.keys() & theirs.keys())]
+                    cells = [f"{b / m:.2f}× ({m:.3f} vs {b:.3f})" for m, b in pairs]
+                    holds = [b >= t["factor"] * m for m, b in pairs]
+                else:
+                    cells = [f"{mine[k][0]:.3f}" for k in sorted(mine)]
+                    if "at_least" in t:
+                        holds = [mine[k][0] >= t["at_least"] for k in sorted(mine)]
+                    else:
+                        holds = [mine[k][0] <= t["at_most_ms"] for k in sorted(mine)]
+                    if mine and "min_median_ms" in t and all(ms < t["min_median_ms"] for _, ms in mine.values()):
+                        verdict = f"not counted (median under {t['min_median_ms'] * 1e3:.0f} µs)"
+                out.append({"target": t["id"], "text": t["text"], "stage": stage, "shape": shape, "metric": metric,
+                            "rounds": "; ".join(cells) or "not measured", "verdict": verdict or _verdict(holds, need)})
+    return pd.DataFrame(out, columns=["target", "text", "stage", "shape", "metric", "rounds", "verdict"])
 
 
 def render(results: str | Path, spec: dict) -> str:

@@ -11,8 +11,10 @@ from analysis.targets import check, load_targets
 
 
 def rows(backend: str, times: list[float], shape: str = "S1", ablation: str = "none", switches=None,
-         config: str | None = None, status: str = "ok", second: int = 0) -> list[dict]:
-    return [{"stage": "forward", "median_ms": t, "graph_median_ms": t * 0.9, "status": status, "backend": backend,
+         config: str | None = None, status: str = "ok", second: int = 0, stage: str = "forward",
+         frac_floor: float = float("nan")) -> list[dict]:
+    return [{"stage": stage, "median_ms": t, "graph_median_ms": t * 0.9, "status": status, "backend": backend,
+             "frac_floor": frac_floor,
              "ablation": ablation, "switch_dict": dict(switches or {}), "shape_name": shape,
              "config_hash": config or f"{backend}-{ablation}-{shape}", "timestamp": f"2026-12-05T04:0{k}:{second:02d}",
              "run_id": f"{config or backend}-{shape}-{status}-{k}"}
@@ -88,12 +90,32 @@ def test_rounds_pair_by_number_when_the_baseline_lacks_one(metric, spoil):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"factor": None}, "give either at_most_ms or baseline \\+ factor"),
+    ({"factor": None}, "give one of at_most_ms, at_least, or baseline \\+ factor"),
+    ({"at_least": 0.5}, "give one of at_most_ms, at_least"),
+    ({"stages": ["compute"]}, "stages \\['compute'\\]"),
     ({"metric": "graph_median"}, "metric 'graph_median'"),
-], ids=["baseline-without-factor", "unknown-metric"])
+], ids=["baseline-without-factor", "unknown-metric", "two-bounds", "unknown-stage"])
 def test_bad_targets_are_refused_naming_them(tmp_path, change, message):
     target = {k: v for k, v in {**SPEC["targets"][0], **change}.items() if v is not None}
     path = tmp_path / "targets.yaml"
     path.write_text(yaml.safe_dump({**SPEC, "targets": [target]}))
     with pytest.raises(ValueError, match=f"target 'faster': {message}"):
         load_targets(path)
+
+
+def test_stage_targets_from_below_and_the_20_us_cut():
+    """A floor-fraction target per stage: at_least bounds frac_floor from below, per stage and round; a stage whose
+    median is under min_median_ms in every round is not counted; the forward rows do not stand in for a stage."""
+    spec = {"rounds": 2, "subjects": {"cu": {"backend": "cutile"}},
+            "targets": [{"id": "floor", "text": "t", "subject": "cu", "metric": "frac_floor", "at_least": 0.6,
+                         "stages": ["chunk_cumsum", "fwd_pass_state", "compute_out"], "min_median_ms": 0.02,
+                         "shapes": ["S1"]}]}
+    w = pd.DataFrame(rows("cutile", [0.010, 0.011], stage="chunk_cumsum", frac_floor=0.3, config="cs")
+                     + rows("cutile", [0.21, 0.21], stage="fwd_pass_state", frac_floor=0.62, config="fs")
+                     + rows("cutile", [0.63, 0.64], stage="compute_out", frac_floor=0.33, config="co")
+                     + rows("cutile", [0.85, 0.86], frac_floor=0.9, config="fw"))
+    got = check(w, spec).set_index("stage")
+    assert got.loc["chunk_cumsum", "verdict"] == "not counted (median under 20 µs)"
+    assert got.loc["fwd_pass_state", "verdict"] == "holds"
+    assert got.loc["compute_out", "verdict"] == "fails in 2 of 2 rounds"
+    assert got.loc["compute_out", "rounds"] == "0.330; 0.330"
