@@ -14,6 +14,7 @@ the registry forget its instances, so that later lookups resolve configs anew; `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
 from collections.abc import Callable
@@ -218,13 +219,26 @@ def pinned_version(dist: str, found: str | None, required: str) -> tuple[bool, s
 
 def refuse_on_gpu(switches, device) -> None:
     """Raises ValueError (the switch's `gpu_refused` text) before any kernel when a switch declared `gpu_refused`
-    is set away from its default and the call would launch on a CUDA device; CPU paths keep it."""
+    is set away from its default and the call would launch on a CUDA device; CPU paths keep it. Every stage call
+    asks, so the answer is worked out once per (frozen, hashable) switches value."""
     if torch.device(device).type != "cuda" or not dataclasses.is_dataclass(switches):
         return
+    try:
+        reason = _gpu_refusal(switches)
+    except TypeError:  # switches that cannot be hashed (not frozen): asked each time
+        reason = _gpu_refusal.__wrapped__(switches)
+    if reason:
+        raise ValueError(reason)
+
+
+@functools.lru_cache(maxsize=64)
+def _gpu_refusal(switches) -> str | None:
+    """The `gpu_refused` text of the first such switch set away from its default, or None."""
     for f in dataclasses.fields(switches):
         reason = f.metadata.get("gpu_refused")
         if reason and getattr(switches, f.name) != f.default:
-            raise ValueError(reason)
+            return reason
+    return None
 
 
 def cuda_only(device, what: str) -> tuple[bool, str]:
