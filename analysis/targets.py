@@ -87,6 +87,16 @@ def _verdict(holds: list[bool], need: int) -> str:
     return "holds" if all(holds) else f"fails in {holds.count(False)} of {len(holds)} rounds"
 
 
+def _all_under(mine: dict, ms: float | None) -> bool:
+    """Every round's median under `ms` (False without rounds or without a bound)."""
+    return ms is not None and bool(mine) and all(median < ms for _, median in mine.values())
+
+
+def _any_under(mine: dict, ms: float | None) -> bool:
+    """Some round's median under `ms` (False without rounds or without a bound)."""
+    return ms is not None and any(median < ms for _, median in mine.values())
+
+
 def check(w: pd.DataFrame, spec: dict) -> pd.DataFrame:
     """One row per (target, stage, shape): each round's figures, the verdict. A target names its stages (default the
     forward); `at_least` bounds a metric from below (frac_floor: the cost model's floor over the time), and
@@ -115,13 +125,13 @@ def check(w: pd.DataFrame, spec: dict) -> pd.DataFrame:
                         holds = [mine[k][0] >= t["at_least"] for k in sorted(mine)]
                     else:
                         holds = [mine[k][0] <= t["at_most_ms"] for k in sorted(mine)]
-                    if mine and "min_median_ms" in t and all(ms < t["min_median_ms"] for _, ms in mine.values()):
+                    if _all_under(mine, t.get("min_median_ms")):
                         verdict = f"not counted (median under {t['min_median_ms'] * 1e3:.0f} µs)"
-                verdict = verdict or _verdict(holds, need)
-                if mine and "host_note_below_ms" in t and verdict != "holds" and not verdict.startswith("not counted") \
-                        and min(ms for _, ms in mine.values()) < t["host_note_below_ms"]:
-                    verdict += (f" (an eager median under {t['host_note_below_ms'] * 1e3:.0f} µs holds the host's "
-                                "launch: read it against the kernel's own time)")
+                if verdict is None:
+                    verdict = _verdict(holds, need)
+                    if verdict != "holds" and _any_under(mine, t.get("host_note_below_ms")):
+                        verdict += (f" (an eager median under {t['host_note_below_ms'] * 1e3:.0f} µs holds the host's "
+                                    "launch: read it against the kernel's own time)")
                 out.append({"target": t["id"], "text": t["text"], "stage": stage, "shape": shape, "metric": metric,
                             "rounds": "; ".join(cells) or "not measured", "verdict": verdict})
     return pd.DataFrame(out, columns=["target", "text", "stage", "shape", "metric", "rounds", "verdict"])
