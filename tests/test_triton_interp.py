@@ -286,15 +286,13 @@ def test_tma_host_descriptors_are_kernel_arguments(monkeypatch, state_pass, stag
 
 
 def test_tma_host_refuses_what_it_cannot_run():
-    """Host descriptors: unaligned tensors raise naming the tensor; without tma or with the fused kernel the backend
-    refuses at construction."""
+    """Host descriptors: unaligned tensors raise naming the tensor; without tma the backend refuses at
+    construction."""
     inputs = fused_projection(make_inputs(Problem(SMALL, has_z=True), seed=9, dtype=torch.float32))
     with pytest.raises(ValueError, match=r"'tma' with tma_descriptors='host' of backend 'triton': x: its data "):
         impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True, tma_descriptors="host"))
     with pytest.raises(ValueError, match=r"tma_descriptors='host'.*with tma=False there are none"):
         get_backend("triton", tma_descriptors="host")
-    with pytest.raises(ValueError, match=r"tma_descriptors='host'.*fused kernel"):
-        get_backend("triton", tma=True, tma_descriptors="host", fuse_state_out=True)
 
 
 
@@ -364,6 +362,23 @@ FUSED_CASES = [
                  id="tma-decay_factor"),
     pytest.param({}, Problem(dataclasses.replace(SMALL, seqlen=20), state_dtype="float32"),
                  id="one-chunk-fp32-states"),
+    # fused_program='chunk': one program per (chunk, batch, head, headdim tile) walking the chunk's row tiles
+    pytest.param({"fused_program": "chunk"}, RICH, id="chunk-rich-swap-transposed"),
+    pytest.param({"fused_program": "chunk", "operand_swap": False, "transposed_layout": False, "exp2": False}, RICH,
+                 id="chunk-rich-all-off"),
+    pytest.param({"fused_program": "chunk", "block_rows": 16, "block_positions": 16, "block_headdim": 16},
+                 Problem(Shape(2, 150, 2, 32, 1, 32, 64), has_initial_states=True),
+                 id="chunk-4-row-tiles-2-headdim-tiles-short-last-chunk"),
+    pytest.param({"fused_program": "chunk"}, Problem(SMALL, varlen=True, nseqs=3, has_z=True),
+                 id="chunk-cu_seqlens-3-seqs"),
+    pytest.param({"fused_program": "chunk", "tma": True, "tma_descriptors": "host", "decay_factor": True},
+                 Problem(Shape(1, 100, 2, 32, 1, 32, 64), nseqs=2), id="chunk-tma-host-decay_factor"),
+    pytest.param({"fused_program": "chunk", "cb_mode": "shared"}, RICH, id="chunk-shared-cb-rich"),
+    pytest.param({"fused_program": "chunk", "cb_mode": "shared", "tma": True, "tma_descriptors": "host",
+                  "operand_swap": False}, Problem(Shape(2, 150, 4, 32, 2, 32, 64), has_initial_states=True),
+                 id="chunk-shared-cb-tma-host-no-swap"),
+    pytest.param({"tma": True, "tma_descriptors": "host"}, Problem(Shape(1, 100, 2, 32, 1, 32, 64), has_z=True),
+                 id="tma-host"),
 ]
 
 
@@ -381,8 +396,13 @@ def test_fuse_state_out(switches, problem, dtype):
     assert (out.states.stride(-2) == 1) == backend.switches.transposed_layout
 
 
+def test_fused_program_needs_fuse_state_out():
+    with pytest.raises(ValueError, match=r"fused_program='chunk' of backend 'triton'.*fuse_state_out=True"):
+        get_backend("triton", fused_program="chunk")
+
+
 def test_fuse_state_out_refuses_shared_cb():
-    with pytest.raises(ValueError, match="fuse_state_out.*cb_mode='shared'"):
+    with pytest.raises(ValueError, match="fuse_state_out.*'row_tile'.*cb_mode='shared'"):
         get_backend("triton", fuse_state_out=True, cb_mode="shared")
 
 
@@ -658,15 +678,15 @@ def test_kernels_compile_for_sm90():
     interpreter accepts programs the compiler rejects, so this is the CPU suite's guard on the compiled path."""
     result = _aot("--arch", "90", "--dtype", "bfloat16")
     assert result.returncode == 0, result.stdout + result.stderr
-    # defaults and all-off (7 kernels each, the fused one and state_pass's serial one included), and at the
-    # defaults chunk_state, compute_out (dstate 128, 256) and the fused kernel again with in-kernel tensor
-    # descriptors, and chunk_state and compute_out (x2) with host-built ones (tma_descriptors='host'): PTX with bulk
-    # tensor copies, and the host-built ones without tensormap creation in the kernel; then compute_out, chunk_state
-    # and the serial kernel with switch warp_specialize (host descriptors): warp-specialised (setmaxnreg), and no
-    # other kernel is
-    assert result.stdout.count("ok  ") == 28, result.stdout  # and compute_out with 2 heads per program (x2)
-    assert result.stdout.count("bulk_tensor_copies=yes") == 10, result.stdout
-    assert result.stdout.count("bulk_tensor_copies=yes descriptors_in_kernel=no") == 6, result.stdout
+    # defaults and all-off (8 kernels each: the fused one with both fused_programs, state_pass's serial one), and
+    # at the defaults chunk_state, compute_out (dstate 128, 256) and the fused kernel (both programs) again with
+    # in-kernel tensor descriptors, and chunk_state, compute_out (x2) and the fused kernel (x2) with host-built ones
+    # (tma_descriptors='host'): PTX with bulk tensor copies, and the host-built ones without tensormap creation in
+    # the kernel; then compute_out, chunk_state and the serial kernel with switch warp_specialize (host
+    # descriptors): warp-specialised (setmaxnreg), and no other kernel is
+    assert result.stdout.count("ok  ") == 33, result.stdout  # and compute_out with 2 heads per program (x2)
+    assert result.stdout.count("bulk_tensor_copies=yes") == 13, result.stdout
+    assert result.stdout.count("bulk_tensor_copies=yes descriptors_in_kernel=no") == 8, result.stdout
     assert result.stdout.count("warp_specialized=yes") == 3, result.stdout
     assert all(("WS=True" in line) == ("warp_specialized=yes" in line) for line in result.stdout.splitlines())
 

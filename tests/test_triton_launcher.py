@@ -178,6 +178,8 @@ SWITCH_SETS = {
     "defaults": "",
     "tma-device-shared-cb": "tma=true,cb_mode=shared",
     "fused": "fuse_state_out=true",
+    "fused-chunk-host-shared-cb": ("fuse_state_out=true,fused_program=chunk,tma=true,tma_descriptors=host,"
+                                   "cb_mode=shared"),
 }
 CASES = [(sw, "plain") for sw in SWITCH_SETS] + [
     ("defaults", "z-init-seq_idx-Dchannel"), ("searched-tma-host-serial", "z-init-seq_idx-Dchannel"),

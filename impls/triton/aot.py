@@ -98,7 +98,7 @@ def variants(dtype: str, all_variants: bool):
                {"dt_ptr": p, "A_ptr": "*fp32", "bias_ptr": "*fp32", "dt_out_ptr": "*fp32", "dA_ptr": "*fp32"},
                dict(CHUNK=256, BLOCK_H=base["block_heads"], HAS_BIAS=feature, SOFTPLUS=feature, HAS_LIMIT=feature,
                     EXP2=exp2), base["num_warps"], 1)
-        # TMA: off, in-kernel descriptors, host-built descriptors (tma_descriptors='host', not in the fused kernel)
+        # TMA: off, in-kernel descriptors, host-built descriptors (tma_descriptors='host')
         tma_modes = [(False, False)] + ([(True, False), (True, True)] if True in tmas else [])
         for precision, (tma, host) in itertools.product(precisions, tma_modes):
             c = fallback("sm90", "chunk_state", dims, itemsize, {})
@@ -133,17 +133,22 @@ def variants(dtype: str, all_variants: bool):
                             SHARED_CB=feature, DECAY_FACTOR=feature, TMA=tma, ST_N_CONTIG=not swap, HB=hb,
                             HEADS_FIRST=False, **hd),
                        c["num_warps"], c["num_stages"])
-            if host:
-                continue
             c = fallback("sm90", FUSED, dims, itemsize, {})
-            yield ("fused_state_out", fused_kernel,
-                   {"C_ptr": p, "B_ptr": p, "x_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "init_ptr": "*fp32",
-                    "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "st_ptr": p, "slot_ptr": "*fp32", "y_ptr": p,
-                    "sync_ptr": "*i32"},
-                   dict(CHUNK=256, BLOCK_M=c["block_rows"], BLOCK_K=c["block_positions"], BLOCK_P=c["block_headdim"],
-                        BLOCK_DSTATE=128, HAS_INIT=feature, HAS_D=feature, HAS_Z=feature, HAS_SEQ=feature,
-                        SWAP=swap, EXP2=exp2, DOT_PRECISION=precision, DECAY_FACTOR=feature, TMA=tma),
-                   c["num_warps"], c["num_stages"])
+            m, k, hp = c["block_rows"], c["block_positions"], c["block_headdim"]
+            types, hd = host_descriptors(("C_hd", "B_hd", "x_hd", "y_hd"),
+                                         ((1, m, 1, 128), (1, k, 1, 128), (1, k, 1, hp), (1, m, 1, hp)), (p,) * 4,
+                                         host)
+            for whole_chunk in (False, True):  # fused_program 'row_tile', 'chunk'
+                yield ("fused_state_out" + ("_chunk" if whole_chunk else ""), fused_kernel,
+                       {"C_ptr": p, "B_ptr": p, "x_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32",
+                        "init_ptr": "*fp32", "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "st_ptr": p,
+                        "slot_ptr": "*fp32", "y_ptr": p, "sync_ptr": "*i32", "cb_ptr": "*fp32", **types},
+                       dict(CHUNK=256, BLOCK_M=m, BLOCK_K=k, BLOCK_P=hp, BLOCK_DSTATE=128, HAS_INIT=feature,
+                            HAS_D=feature, HAS_Z=feature, HAS_SEQ=feature, SWAP=swap, EXP2=exp2,
+                            DOT_PRECISION=precision, DECAY_FACTOR=feature, TMA=tma, WHOLE_CHUNK=whole_chunk,
+                            # C·Bᵀ from memory (cb_mode='shared') with the 'chunk' programs only
+                            SHARED_CB=feature and whole_chunk, **hd),
+                       c["num_warps"], c["num_stages"])
             if tma:
                 continue
             yield ("cb", cb_kernel, {"C_ptr": p, "B_ptr": p, "cb_ptr": "*fp32"},

@@ -45,9 +45,11 @@ class TritonBackend(Backend):
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)
-        if self.switches.fuse_state_out and self.switches.cb_mode == "shared":
-            raise ValueError("switch fuse_state_out of backend 'triton': the fused kernel computes C·Bᵀ inline; "
-                             "cb_mode='shared' would add a launch before it (use cb_mode='inline')")
+        if self.switches.fuse_state_out and self.switches.cb_mode == "shared" and \
+                self.switches.fused_program == "row_tile":
+            raise ValueError("switch fuse_state_out of backend 'triton': the fused kernel's 'row_tile' programs "
+                             "compute C·Bᵀ inline; cb_mode='shared' is read by fused_program='chunk' only (use "
+                             "cb_mode='inline', or fused_program='chunk')")
         if self.switches.fuse_state_out and self.switches.heads_first:
             raise ValueError("switch fuse_state_out of backend 'triton': the fused kernel does not read heads_first "
                              "(compute_out's program order); turn one of them off")
@@ -58,12 +60,13 @@ class TritonBackend(Backend):
         if self.switches.fuse_state_out and self.switches.state_occupancy:
             raise ValueError("switch state_occupancy of backend 'triton': fuse_state_out=True runs stage 2 inside the "
                              "fused kernel (its occupancy is `occupancy`'s); leave state_occupancy at 0")
+        if self.switches.fused_program != "row_tile" and not self.switches.fuse_state_out:
+            raise ValueError(f"switch fused_program={self.switches.fused_program!r} of backend 'triton': it arranges "
+                             "the programs of the fused kernel, which runs only with fuse_state_out=True (set it, or "
+                             "leave fused_program at 'row_tile')")
         if self.switches.tma_descriptors == "host" and not self.switches.tma:
             raise ValueError("switch tma_descriptors='host' of backend 'triton': it says where tma's descriptors are "
                              "made; with tma=False there are none (set tma=True, or leave tma_descriptors='device')")
-        if self.switches.tma_descriptors == "host" and self.switches.fuse_state_out:
-            raise ValueError("switch tma_descriptors='host' of backend 'triton': the fused kernel (fuse_state_out) "
-                             "makes its descriptors in the kernel only (use tma_descriptors='device')")
         reason = warp_spec.refusal(self.switches)
         if reason:
             raise ValueError(reason)

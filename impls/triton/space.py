@@ -53,7 +53,8 @@ SWITCH_SEARCH_SPACE: dict[str, dict[str, tuple]] = {
     "chunk_state": {"tma": (False, True), "operand_swap": (True, False)},
     "compute_out": {"tma": (False, True), "operand_swap": (True, False), "decay_factor": (False, True),
                     "cb_mode": ("inline", "shared")},
-    FUSED: {"tma": (False, True), "operand_swap": (True, False)},
+    FUSED: {"tma": (False, True), "operand_swap": (True, False), "fused_program": ("row_tile", "chunk"),
+            "cb_mode": ("inline", "shared")},
     "forward": {"fuse_state_out": (False, True)},
 }
 

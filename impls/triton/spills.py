@@ -111,13 +111,17 @@ def compile_only():
 
 
 def _forward_stages(backend, shape, dtype: torch.dtype) -> None:
-    """fwd_pass_state then compute_out, as the forward calls them, on empty CPU tensors of `shape`."""
+    """fwd_pass_state then compute_out, as the forward calls them (with fuse_state_out the fused kernel instead), on
+    empty CPU tensors of `shape`."""
     b, seqlen, h, p, g, n, chunk = (shape.batch, shape.seqlen, shape.nheads, shape.headdim, shape.ngroups,
                                     shape.dstate, shape.chunk_size)
     nchunks = math.ceil(seqlen / chunk)
     x = torch.empty(b, seqlen, h, p, dtype=dtype)
     B = torch.empty(b, seqlen, g, n, dtype=dtype)
     dt = torch.empty(b, h, nchunks, chunk)
+    if backend.switches.fuse_state_out:  # one kernel for both stages
+        backend.fused_state_out(B, B, x, dt, dt, None, torch.empty(h), None, None, None)
+        return
     states = backend.fwd_pass_state(B, x, dt, dt, None, None, None)[0]
     backend.compute_out(B, B, x, dt, dt, states, torch.empty(h), None, None)
 
@@ -128,6 +132,7 @@ def report(shapes=HEADLINE_SHAPES, switches: dict | None = None, tuning: str = "
     from impls.cli import load_shape
     from impls.cutile import aot
     from impls.triton.backend import TritonBackend
+    from impls.triton.stages import FUSED
     from impls.triton.switches import TritonSwitches
 
     rows = []
@@ -141,11 +146,14 @@ def report(shapes=HEADLINE_SHAPES, switches: dict | None = None, tuning: str = "
                 sass = aot.sass(kernel.asm["cubin"])
                 ldl, stl = count_spills(sass)
                 stage = {"chunk_state_kernel": "chunk_state", "serial_state_kernel": "chunk_state",
-                         "state_passing_kernel": "state_passing"}.get(name, "compute_out")
+                         "state_passing_kernel": "state_passing", "fused_kernel": FUSED}.get(name, "compute_out")
                 ptx = kernel.asm["ptx"]
                 rows.append(KernelFacts(shape_name, name, aot.resource_usage(kernel.asm["cubin"])["REG"], ldl, stl,
                                         kernel.metadata.num_warps, kernel.metadata.shared, "setmaxnreg" in ptx,
-                                        mma_operand_hazards(sass), stages[stage]["config"]))
+                                        mma_operand_hazards(sass),
+                                        # cb_kernel (cb_mode='shared') has no tuned fields; with the fused kernel no
+                                        # compute_out stage ran
+                                        stages.get(stage, {}).get("config", {}) if name != "cb_kernel" else {}))
     return rows
 
 

@@ -105,6 +105,18 @@ class TritonSwitches:
                "point at running programs); every program adds exp(dA)·C·S_c once S_c is there. Off by default",
         sm90="removes the chunk-local fp32 scratch (write and read-back), the state_passing launch and the "
              "compute_out launch; the states are still written (the contract's output, read back by the row tiles)")
+    fused_program: str = switch(
+        "row_tile", "the programs of the fused kernel (fuse_state_out): 'row_tile' = one per (chunk, batch, head, row "
+                    "tile, headdim tile), the row-tile-0 program of each chunk also computing its local state and "
+                    "handing the state on; 'chunk' = one per (chunk, batch, head, headdim tile), each computing its "
+                    "chunk's local state, handing the state on, then walking the chunk's row tiles (the arrangement "
+                    "of the PyTorch blog's fused SSD kernel). Needs fuse_state_out=True",
+        choices=("row_tile", "chunk"),
+        sm90="'chunk': a quarter of the programs (at 64-row tiles and chunk 256), each four times as long, no carrier "
+             "doing more than the others; the local state's fp32 accumulator is dead before the rows' accumulators "
+             "are live, so the kernel's register need is the larger of the two, not their sum",
+        sm100="the same program arrangement",
+        needs={"fuse_state_out": True})
     state_pass: str = switch(
         "chunk_parallel", "fwd_pass_state's arrangement: 'chunk_parallel' = chunk_state (every chunk's local state at "
                           "once, into an fp32 scratch) then state_passing (the carry across chunks, parallel over "
@@ -187,4 +199,5 @@ def _code_switches(switches: TritonSwitches, _types: tuple) -> tuple[tuple[str, 
             if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
             # in the key only when on: records found without them keep their keys
             or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first", "warp_specialize") and v)
-            or (k == "tma_descriptors" and v != "device"))
+            or (k == "tma_descriptors" and v != "device")
+            or (k == "fused_program" and v != "row_tile"))

@@ -60,6 +60,13 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "fused": {"fuse_state_out": True}, "fused-no-swap": {"fuse_state_out": True, "operand_swap": False},
             "fused-tma": {"fuse_state_out": True, "tma": True},
             "fused-tma-decay_factor": {"fuse_state_out": True, "tma": True, "decay_factor": True},
+            "fused-chunk": {"fuse_state_out": True, "fused_program": "chunk"},
+            "fused-chunk-no-swap": {"fuse_state_out": True, "fused_program": "chunk", "operand_swap": False},
+            "fused-chunk-tma-host": {"fuse_state_out": True, "fused_program": "chunk", "tma": True,
+                                     "tma_descriptors": "host"},
+            "fused-chunk-tma-host-cb-shared": {"fuse_state_out": True, "fused_program": "chunk", "tma": True,
+                                               "tma_descriptors": "host", "cb_mode": "shared"},
+            "fused-tma-host": {"fuse_state_out": True, "tma": True, "tma_descriptors": "host"},
             "heads2": {"heads_per_tile": 2}, "heads2-no-swap": {"heads_per_tile": 2, "operand_swap": False},
             "heads2-tma-occupancy3": {"heads_per_tile": 2, "tma": True, "occupancy": 3},
             "heads_first": {"heads_first": True}, "heads_first-heads2": {"heads_first": True, "heads_per_tile": 2},
@@ -104,7 +111,8 @@ def _skip(case, variant):
         return True
     return (case == "S1" or case.startswith("p256")) and variant not in ("defaults", "all-off", "cb-shared",
                                                                                   "decay_factor", "tma", "fused",
-                                                                                  "fused-tma", "heads2",
+                                                                                  "fused-tma", "fused-chunk",
+                                                                                  "fused-chunk-tma-host", "heads2",
                                                                                   "heads_first-heads2",
                                                                                   "state_pass-serial", "tma-host")
 
@@ -193,13 +201,14 @@ def test_search_then_record_on_gpu(tmp_path, monkeypatch, request):
                                                                                     stages.items()}
 
 
-def test_fused_runs_agree_bitwise():
+@pytest.mark.parametrize("program", ["row_tile", "chunk"])
+def test_fused_runs_agree_bitwise(program):
     """The fused kernel's hand-off under real concurrency: 20 runs of a problem with 32 chunks give the same bits
     (the order of every sum is fixed, so a race on a flag or on the hand-off slot would show as a difference or a
     NaN from the poisoned outputs), and the first matches the float64 reference."""
     from impls.tolerance import poisoned_allocations
 
-    backend = _backend(fuse_state_out=True)
+    backend = _backend(fuse_state_out=True, fused_program=program)
     inputs = make_inputs(Problem(Shape(4, 8192, 16, 64, 1, 128, 256), has_initial_states=True), device="cuda",
                          seed=3, dtype=torch.bfloat16)
     with poisoned_allocations():
