@@ -59,16 +59,22 @@ def _rows_out(C, B, x, dt, dA, y, D, z, s_op, b, c, h, g, pb, i, k):
     ct.store(y, (b, row_block, h, pb), out.astype(y.dtype).reshape((1, BL, 1, BP)), allow_tma=tma)
 
 
+def consts(CHUNK, BL, BP, BN, HAS_INIT, D_MODE, HAS_Z, TF32, EXP2, TMA, LAT):
+    """(stage 3's `OutConsts`, stage 2's `StateConsts`) of a fused kernel (this one, and fused_chunk's)."""
+    # stage 3's part: one lane of one head, no seq_idx, C·Bᵀ in the tile (TRANS, the stored states' layout, unused)
+    k = OutConsts(CHUNK=CHUNK, BL=BL, BP=BP, BN=BN, NL=1, HL=1, HAS_SEQ=False, SWAP=False, TRANS=False, TF32=TF32,
+                  EXP2=EXP2, TMA=TMA, LAT=LAT, SHARED_CB=False, D_MODE=D_MODE, HAS_Z=HAS_Z)
+    # stage 2's part: the state as (dstate × headdim), no seq_idx; states stored (headdim, dstate) (fused_chunk)
+    ks = StateConsts(CHUNK=CHUNK, BP=BP, BN=BN, HAS_INIT=HAS_INIT, HAS_SEQ=False, SWAP=True, TRANS=False, TF32=TF32,
+                     EXP2=EXP2, TMA=TMA, LAT=LAT)
+    return k, ks
+
+
 def fused_kernel(C, B, x, dt, dA, init, D, z, y, final, seqlen, heads_per_group,
                  CHUNK: ct.Constant[int], BL: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                  HAS_INIT: ct.Constant[bool], D_MODE: ct.Constant[int], HAS_Z: ct.Constant[bool],
                  TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int]):
-    # stage 3's part: one lane of one head, no seq_idx, C·Bᵀ in the tile (TRANS, the stored states' layout, unused)
-    k = OutConsts(CHUNK=CHUNK, BL=BL, BP=BP, BN=BN, NL=1, HL=1, HAS_SEQ=False, SWAP=False, TRANS=False, TF32=TF32,
-                  EXP2=EXP2, TMA=TMA, LAT=LAT, SHARED_CB=False, D_MODE=D_MODE, HAS_Z=HAS_Z)
-    # stage 2's part: the state as (dstate × headdim), no seq_idx (TRANS unused: no state is stored)
-    ks = StateConsts(CHUNK=CHUNK, BP=BP, BN=BN, HAS_INIT=HAS_INIT, HAS_SEQ=False, SWAP=True, TRANS=False, TF32=TF32,
-                     EXP2=EXP2, TMA=TMA, LAT=LAT)
+    k, ks = consts(CHUNK, BL, BP, BN, HAS_INIT, D_MODE, HAS_Z, TF32, EXP2, TMA, LAT)
     bh, pb = ct.bid(0), ct.bid(1)
     nheads = x.shape[2]
     nchunks = dA.shape[2]
