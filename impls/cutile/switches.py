@@ -171,9 +171,9 @@ class CutileSwitches:
                   "PyTorch blog's fused SSD kernel). 'chunk' also writes the per-chunk states (state_dtype), which "
                   "the forward then returns. Needs fuse_state_out=True",
         choices=FUSED_PROGRAMS,
-        sm90="'chunk': nchunks times the programs (20480 at S1 with 64-column blocks), each one chunk long; the "
-             "hand-off is ATOMG.E.ADD.STRONG.GPU + CCTL.IVALL spun on by one thread (acquire) and a CTA barrier, "
-             "MEMBAR.ALL.GPU + ATOMG.E.EXCH.STRONG.GPU (release), the state through plain LDG/STG "
+        sm90="'chunk': nchunks times the programs (10240 at S1 with 64-column blocks, against 640), each one chunk "
+             "long; the hand-off is ATOMG.E.ADD.STRONG.GPU + CCTL.IVALL spun on by one thread (acquire) and a CTA "
+             "barrier, MEMBAR.ALL.GPU + ATOMG.E.EXCH.STRONG.GPU (release), the state through plain LDG/STG "
              "(docs/perf-notes.md, \"cuTile's fused_program='chunk'\")",
         sm100="the same arrangement; the sm_100 lowering of the atomics has not been examined",
         needs={"fuse_state_out": True})
