@@ -15,11 +15,11 @@ The slot is the `final` output (batch, nheads, headdim, dstate) fp32: after the 
 Program c reads it before it writes it, and program c + 1 reads it only after c's publication, so no two programs
 touch it at once.
 
-Hand-off (cuTile 1.7 atomics on the int32 `sync` array, device scope; docs/perf-notes.md, version 17, has the SASS):
+Hand-off (cuTile 1.7 atomics on the int32 `sync` array, device scope; docs/cutile-switches.md has the SASS):
 publishing is `ct.atomic_xchg(..., memory_order=RELEASE)` after the slot's store; waiting is a `while` loop on
 `ct.atomic_add(..., 0, memory_order=ACQUIRE)`. cuTile's token pass orders every memory operation of the tile program
 before a release before it and every one after an acquire after it (cuda/tile/_passes/token_order.py); tileiras 13.4
-lowers the release to a barrier of the math warps, MEMBAR.ALL.GPU and ATOMG.E.EXCH.STRONG.GPU from one thread, and
+lowers the release to a CTA barrier, MEMBAR.ALL.GPU and ATOMG.E.EXCH.STRONG.GPU from one thread, and
 the acquire to ATOMG.E.ADD.STRONG.GPU from one thread, CCTL.IVALL (the SM's L1 invalidated) and a barrier, so the
 slot's later loads see the publisher's stores. The slot is loaded and stored with allow_tma=False: plain LDG/STG of
 the generic proxy, which the release and acquire order (a TMA copy would go through the async proxy).

@@ -174,7 +174,7 @@ class CutileSwitches:
         sm90="'chunk': nchunks times the programs (10240 at S1 with 64-column blocks, against 640), each one chunk "
              "long; the hand-off is ATOMG.E.ADD.STRONG.GPU + CCTL.IVALL spun on by one thread (acquire) and a CTA "
              "barrier, MEMBAR.ALL.GPU + ATOMG.E.EXCH.STRONG.GPU (release), the state through plain LDG/STG "
-             "(docs/perf-notes.md, \"cuTile's fused_program='chunk'\")",
+             "(docs/cutile-switches.md, fused_program)",
         sm100="the same arrangement; the sm_100 lowering of the atomics has not been examined",
         needs={"fuse_state_out": True})
     state_pass: str = switch(
