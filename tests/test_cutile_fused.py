@@ -100,13 +100,14 @@ CHUNK = CutileSwitches(fuse_state_out=True, fused_program="chunk")
 _CHUNK_SASS: dict = {}
 
 
-def _chunk_sass(dtype=torch.bfloat16, **switches) -> str:
+def _chunk_sass(dtype=torch.bfloat16, wide=False, **switches) -> str:
     from impls.cutile import tune
 
-    key = (dtype, tuple(sorted(switches.items())))
+    key = (dtype, wide, tuple(sorted(switches.items())))
     if key not in _CHUNK_SASS:
         sw = dataclasses.replace(CHUNK, **switches)
-        _CHUNK_SASS[key] = sass(export(build_call("fused_chunk", dtype, sw, config=tune.FALLBACK[9]["fused"]), "sm_90"))
+        call = build_call("fused_chunk", dtype, sw, config=tune.FALLBACK[9]["fused"], wide=wide)
+        _CHUNK_SASS[key] = sass(export(call, "sm_90"))
     return _CHUNK_SASS[key]
 
 
@@ -161,14 +162,16 @@ def test_serial_fused_kernel_has_no_handoff():
 
 
 @pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
-@pytest.mark.parametrize("dtype, switches", [
-    pytest.param(torch.float32, {}, id="fp32-tf32"),
-    pytest.param(torch.bfloat16, {"tma": False, "exp2": False, "latency_hints": False, "cb_precision": "fp32"},
+@pytest.mark.parametrize("dtype, wide, switches", [
+    pytest.param(torch.float32, False, {}, id="fp32-tf32"),
+    pytest.param(torch.bfloat16, False, {"tma": False, "exp2": False, "latency_hints": False, "cb_precision": "fp32"},
                  id="bf16-all-off"),
+    pytest.param(torch.bfloat16, True, {}, id="bf16-int64-indexed"),
 ])
-def test_fused_chunk_compiles_with_the_switches_it_reads(dtype, switches):
-    """The hand-off is the same whatever the code switches (the slot never goes through TMA)."""
-    h = _handoff(_chunk_sass(dtype, **switches))
+def test_fused_chunk_compiles_with_the_switches_it_reads(dtype, wide, switches):
+    """The hand-off is the same whatever the code switches (the slot never goes through TMA) and in the build
+    indexed with int64 (arrays past 2^31 elements)."""
+    h = _handoff(_chunk_sass(dtype, wide, **switches))
     assert h["spins"] >= 1 and h["releases"] == [("ATOMG.E.EXCH.STRONG.GPU", True)], h
 
 
