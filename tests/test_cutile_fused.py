@@ -213,3 +213,24 @@ def test_fused_program_keys_the_fused_record_only():
     assert "fused_program" not in tune.record_key("compute_out", CHUNK, "S", "bfloat16")
     assert spills.kernels_of("fused", {}, fused_program="chunk") == ("fused_chunk",)
     assert spills.kernels_of("fused", {}) == ("fused",)
+
+
+def test_fused_chunk_launch_on_tensors():
+    """The host side on CPU tensors (nothing launched): one program per flag of the sync array (zeroed, int32),
+    every tensor at its parameter, the states in state_dtype; a partial last chunk counts as a chunk."""
+    import inspect
+
+    from impls.cutile import fused_chunk, tune
+
+    x, C, B = torch.randn(2, 200, 4, 64), torch.randn(2, 200, 2, 48), torch.randn(2, 200, 2, 48)
+    dt, dA = torch.rand(2, 4, 4, 64), -torch.rand(2, 4, 4, 64)
+    config = tune.FALLBACK[9]["fused"]
+    y, states, final, sync = fused_chunk.outputs(x, B, dt, torch.float32, config)
+    assert states.shape == (2, 4, 4, 64, 48) and states.dtype == torch.float32 and final.shape == (2, 4, 64, 48)
+    assert sync.dtype == torch.int32 and not sync.any()
+    call = fused_chunk.stage_call(C, B, x, dt, dA, None, None, None, y, states, final, sync, CHUNK, config)
+    assert call.grid == (sync.numel() - 1,) == (2 * 4 * 4 * 64 // config["block_headdim"],)
+    params = dict(zip(inspect.signature(fused_chunk.fused_chunk_kernel).parameters, call.args))
+    assert all(params[name] is t for name, t in
+               (("x", x), ("y", y), ("states", states), ("final", final), ("sync", sync), ("dA", dA)))
+    assert params["BP"] == config["block_headdim"] and params["HAS_INIT"] is False and params["D_MODE"] == 0

@@ -101,7 +101,9 @@ def make_call(arrays, dims, chunk_size, has_init, d_mode, has_z, tf32, sw, confi
     return kernel_call(fused_kernel, grid, args, config.get("occupancy", 0), sw.opt_level)
 
 
-def stage_call(C, B, x, dt, dA_cumsum, initial_states, D, z, y, final, sw, config) -> KernelCall:
+def stage_inputs(C, B, x, dt, dA_cumsum, initial_states, D, z, sw) -> tuple:
+    """What a fused kernel's `make_call` takes before its outputs, on these tensors: (input arrays with stand-ins
+    for the absent optional ones, dims, chunk_size, has_init, d_mode, has_z, tf32)."""
     from impls.cutile.common import dummy
 
     batch, seqlen, nheads, headdim = x.shape
@@ -109,10 +111,14 @@ def stage_call(C, B, x, dt, dA_cumsum, initial_states, D, z, y, final, sw, confi
     d_mode = 0 if D is None else (1 if D.dim() == 1 else 2)
     tf32 = x.dtype == torch.float32 and sw.cb_precision == "tf32"
     arrays = (C, B, x, dt, dA_cumsum, initial_states if initial_states is not None else dummy(x.device, ndim=4),
-              D if D is not None else dummy(x.device), z if z is not None else dummy(x.device, x.dtype, ndim=4),
-              y, final)
-    return make_call(arrays, (batch, seqlen, nheads, headdim, ngroups, dstate), dt.shape[3],
-                     initial_states is not None, d_mode, z is not None, tf32, sw, config)
+              D if D is not None else dummy(x.device), z if z is not None else dummy(x.device, x.dtype, ndim=4))
+    return (arrays, (batch, seqlen, nheads, headdim, ngroups, dstate), dt.shape[3], initial_states is not None,
+            d_mode, z is not None, tf32)
+
+
+def stage_call(C, B, x, dt, dA_cumsum, initial_states, D, z, y, final, sw, config) -> KernelCall:
+    arrays, *rest = stage_inputs(C, B, x, dt, dA_cumsum, initial_states, D, z, sw)
+    return make_call((*arrays, y, final), *rest, sw, config)
 
 
 def run(C, B, x, dt, dA_cumsum, initial_states, D, z, sw, config):

@@ -46,7 +46,7 @@ import torch
 
 from impls.cutile.common import KernelCall, kernel_call
 from impls.cutile.compute_out import blocks
-from impls.cutile.fused import _rows_out, consts
+from impls.cutile.fused import _rows_out, consts, stage_inputs
 from impls.cutile.fwd_pass_state import _store_state, carry, chunk_decay, initial_state, zero_state
 
 ZERO = ct.PaddingMode.ZERO
@@ -153,18 +153,9 @@ def make_call(arrays, dims, chunk_size, has_init, d_mode, has_z, tf32, sw, confi
 
 
 def stage_call(C, B, x, dt, dA_cumsum, initial_states, D, z, y, states, final, sync, sw, config) -> KernelCall:
-    """The launch on these tensors; sync must be zero (`run` makes it)."""
-    from impls.cutile.common import dummy
-
-    batch, seqlen, nheads, headdim = x.shape
-    ngroups, dstate = B.shape[2], B.shape[3]
-    d_mode = 0 if D is None else (1 if D.dim() == 1 else 2)
-    tf32 = x.dtype == torch.float32 and sw.cb_precision == "tf32"
-    arrays = (C, B, x, dt, dA_cumsum, initial_states if initial_states is not None else dummy(x.device, ndim=4),
-              D if D is not None else dummy(x.device), z if z is not None else dummy(x.device, x.dtype, ndim=4),
-              y, states, final, sync)
-    return make_call(arrays, (batch, seqlen, nheads, headdim, ngroups, dstate), dt.shape[3],
-                     initial_states is not None, d_mode, z is not None, tf32, sw, config)
+    """The launch on these tensors; sync must be zero (`outputs` makes it so)."""
+    arrays, *rest = stage_inputs(C, B, x, dt, dA_cumsum, initial_states, D, z, sw)
+    return make_call((*arrays, y, states, final, sync), *rest, sw, config)
 
 
 def outputs(x, B, dt, state_dtype, config):
