@@ -93,3 +93,144 @@ def test_fused_describe_marks_unread_switches_na():
     described = CutileBackend(fuse_state_out=True, exp2=False, block_rows=32).describe()["switches"]
     assert {described[n] for n in NOT_READ_BY_FUSED} == {"n/a"}
     assert described["exp2"] is False and described["block_rows"] == 32 and set(FUSED_READS) <= set(described)
+
+
+# --- fused_program='chunk' (impls/cutile/fused_chunk.py): one program per chunk, the state handed on by flags -----
+CHUNK = CutileSwitches(fuse_state_out=True, fused_program="chunk")
+_CHUNK_SASS: dict = {}
+
+
+def _chunk_sass(dtype=torch.bfloat16, wide=False, **switches) -> str:
+    from impls.cutile import tune
+
+    key = (dtype, wide, tuple(sorted(switches.items())))
+    if key not in _CHUNK_SASS:
+        sw = dataclasses.replace(CHUNK, **switches)
+        call = build_call("fused_chunk", dtype, sw, config=tune.FALLBACK[9]["fused"], wide=wide)
+        _CHUNK_SASS[key] = sass(export(call, "sm_90"))
+    return _CHUNK_SASS[key]
+
+
+def _handoff(text: str) -> dict:
+    """The hand-off instructions of a listing: acquires (an atomic add of RZ followed by an L1 invalidation), those
+    inside a backward branch's range (the spin), releases (a device-scope membar right before an atomic exchange,
+    a CTA barrier between the program's last store before it and it)."""
+    from impls.cutile.aot import sass_instructions
+
+    code = sass_instructions(text)
+    acquires = [k for k, ins in enumerate(code[:-1]) if ins.op == "ATOMG.E.ADD.STRONG.GPU"
+                and ins.args.endswith("RZ") and code[k + 1].op == "CCTL.IVALL"]
+    back = [(int(ins.args.split(",")[-1].strip(), 16), ins.addr) for ins in code
+            if ins.base == "BRA" and int(ins.args.split(",")[-1].strip(), 16) < ins.addr]
+    spins = [k for k in acquires if any(lo <= code[k].addr <= hi for lo, hi in back)]
+    releases = []
+    for k, ins in enumerate(code):
+        if ins.op != "MEMBAR.ALL.GPU":
+            continue
+        nxt = next(i for i in code[k + 1:] if i.base == "ATOMG")
+        stores = [j for j in range(k) if code[j].base == "STG"]
+        barrier = bool(stores) and any(code[j].base == "BAR" for j in range(stores[-1], k))
+        releases.append((nxt.op, barrier))
+    first_atomic = next(i for i in code if i.base == "ATOMG")
+    return {"acquires": len(acquires), "spins": len(spins), "releases": releases, "first_atomic": first_atomic.op}
+
+
+@pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
+def test_fused_chunk_hands_off_with_acquire_spin_and_release():
+    """sm_90 SASS of the chunk kernel at the fallback tiles: the ticket is its first atomic (an add), the wait spins
+    on an atomic add with acquire semantics (L1 invalidated after it), the publication is an exchange after a CTA
+    barrier and a device-scope membar; warpgroup MMAs; no local memory."""
+    text = _chunk_sass()
+    h = _handoff(text)
+    assert h["first_atomic"] == "ATOMG.E.ADD.STRONG.GPU", h
+    assert h["spins"] >= 1 and h["acquires"] >= h["spins"], h
+    assert h["releases"] == [("ATOMG.E.EXCH.STRONG.GPU", True)], h  # one publication, behind a barrier
+    f = facts(text)
+    assert f["HGMMA"] > 0 and "HMMA" not in text and f["UTMALDG"] > 0, f
+    spills = re.findall(r"\b(?:LDL|STL)\b", text)
+    assert not spills, f"{len(spills)} local-memory loads/stores at the fallback tiles"
+
+
+@pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
+def test_serial_fused_kernel_has_no_handoff():
+    """Negative control of the check above: the serial fused kernel synchronises with no other program."""
+    from impls.cutile import tune
+
+    text = sass(export(build_call("fused", torch.bfloat16, FUSED, config=tune.FALLBACK[9]["fused"]), "sm_90"))
+    h_text = "ATOMG" in text or "CCTL.IVALL" in text or "MEMBAR.ALL.GPU" in text
+    assert not h_text
+
+
+@pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
+@pytest.mark.parametrize("dtype, wide, switches", [
+    pytest.param(torch.float32, False, {}, id="fp32-tf32"),
+    pytest.param(torch.bfloat16, False, {"tma": False, "exp2": False, "latency_hints": False, "cb_precision": "fp32"},
+                 id="bf16-all-off"),
+    pytest.param(torch.bfloat16, True, {}, id="bf16-int64-indexed"),
+])
+def test_fused_chunk_compiles_with_the_switches_it_reads(dtype, wide, switches):
+    """The hand-off is the same whatever the code switches (the slot never goes through TMA) and in the build
+    indexed with int64 (arrays past 2^31 elements)."""
+    h = _handoff(_chunk_sass(dtype, wide, **switches))
+    assert h["spins"] >= 1 and h["releases"] == [("ATOMG.E.EXCH.STRONG.GPU", True)], h
+
+
+@pytest.mark.parametrize("batch, nheads, tiles_p, nchunks", [(1, 1, 1, 3), (2, 3, 2, 4), (3, 5, 4, 2)],
+                         ids=["one-program-a-chunk", "2x3x2", "3x5x4"])
+def test_tickets_name_every_program_once_and_every_wait_points_back(batch, nheads, tiles_p, nchunks):
+    """The ticket -> work map (the kernel's own helper, run on the host) is a bijection with the chunk outermost,
+    so the program a wait depends on (chunk c - 1, same batch, head, headdim block) holds a smaller ticket; the flags
+    are distinct elements of the sync array past its counter."""
+    from impls.cutile.fused_chunk import flag_index, sync_size, ticket_work
+
+    total = batch * nheads * tiles_p * nchunks
+    work = [ticket_work(t, batch, nheads, tiles_p) for t in range(total)]
+    assert len(set(work)) == total and {c for c, *_ in work} == set(range(nchunks))
+    ticket = {w: t for t, w in enumerate(work)}
+    assert all(ticket[(c - 1, b, h, pb)] < t for t, (c, b, h, pb) in enumerate(work) if c > 0)
+    assert [c for c, *_ in work] == sorted(c for c, *_ in work)  # chunk outermost
+    size = sync_size(batch, nheads, tiles_p * 64, nchunks, 64)
+    flags = {flag_index(b, h, pb, c, nheads, tiles_p, nchunks) for c, b, h, pb in work}
+    assert len(flags) == total and min(flags) == 1 and max(flags) == size - 1
+
+
+def test_fused_program_needs_fuse_state_out():
+    from impls.cutile import CutileBackend
+
+    with pytest.raises(ValueError, match="fused_program='chunk'.*fuse_state_out=True"):
+        CutileBackend(fused_program="chunk")
+    with pytest.raises(ValueError):
+        CutileBackend(fuse_state_out=True, fused_program="row_tile")
+    assert CutileBackend(fuse_state_out=True, fused_program="chunk").describe()["switches"]["fused_program"] == "chunk"
+
+
+def test_fused_program_keys_the_fused_record_only():
+    from impls.cutile import spills, tune
+
+    chunk, serial = tune.record_key("fused", CHUNK, "S", "bfloat16"), tune.record_key("fused", FUSED, "S", "bfloat16")
+    assert "fused_program=chunk" in chunk and "fused_program" not in serial
+    assert tune.record_key("fused", CHUNK, "S", "bfloat16", code_tricks=False) == chunk  # it borrows nothing
+    assert "fused_program" not in tune.record_key("compute_out", CHUNK, "S", "bfloat16")
+    assert spills.kernels_of("fused", {}, fused_program="chunk") == ("fused_chunk",)
+    assert spills.kernels_of("fused", {}) == ("fused",)
+
+
+def test_fused_chunk_launch_on_tensors():
+    """The host side on CPU tensors (nothing launched): one program per flag of the sync array (zeroed, int32),
+    every tensor at its parameter, the states in state_dtype; a partial last chunk counts as a chunk."""
+    import inspect
+
+    from impls.cutile import fused_chunk, tune
+
+    x, C, B = torch.randn(2, 200, 4, 64), torch.randn(2, 200, 2, 48), torch.randn(2, 200, 2, 48)
+    dt, dA = torch.rand(2, 4, 4, 64), -torch.rand(2, 4, 4, 64)
+    config = tune.FALLBACK[9]["fused"]
+    y, states, final, sync = fused_chunk.outputs(x, B, dt, torch.float32, config)
+    assert states.shape == (2, 4, 4, 64, 48) and states.dtype == torch.float32 and final.shape == (2, 4, 64, 48)
+    assert sync.dtype == torch.int32 and not sync.any()
+    call = fused_chunk.stage_call(C, B, x, dt, dA, None, None, None, y, states, final, sync, CHUNK, config)
+    assert call.grid == (sync.numel() - 1,) == (2 * 4 * 4 * 64 // config["block_headdim"],)
+    params = dict(zip(inspect.signature(fused_chunk.fused_chunk_kernel).parameters, call.args))
+    assert all(params[name] is t for name, t in
+               (("x", x), ("y", y), ("states", states), ("final", final), ("sync", sync), ("dA", dA)))
+    assert params["BP"] == config["block_headdim"] and params["HAS_INIT"] is False and params["D_MODE"] == 0

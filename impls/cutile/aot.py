@@ -31,6 +31,8 @@ STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
 KERNELS = (*STAGES, "compute_out_cb", "fused")
 # stage 2 with state_pass='chunk_parallel': the local states, then the pass across chunks (not in the SASS fixture)
 STATE_PASS_KERNELS = ("fwd_pass_state_local", "fwd_pass_state_pass")
+# the fused kernel with fused_program='chunk' (impls/cutile/fused_chunk.py; not in the SASS fixture)
+FUSED_PROGRAM_KERNELS = ("fused_chunk",)
 # A small problem with every optional piece present: the shape does not enter the code (all sizes are runtime
 # values), only the tile sizes derived from it do.
 AOT_DIMS = dict(batch=2, seqlen=512, nheads=8, headdim=64, ngroups=2, dstate=128, chunk=128)
@@ -134,7 +136,13 @@ def build_call(stage: str, dtype: torch.dtype, switches, dims: dict | None = Non
         arrays = (spec(dtype, 4), spec(dtype, 4), spec(dtype, 4), spec(f32, 4), spec(f32, 4), spec(f32, 4),
                   d_spec, spec(dtype, 4), spec(dtype, 4), spec(f32, 4))
         return mod.make_call(arrays, dims6, d["chunk"], optional, d_mode, optional, tf32, switches, config)
-    raise ValueError(f"stage: expected one of {KERNELS + STATE_PASS_KERNELS}, got {stage!r}")
+    if stage == "fused_chunk":
+        from impls.cutile import fused_chunk as mod
+
+        arrays = (spec(dtype, 4), spec(dtype, 4), spec(dtype, 4), spec(f32, 4), spec(f32, 4), spec(f32, 4),
+                  d_spec, spec(dtype, 4), spec(dtype, 4), spec(dtype, 5), spec(f32, 4), spec(i32, 1))
+        return mod.make_call(arrays, dims6, d["chunk"], optional, d_mode, optional, tf32, switches, config)
+    raise ValueError(f"stage: expected one of {KERNELS + STATE_PASS_KERNELS + FUSED_PROGRAM_KERNELS}, got {stage!r}")
 
 
 # --- SASS ------------------------------------------------------------------------------------------------------
@@ -378,7 +386,7 @@ def main(argv=None) -> int:  # pragma: no cover - a convenience for looking at o
     from impls.cutile.switches import CutileSwitches
 
     p = argparse.ArgumentParser(description="AOT-compile one cuTile stage and print its SASS facts")
-    p.add_argument("stage", choices=KERNELS + STATE_PASS_KERNELS)
+    p.add_argument("stage", choices=KERNELS + STATE_PASS_KERNELS + FUSED_PROGRAM_KERNELS)
     p.add_argument("--config", default="{}", help="JSON tile config, e.g. '{\"shared_cb\": true}'")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--arch", default="sm_90")

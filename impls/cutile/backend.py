@@ -153,8 +153,11 @@ class CutileBackend(Backend):
         return mod.run(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, self.switches, cfg)
 
     # --- the fused arrangement (switch fuse_state_out): chunk_cumsum, then stages 2 and 3 in one kernel ----------
-    def fused_state_out(self, C, B, x, dt, dA_cumsum, initial_states, D, z):
-        """-> (y, final states): impls/cutile/fused.py on stage 1's outputs."""
+    def fused_state_out(self, C, B, x, dt, dA_cumsum, initial_states, D, z, state_dtype=None):
+        """-> (y, per-chunk states or None, final states) on stage 1's outputs: impls/cutile/fused.py (switch
+        fused_program 'serial': no states), or impls/cutile/fused_chunk.py ('chunk': states in state_dtype)."""
+        if self.switches.fused_program == "chunk":
+            return self._fused_chunk(C, B, x, dt, dA_cumsum, initial_states, D, z, state_dtype)
         mod = _stage("fused")
         label = _label(x, B, dt.shape[-1])
 
@@ -166,7 +169,21 @@ class CutileBackend(Backend):
         def run(cfg):
             return mod.run(C, B, x, dt, dA_cumsum, initial_states, D, z, self.switches, cfg)
 
-        return run(self._config("fused", label, x.dtype, x.device, make, output=run))
+        y, final = run(self._config("fused", label, x.dtype, x.device, make, output=run))
+        return y, None, final
+
+    def _fused_chunk(self, C, B, x, dt, dA_cumsum, initial_states, D, z, state_dtype):
+        mod = _stage("fused_chunk")
+
+        def make(cfg):  # its sync array is left zero by every launch: the timer may repeat the call
+            y, states, final, sync = mod.outputs(x, B, dt, state_dtype, cfg)
+            return mod.stage_call(C, B, x, dt, dA_cumsum, initial_states, D, z, y, states, final, sync,
+                                  self.switches, cfg)
+
+        def run(cfg):
+            return mod.run(C, B, x, dt, dA_cumsum, initial_states, D, z, state_dtype, self.switches, cfg)
+
+        return run(self._config("fused", _label(x, B, dt.shape[-1]), x.dtype, x.device, make, output=run))
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                     dt_softplus, dt_limit, state_dtype):
@@ -177,9 +194,10 @@ class CutileBackend(Backend):
         if seq_idx is not None or cu_seqlens is not None:
             raise ValueError(f"seq_idx / cu_seqlens: {FUSED_NO_SEQ}")
         dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
-        y, final = self.fused_state_out(C, B, x, dt_out, dA_cumsum, initial_states, D, z)
-        # the per-chunk states exist only in registers: none to return (state_dtype has nothing to apply to)
-        return ForwardResult(y, final, None, dt_out, dA_cumsum, None)
+        # fused_program 'serial' keeps the per-chunk states in registers: none to return (state_dtype has nothing
+        # to apply to); 'chunk' writes them in state_dtype
+        y, states, final = self.fused_state_out(C, B, x, dt_out, dA_cumsum, initial_states, D, z, state_dtype)
+        return ForwardResult(y, final, None, dt_out, dA_cumsum, states)
 
     def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                       dt_softplus, dt_limit, state_dtype):
@@ -187,7 +205,8 @@ class CutileBackend(Backend):
         if not self.switches.fuse_state_out:
             return {}
         dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
-        return {"fused_state_out": lambda: self.fused_state_out(C, B, x, dt_out, dA_cumsum, initial_states, D, z)}
+        return {"fused_state_out": lambda: self.fused_state_out(C, B, x, dt_out, dA_cumsum, initial_states, D, z,
+                                                                state_dtype)}
 
     def _tf32(self, x) -> bool:
         return x.dtype == torch.float32 and self.switches.cb_precision == "tf32"

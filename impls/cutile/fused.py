@@ -59,16 +59,22 @@ def _rows_out(C, B, x, dt, dA, y, D, z, s_op, b, c, h, g, pb, i, k):
     ct.store(y, (b, row_block, h, pb), out.astype(y.dtype).reshape((1, BL, 1, BP)), allow_tma=tma)
 
 
+def consts(CHUNK, BL, BP, BN, HAS_INIT, D_MODE, HAS_Z, TF32, EXP2, TMA, LAT):
+    """(stage 3's `OutConsts`, stage 2's `StateConsts`) of a fused kernel (this one, and fused_chunk's)."""
+    # stage 3's part: one lane of one head, no seq_idx, C·Bᵀ in the tile (TRANS, the stored states' layout, unused)
+    k = OutConsts(CHUNK=CHUNK, BL=BL, BP=BP, BN=BN, NL=1, HL=1, HAS_SEQ=False, SWAP=False, TRANS=False, TF32=TF32,
+                  EXP2=EXP2, TMA=TMA, LAT=LAT, SHARED_CB=False, D_MODE=D_MODE, HAS_Z=HAS_Z)
+    # stage 2's part: the state as (dstate × headdim), no seq_idx; states stored (headdim, dstate) (fused_chunk)
+    ks = StateConsts(CHUNK=CHUNK, BP=BP, BN=BN, HAS_INIT=HAS_INIT, HAS_SEQ=False, SWAP=True, TRANS=False, TF32=TF32,
+                     EXP2=EXP2, TMA=TMA, LAT=LAT)
+    return k, ks
+
+
 def fused_kernel(C, B, x, dt, dA, init, D, z, y, final, seqlen, heads_per_group,
                  CHUNK: ct.Constant[int], BL: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                  HAS_INIT: ct.Constant[bool], D_MODE: ct.Constant[int], HAS_Z: ct.Constant[bool],
                  TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int]):
-    # stage 3's part: one lane of one head, no seq_idx, C·Bᵀ in the tile (TRANS, the stored states' layout, unused)
-    k = OutConsts(CHUNK=CHUNK, BL=BL, BP=BP, BN=BN, NL=1, HL=1, HAS_SEQ=False, SWAP=False, TRANS=False, TF32=TF32,
-                  EXP2=EXP2, TMA=TMA, LAT=LAT, SHARED_CB=False, D_MODE=D_MODE, HAS_Z=HAS_Z)
-    # stage 2's part: the state as (dstate × headdim), no seq_idx (TRANS unused: no state is stored)
-    ks = StateConsts(CHUNK=CHUNK, BP=BP, BN=BN, HAS_INIT=HAS_INIT, HAS_SEQ=False, SWAP=True, TRANS=False, TF32=TF32,
-                     EXP2=EXP2, TMA=TMA, LAT=LAT)
+    k, ks = consts(CHUNK, BL, BP, BN, HAS_INIT, D_MODE, HAS_Z, TF32, EXP2, TMA, LAT)
     bh, pb = ct.bid(0), ct.bid(1)
     nheads = x.shape[2]
     nchunks = dA.shape[2]
@@ -95,7 +101,9 @@ def make_call(arrays, dims, chunk_size, has_init, d_mode, has_z, tf32, sw, confi
     return kernel_call(fused_kernel, grid, args, config.get("occupancy", 0), sw.opt_level)
 
 
-def stage_call(C, B, x, dt, dA_cumsum, initial_states, D, z, y, final, sw, config) -> KernelCall:
+def stage_inputs(C, B, x, dt, dA_cumsum, initial_states, D, z, sw) -> tuple:
+    """What a fused kernel's `make_call` takes before its outputs, on these tensors: (input arrays with stand-ins
+    for the absent optional ones, dims, chunk_size, has_init, d_mode, has_z, tf32)."""
     from impls.cutile.common import dummy
 
     batch, seqlen, nheads, headdim = x.shape
@@ -103,10 +111,14 @@ def stage_call(C, B, x, dt, dA_cumsum, initial_states, D, z, y, final, sw, confi
     d_mode = 0 if D is None else (1 if D.dim() == 1 else 2)
     tf32 = x.dtype == torch.float32 and sw.cb_precision == "tf32"
     arrays = (C, B, x, dt, dA_cumsum, initial_states if initial_states is not None else dummy(x.device, ndim=4),
-              D if D is not None else dummy(x.device), z if z is not None else dummy(x.device, x.dtype, ndim=4),
-              y, final)
-    return make_call(arrays, (batch, seqlen, nheads, headdim, ngroups, dstate), dt.shape[3],
-                     initial_states is not None, d_mode, z is not None, tf32, sw, config)
+              D if D is not None else dummy(x.device), z if z is not None else dummy(x.device, x.dtype, ndim=4))
+    return (arrays, (batch, seqlen, nheads, headdim, ngroups, dstate), dt.shape[3], initial_states is not None,
+            d_mode, z is not None, tf32)
+
+
+def stage_call(C, B, x, dt, dA_cumsum, initial_states, D, z, y, final, sw, config) -> KernelCall:
+    arrays, *rest = stage_inputs(C, B, x, dt, dA_cumsum, initial_states, D, z, sw)
+    return make_call((*arrays, y, final), *rest, sw, config)
 
 
 def run(C, B, x, dt, dA_cumsum, initial_states, D, z, sw, config):

@@ -71,13 +71,15 @@ def resolved_config(stage: str, shape_name: str, dtype: str = "bfloat16", switch
     return dict(tuned_config(stage, shape_name, dtype), **tune.pins(stage, sw))
 
 
-def kernels_of(stage: str, config: dict, state_pass: str = "serial") -> tuple[str, ...]:
-    """The kernels one stage launches under `config` and stage 2's arrangement `state_pass` (aot.KERNELS and
-    aot.STATE_PASS_KERNELS names)."""
+def kernels_of(stage: str, config: dict, state_pass: str = "serial", fused_program: str = "serial") -> tuple[str, ...]:
+    """The kernels one stage launches under `config`, stage 2's arrangement `state_pass` and the fused kernel's
+    `fused_program` (aot.KERNELS, aot.STATE_PASS_KERNELS and aot.FUSED_PROGRAM_KERNELS names)."""
     if stage == "compute_out" and config.get("shared_cb"):
         return ("compute_out", "compute_out_cb")
     if stage == "fwd_pass_state" and state_pass == "chunk_parallel":
         return aot.STATE_PASS_KERNELS
+    if stage == "fused" and fused_program == "chunk":
+        return aot.FUSED_PROGRAM_KERNELS
     return (stage,)
 
 
@@ -118,8 +120,10 @@ def report(shapes=HEADLINE_SHAPES, stages=STAGES, dtype: str = "bfloat16", arch:
            overrides: dict | None = None, switches=None):
     """Every kernel of `stages` at `shapes` with its committed record (its config updated by `overrides`) and
     `switches`: KernelSpills, or the reason there is none. With state_pass='chunk_parallel' stage 2's two kernels
-    are compiled at the tiles of the default arrangement's record."""
+    are compiled at the tiles of the default arrangement's record, and with fused_program='chunk' the fused kernel
+    at those of the serial one's."""
     state_pass = getattr(switches, "state_pass", "serial")
+    fused_program = getattr(switches, "fused_program", "serial")
     rows = []
     for shape_name in shapes:
         for stage in stages:
@@ -129,7 +133,7 @@ def report(shapes=HEADLINE_SHAPES, stages=STAGES, dtype: str = "bfloat16", arch:
                 rows.append((shape_name, stage, str(exc)))
                 continue
             rows += [kernel_spills(stage, shape_name, config, kernel, dtype, arch, switches)
-                     for kernel in kernels_of(stage, config, state_pass)]
+                     for kernel in kernels_of(stage, config, state_pass, fused_program)]
     return rows
 
 

@@ -15,6 +15,7 @@ from impls.cutile.common import DEFAULT_OPT_LEVEL
 from impls.registry import switch
 
 STATE_PASS = ("serial", "chunk_parallel")  # stage 2's arrangements (switch state_pass), the default first
+FUSED_PROGRAMS = ("serial", "chunk")  # the fused kernel's program arrangements (switch fused_program), default first
 OPT_LEVELS = (3, 2, 1, 0)  # what `ct.kernel(opt_level=)` accepts in cuda-tile 1.7 (0..3), its default first
 NUM_CTAS_GPU_REFUSAL = (
     "switch num_ctas of backend 'cutile': refused on a GPU: with cuda-tile 1.7.0 the compute_out kernels built for "
@@ -155,11 +156,27 @@ class CutileSwitches:
     fuse_state_out: bool = switch(
         False, "the whole forward as two kernels: chunk_cumsum, then one kernel that walks the chunks in order with "
                "the state in registers and writes y and the final state only (impls/cutile/fused.py; the per-chunk "
-               "states are not stored, so the forward returns none). The stage calls keep the three-stage contract. "
-               "No seq_idx / cu_seqlens",
+               "states are not stored, so the forward returns none; fused_program='chunk' arranges the kernel's "
+               "programs otherwise). The stage calls keep the three-stage contract. No seq_idx / cu_seqlens",
         sm90="removes the states' write (stage 2) and read-back (stage 3) and one launch; the work of stages 2 and "
              "3 runs in batch x nheads x headdim-block programs, each serial over the chunks",
         sm100="as on sm_90")
+    fused_program: str = switch(
+        "serial", "the programs of the fused kernel (fuse_state_out): 'serial' = one per (batch, head, headdim block), "
+                  "walking the chunks in order with the state in registers (impls/cutile/fused.py); 'chunk' = one per "
+                  "(batch, chunk, head, headdim block), each computing its chunk's local state, taking the state "
+                  "entering its chunk from the previous chunk's program (a flag in global memory, release/acquire, "
+                  "the work named by a ticket so that every wait points at a running program), handing the next one "
+                  "on, then walking its chunk's row blocks (impls/cutile/fused_chunk.py; the arrangement of the "
+                  "PyTorch blog's fused SSD kernel). 'chunk' also writes the per-chunk states (state_dtype), which "
+                  "the forward then returns. Needs fuse_state_out=True",
+        choices=FUSED_PROGRAMS,
+        sm90="'chunk': nchunks times the programs (10240 at S1 with 64-column blocks, against 640), each one chunk "
+             "long; the hand-off is ATOMG.E.ADD.STRONG.GPU + CCTL.IVALL spun on by one thread (acquire) and a CTA "
+             "barrier, MEMBAR.ALL.GPU + ATOMG.E.EXCH.STRONG.GPU (release), the state through plain LDG/STG "
+             "(docs/cutile-switches.md, fused_program)",
+        sm100="the same arrangement; the sm_100 lowering of the atomics has not been examined",
+        needs={"fuse_state_out": True})
     state_pass: str = switch(
         "serial", "stage 2's arrangement: 'serial' = one kernel whose programs own (batch, head, headdim block, "
                   "dstate block) and walk the chunks in order, each chunk's local state kept in registers; "
@@ -210,6 +227,10 @@ class CutileSwitches:
         choices=tuning.MODES)
 
     def __post_init__(self):
+        if self.fused_program != FUSED_PROGRAMS[0] and not self.fuse_state_out:
+            raise ValueError(f"switch fused_program={self.fused_program!r} of backend 'cutile': it arranges the "
+                             "programs of the fused kernel, which runs only with fuse_state_out=True (set it, or "
+                             f"leave fused_program at {FUSED_PROGRAMS[0]!r})")
         if self.fuse_state_out:
             set_away = {name: getattr(self, name) for name in NOT_READ_BY_FUSED
                         if getattr(self, name) != _DEFAULTS[name]}
@@ -223,7 +244,7 @@ class CutileSwitches:
 # With fuse_state_out the forward runs chunk_cumsum then the fused kernel (impls/cutile/fused.py). Of the code
 # switches they read only FUSED_READS, of the sizes FUSED_SIZES (and tuning); the rest are refused away from their
 # defaults and describe() marks them n/a.
-FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")
+FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level", "fused_program")
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
                      "heads_per_tile", "heads_first", "skip_first", "two_warpgroups", "head_loop",
@@ -264,6 +285,8 @@ CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "e
 # tests/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
 # default reads the config); its ablation points are cb_mode:inline and cb_mode:shared. state_pass picks stage 2's
 # kernels (fwd_pass_state, or fwd_pass_state_local + fwd_pass_state_pass: aot.STATE_PASS_KERNELS), as cb_mode does
+# fused_program picks the fused kernel (fused_kernel or fused_chunk_kernel: aot.FUSED_PROGRAM_KERNELS) as state_pass
+# does stage 2's.
 # pdl and opt_level change the code of the kernels they reach but stay out of CODE_SWITCHES (the switch-effects
 # table and the factorials): tests/test_cutile_aot.py shows the PDL instructions in the SASS with pdl on and none
 # with it off, and compiles every opt_level.

@@ -102,6 +102,7 @@ CODE_TRICKS = ("tma", "exp2", "latency_hints")
 LAUNCH_OPTIONS = {name: getattr(CutileSwitches(), name) for name in ("pdl", "opt_level")}
 DEFAULT_HEAD_MMA = CutileSwitches().head_mma  # other lowerings search and store under keys of their own
 DEFAULT_STATE_PASS = CutileSwitches().state_pass  # stage 2's other arrangement searches under a key of its own
+DEFAULT_FUSED_PROGRAM = CutileSwitches().fused_program  # the fused kernel's other arrangement likewise
 
 
 def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool = True) -> str:
@@ -111,7 +112,8 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     two_warpgroups on or its head_loop or num_ctas set, fwd_pass_state's state_two_warpgroups on (borrowing like those;
     two_warpgroups with its occupancy pinned, `pins`; head_loop with the record's heads_per_tile as the heads of one
     step; state_two_warpgroups with the record's occupancy), decay_factor on,
-    stage 2's chunk-parallel arrangement (state_pass), a lowering of several heads per tile other than the default,
+    stage 2's chunk-parallel arrangement (state_pass), the fused kernel's one program per chunk (fused_program),
+    a lowering of several heads per tile other than the default,
     and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search with
     block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False: the
     key without the tricks turned off, pdl, opt_level (and without heads_first, skip_first, two_warpgroups,
@@ -123,6 +125,8 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
         extra.update({k: getattr(sw, k) for k, default in LAUNCH_OPTIONS.items() if getattr(sw, k) != default})
     if stage == "fwd_pass_state" and sw.state_pass != DEFAULT_STATE_PASS:
         extra["state_pass"] = sw.state_pass
+    if stage == "fused" and sw.fused_program != DEFAULT_FUSED_PROGRAM:
+        extra["fused_program"] = sw.fused_program
     if stage == "compute_out" and sw.decay_factor:
         extra["decay_factor"] = True
     if code_tricks and stage == "compute_out":  # arrangements that borrow the tiles of the key without them
