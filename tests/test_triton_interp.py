@@ -373,6 +373,8 @@ FUSED_CASES = [
                  id="chunk-cu_seqlens-3-seqs"),
     pytest.param({"fused_program": "chunk", "tma": True, "tma_descriptors": "host", "decay_factor": True},
                  Problem(Shape(1, 100, 2, 32, 1, 32, 64), nseqs=2), id="chunk-tma-host-decay_factor"),
+    pytest.param({"fused_program": "chunk"}, Problem(dataclasses.replace(SMALL, seqlen=20), state_dtype="float32"),
+                 id="chunk-one-short-chunk-fp32-states"),
     pytest.param({"fused_program": "chunk", "cb_mode": "shared"}, RICH, id="chunk-shared-cb-rich"),
     pytest.param({"fused_program": "chunk", "cb_mode": "shared", "tma": True, "tma_descriptors": "host",
                   "operand_swap": False}, Problem(Shape(2, 150, 4, 32, 2, 32, 64), has_initial_states=True),
