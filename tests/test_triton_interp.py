@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 import os
 import subprocess
@@ -691,6 +692,20 @@ def test_kernels_compile_for_sm90():
     assert result.stdout.count("bulk_tensor_copies=yes descriptors_in_kernel=no") == 8, result.stdout
     assert result.stdout.count("warp_specialized=yes") == 3, result.stdout
     assert all(("WS=True" in line) == ("warp_specialized=yes" in line) for line in result.stdout.splitlines())
+
+
+def test_fused_handoff_in_the_sm90_ptx():
+    """The fused kernel's hand-off as compiled for sm_90 (bf16, defaults, seq_idx): the ticket is the first atomic;
+    two release exchanges publish (chunk 0's S_0, then S_{c+1}); the waits are acquire loads of the flag (the
+    carrier's, and with 'row_tile' also the row tiles' own); the published state is read back with .cg loads (L2,
+    not a stale L1 line)."""
+    result = _aot("--arch", "90", "--dtype", "bfloat16", "--handoff")
+    assert result.returncode == 0, result.stdout + result.stderr
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    for program, acquires in (("row_tile", 2), ("chunk", 1)):
+        got = facts[program]
+        assert got["ticket_first"] and got["release_exchanges"] == 2, (program, got)
+        assert got["acquire_loads"] == acquires and got["cg_loads"] > 0, (program, got)
 
 
 def _spills(*switches: str) -> list[list[str]]:
