@@ -113,9 +113,8 @@ class TritonSwitches:
                     "of the PyTorch blog's fused SSD kernel). Needs fuse_state_out=True",
         choices=("row_tile", "chunk"),
         sm90="'chunk': a quarter of the programs (at 64-row tiles and chunk 256), each four times as long, no carrier "
-             "doing more than the others; the row loop keeps its invariants (the entering state's tile among "
-             "them) in registers: at S1 with host descriptors 255 registers and no spill at occupancy 2, spills "
-             "at 3 (docs/perf-notes.md, version 21)",
+             "doing more than the others; at S1 with host descriptors the kernel takes 255 registers, no spill at "
+             "occupancy 2, spills at 3 (docs/perf-notes.md, version 21)",
         sm100="the same program arrangement",
         needs={"fuse_state_out": True})
     state_pass: str = switch(
