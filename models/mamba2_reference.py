@@ -87,9 +87,11 @@ def _rms_norm(v, layer: Mamba2):
 
 def layer_tolerance(layer: Mamba2, dtype: torch.dtype, device) -> float:
     """The tolerance table's entry for the layer's dtype; tf32's where a stage of its SSD backend reports tf32
-    matmuls on `device` (Backend.precision)."""
-    backend = layer.backend
-    tf32 = any(backend.precision(stage, dtype, torch.device(device)) == "tf32" for stage in backend.STAGES)
+    matmuls on `device` (Backend.precision), or where torch may run the layer's own fp32 projections or conv in
+    tf32 there (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32: the latter on by default)."""
+    device, backend = torch.device(device), layer.backend
+    tf32 = any(backend.precision(stage, dtype, device) == "tf32" for stage in backend.STAGES)
+    tf32 |= device.type == "cuda" and (torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32)
     return tolerance(dtype, tf32)
 
 
