@@ -172,14 +172,17 @@ def causal_conv_silu(xBC: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 def _masked_taps(padded, weight, bias, seq_idx):
     """The conv as a sum over its taps, tap k (reading position t − width + 1 + k) masked where that position's
-    sequence differs from t's."""
+    sequence differs from t's; summed in fp32 (float64 for float64 inputs), returned in the input's dtype."""
     width, seqlen = weight.shape[-1], seq_idx.shape[1]
+    dtype = torch.float64 if padded.dtype == torch.float64 else torch.float32
     seq = F.pad(seq_idx, (width - 1, 0), value=0)  # the context is sequence 0
-    out = torch.zeros_like(padded[..., width - 1:]) if bias is None else bias[:, None].expand(padded.shape[1], seqlen)
+    out = padded.new_zeros(padded.shape[0], padded.shape[1], seqlen, dtype=dtype)
+    if bias is not None:
+        out = out + bias.to(dtype)[:, None]
     for k in range(width):
-        same = (seq[:, k:k + seqlen] == seq_idx).to(padded.dtype)[:, None, :]  # (batch, 1, seqlen)
-        out = out + weight[:, :, k] * padded[..., k:k + seqlen] * same
-    return out
+        same = (seq[:, k:k + seqlen] == seq_idx)[:, None, :]  # (batch, 1, seqlen)
+        out = out + torch.where(same, weight[:, :, k].to(dtype) * padded[..., k:k + seqlen].to(dtype), 0.0)
+    return out.to(padded.dtype)
 
 
 def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int,
