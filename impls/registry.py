@@ -89,6 +89,9 @@ class Backend:
     # where they assume it whatever the switches; "" where they do not. check_values and the harness's gate refuse
     # inputs that break it, naming the argument (impls/api.py `non_increasing_decay`).
     NON_INCREASING_DECAY: ClassVar[str] = ""
+    # Whether autograd can differentiate through the forward (plain torch ops): the model-level modules
+    # (models/) refuse to run with gradients required on a backend without it, since no kernel has a backward.
+    DIFFERENTIABLE: ClassVar[bool] = False
 
     def __init__(self, switches=None, **overrides):
         self.switches = make_switches(self.name, self.Switches, self.CANNOT_EXPRESS, switches, overrides)

@@ -13,6 +13,8 @@ class ReferenceBackend(Backend):
     """PyTorch, any device and dtype; float64 inputs compute in float64 (the ground truth)."""
 
     name = "reference"
+    # plain torch ops throughout; tests/test_mamba2_layer.py checks the gradients against the sequential definition
+    DIFFERENTIABLE = True
 
     def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
         return chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
