@@ -379,6 +379,15 @@ FUSED_CASES = [
                  id="chunk-shared-cb-tma-host-no-swap"),
     pytest.param({"tma": True, "tma_descriptors": "host"}, Problem(Shape(1, 100, 2, 32, 1, 32, 64), has_z=True),
                  id="tma-host"),
+    # one chunk shorter than a row tile (no hand-off between programs); headdim not a multiple of the headdim tile
+    # with dstate under 16 and not a power of two (masked state tiles in the hand-off slot and the states)
+    pytest.param({"fused_program": "chunk"}, Problem(dataclasses.replace(SMALL, seqlen=20), state_dtype="float32"),
+                 id="chunk-one-chunk-fp32-states"),
+    pytest.param({"fused_program": "chunk", "block_headdim": 16},
+                 Problem(Shape(1, 100, 2, 24, 1, 12, 32), has_initial_states=True, has_z=True),
+                 id="chunk-headdim24-dstate12"),
+    pytest.param({"block_headdim": 16}, Problem(Shape(1, 100, 2, 24, 1, 12, 32), has_initial_states=True, has_z=True),
+                 id="headdim24-dstate12"),
 ]
 
 
