@@ -114,7 +114,8 @@ def _chunk_sass(dtype=torch.bfloat16, wide=False, **switches) -> str:
 def _handoff(text: str) -> dict:
     """The hand-off instructions of a listing: acquires (an atomic add of RZ followed by an L1 invalidation), those
     inside a backward branch's range (the spin), releases (a device-scope membar right before an atomic exchange,
-    a CTA barrier between the program's last store before it and it)."""
+    a CTA barrier between the program's last store before it and it), generic global loads (LDG) before the first
+    acquire."""
     from impls.cutile.aot import sass_instructions
 
     code = sass_instructions(text)
@@ -132,17 +133,22 @@ def _handoff(text: str) -> dict:
         barrier = bool(stores) and any(code[j].base == "BAR" for j in range(stores[-1], k))
         releases.append((nxt.op, barrier))
     first_atomic = next(i for i in code if i.base == "ATOMG")
-    return {"acquires": len(acquires), "spins": len(spins), "releases": releases, "first_atomic": first_atomic.op}
+    loads_before = sum(ins.base == "LDG" for ins in code[:acquires[0]]) if acquires else None
+    return {"acquires": len(acquires), "spins": len(spins), "releases": releases, "first_atomic": first_atomic.op,
+            "loads_before_acquire": loads_before}
 
 
 @pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
 def test_fused_chunk_hands_off_with_acquire_spin_and_release():
     """sm_90 SASS of the chunk kernel at the fallback tiles: the ticket is its first atomic (an add), the wait spins
     on an atomic add with acquire semantics (L1 invalidated after it), the publication is an exchange after a CTA
-    barrier and a device-scope membar; warpgroup MMAs; no local memory."""
+    barrier and a device-scope membar; no generic global load comes before the acquire (with TMA the chunk's x, B,
+    dt and dA come by bulk copies, so the slot's loads, which must follow the wait, are the first LDGs: one hoisted
+    above the spin would read a state not yet published); warpgroup MMAs; no local memory."""
     text = _chunk_sass()
     h = _handoff(text)
     assert h["first_atomic"] == "ATOMG.E.ADD.STRONG.GPU", h
+    assert h["loads_before_acquire"] == 0, h
     assert h["spins"] >= 1 and h["acquires"] >= h["spins"], h
     assert h["releases"] == [("ATOMG.E.EXCH.STRONG.GPU", True)], h  # one publication, behind a barrier
     f = facts(text)

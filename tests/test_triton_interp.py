@@ -382,6 +382,15 @@ FUSED_CASES = [
                  id="chunk-shared-cb-tma-host-no-swap"),
     pytest.param({"tma": True, "tma_descriptors": "host"}, Problem(Shape(1, 100, 2, 32, 1, 32, 64), has_z=True),
                  id="tma-host"),
+    # one chunk shorter than a row tile (no hand-off between programs); headdim not a multiple of the headdim tile
+    # with dstate under 16 and not a power of two (masked state tiles in the hand-off slot and the states)
+    pytest.param({"fused_program": "chunk"}, Problem(dataclasses.replace(SMALL, seqlen=20), state_dtype="float32"),
+                 id="chunk-one-chunk-fp32-states"),
+    pytest.param({"fused_program": "chunk", "block_headdim": 16},
+                 Problem(Shape(1, 100, 2, 24, 1, 12, 32), has_initial_states=True, has_z=True),
+                 id="chunk-headdim24-dstate12"),
+    pytest.param({"block_headdim": 16}, Problem(Shape(1, 100, 2, 24, 1, 12, 32), has_initial_states=True, has_z=True),
+                 id="headdim24-dstate12"),
 ]
 
 
@@ -692,6 +701,46 @@ def test_kernels_compile_for_sm90():
     assert result.stdout.count("bulk_tensor_copies=yes descriptors_in_kernel=no") == 8, result.stdout
     assert result.stdout.count("warp_specialized=yes") == 3, result.stdout
     assert all(("WS=True" in line) == ("warp_specialized=yes" in line) for line in result.stdout.splitlines())
+    # the fused kernel (both programs; pointers, in-kernel and host descriptors): its hand-off in the PTX
+    assert result.stdout.count("handoff=ok") == 8, result.stdout
+
+
+HANDOFF_PTX = """
+\t@%p9 atom.global.gpu.acq_rel.add.u32 %r1, [ %rd1 + 0 ], %r2;
+\tbar.sync 0;
+$L__BB0_6:
+\tbar.sync 0;
+\t@%p9 ld.global.gpu.acquire.b32 %r3, [ %rd2 + 0 ];
+\tbar.sync 0;
+\t@%p4 bra $L__BB0_6;
+\t@%p5 ld.global.cg.b32 { %r4 }, [ %rd3 + 0 ];
+\t@%p6 st.global.b32 [ %rd3 + 0 ], { %r4 };
+\tbar.sync 0;
+\tmov.b32 %r5, 1;
+\t// begin inline asm
+\t@%p9 atom.global.gpu.release.exch.b32 %r6, [ %rd4 + 0 ], %r5;
+"""  # the shape of the fused kernel's sm_90 PTX (Triton 3.6): ticket, spin, slot load, store, release
+
+
+@pytest.mark.parametrize("broken, verdict", [
+    pytest.param(("\tbar.sync 0;\n\tmov.b32 %r5, 1;", "\tmov.b32 %r5, 1;"), "release not after a CTA barrier",
+                 id="release-without-barrier"),
+    pytest.param(("\t@%p9 atom.global.gpu.acq_rel",
+                  "\tld.global.cg.b32 { %r9 }, [ %rd3 ];\n\t@%p9 atom.global.gpu.acq_rel"),
+                 "a .cg load before the first acquire", id="published-data-read-first"),
+    pytest.param(("@%p9 ld.global.gpu.acquire", "ld.global.gpu.acquire"), "not under one predicate",
+                 id="acquire-by-every-thread"),
+    pytest.param(("\t@%p4 bra $L__BB0_6;\n", ""), "acquire load outside a loop", id="no-spin"),
+    pytest.param(("\tbar.sync 0;\n$L__BB0_6:", "\tld.global.nc.b32 %r7, [ %rd5 ];\n$L__BB0_6:"),
+                 "non-coherent load", id="nc-load"),
+])
+def test_handoff_check_flags_a_broken_handoff(broken, verdict):
+    """aot.handoff (the compile test's check of the fused kernel's PTX) passes the hand-off's shape and names each
+    way of breaking it."""
+    from impls.triton.aot import handoff
+
+    assert handoff(HANDOFF_PTX) == "ok"
+    assert verdict in handoff(HANDOFF_PTX.replace(*broken))
 
 
 def test_fused_handoff_in_the_sm90_ptx():

@@ -10,8 +10,10 @@ call this module in a subprocess:
 It prints one line per kernel variant: name, switches, shared-memory bytes, whether the PTX has bulk tensor copies
 (cp.async.bulk.tensor: TMA; a variant built with TMA must have them, one without must not), whether it builds
 descriptors in the kernel (tensormap.cp_fenceproxy: with TMA, the in-kernel descriptors must, the host-built ones
-of tma_descriptors='host' must not) and whether it is warp-specialised (setmaxnreg: the variants of switch
-warp_specialize must be, every other must not); exit status 1 if any failed.
+of tma_descriptors='host' must not), whether it is warp-specialised (setmaxnreg: the variants of switch
+warp_specialize must be, every other must not) and, for the fused kernel, whether its PTX hands the state on as
+impls/triton/fused.py says (`handoff`: one thread's ticket, acquire spin and release after a CTA barrier, the
+published data read after the acquire); exit status 1 if any failed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import sys
 
 import triton
@@ -29,13 +32,54 @@ POINTER = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 
 
 def _compile(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int,
-             num_stages: int) -> tuple[int, bool, bool, bool]:
+             num_stages: int) -> tuple[int, bool, bool, bool, str | None]:
     """The variant's shared-memory bytes, whether its PTX has bulk tensor copies, whether it makes a tensor
-    descriptor in the kernel (tensormap.cp_fenceproxy) and whether it is warp-specialised (setmaxnreg)."""
+    descriptor in the kernel (tensormap.cp_fenceproxy), whether it is warp-specialised (setmaxnreg) and, for the
+    fused kernel (a sync array), `handoff`'s verdict on its PTX (None for the others)."""
     compiled = compile_variant(kernel, pointers, constexprs, arch, num_warps, num_stages)
     ptx = compiled.asm["ptx"]
     return (compiled.metadata.shared, "cp.async.bulk.tensor" in ptx, "tensormap.cp_fenceproxy" in ptx,
-            "setmaxnreg" in ptx)
+            "setmaxnreg" in ptx, handoff(ptx) if "sync_ptr" in pointers else None)
+
+
+_PRED = re.compile(r"^@(%p\d+)\s")
+_LABEL = re.compile(r"^(\$L__BB\w+):")
+_BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__BB\w+);")
+_FILLER = ("//", ".loc", "mov.", "$L__tmp", "{", "}")  # what may sit between a barrier and the release
+
+
+def handoff(ptx: str) -> str:
+    """'ok' when the fused kernel's PTX has the hand-off impls/triton/fused.py describes, else the first thing that is
+    not: the ticket is the kernel's first atomic (an add); every atomic and every acquire load is issued under one
+    predicate (Triton's scalar atomics: one thread, the value broadcast through shared memory); each acquire load
+    of a flag sits inside a loop (the spin); each release exchange comes right after a CTA barrier (every
+    thread's stores issued); every load of published data (`.cg`: the hand-off slot and the states) comes after
+    the first acquire; no non-coherent (`.nc`) load, whose cache would not see another program's stores."""
+    lines = [line.strip() for line in ptx.splitlines()]
+    atomics = [k for k, line in enumerate(lines) if " atom." in f" {line}"]
+    acquires = [k for k, line in enumerate(lines) if "ld.global.gpu.acquire" in line]
+    releases = [k for k, line in enumerate(lines) if "atom.global.gpu.release" in line]
+    if not atomics or not acquires or not releases:
+        return f"missing: {len(atomics)} atomics, {len(acquires)} acquire loads, {len(releases)} releases"
+    if "atom.global.gpu.acq_rel.add" not in lines[atomics[0]]:
+        return f"first atomic is not the ticket's add: {lines[atomics[0]]}"
+    preds = {m.group(1) if (m := _PRED.match(lines[k])) else None for k in atomics + acquires}
+    if len(preds) != 1 or None in preds:
+        return f"atomics not under one predicate: {sorted(map(str, preds))}"
+    labels = {m.group(1): k for k, line in enumerate(lines) if (m := _LABEL.match(line))}
+    loops = [(labels[m.group(1)], k) for k, line in enumerate(lines)
+             if (m := _BRANCH.search(line)) and labels.get(m.group(1), k) < k]
+    if not all(any(lo < a < hi for lo, hi in loops) for a in acquires):
+        return "an acquire load outside a loop"
+    for r in releases:
+        before = next(line for line in reversed(lines[:r]) if line and not line.startswith(_FILLER))
+        if not before.startswith("bar.sync"):
+            return f"release not after a CTA barrier: {before}"
+    if any("ld.global.cg" in line for line in lines[:acquires[0]]):
+        return "a .cg load before the first acquire"
+    if any("ld.global.nc" in line for line in lines):
+        return "a non-coherent load"
+    return "ok"
 
 
 def compile_variant(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int, num_stages: int):
@@ -230,7 +274,8 @@ def main(argv=None) -> int:
     for name, kernel, pointers, constexprs, warps, stages in every:
         label = f"{name} sm_{args.arch} {args.dtype} " + " ".join(f"{k}={v}" for k, v in constexprs.items())
         try:
-            shared, uses_tma, makes_desc, ws = _compile(kernel, pointers, constexprs, args.arch, warps, stages)
+            shared, uses_tma, makes_desc, ws, hand = _compile(kernel, pointers, constexprs, args.arch, warps,
+                                                              stages)
         except Exception as exc:  # report every failing variant, not only the first
             failed += 1
             print(f"FAIL {label}: {type(exc).__name__}: {str(exc)[:500]}")
@@ -240,10 +285,13 @@ def main(argv=None) -> int:
         # descriptor loads compile to bulk tensor copies; descriptors are made in the kernel unless built on the host
         tma_ok = uses_tma == tma and makes_desc == (tma and not constexprs.get("HOST_DESC", False))
         ws_ok = ws == bool(constexprs.get("WS", False))  # warp-specialised exactly when built with WS
-        failed += not (fits and tma_ok and ws_ok)
-        status = "ok  " if fits and tma_ok and ws_ok else ("SMEM" if not fits else ("TMA?" if not tma_ok else "WS? "))
+        hand_ok = hand in (None, "ok")  # the fused kernel's flags: handoff()
+        failed += not (fits and tma_ok and ws_ok and hand_ok)
+        status = next((s for s, ok in (("SMEM", fits), ("TMA?", tma_ok), ("WS? ", ws_ok), ("SYNC", hand_ok))
+                       if not ok), "ok  ")
         print(f"{status} {label} shared={shared} bulk_tensor_copies={'yes' if uses_tma else 'no'} "
-              f"descriptors_in_kernel={'yes' if makes_desc else 'no'} warp_specialized={'yes' if ws else 'no'}")
+              f"descriptors_in_kernel={'yes' if makes_desc else 'no'} warp_specialized={'yes' if ws else 'no'}"
+              + (f" handoff={hand}" if hand is not None else ""))
     return 1 if failed else 0
 
 

@@ -23,7 +23,9 @@ programs (switch `fused_program`):
 Hand-off: flags[b, h, headdim tile, c] = 1 once S_c is in the states tensor and in the slot. Publishing is a CTA
 barrier (every thread's stores issued) and one atomic exchange with release semantics; waiting is a spin on an
 atomic add of 0 with acquire semantics, then a CTA barrier; the data behind a flag is read with `.cg` loads
-(L2, not a possibly stale L1 line) and never through TMA (the async proxy would need a proxy fence).
+(L2, not a possibly stale L1 line) and never through TMA (the async proxy would need a proxy fence). Triton issues
+the scalar atomics from one thread and broadcasts their value through shared memory; the acquire add of 0 becomes
+an acquire load. `python -m impls.triton.aot` checks this shape in every fused build's sm_90 PTX (`aot.handoff`).
 
 Deadlock freedom. A program does not take its coordinates from its program id but from a *ticket*, an atomic
 increment of a counter it takes as its first instruction; tickets enumerate (chunk, batch, head, row tile, headdim

@@ -201,14 +201,15 @@ def test_search_then_record_on_gpu(tmp_path, monkeypatch, request):
                                                                                     stages.items()}
 
 
-@pytest.mark.parametrize("program", ["row_tile", "chunk"])
-def test_fused_runs_agree_bitwise(program):
+@pytest.mark.parametrize("variant", ["fused", "fused-chunk", "fused-tma-host", "fused-chunk-tma-host-cb-shared"])
+def test_fused_runs_agree_bitwise(variant):
     """The fused kernel's hand-off under real concurrency: 20 runs of a problem with 32 chunks give the same bits
     (the order of every sum is fixed, so a race on a flag or on the hand-off slot would show as a difference or a
-    NaN from the poisoned outputs), and the first matches the float64 reference."""
+    NaN from the poisoned outputs), and the first matches the float64 reference. Both programs, with pointer loads
+    and with TMA through host descriptors (the benchmarked arm's switches; C·Bᵀ from memory with 'chunk')."""
     from impls.tolerance import poisoned_allocations
 
-    backend = _backend(fuse_state_out=True, fused_program=program)
+    backend = _backend(**VARIANTS[variant])
     inputs = make_inputs(Problem(Shape(4, 8192, 16, 64, 1, 128, 256), has_initial_states=True), device="cuda",
                          seed=3, dtype=torch.bfloat16)
     with poisoned_allocations():
