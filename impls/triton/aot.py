@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import re
 import sys
@@ -238,37 +237,15 @@ def warp_specialized_variants(dtype: str):
            c["num_warps"], c["num_stages"])
 
 
-def handoff_facts(dtype: str = "bfloat16", arch: int = 90) -> dict[str, dict]:
-    """The fused kernel's hand-off as compiled (defaults, seq_idx on, pointer loads), per program: where the ticket
-    is (whether the first atomic is the acq_rel add), how many release exchanges publish, how many acquire loads
-    wait (Triton lowers an acquire add of 0 to one), and how many loads go through L2 only (.cg)."""
-    facts = {}
-    for name, kernel, pointers, constexprs, warps, stages in variants(dtype, False):
-        if not name.startswith("fused_state_out") or constexprs["TMA"] or not constexprs["HAS_SEQ"]:
-            continue
-        ptx = compile_variant(kernel, pointers, constexprs, arch, warps, stages).asm["ptx"].splitlines()
-        atomics = [line.strip() for line in ptx if "atom.global" in line]
-        facts["chunk" if constexprs["WHOLE_CHUNK"] else "row_tile"] = {
-            "ticket_first": bool(atomics) and "atom.global.gpu.acq_rel.add" in atomics[0],
-            "release_exchanges": sum("release.exch" in line for line in atomics),
-            "acquire_loads": sum("ld.global.gpu.acquire" in line for line in ptx),
-            "cg_loads": sum("ld.global.cg" in line for line in ptx)}
-    return facts
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(POINTER))
     parser.add_argument("--all-variants", action="store_true")
-    parser.add_argument("--handoff", action="store_true", help="print the fused kernel's hand-off facts (JSON)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("TRITON_INTERPRET is set: unset it to compile for a GPU", file=sys.stderr)
         return 2
-    if args.handoff:
-        print(json.dumps(handoff_facts(args.dtype, args.arch)))
-        return 0
     failed = 0
     every = itertools.chain(variants(args.dtype, args.all_variants), warp_specialized_variants(args.dtype))
     for name, kernel, pointers, constexprs, warps, stages in every:
