@@ -1,4 +1,5 @@
-"""compute-sanitizer (memcheck, racecheck) over one call of every cuTile and Triton stage at two shapes.
+"""compute-sanitizer (memcheck, racecheck) over one call of every cuTile and Triton stage at two shapes, and over
+the forward with each fused arrangement (FUSED).
 
     python -m experiments.sanitize [--tools memcheck racecheck] [--backends cutile triton] [--out DIR]
 
@@ -29,6 +30,9 @@ SHAPES = {  # (batch, seqlen, nheads, headdim, ngroups, dstate, chunk): a ragged
     "d128": (1, 4096, 16, 64, 1, 128, 256),
 }
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
+# the fused arrangements (stages 2 and 3 in one kernel whose programs hand the state on through flags), checked as
+# the whole forward (impls.ssd_forward) with their switches: each backend's default fused program, and 'chunk'
+FUSED = {"fused": {"fuse_state_out": True}, "fused_chunk": {"fuse_state_out": True, "fused_program": "chunk"}}
 # memcheck ends with "ERROR SUMMARY: N errors"; racecheck with "RACECHECK SUMMARY: H hazards displayed (N errors,
 # W warnings)" (seen on the H200, compute-sanitizer of CUDA 13.0)
 SUMMARY = re.compile(r"ERROR SUMMARY:\s+(\d+)\s+error|RACECHECK SUMMARY:\s+\d+\s+hazards? displayed\s+\((\d+)\s+error")
@@ -77,8 +81,16 @@ def run_target(backend_name: str, stage: str, shape_name: str) -> None:
     if backend_name == "oob-control":
         count_oob_control(counter)
         return
-    backend = impls.get_backend(backend_name)
+    backend = impls.get_backend(backend_name, **FUSED.get(stage, {}))
     inputs = make_inputs(Problem(Shape(*SHAPES[shape_name])), device="cuda", seed=0)
+    if stage in FUSED:
+        torch.cuda.synchronize()
+        counter.active = True
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=backend)
+        torch.cuda.synchronize()
+        counter.active = False
+        print(f"LAUNCHES {counter.count}", flush=True)
+        return
     dt, dA = backend.chunk_cumsum(inputs.dt, inputs.A, inputs.chunk_size, inputs.dt_bias, inputs.dt_softplus,
                                   inputs.dt_limit)
     states, _ = backend.fwd_pass_state(inputs.B, inputs.x, dt, dA, None, None, None)
@@ -165,7 +177,8 @@ def main(argv=None) -> int:
         return 0
     jobs = [("memcheck", "oob-control", "write_past_end", "-")] + [
         (tool, backend, stage, shape)
-        for tool, backend, shape, stage in itertools.product(args.tools, args.backends, args.shapes, STAGES)]
+        for tool, backend, shape, stage in itertools.product(args.tools, args.backends, args.shapes,
+                                                             (*STAGES, *FUSED))]
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # each job is its own sanitizer process
         rows = list(pool.map(lambda job: check(*job, args.timeout), jobs))
     for row in rows:
