@@ -17,8 +17,8 @@ programs (switch `fused_program`):
   do the carrier's work on top of their rows); the chunk's x and B tiles, read for the local state, are read again
   by the same program for its rows, from L2. The arrangement of the fused kernel of the PyTorch blog post
   "Accelerating Mamba2 with Kernel Fusion" (analysis/claims.yaml, pytorch_fused_triton_ssd), which also computes
-  chunk_cumsum and C·Bᵀ in the same launch; here chunk_cumsum stays a launch of its own and C·Bᵀ is computed in
-  the program, per head.
+  chunk_cumsum and C·Bᵀ in the same launch; here chunk_cumsum stays a launch of its own, and C·Bᵀ is computed in
+  the program per head or, with cb_mode='shared', once per group by compute_out's C·Bᵀ kernel, one launch before.
 
 Hand-off: flags[b, h, headdim tile, c] = 1 once S_c is in the states tensor and in the slot. Publishing is a CTA
 barrier (every thread's stores issued) and one atomic exchange with release semantics; waiting is a spin on an
