@@ -132,6 +132,19 @@ def test_unknown_backend_and_switch():
         impls.get_backend("reference", fused=True)
 
 
+@pytest.mark.parametrize("switch, value, expected", [
+    pytest.param("decay_factor", "no", "a bool", id="bool-switch-string"),  # "no" would read as on
+    pytest.param("decay_factor", 1, "a bool", id="bool-switch-int"),
+    pytest.param("heads_per_tile", True, r"one of \(0, 1, 2\)", id="int-choice-bool"),  # True == 1
+    pytest.param("num_warps", 4.0, r"one of \(0, 1, 2, 4, 8, 16\)", id="int-choice-float"),
+    pytest.param("cb_precision", "TF32", r"one of \('tf32', 'fp32'\)", id="str-choice-case"),
+])
+def test_switch_of_the_wrong_type_is_refused(switch, value, expected):
+    """A switch value is checked against its type, not only its truthiness or `==`: the row records what ran."""
+    with pytest.raises(ValueError, match=rf"^switch '{switch}' of backend 'triton': expected {expected}, got"):
+        impls.get_backend("triton", **{switch: value})
+
+
 def _no_softplus(**changes):
     kw = inputs(dt_softplus=False, dt_bias=None)
     kw.update(changes)
