@@ -122,8 +122,16 @@ def values(**tensors) -> None:
             if bool((t[:, 1:] < t[:, :-1]).any()) or bool((t[:, 0] < 0).any()):
                 fail("seq_idx", "non-negative values, non-decreasing along seqlen", "a decrease or a negative value")
         if arg == "cu_seqlens":
-            if int(t[0]) != 0 or bool((t[1:] < t[:-1]).any()) or (seqlen is not None and int(t[-1]) != seqlen):
-                fail("cu_seqlens", f"0 = cu_seqlens[0] <= ... <= cu_seqlens[-1] = seqlen ({seqlen})", t.tolist())
+            cu_seqlens_bounds(t.tolist(), seqlen)
+
+
+def cu_seqlens_bounds(bounds: list[int], seqlen: int | None) -> None:
+    """cu_seqlens read on the host: 0 = cu_seqlens[0] <= ... <= cu_seqlens[-1] = seqlen (when given). The value
+    check, and what a backend that reads cu_seqlens on the host anyway checks on every call: offsets past seqlen
+    would index past x and y, offsets short of it leave y's tail unwritten."""
+    if bounds[0] != 0 or any(b < a for a, b in zip(bounds, bounds[1:])) or (seqlen is not None
+                                                                          and bounds[-1] != seqlen):
+        fail("cu_seqlens", f"0 = cu_seqlens[0] <= ... <= cu_seqlens[-1] = seqlen ({seqlen})", bounds)
 
 
 def flat_padded_tail(dt, dA_cumsum, seqlen: int) -> None:
