@@ -100,6 +100,23 @@ def test_bad_cu_seqlens_refused_where_read_on_the_host(backend, cu_seqlens):
         impls.ssd_forward(**kw, backend=backend)
 
 
+@pytest.mark.parametrize("backend", [
+    "mamba_ssm",
+    "vllm",
+    pytest.param("triton", marks=pytest.mark.xfail(
+        strict=True, raises=pytest.fail.Exception,
+        reason="impls/triton/backend.py supports() does not ask impls.mamba_ssm.upstream.interpreter_refuses yet")),
+])
+def test_bf16_is_refused_under_the_interpreter(backend):
+    """The Triton interpreter computes bf16 dots wrongly (outputs off by ~1e10 relative on these inputs): a
+    Triton-based backend refuses bf16 there, saying why, instead of returning them."""
+    from impls.registry import backend_class
+
+    kw = kwargs(Problem(dataclasses.replace(TINY, batch=1, seqlen=40, chunk_size=16)), dtype=torch.bfloat16)
+    with pytest.raises(impls.BackendUnavailable, match=r"bfloat16 under the Triton interpreter .*#11584"):
+        impls.ssd_forward(**kw, backend=backend_class(backend)())  # built directly: vLLM's files need not be here
+
+
 def test_extreme_decay_stays_finite():
     """Large dt·|A| (decay underflows to 0 inside a chunk) must not produce inf·0 = NaN."""
     kw = kwargs(dt_softplus=False, dt_bias=None)
