@@ -69,14 +69,18 @@ def dims(x: torch.Tensor, B: torch.Tensor) -> tuple[int, int, int, int, int, int
     ngroups, dstate = B.shape[2], B.shape[3]
     if seqlen < 1:
         fail("x", "seqlen >= 1 (dimension 1)", seqlen)
-    if min(batch, nheads, headdim, ngroups, dstate) < 1:
-        fail("x/B", "non-empty batch, nheads, headdim, ngroups and dstate", (batch, nheads, headdim, ngroups, dstate))
+    if min(batch, nheads, headdim) < 1:
+        fail("x", "non-empty batch, nheads and headdim (dimensions 0, 2, 3)", tuple(x.shape))
+    if min(ngroups, dstate) < 1:
+        fail("B", "non-empty ngroups and dstate (dimensions 2, 3)", tuple(B.shape))
     if nheads % ngroups:
         fail("B", f"ngroups (dimension 2) dividing nheads={nheads}", ngroups)
     return batch, seqlen, nheads, headdim, ngroups, dstate
 
 
 def dt_limit(value) -> None:
+    if isinstance(value, (str, bytes)):  # "12" would read as (1, 2)
+        fail("dt_limit", "a pair (low, high) of numbers", repr(value))
     try:
         lo, hi = (float(v) for v in value)
     except (TypeError, ValueError):

@@ -40,6 +40,7 @@ BAD_FORWARD = [
     pytest.param("chunk_size", {"chunk_size": 8}, id="chunk-below-16"),
     pytest.param("dt_limit", {"dt_limit": (0.1, 0.01)}, id="dt_limit-unordered"),
     pytest.param("dt_limit", {"dt_limit": (-1.0, 1.0)}, id="dt_limit-negative"),
+    pytest.param("dt_limit", {"dt_limit": "12"}, id="dt_limit-string"),  # was read as (1, 2)
     pytest.param("dt_bias", {"dt_bias": torch.randn(S.nheads + 1)}, id="dt_bias-shape"),
     pytest.param("D", {"D": torch.randn(S.headdim)}, id="D-shape"),
     pytest.param("z", {"z": torch.randn(1, S.seqlen, S.nheads, S.headdim + 1)}, id="z-shape"),
@@ -54,6 +55,12 @@ BAD_FORWARD = [
     pytest.param("x", {"x": torch.randn(1, 0, S.nheads, S.headdim), "dt": torch.randn(1, 0, S.nheads),
                        "B": torch.randn(1, 0, S.ngroups, S.dstate), "C": torch.randn(1, 0, S.ngroups, S.dstate),
                        "z": None}, id="empty-sequence"),
+    # named as the tensor whose dimension is empty (was "x/B")
+    pytest.param("x", {"x": torch.randn(1, S.seqlen, S.nheads, 0), "z": None}, id="headdim-0"),
+    pytest.param("B", {"B": torch.randn(1, S.seqlen, S.ngroups, 0), "C": torch.randn(1, S.seqlen, S.ngroups, 0)},
+                 id="dstate-0"),
+    pytest.param("B", {"B": torch.randn(1, S.seqlen, 0, S.dstate), "C": torch.randn(1, S.seqlen, 0, S.dstate)},
+                 id="ngroups-0"),
 ]
 
 
