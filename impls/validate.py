@@ -29,7 +29,7 @@ def tensor(arg: str, t, shape: tuple[int, ...] | None = None, dtypes=FLOAT_DTYPE
         fail(arg, "a torch.Tensor", type(t).__name__)
     if shape is not None:
         if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
-            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
             fail(arg, f"shape {want}", tuple(t.shape))
     if dtypes is not None and t.dtype not in dtypes:
         fail(arg, f"dtype in {[str(d) for d in dtypes]}", t.dtype)
