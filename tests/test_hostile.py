@@ -117,6 +117,15 @@ def test_bf16_is_refused_under_the_interpreter(backend):
         impls.ssd_forward(**kw, backend=backend_class(backend)())  # built directly: vLLM's files need not be here
 
 
+def test_bf16_chunk_cumsum_runs_under_the_interpreter():
+    """chunk_cumsum has no dots: bf16 dt is computed right there, and not refused."""
+    kw = kwargs(Problem(dataclasses.replace(TINY, batch=1, seqlen=40, chunk_size=16)))
+    dt = kw["dt"].bfloat16()
+    ref = impls.chunk_cumsum(dt.double(), kw["A"].double(), 16, kw["dt_bias"].double(), True)
+    out = impls.chunk_cumsum(dt, kw["A"], 16, kw["dt_bias"], True, backend="mamba_ssm")
+    assert all(rel_err(o, r) <= tolerance(torch.float32) for o, r in zip(out, ref))
+
+
 def test_extreme_decay_stays_finite():
     """Large dt·|A| (decay underflows to 0 inside a chunk) must not produce inf·0 = NaN."""
     kw = kwargs(dt_softplus=False, dt_bias=None)
