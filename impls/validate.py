@@ -133,8 +133,8 @@ def cu_seqlens_bounds(bounds: list[int], seqlen: int | None) -> None:
     """cu_seqlens read on the host: 0 = cu_seqlens[0] <= ... <= cu_seqlens[-1] = seqlen (when given). The value
     check, and what a backend that reads cu_seqlens on the host anyway checks on every call: offsets past seqlen
     would index past x and y, offsets short of it leave y's tail unwritten."""
-    if bounds[0] != 0 or any(b < a for a, b in zip(bounds, bounds[1:])) or (seqlen is not None
-                                                                          and bounds[-1] != seqlen):
+    ordered = bounds[0] == 0 and all(a <= b for a, b in zip(bounds, bounds[1:]))
+    if not ordered or (seqlen is not None and bounds[-1] != seqlen):
         fail("cu_seqlens", f"0 = cu_seqlens[0] <= ... <= cu_seqlens[-1] = seqlen ({seqlen})", bounds)
 
 

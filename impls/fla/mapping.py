@@ -50,7 +50,7 @@ STEPS = {
                   "(FLA has neither); without z one kernel reading o and x, writing y",
     "finish.states": "final state(s) transposed back to (headdim, dstate): a view; with cu_seqlens, the states of "
                      "empty sequences zeroed and the row's final state picked as the last non-empty sequence's "
-                     "(three small kernels, no host read)",
+                     "(a few small kernels on (nseqs, ...) tensors, no host read)",
 }
 
 
