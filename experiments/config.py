@@ -18,6 +18,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from impls import validate as checks
 from impls.problem import DTYPES, Problem, Shape
 from impls.registry import BACKEND_MODULES, BackendUnavailable, backend_class, make_switches
 
@@ -168,14 +169,20 @@ def check_shape(shape: Shape, name: str = "") -> None:
             raise ConfigError(f"{where}{key} must be >= 1, got {value}")
     if shape.nheads % shape.ngroups:
         raise ConfigError(f"{where}nheads ({shape.nheads}) must be a multiple of ngroups ({shape.ngroups})")
-    if shape.chunk_size & (shape.chunk_size - 1):
-        raise ConfigError(f"{where}chunk_size must be a power of two, got {shape.chunk_size}")
+    _as_config_error(where, checks.chunk_size, shape.chunk_size)  # the public entries' rule: 16..2048, 2^k
+
+
+def _as_config_error(where: str, check, *args) -> None:
+    """Runs an impls.validate check at start-up: its ValueError (naming the argument) becomes a ConfigError, so a
+    config that the public entries would refuse is not run and recorded as a failed point."""
+    try:
+        check(*args)
+    except ValueError as exc:
+        raise ConfigError(f"{where}{exc}") from exc
 
 
 def check_problem(problem: Problem) -> None:
-    lo, hi = problem.dt_limit
-    if not lo < hi:
-        raise ConfigError(f"problem: dt_limit must be (lo, hi) with lo < hi, got {problem.dt_limit}")
+    _as_config_error("problem: ", checks.dt_limit, problem.dt_limit)
     if problem.nseqs < 1:
         raise ConfigError(f"problem: nseqs must be >= 1, got {problem.nseqs}")
     if problem.varlen and problem.shape.batch != 1:

@@ -126,10 +126,14 @@ def write_atomic(df: pd.DataFrame, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    df.to_parquet(tmp, index=False)
-    with open(tmp, "rb") as fh:  # on disk before it gets its name: a crash leaves the old file or the new one
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        df.to_parquet(tmp, index=False)
+        with open(tmp, "rb") as fh:  # on disk before it gets its name: a crash leaves the old file or the new one
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a write that raised (a value Parquet cannot hold, a full disk) leaves no partial file
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -113,11 +113,12 @@ def cmd_switches(args) -> int:
 
 
 def load_shape(name: str) -> Shape:
-    """A shape of conf/shape/<name>.yaml; raises ValueError naming the known ones."""
-    path = SHAPE_DIR / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in SHAPE_DIR.glob("*.yaml"))
+    """A shape of conf/shape/<name>.yaml; raises ValueError naming the known ones (a path such as ../config is
+    not a shape name: it would read another group's file)."""
+    known = sorted(p.stem for p in SHAPE_DIR.glob("*.yaml"))
+    if name not in known:
         raise ValueError(f"--shape: expected one of {known}, got {name!r}")
+    path = SHAPE_DIR / f"{name}.yaml"
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.load(path)

@@ -205,10 +205,23 @@ def make_switches(backend: str, switches_cls, cannot_express: dict[str, str], sw
             raise ValueError(f"switch {key!r}: backend {backend!r} cannot express it ({cannot_express[key]})")
         if key not in known:
             raise ValueError(f"switch {key!r}: backend {backend!r} has no such switch; it has {sorted(known)}")
-        choices = known[key].metadata.get("choices")
-        if choices is not None and value not in choices:
-            raise ValueError(f"switch {key!r} of backend {backend!r}: expected one of {choices}, got {value!r}")
+        expected = _switch_type_error(known[key], value)
+        if expected:
+            raise ValueError(f"switch {key!r} of backend {backend!r}: expected {expected}, got {value!r}")
     return switches_cls(**given)
+
+
+def _switch_type_error(field: dataclasses.Field, value) -> str:
+    """What `value` should have been for the switch `field` ("" when it fits): one of its choices, of the same type
+    (True == 1 would pass `in (0, 1, 2)`), or a bool for a bool switch without choices (a string such as "no"
+    would read as on)."""
+    choices = field.metadata.get("choices")
+    if choices is not None:
+        ok = any(type(value) is type(c) and value == c for c in choices)
+        return "" if ok else f"one of {choices}"
+    if isinstance(field.default, bool) and not isinstance(value, bool):
+        return "a bool"
+    return ""
 
 
 def pinned_version(dist: str, found: str | None, required: str) -> tuple[bool, str]:

@@ -29,7 +29,7 @@ def tensor(arg: str, t, shape: tuple[int, ...] | None = None, dtypes=FLOAT_DTYPE
         fail(arg, "a torch.Tensor", type(t).__name__)
     if shape is not None:
         if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
-            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
             fail(arg, f"shape {want}", tuple(t.shape))
     if dtypes is not None and t.dtype not in dtypes:
         fail(arg, f"dtype in {[str(d) for d in dtypes]}", t.dtype)
@@ -69,14 +69,18 @@ def dims(x: torch.Tensor, B: torch.Tensor) -> tuple[int, int, int, int, int, int
     ngroups, dstate = B.shape[2], B.shape[3]
     if seqlen < 1:
         fail("x", "seqlen >= 1 (dimension 1)", seqlen)
-    if min(batch, nheads, headdim, ngroups, dstate) < 1:
-        fail("x/B", "non-empty batch, nheads, headdim, ngroups and dstate", (batch, nheads, headdim, ngroups, dstate))
+    if min(batch, nheads, headdim) < 1:
+        fail("x", "non-empty batch, nheads and headdim (dimensions 0, 2, 3)", tuple(x.shape))
+    if min(ngroups, dstate) < 1:
+        fail("B", "non-empty ngroups and dstate (dimensions 2, 3)", tuple(B.shape))
     if nheads % ngroups:
         fail("B", f"ngroups (dimension 2) dividing nheads={nheads}", ngroups)
     return batch, seqlen, nheads, headdim, ngroups, dstate
 
 
 def dt_limit(value) -> None:
+    if isinstance(value, (str, bytes)):  # "12" would read as (1, 2)
+        fail("dt_limit", "a pair (low, high) of numbers", repr(value))
     try:
         lo, hi = (float(v) for v in value)
     except (TypeError, ValueError):
@@ -122,8 +126,16 @@ def values(**tensors) -> None:
             if bool((t[:, 1:] < t[:, :-1]).any()) or bool((t[:, 0] < 0).any()):
                 fail("seq_idx", "non-negative values, non-decreasing along seqlen", "a decrease or a negative value")
         if arg == "cu_seqlens":
-            if int(t[0]) != 0 or bool((t[1:] < t[:-1]).any()) or (seqlen is not None and int(t[-1]) != seqlen):
-                fail("cu_seqlens", f"0 = cu_seqlens[0] <= ... <= cu_seqlens[-1] = seqlen ({seqlen})", t.tolist())
+            cu_seqlens_bounds(t.tolist(), seqlen)
+
+
+def cu_seqlens_bounds(bounds: list[int], seqlen: int | None) -> None:
+    """cu_seqlens read on the host: 0 = cu_seqlens[0] <= ... <= cu_seqlens[-1] = seqlen (when given). The value
+    check, and what a backend that reads cu_seqlens on the host anyway checks on every call: offsets past seqlen
+    would index past x and y, offsets short of it leave y's tail unwritten."""
+    ordered = bounds[0] == 0 and all(a <= b for a, b in zip(bounds, bounds[1:]))
+    if not ordered or (seqlen is not None and bounds[-1] != seqlen):
+        fail("cu_seqlens", f"0 = cu_seqlens[0] <= ... <= cu_seqlens[-1] = seqlen ({seqlen})", bounds)
 
 
 def flat_padded_tail(dt, dA_cumsum, seqlen: int) -> None:

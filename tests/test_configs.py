@@ -118,6 +118,13 @@ def test_bad_overrides_fail_at_composition(overrides, named):
     pytest.param(["shape.nheads=5"], "ngroups", id="heads-not-multiple-of-groups"),
     pytest.param(["shape.seqlen=0"], "seqlen", id="empty-sequence"),
     pytest.param(["problem=varlen", "shape=S1"], "batch", id="varlen-needs-batch-1"),
+    # what the public entries refuse is refused at start-up too, not run and stored as a failed point
+    pytest.param(["shape.chunk_size=8"], r"chunk_size: expected a power of two >= 16", id="chunk-below-16"),
+    pytest.param(["shape.chunk_size=4096"], "chunk_size: expected at most 2048", id="chunk-above-2048"),
+    pytest.param(["problem.dt_limit=[-1.0,1.0]"], r"dt_limit: expected 0 <= low < high", id="dt_limit-negative"),
+    pytest.param(["problem.dt_limit=[0.1,0.01]"], r"dt_limit: expected 0 <= low < high", id="dt_limit-unordered"),
+    pytest.param(["backend=triton", "+backend.switches.decay_factor=maybe"], "decay_factor.*expected a bool",
+                 id="bool-switch-given-a-string"),
 ])
 def test_bad_overrides_fail_validation(overrides, named):
     with pytest.raises(conf.ConfigError, match=named):
@@ -139,6 +146,12 @@ def _bench(args, tmp_path):
 def test_cli_bad_switch_fails_at_start_up(tmp_path):
     out = _bench(["backend=reference", "+backend.switches.fused=false"], tmp_path)
     assert out.returncode != 0 and "fused" in out.stderr
+    assert not (tmp_path / "res").exists()
+
+
+def test_cli_chunk_size_the_entries_refuse_fails_at_start_up(tmp_path):
+    out = _bench(["shape.chunk_size=8"], tmp_path)
+    assert out.returncode != 0 and "chunk_size: expected a power of two >= 16" in out.stderr
     assert not (tmp_path / "res").exists()
 
 

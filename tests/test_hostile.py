@@ -85,6 +85,47 @@ def test_empty_packed_sequence_has_zero_final_state():
     assert rel_err(out.y, seq.y) <= tolerance(torch.float32)
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])  # their per-sequence states read cu_seqlens on the host
+@pytest.mark.parametrize("cu_seqlens", [
+    pytest.param([0, 10, 50], id="past-seqlen"),  # was an IndexError from deep in the per-sequence states
+    pytest.param([0, 10, 30], id="short-of-seqlen"),  # was computed silently
+    pytest.param([0, 30, 10, 40], id="decreasing"),
+    pytest.param([5, 10, 40], id="not-from-0"),
+])
+def test_bad_cu_seqlens_refused_where_read_on_the_host(backend, cu_seqlens):
+    """Without check_values too: a backend that reads cu_seqlens on the host anyway checks them there."""
+    kw = kwargs(Problem(dataclasses.replace(TINY, batch=1, seqlen=40, chunk_size=16), varlen=True, nseqs=2))
+    kw.update(cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int32), seq_idx=None)
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected 0 = cu_seqlens\[0\] <= .* seqlen \(40\)"):
+        impls.ssd_forward(**kw, backend=backend)
+
+
+@pytest.mark.parametrize("backend", [
+    "mamba_ssm",
+    "vllm",
+    pytest.param("triton", marks=pytest.mark.xfail(
+        strict=True, raises=pytest.fail.Exception,
+        reason="impls/triton/backend.py supports() does not ask impls.mamba_ssm.upstream.interpreter_refuses yet")),
+])
+def test_bf16_is_refused_under_the_interpreter(backend):
+    """The Triton interpreter computes bf16 dots wrongly (outputs off by ~1e10 relative on these inputs): a
+    Triton-based backend refuses bf16 there, saying why, instead of returning them."""
+    from impls.registry import backend_class
+
+    kw = kwargs(Problem(dataclasses.replace(TINY, batch=1, seqlen=40, chunk_size=16)), dtype=torch.bfloat16)
+    with pytest.raises(impls.BackendUnavailable, match=r"bfloat16 under the Triton interpreter .*#11584"):
+        impls.ssd_forward(**kw, backend=backend_class(backend)())  # built directly: vLLM's files need not be here
+
+
+def test_bf16_chunk_cumsum_runs_under_the_interpreter():
+    """chunk_cumsum has no dots: bf16 dt is computed right there, and not refused."""
+    kw = kwargs(Problem(dataclasses.replace(TINY, batch=1, seqlen=40, chunk_size=16)))
+    dt = kw["dt"].bfloat16()
+    ref = impls.chunk_cumsum(dt.double(), kw["A"].double(), 16, kw["dt_bias"].double(), True)
+    out = impls.chunk_cumsum(dt, kw["A"], 16, kw["dt_bias"], True, backend="mamba_ssm")
+    assert all(rel_err(o, r) <= tolerance(torch.float32) for o, r in zip(out, ref))
+
+
 def test_extreme_decay_stays_finite():
     """Large dt·|A| (decay underflows to 0 inside a chunk) must not produce inf·0 = NaN."""
     kw = kwargs(dt_softplus=False, dt_bias=None)

@@ -67,6 +67,8 @@ def test_supports_ok_and_the_reason(capsys):
     assert "not supported: dtype float64" in capsys.readouterr().out
 
 
-def test_supports_an_unknown_shape_names_the_known_ones():
+@pytest.mark.parametrize("shape", [pytest.param("S9", id="unknown"), pytest.param("../config", id="path-to-config"),
+                                   pytest.param("../shape/S1", id="path-to-a-shape"), pytest.param("", id="empty")])
+def test_supports_an_unknown_shape_names_the_known_ones(shape):
     with pytest.raises(SystemExit, match="--shape: expected one of .*'S1'"):
-        cli.main(["supports", "reference", "--shape", "S9"])
+        cli.main(["supports", "reference", "--shape", shape])

@@ -281,6 +281,25 @@ def test_fla_adapter_reproduces_float64_reference(fla_math, problem, switches):
     assert args.q.shape[2] == problem.shape.nheads and args.g.dtype == torch.float64
 
 
+@pytest.mark.parametrize("cu_seqlens", [
+    pytest.param([0, 40, 40], id="empty-last"),  # FLA's last state is the empty sequence's zero, not the row's
+    pytest.param([0, 38, 40, 40], id="empty-last-after-short"),
+    pytest.param([0, 0, 40], id="empty-first"),  # FLA hands back the initial state as its final state
+    pytest.param([0, 20, 20, 40], id="empty-middle"),
+])
+def test_fla_adapter_empty_packed_sequences(fla_math, cu_seqlens):
+    """An empty sequence's state is zero and the row's final state is its last non-empty sequence's
+    (impls/reference/sequential.py), with the contract's initial state given."""
+    problem = Problem(dataclasses.replace(TINY, batch=1, seqlen=40), varlen=True, nseqs=2, has_initial_states=True)
+    inputs = make_inputs(problem, dtype=torch.float64, seed=8)
+    inputs.cu_seqlens, inputs.seq_idx = torch.tensor(cu_seqlens, dtype=torch.int32), None
+    ref = float64_forward(inputs)
+    out = FlaBackend().ssd_forward(**inputs.forward_kwargs())
+    tol = tolerance(torch.float64)
+    for name in ("y", "final_states", "varlen_states"):
+        assert rel_err(getattr(out, name), getattr(ref, name)) <= tol, name
+
+
 def test_fla_adapter_bf16_within_tolerance(fla_math):
     inputs = make_inputs(Problem(TINY, has_initial_states=True, has_z=True), dtype=torch.bfloat16, seed=6)
     out = FlaBackend().ssd_forward(**inputs.forward_kwargs())

@@ -28,6 +28,25 @@ def test_write_is_atomic_and_typed(tmp_path):
     assert df["gpu_name"].isna().all()  # absent provenance is null, never an error
 
 
+@pytest.mark.parametrize("fails_at", ["to_parquet", "replace"])
+def test_a_write_that_raises_leaves_no_partial_file(tmp_path, monkeypatch, fails_at):
+    store.write_rows(rows("a", 3), tmp_path, "a")
+    before = (tmp_path / "a.parquet").read_bytes()
+
+    def broken(*args, **kwargs):
+        if fails_at == "to_parquet":
+            Path(args[1] if len(args) > 1 else args[0]).write_bytes(b"PAR1 half")  # a partial file, then the error
+        raise OSError("No space left on device")
+
+    if fails_at == "to_parquet":
+        monkeypatch.setattr(pd.DataFrame, "to_parquet", lambda self, path, **kw: broken(self, path))
+    else:
+        monkeypatch.setattr(store.os, "replace", broken)
+    with pytest.raises(OSError, match="No space left"):
+        store.write_rows(rows("b", 2), tmp_path, "a")
+    assert [p.name for p in tmp_path.iterdir()] == ["a.parquet"] and (tmp_path / "a.parquet").read_bytes() == before
+
+
 def test_stored_points_and_merge_round_trip(tmp_path):
     store.write_rows(rows("a", 3), tmp_path / "sweep", "a")
     store.write_rows(rows("b", 2), tmp_path / "sweep" / "sub", "b")

@@ -35,11 +35,12 @@ BAD_FORWARD = [
                  id="ngroups-not-dividing-nheads"),
     pytest.param("C", {"C": torch.randn(1, S.seqlen, S.ngroups, S.dstate + 1)}, id="C-shape"),
     pytest.param("dt", {"dt": torch.randn(1, S.seqlen, S.nheads + 1)}, id="dt-shape"),
-    pytest.param("A", {"A": torch.randn(S.nheads, 1)}, id="A-shape"),
+    pytest.param(r"A: expected shape \(4,\), got \(4, 1\)", {"A": torch.randn(S.nheads, 1)}, id="A-shape"),
     pytest.param("chunk_size", {"chunk_size": 24}, id="chunk-not-power-of-two"),
     pytest.param("chunk_size", {"chunk_size": 8}, id="chunk-below-16"),
     pytest.param("dt_limit", {"dt_limit": (0.1, 0.01)}, id="dt_limit-unordered"),
     pytest.param("dt_limit", {"dt_limit": (-1.0, 1.0)}, id="dt_limit-negative"),
+    pytest.param("dt_limit", {"dt_limit": "12"}, id="dt_limit-string"),  # was read as (1, 2)
     pytest.param("dt_bias", {"dt_bias": torch.randn(S.nheads + 1)}, id="dt_bias-shape"),
     pytest.param("D", {"D": torch.randn(S.headdim)}, id="D-shape"),
     pytest.param("z", {"z": torch.randn(1, S.seqlen, S.nheads, S.headdim + 1)}, id="z-shape"),
@@ -54,6 +55,12 @@ BAD_FORWARD = [
     pytest.param("x", {"x": torch.randn(1, 0, S.nheads, S.headdim), "dt": torch.randn(1, 0, S.nheads),
                        "B": torch.randn(1, 0, S.ngroups, S.dstate), "C": torch.randn(1, 0, S.ngroups, S.dstate),
                        "z": None}, id="empty-sequence"),
+    # named as the tensor whose dimension is empty (was "x/B")
+    pytest.param("x", {"x": torch.randn(1, S.seqlen, S.nheads, 0), "z": None}, id="headdim-0"),
+    pytest.param("B", {"B": torch.randn(1, S.seqlen, S.ngroups, 0), "C": torch.randn(1, S.seqlen, S.ngroups, 0)},
+                 id="dstate-0"),
+    pytest.param("B", {"B": torch.randn(1, S.seqlen, 0, S.dstate), "C": torch.randn(1, S.seqlen, 0, S.dstate)},
+                 id="ngroups-0"),
 ]
 
 
@@ -130,6 +137,19 @@ def test_unknown_backend_and_switch():
         impls.get_backend("mamba_ssm", nope=True)
     with pytest.raises(ValueError, match="^switch 'fused'"):
         impls.get_backend("reference", fused=True)
+
+
+@pytest.mark.parametrize("switch, value, expected", [
+    pytest.param("decay_factor", "no", "a bool", id="bool-switch-string"),  # "no" would read as on
+    pytest.param("decay_factor", 1, "a bool", id="bool-switch-int"),
+    pytest.param("heads_per_tile", True, r"one of \(0, 1, 2\)", id="int-choice-bool"),  # True == 1
+    pytest.param("num_warps", 4.0, r"one of \(0, 1, 2, 4, 8, 16\)", id="int-choice-float"),
+    pytest.param("cb_precision", "TF32", r"one of \('tf32', 'fp32'\)", id="str-choice-case"),
+])
+def test_switch_of_the_wrong_type_is_refused(switch, value, expected):
+    """A switch value is checked against its type, not only its truthiness or `==`: the row records what ran."""
+    with pytest.raises(ValueError, match=rf"^switch '{switch}' of backend 'triton': expected {expected}, got"):
+        impls.get_backend("triton", **{switch: value})
 
 
 def _no_softplus(**changes):

@@ -58,6 +58,27 @@ def test_bad_layout_arguments_are_named(cu_seqlens, chunk, match):
         mapping.chunk_layout(cu_seqlens, chunk)
 
 
+@pytest.mark.parametrize("cu_seqlens", [pytest.param([0, 10, 50], id="past-seqlen"),
+                                        pytest.param([0, 10, 30], id="short-of-seqlen")])
+def test_cu_seqlens_not_ending_at_seqlen_is_refused_before_vllm_runs(cu_seqlens):
+    """vLLM's kernels would write y past its end (heap corruption under the interpreter, the process aborts) or
+    leave its tail unwritten; the adapter reads cu_seqlens on the host anyway, so it checks them every call."""
+    x, B = torch.randn(1, 40, 2, 8), torch.randn(1, 40, 1, 4)
+    cu = torch.tensor(cu_seqlens, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^cu_seqlens: .*seqlen \(40\)"):
+        mapping.varlen_args(x, torch.rand(1, 40, 2), -torch.rand(2), B, B.clone(), 16, cu_seqlens=cu)
+
+
+def test_cu_seqlens_short_of_seqlen_is_refused_by_the_public_entry(vllm_files):
+    import impls
+
+    kw = make_inputs(Problem(dataclasses.replace(TINY, batch=1), varlen=True, nseqs=2), seed=15,
+                     dtype=torch.float32).forward_kwargs()
+    kw.update(cu_seqlens=torch.tensor([0, 10, TINY.seqlen - 1], dtype=torch.int32), seq_idx=None)
+    with pytest.raises(ValueError, match="^cu_seqlens: "):
+        impls.ssd_forward(**kw, backend=VllmBackend())
+
+
 def test_batch_metadata_is_cached_per_shape_and_device():
     first = mapping.batch_metadata(3, 50, 16, "cpu")
     assert mapping.batch_metadata(3, 50, 16, "cpu") is first
@@ -81,7 +102,8 @@ def test_vllm_refuses(problem, reason):
     assert not ok and reason in why, why
 
 
-def test_vllm_accepts_what_it_can_run():
+def test_vllm_accepts_what_it_can_run(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # compiled: bf16 is refused under the interpreter (test_hostile)
     backend = VllmBackend()
     long = Problem(dataclasses.replace(TINY, batch=1, seqlen=2**20, chunk_size=32, ngroups=1))
     assert backend.supports(long) == (True, "")  # 32768 chunks: within CUDA's grid limit
@@ -194,7 +216,7 @@ CASES = [
 def test_vllm_kernels_match_float64_reference(vllm_files, problem, dtype_name):
     dtype = getattr(torch, dtype_name)
     backend = VllmBackend()
-    assert backend.supports(problem) == (True, "")
+    assert backend.supports(dataclasses.replace(problem, dtype=dtype_name)) == (True, "")
     errors = run_case(backend, problem, dtype, seed=11)  # outputs NaN-poisoned before vLLM writes them
     assert set(errors) >= {"forward.y", "forward.final_states"}
     assert not failures(errors, dtype, backend, "cpu"), errors

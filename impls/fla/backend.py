@@ -98,10 +98,10 @@ class FlaBackend(ForwardOnlyBackend):
         """FLA's kernels only: (o, final states in FLA's layout)."""
         return peer.run(args)
 
-    def finish(self, raw, x, D=None, z=None, varlen=False) -> ForwardResult:
+    def finish(self, raw, x, D=None, z=None, cu_seqlens=None) -> ForwardResult:
         """mapping.STEPS "finish.*"."""
         o, ht = raw
-        y, final, per_seq = mapping.finish(o, ht, x, D, z, self.switches.state_v_first, varlen)
+        y, final, per_seq = mapping.finish(o, ht, x, D, z, self.switches.state_v_first, cu_seqlens)
         return ForwardResult(y, final, per_seq)
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
@@ -110,18 +110,17 @@ class FlaBackend(ForwardOnlyBackend):
             raise NotImplementedError("fla: seq_idx needs cu_seqlens (supports() refuses it)")
         args = self.prepare(x, dt, A, B, C, chunk_size, dt_bias, initial_states, cu_seqlens, dt_softplus,
                             dt_limit)
-        return self.finish(self.peer(args), x, D, z, varlen=cu_seqlens is not None)
+        return self.finish(self.peer(args), x, D, z, args.cu_seqlens)
 
     def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                       dt_softplus, dt_limit, state_dtype):
         args = self.prepare(x, dt, A, B, C, chunk_size, dt_bias, initial_states, cu_seqlens, dt_softplus, dt_limit)
         raw = self.peer(args)
-        varlen = cu_seqlens is not None
         return {
             "adapter_prepare": lambda: self.prepare(x, dt, A, B, C, chunk_size, dt_bias, initial_states, cu_seqlens,
                                                     dt_softplus, dt_limit),
             "peer": lambda: self.peer(args),
-            "adapter_finish": lambda: self.finish(raw, x, D, z, varlen=varlen),
+            "adapter_finish": lambda: self.finish(raw, x, D, z, args.cu_seqlens),
         }
 
     # --- what ran -----------------------------------------------------------------------------------------

@@ -48,7 +48,9 @@ STEPS = {
     "prepare.cu_seqlens": "cast to int64",
     "finish.D_z": "y = o + D·x (per head or per channel), then y·silu(z): fp32, one rounding to x's dtype "
                   "(FLA has neither); without z one kernel reading o and x, writing y",
-    "finish.states": "final state(s) transposed back to (headdim, dstate): a view",
+    "finish.states": "final state(s) transposed back to (headdim, dstate): a view; with cu_seqlens, the states of "
+                     "empty sequences zeroed and the row's final state picked as the last non-empty sequence's "
+                     "(a few small kernels on (nseqs, ...) tensors, no host read)",
 }
 
 
@@ -82,8 +84,9 @@ def heads_from_groups(t, nheads):
     return t.unsqueeze(3).expand(b, L, g, nheads // g, n).reshape(b, L, nheads, n).contiguous()
 
 
-def finish(o, ht, x, D=None, z=None, state_v_first=False, varlen=False):
-    """-> (y in x's dtype, final states (b, h, p, n) fp32, per-sequence states (nseqs, h, p, n) or None)."""
+def finish(o, ht, x, D=None, z=None, state_v_first=False, cu_seqlens=None):
+    """-> (y in x's dtype, final states (b, h, p, n) fp32, per-sequence states (nseqs, h, p, n) or None, the
+    latter with cu_seqlens)."""
     y = o
     if z is not None:
         y = skip_and_gate(o.to(acc_dtype(x)), x, D, z).to(x.dtype)
@@ -92,6 +95,16 @@ def finish(o, ht, x, D=None, z=None, state_v_first=False, varlen=False):
         Dv = D.to(acc_dtype(x, D))
         torch.addcmul(o, x, Dv[:, None] if Dv.dim() == 1 else Dv, out=y)  # in fp32, rounded once on the store
     states = ht if state_v_first else ht.transpose(-1, -2)  # (N, h, p, n)
-    if varlen:
-        return y, states[-1:], states  # batch 1: the row's final state is its last sequence's
+    if cu_seqlens is not None:
+        return (y, *packed_final_states(states, cu_seqlens))
     return y, states, None
+
+
+def packed_final_states(states, cu_seqlens):
+    """FLA's per-sequence final states -> the contract's (row's final state (1, h, p, n), per-sequence states).
+    An empty sequence's state is zero (FLA hands back its initial state: sequence 0's h_{-1}); the row's final
+    state is that of its last non-empty sequence (FLA's last entry is zero when the last sequence is empty)."""
+    nonempty = (cu_seqlens[1:] > cu_seqlens[:-1]).to(states.dtype)
+    per_seq = states * nonempty[:, None, None, None]
+    last = torch.searchsorted(cu_seqlens, cu_seqlens[-1:]) - 1  # first offset equal to seqlen, minus one
+    return per_seq.index_select(0, last), per_seq

@@ -64,7 +64,8 @@ class MambaSSMBackend(Backend):
         if self.switches.fused and problem.state_dtype not in (None, problem.dtype):
             return False, ("the fused forward stores states in C's dtype; state_dtype needs fused=False "
                            "(the stage-by-stage path)")
-        return True, ""
+        why = upstream.interpreter_refuses(problem)  # last: what the kernels cannot do anywhere is said first
+        return not why, why
 
     def tf32_matmuls(self, stage, device) -> bool:
         # tl.dot on fp32 inputs uses tf32 on the GPU (Triton's default input_precision); exact in the interpreter

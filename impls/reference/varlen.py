@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from impls import validate as check
 from impls.reference.common import acc_dtype, per_head
 
 
@@ -15,6 +16,7 @@ def varlen_states(B, x, dt, dA_cumsum, states, cu_seqlens):
     dtype = acc_dtype(x, dt)
     nheads, headdim, dstate, chunk = x.shape[2], x.shape[3], B.shape[3], dt.shape[-1]
     bounds = cu_seqlens.tolist()
+    check.cu_seqlens_bounds(bounds, x.shape[1])  # read here anyway: a bad offset would index past the chunks
     out = torch.zeros(len(bounds) - 1, nheads, headdim, dstate, dtype=dtype, device=x.device)
     for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
         if end <= start:

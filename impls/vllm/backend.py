@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from impls.mamba_ssm.upstream import interpreter_mode, interpreting
+from impls.mamba_ssm.upstream import interpreter_mode, interpreter_refuses, interpreting
 from impls.problem import Problem
 from impls.registry import ForwardOnlyBackend, ForwardResult, pinned_version, register
 from impls.vllm import loader, mapping
@@ -88,7 +88,8 @@ class VllmBackend(ForwardOnlyBackend):
             return False, (f"{chunks} chunks × {s.ngroups} groups > {GRID_AXIS_MAX}: vLLM launches its C·Bᵀ kernel "
                            f"with chunks × groups on grid axis 1 (and chunk states, chunk scan with chunks there), "
                            f"which CUDA caps at {GRID_AXIS_MAX}")
-        return True, ""
+        why = interpreter_refuses(problem)  # last: what the kernels cannot do anywhere is said first
+        return not why, why
 
     def tf32_matmuls(self, stage: str, device: torch.device) -> bool:
         # tl.dot on fp32 inputs uses tf32 on the GPU (Triton's default input_precision); exact in the interpreter

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from impls import validate as check
+
 STEPS = {
     "prepare.metadata": "cu_seqlens, cu_chunk_seqlens, last_chunk_indices and per-chunk seq_idx (int32), built on "
                         "the host and copied to the device: for a batch, from the shape alone, once per (batch, "
@@ -115,9 +117,13 @@ def batch_metadata(batch: int, seqlen: int, chunk_size: int, device, cached: boo
     return meta
 
 
-def varlen_metadata(cu_seqlens: torch.Tensor, chunk_size: int) -> Metadata:
-    """Metadata of packed sequences: reads cu_seqlens on the host (a synchronisation on a GPU)."""
-    return Metadata.on(chunk_layout([int(v) for v in cu_seqlens.tolist()], chunk_size), cu_seqlens.device)
+def varlen_metadata(cu_seqlens: torch.Tensor, chunk_size: int, seqlen: int) -> Metadata:
+    """Metadata of packed sequences: reads cu_seqlens on the host (a synchronisation on a GPU) and checks that
+    the offsets end at seqlen: vLLM's kernels would write y past its end (heap corruption under the interpreter),
+    or leave its tail unwritten."""
+    bounds = [int(v) for v in cu_seqlens.tolist()]
+    check.cu_seqlens_bounds(bounds, seqlen)
+    return Metadata.on(chunk_layout(bounds, chunk_size), cu_seqlens.device)
 
 
 @dataclass
@@ -174,7 +180,7 @@ def varlen_args(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     if cu_seqlens is None:
         meta = batch_metadata(batch, seqlen, chunk_size, x.device)
     else:
-        meta = varlen_metadata(cu_seqlens, chunk_size)
+        meta = varlen_metadata(cu_seqlens, chunk_size, batch * seqlen)
     out = torch.empty(batch * seqlen, nheads, headdim, dtype=x.dtype, device=x.device)
     final = torch.empty(meta.nseqs, nheads, headdim, B.shape[-1], dtype=torch.float32, device=x.device)
     return VarlenArgs(flat(x), flat(dt), A, flat(B), flat(C), chunk_size, meta, out, final, D, flat(z), dt_bias,
