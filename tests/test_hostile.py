@@ -100,13 +100,7 @@ def test_bad_cu_seqlens_refused_where_read_on_the_host(backend, cu_seqlens):
         impls.ssd_forward(**kw, backend=backend)
 
 
-@pytest.mark.parametrize("backend", [
-    "mamba_ssm",
-    "vllm",
-    pytest.param("triton", marks=pytest.mark.xfail(
-        strict=True, raises=pytest.fail.Exception,
-        reason="impls/triton/backend.py supports() does not ask impls.mamba_ssm.upstream.interpreter_refuses yet")),
-])
+@pytest.mark.parametrize("backend", ["mamba_ssm", "vllm", "triton"])
 def test_bf16_is_refused_under_the_interpreter(backend):
     """The Triton interpreter computes bf16 dots wrongly (outputs off by ~1e10 relative on these inputs): a
     Triton-based backend refuses bf16 there, saying why, instead of returning them."""

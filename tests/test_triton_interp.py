@@ -673,7 +673,8 @@ def test_supports_and_devices():
     backend = get_backend("triton")
     assert not backend.supports(Problem(SMALL, dtype="float64"))[0]
     assert not backend.supports(Problem(dataclasses.replace(SMALL, dstate=512)))[0]
-    assert backend.supports(Problem(SMALL, dtype="bfloat16"))[0]
+    # bfloat16 runs compiled only: the interpreter computes bf16 dots wrongly (impls/interpreter.py)
+    assert not backend.supports(Problem(SMALL, dtype="bfloat16"))[0]
     assert backend.check_device(torch.device("cpu"))[0]  # interpreter
 
 

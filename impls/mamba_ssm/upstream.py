@@ -23,6 +23,7 @@ import types
 
 import torch
 
+from impls import interpreter
 from impls.declaration import declared
 
 VERSION_REQUIRED = declared("mamba_ssm").pin("mamba-ssm")  # impls/mamba_ssm/__init__.py PACKAGES
@@ -70,16 +71,9 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-INTERPRETER_BF16 = ("bfloat16 under the Triton interpreter (TRITON_INTERPRET=1): it computes bf16 tl.dot wrongly "
-                    "(triton-lang/triton#11584; outputs off by orders of magnitude), so bfloat16 runs compiled, on "
-                    "CUDA devices, only")
-
-
 def interpreter_refuses(problem) -> str:
-    """Why a Triton backend refuses `problem` in this process ("" where it does not): bf16 inputs to kernels with
-    dots while they run in the interpreter (chunk_cumsum has none: its Problem, from the public entry, has
-    headdim 0)."""
-    return INTERPRETER_BF16 if problem.dtype == "bfloat16" and problem.shape.headdim and interpreting() else ""
+    """Why `problem` cannot run in the interpreter here ("" where it can): impls/interpreter.py."""
+    return interpreter.refuses(problem, interpreting())
 
 
 def autotuners(mods: types.SimpleNamespace):

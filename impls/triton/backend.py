@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from impls import tuning
+from impls import interpreter, tuning
 from impls.problem import Problem, Shape, dtype_name
 from impls.registry import Backend, ForwardResult, refuse_on_gpu, register
 from impls.triton import tune, warp_spec
@@ -91,7 +91,8 @@ class TritonBackend(Backend):
         if problem.shape.dstate > MAX_DSTATE:
             return False, (f"dstate {problem.shape.dstate} > {MAX_DSTATE}: compute_out holds all of dstate "
                            "in one tile")
-        return True, ""
+        why = interpreter.refuses(problem, interpreting())  # last: what the kernels cannot do anywhere is said first
+        return not why, why
 
     def check_device(self, device: torch.device) -> tuple[bool, str]:
         device = torch.device(device)
