@@ -102,7 +102,10 @@ SMALL = Problem(Shape(1, 96, 2, 8, 1, 8, 32))
                  CUDA, "cannot run the problem", id="unsupported-by-mamba_ssm"),
 ])
 def test_mamba_ssm_rule_skip_reasons(backend, problem, device, words, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the rule's GPU runs are compiled (bf16 is refused interpreted)
+    # the rule's GPU runs are compiled (bf16 is refused interpreted): say "not interpreting" without setting
+    # TRITON_INTERPRET=0, which would leave any kernel module first imported here compiled for the rest of the run
+    monkeypatch.setattr("impls.mamba_ssm.upstream.interpreting", lambda: False)
+    monkeypatch.setattr("impls.triton.backend.interpreting", lambda: False)
     reason = correctness.mamba_ssm_skip_reason(_Fake(backend), problem, device)
     assert reason is not None and words in reason
 

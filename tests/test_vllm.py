@@ -103,7 +103,9 @@ def test_vllm_refuses(problem, reason):
 
 
 def test_vllm_accepts_what_it_can_run(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # compiled: bf16 is refused under the interpreter (test_hostile)
+    # compiled: bf16 is refused under the interpreter (test_hostile); not TRITON_INTERPRET=0, which would leave
+    # any kernel module first imported here compiled for the rest of the run
+    monkeypatch.setattr("impls.mamba_ssm.upstream.interpreting", lambda: False)
     backend = VllmBackend()
     long = Problem(dataclasses.replace(TINY, batch=1, seqlen=2**20, chunk_size=32, ngroups=1))
     assert backend.supports(long) == (True, "")  # 32768 chunks: within CUDA's grid limit
