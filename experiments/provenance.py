@@ -98,7 +98,7 @@ def diff_hash() -> str:
                                  if p.suffix in SOURCE_SUFFIXES)
 
 
-SOURCE_DIRS = ("impls", "experiments", "conf")
+SOURCE_DIRS = ("impls", "models", "experiments", "conf")
 SOURCE_SUFFIXES = (".py", ".yaml", ".json")
 
 
