@@ -136,13 +136,18 @@ def _carry(local, st_base, slot_base, init_base, dA_base, seq_ptr, flags, b, c, 
 
 
 @triton.jit
-def _rows_own(B_base, x_base, dt_base, dA_base, C_base, seq_base, B_desc, C_desc, x_desc, b32, g, h, c, start, m0,
-              p0, chunk_len, offs_n, offs_p, mask_n, mask_p, s_C_l, s_C_n, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l,
-              s_seq_l, dtype, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
-              BLOCK_DSTATE: tl.constexpr, HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr,
-              DOT_PRECISION: tl.constexpr, DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr):
-    """The row tile at m0 of chunk c, one head, one headdim tile: the chunk's own tokens' term (no state needed),
-    and what the entering state's term needs afterwards (C's rows as an MMA operand, exp(dA) per row)."""
+def _rows(B_base, x_base, dt_base, dA_base, C_base, cb_base, seq_base, st_base, z_base, y_base, B_desc, C_desc, x_desc,
+          y_desc, D_ptr, flag, b32, g, h, c, start, m0, p0, chunk_len, offs_n, offs_p, mask_n, mask_p, s_C_l, s_C_n,
+          s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k, s_st_p, s_st_n, s_z_l, s_z_p, s_y_l,
+          s_y_p, s_D_h, s_D_p, dtype, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+          BLOCK_DSTATE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SEQ: tl.constexpr,
+          SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr,
+          DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, PUBLISHED: tl.constexpr):
+    """The row tile at m0 of chunk c, one head, one headdim tile: exp(dA_m)·C_m·S_c (S_c read from the states tensor
+    through L2, never TMA), the chunk's own tokens' term (C·Bᵀ inline, or with SHARED_CB read from the C·Bᵀ
+    matrix), D, z, the store. PUBLISHED (the 'chunk' programs, after their hand-off): S_c is there, and its term
+    comes first, in compute_out's order (with SHARED_CB, C's rows are then dead before the source loop); else the
+    own tokens' term comes first and the program waits on `flag` for S_c between the two."""
     offs_m = m0 + tl.arange(0, BLOCK_M)
     mask_m = offs_m < chunk_len
     dA_m, state_scale, seq_m = row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2, HAS_SEQ)
@@ -152,54 +157,18 @@ def _rows_own(B_base, x_base, dt_base, dA_base, C_base, seq_base, B_desc, C_desc
         acc = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
-    # no C·Bᵀ matrix here: x stands in for it (never read)
-    acc, _ = intra_chunk(acc, acc, B_base, x_base, x_base, x_base, dA_base, dA_base, dt_base, dt_base, seq_base,
-                         B_desc, x_desc, CmT, dA_m, dA_m, seq_m, b32, g, h, start, m0, p0, chunk_len, offs_m, offs_n,
-                         offs_p, mask_m, mask_n, mask_p, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, 0, 0,
-                         dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, False,
-                         DECAY_FACTOR, TMA, 1)
-    return acc, CmT, state_scale
-
-
-@triton.jit
-def _rows_close(acc, CmT, state_scale, st_base, x_base, z_base, y_base, y_desc, D_ptr, b32, c, h, start, m0, p0,
-                chunk_len, offs_n, offs_p, mask_n, mask_p, s_st_p, s_st_n, s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p,
-                s_D_h, s_D_p, dtype, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr,
-                HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
-    """Once S_c is published: + exp(dA_m)·C_m·S_c (S_c read from the states tensor through L2, never TMA), then D,
-    z and the store of the row tile."""
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < chunk_len
-    acc += state_term(st_base, None, CmT, state_scale, b32, c, h, p0, offs_n, offs_p, mask_n, mask_p, s_st_p,
-                      s_st_n, dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, False, False, ".cg")
-    epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b32, h, start + m0, p0, offs_m, offs_p, mask_m, mask_p,
-             s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, BLOCK_M, BLOCK_P, HAS_D, HAS_Z, SWAP, EXP2, TMA)
-
-
-@triton.jit
-def _rows_whole(B_base, x_base, dt_base, dA_base, C_base, cb_base, seq_base, st_base, z_base, y_base, B_desc, C_desc,
-                x_desc, y_desc, D_ptr, b32, g, h, c, start, m0, p0, chunk_len, offs_n, offs_p, mask_n, mask_p, s_C_l,
-                s_C_n, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k, s_st_p, s_st_n, s_z_l,
-                s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, dtype, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-                HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr):
-    """The row tile at m0 once S_c is published, in compute_out's order: exp(dA_m)·C_m·S_c (S_c read back from the
-    states tensor through L2, never TMA), the chunk's own tokens' term (C·Bᵀ inline, or with SHARED_CB read from
-    the C·Bᵀ matrix, so that C's rows are dead before the source loop), D, z, the store."""
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < chunk_len
-    dA_m, state_scale, seq_m = row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2, HAS_SEQ)
-    CmT = c_rows(C_base, C_desc, b32, g, start + m0, offs_m, offs_n, mask_m, mask_n, s_C_l, s_C_n, dtype, BLOCK_M,
-                 BLOCK_DSTATE, SWAP, TMA)
-    acc = state_term(st_base, None, CmT, state_scale, b32, c, h, p0, offs_n, offs_p, mask_n, mask_p, s_st_p,
-                     s_st_n, dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, False, False, ".cg")
+    if PUBLISHED:
+        acc += state_term(st_base, None, CmT, state_scale, b32, c, h, p0, offs_n, offs_p, mask_n, mask_p, s_st_p,
+                          s_st_n, dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, False, False, ".cg")
     acc, _ = intra_chunk(acc, acc, B_base, x_base, x_base, cb_base, dA_base, dA_base, dt_base, dt_base, seq_base,
                          B_desc, x_desc, CmT, dA_m, dA_m, seq_m, b32, g, h, start, m0, p0, chunk_len, offs_m, offs_n,
                          offs_p, mask_m, mask_n, mask_p, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m,
                          s_cb_k, dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE, HAS_SEQ, SWAP, EXP2, DOT_PRECISION,
                          SHARED_CB, DECAY_FACTOR, TMA, 1)
+    if not PUBLISHED:
+        _wait(flag)
+        acc += state_term(st_base, None, CmT, state_scale, b32, c, h, p0, offs_n, offs_p, mask_n, mask_p, s_st_p,
+                          s_st_n, dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, False, False, ".cg")
     epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b32, h, start + m0, p0, offs_m, offs_p, mask_m, mask_p,
              s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, BLOCK_M, BLOCK_P, HAS_D, HAS_Z, SWAP, EXP2, TMA)
 
@@ -296,23 +265,19 @@ def fused_kernel(
     if WHOLE_CHUNK:
         # S_c is published (the carry above waited for it): each row tile in turn, start to end of the chunk
         for m in range(0, chunk_len, BLOCK_M):
-            _rows_whole(B_base, x_base, dt_base, dA_base, C_base, cb_base, seq_base, st_base, z_base, y_base, B_desc,
-                        C_desc, x_desc, y_desc, D_ptr, b32, g, h, c, start, m, p0, chunk_len, offs_n, offs_p, mask_n,
-                        mask_p, s_C_l, s_C_n, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k,
-                        s_st_p, s_st_n, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, dtype, BLOCK_M, BLOCK_K, BLOCK_P,
-                        BLOCK_DSTATE, HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA)
+            _rows(B_base, x_base, dt_base, dA_base, C_base, cb_base, seq_base, st_base, z_base, y_base, B_desc, C_desc,
+                  x_desc, y_desc, D_ptr, flags + c, b32, g, h, c, start, m, p0, chunk_len, offs_n, offs_p, mask_n,
+                  mask_p, s_C_l, s_C_n, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k, s_st_p,
+                  s_st_n, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE,
+                  HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, True)
     else:
-        # the row tile's own tokens first, then wait for S_c (published by the chunk's carrier, or by chunk 0's)
-        acc, CmT, state_scale = _rows_own(
-            B_base, x_base, dt_base, dA_base, C_base, seq_base, B_desc, C_desc, x_desc, b32, g, h, c, start, m0, p0,
-            chunk_len, offs_n, offs_p, mask_n, mask_p, s_C_l, s_C_n, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l,
-            s_seq_l, dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE, HAS_SEQ, SWAP, EXP2, DOT_PRECISION,
-            DECAY_FACTOR, TMA)
-        _wait(flags + c)
-        _rows_close(acc, CmT, state_scale, st_base, x_base, z_base, y_base, y_desc, D_ptr, b32, c, h, start, m0, p0,
-                    chunk_len, offs_n, offs_p, mask_n, mask_p, s_st_p, s_st_n, s_x_l, s_x_p, s_z_l, s_z_p, s_y_l,
-                    s_y_p, s_D_h, s_D_p, dtype, BLOCK_M, BLOCK_P, BLOCK_DSTATE, HAS_D, HAS_Z, SWAP, EXP2,
-                    DOT_PRECISION, TMA)
+        # the row tile's own tokens first, then the wait for S_c (published by the chunk's carrier, or by chunk 0's)
+        _rows(B_base, x_base, dt_base, dA_base, C_base, cb_base, seq_base, st_base, z_base, y_base, B_desc, C_desc,
+              x_desc, y_desc, D_ptr, flags + c, b32, g, h, c, start, m0, p0, chunk_len, offs_n, offs_p, mask_n,
+              mask_p, s_C_l, s_C_n, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k, s_st_p,
+              s_st_n, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE,
+              HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, False)
+
 
 
 def fused_state_out(C, B, x, dt, dA_cumsum, initial_states, D, z, seq_idx, state_dtype, *, config, switches, empty,

@@ -113,7 +113,7 @@ class TritonSwitches:
                     "of the PyTorch blog's fused SSD kernel). Needs fuse_state_out=True",
         choices=("row_tile", "chunk"),
         sm90="'chunk': a quarter of the programs (at 64-row tiles and chunk 256), each four times as long, no carrier "
-             "doing more than the others; at S1 with host descriptors the kernel takes 255 registers, no spill at "
+             "doing more than the others; at S1 with host descriptors the kernel takes 250 registers, no spill at "
              "occupancy 2, spills at 3 (docs/perf-notes.md, version 21)",
         sm100="the same program arrangement",
         needs={"fuse_state_out": True})
