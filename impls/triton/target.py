@@ -4,11 +4,15 @@ configurations) and the device name tuning records are bound to.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
+@functools.cache
 def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 when the kernels were defined)."""
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 when the kernels were defined): fixed for
+    the process once the kernel modules are imported, so read once (every public call asks)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from impls.triton.chunk_cumsum import chunk_cumsum_kernel
