@@ -7,7 +7,7 @@
 # scripts/arms/fair_fight.txt. ROUNDS (default 3). Every arm of every round stores into one results folder (rounds
 # after the first with force=true, so each round is a run of its own: its own run_id), merged into
 # $OUT/<experiment>.parquet; one log, $OUT/session.log. Each sweep gets what is left of GPU_SESSION_BUDGET_S; a cut-off
-# run keeps what it measured.
+# run keeps what it measured. ARMS (default: all): the arms to run, by their 1-based order in ARMS_FILE, e.g. ARMS=1,2,4.
 set -uo pipefail
 arms_file=${1:?usage: scripts/rounds.sh ARMS_FILE [EXPERIMENT]}
 exp=${2:-headline}
@@ -16,6 +16,16 @@ rounds=${ROUNDS:-3}
 [ -f "$arms_file" ] && [ -r "$arms_file" ] || { echo "rounds.sh: cannot read $arms_file" >&2; exit 2; }
 mapfile -t arms < <(tr -d '\r' < "$arms_file" | grep -v '^[[:space:]]*\(#\|$\)')
 [ "${#arms[@]}" -gt 0 ] || { echo "rounds.sh: no arm in $arms_file" >&2; exit 2; }
+if [ -n "${ARMS:-}" ]; then
+  picked=()
+  IFS=, read -ra wanted <<< "$ARMS"
+  for i in "${wanted[@]}"; do
+    [[ "$i" =~ ^[1-9][0-9]*$ ]] && [ "$i" -le "${#arms[@]}" ] \
+      || { echo "rounds.sh: ARMS=$ARMS: '$i' is not an arm of $arms_file (1..${#arms[@]})" >&2; exit 2; }
+    picked+=("${arms[i - 1]}")
+  done
+  arms=("${picked[@]}")
+fi
 OUT=${OUT:-results/scratch/gpu}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 budget=${GPU_SESSION_BUDGET_S:-560}

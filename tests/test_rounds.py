@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "rounds.sh"
 
 
-def rounds(tmp_path: Path, arms: str | None, rounds_env: str = "2", budget: str = "400"):
+def rounds(tmp_path: Path, arms: str | None, rounds_env: str = "2", budget: str = "400", pick: str | None = None):
     arms_file = tmp_path / "arms.txt"
     if arms is not None:  # None: no such file
         arms_file.write_text(arms)
@@ -23,6 +23,9 @@ def rounds(tmp_path: Path, arms: str | None, rounds_env: str = "2", budget: str 
     env.update(PYTHONPATH=str(REPO), PATH=f"{Path(sys.executable).parent}:{env['PATH']}", OUT=str(tmp_path / "out"),
                TMPDIR=str(tmp_path), SSD_TUNING_DIR=str(tmp_path / "tuning"), GPU_SESSION_BUDGET_S=budget,
                ROUNDS=rounds_env)
+    env.pop("ARMS", None)
+    if pick is not None:
+        env["ARMS"] = pick
     (tmp_path / "tuning").mkdir(exist_ok=True)
     return subprocess.run(["bash", str(SCRIPT), str(arms_file), "cpu"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
@@ -43,6 +46,26 @@ def test_two_arms_two_rounds_interleaved(tmp_path):
     order = [line.split("arm ")[1].split("'")[1].endswith("problem.dt_softplus=false")
              for line in log.splitlines() if line.startswith("== round ")]
     assert order == [False, True, False, True]
+
+
+def test_arms_picks_some_arms_in_the_given_order(tmp_path):
+    common = (f"bench.cpu_warmup=0 bench.cpu_reps=1 bench.stages=[forward] logger.dir={tmp_path} "
+              f"hydra.sweep.dir={tmp_path}/multirun")
+    arms = (f"backend=reference {common}\nbackend=reference {common} problem.dt_softplus=false\n"
+            f"backend=reference {common} problem.dt_limit=[0.0,1.0]\n")
+    done = rounds(tmp_path, arms, rounds_env="1", pick="3,1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = (tmp_path / "out" / "session.log").read_text()
+    ran = [line.split("arm ")[1] for line in log.splitlines() if line.startswith("== round ")]
+    assert len(ran) == 2 and "dt_limit" in ran[0] and "problem." not in ran[1]
+    assert pd.read_parquet(tmp_path / "out" / "cpu.parquet")["config_hash"].nunique() == 2
+
+
+@pytest.mark.parametrize("pick", ["0", "4", "1,x", "1,,2"], ids=["zero", "past-the-end", "not-a-number", "empty"])
+def test_arms_outside_the_file_refused(tmp_path, pick):
+    done = rounds(tmp_path, "backend=reference\nbackend=reference\nbackend=reference\n", pick=pick)
+    assert done.returncode == 2 and "ARMS=" in done.stderr, done.stderr
+    assert not (tmp_path / "out" / "cpu.parquet").exists()
 
 
 @pytest.mark.parametrize("arms, rounds_env, message", [
