@@ -112,45 +112,67 @@ def _chunk_sass(dtype=torch.bfloat16, wide=False, **switches) -> str:
 
 
 def _handoff(text: str) -> dict:
-    """The hand-off instructions of a listing: acquires (an atomic add of RZ followed by an L1 invalidation), those
-    inside a backward branch's range (the spin), releases (a device-scope membar right before an atomic exchange,
-    a CTA barrier between the program's last store before it and it), generic global loads (LDG) before the first
-    acquire."""
+    """The hand-off instructions of a listing. Acquires: an atomic of RZ (the first poll's add, the clearing exchange)
+    followed by an L1 invalidation. Spins: atomic adds of RZ inside a backward branch's range (the relaxed polls).
+    Releases: a device-scope membar and the atomic right after it, with whether a CTA barrier lies between the
+    program's last global store before it and it. Loads before the acquire: generic global loads (LDG) before the
+    wait's last acquire (the clearing exchange). MMAs (warpgroup) before the first release (the local state, which
+    must not wait), between it and the last one (none: only the fp32 combine lies between the wait and the
+    publication) and after the last one (the row blocks, which must not hold up the chain)."""
     from impls.cutile.aot import sass_instructions
 
     code = sass_instructions(text)
-    acquires = [k for k, ins in enumerate(code[:-1]) if ins.op == "ATOMG.E.ADD.STRONG.GPU"
-                and ins.args.endswith("RZ") and code[k + 1].op == "CCTL.IVALL"]
+    acquires = [k for k, ins in enumerate(code[:-1]) if ins.base == "ATOMG" and ins.args.endswith("RZ")
+                and code[k + 1].op == "CCTL.IVALL"]
     back = [(int(ins.args.split(",")[-1].strip(), 16), ins.addr) for ins in code
             if ins.base == "BRA" and int(ins.args.split(",")[-1].strip(), 16) < ins.addr]
-    spins = [k for k in acquires if any(lo <= code[k].addr <= hi for lo, hi in back)]
-    releases = []
+    spins = [k for k, ins in enumerate(code) if ins.op == "ATOMG.E.ADD.STRONG.GPU" and ins.args.endswith("RZ")
+             and any(lo <= ins.addr <= hi for lo, hi in back)]
+    releases, release_at = [], []
     for k, ins in enumerate(code):
         if ins.op != "MEMBAR.ALL.GPU":
             continue
-        nxt = next(i for i in code[k + 1:] if i.base == "ATOMG")
+        j, nxt = next((j, i) for j, i in enumerate(code[k + 1:], k + 1) if i.base == "ATOMG")
         stores = [j for j in range(k) if code[j].base == "STG"]
         barrier = bool(stores) and any(code[j].base == "BAR" for j in range(stores[-1], k))
         releases.append((nxt.op, barrier))
+        release_at.append(j)
     first_atomic = next(i for i in code if i.base == "ATOMG")
-    loads_before = sum(ins.base == "LDG" for ins in code[:acquires[0]]) if acquires else None
+    wait_end = max((k for k in acquires if code[k].op.startswith("ATOMG.E.EXCH")), default=None)
+    loads_before = sum(ins.base == "LDG" for ins in code[:wait_end]) if wait_end is not None else None
+    mma = [k for k, ins in enumerate(code) if "GMMA" in ins.base]
+    first, last = (release_at[0], release_at[-1]) if release_at else (len(code), len(code))
     return {"acquires": len(acquires), "spins": len(spins), "releases": releases, "first_atomic": first_atomic.op,
-            "loads_before_acquire": loads_before}
+            "loads_before_acquire": loads_before,
+            "mma_order": (sum(k < first for k in mma), sum(first < k < last for k in mma), sum(k > last for k in mma))}
+
+
+# the wait's first poll (an add, acquire-release) and the publication (an exchange, acquire-release)
+HANDOFF_RELEASES = [("ATOMG.E.ADD.STRONG.GPU", False), ("ATOMG.E.EXCH.STRONG.GPU", True)]
+
+
+def _work_stays_parallel(h: dict) -> bool:
+    """The local state's MMAs before the wait, none between it and the publication, the row blocks' after it."""
+    before, between, after = h["mma_order"]
+    return before > 0 and between == 0 and after > 0
 
 
 @pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
 def test_fused_chunk_hands_off_with_acquire_spin_and_release():
-    """sm_90 SASS of the chunk kernel at the fallback tiles: the ticket is its first atomic (an add), the wait spins
-    on an atomic add with acquire semantics (L1 invalidated after it), the publication is an exchange after a CTA
-    barrier and a device-scope membar; no generic global load comes before the acquire (with TMA the chunk's x, B,
-    dt and dA come by bulk copies, so the slot's loads, which must follow the wait, are the first LDGs: one hoisted
-    above the spin would read a state not yet published); warpgroup MMAs; no local memory."""
+    """sm_90 SASS of the chunk kernel at the fallback tiles: the ticket is its first atomic (an add); the wait is an
+    acquire-release add (a membar before it, L1 invalidated after it), a spin of relaxed adds, and an exchange that
+    clears the flag with acquire semantics (L1 invalidated); the publication is an exchange after a CTA barrier and
+    a device-scope membar; no generic global load comes before the wait's acquire (with TMA the chunk's x, B, dt and
+    dA come by bulk copies, so the slot's loads, which must follow the wait, are the first LDGs: one hoisted above
+    it would read a state not yet published); the chunk's local state is computed before the wait and its row
+    blocks after the publication; warpgroup MMAs; no local memory."""
     text = _chunk_sass()
     h = _handoff(text)
     assert h["first_atomic"] == "ATOMG.E.ADD.STRONG.GPU", h
     assert h["loads_before_acquire"] == 0, h
-    assert h["spins"] >= 1 and h["acquires"] >= h["spins"], h
-    assert h["releases"] == [("ATOMG.E.EXCH.STRONG.GPU", True)], h  # one publication, behind a barrier
+    assert h["spins"] >= 1 and h["acquires"] >= 2, h
+    assert h["releases"] == HANDOFF_RELEASES, h
+    assert _work_stays_parallel(h), h
     f = facts(text)
     assert f["HGMMA"] > 0 and "HMMA" not in text and f["UTMALDG"] > 0, f
     spills = re.findall(r"\b(?:LDL|STL)\b", text)
@@ -175,10 +197,13 @@ def test_serial_fused_kernel_has_no_handoff():
     pytest.param(torch.bfloat16, True, {}, id="bf16-int64-indexed"),
 ])
 def test_fused_chunk_compiles_with_the_switches_it_reads(dtype, wide, switches):
-    """The hand-off is the same whatever the code switches (the slot never goes through TMA) and in the build
-    indexed with int64 (arrays past 2^31 elements)."""
+    """The hand-off and the order of the work around it are the same whatever the code switches (the slot never
+    goes through TMA) and in the build indexed with int64 (arrays past 2^31 elements)."""
     h = _handoff(_chunk_sass(dtype, wide, **switches))
-    assert h["spins"] >= 1 and h["releases"] == [("ATOMG.E.EXCH.STRONG.GPU", True)], h
+    assert h["spins"] >= 1 and h["releases"] == HANDOFF_RELEASES, h
+    # with a plain acquire and release tileiras moved the local state below the wait and the row blocks above the
+    # publication in the all-off and int64 builds: every chunk then waited on the whole previous one
+    assert _work_stays_parallel(h), h
 
 
 @pytest.mark.parametrize("batch, nheads, tiles_p, nchunks", [(1, 1, 1, 3), (2, 3, 2, 4), (3, 5, 4, 2)],
@@ -240,3 +265,16 @@ def test_fused_chunk_launch_on_tensors():
     assert all(params[name] is t for name, t in
                (("x", x), ("y", y), ("states", states), ("final", final), ("sync", sync), ("dA", dA)))
     assert params["BP"] == config["block_headdim"] and params["HAS_INIT"] is False and params["D_MODE"] == 0
+
+
+@pytest.mark.parametrize("name", ["dt", "dA_cumsum"])
+def test_fused_chunk_refuses_a_chunk_count_that_disagrees_with_seqlen(name):
+    """The grid counts x's chunks, the flags dt's: with fewer in dt a waiter would spin on a flag no program sets
+    (a hang). Refused before anything is allocated or launched, naming the argument."""
+    from impls.cutile import fused_chunk, tune
+
+    x, C, B = torch.randn(2, 200, 4, 64), torch.randn(2, 200, 2, 48), torch.randn(2, 200, 2, 48)
+    good, short = torch.rand(2, 4, 4, 64), torch.rand(2, 4, 3, 64)
+    dt, dA = (short, -good) if name == "dt" else (good, -short)
+    with pytest.raises(ValueError, match=rf"{name} has 3 chunks.*needs 4"):
+        fused_chunk.run(C, B, x, dt, dA, None, None, None, None, CHUNK, tune.FALLBACK[9]["fused"])

@@ -16,12 +16,14 @@ Program c reads it before it writes it, and program c + 1 reads it only after c'
 touch it at once.
 
 Hand-off (cuTile 1.7 atomics on the int32 `sync` array, device scope; docs/cutile-switches.md has the SASS):
-publishing is `ct.atomic_xchg(..., memory_order=RELEASE)` after the slot's store; waiting is a `while` loop on
-`ct.atomic_add(..., 0, memory_order=ACQUIRE)`. cuTile's token pass orders every memory operation of the tile program
-before a release before it and every one after an acquire after it (cuda/tile/_passes/token_order.py); tileiras 13.4
-lowers the release to a CTA barrier, MEMBAR.ALL.GPU and ATOMG.E.EXCH.STRONG.GPU from one thread, and
-the acquire to ATOMG.E.ADD.STRONG.GPU from one thread, CCTL.IVALL (the SM's L1 invalidated) and a barrier, so the
-slot's later loads see the publisher's stores. The slot is loaded and stored with allow_tma=False: plain LDG/STG of
+publishing is `ct.atomic_xchg(..., memory_order=ACQ_REL)` after the slot's store; waiting is a first
+`ct.atomic_add(..., 0, memory_order=ACQ_REL)`, a `while` loop of relaxed ones, and an acquire exchange that clears the
+flag. cuTile's token pass orders every memory operation of the tile program before a release before it and every one
+after an acquire after it (cuda/tile/_passes/token_order.py) — and nothing else: later work may rise above a
+release and earlier work sink below an acquire, which is why both ends are acquire-release (the local state before
+the wait, the row blocks after the publication). tileiras 13.4 lowers a release to a CTA barrier, MEMBAR.ALL.GPU and
+the atomic from one thread, an acquire to the atomic from one thread, CCTL.IVALL (the SM's L1 invalidated) and a
+barrier, so the slot's later loads see the publisher's stores. The slot is loaded and stored with allow_tma=False: plain LDG/STG of
 the generic proxy, which the release and acquire order (a TMA copy would go through the async proxy).
 
 Deadlock freedom. A program takes its coordinates not from its block id but from a ticket, an atomic increment of
@@ -50,7 +52,7 @@ from impls.cutile.fused import _rows_out, consts, stage_inputs
 from impls.cutile.fwd_pass_state import _store_state, carry, chunk_decay, initial_state, zero_state
 
 ZERO = ct.PaddingMode.ZERO
-RELAXED, ACQUIRE, RELEASE = ct.MemoryOrder.RELAXED, ct.MemoryOrder.ACQUIRE, ct.MemoryOrder.RELEASE
+RELAXED, ACQUIRE, ACQ_REL = ct.MemoryOrder.RELAXED, ct.MemoryOrder.ACQUIRE, ct.MemoryOrder.ACQ_REL
 DEVICE = ct.MemoryScope.DEVICE
 
 
@@ -78,15 +80,22 @@ def _ticket(sync):
 
 def _wait(sync, flag):
     """Returns once sync[flag] is set, with acquire semantics (what its publisher stored before it is visible), and
-    clears it (this program is its only waiter)."""
-    while ct.atomic_add(sync, flag, 0, memory_order=ACQUIRE, memory_scope=DEVICE) == 0:
-        pass
-    ct.atomic_xchg(sync, flag, 0, memory_order=RELAXED, memory_scope=DEVICE)
+    clears it (this program is its only waiter).
+
+    The first poll is acquire-release: its release half keeps every earlier operation (the local state's loads and
+    MMAs) before the wait, where an acquire alone would let the compiler sink them below it and serialise the chunks
+    (tileiras did so with TMA off and with int64 indexing). The spin polls relaxed; the clearing exchange, which reads
+    the published 1, is the acquire — one L1 invalidation per wait instead of one per poll."""
+    seen = ct.atomic_add(sync, flag, 0, memory_order=ACQ_REL, memory_scope=DEVICE)
+    while seen == 0:
+        seen = ct.atomic_add(sync, flag, 0, memory_order=RELAXED, memory_scope=DEVICE)
+    ct.atomic_xchg(sync, flag, 0, memory_order=ACQUIRE, memory_scope=DEVICE)
 
 
 def _publish(sync, flag):
-    """Sets sync[flag] with release semantics: every store of this program before it is visible to its waiter."""
-    ct.atomic_xchg(sync, flag, 1, memory_order=RELEASE, memory_scope=DEVICE)
+    """Sets sync[flag]: its release half makes every store of this program before it visible to its waiter, its
+    acquire half keeps every later operation (the row blocks) after it, so the chain is not held up by them."""
+    ct.atomic_xchg(sync, flag, 1, memory_order=ACQ_REL, memory_scope=DEVICE)
 
 
 def _load_slot(final, b, h, pb, ks):
@@ -171,10 +180,21 @@ def outputs(x, B, dt, state_dtype, config):
     return y, states, final, sync
 
 
+def check_chunks(x, dt, dA_cumsum):
+    """The grid counts ceil(seqlen / chunk) chunks, the flags and states dt's chunk axis: a dt with fewer chunks would
+    leave a waiter spinning on a flag no program sets (a hang, not an error)."""
+    nchunks = math.ceil(x.shape[1] / dA_cumsum.shape[3])
+    for name, t in (("dt", dt), ("dA_cumsum", dA_cumsum)):
+        if t.shape[2] != nchunks:
+            raise ValueError(f"{name} has {t.shape[2]} chunks (shape {tuple(t.shape)}); x's seqlen {x.shape[1]} in "
+                             f"chunks of {dA_cumsum.shape[3]} needs {nchunks}")
+
+
 def run(C, B, x, dt, dA_cumsum, initial_states, D, z, state_dtype, sw, config):
     """-> (y like x, states (batch, nchunks, nheads, headdim, dstate) in state_dtype, final states fp32)."""
     from impls.cutile.common import launch
 
+    check_chunks(x, dt, dA_cumsum)
     y, states, final, sync = outputs(x, B, dt, state_dtype, config)
     launch(stage_call(C, B, x, dt, dA_cumsum, initial_states, D, z, y, states, final, sync, sw, config))
     return y, states, final
