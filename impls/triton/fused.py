@@ -103,11 +103,25 @@ def _carry(local, st_base, slot_base, init_base, dA_base, seq_ptr, flags, b, c, 
            mask_n, s_st_c, s_st_p, s_st_n, s_f_p, s_f_n, s_i_p, s_i_n, s_dA_l, s_seq_b, s_seq_l, nchunks,
            CHUNK: tl.constexpr, HAS_INIT: tl.constexpr, HAS_SEQ: tl.constexpr, SWAP: tl.constexpr,
            EXP2: tl.constexpr):
-    """The carrier's hand-off for chunk c: S_{c+1} = exp(dA_last)·[same sequence]·S_c + local, published."""
+    """The carrier's hand-off for chunk c: S_{c+1} = exp(dA_last)·[same sequence]·S_c + local, published.
+
+    The decay does not depend on S_c: it is formed before the wait, off the chunk-to-chunk chain (its loads read
+    inputs of earlier launches). What stays on the chain after the acquire: S_c's load, and the compiler's two
+    layout conversions around the sum (the loaded S_c into the MMA layout of `local`, the sum back into the stores'
+    layout; a select that would anchor `local` in the stores' layout first did not move them)."""
     mask = _tile_mask(mask_p, mask_n, SWAP)
     st_offs = _tile_offsets(offs_p, offs_n, s_st_p, s_st_n, SWAP)
     slot_ptrs = slot_base + _tile_offsets(offs_p, offs_n, s_f_p, s_f_n, SWAP)
     st_dtype = st_base.dtype.element_ty
+    decay = _exp(tl.load(dA_base + (CHUNK - 1) * s_dA_l).to(tl.float32), EXP2)
+    if HAS_SEQ:
+        # the carry survives only if the sequence at this chunk's last token is the one at the previous chunk's
+        # last token (sequence 0 before the first chunk), as state_passing_kernel decides it
+        seq_base = seq_ptr + b * s_seq_b
+        last = tl.minimum((c + 1) * CHUNK, seqlen) - 1
+        current = tl.load(seq_base + last * s_seq_l)
+        previous = tl.load(seq_base + (c * CHUNK - 1) * s_seq_l, mask=c > 0, other=0)
+        decay = tl.where(current == previous, decay, 0.0)
     if c == 0:
         if HAS_INIT:
             state = tl.load(init_base + _tile_offsets(offs_p, offs_n, s_i_p, s_i_n, SWAP), mask=mask,
@@ -119,15 +133,6 @@ def _carry(local, st_base, slot_base, init_base, dA_base, seq_ptr, flags, b, c, 
     else:
         _wait(flags + c)
         state = tl.load(slot_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-    decay = _exp(tl.load(dA_base + (CHUNK - 1) * s_dA_l).to(tl.float32), EXP2)
-    if HAS_SEQ:
-        # the carry survives only if the sequence at this chunk's last token is the one at the previous chunk's
-        # last token (sequence 0 before the first chunk), as state_passing_kernel decides it
-        seq_base = seq_ptr + b * s_seq_b
-        last = tl.minimum((c + 1) * CHUNK, seqlen) - 1
-        current = tl.load(seq_base + last * s_seq_l)
-        previous = tl.load(seq_base + (c * CHUNK - 1) * s_seq_l, mask=c > 0, other=0)
-        decay = tl.where(current == previous, decay, 0.0)
     state = decay * state + local
     tl.store(slot_ptrs, state, mask=mask)
     if c + 1 < nchunks:

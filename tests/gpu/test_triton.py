@@ -142,7 +142,10 @@ def test_warp_specialize_is_refused_on_the_gpu(call):
 
 
 @pytest.mark.parametrize("switches", [{}, {"tma": True, "tma_descriptors": "host", "state_pass": "serial"},
-                                      {"fuse_state_out": True}], ids=["defaults", "tma-host-serial", "fused"])
+                                      {"fuse_state_out": True},
+                                      {"fuse_state_out": True, "fused_program": "chunk", "tma": True,
+                                       "tma_descriptors": "host"}],
+                         ids=["defaults", "tma-host-serial", "fused", "fused-chunk-tma-host"])
 def test_cached_launch_matches_triton_bitwise(switches):
     """launch_path='cached' launches the same compiled kernels with the same arguments: the first call (through
     Triton), a repeat (from the cache) and a call on new inputs (from the cache, new tensors and descriptors) give
@@ -201,15 +204,23 @@ def test_search_then_record_on_gpu(tmp_path, monkeypatch, request):
                                                                                     stages.items()}
 
 
-@pytest.mark.parametrize("variant", ["fused", "fused-chunk", "fused-tma-host", "fused-chunk-tma-host-cb-shared"])
+STRESS_VARIANTS = {"fused": VARIANTS["fused"], "fused-chunk": VARIANTS["fused-chunk"],
+                   "fused-tma-host": VARIANTS["fused-tma-host"],
+                   "fused-chunk-tma-host-cb-shared": VARIANTS["fused-chunk-tma-host-cb-shared"],
+                   # two headdim tiles: two hand-off chains per head, under real concurrency
+                   "fused-chunk-p32": {**VARIANTS["fused-chunk"], "block_headdim": 32}}
+
+
+@pytest.mark.parametrize("variant", list(STRESS_VARIANTS))
 def test_fused_runs_agree_bitwise(variant):
     """The fused kernel's hand-off under real concurrency: 20 runs of a problem with 32 chunks give the same bits
     (the order of every sum is fixed, so a race on a flag or on the hand-off slot would show as a difference or a
     NaN from the poisoned outputs), and the first matches the float64 reference. Both programs, with pointer loads
-    and with TMA through host descriptors (the benchmarked arm's switches; C·Bᵀ from memory with 'chunk')."""
+    and with TMA through host descriptors (the benchmarked arm's switches; C·Bᵀ from memory with 'chunk'), and
+    'chunk' with two headdim tiles."""
     from impls.tolerance import poisoned_allocations
 
-    backend = _backend(**VARIANTS[variant])
+    backend = _backend(**STRESS_VARIANTS[variant])
     inputs = make_inputs(Problem(Shape(4, 8192, 16, 64, 1, 128, 256), has_initial_states=True), device="cuda",
                          seed=3, dtype=torch.bfloat16)
     with poisoned_allocations():
@@ -220,6 +231,30 @@ def test_fused_runs_agree_bitwise(variant):
     ref = float64_forward(inputs)
     assert rel_err(runs[0].y, ref.y) <= tolerance(torch.bfloat16)
     assert rel_err(runs[0].final_states, ref.final_states) <= tolerance(torch.bfloat16)
+
+
+@pytest.mark.parametrize("variant", ["fused", "fused-chunk-tma-host"])
+def test_fused_graph_replays_agree_bitwise(variant):
+    """The fused forward captured in a CUDA graph (as the harness times it): the sync array's zero fill is captured
+    with the kernel, so every replay starts from zero flags and gives the eager call's bits."""
+    backend = _backend(**VARIANTS[variant])
+    inputs = make_inputs(Problem(Shape(2, 4096, 8, 64, 1, 128, 256), has_initial_states=True), device="cuda",
+                         seed=4, dtype=torch.bfloat16)
+    kw = inputs.forward_kwargs()
+    eager = impls.ssd_forward(**kw, backend=backend)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        impls.ssd_forward(**kw, backend=backend)  # warm-up off the default stream, as capture requires
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = impls.ssd_forward(**kw, backend=backend)
+    for _ in range(5):
+        captured.y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured.y, eager.y) and torch.equal(captured.final_states, eager.final_states)
 
 
 def _triton_local_states(backend, inp, dt, dA):
