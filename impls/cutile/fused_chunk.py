@@ -23,8 +23,9 @@ after an acquire after it (cuda/tile/_passes/token_order.py) — and nothing els
 release and earlier work sink below an acquire, which is why both ends are acquire-release (the local state before
 the wait, the row blocks after the publication). tileiras 13.4 lowers a release to a CTA barrier, MEMBAR.ALL.GPU and
 the atomic from one thread, an acquire to the atomic from one thread, CCTL.IVALL (the SM's L1 invalidated) and a
-barrier, so the slot's later loads see the publisher's stores. The slot is loaded and stored with allow_tma=False: plain LDG/STG of
-the generic proxy, which the release and acquire order (a TMA copy would go through the async proxy).
+barrier, so the slot's later loads see the publisher's stores. The slot is loaded and stored with allow_tma=False:
+plain LDG/STG of the generic proxy, which the release and acquire order (a TMA copy would go through the async
+proxy).
 
 Deadlock freedom. A program takes its coordinates not from its block id but from a ticket, an atomic increment of
 sync[0] that is its first memory operation; tickets enumerate (chunk, batch, head, headdim block) with the chunk
