@@ -156,8 +156,7 @@ def _check_chunked(B, x, dt, dA_cumsum):
                  device=x.device)
     nchunks, chunk = dt.shape[2], dt.shape[3]
     check.chunk_size(chunk, "dt (dimension 3: chunk_size)")
-    if nchunks != math.ceil(seqlen / chunk):
-        check.fail("dt", f"nchunks = ceil(seqlen/chunk_size) = {math.ceil(seqlen / chunk)} (dimension 2)", nchunks)
+    check.nchunks("dt", dt, seqlen)
     check.chunked("dA_cumsum", dA_cumsum, batch, nheads, nchunks, chunk, x.device)
     return batch, seqlen, nheads, headdim, ngroups, dstate, chunk, nchunks
 

@@ -108,6 +108,13 @@ def cu_seqlens(value, batch: int, device) -> None:
         fail("cu_seqlens", "batch == 1 (packed sequences share one row of x)", f"batch={batch}")
 
 
+def nchunks(arg: str, t, seqlen: int) -> None:
+    """t's chunk axis (dimension 2) counts ceil(seqlen / chunk_size) chunks, chunk_size being its dimension 3."""
+    want = math.ceil(seqlen / t.shape[3])
+    if t.shape[2] != want:
+        fail(arg, f"nchunks = ceil(seqlen/chunk_size) = {want} (dimension 2)", t.shape[2])
+
+
 def chunked(arg: str, t, batch: int, nheads: int, nchunks: int, chunk: int, device) -> None:
     """dt or dA_cumsum as chunk_cumsum returns them: (batch, nheads, nchunks, chunk_size), fp32."""
     tensor(arg, t, shape=(batch, nheads, nchunks, chunk), dtypes=(torch.float32, torch.float64), device=device)

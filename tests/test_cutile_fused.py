@@ -276,5 +276,6 @@ def test_fused_chunk_refuses_a_chunk_count_that_disagrees_with_seqlen(name):
     x, C, B = torch.randn(2, 200, 4, 64), torch.randn(2, 200, 2, 48), torch.randn(2, 200, 2, 48)
     good, short = torch.rand(2, 4, 4, 64), torch.rand(2, 4, 3, 64)
     dt, dA = (short, -good) if name == "dt" else (good, -short)
-    with pytest.raises(ValueError, match=rf"{name} has 3 chunks.*needs 4"):
+    message = rf"{name}: expected nchunks = ceil\(seqlen/chunk_size\) = 4 \(dimension 2\), got 3"
+    with pytest.raises(ValueError, match=message):
         fused_chunk.run(C, B, x, dt, dA, None, None, None, None, CHUNK, tune.FALLBACK[9]["fused"])

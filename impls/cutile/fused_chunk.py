@@ -47,6 +47,7 @@ import math
 import cuda.tile as ct
 import torch
 
+from impls import validate as check
 from impls.cutile.common import KernelCall, kernel_call
 from impls.cutile.compute_out import blocks
 from impls.cutile.fused import _rows_out, consts, stage_inputs
@@ -181,21 +182,14 @@ def outputs(x, B, dt, state_dtype, config):
     return y, states, final, sync
 
 
-def check_chunks(x, dt, dA_cumsum):
-    """The grid counts ceil(seqlen / chunk) chunks, the flags and states dt's chunk axis: a dt with fewer chunks would
-    leave a waiter spinning on a flag no program sets (a hang, not an error)."""
-    nchunks = math.ceil(x.shape[1] / dA_cumsum.shape[3])
-    for name, t in (("dt", dt), ("dA_cumsum", dA_cumsum)):
-        if t.shape[2] != nchunks:
-            raise ValueError(f"{name} has {t.shape[2]} chunks (shape {tuple(t.shape)}); x's seqlen {x.shape[1]} in "
-                             f"chunks of {dA_cumsum.shape[3]} needs {nchunks}")
-
-
 def run(C, B, x, dt, dA_cumsum, initial_states, D, z, state_dtype, sw, config):
     """-> (y like x, states (batch, nchunks, nheads, headdim, dstate) in state_dtype, final states fp32)."""
     from impls.cutile.common import launch
 
-    check_chunks(x, dt, dA_cumsum)
+    # the grid counts x's chunks, the flags and states dt's: with fewer in dt (or dA_cumsum) a waiter would spin on a
+    # flag no program sets, a hang rather than an error
+    check.nchunks("dt", dt, x.shape[1])
+    check.nchunks("dA_cumsum", dA_cumsum, x.shape[1])
     y, states, final, sync = outputs(x, B, dt, state_dtype, config)
     launch(stage_call(C, B, x, dt, dA_cumsum, initial_states, D, z, y, states, final, sync, sw, config))
     return y, states, final

@@ -204,9 +204,8 @@ def test_search_then_record_on_gpu(tmp_path, monkeypatch, request):
                                                                                     stages.items()}
 
 
-STRESS_VARIANTS = {"fused": VARIANTS["fused"], "fused-chunk": VARIANTS["fused-chunk"],
-                   "fused-tma-host": VARIANTS["fused-tma-host"],
-                   "fused-chunk-tma-host-cb-shared": VARIANTS["fused-chunk-tma-host-cb-shared"],
+STRESS_VARIANTS = {**{name: VARIANTS[name] for name in ("fused", "fused-chunk", "fused-tma-host",
+                                                         "fused-chunk-tma-host-cb-shared")},
                    # two headdim tiles: two hand-off chains per head, under real concurrency
                    "fused-chunk-p32": {**VARIANTS["fused-chunk"], "block_headdim": 32}}
 
