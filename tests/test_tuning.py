@@ -623,14 +623,17 @@ def test_triton_record_key_of_equal_switches_of_other_types_does_not_depend_on_o
     assert "tma=1" in key(1)
 
 
-def test_triton_fuse_state_out_keys_only_the_fused_kernel():
-    """fuse_state_out changes only the fused kernel: the staged kernels of the fused arrangement read the staged
-    records (no search of their own under a fuse_state_out key), the fused kernel keys on it."""
+@pytest.mark.parametrize("program", ["row_tile", "chunk"])
+def test_triton_fused_switches_key_only_the_fused_kernel(program):
+    """fuse_state_out and fused_program change only the fused kernel: the staged kernels of either fused
+    arrangement read the staged records (no search of their own under a fused key), the fused kernel keys on them."""
     from impls.triton.stages import FUSED
     from impls.triton.switches import TritonSwitches
     from impls.triton.tune import record_key
 
-    fused, staged = TritonSwitches(fuse_state_out=True), TritonSwitches()
+    fused = TritonSwitches(fuse_state_out=True, fused_program=program, tma=True, tma_descriptors="host")
+    staged = TritonSwitches(tma=True, tma_descriptors="host")
     for stage in ("chunk_cumsum", "chunk_state", "state_passing", "compute_out"):
         assert record_key(fused, "S1", "bfloat16", {}, stage) == record_key(staged, "S1", "bfloat16", {}, stage)
     assert "fuse_state_out=True" in record_key(fused, "S1", "bfloat16", {}, FUSED)
+    assert ("fused_program=chunk" in record_key(fused, "S1", "bfloat16", {}, FUSED)) == (program == "chunk")

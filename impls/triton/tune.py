@@ -33,17 +33,19 @@ class Resolved:
 
 
 STACK = ("triton", "driver")  # what a Triton record is bound to
+FUSED_ONLY = ("fuse_state_out", "fused_program")  # switches that change the fused kernel's code and no other's
 
 
 def record_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict, stage: str | None = None) -> str:
     """The tuning record's key: shape, dtype, the code-changing switches and the call's flags (bias, z, ...).
-    `fuse_state_out` changes only the fused kernel's code: with a `stage` other than FUSED it stays out of the
-    key, so the fused arrangement's staged kernels (chunk_cumsum, and the stages timed on their own) use the records
-    of the staged arrangement with the same other switches (with tma off, today none is committed: fallback tiles)
-    instead of searching again under keys of their own."""
+    `fuse_state_out` and `fused_program` change only the fused kernel's code: with a `stage` other than FUSED they
+    stay out of the key, so the fused arrangement's staged kernels (chunk_cumsum, and the stages timed on their own)
+    use the records of the staged arrangement with the same other switches instead of searching again under keys of
+    their own (with `fused_program` in the key, each point of the chunk program searched compute_out's 48
+    configurations again on the GPU)."""
     code = code_switches(switches)
     if stage is not None and stage != FUSED:
-        code = {k: v for k, v in code.items() if k != "fuse_state_out"}
+        code = {k: v for k, v in code.items() if k not in FUSED_ONLY}
     return tuning.tuning_key(shape_label, dtype, **code, **flags)
 
 
