@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,7 +74,8 @@ def graph_median(fn: Callable[[], object], rep_ms: int) -> float | Missing:
 def graph_times(fn: Callable[[], object], rep_ms: int) -> float:
     """Median milliseconds of one replay of a CUDA graph holding one call of `fn`, L2 flushed (triton's 256 MB
     clear, as do_bench) before every replay; the flush is outside the timed events. Replays: about rep_ms worth,
-    10 to 1000."""
+    10 to 1000. A call that launches no GPU work (a peer adapter's host-only step) captures an empty graph, whose
+    replay time says nothing about the call: refused (`graph_median` records why)."""
     from triton import runtime
 
     cache = runtime.driver.active.get_empty_cache_for_benchmark()
@@ -82,8 +84,11 @@ def graph_times(fn: Callable[[], object], rep_ms: int) -> float:
         fn()  # warm-up outside the capture: compilation and tuning must not be captured
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.cuda.graph(graph, stream=stream):
+                fn()
+        _refuse_empty(caught)
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -101,6 +106,14 @@ def graph_times(fn: Callable[[], object], rep_ms: int) -> float:
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def _refuse_empty(caught: list[warnings.WarningMessage]) -> None:
+    """Raises when torch warned during the capture that the graph is empty; re-emits any other warning."""
+    for w in caught:
+        if "CUDA Graph is empty" in str(w.message):
+            raise RuntimeError("the call launched no GPU work (the captured CUDA graph is empty): no replay to time")
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def abba_sequence(pairs: int) -> list[int]:
@@ -178,4 +191,5 @@ def ceilings(device: torch.device, dtype: torch.dtype, rep_ms: int) -> dict[str,
     src = torch.randn(1 << 28, device=device, dtype=torch.float32)  # 1 GiB of random data, never zeros
     dst = torch.empty_like(src)
     copy_ms = do_bench(lambda: dst.copy_(src), rep=rep_ms, return_mode="median")
-    return {"matmul_tflops": 2 * n**3 / (mm_ms * 1e-3) / 1e12, "copy_gbps": 2 * src.numel() * 4 / (copy_ms * 1e-3) / 1e9}
+    return {"matmul_tflops": 2 * n**3 / (mm_ms * 1e-3) / 1e12,
+            "copy_gbps": 2 * src.numel() * 4 / (copy_ms * 1e-3) / 1e9}

@@ -184,3 +184,19 @@ def test_a_graph_that_cannot_be_captured_records_why():
     assert isinstance(missing, timing.Missing) and "CUDA-graph" in missing.reason
     row = record.metric_columns("forward", "graph_median_ms", missing)
     assert row["value"] != row["value"] and row["note"] == missing.reason
+
+
+def test_an_empty_capture_is_refused_and_other_warnings_pass_on():
+    """torch's warning that a captured CUDA graph is empty turns into an error (graph_median records it as Missing);
+    any other warning raised during the capture is re-emitted unchanged."""
+    import warnings
+
+    from experiments import timing
+
+    def caught(message, category=UserWarning):
+        return warnings.WarningMessage(message, category, "graphs.py", 126)
+
+    with pytest.raises(RuntimeError, match="no GPU work"):
+        timing._refuse_empty([caught("The CUDA Graph is empty. This usually means ...")])
+    with pytest.warns(DeprecationWarning, match="something else"):
+        timing._refuse_empty([caught("something else", DeprecationWarning)])

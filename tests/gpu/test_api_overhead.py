@@ -29,6 +29,12 @@ def test_a_capture_failure_is_recorded_with_its_reason():
     assert isinstance(missing, timing.Missing) and "CUDA-graph" in missing.reason
 
 
+def test_a_call_without_gpu_work_has_no_graph_figure():
+    """A host-only step (a peer adapter's) captures an empty graph: Missing with the reason, not a replay time."""
+    missing = timing.graph_median(lambda: None, 20)
+    assert isinstance(missing, timing.Missing) and "no GPU work" in missing.reason
+
+
 @pytest.mark.parametrize("name", ["reference", "mamba_ssm", "triton", "cutile", "tilegym", "fla"])
 def test_api_overhead_rows(name):
     try:
