@@ -111,6 +111,6 @@ case "$phase" in
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
 # the tuning records as they stand after the phase (searches store there; the GPU machine keeps nothing): one file back;
-# here: tar -xzf <returned folder>/tuning.tar.gz -C tuning, then commit what changed
+# here: python -m experiments.tuning_take <returned folder>/tuning.tar.gz, then commit what changed
 tar -czf "$OUT/tuning.tar.gz" -C "${SSD_TUNING_DIR:-tuning}" .
 echo "== done in $(( $(date +%s) - start )) s" | tee -a "$log"
