@@ -123,7 +123,7 @@ def take(archives: list[str | Path], tuning_dir: str | Path, dry_run: bool = Fal
             if path.exists():
                 path.unlink()
                 changes.append(f"{name}: deleted (no unfinished search left)")
-        elif data != before:
+        elif data and data != before:  # {}: a record file read only to judge a partial, and absent
             tuning._write(path, data)
     return changes
 

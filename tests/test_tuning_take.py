@@ -101,6 +101,14 @@ def test_a_partial_file_left_empty_is_deleted(tree, tmp_path):
     assert not (tree / GPU / "triton_compute_out.partial.json").exists()
 
 
+def test_an_interrupted_first_search_writes_no_empty_record(tree, tmp_path):
+    """A partial file whose stage has no record yet stays as it is, and no record file appears for it."""
+    run = archive(tmp_path / "a.tgz", {"triton_chunk_state.partial.json": {"S1": partial(4)}})
+    tuning_take.take([run], tree)
+    assert not (tree / GPU / "triton_chunk_state.json").exists()
+    assert len(read(tree, "triton_chunk_state.partial.json")["S1"]["measurements"]) == 4
+
+
 @pytest.mark.parametrize("prefix", ["./", "tuning/", ""], ids=["gpu-session", "tuning-folder", "bare"])
 def test_archive_layouts(tree, tmp_path, prefix):
     run = archive(tmp_path / "a.tgz", {"triton_chunk_state.json": record(S9=entry("2026-12-05T10:00:00"))}, prefix)
