@@ -83,12 +83,7 @@ def graph_times(fn: Callable[[], object], rep_ms: int) -> float:
     with torch.cuda.stream(stream):
         fn()  # warm-up outside the capture: compilation and tuning must not be captured
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with torch.cuda.graph(graph, stream=stream):
-                fn()
-        _refuse_empty(caught)
+        graph = capture(fn, stream)
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -108,12 +103,22 @@ def graph_times(fn: Callable[[], object], rep_ms: int) -> float:
     return statistics.median(times)
 
 
-def _refuse_empty(caught: list[warnings.WarningMessage]) -> None:
-    """Raises when torch warned during the capture that the graph is empty; re-emits any other warning."""
-    for w in caught:
-        if "CUDA Graph is empty" in str(w.message):
-            raise RuntimeError("the call launched no GPU work (the captured CUDA graph is empty): no replay to time")
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+EMPTY_GRAPH = r".*CUDA Graph is empty"  # torch's warning at the end of a capture that recorded no work
+
+
+def capture(fn: Callable[[], object], stream) -> torch.cuda.CUDAGraph:
+    """A CUDA graph holding one call of `fn`, captured on `stream`. torch's warning that the graph is empty (the call
+    launched no GPU work) becomes an error naming that; every other warning goes through the filters as usual."""
+    graph = torch.cuda.CUDAGraph()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=EMPTY_GRAPH, category=UserWarning)
+        try:
+            with torch.cuda.graph(graph, stream=stream):
+                fn()
+        except UserWarning as exc:
+            raise RuntimeError("the call launched no GPU work (the captured CUDA graph is empty): no replay to time"
+                               ) from exc
+    return graph
 
 
 def abba_sequence(pairs: int) -> list[int]:

@@ -9,9 +9,11 @@ records are merged entry by entry instead:
 - a record entry (`<gpu>/<backend>_<stage>.json`, one per key) new to the tree is added; one the tree has already is
   replaced only by a later `date` (the search that ran last wins, as it would have on one machine);
 - a partial entry (`<backend>_<stage>.partial.json`, an interrupted search's measurements) is dropped once the merged
-  record holds its key searched on the same software stack (each version the partial names): that search has
-  finished; otherwise the
-  entry with more measurements is kept. A partial file left empty is deleted.
+  record holds its key, searched on the same software stack (each version the partial names) and with every config
+  the partial measured among the record's measurements or failures: that search has finished. A record that does
+  not cover it (another space, or a later search of the same key cut off in its turn) leaves the partial in place.
+  Of two partial entries for one key the one with more measurements is kept (on equal counts, the tree's). A
+  partial file left empty is deleted.
 
     python -m experiments.tuning_take ARCHIVE [ARCHIVE ...] [--tuning tuning] [--dry-run]
 
@@ -40,7 +42,7 @@ def read_archive(path: str | Path) -> dict[str, dict]:
             parts = [p for p in PurePosixPath(member.name).parts if p not in (".", "")]
             if parts and parts[0] == "tuning":
                 parts = parts[1:]
-            if len(parts) != 2 or ".." in parts:
+            if PurePosixPath(member.name).is_absolute() or len(parts) != 2 or ".." in parts:
                 raise ValueError(f"archive {path}: member {member.name!r} is not <gpu>/<file>.json")
             out["/".join(parts)] = json.load(tar.extractfile(member))
     return out
@@ -66,19 +68,35 @@ def merge_records(ours: dict, theirs: dict, name: str) -> tuple[dict, list[str]]
 
 
 def merge_partials(ours: dict, theirs: dict, records: dict, name: str) -> tuple[dict, list[str]]:
-    """The partial entries of both, the fuller of two for one key, less those whose search has finished (the
-    merged `records` hold the key on the same stack)."""
+    """The partial entries of both, the fuller of two for one key, less those whose search has finished (`_finished`
+    by the merged `records`)."""
     merged, changes = dict(ours), []
     for key, entry in theirs.items():
-        if len(entry.get("measurements", [])) > len(merged.get(key, {}).get("measurements", [])):
+        have = merged.get(key)
+        if have is None or len(entry.get("measurements", [])) > len(have.get("measurements", [])):
+            if entry != have:
+                changes.append(f"{name}: {'added' if have is None else 'replaced'} the unfinished search of {key} "
+                               f"({len(entry.get('measurements', []))} configs measured)")
             merged[key] = entry
     for key in list(merged):
-        done = records.get("entries", {}).get(key)
-        if done is not None and _same_stack(done.get("versions") or {}, merged[key].get("versions") or {}):
+        if _finished(records.get("entries", {}).get(key), merged[key]):
             del merged[key]
             if key in ours:
                 changes.append(f"{name}: dropped the finished search's partial entry {key}")
     return merged, changes
+
+
+def _configs(entry: dict) -> list:
+    return [m.get("config") for m in (*entry.get("measurements", []), *entry.get("failures", []))]
+
+
+def _finished(record: dict | None, partial: dict) -> bool:
+    """The record holds the partial's search, finished: the same stack, and every config the partial measured (or
+    saw fail) among the record's."""
+    if record is None or not _same_stack(record.get("versions") or {}, partial.get("versions") or {}):
+        return False
+    done = _configs(record)
+    return all(config in done for config in _configs(partial))
 
 
 def _same_stack(record: dict, partial: dict) -> bool:
@@ -114,17 +132,16 @@ def take(archives: list[str | Path], tuning_dir: str | Path, dry_run: bool = Fal
             merged, done = merge_partials(merged, content.get(name, {}), record, name)
             changes += done
         files[name] = merged
+    emptied = [n for n, data in files.items() if n.endswith(PARTIAL) and not data and (root / n).exists()]
+    changes += [f"{name}: deleted (no unfinished search left)" for name in emptied]
     if dry_run:
         return changes
+    for name in emptied:
+        (root / name).unlink()
     for name, data in files.items():
         path = root / name
-        before = json.loads(path.read_text()) if path.exists() else None
-        if name.endswith(PARTIAL) and not data:
-            if path.exists():
-                path.unlink()
-                changes.append(f"{name}: deleted (no unfinished search left)")
-        elif data and data != before:  # {}: a record file read only to judge a partial, and absent
-            tuning._write(path, data)
+        if data and data != (json.loads(path.read_text()) if path.exists() else None):
+            tuning._write(path, data)  # ({}: a record file read only to judge a partial, and absent)
     return changes
 
 

@@ -14,8 +14,14 @@ GPU = "NVIDIA_H200"
 STACK = {"triton": "3.6.0", "driver": "580"}
 
 
-def entry(date, block=64, versions=None):
-    return {"config": {"block_rows": block}, "date": date, "versions": {**(versions or STACK), "torch": "2.11.0"}}
+def measured(n):
+    return [{"config": {"block_rows": 16 * (i + 1)}, "us": 10.0 + i} for i in range(n)]
+
+
+def entry(date, block=64, versions=None, searched=8):
+    """A record entry whose search measured `searched` configs (those a partial of up to that many holds)."""
+    return {"config": {"block_rows": block}, "date": date, "versions": {**(versions or STACK), "torch": "2.11.0"},
+            "measurements": measured(searched), "failures": []}
 
 
 def record(**entries):
@@ -23,8 +29,7 @@ def record(**entries):
 
 
 def partial(n, versions=None):
-    return {"space_hash": "abc", "versions": versions or STACK, "measurements": [{"us": i} for i in range(n)],
-            "failures": []}
+    return {"space_hash": "abc", "versions": versions or STACK, "measurements": measured(n), "failures": []}
 
 
 def archive(path, files, prefix="./"):
@@ -85,6 +90,20 @@ def test_a_finished_search_drops_its_partial_and_an_unfinished_one_keeps_the_ful
     assert any("dropped" in c and "S2" in c for c in changes)
 
 
+def test_a_record_that_does_not_cover_the_partial_leaves_it(tree, tmp_path):
+    """The tree's record of S1 is an older search (2 configs); a later search of S1 on the same stack was cut after
+    5: its partial stays, and the change says so."""
+    run = archive(tmp_path / "a.tgz", {
+        "triton_compute_out.json": record(S1=entry("2026-12-01T00:00:00", searched=2)),
+        "triton_compute_out.partial.json": {"S1": partial(5)},
+    })
+    (tree / GPU / "triton_compute_out.json").write_text(json.dumps(record(S1=entry("2026-12-01T00:00:00",
+                                                                                    searched=2))))
+    changes = tuning_take.take([run], tree)
+    assert len(read(tree, "triton_compute_out.partial.json")["S1"]["measurements"]) == 5
+    assert any("unfinished search of S1" in c for c in changes)
+
+
 def test_a_partial_of_another_stack_stays(tree, tmp_path):
     (tree / GPU / "triton_compute_out.partial.json").write_text(json.dumps({"S1": partial(3)}))
     other = {"triton": "3.5.0", "driver": "580"}
@@ -94,11 +113,13 @@ def test_a_partial_of_another_stack_stays(tree, tmp_path):
     assert sorted(read(tree, "triton_compute_out.partial.json")) == ["S1"]
 
 
-def test_a_partial_file_left_empty_is_deleted(tree, tmp_path):
+@pytest.mark.parametrize("dry_run", [False, True], ids=["written", "dry-run"])
+def test_a_partial_file_left_empty_is_deleted(tree, tmp_path, dry_run):
     (tree / GPU / "triton_compute_out.partial.json").write_text(json.dumps({"S1": partial(3)}))
     run = archive(tmp_path / "a.tgz", {"triton_compute_out.json": record(S1=entry("2026-12-05T10:00:00"))})
-    tuning_take.take([run], tree)
-    assert not (tree / GPU / "triton_compute_out.partial.json").exists()
+    changes = tuning_take.take([run], tree, dry_run=dry_run)
+    assert any("deleted" in c for c in changes)
+    assert (tree / GPU / "triton_compute_out.partial.json").exists() == dry_run
 
 
 def test_an_interrupted_first_search_writes_no_empty_record(tree, tmp_path):
@@ -116,8 +137,16 @@ def test_archive_layouts(tree, tmp_path, prefix):
     assert list(read(tree, "triton_chunk_state.json")["entries"]) == ["S9"]
 
 
-def test_a_member_outside_gpu_folders_is_refused(tree, tmp_path):
-    bad = archive(tmp_path / "a.tgz", {"x.json": {}}, prefix="../")
+@pytest.mark.parametrize("name", ["../NVIDIA_H200/x.json", "/x.json", "/NVIDIA_H200/x.json"],
+                         ids=["parent", "absolute-two-parts", "absolute"])
+def test_a_member_outside_gpu_folders_is_refused(tree, tmp_path, name):
+    bad = tmp_path / "a.tgz"
+    with tarfile.open(bad, "w:gz") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"{}"))
+    with tarfile.open(bad) as tar:
+        assert tar.getnames() == [name]  # stored as given
     with pytest.raises(ValueError, match="not <gpu>/<file>.json"):
         tuning_take.take([bad], tree)
 
