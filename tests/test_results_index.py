@@ -55,3 +55,31 @@ def test_an_unknown_experiment_names_the_known_ones():
 
 def test_committed_headline_table_matches_the_rows():
     assert (ROOT / headline.OUTPUT).read_text() == headline.render(ROOT), "run python -m analysis.headline"
+
+
+GENERATED_TABLES = sorted(RESULTS.glob("*/forward*.md"))
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=f"{p.parent.name}/{p.name}") for p in GENERATED_TABLES])
+def test_a_folder_s_generated_table_matches_its_rows(path):
+    """Each results/*/forward*.md is what the command on its first line makes of the folder's committed rows."""
+    from analysis import forward_table
+
+    assert forward_table.main(["--check", str(path.relative_to(ROOT))]) == 0, "regenerate it (its first line)"
+
+
+def test_an_edited_generated_table_fails_its_check(tmp_path):
+    from analysis import forward_table
+
+    source = GENERATED_TABLES[0]
+    edited = tmp_path / "forward.md"
+    edited.write_text(source.read_text().replace("[", "[9", 1))
+    assert forward_table.main(["--check", str(edited)]) == 1
+
+
+def test_a_stage_no_point_timed_is_refused():
+    from analysis import forward_table
+
+    files = [str(p) for p in sorted((RESULTS / "2026-12-05-h100-chunk-programs").glob("headline.parquet"))]
+    with pytest.raises(ValueError, match="stage 'compute_out': no timed point"):
+        forward_table.tables(files, stage="compute_out")
