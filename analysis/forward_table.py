@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.load import repo_root, timed, wide
-from analysis.markdown import table
+from analysis.markdown import emit, table
 
 COMMAND = "python -m analysis.forward_table"
 
@@ -83,12 +83,7 @@ def main(argv=None) -> int:
         return 0 if same else 1
     if not a.files:
         p.error("files: name at least one parquet file (or --check a generated table)")
-    text = render(a.files, a.stage, root)
-    if a.out:
-        (root / a.out).write_text(text)
-        print(f"[forward_table] {a.out}")
-    else:
-        print(text)
+    emit(render(a.files, a.stage, root), a.out and str(root / a.out), "forward_table")
     return 0
 
 

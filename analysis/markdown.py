@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 
@@ -35,3 +36,12 @@ def table(df: pd.DataFrame, index: bool = False, max_rows: int | None = None) ->
     if not len(df):
         lines.append("| " + " | ".join("" for _ in cols) + " |")
     return "\n".join(lines)
+
+
+def emit(text: str, out: str | None, tag: str) -> None:
+    """Writes `text` to `out` (and says so, as "[tag] out"), or prints it when there is no `out`."""
+    if out:
+        Path(out).write_text(text)
+        print(f"[{tag}] {out}")
+    else:
+        print(text)

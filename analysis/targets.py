@@ -22,7 +22,7 @@ import pandas as pd
 import yaml
 
 from analysis.load import METRICS, timed, wide
-from analysis.markdown import table
+from analysis.markdown import emit, table
 from experiments.cost_model import STAGES
 
 FORWARD = "forward"
@@ -158,12 +158,7 @@ def main(argv=None) -> int:
     p.add_argument("--targets", default=None, help="targets YAML (default analysis/targets.yaml)")
     p.add_argument("--out", default=None, help="write the Markdown here instead of printing it")
     a = p.parse_args(argv)
-    text = render(a.results, load_targets(a.targets))
-    if a.out:
-        Path(a.out).write_text(text)
-        print(f"[targets] {a.out}")
-    else:
-        print(text)
+    emit(render(a.results, load_targets(a.targets)), a.out, "targets")
     return 0
 
 
