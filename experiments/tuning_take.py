@@ -108,12 +108,12 @@ def _same_stack(record: dict, partial: dict) -> bool:
 def take(archives: list[str | Path], tuning_dir: str | Path, dry_run: bool = False) -> list[str]:
     """Merges every archive into `tuning_dir`; returns the changes (none written when dry_run)."""
     root = Path(tuning_dir)
-    files: dict[str, dict] = {}
+    files: dict[str, dict] = {}  # name -> content as merged so far
+    before: dict[str, dict] = {}  # name -> content in the tree ({} where absent), read once
 
     def current(name: str) -> dict:
         if name not in files:
-            path = root / name
-            files[name] = json.loads(path.read_text()) if path.exists() else {}
+            files[name] = before[name] = tuning._read(root / name)
         return files[name]
 
     changes = []
@@ -139,9 +139,8 @@ def take(archives: list[str | Path], tuning_dir: str | Path, dry_run: bool = Fal
     for name in emptied:
         (root / name).unlink()
     for name, data in files.items():
-        path = root / name
-        if data and data != (json.loads(path.read_text()) if path.exists() else None):
-            tuning._write(path, data)  # ({}: a record file read only to judge a partial, and absent)
+        if data and data != before[name]:  # ({}: a record file read only to judge a partial, and absent)
+            tuning._write(root / name, data)
     return changes
 
 
