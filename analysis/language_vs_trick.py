@@ -204,6 +204,10 @@ def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = ()) -> str:
         "",
         "### Each trick in each language (time without it / with it - 1; n/a: the language has no such switch)",
         "",
+        "A switch with values, not on/off (`state_pass`, `fused_program`), reads its other value's point against "
+        "its default (`fused_program` with `fuse_state_out` on in both): a positive figure says the default value "
+        "is the faster. An empty cell: that shape's part has not run.",
+        "",
         table(trick_table(w)) if not missing else
         (f"Not run yet: `{INDEX}` has no entry {', '.join(f'`{m}`' for m in missing)} (each language's defaults, "
          "all-off and single-trick points; the columns above that need them are empty until they are committed)."),
