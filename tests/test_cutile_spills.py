@@ -85,3 +85,21 @@ def test_chunk_parallel_stage_2_kernels_do_not_spill_at_s1():
     rows = spills.report(["S1"], ["fwd_pass_state"], switches=CutileSwitches(state_pass="chunk_parallel"))
     assert [row.kernel for row in rows] == ["fwd_pass_state_local", "fwd_pass_state_pass"]
     assert all((row.ldl, row.stl, row.stack_bytes) == (0, 0, 0) for row in rows), spills.format_table(rows)
+
+
+def test_switches_with_a_record_of_their_own_read_it_and_others_borrow():
+    """As the launcher resolves records (impls/tuning.py): version 13's switches have their own S1 record (two heads
+    with C·Bᵀ shared, searched under them), heads_first alone borrows the record of the key without it."""
+    from impls import tuning
+    from impls.cli import load_shape
+    from impls.cutile import tune
+    from impls.cutile.switches import CutileSwitches
+
+    v13 = CutileSwitches(heads_first=True, skip_first=True, pdl=True)
+    label = load_shape("S1").label()
+    own = tuning.lookup("cutile", "compute_out", spills.GPU, tune.record_key("compute_out", v13, label, "bfloat16"))
+    assert own is not None
+    assert spills.tuned_config("compute_out", "S1", switches=v13) == own["config"]
+    assert own["config"] != spills.tuned_config("compute_out", "S1")  # a test of the lookup, not of equal records
+    borrowed = spills.tuned_config("compute_out", "S1", switches=CutileSwitches(heads_first=True))
+    assert borrowed == spills.tuned_config("compute_out", "S1")

@@ -45,20 +45,26 @@ class KernelSpills:
         return self.ldl + self.stl > 0
 
 
-def tuned_config(stage: str, shape_name: str, dtype: str = "bfloat16") -> dict:
-    """The committed record's config for `stage` at a conf/shape/ preset, under the key the default switches give;
-    raises LookupError naming the file and key when there is none."""
+def tuned_config(stage: str, shape_name: str, dtype: str = "bfloat16", switches=None) -> dict:
+    """The committed record's config for `stage` at a conf/shape/ preset, found as the launcher finds it: the key
+    the switches give (default: CutileSwitches()), else the record that key borrows (the key without the code tricks
+    and launch options, impls/tuning.py), else the default switches' record (an arrangement with no record of its
+    own, state_pass or fused_program, compiles at the default arrangement's tiles: `report`); raises LookupError
+    naming the file and keys when there is none."""
     from impls import tuning
     from impls.cli import load_shape
     from impls.cutile import tune
     from impls.cutile.switches import CutileSwitches
 
+    sw = CutileSwitches() if switches is None else switches
     label = load_shape(shape_name).label()
-    key = tune.record_key(stage, CutileSwitches(), label, dtype)
-    record = tuning.lookup("cutile", stage, GPU, key)
-    if record is None:
-        raise LookupError(f"no record for {shape_name} ({key}) in {tuning.record_path('cutile', stage, GPU)}")
-    return dict(record["config"])
+    keys = dict.fromkeys([*(tune.record_key(stage, sw, label, dtype, code_tricks=tricks) for tricks in (True, False)),
+                          tune.record_key(stage, CutileSwitches(), label, dtype)])
+    for key in keys:
+        record = tuning.lookup("cutile", stage, GPU, key)
+        if record is not None:
+            return dict(record["config"])
+    raise LookupError(f"no record for {shape_name} ({' or '.join(keys)}) in {tuning.record_path('cutile', stage, GPU)}")
 
 
 def resolved_config(stage: str, shape_name: str, dtype: str = "bfloat16", switches=None) -> dict:
@@ -68,7 +74,7 @@ def resolved_config(stage: str, shape_name: str, dtype: str = "bfloat16", switch
     from impls.cutile.switches import CutileSwitches
 
     sw = CutileSwitches() if switches is None else switches
-    return dict(tuned_config(stage, shape_name, dtype), **tune.pins(stage, sw))
+    return dict(tuned_config(stage, shape_name, dtype, sw), **tune.pins(stage, sw))
 
 
 def kernels_of(stage: str, config: dict, state_pass: str = "serial", fused_program: str = "serial") -> tuple[str, ...]:
