@@ -42,8 +42,20 @@ def load_claims(path: str | Path | None = None) -> list[dict]:
 
 
 def _select(w: pd.DataFrame, ours: dict) -> pd.DataFrame:
+    """The timed rows of the claim's stage and shapes: the points run without an ablation, and, for a backend whose
+    switches the claim names (`switches`, `baseline_switches`), an ablation point that sets only named switches
+    ("heads_first:True+pdl:True": an arm run as an ablation; `_with_switches` then checks the values)."""
     t = timed(w)
-    t = t[(t["ablation"].fillna("none") == "none") & (t["stage"] == ours.get("stage", "forward"))]
+    named = {ours[b]: set(ours[sw]) for b, sw in (("backend", "switches"), ("baseline", "baseline_switches"))
+             if ours.get(sw) and ours.get(b)}
+
+    def counts(backend, ablation) -> bool:
+        if pd.isna(ablation) or ablation == "none":
+            return True
+        return {part.partition(":")[0] for part in str(ablation).split("+")} <= named.get(backend, set())
+
+    keep = [counts(b, a) for b, a in zip(t["backend"], t["ablation"])]
+    t = t[pd.Series(keep, index=t.index, dtype=bool) & (t["stage"] == ours.get("stage", "forward"))]
     if ours.get("shape_names"):
         t = t[t["shape_name"].isin(ours["shape_names"])]
     for col, value in (ours.get("shape") or {}).items():
@@ -62,13 +74,15 @@ def _with_switches(t: pd.DataFrame, backend: str, switches: dict) -> pd.DataFram
 def _measure(w: pd.DataFrame, claim: dict) -> tuple[float, str, pd.DataFrame]:
     """(measured value, description, rows used). `ours.results` (a results source such as
     "index:headline,triton_tricks": files of one run) replaces the caller's rows for this claim; `ours.switches`
-    keeps only the backend's points run with those switch values."""
+    keeps only the backend's points run with those switch values, `ours.baseline_switches` the baseline's."""
     ours = claim.get("ours") or {}
     if ours.get("results"):
         w = wide(ours["results"])
     t = _select(w, ours)
     if ours.get("switches") and ours.get("backend"):
         t = _with_switches(t, ours["backend"], ours["switches"])
+    if ours.get("baseline_switches") and ours.get("baseline"):
+        t = _with_switches(t, ours["baseline"], ours["baseline_switches"])
     if claim["kind"] == "speedup" and ours.get("backend") and ours.get("baseline"):
         s = time_summary(t, stages=(ours.get("stage", "forward"),))
         keys = ["shape_name", "shape", "dtype", "gpu_name"]
@@ -80,7 +94,9 @@ def _measure(w: pd.DataFrame, claim: dict) -> tuple[float, str, pd.DataFrame]:
         value = geomean(m["time_ms_base"] / m["time_ms"])
         used = t[t["backend"].isin([ours["backend"], ours["baseline"]]) & t["shape"].isin(m["shape"])]
         switched = "".join(f" {k}={v}" for k, v in (ours.get("switches") or {}).items())
-        return value, f"{ours['backend']}{switched} over {ours['baseline']}, {ours.get('stage', 'forward')}, " \
+        base_switched = "".join(f" {k}={v}" for k, v in (ours.get("baseline_switches") or {}).items())
+        return value, f"{ours['backend']}{switched} over {ours['baseline']}{base_switched}, " \
+                      f"{ours.get('stage', 'forward')}, " \
                       f"geomean of {len(m)} shape(s)", used
     if claim["kind"] == "value" and ours.get("metric", "median_ms") == "median_ms":
         if ours.get("backends"):

@@ -220,6 +220,20 @@ def test_a_claim_can_name_the_switches_of_its_point():
     assert t["status"].iloc[0] == "not reproduced"
 
 
+def test_a_claim_can_name_the_switches_of_its_baseline():
+    """ours.baseline_switches keeps only the baseline's points run with those switches (a tuned Triton beside an
+    untuned one of the same run), and the description names them; a point of an ablation sweep counts when the
+    claim names its switches (cuTile's switches run as an arm's ablation), and not otherwise."""
+    rows = frame(point("cutile", 2.0), point("cutile", 1.0, switches={"heads_first": True}, ablation="heads_first:True"),
+                 point("triton", 3.0, switches={"tma": False}), point("triton", 1.5, switches={"tma": True}),
+                 point("triton", 0.5, switches={"tma": True}, ablation="exp2"))
+    ours = {"backend": "cutile", "baseline": "triton", "stage": "forward", "switches": {"heads_first": True},
+            "baseline_switches": {"tma": True}}
+    t = compare_claims(rows, [claim(ours=ours, claimed={"low": 1.4, "high": 1.6})])
+    assert t["measured"].iloc[0].startswith("1.5× (cutile heads_first=True over triton tma=True")
+    assert t["status"].iloc[0] == "reproduced"
+
+
 def test_claims_file_has_sources_and_quotes():
     claims = load_claims()
     assert {"megatron_cutedsl_ssd", "pytorch_fused_triton_ssd", "tilelang_chunk_scan_h800"} <= {c["id"] for c in claims}
