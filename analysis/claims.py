@@ -46,8 +46,10 @@ def _select(w: pd.DataFrame, ours: dict) -> pd.DataFrame:
     switches the claim names (`switches`, `baseline_switches`), an ablation point that sets only named switches
     ("heads_first:True+pdl:True": an arm run as an ablation; `_with_switches` then checks the values)."""
     t = timed(w)
-    named = {ours[b]: set(ours[sw]) for b, sw in (("backend", "switches"), ("baseline", "baseline_switches"))
-             if ours.get(sw) and ours.get(b)}
+    named: dict[str, set] = {}
+    for b, sw in (("backend", "switches"), ("baseline", "baseline_switches")):
+        if ours.get(sw) and ours.get(b):
+            named.setdefault(ours[b], set()).update(ours[sw])
 
     def counts(backend, ablation) -> bool:
         if pd.isna(ablation) or ablation == "none":

@@ -206,7 +206,10 @@ def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = ()) -> str:
         "",
         "A switch with values, not on/off (`state_pass`, `fused_program`), reads its other value's point against "
         "its default (`fused_program` with `fuse_state_out` on in both): a positive figure says the default value "
-        "is the faster. An empty cell: that shape's part has not run.",
+        "is the faster. `tma_descriptors:host` reads the other way: the matched part's host-descriptor point "
+        "against the Triton part's `tma:True` (descriptors made in the kernel), so a positive figure says host-built "
+        "descriptors help; the two parts may come from different runs (the sources above). An empty cell: that "
+        "shape's part has not run.",
         "",
         table(trick_table(w)) if not missing else
         (f"Not run yet: `{INDEX}` has no entry {', '.join(f'`{m}`' for m in missing)} (each language's defaults, "

@@ -103,3 +103,9 @@ def test_switches_with_a_record_of_their_own_read_it_and_others_borrow():
     assert own["config"] != spills.tuned_config("compute_out", "S1")  # a test of the lookup, not of equal records
     borrowed = spills.tuned_config("compute_out", "S1", switches=CutileSwitches(heads_first=True))
     assert borrowed == spills.tuned_config("compute_out", "S1")
+    # decay_factor keys its own record and heads_first borrows it: the borrowed key, not the default switches' one
+    decay = CutileSwitches(decay_factor=True)
+    base = tuning.lookup("cutile", "compute_out", spills.GPU, tune.record_key("compute_out", decay, label, "bfloat16"))
+    assert base is not None and base["config"] != spills.tuned_config("compute_out", "S1")
+    assert spills.tuned_config("compute_out", "S1", switches=CutileSwitches(decay_factor=True, heads_first=True)) \
+        == base["config"]

@@ -4,7 +4,8 @@
                                   [--set heads_per_tile=2 block_headdim=32 ...] [--switch skip_first=True ...]
 
 For each headline shape (conf/shape/) and stage, the committed tuning record of one NVIDIA H200
-(tuning/NVIDIA_H200/cutile_<stage>.json, the key the default switches give, bf16) is compiled ahead of time
+(tuning/NVIDIA_H200/cutile_<stage>.json, bf16; the record the switches key, else the one they borrow, else the
+default switches': `tuned_config`) is compiled ahead of time
 (impls/cutile/aot.py) at the shape's sizes, as the headline problem calls it (D per head, no z, no initial states,
 no sequence index), and its SASS is read: local loads and stores (LDL/STL: the spill traffic), registers per thread
 and stack bytes per thread (cuobjdump -res-usage). Printed as a table, one row per kernel. `--set` changes entries
@@ -46,11 +47,13 @@ class KernelSpills:
 
 
 def tuned_config(stage: str, shape_name: str, dtype: str = "bfloat16", switches=None) -> dict:
-    """The committed record's config for `stage` at a conf/shape/ preset, found as the launcher finds it: the key
-    the switches give (default: CutileSwitches()), else the record that key borrows (the key without the code tricks
-    and launch options, impls/tuning.py), else the default switches' record (an arrangement with no record of its
-    own, state_pass or fused_program, compiles at the default arrangement's tiles: `report`); raises LookupError
-    naming the file and keys when there is none."""
+    """The committed record's config for `stage` at a conf/shape/ preset: the key the switches give (default:
+    CutileSwitches()), else the record that key borrows (the key without the code tricks and launch options) — the
+    launcher's first two steps (impls/tuning.py, modes auto and record) — else the default switches' record, where
+    the launcher would run its fallback tiles (an arrangement with no record of its own, state_pass or fused_program,
+    compiles at the default arrangement's tiles: `report`). Unlike the launcher it ignores the tuning mode and the
+    stack a record was searched on (a compile-only reading of the committed tiles). Raises LookupError naming the
+    file and keys when there is none."""
     from impls import tuning
     from impls.cli import load_shape
     from impls.cutile import tune
