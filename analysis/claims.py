@@ -73,6 +73,11 @@ def _with_switches(t: pd.DataFrame, backend: str, switches: dict) -> pd.DataFram
     return t[(t["backend"] != backend) | matches]
 
 
+def _named(switches: dict | None) -> str:
+    """" k=v" for each switch a claim names (its description's part)."""
+    return "".join(f" {k}={v}" for k, v in (switches or {}).items())
+
+
 def _measure(w: pd.DataFrame, claim: dict) -> tuple[float, str, pd.DataFrame]:
     """(measured value, description, rows used). `ours.results` (a results source such as
     "index:headline,triton_tricks": files of one run) replaces the caller's rows for this claim; `ours.switches`
@@ -95,10 +100,8 @@ def _measure(w: pd.DataFrame, claim: dict) -> tuple[float, str, pd.DataFrame]:
             return np.nan, "", t.iloc[0:0]
         value = geomean(m["time_ms_base"] / m["time_ms"])
         used = t[t["backend"].isin([ours["backend"], ours["baseline"]]) & t["shape"].isin(m["shape"])]
-        switched = "".join(f" {k}={v}" for k, v in (ours.get("switches") or {}).items())
-        base_switched = "".join(f" {k}={v}" for k, v in (ours.get("baseline_switches") or {}).items())
-        return value, f"{ours['backend']}{switched} over {ours['baseline']}{base_switched}, " \
-                      f"{ours.get('stage', 'forward')}, " \
+        return value, f"{ours['backend']}{_named(ours.get('switches'))} over {ours['baseline']}" \
+                      f"{_named(ours.get('baseline_switches'))}, {ours.get('stage', 'forward')}, " \
                       f"geomean of {len(m)} shape(s)", used
     if claim["kind"] == "value" and ours.get("metric", "median_ms") == "median_ms":
         if ours.get("backends"):

@@ -19,7 +19,9 @@ BEFORE = json.loads((Path(__file__).parent / "fixtures" / "tuning_picks_before.j
 SHAPES = {"S1": Shape(8, 4096, 80, 64, 1, 128, 256), "S1_c128": Shape(8, 4096, 80, 64, 1, 128, 128),
           "S2": Shape(1, 65536, 80, 64, 1, 128, 256), "S3": Shape(8, 4096, 64, 64, 8, 128, 256),
           "S4": Shape(16, 2048, 32, 64, 1, 64, 128)}
-CUTILE_VARIANTS = {"defaults": {}, "decay_factor": {"decay_factor": True}, "tma_off": {"tma": False}}
+CUTILE_VARIANTS = {"defaults": {}, "decay_factor": {"decay_factor": True}, "tma_off": {"tma": False},
+                   # switches whose records were searched after the picks were frozen (each keys its own record)
+                   "later": {"heads_first": True, "skip_first": True, "pdl": True}}
 # the stack the committed records were searched on (results/2026-12-03-h200-head-mma and results/2026-12-03-h200-peers-tuned: v_* columns and driver)
 H200_STACK = {"cuda-tile": "1.7.0", "tileiras": "13.4.92", "triton": "3.6.0", "tilegym": "1.5.1", "driver": "580"}
 
@@ -95,40 +97,29 @@ def test_triton_resolves_as_before(point, on_the_h200):
 NEUTRAL_TRITON_FIELDS = {"occupancy": 0, "heads_per_tile": 1}
 
 
-# switches whose records were searched after the picks were frozen (each keys its own record; `_own_records`)
-LATER_SWITCHES = {"heads_first": True, "skip_first": True, "pdl": True}
-
-
-def _headline_records(stage_glob: str = "cutile_*.json") -> dict[str, list[str]]:
+def _headline_record_keys() -> list[str]:
     labels = {s.label() for s in SHAPES.values()} | {f"b{s.batch}-l{s.seqlen}-h{s.nheads}-c{s.chunk_size}"
                                                       for s in SHAPES.values()}
-    return {path.stem: [key for key in json.loads(path.read_text())["entries"] if key.split("|")[0] in labels]
-            for path in sorted((tuning.ROOT / "NVIDIA_H200").glob(stage_glob))}
+    return [key for path in sorted((tuning.ROOT / "NVIDIA_H200").glob("cutile_*.json"))
+            for key in json.loads(path.read_text())["entries"] if key.split("|")[0] in labels]
 
 
 def test_every_headline_record_is_covered():
     """Every committed record of a headline shape is among the frozen picks (as a record or borrowed), except those
-    searched under version 13's switches since (the next test resolves them)."""
+    searched under the "later" variant's switches since (the next test resolves them)."""
     picked = sum(source == "record" for _, source in BEFORE["cutile"].values())
-    keys = [key for keys in _headline_records().values() for key in keys]
-    later = [key for key in keys if any(f"|{name}=" in key for name in LATER_SWITCHES)]
+    keys = _headline_record_keys()
+    later = [key for key in keys if any(f"|{name}=" in key for name in CUTILE_VARIANTS["later"])]
     assert len(keys) - len(later) == 23 and picked >= 23  # the tma_off variant borrows: more picks than records
     assert len(later) == 3
 
 
-def test_records_searched_under_later_switches_resolve_as_their_own(on_the_h200):
+@pytest.mark.parametrize("stage", ["chunk_cumsum", "fwd_pass_state", "compute_out"])
+def test_records_searched_under_later_switches_resolve_as_their_own(stage, on_the_h200):
     """S1 under version 13's switches: each stage reads the record searched under them, not the one it borrowed."""
-    from impls.cutile import tune
-    from impls.cutile.switches import CutileSwitches
-
-    s = SHAPES["S1"]
-    for stage in ("chunk_cumsum", "fwd_pass_state", "compute_out"):
-        label = f"b{s.batch}-l{s.seqlen}-h{s.nheads}-c{s.chunk_size}" if stage == "chunk_cumsum" else s.label()
-        hpg = s.nheads // s.ngroups if stage == "compute_out" else None
-        resolution = tuning.resolve(tune.tunable(stage, CutileSwitches(**LATER_SWITCHES), 0, label, "bfloat16",
-                                                 make_call=None, heads_per_group=hpg))
-        assert resolution.source == "record" and "borrowed" not in resolution.reason, (stage, resolution)
-        assert any(f"|{name}=True" in resolution.key for name in LATER_SWITCHES), resolution.key
+    resolution = _cutile_pick("S1", "later", stage)
+    assert resolution.source == "record" and "borrowed" not in resolution.reason, resolution
+    assert any(f"|{name}=True" in resolution.key for name in CUTILE_VARIANTS["later"]), resolution.key
 
 
 def test_unverified_records_are_used_and_flagged(on_the_h200):
