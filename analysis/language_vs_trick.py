@@ -99,7 +99,16 @@ def _point(t: pd.DataFrame, sweep: str, backend: str, shape: str, ablation: str 
     sel &= t["ablation"].fillna("none") == ablation
     if arm is not None:
         sel &= t["arm"] == arm
-    return t[sel]
+    return _latest_sweep(t[sel])
+
+
+def _latest_sweep(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the latest sweep among them: a point measured again in a later run (the parts of several runs
+    merged into one file) is read from that run alone, never averaged across runs."""
+    if rows["sweep_id"].nunique() <= 1:
+        return rows
+    latest = rows.groupby("sweep_id")["timestamp"].max().idxmax()
+    return rows[rows["sweep_id"] == latest]
 
 
 def language_table(w: pd.DataFrame) -> pd.DataFrame:
@@ -147,12 +156,53 @@ def trick_effect(t: pd.DataFrame, backend: str, shape: str, stage: str, point: s
     return without / with_ - 1
 
 
+SAME_CODE = "same code"  # a trick cell whose stage ran the same kernels at the same config at both points
+
+
+# the entries of a row's `describe` that hold a stage's configs (our Triton tunes stage 2 as two kernels)
+DESCRIBE_STAGES = {"fwd_pass_state": ("fwd_pass_state", "chunk_state", "state_passing")}
+
+
+def _stage_config(rows: pd.DataFrame, stage: str) -> tuple:
+    """The configs the point's `describe` records for `stage` (each entry of DESCRIBE_STAGES; None where absent)."""
+    for text in rows["describe"].dropna():
+        try:
+            info = json.loads(text)
+        except (TypeError, ValueError):
+            continue
+        stages = (info.get("stages") or {}) if isinstance(info, dict) else {}
+        entries = [stages.get(name) for name in DESCRIBE_STAGES.get(stage, (stage,))]
+        return tuple(e.get("config") if isinstance(e, dict) else None for e in entries)
+    return ()
+
+
+def same_code(t: pd.DataFrame, backend: str, shape: str, stage: str, point: str, noops) -> bool:
+    """Whether `stage` ran the same code at the trick's point as at the defaults: the switch is a no-op for the
+    stage's kernels in the backend's machine-code table (`analysis.switches.noop_table`: impls/cutile/
+    switch_effects.json compares the sm_90 SASS with the switch alone away from its default, impls/triton/
+    switch_effects.json the kernel launches), and both points record the same configs for the stage. Such a cell's difference is the run's noise, never the trick's effect."""
+    if stage == "forward" or "+" in point or point in ARM_TRICKS:
+        return False
+    with_ = _point(t, PARTS[backend], backend, shape, point)
+    defaults = _point(t, PARTS[backend], backend, shape)
+    if with_.empty or defaults.empty:
+        return False
+    arch = str(with_["arch"].iloc[0])
+    if not noops.reason(arch, trick_name(point), stage, str(with_["dtype"].iloc[0])):
+        return False
+    return _stage_config(with_, stage) == _stage_config(defaults, stage)
+
+
 def trick_table(w: pd.DataFrame) -> pd.DataFrame:
-    """Rows (trick, stage); columns "<language> <shape>": each trick's effect, as a signed percentage."""
+    """Rows (trick, stage); columns "<language> <shape>": each trick's effect, as a signed percentage, or
+    SAME_CODE where the stage ran the same kernels at the same config with and without it (`same_code`)."""
+    from analysis.switches import noop_table
+
     t = timed(w)
     names = {b: {trick_name(p): p for p in tricks(w, b)} for b in PARTS}
     for point, (backend, _, _) in ARM_TRICKS.items():
         names[backend][point] = point
+    noops = {b: noop_table(b) for b in PARTS}
     out = []
     for trick in dict.fromkeys([*names["cutile"], *names["triton"]]):
         for stage in STAGES:
@@ -160,8 +210,12 @@ def trick_table(w: pd.DataFrame) -> pd.DataFrame:
             for backend, label in (("cutile", "cuTile"), ("triton", "Triton")):
                 for shape in SHAPES:
                     point = names[backend].get(trick)
-                    value = trick_effect(t, backend, shape, stage, point) if point else float("nan")
-                    row[f"{label} {shape}"] = "n/a" if point is None else _percent(value)
+                    if point is None:
+                        row[f"{label} {shape}"] = "n/a"
+                    elif same_code(t, backend, shape, stage, point, noops[backend]):
+                        row[f"{label} {shape}"] = SAME_CODE
+                    else:
+                        row[f"{label} {shape}"] = _percent(trick_effect(t, backend, shape, stage, point))
             out.append(row)
     return pd.DataFrame(out)
 
@@ -209,7 +263,10 @@ def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = ()) -> str:
         "is the faster. `tma_descriptors:host` reads the other way: the matched part's host-descriptor point "
         "against the Triton part's `tma:True` (descriptors made in the kernel), so a positive figure says host-built "
         "descriptors help; the two parts may come from different runs (the sources above). An empty cell: that "
-        "shape's part has not run.",
+        f"shape's part has not run. \"{SAME_CODE}\": the switch does not change that stage's code (the backend's "
+        "switch-effects table: impls/cutile/switch_effects.json compares the sm_90 SASS, "
+        "impls/triton/switch_effects.json the kernel launches) and both points ran it at the same config, so the two timings differ only by the run's noise; a stage of a few microseconds (chunk_cumsum) "
+        "moves by more than 2x between such points.",
         "",
         table(trick_table(w)) if not missing else
         (f"Not run yet: `{INDEX}` has no entry {', '.join(f'`{m}`' for m in missing)} (each language's defaults, "

@@ -67,6 +67,17 @@ def test_language_table_on_synthetic_rows(synthetic):
     assert math.isnan(t.loc[("S3", "compute_out"), "cuTile tuned ms"])  # no S3 rows: empty, not invented
 
 
+def test_a_point_measured_again_is_read_from_its_latest_run(synthetic):
+    """Parts of several runs merged into one file: a point in two sweeps takes the later sweep's rows only."""
+    w = lvt.load(synthetic)
+    again = w[(w["sweep_name"] == lvt.MATCHED) & (w["backend"] == "cutile") & (w["shape_name"] == "S1")].copy()
+    again["sweep_id"], again["timestamp"] = "synthetic-later", "2026-12-02T00:00:00+00:00"
+    again["median_ms"] *= 2.0
+    t = lvt.language_table(pd.concat([w, again], ignore_index=True)).set_index(["shape", "stage"])
+    assert t.loc[("S1", "compute_out"), "cuTile tuned ms"] == pytest.approx(0.6)  # not the mean of 0.3 and 0.6
+    assert t.loc[("S2", "compute_out"), "cuTile tuned ms"] == pytest.approx(0.3)
+
+
 def test_trick_table_on_synthetic_rows(synthetic):
     t = lvt.trick_table(lvt.load(synthetic)).set_index(["trick", "stage"])
     assert t.loc[("tma", "compute_out"), "cuTile S1"] == "+10.0 %"  # on by default: off is 1.1x slower
@@ -81,6 +92,25 @@ def test_trick_table_on_synthetic_rows(synthetic):
     # mistaken for tma:True
     assert t.loc[("warp_specialize", "compute_out"), "Triton S1"] == "+100.0 %"
     assert t.loc[("tma", "compute_out"), "Triton S2"] == "-50.0 %"
+
+
+def test_a_trick_that_leaves_a_stage_s_code_alone_reads_same_code(synthetic):
+    """tma is a no-op for chunk_cumsum in both languages (impls/cutile/switch_effects.json: the sm_90 SASS;
+    impls/triton/switch_effects.json: the launches): its cells read "same code", not the synthetic 1.1x and 2x;
+    compute_out and the forward, which it changes, keep their figures. A point whose recorded config for the stage
+    differs keeps its figure too."""
+    w = lvt.load(synthetic)
+    t = lvt.trick_table(w).set_index(["trick", "stage"])
+    assert t.loc[("tma", "chunk_cumsum"), "cuTile S1"] == lvt.SAME_CODE
+    assert t.loc[("tma", "compute_out"), "cuTile S1"] == "+10.0 %"
+    assert t.loc[("tma", "forward"), "cuTile S1"] == "+10.0 %"
+    assert t.loc[("tma", "chunk_cumsum"), "Triton S1"] == lvt.SAME_CODE
+    assert t.loc[("tma", "compute_out"), "Triton S1"] == "-50.0 %"
+    tma = (w["sweep_name"] == lvt.PARTS["cutile"]) & (w["ablation"] == "tma") & (w["shape_name"] == "S1")
+    w.loc[tma, "describe"] = json.dumps({"stages": {"chunk_cumsum": {"config": {"block_heads": 4}}}})
+    t = lvt.trick_table(w).set_index(["trick", "stage"])
+    assert t.loc[("tma", "chunk_cumsum"), "cuTile S1"] == "+10.0 %"  # another config: a measured effect
+    assert t.loc[("tma", "chunk_cumsum"), "cuTile S2"] == lvt.SAME_CODE
 
 
 def test_render_and_markers(synthetic, tmp_path):

@@ -31,11 +31,13 @@ FALLBACK = {
 # heads_per_tile 2 is searched with the per-head lowering (switch head_mma, default per_head: HGMMA on sm_90); the
 # batched rank-3 MMA lowers to HMMA.16816 with spills and measured 1.19x slower than one head per tile at S1
 # (docs/perf-notes.md, versions 1 and 5). block_headdim 32: two heads per tile at occupancy 3 compile without spills in
-# the source loop there (64 spill in it; docs/perf-notes.md, version 8). `search_space` drops the head blocks a
+# the source loop there (64 spill in it; docs/perf-notes.md, version 8). fwd_pass_state's 32-wide headdim and dstate
+# blocks: twice or four times the programs of its serial chunk walk (S2, one batch: 160 programs on 132 SMs at the
+# 64-wide dstate block its search chose; docs/perf-notes.md, version 23). `search_space` drops the head blocks a
 # problem or the switches cannot take.
 SPACE = {
     "chunk_cumsum": {"block_heads": [4, 8, 16], "occupancy": [4, 8]},
-    "fwd_pass_state": {"block_headdim": [64], "block_dstate": [64, 128], "occupancy": [2, 3, 4]},
+    "fwd_pass_state": {"block_headdim": [64, 32], "block_dstate": [128, 64, 32], "occupancy": [2, 3, 4]},
     "compute_out": {"block_rows": [64, 128], "block_headdim": [64, 32], "heads_per_tile": [1, 2],
                     "occupancy": [2, 3, 4], "shared_cb": [False, True]},
     "fused": {"block_rows": [64], "block_headdim": [32, 64], "occupancy": [2]},

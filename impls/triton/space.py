@@ -15,7 +15,7 @@ from impls.triton.stages import FUSED
 
 # The declared search spaces (cartesian products; duplicates after clamping are tried once), sized so that a
 # Triton search times as many configurations per stage as cuTile's (impls/cutile/tune.py SPACE, with the default
-# switches on the headline shapes S1-S4: chunk_cumsum 6, fwd_pass_state 6, compute_out 48, fused 2;
+# switches on the headline shapes S1-S4: chunk_cumsum 6, fwd_pass_state 18, compute_out 48, fused 2;
 # tests/test_triton_search_space.py checks it). The rule, in order:
 #   1. an axis cuTile searches takes cuTile's values where Triton has the same knob (block_heads, block_headdim,
 #      block_dstate, block_rows, heads_per_tile, occupancy -- Triton's as the maxnreg register cap);
@@ -24,15 +24,16 @@ from impls.triton.stages import FUSED
 #      fallback's value first: chunk_cumsum's occupancy (2 values; no register cap on that kernel) -> num_warps
 #      (4, 2); compute_out's shared_cb (2; Triton's cb_mode is a code switch with a tuning key of its own) ->
 #      num_stages (2, 3);
-#   4. fwd_pass_state is one cuTile kernel and two Triton kernels: its 6 are shared, state_passing (elementwise)
-#      2 (block_state 1024, 2048), chunk_state 4 (cuTile's occupancy axis (2, 3, 4) trimmed to its ends (2, 4)).
+#   4. fwd_pass_state is one cuTile kernel and two Triton kernels: its 18 are shared, chunk_state 12 (cuTile's
+#      headdim and dstate blocks, its occupancy axis (2, 3, 4) trimmed to its ends (2, 4)), state_passing
+#      (elementwise) the other 6 (block_state, the fallback's 1024 first).
 # Clamping can merge configurations (S4: dstate 64 makes block_dstate 128 the same kernel as 64, so chunk_state
-# times 2 there, cuTile 6 of which 3 with a 128-wide dstate block over 64 states).
+# times 8 there, cuTile 18 of which 6 with a 128-wide dstate block over 64 states).
 SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
     "chunk_cumsum": {"block_heads": (4, 8, 16), "num_warps": (4, 2)},
-    "chunk_state": {"block_headdim": (64,), "block_dstate": (64, 128), "block_positions": (64,),
+    "chunk_state": {"block_headdim": (64, 32), "block_dstate": (128, 64, 32), "block_positions": (64,),
                     "num_warps": (4,), "num_stages": (3,), "occupancy": (2, 4)},
-    "state_passing": {"block_state": (1024, 2048), "num_warps": (4,)},
+    "state_passing": {"block_state": (1024, 128, 256, 512, 2048, 4096), "num_warps": (4,)},
     "compute_out": {"block_rows": (64, 128), "block_positions": (64,), "block_headdim": (64, 32),
                     "num_warps": (4,), "num_stages": (2, 3), "occupancy": (2, 3, 4), "heads_per_tile": (1, 2)},
     FUSED: {"block_rows": (64,), "block_positions": (64,), "block_headdim": (32, 64),
@@ -44,7 +45,7 @@ CUTILE_STAGE = {"chunk_cumsum": "chunk_cumsum", "chunk_state": "fwd_pass_state",
 
 # Configurations per stage before pinning and clamping (the product of SEARCH_SPACE's value counts; a test checks
 # it; tests/test_triton_search_space.py checks the sums per cuTile stage against cuTile's search).
-SPACE_SIZE: dict[str, int] = {"chunk_cumsum": 6, "chunk_state": 4, "state_passing": 2, "compute_out": 48, FUSED: 2}
+SPACE_SIZE: dict[str, int] = {"chunk_cumsum": 6, "chunk_state": 12, "state_passing": 6, "compute_out": 48, FUSED: 2}
 
 # Code switches a search may vary besides the launch fields, per kernel they change (values to try, the default
 # first). Each value is a different kernel (and tuning key), so a search over them times each value's best launch

@@ -37,6 +37,8 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # stage 2's MMA kernels with two math warpgroups (state_two_warpgroups) alone, with the swap and the row-major
 # layout (the state tile transposed before each store), with 32 dstate columns (four state blocks per head), with
 # all off, chunk-parallel (local-state kernel) alone and with all off;
+# stage 2's own kernel at the 32-wide blocks its search takes (docs/perf-notes.md, version 23): 32 dstate columns,
+# with the swap and the row-major layout, and 32 headdim by 32 dstate columns under version 13's switches;
 # compute_out's head loop (head_loop: a program walks up to N heads of a group, heads_per_tile per step) with one head
 # per step (the fallback tiles), 2 heads per step per head and batched, with the swap, the factored decay and
 # skip_first, the shared C·Bᵀ, heads_first with pdl, two math warpgroups and all off; loops of 4, 8 and 16 over
@@ -91,6 +93,10 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "state_two_warpgroups-swap-rowmajor": {"state_two_warpgroups": True, "operand_swap": True,
                                                    "transposed_layout": False},
             "state_two_warpgroups-dstate32": {"state_two_warpgroups": True, "block_dstate": 32},
+            "dstate32": {"block_dstate": 32}, "dstate32-swap-rowmajor": {"block_dstate": 32, "operand_swap": True,
+                                                                      "transposed_layout": False},
+            "headdim32-dstate32-heads_first-skip_first-pdl": {"block_headdim": 32, "block_dstate": 32,
+                                                              "heads_first": True, "skip_first": True, "pdl": True},
             "state_two_warpgroups-all-off": {**OFF, "state_two_warpgroups": True},
             "state_two_warpgroups-chunk_parallel": {"state_two_warpgroups": True, "state_pass": "chunk_parallel"},
             "state_two_warpgroups-chunk_parallel-all-off": {**OFF, "state_two_warpgroups": True,
