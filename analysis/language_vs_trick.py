@@ -180,7 +180,8 @@ def same_code(t: pd.DataFrame, backend: str, shape: str, stage: str, point: str,
     """Whether `stage` ran the same code at the trick's point as at the defaults: the switch is a no-op for the
     stage's kernels in the backend's machine-code table (`analysis.switches.noop_table`: impls/cutile/
     switch_effects.json compares the sm_90 SASS with the switch alone away from its default, impls/triton/
-    switch_effects.json the kernel launches), and both points record the same configs for the stage. Such a cell's difference is the run's noise, never the trick's effect."""
+    switch_effects.json the kernel launches), and both points record the same configs for the stage. Such a
+    cell's difference is the run's noise, never the trick's effect."""
     if stage == "forward" or "+" in point or point in ARM_TRICKS:
         return False
     with_ = _point(t, PARTS[backend], backend, shape, point)
@@ -265,8 +266,9 @@ def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = ()) -> str:
         "descriptors help; the two parts may come from different runs (the sources above). An empty cell: that "
         f"shape's part has not run. \"{SAME_CODE}\": the switch does not change that stage's code (the backend's "
         "switch-effects table: impls/cutile/switch_effects.json compares the sm_90 SASS, "
-        "impls/triton/switch_effects.json the kernel launches) and both points ran it at the same config, so the two timings differ only by the run's noise; a stage of a few microseconds (chunk_cumsum) "
-        "moves by more than 2x between such points.",
+        "impls/triton/switch_effects.json the kernel launches) and both points ran it at the same config, so the "
+        "two timings differ only by the run's noise; a stage of a few microseconds (chunk_cumsum) moves by more "
+        "than 2x between such points.",
         "",
         table(trick_table(w)) if not missing else
         (f"Not run yet: `{INDEX}` has no entry {', '.join(f'`{m}`' for m in missing)} (each language's defaults, "
