@@ -41,9 +41,9 @@ def _arg_key(value):
         return tuple(_arg_key(v) for v in value)
     if isinstance(value, dict):
         return tuple(sorted((k, _arg_key(v)) for k, v in value.items()))
-    fields = {k: _arg_key(v) for k, v in vars(value).items() if not k.startswith("_")} \
-        if hasattr(value, "__dict__") else repr(value)
-    return (type(value).__name__, fields if isinstance(fields, str) else tuple(sorted(fields.items())))
+    if hasattr(value, "__dict__"):  # e.g. a host-built tensor descriptor: its public fields
+        return (type(value).__name__, _arg_key({k: v for k, v in vars(value).items() if not k.startswith("_")}))
+    return (type(value).__name__, repr(value))
 
 
 def _kernel_name(kernel) -> str:
@@ -108,15 +108,22 @@ def stage_launches(stage: str, dtype: str, **switches) -> list:
     return launches
 
 
-def effect(stage: str, dtype: str, name: str) -> dict:
-    same = stage_launches(stage, dtype) == stage_launches(stage, dtype, **{name: AWAY[name]})
+def effect(stage: str, dtype: str, name: str, defaults: list | None = None) -> dict:
+    """The row of `name` at `stage`; `defaults`: the stage's launches at the default switches, if already recorded."""
+    defaults = stage_launches(stage, dtype) if defaults is None else defaults
+    same = defaults == stage_launches(stage, dtype, **{name: AWAY[name]})
     return {"stage": stage, "dtype": dtype, "switch": name, "arch": "sm_90",
             "effect": "no-op on sm_90 (same launches)" if same else "changes the launches"}
 
 
 def table() -> dict:
     return {"generated_by": "python -m impls.triton.switch_effects",
-            "rows": [effect(stage, dtype, name) for dtype in DTYPES for stage in STAGES for name in AWAY]}
+            "rows": [row for dtype in DTYPES for stage in STAGES
+                     for row in _stage_rows(stage, dtype, stage_launches(stage, dtype))]}
+
+
+def _stage_rows(stage: str, dtype: str, defaults: list) -> list[dict]:
+    return [effect(stage, dtype, name, defaults) for name in AWAY]
 
 
 def main(argv=None) -> int:
