@@ -3,6 +3,10 @@
 three parts of the experiment (conf/experiment/language_vs_trick*.yaml). `--check` exits 1 when the committed doc
 differs from what the rows give.
 
+One machine's rows make one set of tables: the index's entries without a suffix are the H200's (the study's card),
+the entries ending in a card's suffix (`MACHINES`, "_h100") another card's, each written between its own markers
+and drawn in its own figure. Rows of two cards never share a table.
+
 Per shape (S1-S4) and stage:
 - *language*: cuTile as shipped (its tuned tiles) next to Triton in cuTile's arrangement at cuTile's tuned tiles
   (conf/lvt/triton_cutile_tiles.yaml: one point, each MMA stage at its cuTile record's occupancy), their ratio,
@@ -37,6 +41,12 @@ FIGURE = "language_vs_trick"
 BEGIN, END = "<!-- language_vs_trick:begin -->", "<!-- language_vs_trick:end -->"
 MATCHED, PARTS = "language_vs_trick", {"cutile": "language_vs_trick_cutile", "triton": "language_vs_trick_triton"}
 EXPERIMENTS = (MATCHED, *PARTS.values())
+MACHINES = ("", "_h100")  # index-entry suffixes: "" the H200's rows, "_h100" an H100's
+
+
+def markers(suffix: str = "") -> tuple[str, str]:
+    """The doc's markers around one machine's tables."""
+    return (BEGIN, END) if not suffix else (f"<!-- {MATCHED}{suffix}:begin -->", f"<!-- {MATCHED}{suffix}:end -->")
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
 SHAPES = ("S1", "S2", "S3", "S4")
 # the Triton point at cuTile's tiles (each stage at its cuTile record's occupancy: occupancy and state_occupancy)
@@ -61,21 +71,23 @@ class MissingRows(FileNotFoundError):
     """results/index.yaml names no file for a part of the experiment."""
 
 
-def missing_entries(root: Path | None = None) -> list[str]:
+def missing_entries(root: Path | None = None, suffix: str = "") -> list[str]:
     index = results_index(root)
-    return [name for name in EXPERIMENTS if name not in index]
+    return [name + suffix for name in EXPERIMENTS if name + suffix not in index]
 
 
-def load(root: Path | None = None) -> pd.DataFrame:
-    """The wide rows of the parts the index names (the matched part at least), each row's `arm` (conf/lvt option,
-    '' outside). A language's part not committed yet leaves its columns and tricks empty (`render` says so)."""
+def load(root: Path | None = None, suffix: str = "") -> pd.DataFrame:
+    """The wide rows of the parts the index names for one machine (the matched part at least), each row's `arm`
+    (conf/lvt option, '' outside). A language's part not committed yet leaves its columns and tricks empty (`render`
+    says so)."""
     root = root or repo_root()
-    missing = missing_entries(root)
-    if MATCHED in missing:
+    missing = missing_entries(root, suffix)
+    if MATCHED + suffix in missing:
         raise MissingRows(f"{INDEX} has no entry {', '.join(missing)}: run `scripts/gpu_session.sh sweep "
                           f"{' '.join(EXPERIMENTS)}` on the GPU and commit its folder")
     index = results_index(root)
-    frames = [wide(str(root / Path(INDEX).parent / index[name])) for name in EXPERIMENTS if name in index]
+    frames = [wide(str(root / Path(INDEX).parent / index[name + suffix])) for name in EXPERIMENTS
+              if name + suffix in index]
     w = pd.concat(frames, ignore_index=True)
     w["arm"] = w["hydra_choices"].map(_arm)
     return w
@@ -111,18 +123,39 @@ def _latest_sweep(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["sweep_id"] == latest]
 
 
+def tile_source(rows: pd.DataFrame, stage: str) -> str:
+    """Where the point's tiles for `stage` came from (its rows' `tuning`: "record", "fallback", ...; the forward:
+    every stage's, "record" when all are); '' when the rows do not say."""
+    for text in rows["tuning"].dropna() if "tuning" in rows else ():
+        try:
+            sources = json.loads(text)
+        except (TypeError, ValueError):
+            continue
+        if not isinstance(sources, dict) or not sources:
+            continue
+        if stage in sources:
+            return str(sources[stage])
+        if stage == "forward":
+            found = sorted({str(v) for v in sources.values()})
+            return found[0] if len(found) == 1 else "/".join(found)
+        return ""
+    return ""
+
+
 def language_table(w: pd.DataFrame) -> pd.DataFrame:
-    """Per (shape, stage): median ms of cuTile tuned and Triton at cuTile's tiles, their ratio, and each language
-    at its defaults and all-off."""
+    """Per (shape, stage): median ms of cuTile tuned and Triton at cuTile's tiles, their ratio, where cuTile's
+    tiles came from (a "fallback" there: no record on that card, so the two are not at the same tiles), and each
+    language at its defaults and all-off."""
     t = timed(w)
     out = []
     for shape in SHAPES:
         for stage in STAGES:
-            cutile = _median(_point(t, MATCHED, "cutile", shape, arm="cutile"), stage)
+            cutile_rows = _point(t, MATCHED, "cutile", shape, arm="cutile")
+            cutile = _median(cutile_rows, stage)
             triton = _median(_point(t, MATCHED, "triton", shape, arm=TRITON_ARM), stage)
             out.append({
                 "shape": shape, "stage": stage, "cuTile tuned ms": cutile, "Triton at cuTile's tiles ms": triton,
-                "Triton / cuTile": triton / cutile,
+                "Triton / cuTile": triton / cutile, "cuTile's tiles": tile_source(cutile_rows, stage),
                 "cuTile defaults ms": _median(_point(t, PARTS["cutile"], "cutile", shape), stage),
                 "Triton defaults ms": _median(_point(t, PARTS["triton"], "triton", shape), stage),
                 "cuTile all-off ms": _median(_point(t, PARTS["cutile"], "cutile", shape, "all_off"), stage),
@@ -280,14 +313,15 @@ def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = ()) -> str:
     ])
 
 
-def write_section(doc: Path, section: str) -> str:
-    """The doc's text with `section` between the markers (ValueError when they are missing)."""
-    text = doc.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{doc}: markers {BEGIN} / {END} not found")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{section}\n{END}{tail}"
+def write_section(doc: Path, section: str, suffix: str = "", text: str | None = None) -> str:
+    """The doc's text (or `text`) with `section` between one machine's markers (ValueError when they are missing)."""
+    begin, end = markers(suffix)
+    text = doc.read_text() if text is None else text
+    if begin not in text or end not in text:
+        raise ValueError(f"{doc}: markers {begin} / {end} not found")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{section}\n{end}{tail}"
 
 
 def figure(lang: pd.DataFrame):
@@ -320,11 +354,16 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 if the committed doc differs from the rows")
     a = p.parse_args(argv)
     root = repo_root()
-    w = load(root)
     index = results_index(root)
-    sources = ", ".join(f"`results/{index[n]}`" for n in EXPERIMENTS if n in index)
     doc = root / DOC
-    text = write_section(doc, render(w, sources, tuple(missing_entries(root))))
+    text, tables = doc.read_text(), {}
+    for suffix in MACHINES:
+        if suffix and MATCHED + suffix not in index:
+            continue
+        w = load(root, suffix)
+        sources = ", ".join(f"`results/{index[n + suffix]}`" for n in EXPERIMENTS if n + suffix in index)
+        text = write_section(doc, render(w, sources, tuple(missing_entries(root, suffix))), suffix, text)
+        tables[suffix] = language_table(w)
     if a.check:
         same = doc.read_text() == text
         print(f"[language_vs_trick] {doc} " + ("matches the rows" if same else "differs: regenerate it"))
@@ -332,7 +371,7 @@ def main(argv=None) -> int:
     doc.write_text(text)
     from analysis.figures import save
 
-    paths = save(figure(language_table(w)), root / FIGURE_DIR, FIGURE)
+    paths = [p for suffix, lang in tables.items() for p in save(figure(lang), root / FIGURE_DIR, FIGURE + suffix)]
     print(f"[language_vs_trick] {doc}, {', '.join(map(str, paths))}")
     return 0
 

@@ -124,6 +124,28 @@ def test_render_and_markers(synthetic, tmp_path):
         lvt.write_section(doc, "new")
 
 
+def test_tile_source_says_where_cutiles_tiles_came_from():
+    rows = pd.DataFrame({"tuning": [json.dumps({"chunk_cumsum": "record", "compute_out": "fallback"})]})
+    assert lvt.tile_source(rows, "compute_out") == "fallback" and lvt.tile_source(rows, "chunk_cumsum") == "record"
+    assert lvt.tile_source(rows, "forward") == "fallback/record"
+    assert lvt.tile_source(pd.DataFrame({"tuning": [json.dumps({"compute_out": "record"})]}), "forward") == "record"
+    assert lvt.tile_source(pd.DataFrame({"tuning": ["auto"]}), "forward") == ""  # a mode, not per-stage sources
+
+
+def test_each_machine_has_its_own_entries_and_section(synthetic, tmp_path):
+    """Entries ending in a card's suffix load that card's rows alone and fill that card's markers only."""
+    index = synthetic / "results" / "index.yaml"
+    names = [n for n in lvt.EXPERIMENTS]
+    index.write_text("".join(f"{n}_h100: run/{n}.parquet\n" for n in names))
+    with pytest.raises(lvt.MissingRows, match="language_vs_trick"):
+        lvt.load(synthetic)  # the H200's entries are absent
+    assert lvt.missing_entries(synthetic, "_h100") == [] and not lvt.load(synthetic, "_h100").empty
+    doc = tmp_path / "doc.md"
+    begin, end = lvt.markers("_h100")
+    doc.write_text(f"a\n{lvt.BEGIN}\nh200\n{lvt.END}\nb\n{begin}\nold\n{end}\n")
+    assert lvt.write_section(doc, "new", "_h100") == f"a\n{lvt.BEGIN}\nh200\n{lvt.END}\nb\n{begin}\nnew\n{end}\n"
+
+
 def test_missing_index_entries_are_named(tmp_path):
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "index.yaml").write_text("headline: x.parquet\n")
@@ -164,6 +186,34 @@ def test_cutile_tiles_read_the_records_and_refuse_a_shape_without_one():
     assert cutile_tiles.tile("S4", "compute_out", "cb_mode") == ("shared" if config["shared_cb"] else "inline")
     with pytest.raises(cutile_tiles.MissingRecord, match="no cuTile record for compute_out at tiny"):
         cutile_tiles.tile("tiny", "compute_out", "occupancy")
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_cutile_tiles_are_the_running_cards_records(monkeypatch):
+    """The Triton point is pinned at the tiles of the card the run is on, the records cuTile's own point runs with:
+    another card's records (the H100's at S2, none under the default switches) raise, never pin the H200's."""
+    from impls import tuning
+
+    assert cutile_tiles.records_gpu() == cutile_tiles.DEFAULT_GPU  # no CUDA here
+    monkeypatch.setattr(cutile_tiles, "records_gpu", lambda: H100)
+    h100_s1 = tuning.lookup("cutile", "compute_out", H100, cutile_tiles.tune_key("S1", "compute_out"))
+    assert h100_s1 is not None and cutile_tiles.tuned("S1", "compute_out") == h100_s1["config"]
+    with pytest.raises(cutile_tiles.MissingRecord, match="at S2 on NVIDIA H100 80GB HBM3"):
+        cutile_tiles.tile("S2", "compute_out", "occupancy")
+
+
+def test_cutiles_matched_point_runs_on_records_only():
+    from hydra import compose, initialize_config_dir
+
+    from experiments import config as conf
+
+    conf.register_schemas()
+    conf.register_resolvers()
+    with initialize_config_dir(config_dir=str(repo_root() / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=language_vs_trick", "+lvt=cutile", "shape=S2"])
+        assert conf.validate(cfg)[1].tuning == "record"
 
 
 def test_synthetic_rows_are_synthetic(synthetic):
