@@ -36,10 +36,24 @@ def _per_point(w: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _gpus(w: pd.DataFrame) -> list[str]:
+    """The GPU models of a run's rows (the device name where a row has no GPU: CPU rows)."""
+    names = pd.Series("unknown", index=w.index)
+    for column in ("device_name", "gpu_name"):  # the GPU's name wins over the device's
+        if column in w:
+            names = w[column].where(w[column].notna(), names)
+    return sorted(names.astype(str).unique())
+
+
 def compare(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     """One row per (variant, dtype, shape, stage) of either run (wide frames, analysis.load.wide, one or more rounds
     each): before and after medians, the relative change, the allowance max(2 %, the before-run's widest p20–p80
-    spread, the before-rounds' range) and the verdict (holds, differs, missing)."""
+    spread, the before-rounds' range) and the verdict (holds, differs, missing). Both runs must come from one GPU
+    model: timings of two cards are not a before and an after (ValueError naming both)."""
+    gpus = {"before": _gpus(before), "after": _gpus(after)}
+    if len(gpus["before"]) > 1 or len(gpus["after"]) > 1 or gpus["before"] != gpus["after"]:
+        raise ValueError(f"before/after: the runs must come from one GPU model, got before {gpus['before']} and "
+                         f"after {gpus['after']}")
     b, a = _per_point(before), _per_point(after)
     out = b.add_suffix("_before").join(a.add_suffix("_after"), how="outer")
     out["change"] = out["median_ms_after"] / out["median_ms_before"] - 1

@@ -65,11 +65,13 @@ def accuracy_matrix(table: pd.DataFrame, stage: str = "forward") -> pd.DataFrame
 
 
 def compile_table(results) -> pd.DataFrame:
-    """First-call cost per (backend, stage, shape, dtype): compile_s (median over points), the steady-state
-    median_ms, and calls_to_amortize = compile_s / median time (how many steady calls the first one costs)."""
+    """First-call cost per (backend, stage, shape, dtype, GPU): compile_s (median over points), the steady-state
+    median_ms, and calls_to_amortize = compile_s / median time (how many steady calls the first one costs). Rows
+    of two GPUs (or of a GPU and the CPU) never share a median."""
     w = _w(results)
     t = w[w["stage"].isin(TIMED_STAGES) & w["compile_s"].notna() & (w["ablation"].fillna("none") == "none")]
-    g = t.groupby(["backend", "stage", "shape_name", "dtype"], sort=False)
+    t = t.assign(gpu_name=t["gpu_name"].fillna(t["device_name"]).fillna("unknown"))
+    g = t.groupby(["backend", "stage", "shape_name", "dtype", "gpu_name"], sort=False)
     out = g.agg(compile_s=("compile_s", "median"), median_ms=("median_ms", "median"),
                 n=("run_id", "nunique")).reset_index()
     out["calls_to_amortize"] = np.where(out["median_ms"] > 0, out["compile_s"] * 1e3 / out["median_ms"], np.nan)

@@ -16,7 +16,8 @@ import pandas as pd
 
 from analysis.load import TIMED_STAGES, timed, wide
 
-KEYS = ("stage", "shape_name", "shape", "dtype", "gpu_name")
+# problem_name: the same shape under another problem (with initial states, z, seq_idx) is another workload
+KEYS = ("stage", "shape_name", "shape", "problem_name", "dtype", "gpu_name")
 
 
 def _gpu_key(w: pd.DataFrame) -> pd.Series:
@@ -25,7 +26,7 @@ def _gpu_key(w: pd.DataFrame) -> pd.Series:
 
 
 def time_summary(w: pd.DataFrame, stages=TIMED_STAGES) -> pd.DataFrame:
-    """One row per (label, stage, shape, dtype, GPU): time_ms, time_lo, time_hi, spread, n_runs."""
+    """One row per (label, stage, shape, problem, dtype, GPU): time_ms, time_lo, time_hi, spread, n_runs."""
     rows = timed(w)
     rows = rows[rows["stage"].isin(stages)].assign(gpu_name=lambda d: _gpu_key(d))
     out = []

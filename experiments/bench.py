@@ -108,11 +108,13 @@ def run_point(cfg: DictConfig) -> dict:
     point = plan.from_config(cfg, sweep_id, job_num, dict(hc.runtime.choices))
     output = record.Output.from_config(cfg, original_cwd())
     chash = point.identity.config_hash
-    if record.already_stored(point, output):
+    stored = record.already_stored(point, output)
+    if stored is not None:
         print(f"[bench] skip {point.backend} {point.shape_name}: config {chash} already stored by this "
-              f"code ({point.identity.code_key}) (force=true re-runs it)")
-        write_marker(hc, {"config_hash": chash, "status": "skipped", "results_dir": str(output.results_dir)})
-        return {"status": "skipped", "config_hash": chash}
+              f"code ({point.identity.code_key}) in {stored} (force=true re-runs it)")
+        write_marker(hc, {"config_hash": chash, "status": "skipped", "file": str(stored),
+                          "results_dir": str(output.results_dir)})
+        return {"status": "skipped", "config_hash": chash, "file": str(stored)}
     logger, run = record.start_log(point, output)
     rows = measure(point, logger, run.path if run is not None else None)
     path = record.write(rows, point, output, run)

@@ -13,7 +13,6 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import config as conf
-from experiments import store
 
 
 def job_overrides(config: DictConfig) -> list[list[str]]:
@@ -50,7 +49,8 @@ def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
     """One line per point: backend, shape, dtype, ablation, status, forward median/error, error text."""
     if rows.empty:
         return pd.DataFrame()
-    keys = ["config_hash", "backend", "ablation", "shape_name", "dtype", "status"]
+    keys = ["config_hash", "backend", "ablation", "shape_name", "dtype", "status"] + \
+        (["from"] if "from" in rows else [])
     points = rows.drop_duplicates("config_hash")[keys + ["error"]].set_index("config_hash")
     fwd = rows[rows["stage"] == "forward"].pivot_table(index="config_hash", columns="metric", values="value",
                                                         aggfunc="first")
@@ -58,6 +58,21 @@ def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
         points[f"fwd_{metric}"] = fwd[metric] if metric in fwd else float("nan")
     points["error"] = points["error"].fillna("").str.slice(0, 60)
     return points.reset_index(drop=True)
+
+
+def marker_rows(markers: list[dict]) -> pd.DataFrame:
+    """The rows each job of this sweep wrote, or, for a skipped job, the rows of the file its skip rule found:
+    read from the file the job's marker names, that point's rows only (never another run's rows of the same
+    config), with `from` saying which."""
+    frames = []
+    for m in markers:
+        if not m.get("file") or not Path(m["file"]).is_file():
+            continue
+        rows = pd.read_parquet(m["file"])
+        rows = rows[rows["config_hash"] == m["config_hash"]].copy()
+        rows["from"] = "stored earlier" if m.get("status") == "skipped" else "this sweep"
+        frames.append(rows)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 class SweepCallback(Callback):
@@ -96,12 +111,8 @@ class SweepCallback(Callback):
         if not markers:
             print("[bench] sweep finished: no points ran in this process")
             return
-        hashes = {m["config_hash"] for m in markers}
         roots = {m["results_dir"] for m in markers}
-        rows = pd.concat([store.load(Path(r)) for r in roots], ignore_index=True)
-        rows = rows[rows["config_hash"].isin(hashes)].sort_values("timestamp").drop_duplicates(
-            ["config_hash", "stage", "metric"], keep="last")
-        table = summary_table(rows)
+        table = summary_table(marker_rows(markers))
         failed = int((table["status"] != "ok").sum()) if not table.empty else 0
         print(f"\n[bench] sweep {config.sweep_name}: {len(table)} points, {failed} failed, results in "
               f"{', '.join(sorted(roots))}")

@@ -298,6 +298,9 @@ def validate(cfg: DictConfig):
     if cfg.bench.reference == "sampled" and problem.has_seq_idx:
         raise ConfigError("bench.reference=sampled does not handle packed sequences (problem.nseqs > 1 or "
                           "varlen); use auto, float64 or fp32-chunked")
+    if cfg.bench.time and not cfg.bench.check:
+        raise ConfigError("bench.check=false with bench.time=true: every timed point passes the float64 gate "
+                          "first; turn bench.time off too (a run of the stages alone)")
     if cfg.bench.statistic != "median":
         raise ConfigError(f"bench.statistic: only 'median' is recorded, got {cfg.bench.statistic!r}")
     check_timing_knobs(cfg.bench, cfg.device)

@@ -46,6 +46,11 @@ class BenchSettings:
     cpu_warmup: int = 1
     cpu_reps: int = 3
 
+    def __post_init__(self) -> None:
+        if self.time and not self.check:
+            raise conf.ConfigError("bench.check=false with bench.time=true: every timed point passes the "
+                                   "float64 gate first; turn bench.time off too (a run of the stages alone)")
+
     @classmethod
     def from_config(cls, node) -> BenchSettings:
         values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
@@ -182,6 +187,7 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
     try:
         cls = backend_class(backend)
     except BackendUnavailable:
+        cls = None
         switches = switches_dict(switches)
     else:
         if not dataclasses.is_dataclass(switches):
@@ -194,7 +200,8 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
         config = json.loads(json.dumps({**sem, "shape": {"name": shape_name, **sem["shape"]},
                                         "problem": {"name": problem_name, **sem["problem"]},
                                         "bench": dataclasses.asdict(bench)}, default=str))
-    identity = Identity(config_hash=conf.config_hash(sem), code_key=provenance.code_key(prov, backend, device_name),
+    records_device = (cls.tuning_device(device) if cls is not None else None) or device_name
+    identity = Identity(config_hash=conf.config_hash(sem), code_key=provenance.code_key(prov, backend, records_device),
                         sweep_id=sweep_id, sweep_name=sweep_name, job_num=job_num, hydra_choices=hydra_choices,
                         config_yaml=OmegaConf.to_yaml(OmegaConf.create(config)) if config_yaml is None else config_yaml,
                         config=config)

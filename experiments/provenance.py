@@ -79,7 +79,18 @@ def git_state() -> dict:
     if not commit:
         return {"git_commit": None, "git_dirty": None}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
-    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+    untracked = _untracked_sources()
+    return {"git_commit": commit,
+            "git_dirty": None if status is None or untracked is None else bool(status) or bool(untracked)}
+
+
+def _untracked_sources() -> list[str] | None:
+    """Untracked, not ignored source and config files of the code folders (a new kernel module not yet added):
+    they change what runs, so they make the tree dirty and enter the diff hash; None where git cannot say."""
+    out = _run(["git", "ls-files", "--others", "--exclude-standard", "--", *SOURCE_DIRS], cwd=REPO)
+    if out is None:
+        return None
+    return sorted(line for line in out.splitlines() if Path(line).suffix in SOURCE_SUFFIXES)
 
 
 @functools.cache
@@ -92,8 +103,12 @@ def diff_hash() -> str:
         return sent
     if not os.environ.get("SSD_GIT_COMMIT"):
         diff = _run(["git", "diff", "HEAD"], cwd=REPO)
-        if diff is not None:
-            return "diff:" + hashlib.sha256(diff.encode()).hexdigest()[:12]
+        untracked = _untracked_sources()
+        if diff is not None and untracked is not None:
+            digest = hashlib.sha256(diff.encode())
+            if untracked:  # a new file's contents, which `git diff HEAD` does not show
+                digest.update(_files_hash(REPO / name for name in untracked).encode())
+            return "diff:" + digest.hexdigest()[:12]
     return "tree:" + _files_hash(p for folder in SOURCE_DIRS for p in (REPO / folder).rglob("*")
                                  if p.suffix in SOURCE_SUFFIXES)
 

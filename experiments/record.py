@@ -64,11 +64,13 @@ class Rows:
         return store.frame(list(self.rows))
 
 
-def already_stored(point: Point, output: Output) -> bool:
-    """The skip rule: a point with this config hash stored by this code (code_key) as ok, or at all with
-    retry_failed off; never with force."""
-    return not output.force and store.already_measured(output.results_dir, point.identity.config_hash,
-                                                       point.identity.code_key, output.retry_failed)
+def already_stored(point: Point, output: Output) -> Path | None:
+    """The skip rule: the file holding a point with this config hash stored by this code (code_key) as ok, or at
+    all with retry_failed off; None (run it) when there is none, and always with force."""
+    if output.force:
+        return None
+    return store.measured_file(output.results_dir, point.identity.config_hash, point.identity.code_key,
+                               output.retry_failed)
 
 
 def base_row(point: Point) -> dict:

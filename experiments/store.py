@@ -177,5 +177,18 @@ def stored_points(root: Path) -> set[tuple[str, str, str]]:
 def already_measured(root: Path, config_hash: str, code_key: str, retry_failed: bool = True) -> bool:
     """Whether a point with this config hash was stored by this code (code_key); a failed one counts only when
     retry_failed is off."""
-    statuses = {status for h, k, status in stored_points(root) if h == config_hash and k == code_key}
-    return "ok" in statuses or (not retry_failed and bool(statuses))
+    return measured_file(root, config_hash, code_key, retry_failed) is not None
+
+
+def measured_file(root: Path, config_hash: str, code_key: str, retry_failed: bool = True) -> Path | None:
+    """The file under root that holds this point as stored by this code (the newest such file; an ok one first, a
+    failed one only when retry_failed is off), or None: where a skipped point's rows are."""
+    found: dict[str, list[Path]] = {}
+    for f in parquet_files(root):
+        if "code_key" not in pq.read_schema(f).names:
+            continue
+        keys = pd.read_parquet(f, columns=["config_hash", "code_key", "status"]).dropna().drop_duplicates()
+        for status in keys[(keys["config_hash"] == config_hash) & (keys["code_key"] == code_key)]["status"]:
+            found.setdefault(status, []).append(f)
+    usable = found.get("ok") or ([f for files in found.values() for f in files] if not retry_failed else [])
+    return max(usable, key=lambda f: f.stat().st_mtime) if usable else None

@@ -101,6 +101,13 @@ class Backend:
     def available(cls) -> tuple[bool, str]:
         return True, ""
 
+    @classmethod
+    def tuning_device(cls, device: torch.device) -> str | None:
+        """The device name whose tuning records (tuning/<slug of it>/<backend>_*.json) this backend reads on
+        `device`; None: the harness's own name for the device (experiments/provenance.py `device_name`). The
+        harness's code_key hashes those records, so a new record invalidates the points it would change."""
+        return None
+
     def supports(self, problem: Problem) -> tuple[bool, str]:
         return True, ""
 

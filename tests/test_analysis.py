@@ -188,6 +188,29 @@ def test_compile_cost_calls_to_amortize():
     assert t.iloc[0]["calls_to_amortize"] == pytest.approx(2000.0)
 
 
+def _on(rows, **columns):
+    return [{**r, **columns} for r in rows]
+
+
+def test_compile_cost_keeps_gpus_apart():
+    h200 = point("cutile", 2.0, extra={("forward", "compile_s"): 4.0})
+    h100 = _on(point("cutile", 2.0, extra={("forward", "compile_s"): 8.0}), gpu_name="NVIDIA H100 80GB HBM3",
+               device_name="NVIDIA H100 80GB HBM3")
+    t = compile_table(frame(h200, h100)).set_index("gpu_name")
+    assert t.loc["NVIDIA H200", "compile_s"] == 4.0 and t.loc["NVIDIA H100 80GB HBM3", "compile_s"] == 8.0
+
+
+def test_time_summary_keeps_problems_apart():
+    """The same shape under two problems (plain, with initial states) is two workloads, not two repeats."""
+    from analysis.speedup import time_summary
+
+    rows = frame(_on(point("triton", 1.0), problem_name="headline"),
+                 _on(point("triton", 3.0), problem_name="with_initial_states"))
+    t = time_summary(wide(rows)).set_index("problem_name")
+    assert t.loc["headline", "time_ms"] == 1.0 and t.loc["with_initial_states", "time_ms"] == 3.0
+    assert (t["n_runs"] == 1).all()
+
+
 # --- claims -------------------------------------------------------------------------------------------------
 def claim(**kw):
     return {"id": "c", "source": "s", "url": "https://example.org", "quote": "q", "kind": "speedup",

@@ -9,8 +9,9 @@ import pytest
 from analysis import before_after
 
 
-def _wide(points, label_suffix=""):
+def _wide(points, label_suffix="", gpu="NVIDIA H200"):
     return pd.DataFrame([{"label": b + label_suffix, "dtype": "bfloat16", "shape_name": s, "stage": st,
+                          "gpu_name": gpu,
                           "status": "ok", "run_id": f"r{i}", "median_ms": m, "p20_ms": m - spread / 2,
                           "p80_ms": m + spread / 2} for i, (b, s, st, m, spread) in enumerate(points)])
 
@@ -96,3 +97,13 @@ def test_the_script_runs_a_base_tree_and_this_one_and_compares(tmp_path):
         assert pd.read_parquet(out / side / "cpu.parquet")["run_id"].nunique() == 2, side
     md = (out / "before_after.md").read_text()
     assert all(stage in md for stage in before_after.STAGES) and "missing" not in md
+
+
+def test_runs_of_two_gpu_models_are_refused():
+    """An H200 before and an H100 after are not a before/after pair, nor is one side holding both."""
+    h200 = _wide([("cutile", "S1", "forward", 1.0, 0.001)])
+    h100 = _wide([("cutile", "S1", "forward", 1.3, 0.001)], gpu="NVIDIA H100 80GB HBM3")
+    with pytest.raises(ValueError, match="one GPU model.*H200.*H100"):
+        before_after.compare(h200, h100)
+    with pytest.raises(ValueError, match="one GPU model"):
+        before_after.compare(pd.concat([h200, h100]), h200)

@@ -118,3 +118,13 @@ def test_config_hash_is_unchanged(overrides):
     typed = plan.semantic(pt.backend, pt.switches, pt.ablation, pt.problem, pt.bench, pt.seed, pt.device_name)
     assert typed == container_semantic(cfg, pt.switches, pt.device_name)
     assert pt.identity.config_hash == conf.config_hash(typed) and pt.device == torch.device("cpu")
+
+
+def test_timing_without_the_gate_is_refused():
+    """Every timed point passes the float64 gate first: bench.check off with timing on is refused at start-up,
+    by the config check and by BenchSettings itself."""
+    from experiments import config as conf
+
+    with pytest.raises(conf.ConfigError, match="bench.check=false with bench.time=true"):
+        plan.BenchSettings(check=False)
+    assert plan.BenchSettings(check=False, time=False).time is False

@@ -70,5 +70,6 @@ def test_sent_commit_wins_over_the_checkouts_own(monkeypatch, fresh_git_state, d
 
 def test_without_a_sent_commit_the_checkout_answers(monkeypatch, fresh_git_state):
     monkeypatch.delenv("SSD_GIT_COMMIT", raising=False)
-    monkeypatch.setattr(provenance, "_run", lambda args, cwd=None: {"rev-parse": "f" * 40, "status": ""}[args[1]])
+    answers = {"rev-parse": "f" * 40, "status": "", "ls-files": ""}
+    monkeypatch.setattr(provenance, "_run", lambda args, cwd=None: answers[args[1]])
     assert provenance.git_state() == {"git_commit": "f" * 40, "git_dirty": False}

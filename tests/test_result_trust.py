@@ -68,6 +68,49 @@ def test_code_key_follows_the_tuning_records(tmp_path, monkeypatch):
     assert provenance.code_key({**row, "v_torch": "2.14"}, "triton", "NVIDIA H200") != after
 
 
+def test_code_key_hashes_the_records_the_backend_reads_on_this_device(tmp_path, monkeypatch):
+    """Off the GPU our Triton reads its records under "triton-interpreter", not the harness's CPU name: a record
+    added there changes the key of a CPU point (it would run the record's config)."""
+    from experiments import plan
+
+    monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
+    problem = Problem(Shape(1, 32, 2, 8, 1, 8, 16), "float32")
+
+    def key():
+        return plan.point("triton", problem, device="cpu").identity.code_key
+
+    from impls import tuning
+
+    before = key()
+    folder = tmp_path / tuning.gpu_slug("triton-interpreter")
+    folder.mkdir()
+    (folder / "triton_compute_out.json").write_text("{}")
+    assert key() != before and "tuning:none" in before
+
+
+def test_an_untracked_source_file_makes_the_tree_dirty_and_enters_the_key(tmp_path, monkeypatch):
+    from experiments import provenance
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "impls").mkdir()
+    (tmp_path / "impls" / "a.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
+    for name in ("SSD_GIT_COMMIT", "SSD_GIT_DIRTY", "SSD_GIT_DIFF_HASH"):
+        monkeypatch.delenv(name, raising=False)
+    assert provenance.git_state.__wrapped__()["git_dirty"] is False
+    clean = provenance.diff_hash.__wrapped__()
+    (tmp_path / "impls" / "b.py").write_text("y = 1\n")  # new, not added
+    assert provenance.git_state.__wrapped__()["git_dirty"] is True
+    first = provenance.diff_hash.__wrapped__()
+    (tmp_path / "impls" / "b.py").write_text("y = 2\n")
+    assert len({clean, first, provenance.diff_hash.__wrapped__()}) == 3
+
+
 # --- no secret leaks ----------------------------------------------------------------------------------------
 def test_no_secret_reaches_a_written_file(tmp_path):
     done = run(tmp_path, *POINT, "logger=wandb", "logger.mode=offline", **PLANTED)

@@ -52,7 +52,7 @@ def test_stored_points_and_merge_round_trip(tmp_path):
     store.write_rows(rows("b", 2), tmp_path / "sweep" / "sub", "b")
     assert store.stored_points(tmp_path / "sweep") == {("ha", "code-1", "ok"), ("hb", "code-1", "ok")}
     target = tmp_path / "merged.parquet"
-    assert merge.merge(tmp_path / "sweep", target) == 5
+    assert merge.merge(tmp_path / "sweep", target) == (5, 2)
     merged = pd.read_parquet(target)
     parts = store.load(tmp_path / "sweep")
     pd.testing.assert_frame_equal(merged.sort_values(["run_id", "metric"]).reset_index(drop=True),
@@ -111,3 +111,23 @@ def test_profile_tables_beside_results_are_not_read_as_rows(tmp_path):
     pd.DataFrame({"backend": ["cutile"]}).to_parquet(tmp_path / "stray.parquet")
     with pytest.raises(ValueError, match="lack schema columns"):
         store.load(tmp_path)
+
+
+def test_merge_refuses_what_would_lose_or_double_rows(tmp_path, capsys):
+    """A missing or empty source never overwrites a merged file with no rows; a target inside the source (which a
+    second merge would read back) is refused; the error names the argument."""
+    store.write_rows(rows("a", 3), tmp_path / "sweep", "a")
+    target = tmp_path / "merged.parquet"
+    merge.merge(tmp_path / "sweep", target)
+    before = target.read_bytes()
+    (tmp_path / "empty").mkdir()
+    for source in (tmp_path / "empty", tmp_path / "typo"):
+        with pytest.raises(merge.MergeError, match="^source: "):
+            merge.merge(source, target)
+        assert target.read_bytes() == before
+    with pytest.raises(merge.MergeError, match="^target: .* is inside source"):
+        merge.merge(tmp_path / "sweep", tmp_path / "sweep" / "merged.parquet")
+    assert not (tmp_path / "sweep" / "merged.parquet").exists()
+    with pytest.raises(SystemExit):
+        merge.main([str(tmp_path / "empty"), str(target)])
+    assert "source: no Parquet files" in capsys.readouterr().err and target.read_bytes() == before

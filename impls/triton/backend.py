@@ -18,7 +18,7 @@ import torch
 from impls import interpreter, tuning
 from impls.problem import Problem, Shape, dtype_name
 from impls.registry import Backend, ForwardResult, refuse_on_gpu, register
-from impls.triton import tune, warp_spec
+from impls.triton import target, tune, warp_spec
 from impls.triton.chunk_cumsum import chunk_cumsum as _chunk_cumsum
 from impls.triton.clamp import MAX_DSTATE, clamp
 from impls.triton.compute_out import compute_out as _compute_out
@@ -79,6 +79,10 @@ class TritonBackend(Backend):
         self.last_tuning: dict[str, dict[str, Any]] = {}
 
     # --- capability -------------------------------------------------------------------------------------
+    @classmethod
+    def tuning_device(cls, device: torch.device) -> str | None:
+        return target.device_name(device)  # "triton-interpreter" off the GPU: its records are read under that name
+
     @classmethod
     def available(cls) -> tuple[bool, str]:
         if interpreting() or torch.cuda.is_available():
