@@ -45,7 +45,7 @@ def _tensor_key(tensors) -> tuple | None:
     for t in tensors:
         if t is None:
             key.append(None)
-        elif isinstance(t, torch.Tensor):
+        elif isinstance(t, torch.Tensor) and t.layout == torch.strided:
             key.append((type(t), t.shape, t.dtype, t.device, t.stride()))
         else:
             return None

@@ -27,6 +27,8 @@ def tensor(arg: str, t, shape: tuple[int, ...] | None = None, dtypes=FLOAT_DTYPE
     `device_of`)."""
     if not isinstance(t, torch.Tensor):
         fail(arg, "a torch.Tensor", type(t).__name__)
+    if t.layout != torch.strided:
+        fail(arg, "a dense (strided) tensor", t.layout)
     if shape is not None:
         if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
             want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"

@@ -30,6 +30,8 @@ S = TINY
 BAD_FORWARD = [
     pytest.param("x", {"x": torch.randn(1, S.seqlen, S.nheads)}, id="x-3d"),
     pytest.param("x", {"x": torch.zeros(1, S.seqlen, S.nheads, S.headdim, dtype=torch.int32)}, id="x-int"),
+    pytest.param("x: expected a dense", {"x": torch.randn(1, S.seqlen, S.nheads, S.headdim).to_sparse()},
+                 id="x-sparse"),
     pytest.param("B", {"B": torch.randn(1, S.seqlen + 1, S.ngroups, S.dstate)}, id="B-seqlen"),
     pytest.param("B", {"B": torch.randn(1, S.seqlen, 3, S.dstate), "C": torch.randn(1, S.seqlen, 3, S.dstate)},
                  id="ngroups-not-dividing-nheads"),
@@ -208,3 +210,22 @@ def test_stage_2_refuses_a_padded_tail_that_is_not_flat(arg):
     bad[arg][..., -1, -1] += 0.1  # seqlen 100, chunk 32: positions 4..31 of the last chunk are padding
     with pytest.raises(ValueError, match=rf"^{arg}: .*past seqlen"):
         impls.fwd_pass_state(kw["B"], kw["x"], bad["dt"], bad["dA_cumsum"], check_values=True)
+
+
+VARLEN = Problem(dataclasses.replace(TINY, batch=1, seqlen=40, chunk_size=16), varlen=True, nseqs=3)
+
+
+@pytest.mark.parametrize("bounds", [
+    pytest.param([0, 10, 50], id="past-seqlen"),
+    pytest.param([0, 10, 30], id="short-of-seqlen"),
+    pytest.param([5, 10, 40], id="not-from-0"),
+    pytest.param([0, 30, 10, 40], id="decreasing"),
+])
+@pytest.mark.parametrize("backend", ["reference", "triton", "mamba_ssm"])
+def test_bad_cu_seqlens_are_refused_without_check_values(backend, bounds):
+    """Every backend reads cu_seqlens on the host for the per-sequence states (upstream's varlen kernel would
+    read past the chunks at an offset past seqlen): a bad one is refused on every call, naming it."""
+    kw = make_inputs(VARLEN, seed=3, dtype=torch.float32).forward_kwargs()
+    kw.update(cu_seqlens=torch.tensor(bounds, dtype=torch.int32), seq_idx=None)
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected 0 = cu_seqlens\[0\]"):
+        impls.ssd_forward(**kw, backend=backend)

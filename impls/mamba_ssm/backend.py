@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from impls import validate as check
 from impls.mamba_ssm import upstream
 from impls.mamba_ssm.chunk_cumsum import chunk_cumsum
 from impls.mamba_ssm.compute_out import compute_out
@@ -19,6 +20,13 @@ class MambaSSMSwitches:
     fused: bool = switch(
         True, "ssd_forward calls upstream's fused forward (_mamba_chunk_scan_combined_fwd, what "
               "mamba_chunk_scan_combined runs) instead of composing the five upstream kernels stage by stage")
+
+
+def upstream_cu_seqlens_guard(cu_seqlens, seqlen: int) -> None:
+    """Upstream's varlen kernel reads the chunk of each offset without a bound: an offset past seqlen reads past
+    the states and dA_cumsum. The offsets are read on the host here (one small copy) and refused as the other
+    backends refuse them (`validate.cu_seqlens_bounds`), whatever check_values says."""
+    check.cu_seqlens_bounds(cu_seqlens.tolist(), seqlen)
 
 
 @register
@@ -87,6 +95,7 @@ class MambaSSMBackend(Backend):
             return compute_out(self.upstream(), C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
 
     def varlen_states(self, B, x, dt, dA_cumsum, states, cu_seqlens):
+        upstream_cu_seqlens_guard(cu_seqlens, x.shape[1])
         B, x = upstream_layout(B=B, x=x)
         with self._mode(x.device):
             return self.upstream().ssd_chunk_state.chunk_state_varlen(
@@ -97,6 +106,8 @@ class MambaSSMBackend(Backend):
         if not self.switches.fused:
             return super().ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                                        cu_seqlens, dt_softplus, dt_limit, state_dtype)
+        if cu_seqlens is not None:
+            upstream_cu_seqlens_guard(cu_seqlens, x.shape[1])
         with self._mode(x.device):
             res = self.upstream().ssd_combined._mamba_chunk_scan_combined_fwd(
                 x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
