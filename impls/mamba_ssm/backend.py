@@ -67,8 +67,9 @@ class MambaSSMBackend(Backend):
             return False, (f"dtype {problem.dtype}: upstream's kernels compute in fp32 (fp32 dt, dA_cumsum and "
                            f"accumulators), so {problem.dtype} inputs would silently run at fp32 precision")
         if problem.varlen and problem.has_initial_states:
-            return False, ("upstream chunk_state_varlen ignores the initial state for a first sequence that ends "
-                           "inside the first chunk")
+            return False, ("upstream chunk_state_varlen ignores the initial state when the first sequence ends "
+                           "inside the first chunk; whether it does depends on cu_seqlens' values, which a problem "
+                           "does not fix, so every varlen problem with initial states is refused")
         if self.switches.fused and problem.state_dtype not in (None, problem.dtype):
             return False, ("the fused forward stores states in C's dtype; state_dtype needs fused=False "
                            "(the stage-by-stage path)")
