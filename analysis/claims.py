@@ -92,7 +92,7 @@ def _measure(w: pd.DataFrame, claim: dict) -> tuple[float, str, pd.DataFrame]:
         t = _with_switches(t, ours["baseline"], ours["baseline_switches"])
     if claim["kind"] == "speedup" and ours.get("backend") and ours.get("baseline"):
         s = time_summary(t, stages=(ours.get("stage", "forward"),))
-        keys = ["shape_name", "shape", "dtype", "gpu_name"]
+        keys = ["shape_name", "shape", "problem_name", "dtype", "gpu_name"]
         a = s[s["backend"] == ours["backend"]][[*keys, "time_ms"]]
         b = s[s["backend"] == ours["baseline"]][[*keys, "time_ms"]]
         m = a.merge(b, on=keys, suffixes=("", "_base"))

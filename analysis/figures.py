@@ -188,21 +188,27 @@ def accuracy(table: pd.DataFrame, stage: str = "forward"):
 
 
 def compile_cost(table: pd.DataFrame):
-    """Wall time of each stage's first call, per stage, one bar per backend in its color."""
+    """Wall time of each stage's first call, per stage, one bar per backend in its color; one panel per GPU
+    (compile_table keeps GPUs apart, and so does the figure: no bar pools two cards)."""
     t = table[table["stage"].isin(TIMED_STAGES)]
     if t.empty:
         return _empty("first-call cost")
-    m = t.groupby(["stage", "backend"])["compile_s"].median().unstack("backend")
-    m = m.reindex([s for s in TIMED_STAGES if s in m.index])
-    fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    width = 0.8 / len(m.columns)
-    x = np.arange(len(m.index))
-    for i, backend in enumerate(m.columns):
-        bars = ax.bar(x + (i - (len(m.columns) - 1) / 2) * width, m[backend], width, color=palette.color(backend),
-                      label=backend)
-        _tag(bars.patches, backend)
-    ax.set_yscale("log")
-    ax.set_xticks(x, m.index, fontsize=8)
-    ax.set_ylabel("first call (s)")
-    ax.legend(fontsize=7)
+    gpu = t["gpu_name"].astype(str) if "gpu_name" in t else pd.Series("", index=t.index)
+    gpus = list(dict.fromkeys(gpu))
+    fig, axes = plt.subplots(1, len(gpus), figsize=(6.5 * len(gpus), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], gpus):
+        m = t[gpu == name].groupby(["stage", "backend"])["compile_s"].median().unstack("backend")
+        m = m.reindex([s for s in TIMED_STAGES if s in m.index])
+        width = 0.8 / len(m.columns)
+        x = np.arange(len(m.index))
+        for i, backend in enumerate(m.columns):
+            bars = ax.bar(x + (i - (len(m.columns) - 1) / 2) * width, m[backend], width,
+                          color=palette.color(backend), label=backend)
+            _tag(bars.patches, backend)
+        ax.set_yscale("log")
+        ax.set_xticks(x, m.index, fontsize=8)
+        ax.set_ylabel("first call (s)")
+        if len(gpus) > 1:
+            ax.set_title(name, fontsize=9)
+        ax.legend(fontsize=7)
     return fig

@@ -59,9 +59,12 @@ def geomean(values) -> float:
 
 
 def _case(t: pd.DataFrame) -> pd.Series:
-    """shape_name, made unique with the shape label where one name covers several shapes (seqlen sweeps)."""
+    """shape_name, made unique with the shape label where one name covers several shapes (seqlen sweeps), and with
+    the problem where the rows hold several problems (plain, with initial states, ...)."""
     n = t.groupby("shape_name")["shape"].transform("nunique")
-    return t["shape_name"].where(n <= 1, t["shape_name"] + "@" + t["shape"])
+    case = t["shape_name"].where(n <= 1, t["shape_name"] + "@" + t["shape"])
+    problems = t["problem_name"].fillna("") if "problem_name" in t else pd.Series("", index=t.index)
+    return case if problems.nunique() <= 1 else case + "/" + problems
 
 
 def speedup_table(results, baseline: str = "mamba_ssm", stages=TIMED_STAGES, with_geomean: bool = True,
@@ -91,10 +94,12 @@ def speedup_table(results, baseline: str = "mamba_ssm", stages=TIMED_STAGES, wit
     m["case"] = _case(m)
     if with_geomean:
         geo = []
-        for (backend, stage, dtype, gpu), g in m.dropna(subset=["speedup"]).groupby(
-                ["backend", "stage", "dtype", "gpu_name"], sort=False):
-            geo.append({"backend": backend, "stage": stage, "shape_name": "geomean", "case": "geomean",
-                        "shape": f"{len(g)} shapes",
+        several = m["problem_name"].fillna("").nunique() > 1  # one geomean per problem, never across problems
+        for (backend, stage, dtype, gpu, problem), g in m.dropna(subset=["speedup"]).groupby(
+                ["backend", "stage", "dtype", "gpu_name", "problem_name"], sort=False, dropna=False):
+            case = f"geomean/{'' if pd.isna(problem) else problem}" if several else "geomean"
+            geo.append({"backend": backend, "stage": stage, "shape_name": "geomean", "case": case,
+                        "shape": f"{len(g)} shapes", "problem_name": problem,
                         "dtype": dtype, "gpu_name": gpu, "speedup": geomean(g["speedup"]),
                         "speedup_lo": geomean(g["speedup_lo"]), "speedup_hi": geomean(g["speedup_hi"]),
                         "spread": g["spread"].iloc[0], "n_runs": int(g["n_runs"].sum()), "baseline": baseline})
@@ -103,8 +108,8 @@ def speedup_table(results, baseline: str = "mamba_ssm", stages=TIMED_STAGES, wit
     m["_s"] = m["stage"].map(order)
     m["_g"] = (m["shape_name"] == "geomean").astype(int)
     m = m.sort_values(["_s", "_g", "case", "backend"], kind="stable").drop(columns=["_s", "_g"])
-    cols = ["stage", "case", "shape_name", "shape", "dtype", "gpu_name", "backend", "baseline", "time_ms", "time_lo",
-            "time_hi", "baseline_ms", "speedup", "speedup_lo", "speedup_hi", "spread", "n_runs"]
+    cols = ["stage", "case", "shape_name", "shape", "problem_name", "dtype", "gpu_name", "backend", "baseline",
+            "time_ms", "time_lo", "time_hi", "baseline_ms", "speedup", "speedup_lo", "speedup_hi", "spread", "n_runs"]
     return m[cols].reset_index(drop=True)
 
 
@@ -112,5 +117,5 @@ def speedup_matrix(table: pd.DataFrame, stage: str = "forward") -> pd.DataFrame:
     """Shapes × backends of speedup for one stage (the geomean row last): the headline table."""
     t = table[table["stage"] == stage]
     mat = t.pivot_table(index="case", columns="backend", values="speedup", aggfunc="first", sort=False)
-    rows = [r for r in mat.index if r != "geomean"] + (["geomean"] if "geomean" in mat.index else [])
+    rows = [r for r in mat.index if not r.startswith("geomean")] + [r for r in mat.index if r.startswith("geomean")]
     return mat.loc[rows]

@@ -87,10 +87,10 @@ def git_state() -> dict:
 def _untracked_sources() -> list[str] | None:
     """Untracked, not ignored source and config files of the code folders (a new kernel module not yet added):
     they change what runs, so they make the tree dirty and enter the diff hash; None where git cannot say."""
-    out = _run(["git", "ls-files", "--others", "--exclude-standard", "--", *SOURCE_DIRS], cwd=REPO)
+    out = _run(["git", "ls-files", "-z", "--others", "--exclude-standard", "--", *SOURCE_DIRS], cwd=REPO)
     if out is None:
         return None
-    return sorted(line for line in out.splitlines() if Path(line).suffix in SOURCE_SUFFIXES)
+    return sorted(name for name in out.split("\0") if Path(name).suffix in SOURCE_SUFFIXES)
 
 
 @functools.cache

@@ -96,7 +96,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "gpu_clock_sm_mhz": ("float64", "SM clock when the point ran"), "gpu_clock_mem_mhz": ("float64", ""),
     "gpu_clock_max_sm_mhz": ("float64", ""), "gpu_clock_max_mem_mhz": ("float64", ""),
     "driver": ("string", "NVIDIA driver version"),
-    "git_commit": ("string", ""), "git_dirty": ("boolean", "tracked files modified"),
+    "git_commit": ("string", ""), "git_dirty": ("boolean", "tracked files modified, or untracked source files present"),
 }
 
 

@@ -16,8 +16,9 @@
 #                                                replay, with host time per call (experiments/api_overhead.py)
 # Run it in a tree that carries the .gpu bundle, after `source .gpu/setup.sh &&` (docs/gpu-runbook.md).
 # The GPU machine gets the working tree without .git: put the commit into the command for the rows' provenance,
-#   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> SSD_GIT_DIFF_HASH=<git diff HEAD | sha256sum | cut -c1-12>
-#   scripts/gpu_session.sh ...   (without SSD_GIT_DIFF_HASH a dirty tree is keyed by a hash of its source files)
+#   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> scripts/gpu_session.sh ...
+#   (a dirty tree is then keyed by a hash of its source files, new untracked ones included; SSD_GIT_DIFF_HASH, where
+#   set, replaces that hash: it must then cover untracked source files too, which `git diff HEAD` does not show)
 # Each invocation stores its points under a folder of its own (SWEEP_ROOT, default $TMPDIR/sweeps/call-<time>-<pid>,
 # with /tmp when TMPDIR is unset), so a merged Parquet holds exactly the points this invocation ran, even on a
 # machine still warm from an earlier call.
@@ -74,6 +75,7 @@ case "$phase" in
       [ "$(left)" -gt 30 ] || { echo "skipped $exp: out of time" | tee -a "$log"; continue; }
       timeout "$(left)" python -m experiments.bench -m "experiment=$exp" "results_dir=$SWEEP_ROOT/$exp" \
         logger=local ${SWEEP_OVERRIDES:-} 2>&1 | tee -a "$log"
+      rm -f "$OUT/$exp.parquet"  # a sweep that stored nothing leaves no earlier call's file behind
       python -m experiments.merge "$SWEEP_ROOT/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$log"
     done
     ;;
@@ -85,6 +87,7 @@ case "$phase" in
       timeout "$(left)" python -m experiments.bench -m "experiment=$exp" "backend=$backend" \
         "results_dir=$SWEEP_ROOT/$exp" logger=local ${SWEEP_OVERRIDES:-} 2>&1 | tee -a "$log"
     done
+    rm -f "$OUT/$exp.parquet"
     python -m experiments.merge "$SWEEP_ROOT/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$log"
     ;;
   first_call)
@@ -100,6 +103,7 @@ case "$phase" in
         shape=S1 bench=check_only force=true sweep_name="first_call_$run" "results_dir=$SWEEP_ROOT/first_call" \
         logger=local 2>&1 | tee -a "$log"
     done
+    rm -f "$OUT/first_call.parquet"
     python -m experiments.merge "$SWEEP_ROOT/first_call" "$OUT/first_call.parquet" 2>&1 | tee -a "$log"
     ;;
   sanitize)

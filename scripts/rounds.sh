@@ -43,5 +43,9 @@ for ((r = 1; r <= rounds; r++)); do
       "$(dirname "$0")/gpu_session.sh" sweep "$exp"
   done
 done
-# once more at the end: with no arm run (out of time) the merged Parquet would otherwise be an earlier call's
-python -m experiments.merge "$root/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$OUT/session.log"
+# once more at the end, after removing the last merge: with no arm run (out of time) there is nothing to merge, and
+# the merged Parquet would otherwise be an earlier call's (experiments.merge refuses an empty or missing folder)
+rm -f "$OUT/$exp.parquet"
+if ! python -m experiments.merge "$root/$exp" "$OUT/$exp.parquet" 2>&1 | tee -a "$OUT/session.log"; then
+  echo "== rounds.sh: nothing merged, no arm stored a point; no $exp.parquet written" | tee -a "$OUT/session.log"
+fi

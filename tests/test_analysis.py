@@ -211,6 +211,19 @@ def test_time_summary_keeps_problems_apart():
     assert (t["n_runs"] == 1).all()
 
 
+def test_speedups_of_two_problems_are_not_pooled():
+    """Two problems at one shape: a case each, and a geomean each (2x and 6x), never one 3.46x over both."""
+    rows = frame(*(_on(point(backend, ms), problem_name=problem) for problem, base in (("headline", 2.0), ("init", 6.0))
+                   for backend, ms in (("mamba_ssm", base), ("cutile", 1.0))))
+    t = speedup_table(rows)
+    cutile = t[(t["backend"] == "cutile") & (t["stage"] == "forward")].set_index("case")["speedup"]
+    assert cutile.to_dict() == pytest.approx({"S1/headline": 2.0, "S1/init": 6.0, "geomean/headline": 2.0,
+                                              "geomean/init": 6.0})
+    from analysis.speedup import speedup_matrix
+
+    assert speedup_matrix(t)["cutile"].to_dict() == pytest.approx(cutile.to_dict())
+
+
 # --- claims -------------------------------------------------------------------------------------------------
 def claim(**kw):
     return {"id": "c", "source": "s", "url": "https://example.org", "quote": "q", "kind": "speedup",

@@ -191,12 +191,29 @@ def test_cutile_tiles_read_the_records_and_refuse_a_shape_without_one():
 H100 = "NVIDIA H100 80GB HBM3"
 
 
+@pytest.fixture(autouse=True)
+def _records_of_the_h200(monkeypatch):
+    """The tests read the H200's committed records whatever card the host has (records_gpu reads the running
+    card's); a test that wants another card patches records_gpu again."""
+    monkeypatch.setattr(cutile_tiles, "records_gpu", lambda: cutile_tiles.DEFAULT_GPU)
+
+
+def test_records_gpu_is_the_running_card_else_the_h200(monkeypatch):
+    import torch
+
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cutile_tiles.records_gpu() == cutile_tiles.DEFAULT_GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: H100)
+    assert cutile_tiles.records_gpu() == H100
+
+
 def test_cutile_tiles_are_the_running_cards_records(monkeypatch):
     """The Triton point is pinned at the tiles of the card the run is on, the records cuTile's own point runs with:
     another card's records (the H100's at S2, none under the default switches) raise, never pin the H200's."""
     from impls import tuning
 
-    assert cutile_tiles.records_gpu() == cutile_tiles.DEFAULT_GPU  # no CUDA here
     monkeypatch.setattr(cutile_tiles, "records_gpu", lambda: H100)
     h100_s1 = tuning.lookup("cutile", "compute_out", H100, cutile_tiles.tune_key("S1", "compute_out"))
     assert h100_s1 is not None and cutile_tiles.tuned("S1", "compute_out") == h100_s1["config"]

@@ -5,6 +5,7 @@ was before the steps were split."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,3 +129,13 @@ def test_timing_without_the_gate_is_refused():
     with pytest.raises(conf.ConfigError, match="bench.check=false with bench.time=true"):
         plan.BenchSettings(check=False)
     assert plan.BenchSettings(check=False, time=False).time is False
+    from hydra import compose, initialize_config_dir
+
+    conf.register_schemas()
+    conf.register_resolvers()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["backend=reference", "shape=tiny", "dtype=float32", "bench.check=false"])
+        with pytest.raises(conf.ConfigError, match="bench.check=false with bench.time=true"):
+            conf.validate(cfg)
+        conf.validate(compose("config", overrides=["backend=reference", "shape=tiny", "dtype=float32",
+                                                   "bench.check=false", "bench.time=false"]))
