@@ -44,7 +44,10 @@ def read_archive(path: str | Path) -> dict[str, dict]:
                 parts = parts[1:]
             if PurePosixPath(member.name).is_absolute() or len(parts) != 2 or ".." in parts:
                 raise ValueError(f"archive {path}: member {member.name!r} is not <gpu>/<file>.json")
-            out["/".join(parts)] = json.load(tar.extractfile(member))
+            try:
+                out["/".join(parts)] = json.load(tar.extractfile(member))
+            except ValueError as exc:
+                raise ValueError(f"archive {path}: member {member.name!r} is not readable JSON ({exc})") from exc
     return out
 
 
@@ -61,6 +64,9 @@ def merge_records(ours: dict, theirs: dict, name: str) -> tuple[dict, list[str]]
         elif str(entry.get("date", "")) > str(have.get("date", "")):
             changes.append(f"{name}: replaced {key} (searched {entry.get('date')})")
         else:
+            if entry != have:  # said, not dropped in silence: the tree's record is the later (or as late)
+                changes.append(f"{name}: kept the tree's {key} (searched {have.get('date')}); the archive's differs "
+                               f"and is not later ({entry.get('date')})")
             continue
         entries[key] = entry
     merged["entries"] = entries

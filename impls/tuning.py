@@ -37,7 +37,9 @@ one line per PROGRESS_INTERVAL_S seconds).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -47,6 +49,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,11 +86,33 @@ def partial_path(backend: str, stage: str, gpu_name: str) -> Path:
     return tuning_dir() / gpu_slug(gpu_name) / f"{backend}_{stage}.partial.json"
 
 
+class RecordFileError(ValueError):
+    """A tuning-record file that is not readable JSON: named, never overwritten."""
+
+
 def _read(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     with path.open() as fh:
-        return json.load(fh)
+        try:
+            return json.load(fh)
+        except ValueError as exc:
+            raise RecordFileError(f"{path}: not a readable tuning-record file ({exc}); repair or remove it") from exc
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """One writer at a time for a record file's read-change-write (processes of one machine: an flock on a lock
+    file kept outside the tuning folder, which is committed and shipped whole)."""
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    lock = Path(tempfile.gettempdir()) / "ssd-tuning-locks" / f"{digest}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def _write(path: Path, data: dict) -> None:
@@ -109,11 +134,12 @@ def store(backend: str, stage: str, gpu_name: str, key: str, config: dict, searc
           versions: dict, **extra) -> dict[str, Any]:
     """Adds or replaces one record (with the space's hash and the date); the file is rewritten atomically."""
     path = record_path(backend, stage, gpu_name)
-    data = _read(path) or {"backend": backend, "stage": stage, "gpu": gpu_name, "entries": {}}
     record = {"config": config, "search_space": search_space, "space_hash": space_hash(search_space),
               "versions": versions, "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), **extra}
-    data["entries"][key] = record
-    _write(path, data)
+    with _locked(path):  # another process's record stored meanwhile is read here, not lost
+        data = _read(path) or {"backend": backend, "stage": stage, "gpu": gpu_name, "entries": {}}
+        data["entries"][key] = record
+        _write(path, data)
     from impls.registry import forget_built  # backends built before this record resolved their configs without it
 
     forget_built()
@@ -426,19 +452,21 @@ def _load_partial(t: Tunable, today: dict) -> dict:
 
 def _save_partial(t: Tunable, today: dict, measurements: list, failures: list) -> None:
     path = partial_path(t.backend, t.stage, t.gpu)
-    data = _read(path)
-    data[t.key] = {**_partial_id(t, today), "measurements": measurements, "failures": failures}
-    _write(path, data)
+    with _locked(path):
+        data = _read(path)
+        data[t.key] = {**_partial_id(t, today), "measurements": measurements, "failures": failures}
+        _write(path, data)
 
 
 def _drop_partial(t: Tunable) -> None:
     path = partial_path(t.backend, t.stage, t.gpu)
-    data = _read(path)
-    if data.pop(t.key, None) is not None:
-        if data:
-            _write(path, data)
-        else:
-            path.unlink()
+    with _locked(path):
+        data = _read(path)
+        if data.pop(t.key, None) is not None:
+            if data:
+                _write(path, data)
+            else:
+                path.unlink()
 
 
 class Progress:

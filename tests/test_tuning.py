@@ -637,3 +637,37 @@ def test_triton_fused_switches_key_only_the_fused_kernel(program):
         assert record_key(fused, "S1", "bfloat16", {}, stage) == record_key(staged, "S1", "bfloat16", {}, stage)
     assert "fuse_state_out=True" in record_key(fused, "S1", "bfloat16", {}, FUSED)
     assert ("fused_program=chunk" in record_key(fused, "S1", "bfloat16", {}, FUSED)) == (program == "chunk")
+
+
+def test_an_unreadable_record_file_is_named_and_left_alone():
+    path = tuning.record_path("triton", "compute_out", GPU)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"entries": {"S1": ')
+    with pytest.raises(tuning.RecordFileError, match=f"{path}: not a readable tuning-record file"):
+        tuning.lookup("triton", "compute_out", GPU, "S1")
+    with pytest.raises(tuning.RecordFileError):
+        tuning.store("triton", "compute_out", GPU, "S2", {"block_rows": 64}, [], {})
+    assert path.read_text() == '{"entries": {"S1": '  # never overwritten
+
+
+def _store_keys(root: str, worker: int, n: int) -> None:
+    import os
+
+    os.environ["SSD_TUNING_DIR"] = root
+    for i in range(n):
+        tuning.store("triton", "compute_out", GPU, f"w{worker}-k{i}", {"block_rows": 64}, [], {})
+
+
+def test_processes_storing_to_one_file_lose_no_record(tmp_path):
+    """Each store reads, changes and writes the file under a lock: four processes' records all end up in it."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_store_keys, args=(str(tmp_path), w, 15)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert all(p.exitcode == 0 for p in procs)
+    entries = json.loads(tuning.record_path("triton", "compute_out", GPU).read_text())["entries"]
+    assert len(entries) == 60

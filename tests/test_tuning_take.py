@@ -73,9 +73,25 @@ def test_the_later_search_of_a_key_wins_whatever_the_order(tree, tmp_path, order
 
 
 def test_an_older_record_does_not_replace_the_tree_s(tree, tmp_path):
+    """Kept, and said: the archive's differing record is not dropped in silence."""
     old = archive(tmp_path / "a.tgz", {"triton_compute_out.json": record(S1=entry("2026-11-30T00:00:00", 32))})
-    assert tuning_take.take([old], tree) == []
+    assert tuning_take.take([old], tree) == [
+        "NVIDIA_H200/triton_compute_out.json: kept the tree's S1 (searched 2026-12-01T00:00:00); the archive's "
+        "differs and is not later (2026-11-30T00:00:00)"]
     assert read(tree, "triton_compute_out.json")["entries"]["S1"]["config"] == {"block_rows": 64}
+    same = archive(tmp_path / "b.tgz", {"triton_compute_out.json": record(S1=entry("2026-12-01T00:00:00"))})
+    assert tuning_take.take([same], tree) == []  # the same record: nothing to say
+
+
+def test_an_unreadable_member_is_named(tree, tmp_path):
+    bad = tmp_path / "bad.tgz"
+    with tarfile.open(bad, "w:gz") as tar:
+        raw = b'{"entries": {'
+        info = tarfile.TarInfo(f"./{GPU}/triton_compute_out.json")
+        info.size = len(raw)
+        tar.addfile(info, io.BytesIO(raw))
+    with pytest.raises(ValueError, match=r"member './NVIDIA_H200/triton_compute_out.json' is not readable JSON"):
+        tuning_take.take([bad], tree)
 
 
 def test_a_finished_search_drops_its_partial_and_an_unfinished_one_keeps_the_fuller(tree, tmp_path):
