@@ -120,11 +120,17 @@ class Mamba2Config:
 
 
 def _pair(arg: str, value) -> tuple[float, float]:
+    if isinstance(value, (str, bytes)):  # "12" would read as (1, 2)
+        check.fail(arg, "a pair (low, high) of numbers", repr(value))
     try:
         low, high = (float(v) for v in value)
     except (TypeError, ValueError):
         check.fail(arg, "a pair (low, high) of numbers", value)
     return low, high
+
+
+# the floating dtypes a layer's parameters may take (the SSD's own parameters stay fp32, float64 in float64)
+LAYER_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 @dataclass
@@ -210,6 +216,8 @@ class Mamba2(nn.Module):
         super().__init__()
         if not isinstance(config, Mamba2Config):
             check.fail("config", "a Mamba2Config", type(config).__name__)
+        if dtype is not None and dtype not in LAYER_DTYPES:
+            check.fail("dtype", f"None or one of {[str(d) for d in LAYER_DTYPES]}", repr(dtype))
         self.config = config
         self.backend = get_backend(backend, switches)
         kw = {"device": device, "dtype": dtype}
@@ -232,6 +240,8 @@ class Mamba2(nn.Module):
         seq_idx (batch, seqlen) / cu_seqlens (nseqs + 1,): packed sequences (impls/README.md); initial_states
         (batch, nheads, headdim, d_state): the SSD's state before position 0; conv_initial_states
         (batch, conv_dim, d_conv − 1): the conv's inputs before position 0. check_values: the SSD's value checks."""
+        check.flag("return_final_states", return_final_states)
+        check.flag("check_values", check_values)
         self._refuse_gradients(u=u, initial_states=initial_states, conv_initial_states=conv_initial_states)
         call = self.ssd_call(u, seq_idx=seq_idx, cu_seqlens=cu_seqlens, initial_states=initial_states,
                              conv_initial_states=conv_initial_states)

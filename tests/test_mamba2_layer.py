@@ -177,6 +177,7 @@ BAD_CONFIGS = [
     pytest.param(dict(dt_init_floor=-1e-4), "dt_init_floor", id="dt_init_floor-negative"),
     pytest.param(dict(A_init_range=(0.0, 16.0)), "A_init_range", id="A_init_range-zero"),
     pytest.param(dict(A_init_range=(1.0,)), "A_init_range", id="A_init_range-not-a-pair"),
+    pytest.param(dict(A_init_range="12"), "A_init_range", id="A_init_range-string"),  # was read as (1, 2)
     pytest.param(dict(dt_limit=(0.1, 0.05)), "dt_limit", id="dt_limit-reversed"),
     pytest.param(dict(norm_eps=0.0), "norm_eps", id="norm_eps-0"),
     pytest.param(dict(D_per_channel="yes"), "D_per_channel", id="D_per_channel-string"),
@@ -211,11 +212,21 @@ def _bad_input(name: str, layer: Mamba2) -> dict:
         args["initial_states"] = torch.zeros(2, c.nheads, c.headdim, c.d_state + 1)
     elif name == "conv_initial_states-shape":
         args["conv_initial_states"] = torch.zeros(2, c.conv_dim, c.d_conv)
+    elif name == "return_final_states-string":
+        args["return_final_states"] = "no"
+    elif name == "check_values-string":
+        args["check_values"] = "no"
     return args
 
 
 BAD_INPUTS = ["u-2d", "u-d_model", "u-dtype", "u-seqlen-0", "seq_idx-shape", "seq_idx-dtype", "cu_seqlens-batch-2",
-              "initial_states-shape", "conv_initial_states-shape"]
+              "initial_states-shape", "conv_initial_states-shape", "return_final_states-string", "check_values-string"]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, "float32", torch.complex64], ids=["int64", "string", "complex64"])
+def test_a_bad_layer_dtype_is_named(dtype):
+    with pytest.raises(ValueError, match="^dtype: expected None or one of"):
+        Mamba2(CONFIG, "reference", dtype=dtype)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in BAD_INPUTS])
