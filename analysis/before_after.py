@@ -14,7 +14,7 @@ import sys
 
 import pandas as pd
 
-from analysis.load import wide
+from analysis.load import gpu_key, wide
 from analysis.markdown import table
 
 KEYS = ("label", "dtype", "shape_name", "stage")  # label: the backend with its ablation or switches
@@ -36,21 +36,12 @@ def _per_point(w: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _gpus(w: pd.DataFrame) -> list[str]:
-    """The GPU models of a run's rows (the device name where a row has no GPU: CPU rows)."""
-    names = pd.Series("unknown", index=w.index)
-    for column in ("device_name", "gpu_name"):  # the GPU's name wins over the device's
-        if column in w:
-            names = w[column].where(w[column].notna(), names)
-    return sorted(names.astype(str).unique())
-
-
 def compare(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     """One row per (variant, dtype, shape, stage) of either run (wide frames, analysis.load.wide, one or more rounds
     each): before and after medians, the relative change, the allowance max(2 %, the before-run's widest p20–p80
     spread, the before-rounds' range) and the verdict (holds, differs, missing). Both runs must come from one GPU
     model: timings of two cards are not a before and an after (ValueError naming both)."""
-    gpus = {"before": _gpus(before), "after": _gpus(after)}
+    gpus = {side: sorted(gpu_key(w).astype(str).unique()) for side, w in (("before", before), ("after", after))}
     if len(gpus["before"]) > 1 or len(gpus["after"]) > 1 or gpus["before"] != gpus["after"]:
         raise ValueError(f"before/after: the runs must come from one GPU model, got before {gpus['before']} and "
                          f"after {gpus['after']}")

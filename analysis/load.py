@@ -188,6 +188,15 @@ def is_synthetic(long_or_wide: pd.DataFrame) -> bool:
     return bool(long_or_wide["sweep_id"].astype(str).str.startswith("synthetic").any()) if len(long_or_wide) else False
 
 
+def gpu_key(w: pd.DataFrame) -> pd.Series:
+    """Each row's GPU model, the key that keeps cards apart: gpu_name, else the device name (CPU points, which
+    never meet GPU points), else "unknown"; a column the frame lacks counts as empty."""
+    key = w["gpu_name"] if "gpu_name" in w else pd.Series(None, index=w.index, dtype=object)
+    if "device_name" in w:
+        key = key.fillna(w["device_name"])
+    return key.fillna("unknown")
+
+
 def timed(w: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
     """Rows of timed stages (with a median_ms), of points that passed (status ok) unless ok_only is False."""
     sel = w["stage"].isin(TIMED_STAGES) & w["median_ms"].notna()

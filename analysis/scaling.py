@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.load import SHAPE, TIMED_STAGES, wide
+from analysis.load import SHAPE, TIMED_STAGES, gpu_key, wide
 
 _OTHER_SHAPE = [c for c in SHAPE if c != "seqlen"]
 
@@ -70,7 +70,7 @@ def compile_table(results) -> pd.DataFrame:
     of two GPUs (or of a GPU and the CPU) never share a median."""
     w = _w(results)
     t = w[w["stage"].isin(TIMED_STAGES) & w["compile_s"].notna() & (w["ablation"].fillna("none") == "none")]
-    t = t.assign(gpu_name=t["gpu_name"].fillna(t["device_name"]).fillna("unknown"))
+    t = t.assign(gpu_name=gpu_key(t))
     g = t.groupby(["backend", "stage", "shape_name", "dtype", "gpu_name"], sort=False)
     out = g.agg(compile_s=("compile_s", "median"), median_ms=("median_ms", "median"),
                 n=("run_id", "nunique")).reset_index()

@@ -14,21 +14,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.load import TIMED_STAGES, timed, wide
+from analysis.load import TIMED_STAGES, gpu_key, timed, wide
 
 # problem_name: the same shape under another problem (with initial states, z, seq_idx) is another workload
 KEYS = ("stage", "shape_name", "shape", "problem_name", "dtype", "gpu_name")
 
 
-def _gpu_key(w: pd.DataFrame) -> pd.Series:
-    # CPU points have no gpu_name; group them under their device name so they never meet GPU points
-    return w["gpu_name"].fillna(w["device_name"]).fillna("unknown")
-
-
 def time_summary(w: pd.DataFrame, stages=TIMED_STAGES) -> pd.DataFrame:
     """One row per (label, stage, shape, problem, dtype, GPU): time_ms, time_lo, time_hi, spread, n_runs."""
     rows = timed(w)
-    rows = rows[rows["stage"].isin(stages)].assign(gpu_name=lambda d: _gpu_key(d))
+    rows = rows[rows["stage"].isin(stages)].assign(gpu_name=lambda d: gpu_key(d))
     out = []
     for key, g in rows.groupby(["label", "backend", "ablation", *KEYS], dropna=False, sort=False):
         n = g["run_id"].nunique()

@@ -172,6 +172,13 @@ def check_shape(shape: Shape, name: str = "") -> None:
     _as_config_error(where, checks.chunk_size, shape.chunk_size)  # the public entries' rule: 16..2048, 2^k
 
 
+def check_gated(check: bool, time: bool) -> None:
+    """Every timed point passes the float64 gate first (the config check and experiments.plan.BenchSettings)."""
+    if time and not check:
+        raise ConfigError("bench.check=false with bench.time=true: every timed point passes the float64 gate "
+                          "first; turn bench.time off too (a run of the stages alone)")
+
+
 def _as_config_error(where: str, check, *args) -> None:
     """Runs an impls.validate check at start-up: its ValueError (naming the argument) becomes a ConfigError, so a
     config that the public entries would refuse is not run and recorded as a failed point."""
@@ -298,9 +305,7 @@ def validate(cfg: DictConfig):
     if cfg.bench.reference == "sampled" and problem.has_seq_idx:
         raise ConfigError("bench.reference=sampled does not handle packed sequences (problem.nseqs > 1 or "
                           "varlen); use auto, float64 or fp32-chunked")
-    if cfg.bench.time and not cfg.bench.check:
-        raise ConfigError("bench.check=false with bench.time=true: every timed point passes the float64 gate "
-                          "first; turn bench.time off too (a run of the stages alone)")
+    check_gated(cfg.bench.check, cfg.bench.time)
     if cfg.bench.statistic != "median":
         raise ConfigError(f"bench.statistic: only 'median' is recorded, got {cfg.bench.statistic!r}")
     check_timing_knobs(cfg.bench, cfg.device)

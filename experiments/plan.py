@@ -47,9 +47,7 @@ class BenchSettings:
     cpu_reps: int = 3
 
     def __post_init__(self) -> None:
-        if self.time and not self.check:
-            raise conf.ConfigError("bench.check=false with bench.time=true: every timed point passes the "
-                                   "float64 gate first; turn bench.time off too (a run of the stages alone)")
+        conf.check_gated(self.check, self.time)
 
     @classmethod
     def from_config(cls, node) -> BenchSettings:

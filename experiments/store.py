@@ -161,17 +161,20 @@ def load(root: Path) -> pd.DataFrame:
     return pd.concat([conform(pd.read_parquet(f)) for f in files], ignore_index=True)
 
 
-def stored_points(root: Path) -> set[tuple[str, str, str]]:
-    """(config_hash, code_key, status) of every point stored under root; files from before code_key have none
-    (so they never match a new run's code)."""
-    points: set[tuple[str, str, str]] = set()
+def _stored_keys(root: Path):
+    """(file, (config_hash, code_key, status)) of every point stored under root; files from before code_key have
+    none (so they never match a new run's code)."""
     for f in parquet_files(root):
-        columns = ["config_hash", "code_key", "status"]
         if "code_key" not in pq.read_schema(f).names:
             continue
-        keys = pd.read_parquet(f, columns=columns).dropna().drop_duplicates()
-        points.update(map(tuple, keys.itertuples(index=False)))
-    return points
+        keys = pd.read_parquet(f, columns=["config_hash", "code_key", "status"]).dropna().drop_duplicates()
+        for key in keys.itertuples(index=False):
+            yield f, tuple(key)
+
+
+def stored_points(root: Path) -> set[tuple[str, str, str]]:
+    """(config_hash, code_key, status) of every point stored under root."""
+    return {key for _, key in _stored_keys(root)}
 
 
 def already_measured(root: Path, config_hash: str, code_key: str, retry_failed: bool = True) -> bool:
@@ -184,11 +187,8 @@ def measured_file(root: Path, config_hash: str, code_key: str, retry_failed: boo
     """The file under root that holds this point as stored by this code (the newest such file; an ok one first, a
     failed one only when retry_failed is off), or None: where a skipped point's rows are."""
     found: dict[str, list[Path]] = {}
-    for f in parquet_files(root):
-        if "code_key" not in pq.read_schema(f).names:
-            continue
-        keys = pd.read_parquet(f, columns=["config_hash", "code_key", "status"]).dropna().drop_duplicates()
-        for status in keys[(keys["config_hash"] == config_hash) & (keys["code_key"] == code_key)]["status"]:
+    for f, (h, k, status) in _stored_keys(root):
+        if h == config_hash and k == code_key:
             found.setdefault(status, []).append(f)
     usable = found.get("ok") or ([f for files in found.values() for f in files] if not retry_failed else [])
     return max(usable, key=lambda f: f.stat().st_mtime) if usable else None
