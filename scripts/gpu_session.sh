@@ -12,6 +12,7 @@
 #   scripts/gpu_session.sh sanitize              compute-sanitizer over every cuTile and Triton stage
 #                                                (experiments/sanitize.py), with its negative control
 #   scripts/gpu_session.sh profile [args]        Nsight Compute over one forward per backend (experiments/profile.py)
+#   scripts/gpu_session.sh hotspots [args]       warp-state samples per SASS line of one kernel (experiments/hotspots.py)
 #   scripts/gpu_session.sh api_overhead          the public call by name vs on a prebuilt backend vs CUDA-graph
 #                                                replay, with host time per call (experiments/api_overhead.py)
 # Run it in a tree that carries the .gpu bundle, after `source .gpu/setup.sh &&` (docs/gpu-runbook.md).
@@ -111,6 +112,9 @@ case "$phase" in
     ;;
   profile)
     timeout "$(left)" python -m experiments.profile --out "$OUT" "$@" 2>&1 | tee -a "$log"
+    ;;
+  hotspots)
+    timeout "$(left)" python -m experiments.hotspots --out "$OUT" "$@" 2>&1 | tee -a "$log"
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
