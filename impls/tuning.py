@@ -11,8 +11,9 @@ here, the same for every backend:
    record's "versions" the software stack it was searched on. A record is *usable* when that stack matches today's
    (`Tunable.stack`: cuda-tile, tileiras, triton, tilegym, driver major, whichever the backend depends on); a record
    whose versions could not be established (`versions_unverified`) is used and says so.
-   `Tunable.base_key`: the record borrowed (modes auto/record) when the key has none of its own (cuTile: a default
-   code trick turned off runs on the default code's tiles).
+   `Tunable.near_key`, then `Tunable.base_key`: the records borrowed, in that order (modes auto/record), when the
+   key has none of its own (cuTile: compute_out's persistent loop runs on the tiles of the same switches without
+   it; a default code trick turned off runs on the default code's tiles).
 3. the mode (`MODES`):
    - "auto":     a usable record, else the fallback; the resolution says why it fell back;
    - "record":   a usable record, else an error naming the file and the reason;
@@ -227,7 +228,8 @@ class Tunable:
     candidates: Callable[[list[dict]], list[dict]] | None = None  # extra configs to confirm, from the ranking
     pins: dict = field(default_factory=dict)  # fields the switches fix; they win over any chosen config
     pinned_all: bool = False  # the pins fix every tuned field: no record, no search (source "switches")
-    base_key: str | None = None  # record borrowed in auto/record when `key` has none
+    base_key: str | None = None  # record borrowed in auto/record when `key` (and `near_key`) has none
+    near_key: str | None = None  # record borrowed first in auto/record when `key` has none
     stack: tuple[str, ...] = ()  # the software (of STACK) a record is bound to
     own_search: Callable[[], dict] | None = None  # a backend's own autotuner: runs it, returns the chosen config
     stage_timer: Callable[[Callable[[], Any]], float] | None = None  # whole-stage timer in ms (default: do_bench)
@@ -297,8 +299,9 @@ def _usable_record(t: Tunable, today: dict) -> tuple[dict | None, str, str]:
     """(record, its key, why it cannot be used or ""): the key's own record, else (auto/record) the base key's."""
     record = lookup(t.backend, t.stage, t.gpu, t.key)
     key = t.key
-    if record is None and t.base_key and t.mode in ("auto", "record"):
-        record, key = lookup(t.backend, t.stage, t.gpu, t.base_key), t.base_key
+    for borrowed in (t.near_key, t.base_key):
+        if record is None and borrowed and t.mode in ("auto", "record"):
+            record, key = lookup(t.backend, t.stage, t.gpu, borrowed), borrowed
     if record is None:
         return None, t.key, "no record"
     mismatch = stack_mismatch(record, today)

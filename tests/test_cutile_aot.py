@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import itertools
 import json
 import re
@@ -772,6 +773,48 @@ def test_head_loop_sass_nests_the_source_loop_in_the_head_loop(heads_per_tile):
     assert len(tma_loops(loop_text)) == 2 and outer.start < inner.start < inner.end < outer.end
     assert outer.loads == facts(loop_text)["UTMALDG"] - 2
     assert len(tma_loops(base_text)) == 1 and facts(base_text)["UTMALDG"] == facts(loop_text)["UTMALDG"]
+
+
+# --- the persistent loop (switch persistent) ---------------------------------------------------------------------
+@pytest.mark.parametrize("shape", ["S1", "S4"])
+def test_persistent_walks_the_tiles_in_a_loop_around_the_source_loop(shape):
+    """compute_out persistent at the committed tiles of version 20's switches: one program per resident slot
+    (occupancy × SM_COUNT_AOT), and its TMA loads in two nested loops (the tiles, then the source blocks) where the
+    default kernel has one (the negative control); the same warpgroup MMAs as the default kernel, each tile's loads
+    (C_l, states, x_j, C·B_jᵀ) inside the tile loop."""
+    from impls.cutile.aot import tma_loops
+    from impls.cutile.common import SM_COUNT_AOT
+
+    v20 = dataclasses.replace(DEFAULTS, heads_first=True, skip_first=True, pdl=True)
+    sw = dataclasses.replace(v20, persistent=True)
+    loop_text, base_text = _headline_sass(shape, sw)[0], _headline_sass(shape, v20)[0]
+    outer, inner = tma_loops(loop_text)[0], tma_loops(loop_text)[-1]
+    assert len(tma_loops(loop_text)) == 2 and outer.start < inner.start < inner.end < outer.end
+    assert outer.loads == facts(loop_text)["UTMALDG"] == facts(base_text)["UTMALDG"]
+    assert len(tma_loops(base_text)) == 1 and facts(loop_text)["HGMMA"] == facts(base_text)["HGMMA"] > 0
+    call = _headline_call(shape, sw)
+    occupancy = spills_config(shape, sw)["occupancy"]
+    assert call.grid == (occupancy * SM_COUNT_AOT, 1, 1)
+    assert math.prod(_headline_call(shape, v20).grid) > call.grid[0]
+
+
+def spills_config(shape, sw):
+    from impls.cutile import spills
+
+    return spills.resolved_config("compute_out", shape, switches=sw)
+
+
+def test_persistent_programs_never_exceed_the_tiles():
+    from impls.cutile.common import SM_COUNT_AOT
+    from impls.cutile.compute_out import persistent_programs
+
+    assert persistent_programs(10, 3) == 10
+    assert persistent_programs(10_000, 3) == 3 * SM_COUNT_AOT and persistent_programs(10_000, 0) == SM_COUNT_AOT
+
+
+def test_persistent_with_head_loop_refused():
+    with pytest.raises(ValueError, match="persistent.*head_loop=8"):
+        CutileSwitches(persistent=True, head_loop=8)
 
 
 @pytest.mark.parametrize("dtype,switches,config", [

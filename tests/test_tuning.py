@@ -3,6 +3,7 @@ what it stores, how it resumes, when a record is bound to another stack; and the
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -474,6 +475,29 @@ def test_cutile_compute_out_arrangement_borrows_the_default_record(switches):
     tuning.store("cutile", "compute_out", t.gpu, t.base_key, config, {}, stack)
     res = tuning.resolve(t)
     assert (res.config, res.source) == (config, "record")
+
+
+def test_cutile_persistent_borrows_the_tiles_of_its_switches_first():
+    """compute_out persistent without a record of its own runs on the record of the same switches without it (the
+    near key), before the key without any arrangement; its own record wins when there is one."""
+    from impls.cutile import tune
+    from impls.cutile.switches import CutileSwitches
+
+    v20 = CutileSwitches(heads_first=True, skip_first=True, pdl=True)
+    t = tune.tunable("compute_out", dataclasses.replace(v20, persistent=True), None, "S", "bfloat16", make_call=None)
+    assert "persistent=True" in t.key and t.near_key == tune.record_key("compute_out", v20, "S", "bfloat16")
+    assert tune.tunable("compute_out", v20, None, "S", "bfloat16", make_call=None).near_key is None
+    stack = {n: STACK.get(n) for n in tune.STACK}
+    base = {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 2, "shared_cb": False}
+    near = {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 2, "occupancy": 3, "shared_cb": True}
+    tuning.store("cutile", "compute_out", t.gpu, t.base_key, base, {}, stack)
+    assert tuning.resolve(t).config == base
+    tuning.store("cutile", "compute_out", t.gpu, t.near_key, near, {}, stack)
+    res = tuning.resolve(t)
+    assert (res.config, res.key) == (near, t.near_key) and "borrowed" in res.reason
+    own = dict(near, occupancy=2)
+    tuning.store("cutile", "compute_out", t.gpu, t.key, own, {}, stack)
+    assert tuning.resolve(t).config == own
 
 
 @pytest.mark.parametrize("switches, occupancy", [

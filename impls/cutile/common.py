@@ -165,6 +165,16 @@ def dummy(device, dtype=torch.float32, ndim: int = 1) -> torch.Tensor:
 # 2 covers stage 1's outputs too. `ct.grid_dependency_control_launch_dependents()` (chunk_cumsum and the dependent
 # kernels, at their start) only lets the next dependent kernel be scheduled early; it promises nothing about memory,
 # which that kernel's own wait covers. Launched without PDL, both instructions have nothing to wait for or release.
+SM_COUNT_AOT = 132  # SMs of an H100 / H200 SXM: the grid of a persistent kernel compiled where there is no GPU
+
+
+def sm_count() -> int:
+    """Multiprocessors of the current CUDA device; SM_COUNT_AOT without one (compile-only: the grid is not used)."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return SM_COUNT_AOT
+
+
 def launch(call: KernelCall) -> None:
     import cuda.tile as ct
 

@@ -61,8 +61,9 @@ def tuned_config(stage: str, shape_name: str, dtype: str = "bfloat16", switches=
 
     sw = CutileSwitches() if switches is None else switches
     label = load_shape(shape_name).label()
-    keys = dict.fromkeys([*(tune.record_key(stage, sw, label, dtype, code_tricks=tricks) for tricks in (True, False)),
-                          tune.record_key(stage, CutileSwitches(), label, dtype)])
+    keys = dict.fromkeys(k for k in (tune.record_key(stage, sw, label, dtype), tune.near_key(stage, sw, label, dtype),
+                                     tune.record_key(stage, sw, label, dtype, code_tricks=False),
+                                     tune.record_key(stage, CutileSwitches(), label, dtype)) if k)
     for key in keys:
         record = tuning.lookup("cutile", stage, GPU, key)
         if record is not None:

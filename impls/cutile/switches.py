@@ -99,6 +99,16 @@ class CutileSwitches:
              "each warpgroup holds half of every accumulator and half of the exponentials, so bf16 at the tuned "
              "S1–S4 tiles compiles with no local-memory spill (docs/perf-notes.md, version 11)",
         sm100="the same hint; the split tileiras makes for tcgen05 has not been examined")
+    persistent: bool = switch(
+        False, "stage 3's main kernel launched as one program per resident slot (the occupancy hint times the SMs), "
+               "each walking the tiles t = program, program + programs, ... in the order of the default grid "
+               "(heads_first's included) instead of one program per tile; the tiles, the math and the rounding "
+               "are unchanged. Not with head_loop",
+        sm90="a new program's first loads (C_l, the states, x_j, C·B_jᵀ) are waited on by its math warps before "
+             "any MMA (a fifth of compute_out's warp samples at S1, `python -m experiments.hotspots`); walking "
+             "tiles in a loop lets the copy warp load the next tile's operands while the math warps finish the "
+             "current one (docs/perf-notes.md, version 25)",
+        sm100="the same loop (148 SMs); its pipelining by tileiras for tcgen05 has not been examined")
     num_ctas: int = switch(
         0, "stage 3's main kernel compiled for a cluster of this many CTAs per tile program (cuTile "
            "`ct.kernel(num_ctas=)`; 0: the compiler's choice, one CTA). The grid, the tile, the record's occupancy "
@@ -227,6 +237,9 @@ class CutileSwitches:
         choices=tuning.MODES)
 
     def __post_init__(self):
+        if self.persistent and self.head_loop:
+            raise ValueError(f"switch persistent of backend 'cutile': not built with head_loop={self.head_loop} "
+                             "(its kernel walks heads in a loop of its own); set one of them")
         if self.fused_program != FUSED_PROGRAMS[0] and not self.fuse_state_out:
             raise ValueError(f"switch fused_program={self.fused_program!r} of backend 'cutile': it arranges the "
                              "programs of the fused kernel, which runs only with fuse_state_out=True (set it, or "
@@ -247,7 +260,7 @@ class CutileSwitches:
 FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level", "fused_program")
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
-                     "heads_per_tile", "heads_first", "skip_first", "two_warpgroups", "head_loop",
+                     "heads_per_tile", "heads_first", "skip_first", "two_warpgroups", "head_loop", "persistent",
                      "state_two_warpgroups", "state_pass", "pdl", "num_ctas")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 
@@ -287,6 +300,8 @@ CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "e
 # kernels (fwd_pass_state, or fwd_pass_state_local + fwd_pass_state_pass: aot.STATE_PASS_KERNELS), as cb_mode does
 # fused_program picks the fused kernel (fused_kernel or fused_chunk_kernel: aot.FUSED_PROGRAM_KERNELS) as state_pass
 # does stage 2's.
+# persistent changes compute_out's code (a loop around the tile program) and its grid; like pdl it stays out of
+# CODE_SWITCHES (tests/test_cutile_aot.py compiles it and finds the loop).
 # pdl and opt_level change the code of the kernels they reach but stay out of CODE_SWITCHES (the switch-effects
 # table and the factorials): tests/test_cutile_aot.py shows the PDL instructions in the SASS with pdl on and none
 # with it off, and compiles every opt_level.

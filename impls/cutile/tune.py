@@ -7,6 +7,7 @@ one config at a time, so that a search resumes config by config) and the extra c
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
@@ -135,6 +136,8 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
         extra.update({k: True for k in ("heads_first", "skip_first", "two_warpgroups") if getattr(sw, k)})
         if sw.head_loop:
             extra["head_loop"] = sw.head_loop
+        if sw.persistent:
+            extra["persistent"] = True
         if sw.num_ctas:
             extra["num_ctas"] = sw.num_ctas
     if code_tricks and stage == "fwd_pass_state" and sw.state_two_warpgroups:  # borrows likewise, occupancy too
@@ -189,4 +192,13 @@ def tunable(stage: str, sw, device, shape_label: str, dtype: str, make_call, hea
         fallback=fallback(stage, device), space=search_space(stage, sw, heads_per_group), configs=space,
         run=run_config, timer=kernel_timer(make_call), candidates=candidates if stage == "compute_out" else None,
         pins=fixed, pinned_all=bool(fixed) and set(fixed) >= set(SPACE[stage]),
+        near_key=near_key(stage, sw, shape_label, dtype),
         base_key=record_key(stage, sw, shape_label, dtype, code_tricks=False), stack=STACK, output=output)
+
+
+def near_key(stage: str, sw, shape_label: str, dtype: str) -> str | None:
+    """The record borrowed first when the key has none: compute_out with switch persistent takes the tiles of the
+    same switches without it (the same tile program, walked in a loop), before the key without any arrangement."""
+    if stage == "compute_out" and sw.persistent:
+        return record_key(stage, dataclasses.replace(sw, persistent=False), shape_label, dtype)
+    return None

@@ -45,7 +45,10 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # groups of 2, 4 and 80 heads: one shorter block where the loop is longer than a group (and, below, a loop that does
 # not divide a group of 12);
 # stages 2 and 3 as programmatic dependent launches (pdl) alone, with the shared C·Bᵀ (its kernel launched normally in
-# between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level
+# between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level;
+# compute_out persistent (one program per resident slot walking the tiles) alone, under version 20's arrangement
+# (2 heads per head lane, C·Bᵀ shared, heads_first, skip_first, pdl), with the swap and the factored decay, and with
+# 32 headdim columns and all off (several headdim blocks: the loop's tile index covers the third grid axis)
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
@@ -88,6 +91,12 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "head_loop4-heads_first-pdl": {"head_loop": 4, "heads_first": True, "pdl": True},
             "head_loop4-heads2-per_head-two_warpgroups": {**PER_HEAD, "head_loop": 4, "two_warpgroups": True},
             "head_loop4-all-off": {**OFF, "head_loop": 4},
+            "persistent": {"persistent": True},
+            "persistent-heads2-per_head-cb-shared-heads_first-skip_first-pdl": {
+                **PER_HEAD, "persistent": True, "cb_mode": "shared", "heads_first": True, "skip_first": True,
+                "pdl": True},
+            "persistent-swap-decay_factor": {"persistent": True, "operand_swap": True, "decay_factor": True},
+            "persistent-headdim32-all-off": {**OFF, "persistent": True, "block_headdim": 32},
             # num_ctas 2 misaligned in every small case on an H200: refused there (test_num_ctas_is_refused_on_the_gpu)
             "state_two_warpgroups": {"state_two_warpgroups": True},
             "state_two_warpgroups-swap-rowmajor": {"state_two_warpgroups": True, "operand_swap": True,
