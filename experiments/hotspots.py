@@ -8,7 +8,7 @@ the profiled range, one inside it. ncu (`--clock-control none`) collects the Sou
 sampling: at a fixed interval it records the instruction each sampled warp is at and why it did not issue) for the
 first launch whose name matches --kernel in the profiled forward, into a report; the report's source page is then
 printed as CSV, one row per SASS instruction (`ncu --import --page source --print-source sass --csv`), and
-written whole to `hotspots.csv` under --out (the columns as ncu names them, plus kernel, backend, shape, ablation).
+written whole to `hotspots-<backend>-<shape>-<kernel>-<ablation>.csv.gz` under --out (the columns as ncu names them, plus kernel, backend, shape, ablation).
 
 Printed: the instructions holding the most samples with the opcode, and the samples summed per opcode family
 (`family`: LDL/STL are spill traffic, SYNCS the mbarrier waits on TMA copies, WARPGROUP the warpgroup-MMA waits,
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import io
 import os
 import re
@@ -132,8 +133,10 @@ def slug(text: str) -> str:
 
 
 def write_rows(rows: list[dict], path: Path, extra: dict) -> None:
+    """The rows as CSV, `extra`'s columns first; gzipped when the name ends in .gz (a kernel's page is about 1 MB)."""
     columns = list(extra) + [k for k in rows[0] if k not in extra]
-    with open(path, "w", newline="") as fh:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=columns)
         writer.writeheader()
         for r in rows:
@@ -176,7 +179,7 @@ def main(argv=None) -> int:
         return 1
     kernel_name = next((line for line in page.stdout.splitlines() if line.strip() and '"Address"' not in line), "")
     extra = {"backend": args.backend, "shape_name": args.shape, "ablation": args.ablation, "kernel": args.kernel}
-    name = "-".join(["hotspots", args.backend, args.shape, slug(args.kernel), slug(args.ablation)]) + ".csv"
+    name = "-".join(["hotspots", args.backend, args.shape, slug(args.kernel), slug(args.ablation)]) + ".csv.gz"
     write_rows(rows, out / name, extra)
     print(f"[hotspots] {args.backend} {args.shape} {args.ablation} {args.kernel}: {kernel_name[:120]}", flush=True)
     print(report_text(rows, args.top), flush=True)

@@ -51,6 +51,10 @@ def test_report_lists_the_top_lines_first(tmp_path):
     assert top.index("SYNCS") < top.index("LDL") and "HGMMA" not in top
     hotspots.write_rows(rows, tmp_path / "h.csv", {"backend": "cutile"})
     assert (tmp_path / "h.csv").read_text().splitlines()[0].startswith("backend,Address,Source")
+    import gzip
+
+    hotspots.write_rows(rows, tmp_path / "h.csv.gz", {"backend": "cutile"})
+    assert gzip.open(tmp_path / "h.csv.gz", "rt").read() == (tmp_path / "h.csv").read_text()
 
 
 def test_bad_ablation_named(capsys):
