@@ -288,6 +288,29 @@ def _pinned(res: Resolution, t: Tunable) -> Resolution:
     return res
 
 
+def declared_fields(t: Tunable) -> set[str] | None:
+    """The config fields the stage reads: its search space's (a dict of values per field, or a list of configs),
+    its fallback's and its pins'; None where the space declares none (nothing to check a record against)."""
+    if isinstance(t.space, dict):
+        fields = set(t.space)
+    elif isinstance(t.space, list) and t.space and all(isinstance(c, dict) for c in t.space):
+        fields = set().union(*t.space)
+    else:
+        return None
+    return fields | set(t.fallback) | set(t.pins)
+
+
+def check_fields(t: Tunable, record: dict, key: str) -> None:
+    """Raises RecordFileError when the record's config holds a field the stage does not read (a misspelt or stale
+    field would otherwise run silently on the stage's default for it)."""
+    fields = declared_fields(t)
+    unknown = sorted(set(record["config"]) - fields) if fields is not None else []
+    if unknown:
+        raise RecordFileError(f"{record_path(t.backend, t.stage, t.gpu)}: record {key!r} has config field(s) "
+                              f"{unknown} that {t.backend}/{t.stage} does not read (its fields: {sorted(fields)}); "
+                              "repair or remove the record")
+
+
 def _from_record(record: dict, key: str, reason: str) -> Resolution:
     unverified = bool(record.get("versions_unverified"))
     if unverified:
@@ -304,6 +327,7 @@ def _usable_record(t: Tunable, today: dict) -> tuple[dict | None, str, str]:
             record, key = lookup(t.backend, t.stage, t.gpu, borrowed), borrowed
     if record is None:
         return None, t.key, "no record"
+    check_fields(t, record, key)
     mismatch = stack_mismatch(record, today)
     return record, key, f"searched on another stack: {mismatch}" if mismatch else ""
 

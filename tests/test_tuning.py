@@ -284,11 +284,13 @@ def test_base_key_is_borrowed_in_auto_and_record_only():
 def test_own_search_is_stored_with_the_stack():
     """A backend with its own autotuner (TileGym): what it chose is stored with the versions; `auto` reads it."""
     chosen = []
-    tunable = _tunable("search", own_search=lambda: chosen.append(1) or {"BLOCK": 8}, run=None, timer=None)
+    space = [{"BLOCK": 1}, {"BLOCK": 8}]  # TileGym's: its own configs
+    tunable = _tunable("search", own_search=lambda: chosen.append(1) or {"BLOCK": 8}, run=None, timer=None,
+                       space=space)
     assert tuning.resolve(tunable).config == {"BLOCK": 8} and chosen == [1]
     record = tuning.lookup("b", "s", GPU, "k")
     assert record["versions"]["cuda-tile"] == "1.7.0" and "own autotuner" in record["searched_by"]
-    assert tuning.resolve(_tunable("resume", own_search=lambda: {"BLOCK": 1}, run=None)).source == "record"
+    assert tuning.resolve(_tunable("resume", own_search=lambda: {"BLOCK": 1}, run=None, space=space)).source == "record"
 
 
 def test_stack_versions_names_only_known_components():
@@ -695,3 +697,43 @@ def test_processes_storing_to_one_file_lose_no_record(tmp_path):
     assert all(p.exitcode == 0 for p in procs)
     entries = json.loads(tuning.record_path("triton", "compute_out", GPU).read_text())["entries"]
     assert len(entries) == 60
+
+
+# --- a record's fields against the stage's ----------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["auto", "record", "resume"])
+def test_record_with_a_field_the_stage_does_not_read_is_refused(mode):
+    """A record whose config holds a field outside the stage's space, fallback and pins (a misspelt or stale one)
+    is refused, naming the field, the file and the key, in every mode that reads records."""
+    _store({"block": 128, "blok_rows": 64})
+    with pytest.raises(tuning.RecordFileError, match=r"record 'k' has config field\(s\) \['blok_rows'\]"):
+        tuning.resolve(_tunable(mode))
+
+
+def test_record_fields_checked_against_a_list_space_too():
+    _store({"block": 128})
+    assert tuning.resolve(_tunable("auto", space=[{"block": 64}, {"block": 128}])).config == {"block": 128}
+    _store({"block": 128, "warps": 4})
+    with pytest.raises(tuning.RecordFileError, match="warps"):
+        tuning.resolve(_tunable("auto", space=[{"block": 64}]))
+    assert tuning.resolve(_tunable("auto", space=None)).config == {"block": 128, "warps": 4}  # nothing declared
+
+
+def test_every_committed_record_holds_only_fields_its_stage_reads():
+    """The committed cuTile and Triton records (every GPU folder) against the fields their stages declare: the
+    search space, the fallback's fields."""
+    import glob
+
+    from impls.cutile import tune as cutile_tune
+    from impls.triton.space import SEARCH_SPACE
+    from impls.triton.tune import STAGE_FIELDS
+
+    declared = {("cutile", s): set(cutile_tune.SPACE[s]) | set(cutile_tune.FALLBACK[9][s]) for s in cutile_tune.SPACE}
+    declared |= {("triton", s): set(SEARCH_SPACE[s]) | set(STAGE_FIELDS[s]) for s in SEARCH_SPACE}
+    seen = 0
+    for path in glob.glob(str(tuning.ROOT / "*" / "*.json")):  # the committed folder (tests point SSD_TUNING_DIR away)
+        data = json.load(open(path))
+        fields = declared.get((data["backend"], data["stage"]))
+        for key, record in (data["entries"].items() if fields else ()):
+            assert set(record["config"]) <= fields, (path, key, record["config"])
+            seen += 1
+    assert seen > 20
