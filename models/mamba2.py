@@ -295,7 +295,7 @@ class Mamba2(nn.Module):
         check.seq_idx(seq_idx, batch, seqlen, u.device)
         check.cu_seqlens(cu_seqlens, batch, u.device)
         check.optional("conv_initial_states", conv_initial_states, shape=(batch, c.conv_dim, c.d_conv - 1),
-                       device=u.device, device_of="u")
+                       dtypes=(u.dtype,), device=u.device, device_of="u")  # no silent cast to u's dtype
 
     def _refuse_gradients(self, **inputs) -> None:
         if not torch.is_grad_enabled() or self.backend.DIFFERENTIABLE:

@@ -212,6 +212,8 @@ def _bad_input(name: str, layer: Mamba2) -> dict:
         args["initial_states"] = torch.zeros(2, c.nheads, c.headdim, c.d_state + 1)
     elif name == "conv_initial_states-shape":
         args["conv_initial_states"] = torch.zeros(2, c.conv_dim, c.d_conv)
+    elif name == "conv_initial_states-dtype":  # u's dtype, not cast silently
+        args["conv_initial_states"] = torch.zeros(2, c.conv_dim, c.d_conv - 1, dtype=torch.float64)
     elif name == "return_final_states-string":
         args["return_final_states"] = "no"
     elif name == "check_values-string":
@@ -220,7 +222,8 @@ def _bad_input(name: str, layer: Mamba2) -> dict:
 
 
 BAD_INPUTS = ["u-2d", "u-d_model", "u-dtype", "u-seqlen-0", "seq_idx-shape", "seq_idx-dtype", "cu_seqlens-batch-2",
-              "initial_states-shape", "conv_initial_states-shape", "return_final_states-string", "check_values-string"]
+              "initial_states-shape", "conv_initial_states-shape", "conv_initial_states-dtype", "return_final_states-string",
+              "check_values-string"]
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, "float32", torch.complex64], ids=["int64", "string", "complex64"])
