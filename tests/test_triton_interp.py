@@ -876,3 +876,47 @@ def test_full_factorial(problem, switches, cb_precision, dtype):
     inputs = make_inputs(problem, seed=21, dtype=dtype)
     errors = forward_errors(backend, inputs, float64_forward(inputs))
     assert not failures(errors, dtype), errors
+
+
+# the persistent loop (switch persistent): INTERPRETER_SMS programs walk every tile, with the heads-first order,
+# two heads per program, several row and headdim tiles, the shared C·Bᵀ and the swap
+PERSISTENT_CASES = [
+    pytest.param({}, RICH, id="rich-swap"),
+    pytest.param({"heads_first": True, "heads_per_tile": 2, "operand_swap": False, "block_rows": 16,
+                  "block_positions": 16, "block_headdim": 16},
+                 Problem(Shape(2, 150, 4, 32, 2, 32, 64), has_initial_states=True), id="heads_first-heads2-rows16"),
+    pytest.param({"cb_mode": "shared", "block_rows": 32, "block_positions": 16, "block_headdim": 16},
+                 Problem(Shape(2, 150, 4, 32, 1, 32, 64), nseqs=2, has_z=True), id="cb-shared-seq_idx"),
+]
+
+
+@pytest.mark.parametrize("switches,problem", PERSISTENT_CASES)
+def test_persistent(switches, problem):
+    """compute_out persistent, fp32: each stage against float64, with fewer programs than tiles."""
+    from impls.triton.compute_out import INTERPRETER_SMS, persistent_programs
+
+    backend = get_backend("triton", persistent=True, **switches)
+    inputs = make_inputs(problem, seed=14, dtype=torch.float32)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, torch.float32), errors
+    assert persistent_programs(1000, 0, torch.device("cpu")) == INTERPRETER_SMS < 1000
+
+
+@pytest.mark.parametrize("other", ["fuse_state_out", "warp_specialize"])
+def test_persistent_refused_with_the_fused_or_specialised_kernels(other):
+    with pytest.raises(ValueError, match=f"persistent.*{other}"):
+        get_backend("triton", persistent=True, **{other: True})
+
+
+def test_persistent_keys_compute_out_only_and_borrows_its_record():
+    from impls.triton import tune
+
+    from impls.triton.switches import TritonSwitches
+
+    sw = TritonSwitches(persistent=True, heads_first=True)
+    key = tune.record_key(sw, "S", "float32", {}, "compute_out")
+    near = tune.near_key(sw, "S", "float32", {}, "compute_out")
+    assert "persistent=True" in key and near == tune.record_key(TritonSwitches(heads_first=True), "S", "float32", {},
+                                                                  "compute_out")
+    assert "persistent" not in tune.record_key(sw, "S", "float32", {}, "chunk_state")
+    assert tune.near_key(sw, "S", "float32", {}, "chunk_state") is None

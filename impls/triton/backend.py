@@ -53,6 +53,10 @@ class TritonBackend(Backend):
         if self.switches.fuse_state_out and self.switches.heads_first:
             raise ValueError("switch fuse_state_out of backend 'triton': the fused kernel does not read heads_first "
                              "(compute_out's program order); turn one of them off")
+        if self.switches.persistent and (self.switches.fuse_state_out or self.switches.warp_specialize):
+            other = "fuse_state_out" if self.switches.fuse_state_out else "warp_specialize"
+            raise ValueError(f"switch persistent of backend 'triton': not built with {other}=True (it loops "
+                             "compute_out's own kernel over its tiles); turn one of them off")
         if self.switches.fuse_state_out and self.switches.state_pass != TritonSwitches().state_pass:
             raise ValueError("switch state_pass of backend 'triton': fuse_state_out=True runs stage 2 inside the fused "
                              f"kernel, so state_pass={self.switches.state_pass!r} would be recorded without running "
@@ -254,7 +258,8 @@ class TritonBackend(Backend):
             key = self._keys[memo] = tune.record_key(self.switches, shape.label(), dtype, flags, stage)
         resolved = self._resolved.get((stage, key))
         if resolved is None:
-            t = tune.tunable(stage, self.switches, key, dtype, dims, device, launch)
+            near = tune.near_key(self.switches, shape.label(), dtype, flags, stage)
+            t = tune.tunable(stage, self.switches, key, dtype, dims, device, launch, near)
             resolution = tuning.resolve(t)
             # a record holds the tuned fields; the pinned switches win over it (applied by resolve), all clamped
             resolved = tune.Resolved(clamp(stage, resolution.config, dims), resolution, tuple(sorted(t.pins)))

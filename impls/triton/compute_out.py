@@ -400,7 +400,8 @@ def heads_first_pid(pid, tiles, head_blocks):
 
 
 @triton.jit
-def compute_out_kernel(
+def _tile_program(
+    pid,
     C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr,
     C_hd, B_hd, x_hd, y_hd, st_hd,
     batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
@@ -422,11 +423,9 @@ def compute_out_kernel(
     DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, ST_N_CONTIG: tl.constexpr, HB: tl.constexpr,
     HEADS_FIRST: tl.constexpr,
     HOST_DESC: tl.constexpr,
-    WS: tl.constexpr = False,
+    WS: tl.constexpr,
 ):
-    # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head block (HB heads of one
-    # group: h and, with HB = 2, h + 1), chunk, batch; HEADS_FIRST (switch heads_first): the head block fastest
-    pid = tl.program_id(0)
+    """The tile of flat program id `pid` (its order: `compute_out_kernel`)."""
     tiles_p = tl.cdiv(headdim, BLOCK_P)
     tiles = tiles_p * (CHUNK // BLOCK_M)
     if HEADS_FIRST:
@@ -511,6 +510,59 @@ def operand_args(x, dt, D, z, seq_idx):
     return D_arg, z_arg, seq, D_strides
 
 
+
+
+@triton.jit
+def compute_out_kernel(
+    C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr,
+    C_hd, B_hd, x_hd, y_hd, st_hd,
+    batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
+    s_C_b, s_C_l, s_C_g, s_C_n,
+    s_B_b, s_B_l, s_B_g, s_B_n,
+    s_x_b, s_x_l, s_x_h, s_x_p,
+    s_dt_b, s_dt_h, s_dt_c, s_dt_l,
+    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
+    s_st_b, s_st_c, s_st_h, s_st_p, s_st_n,
+    s_D_h, s_D_p,
+    s_z_b, s_z_l, s_z_h, s_z_p,
+    s_seq_b, s_seq_l,
+    s_y_b, s_y_l, s_y_h, s_y_p,
+    s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k,
+    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_DSTATE: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SEQ: tl.constexpr,
+    SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr,
+    DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, ST_N_CONTIG: tl.constexpr, HB: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
+    HOST_DESC: tl.constexpr,
+    WS: tl.constexpr = False,
+    PERSISTENT: tl.constexpr = False,
+):
+    # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head block (HB heads of one
+    # group: h and, with HB = 2, h + 1), chunk, batch; HEADS_FIRST (switch heads_first): the head block fastest.
+    # PERSISTENT (switch persistent): one program per resident slot, walking the flat ids pid, pid + programs, ...
+    if PERSISTENT:
+        total = tl.cdiv(headdim, BLOCK_P) * (CHUNK // BLOCK_M) * (nheads // HB) * nchunks * batch
+        for pid in range(tl.program_id(0), total, tl.num_programs(0)):
+            _tile_program(pid, C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr,
+                y_ptr, C_hd, B_hd, x_hd, y_hd, st_hd, batch, seqlen, nheads, nchunks, headdim, dstate,
+                ngroups, heads_per_group, s_C_b, s_C_l, s_C_g, s_C_n, s_B_b, s_B_l, s_B_g, s_B_n, s_x_b,
+                s_x_l, s_x_h, s_x_p, s_dt_b, s_dt_h, s_dt_c, s_dt_l, s_dA_b, s_dA_h, s_dA_c, s_dA_l, s_st_b,
+                s_st_c, s_st_h, s_st_p, s_st_n, s_D_h, s_D_p, s_z_b, s_z_l, s_z_h, s_z_p, s_seq_b, s_seq_l,
+                s_y_b, s_y_l, s_y_h, s_y_p, s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k, CHUNK, BLOCK_M, BLOCK_K,
+                BLOCK_P, BLOCK_DSTATE, HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB,
+                DECAY_FACTOR, TMA, ST_N_CONTIG, HB, HEADS_FIRST, HOST_DESC, WS)
+    else:
+        _tile_program(tl.program_id(0), C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr,
+            cb_ptr, y_ptr, C_hd, B_hd, x_hd, y_hd, st_hd, batch, seqlen, nheads, nchunks, headdim, dstate,
+            ngroups, heads_per_group, s_C_b, s_C_l, s_C_g, s_C_n, s_B_b, s_B_l, s_B_g, s_B_n, s_x_b, s_x_l,
+            s_x_h, s_x_p, s_dt_b, s_dt_h, s_dt_c, s_dt_l, s_dA_b, s_dA_h, s_dA_c, s_dA_l, s_st_b, s_st_c,
+            s_st_h, s_st_p, s_st_n, s_D_h, s_D_p, s_z_b, s_z_l, s_z_h, s_z_p, s_seq_b, s_seq_l, s_y_b, s_y_l,
+            s_y_h, s_y_p, s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k, CHUNK, BLOCK_M, BLOCK_K, BLOCK_P,
+            BLOCK_DSTATE, HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA,
+            ST_N_CONTIG, HB, HEADS_FIRST, HOST_DESC, WS)
+
+
 def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switches, empty, dot_precision):
     """-> y (batch, seqlen, nheads, headdim) in x's dtype, contiguous."""
     batch, seqlen, nheads, headdim = x.shape
@@ -539,6 +591,8 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
                          f"{nheads // ngroups} heads of a group")
     tiles = cdiv(headdim, config["block_headdim"]) * (chunk // config["block_rows"])
     grid = (tiles * (nheads // hb) * nchunks * batch,)
+    if switches.persistent:  # one program per resident slot (occupancy field, 1 when unset, times the SMs)
+        grid = (persistent_programs(grid[0], config.get("occupancy", 0), x.device),)
     launcher.launch(
         compute_out_kernel, grid, C, B, x, dt, dA_cumsum, states, D_arg, z_arg, seq, cb, y,
         *((hd["C"], hd["B"], hd["x"], hd["y"], hd["states"]) if host else (None,) * 5),
@@ -550,12 +604,22 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
-        HEADS_FIRST=switches.heads_first, HOST_DESC=host, WS=switches.warp_specialize,
+        HEADS_FIRST=switches.heads_first, HOST_DESC=host, WS=switches.warp_specialize, PERSISTENT=switches.persistent,
         num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
         path=switches.launch_path, ws=switches.warp_specialize, what="compute_out", config=config,
     )
     return y
 
+
+def persistent_programs(tiles: int, occupancy: int, device: torch.device) -> int:
+    """Switch persistent: programs resident at once, the occupancy field (1 when unset) times the device's SMs
+    (cuTile's rule, impls/cutile/compute_out.py), never more than the tiles; the interpreter (CPU) counts
+    INTERPRETER_SMS."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else INTERPRETER_SMS
+    return max(1, min(tiles, (occupancy or 1) * sms))
+
+
+INTERPRETER_SMS = 4  # the interpreter's 'SMs': few programs, so that each walks several tiles in the CPU tests
 
 CB_BLOCK = 64  # cb_kernel's tile (or the whole chunk when shorter)
 

@@ -76,6 +76,14 @@ class TritonSwitches:
              "same B tiles, from DRAM once and from L2 after; off, consecutive programs read the other row tiles "
              "of the chunk (their own C tile) and the heads come a chunk's row tiles apart",
         sm100="the same dispatch order and L2 reuse; the flat grid's order is all the switch changes")
+    persistent: bool = switch(
+        False, "compute_out launched as one program per resident slot (the occupancy field, 1 when unset, times the "
+               "SMs), each walking the flat program ids program, program + programs, ... of the default grid's order "
+               "(heads_first's included) instead of one program per tile; the tiles, the math and the rounding are "
+               "unchanged (cuTile's switch of the same name; docs/perf-notes.md, version 25)",
+        sm90="a loop around the tile program: the software pipeline Triton builds for the source loop then also "
+             "spans consecutive tiles of one program",
+        sm100="the same loop")
     tma: bool = switch(
         False, "tensor-descriptor loads and stores (tl.make_tensor_descriptor) for the MMA stages' tiles: x and B in "
                "chunk_state (and its fp32 scratch store), C, B, x and the states in compute_out (and the y store), "
@@ -198,6 +206,7 @@ def _code_switches(switches: TritonSwitches, _types: tuple) -> tuple[tuple[str, 
     return tuple((k, v) for k, v in dataclasses.asdict(switches).items()
             if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
             # in the key only when on: records found without them keep their keys
-            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first", "warp_specialize") and v)
+            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first", "warp_specialize", "persistent")
+                and v)
             or (k == "tma_descriptors" and v != "device")
             or (k == "fused_program" and v != "row_tile"))

@@ -5,6 +5,7 @@ one stage ran with (`Resolved`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ class Resolved:
 
 STACK = ("triton", "driver")  # what a Triton record is bound to
 FUSED_ONLY = ("fuse_state_out", "fused_program")  # switches that change the fused kernel's code and no other's
+COMPUTE_OUT_ONLY = ("persistent",)  # switches that change compute_out's program arrangement and no other kernel's
 
 
 def record_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict, stage: str | None = None) -> str:
@@ -46,11 +48,21 @@ def record_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: di
     code = code_switches(switches)
     if stage is not None and stage != FUSED:
         code = {k: v for k, v in code.items() if k not in FUSED_ONLY}
+    if stage is not None and stage != "compute_out":
+        code = {k: v for k, v in code.items() if k not in COMPUTE_OUT_ONLY}
     return tuning.tuning_key(shape_label, dtype, **code, **flags)
 
 
+def near_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict, stage: str) -> str | None:
+    """The record compute_out borrows (auto/record) with switch persistent and no record of its own: that of the
+    same switches without it (the same tile program, walked in a loop)."""
+    if stage == "compute_out" and switches.persistent:
+        return record_key(dataclasses.replace(switches, persistent=False), shape_label, dtype, flags, stage)
+    return None
+
+
 def tunable(stage: str, switches: TritonSwitches, key: str, dtype: str, dims: dict[str, int], device: torch.device,
-            launch) -> tuning.Tunable:
+            launch, near: str | None = None) -> tuning.Tunable:
     """The stage's choice as impls/tuning.py takes it: key (shape, dtype, code switches, call flags), the declared
     space with the pinned fields fixed and clamped, the fallback of the architecture, and the stage's launch as
     the call to time (whole stage, do_bench median; under the interpreter one configuration, the fallback, timed
@@ -64,5 +76,5 @@ def tunable(stage: str, switches: TritonSwitches, key: str, dtype: str, dims: di
         gpu=target.device_name(device), mode=switches.tuning, fallback=fixed,
         space={k: list(v) for k, v in SEARCH_SPACE[stage].items()},
         configs=[fixed] if interp else search_space(stage, pins, dims), run=launch,
-        pins=pins, pinned_all=set(pins) == set(STAGE_FIELDS[stage]), stack=STACK,
+        pins=pins, pinned_all=set(pins) == set(STAGE_FIELDS[stage]), stack=STACK, near_key=near,
         stage_timer=tuning.wall_ms if interp else None)
