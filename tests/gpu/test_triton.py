@@ -3,7 +3,7 @@ plus the 1,048,576-token problem checked on sampled chunks and its final state.
 
 Variants: the defaults, each code switch off alone (cb_precision "fp32" is its "off"), all off, and the switches
 that are off by default turned on (cb_mode shared, decay_factor, tma (descriptors made in the kernel or on the
-host), fuse_state_out, heads_per_tile 2, heads_first, occupancy, warp_specialize, some together), and stage 2 as
+host), fuse_state_out, heads_per_tile 2, heads_first, persistent, occupancy, warp_specialize, some together), and stage 2 as
 one serial kernel (state_pass serial). Cases: the headline S1 shape and shapes covering the contract (seqlen not a
 multiple of chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens, initial states + z + per-channel D + fp32
 states, per-head D with x and z as strided views of one fused projection, headdim/dstate not powers of two). Outputs are
@@ -71,6 +71,10 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "heads2-tma-occupancy3": {"heads_per_tile": 2, "tma": True, "occupancy": 3},
             "heads_first": {"heads_first": True}, "heads_first-heads2": {"heads_first": True, "heads_per_tile": 2},
             "heads_first-tma-no-swap": {"heads_first": True, "tma": True, "operand_swap": False},
+            "persistent": {"persistent": True},
+            "persistent-heads_first-heads2-tma-host": {"persistent": True, "heads_first": True, "heads_per_tile": 2,
+                                                        "tma": True, "tma_descriptors": "host"},
+            "persistent-cb-shared-no-swap": {"persistent": True, "cb_mode": "shared", "operand_swap": False},
             "state_pass-serial": {"state_pass": "serial"},
             "state_pass-serial-all-off": {"state_pass": "serial", **OFF},
             "state_pass-serial-tma": {"state_pass": "serial", "tma": True},
