@@ -319,7 +319,8 @@ def _from_record(record: dict, key: str, reason: str) -> Resolution:
 
 
 def _usable_record(t: Tunable, today: dict) -> tuple[dict | None, str, str]:
-    """(record, its key, why it cannot be used or ""): the key's own record, else (auto/record) the base key's."""
+    """(record, its key, why it cannot be used or ""): the key's own record, else (auto/record) the near key's, else
+    the base key's; a record holding a field the stage does not read raises (`check_fields`)."""
     record = lookup(t.backend, t.stage, t.gpu, t.key)
     key = t.key
     for borrowed in (t.near_key, t.base_key):
