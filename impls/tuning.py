@@ -289,15 +289,12 @@ def _pinned(res: Resolution, t: Tunable) -> Resolution:
 
 
 def declared_fields(t: Tunable) -> set[str] | None:
-    """The config fields the stage reads: its search space's (a dict of values per field, or a list of configs),
-    its fallback's and its pins'; None where the space declares none (nothing to check a record against)."""
-    if isinstance(t.space, dict):
-        fields = set(t.space)
-    elif isinstance(t.space, list) and t.space and all(isinstance(c, dict) for c in t.space):
-        fields = set().union(*t.space)
-    else:
+    """The config fields the stage reads: its declared search space's (a dict of values per field), its fallback's
+    and its pins'; None where the stage declares no such space (a backend whose own autotuner writes its records,
+    TileGym's: nothing of ours to check them against)."""
+    if not isinstance(t.space, dict):
         return None
-    return fields | set(t.fallback) | set(t.pins)
+    return set(t.space) | set(t.fallback) | set(t.pins)
 
 
 def check_fields(t: Tunable, record: dict, key: str) -> None:
