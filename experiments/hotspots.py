@@ -8,7 +8,8 @@ the profiled range, one inside it. ncu (`--clock-control none`) collects the Sou
 sampling: at a fixed interval it records the instruction each sampled warp is at and why it did not issue) for the
 first launch whose name matches --kernel in the profiled forward, into a report; the report's source page is then
 printed as CSV, one row per SASS instruction (`ncu --import --page source --print-source sass --csv`), and
-written whole to `hotspots-<backend>-<shape>-<kernel>-<ablation>.csv.gz` under --out (the columns as ncu names them, plus kernel, backend, shape, ablation).
+written whole to `hotspots-<backend>-<shape>-<kernel>-<ablation>.csv.gz` under --out (the columns as ncu names
+them, plus kernel, backend, shape, ablation).
 
 Printed: the instructions holding the most samples with the opcode, and the samples summed per opcode family
 (`family`: LDL/STL are spill traffic, SYNCS the mbarrier waits on TMA copies, WARPGROUP the warpgroup-MMA waits,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import itertools
 import json
+import math
 import re
 import subprocess
 import sys

@@ -910,7 +910,6 @@ def test_persistent_refused_with_the_fused_or_specialised_kernels(other):
 
 def test_persistent_keys_compute_out_only_and_borrows_its_record():
     from impls.triton import tune
-
     from impls.triton.switches import TritonSwitches
 
     sw = TritonSwitches(persistent=True, heads_first=True)
