@@ -51,9 +51,9 @@ def tuned_config(stage: str, shape_name: str, dtype: str = "bfloat16", switches=
     CutileSwitches()), else the records that key borrows (`tune.near_key`, then the key without the code tricks and
     launch options) — the launcher's first two steps (impls/tuning.py, modes auto and record) — else the default
     switches' record, where the launcher would run its fallback tiles (an arrangement with no record of its own,
-    state_pass or fused_program, compiles at the default arrangement's tiles: `report`). Unlike the launcher it ignores the tuning mode and the
-    stack a record was searched on (a compile-only reading of the committed tiles). Raises LookupError naming the
-    file and keys when there is none."""
+    state_pass or fused_program, compiles at the default arrangement's tiles: `report`). Unlike the launcher it
+    ignores the tuning mode and the stack a record was searched on (a compile-only reading of the committed tiles).
+    Raises LookupError naming the file and keys when there is none."""
     from impls import tuning
     from impls.cli import load_shape
     from impls.cutile import tune
