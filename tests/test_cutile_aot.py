@@ -782,6 +782,7 @@ def test_persistent_walks_the_tiles_in_a_loop_around_the_source_loop(shape):
     (occupancy × SM_COUNT_AOT), and its TMA loads in two nested loops (the tiles, then the source blocks) where the
     default kernel has one (the negative control); the same warpgroup MMAs as the default kernel, each tile's loads
     (C_l, states, x_j, C·B_jᵀ) inside the tile loop."""
+    from impls.cutile import spills
     from impls.cutile.aot import tma_loops
     from impls.cutile.common import SM_COUNT_AOT
 
@@ -793,15 +794,9 @@ def test_persistent_walks_the_tiles_in_a_loop_around_the_source_loop(shape):
     assert outer.loads == facts(loop_text)["UTMALDG"] == facts(base_text)["UTMALDG"]
     assert len(tma_loops(base_text)) == 1 and facts(loop_text)["HGMMA"] == facts(base_text)["HGMMA"] > 0
     call = _headline_call(shape, sw)
-    occupancy = spills_config(shape, sw)["occupancy"]
+    occupancy = spills.resolved_config("compute_out", shape, switches=sw)["occupancy"]
     assert call.grid == (occupancy * SM_COUNT_AOT, 1, 1)
     assert math.prod(_headline_call(shape, v20).grid) > call.grid[0]
-
-
-def spills_config(shape, sw):
-    from impls.cutile import spills
-
-    return spills.resolved_config("compute_out", shape, switches=sw)
 
 
 def test_persistent_programs_never_exceed_the_tiles():
