@@ -812,6 +812,32 @@ def test_persistent_with_head_loop_refused():
         CutileSwitches(persistent=True, head_loop=8)
 
 
+# --- the row pairs (switch row_pairs) ---------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", ["S1", "S3"])
+def test_row_pairs_run_two_tiles_per_program_at_the_same_resources(shape):
+    """compute_out with row pairs at the committed tiles of version 20's switches: half the programs, two source
+    loops (one per tile of the pair) and twice the TMA loads and warpgroup MMAs of the default kernel (the negative
+    control), still warp-specialised at the same registers per thread (the occupancy hint holds) and within 2 KB of
+    its shared memory."""
+    from impls.cutile.aot import tma_loops
+
+    v20 = dataclasses.replace(DEFAULTS, heads_first=True, skip_first=True, pdl=True)
+    sw = dataclasses.replace(v20, row_pairs=True)
+    (pair_text, pair_usage), (base_text, base_usage) = _headline_sass(shape, sw), _headline_sass(shape, v20)
+    assert len(tma_loops(pair_text)) == 2 and len(tma_loops(base_text)) == 1
+    assert facts(pair_text)["UTMALDG"] == 2 * facts(base_text)["UTMALDG"]
+    assert facts(pair_text)["HGMMA"] == 2 * facts(base_text)["HGMMA"] > 0
+    assert "USETMAXREG" in pair_text and pair_usage["REG"] == base_usage["REG"]
+    assert abs(pair_usage["SHARED"] - base_usage["SHARED"]) <= 2048
+    assert 2 * math.prod(_headline_call(shape, sw).grid) == math.prod(_headline_call(shape, v20).grid)
+
+
+@pytest.mark.parametrize("other", [{"head_loop": 8}, {"persistent": True}], ids=["head_loop", "persistent"])
+def test_row_pairs_with_another_arrangement_refused(other):
+    with pytest.raises(ValueError, match=f"row_pairs.*{next(iter(other))}"):
+        CutileSwitches(row_pairs=True, **other)
+
+
 @pytest.mark.parametrize("dtype,switches,config", [
     pytest.param("bfloat16", {"head_loop": 8}, {}, id="bf16-loop8-one-head"),
     pytest.param("bfloat16", {"head_loop": 2, "head_mma": "per_head"}, {"heads_per_tile": 2},

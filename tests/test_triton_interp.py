@@ -919,3 +919,45 @@ def test_persistent_keys_compute_out_only_and_borrows_its_record():
                                                                   "compute_out")
     assert "persistent" not in tune.record_key(sw, "S", "float32", {}, "chunk_state")
     assert tune.near_key(sw, "S", "float32", {}, "chunk_state") is None
+
+
+# the row pairs (switch row_pairs): every program runs row tiles q and nsub − 1 − q; two row tiles (one pair) with the
+# swap, four with heads first and two heads per program, one (the chunk's only tile, run alone) with the shared C·Bᵀ
+# and seq_idx
+ROW_PAIR_CASES = [
+    pytest.param({"block_rows": 16, "block_positions": 16, "block_headdim": 16}, RICH, id="rows16-nsub2-swap"),
+    pytest.param({"heads_first": True, "heads_per_tile": 2, "operand_swap": False, "block_rows": 16,
+                  "block_positions": 16, "block_headdim": 16},
+                 Problem(Shape(2, 150, 4, 32, 2, 32, 64), has_initial_states=True), id="heads_first-heads2-nsub4"),
+    pytest.param({"cb_mode": "shared", "block_rows": 32, "block_positions": 16, "block_headdim": 16},
+                 Problem(Shape(2, 100, 4, 32, 1, 32, 32), nseqs=2, has_z=True), id="cb-shared-seq_idx-nsub1"),
+]
+
+
+@pytest.mark.parametrize("switches,problem", ROW_PAIR_CASES)
+def test_row_pairs(switches, problem):
+    """compute_out with row pairs, fp32: each stage against float64 (outputs poisoned: a row tile no program runs
+    stays NaN), with two, four and one row tiles per chunk."""
+    backend = get_backend("triton", row_pairs=True, **switches)
+    inputs = make_inputs(problem, seed=15, dtype=torch.float32)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, torch.float32), errors
+
+
+@pytest.mark.parametrize("other", ["fuse_state_out", "warp_specialize", "persistent"])
+def test_row_pairs_refused_with_the_fused_specialised_or_persistent_kernels(other):
+    with pytest.raises(ValueError, match=f"row_pairs.*{other}"):
+        get_backend("triton", row_pairs=True, **{other: True})
+
+
+def test_row_pairs_keys_compute_out_only_and_borrows_its_record():
+    from impls.triton import tune
+    from impls.triton.switches import TritonSwitches
+
+    sw = TritonSwitches(row_pairs=True, heads_first=True)
+    assert "row_pairs=True" in tune.record_key(sw, "S", "float32", {}, "compute_out")
+    assert tune.near_key(sw, "S", "float32", {}, "compute_out") == tune.record_key(
+        TritonSwitches(heads_first=True), "S", "float32", {}, "compute_out")
+    assert "row_pairs" not in tune.record_key(sw, "S", "float32", {}, "chunk_state")
+
+

@@ -502,6 +502,18 @@ def test_cutile_persistent_borrows_the_tiles_of_its_switches_first():
     assert tuning.resolve(t).config == own
 
 
+def test_cutile_row_pairs_borrow_the_tiles_of_their_switches_first():
+    """compute_out with row pairs keys a record of its own and borrows that of the same switches without them."""
+    from impls.cutile import tune
+    from impls.cutile.switches import CutileSwitches
+
+    v20 = CutileSwitches(heads_first=True, skip_first=True, pdl=True)
+    t = tune.tunable("compute_out", dataclasses.replace(v20, row_pairs=True), None, "S", "bfloat16", make_call=None)
+    assert "row_pairs=True" in t.key and t.near_key == tune.record_key("compute_out", v20, "S", "bfloat16")
+    assert "row_pairs" not in tune.record_key("fwd_pass_state", dataclasses.replace(v20, row_pairs=True), "S",
+                                              "bfloat16")
+
+
 @pytest.mark.parametrize("switches, occupancy", [
     pytest.param({}, 2, id="pinned"),
     pytest.param({"occupancy": 3}, 3, id="occupancy-switch-wins"),

@@ -323,7 +323,7 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
                        TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
                        LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool],
                        PER_HEAD: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool], SKIP_FIRST: ct.Constant[bool],
-                       PDL: ct.Constant[bool], PERSISTENT: ct.Constant[bool]):
+                       PDL: ct.Constant[bool], PERSISTENT: ct.Constant[bool], ROW_PAIRS: ct.Constant[bool]):
     """One (batch, chunk, row block i, head block hb of HB heads, headdim block pb) tile. The heads run as NL lanes
     of HL heads: switch head_mma "batched" = one lane of HB heads (rank-3 MMAs when HB > 1), "per_head" (PER_HEAD)
     = HB lanes of one head (2-D MMAs). Per-lane values (accumulator, dA rows, decay reference) are tuples unrolled
@@ -331,7 +331,9 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     the row tiles (b, c, i) along axis 0 and the head blocks along axis 1, or with HEADS_FIRST (switch
     heads_first) both along axis 0, head block fastest. With PERSISTENT (switch persistent) the grid is one
     program per resident slot and each program walks the tiles t = bid, bid + programs, ... of that same order
-    (`_tile_of`), so that the copy warp loads a tile's operands while the math warps finish the one before."""
+    (`_tile_of`), so that the copy warp loads a tile's operands while the math warps finish the one before. With
+    ROW_PAIRS (switch row_pairs) axis 0's row tiles are pairs of row blocks (`_row_pair`): half the programs, each
+    running two tiles."""
     if PDL:  # launched as a programmatic dependent launch: nothing before the wait
         start_as_dependent()
     NL = HB if PER_HEAD else 1
@@ -349,7 +351,10 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
         pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
         if HEADS_FIRST:
             pid, hb = ct.bid(0) // head_blocks, ct.bid(0) % head_blocks
-        _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, pid, hb, pb, k, HB, DECAY_FACTOR)
+        if ROW_PAIRS:
+            _row_pair(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, pid, hb, pb, k, HB, DECAY_FACTOR)
+        else:
+            _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, pid, hb, pb, k, HB, DECAY_FACTOR)
 
 
 def _tile_of(t, row_tiles, head_blocks, HEADS_FIRST):
@@ -360,6 +365,24 @@ def _tile_of(t, row_tiles, head_blocks, HEADS_FIRST):
     if HEADS_FIRST:
         return rest // head_blocks, rest % head_blocks, t // per_pb
     return rest % row_tiles, rest // row_tiles, t // per_pb
+
+
+def _row_pair(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, pair, hb, pb, k, HB, DECAY_FACTOR):
+    """Switch row_pairs: program `pair` = (batch, chunk, q) runs row blocks nsub − 1 − q (nsub − q source blocks)
+    then q (q + 1 source blocks): nsub + 1 source blocks for every program; the middle block alone when nsub is
+    odd."""
+    nsub = k.CHUNK // k.BL
+    npair = (nsub + 1) // 2
+    q = pair % npair
+    base = (pair // npair) * nsub
+    _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, base + nsub - 1 - q, hb, pb, k, HB,
+              DECAY_FACTOR)
+    if nsub % 2 == 0:  # compile-time: the two blocks always differ
+        _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, base + q, hb, pb, k, HB,
+                  DECAY_FACTOR)
+    elif nsub - 1 - q != q:
+        _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, base + q, hb, pb, k, HB,
+                  DECAY_FACTOR)
 
 
 def _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, pid, hb, pb, k, HB, DECAY_FACTOR):
@@ -522,8 +545,11 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
     args = (*arrays, nheads // ngroups, chunk_size, bl, bp, bn, hb, int(d_mode), bool(has_z), bool(has_seq),
             sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0,
             shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb), sw.heads_first,
-            sw.skip_first, sw.pdl, sw.persistent)
-    grid = grid_of(batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp), sw.heads_first)
+            sw.skip_first, sw.pdl, sw.persistent, sw.row_pairs)
+    row_tiles = chunk_size // bl
+    if sw.row_pairs:
+        row_tiles = (row_tiles + 1) // 2
+    grid = grid_of(batch * nchunks * row_tiles, nheads // hb, math.ceil(headdim / bp), sw.heads_first)
     if sw.persistent:
         grid = (persistent_programs(math.prod(grid), config.get("occupancy", 0)), 1, 1)
     return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,

@@ -109,6 +109,17 @@ class CutileSwitches:
              "tiles in a loop lets the copy warp load the next tile's operands while the math warps finish the "
              "current one (docs/perf-notes.md, version 25)",
         sm100="the same loop (148 SMs); its pipelining by tileiras for tcgen05 has not been examined")
+    row_pairs: bool = switch(
+        False, "stage 3's main kernel with one program per (batch, chunk, pair of row blocks q and nsub − 1 − q, "
+               "head block, headdim block) instead of one per row block: the program runs the later row block's "
+               "tile, then the earlier one's, so that every program walks nsub + 1 source blocks (the causal "
+               "work balanced) and there are half as many programs",
+        sm90="every program's first loads (C_l, the states, the first source block) are waited on before any "
+             "MMA (docs/perf-notes.md, 'Where compute_out's warps wait'); with two tiles a program half as many "
+             "programs start, and the copy warp issues the second tile's first two loads while the first tile's "
+             "source loop runs (the others wait for shared-memory slots the first tile's output store releases; "
+             "docs/perf-notes.md, version 26). Not with head_loop or persistent",
+        sm100="the same arrangement; its pipelining by tileiras for tcgen05 has not been examined")
     num_ctas: int = switch(
         0, "stage 3's main kernel compiled for a cluster of this many CTAs per tile program (cuTile "
            "`ct.kernel(num_ctas=)`; 0: the compiler's choice, one CTA). The grid, the tile, the record's occupancy "
@@ -240,6 +251,10 @@ class CutileSwitches:
         if self.persistent and self.head_loop:
             raise ValueError(f"switch persistent of backend 'cutile': not built with head_loop={self.head_loop} "
                              "(its kernel walks heads in a loop of its own); set one of them")
+        if self.row_pairs and (self.head_loop or self.persistent):
+            other = f"head_loop={self.head_loop}" if self.head_loop else "persistent=True"
+            raise ValueError(f"switch row_pairs of backend 'cutile': not built with {other} (that kernel arranges "
+                             "its programs' tiles in a loop of its own); set one of them")
         if self.fused_program != FUSED_PROGRAMS[0] and not self.fuse_state_out:
             raise ValueError(f"switch fused_program={self.fused_program!r} of backend 'cutile': it arranges the "
                              "programs of the fused kernel, which runs only with fuse_state_out=True (set it, or "
@@ -261,7 +276,7 @@ FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level", "fus
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
                      "heads_per_tile", "heads_first", "skip_first", "two_warpgroups", "head_loop", "persistent",
-                     "state_two_warpgroups", "state_pass", "pdl", "num_ctas")
+                     "row_pairs", "state_two_warpgroups", "state_pass", "pdl", "num_ctas")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 
 
@@ -301,7 +316,8 @@ CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "e
 # fused_program picks the fused kernel (fused_kernel or fused_chunk_kernel: aot.FUSED_PROGRAM_KERNELS) as state_pass
 # does stage 2's.
 # persistent changes compute_out's code (a loop around the tile program) and its grid; like pdl it stays out of
-# CODE_SWITCHES (tests/test_cutile_aot.py compiles it and finds the loop).
+# CODE_SWITCHES (tests/test_cutile_aot.py compiles it and finds the loop). row_pairs likewise (two tile programs in
+# one kernel, half the grid; tests/test_cutile_aot.py finds the two source loops).
 # pdl and opt_level change the code of the kernels they reach but stay out of CODE_SWITCHES (the switch-effects
 # table and the factorials): tests/test_cutile_aot.py shows the PDL instructions in the SASS with pdl on and none
 # with it off, and compiles every opt_level.

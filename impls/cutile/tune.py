@@ -136,8 +136,7 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
         extra.update({k: True for k in ("heads_first", "skip_first", "two_warpgroups") if getattr(sw, k)})
         if sw.head_loop:
             extra["head_loop"] = sw.head_loop
-        if sw.persistent:
-            extra["persistent"] = True
+        extra.update({k: True for k in ("persistent", "row_pairs") if getattr(sw, k)})
         if sw.num_ctas:
             extra["num_ctas"] = sw.num_ctas
     if code_tricks and stage == "fwd_pass_state" and sw.state_two_warpgroups:  # borrows likewise, occupancy too
@@ -197,8 +196,9 @@ def tunable(stage: str, sw, device, shape_label: str, dtype: str, make_call, hea
 
 
 def near_key(stage: str, sw, shape_label: str, dtype: str) -> str | None:
-    """The record borrowed first when the key has none: compute_out with switch persistent takes the tiles of the
-    same switches without it (the same tile program, walked in a loop), before the key without any arrangement."""
-    if stage == "compute_out" and sw.persistent:
-        return record_key(stage, dataclasses.replace(sw, persistent=False), shape_label, dtype)
+    """The record borrowed first when the key has none: compute_out with switch persistent or row_pairs takes the
+    tiles of the same switches without them (the same tile program, walked in a loop or run twice per program),
+    before the key without any arrangement."""
+    if stage == "compute_out" and (sw.persistent or sw.row_pairs):
+        return record_key(stage, dataclasses.replace(sw, persistent=False, row_pairs=False), shape_label, dtype)
     return None

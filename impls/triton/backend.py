@@ -57,6 +57,11 @@ class TritonBackend(Backend):
             other = "fuse_state_out" if self.switches.fuse_state_out else "warp_specialize"
             raise ValueError(f"switch persistent of backend 'triton': not built with {other}=True (it loops "
                              "compute_out's own kernel over its tiles); turn one of them off")
+        if self.switches.row_pairs and (self.switches.fuse_state_out or self.switches.warp_specialize
+                                        or self.switches.persistent):
+            other = next(k for k in ("fuse_state_out", "warp_specialize", "persistent") if getattr(self.switches, k))
+            raise ValueError(f"switch row_pairs of backend 'triton': not built with {other}=True (it pairs the row "
+                             "tiles of compute_out's own kernel, one program each); turn one of them off")
         if self.switches.fuse_state_out and self.switches.state_pass != TritonSwitches().state_pass:
             raise ValueError("switch state_pass of backend 'triton': fuse_state_out=True runs stage 2 inside the fused "
                              f"kernel, so state_pass={self.switches.state_pass!r} would be recorded without running "

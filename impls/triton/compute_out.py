@@ -537,10 +537,12 @@ def compute_out_kernel(
     HOST_DESC: tl.constexpr,
     WS: tl.constexpr = False,
     PERSISTENT: tl.constexpr = False,
+    ROW_PAIRS: tl.constexpr = False,
 ):
     # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head block (HB heads of one
     # group: h and, with HB = 2, h + 1), chunk, batch; HEADS_FIRST (switch heads_first): the head block fastest.
     # PERSISTENT (switch persistent): one program per resident slot, walking the flat ids pid, pid + programs, ...
+    # ROW_PAIRS (switch row_pairs): one program per pair of row tiles, running both (nsub + 1 source blocks each)
     if PERSISTENT:
         total = tl.cdiv(headdim, BLOCK_P) * (CHUNK // BLOCK_M) * (nheads // HB) * nchunks * batch
         for pid in range(tl.program_id(0), total, tl.num_programs(0)):
@@ -552,6 +554,28 @@ def compute_out_kernel(
                 s_y_b, s_y_l, s_y_h, s_y_p, s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k, CHUNK, BLOCK_M, BLOCK_K,
                 BLOCK_P, BLOCK_DSTATE, HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB,
                 DECAY_FACTOR, TMA, ST_N_CONTIG, HB, HEADS_FIRST, HOST_DESC, WS)
+    elif ROW_PAIRS:
+        # one program per pair of row tiles q and nsub - 1 - q (the later first) of one (batch, chunk, head block,
+        # headdim tile): the flat ids of the pairs ordered as the default grid's tiles, each tile then run by its
+        # flat id in the default order
+        tiles_p = tl.cdiv(headdim, BLOCK_P)
+        nsub: tl.constexpr = CHUNK // BLOCK_M
+        pair_tiles = tiles_p * ((nsub + 1) // 2)
+        pid = tl.program_id(0)
+        if HEADS_FIRST:
+            pid = heads_first_pid(pid, pair_tiles, nheads // HB)
+        q = (pid % pair_tiles) // tiles_p
+        later = nsub - 1 - q  # the later row tile of the pair (q itself when nsub is odd and q its middle)
+        first = (pid // pair_tiles) * (tiles_p * nsub) + pid % tiles_p  # the flat id of row tile 0
+        for k in range(1 + (later != q)):  # row tile `later`, then q
+            _tile_program(first + (later + k * (q - later)) * tiles_p, C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr,
+                D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr, C_hd, B_hd, x_hd, y_hd, st_hd, batch, seqlen, nheads, nchunks,
+                headdim, dstate, ngroups, heads_per_group, s_C_b, s_C_l, s_C_g, s_C_n, s_B_b, s_B_l, s_B_g, s_B_n,
+                s_x_b, s_x_l, s_x_h, s_x_p, s_dt_b, s_dt_h, s_dt_c, s_dt_l, s_dA_b, s_dA_h, s_dA_c, s_dA_l, s_st_b,
+                s_st_c, s_st_h, s_st_p, s_st_n, s_D_h, s_D_p, s_z_b, s_z_l, s_z_h, s_z_p, s_seq_b, s_seq_l, s_y_b,
+                s_y_l, s_y_h, s_y_p, s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k, CHUNK, BLOCK_M, BLOCK_K, BLOCK_P,
+                BLOCK_DSTATE, HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA,
+                ST_N_CONTIG, HB, False, HOST_DESC, WS)
     else:
         _tile_program(tl.program_id(0), C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr,
             cb_ptr, y_ptr, C_hd, B_hd, x_hd, y_hd, st_hd, batch, seqlen, nheads, nchunks, headdim, dstate,
@@ -589,8 +613,10 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
     if (nheads // ngroups) % hb:
         raise ValueError(f"switch heads_per_tile of backend 'triton': {hb} heads per program must divide the "
                          f"{nheads // ngroups} heads of a group")
-    tiles = cdiv(headdim, config["block_headdim"]) * (chunk // config["block_rows"])
-    grid = (tiles * (nheads // hb) * nchunks * batch,)
+    row_tiles = chunk // config["block_rows"]
+    if switches.row_pairs:  # one program per pair of row tiles
+        row_tiles = (row_tiles + 1) // 2
+    grid = (cdiv(headdim, config["block_headdim"]) * row_tiles * (nheads // hb) * nchunks * batch,)
     if switches.persistent:  # one program per resident slot (occupancy field, 1 when unset, times the SMs)
         grid = (persistent_programs(grid[0], config.get("occupancy", 0), x.device),)
     launcher.launch(
@@ -605,7 +631,8 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
         HEADS_FIRST=switches.heads_first, HOST_DESC=host, WS=switches.warp_specialize, PERSISTENT=switches.persistent,
-        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
+        ROW_PAIRS=switches.row_pairs, num_warps=config["num_warps"], num_stages=config["num_stages"],
+        maxnreg=maxnreg(config),
         path=switches.launch_path, ws=switches.warp_specialize, what="compute_out", config=config,
     )
     return y

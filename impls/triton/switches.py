@@ -84,6 +84,15 @@ class TritonSwitches:
         sm90="a loop around the tile program: the software pipeline Triton builds for the source loop then also "
              "spans consecutive tiles of one program",
         sm100="the same loop")
+    row_pairs: bool = switch(
+        False, "compute_out with one program per pair of row tiles q and nsub − 1 − q of a (batch, chunk, head "
+               "block, headdim tile) instead of one per row tile: the program runs the later tile, then the earlier "
+               "one, so that every program walks nsub + 1 source blocks (the causal work balanced) and there are "
+               "half as many programs; the tiles, the math and the rounding are unchanged (cuTile's switch of the "
+               "same name; docs/perf-notes.md, version 26)",
+        sm90="two tile programs one after the other in one kernel: the second tile's loads can be issued while the "
+             "first tile's last source blocks run, as Triton's scheduler places them",
+        sm100="the same arrangement")
     tma: bool = switch(
         False, "tensor-descriptor loads and stores (tl.make_tensor_descriptor) for the MMA stages' tiles: x and B in "
                "chunk_state (and its fp32 scratch store), C, B, x and the states in compute_out (and the y store), "
@@ -206,7 +215,8 @@ def _code_switches(switches: TritonSwitches, _types: tuple) -> tuple[tuple[str, 
     return tuple((k, v) for k, v in dataclasses.asdict(switches).items()
             if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
             # in the key only when on: records found without them keep their keys
-            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first", "warp_specialize", "persistent")
+            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first", "warp_specialize", "persistent",
+                      "row_pairs")
                 and v)
             or (k == "tma_descriptors" and v != "device")
             or (k == "fused_program" and v != "row_tile"))

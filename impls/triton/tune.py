@@ -35,7 +35,8 @@ class Resolved:
 
 STACK = ("triton", "driver")  # what a Triton record is bound to
 FUSED_ONLY = ("fuse_state_out", "fused_program")  # switches that change the fused kernel's code and no other's
-COMPUTE_OUT_ONLY = ("persistent",)  # switches that change compute_out's program arrangement and no other kernel's
+# switches that change compute_out's program arrangement and no other kernel's
+COMPUTE_OUT_ONLY = ("persistent", "row_pairs")
 
 
 def record_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict, stage: str | None = None) -> str:
@@ -54,10 +55,11 @@ def record_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: di
 
 
 def near_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict, stage: str) -> str | None:
-    """The record compute_out borrows (auto/record) with switch persistent and no record of its own: that of the
-    same switches without it (the same tile program, walked in a loop)."""
-    if stage == "compute_out" and switches.persistent:
-        return record_key(dataclasses.replace(switches, persistent=False), shape_label, dtype, flags, stage)
+    """The record compute_out borrows (auto/record) with switch persistent or row_pairs and no record of its own:
+    that of the same switches without them (the same tile program, walked in a loop or run twice per program)."""
+    if stage == "compute_out" and (switches.persistent or switches.row_pairs):
+        return record_key(dataclasses.replace(switches, persistent=False, row_pairs=False), shape_label, dtype, flags,
+                          stage)
     return None
 
 

@@ -48,7 +48,9 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level;
 # compute_out persistent (one program per resident slot walking the tiles) alone, under version 20's arrangement
 # (2 heads per head lane, C·Bᵀ shared, heads_first, skip_first, pdl), with the swap and the factored decay, and with
-# 32 headdim columns and all off (several headdim blocks: the loop's tile index covers the third grid axis)
+# 32 headdim columns and all off (several headdim blocks: the loop's tile index covers the third grid axis);
+# compute_out's row pairs likewise (128-row tiles all off: at a chunk of two row tiles or one, the chunk's only tile
+# run alone)
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
@@ -97,6 +99,12 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
                 "pdl": True},
             "persistent-swap-decay_factor": {"persistent": True, "operand_swap": True, "decay_factor": True},
             "persistent-headdim32-all-off": {**OFF, "persistent": True, "block_headdim": 32},
+            "row_pairs": {"row_pairs": True},
+            "row_pairs-heads2-per_head-cb-shared-heads_first-skip_first-pdl": {
+                **PER_HEAD, "row_pairs": True, "cb_mode": "shared", "heads_first": True, "skip_first": True,
+                "pdl": True},
+            "row_pairs-swap-decay_factor": {"row_pairs": True, "operand_swap": True, "decay_factor": True},
+            "row_pairs-rows128-all-off": {**OFF, "row_pairs": True, "block_rows": 128},
             # num_ctas 2 misaligned in every small case on an H200: refused there (test_num_ctas_is_refused_on_the_gpu)
             "state_two_warpgroups": {"state_two_warpgroups": True},
             "state_two_warpgroups-swap-rowmajor": {"state_two_warpgroups": True, "operand_swap": True,

@@ -1,14 +1,14 @@
 """GPU correctness of the Triton backend: every stage and the full forward against the float64 reference (on the GPU),
 plus the 1,048,576-token problem checked on sampled chunks and its final state.
 
-Variants: the defaults, each code switch off alone (cb_precision "fp32" is its "off"), all off, and the switches
-that are off by default turned on (cb_mode shared, decay_factor, tma (descriptors made in the kernel or on the
-host), fuse_state_out, heads_per_tile 2, heads_first, persistent, occupancy, warp_specialize, some together), and stage 2 as
-one serial kernel (state_pass serial). Cases: the headline S1 shape and shapes covering the contract (seqlen not a
-multiple of chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens, initial states + z + per-channel D + fp32
-states, per-head D with x and z as strided views of one fused projection, headdim/dstate not powers of two). Outputs are
-NaN-poisoned (tests.common uses impls.tolerance.poisoned_allocations). fp32 with cb_precision "tf32" is held to the
-tf32 tolerance.
+Variants: the defaults, each code switch off alone (cb_precision "fp32" is its "off"), all off, and the switches that
+are off by default turned on (cb_mode shared, decay_factor, tma (descriptors made in the kernel or on the host),
+fuse_state_out, heads_per_tile 2, heads_first, persistent, row_pairs, occupancy, warp_specialize, some together), and
+stage 2 as one serial kernel (state_pass serial). Cases: the headline S1 shape and shapes covering the contract
+(seqlen not a multiple of chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens, initial states + z + per-channel D +
+fp32 states, per-head D with x and z as strided views of one fused projection, headdim/dstate not powers of two).
+Outputs are NaN-poisoned (tests.common uses impls.tolerance.poisoned_allocations). fp32 with cb_precision "tf32" is
+held to the tf32 tolerance.
 
 TRITON_TEST_SHARD="i/n" runs every n-th test, so n processes can share the GPU and compile in parallel.
 
@@ -75,6 +75,10 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "persistent-heads_first-heads2-tma-host": {"persistent": True, "heads_first": True, "heads_per_tile": 2,
                                                         "tma": True, "tma_descriptors": "host"},
             "persistent-cb-shared-no-swap": {"persistent": True, "cb_mode": "shared", "operand_swap": False},
+            "row_pairs": {"row_pairs": True},
+            "row_pairs-heads_first-heads2-tma-host": {"row_pairs": True, "heads_first": True, "heads_per_tile": 2,
+                                                       "tma": True, "tma_descriptors": "host"},
+            "row_pairs-cb-shared-no-swap": {"row_pairs": True, "cb_mode": "shared", "operand_swap": False},
             "state_pass-serial": {"state_pass": "serial"},
             "state_pass-serial-all-off": {"state_pass": "serial", **OFF},
             "state_pass-serial-tma": {"state_pass": "serial", "tma": True},
