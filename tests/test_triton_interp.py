@@ -878,86 +878,61 @@ def test_full_factorial(problem, switches, cb_precision, dtype):
     assert not failures(errors, dtype), errors
 
 
-# the persistent loop (switch persistent): INTERPRETER_SMS programs walk every tile, with the heads-first order,
-# two heads per program, several row and headdim tiles, the shared C·Bᵀ and the swap
-PERSISTENT_CASES = [
-    pytest.param({}, RICH, id="rich-swap"),
-    pytest.param({"heads_first": True, "heads_per_tile": 2, "operand_swap": False, "block_rows": 16,
-                  "block_positions": 16, "block_headdim": 16},
-                 Problem(Shape(2, 150, 4, 32, 2, 32, 64), has_initial_states=True), id="heads_first-heads2-rows16"),
-    pytest.param({"cb_mode": "shared", "block_rows": 32, "block_positions": 16, "block_headdim": 16},
-                 Problem(Shape(2, 150, 4, 32, 1, 32, 64), nseqs=2, has_z=True), id="cb-shared-seq_idx"),
+# compute_out's program arrangements, fp32, each stage against float64 (outputs poisoned: a tile no program runs stays
+# NaN). The persistent loop (switch persistent): INTERPRETER_SMS programs walk every tile, with the heads-first order,
+# two heads per program, several row and headdim tiles, the shared C·Bᵀ and the swap. The row pairs (switch
+# row_pairs): every program runs row tiles q and nsub − 1 − q; two row tiles (one pair) with the swap, four with heads
+# first and two heads per program, one (the chunk's only tile, run alone) with the shared C·Bᵀ and seq_idx
+HEADS_FIRST_ROWS16 = ({"heads_first": True, "heads_per_tile": 2, "operand_swap": False, "block_rows": 16,
+                       "block_positions": 16, "block_headdim": 16},
+                      Problem(Shape(2, 150, 4, 32, 2, 32, 64), has_initial_states=True))
+ARRANGEMENT_CASES = [
+    pytest.param("persistent", {}, RICH, id="persistent-rich-swap"),
+    pytest.param("persistent", *HEADS_FIRST_ROWS16, id="persistent-heads_first-heads2-rows16"),
+    pytest.param("persistent", {"cb_mode": "shared", "block_rows": 32, "block_positions": 16, "block_headdim": 16},
+                 Problem(Shape(2, 150, 4, 32, 1, 32, 64), nseqs=2, has_z=True), id="persistent-cb-shared-seq_idx"),
+    pytest.param("row_pairs", {"block_rows": 16, "block_positions": 16, "block_headdim": 16}, RICH,
+                 id="row_pairs-rows16-nsub2-swap"),
+    pytest.param("row_pairs", *HEADS_FIRST_ROWS16, id="row_pairs-heads_first-heads2-nsub4"),
+    pytest.param("row_pairs", {"cb_mode": "shared", "block_rows": 32, "block_positions": 16, "block_headdim": 16},
+                 Problem(Shape(2, 100, 4, 32, 1, 32, 32), nseqs=2, has_z=True), id="row_pairs-cb-shared-seq_idx-nsub1"),
 ]
 
 
-@pytest.mark.parametrize("switches,problem", PERSISTENT_CASES)
-def test_persistent(switches, problem):
-    """compute_out persistent, fp32: each stage against float64, with fewer programs than tiles."""
-    from impls.triton.compute_out import INTERPRETER_SMS, persistent_programs
-
-    backend = get_backend("triton", persistent=True, **switches)
+@pytest.mark.parametrize("arrangement,switches,problem", ARRANGEMENT_CASES)
+def test_compute_out_arrangement(arrangement, switches, problem):
+    backend = get_backend("triton", **{arrangement: True}, **switches)
     inputs = make_inputs(problem, seed=14, dtype=torch.float32)
     errors = forward_errors(backend, inputs, float64_forward(inputs))
     assert not failures(errors, torch.float32), errors
+
+
+def test_persistent_runs_fewer_programs_than_tiles_in_the_interpreter():
+    from impls.triton.compute_out import INTERPRETER_SMS, persistent_programs
+
     assert persistent_programs(1000, 0, torch.device("cpu")) == INTERPRETER_SMS < 1000
 
 
-@pytest.mark.parametrize("other", ["fuse_state_out", "warp_specialize"])
-def test_persistent_refused_with_the_fused_or_specialised_kernels(other):
-    with pytest.raises(ValueError, match=f"persistent.*{other}"):
-        get_backend("triton", persistent=True, **{other: True})
+@pytest.mark.parametrize("arrangement,other", [
+    pytest.param("persistent", "fuse_state_out"), pytest.param("persistent", "warp_specialize"),
+    pytest.param("row_pairs", "fuse_state_out"), pytest.param("row_pairs", "warp_specialize"),
+    pytest.param("row_pairs", "persistent")])
+def test_arrangement_refused_with_the_fused_specialised_or_persistent_kernels(arrangement, other):
+    with pytest.raises(ValueError, match=f"{arrangement}.*{other}"):
+        get_backend("triton", **{arrangement: True, other: True})
 
 
-def test_persistent_keys_compute_out_only_and_borrows_its_record():
+@pytest.mark.parametrize("arrangement", ["persistent", "row_pairs"])
+def test_arrangement_keys_compute_out_only_and_borrows_its_record(arrangement):
     from impls.triton import tune
     from impls.triton.switches import TritonSwitches
 
-    sw = TritonSwitches(persistent=True, heads_first=True)
+    sw = TritonSwitches(heads_first=True, **{arrangement: True})
     key = tune.record_key(sw, "S", "float32", {}, "compute_out")
     near = tune.near_key(sw, "S", "float32", {}, "compute_out")
-    assert "persistent=True" in key and near == tune.record_key(TritonSwitches(heads_first=True), "S", "float32", {},
-                                                                  "compute_out")
-    assert "persistent" not in tune.record_key(sw, "S", "float32", {}, "chunk_state")
+    assert f"{arrangement}=True" in key and near == tune.record_key(TritonSwitches(heads_first=True), "S", "float32",
+                                                                      {}, "compute_out")
+    assert arrangement not in tune.record_key(sw, "S", "float32", {}, "chunk_state")
     assert tune.near_key(sw, "S", "float32", {}, "chunk_state") is None
-
-
-# the row pairs (switch row_pairs): every program runs row tiles q and nsub − 1 − q; two row tiles (one pair) with the
-# swap, four with heads first and two heads per program, one (the chunk's only tile, run alone) with the shared C·Bᵀ
-# and seq_idx
-ROW_PAIR_CASES = [
-    pytest.param({"block_rows": 16, "block_positions": 16, "block_headdim": 16}, RICH, id="rows16-nsub2-swap"),
-    pytest.param({"heads_first": True, "heads_per_tile": 2, "operand_swap": False, "block_rows": 16,
-                  "block_positions": 16, "block_headdim": 16},
-                 Problem(Shape(2, 150, 4, 32, 2, 32, 64), has_initial_states=True), id="heads_first-heads2-nsub4"),
-    pytest.param({"cb_mode": "shared", "block_rows": 32, "block_positions": 16, "block_headdim": 16},
-                 Problem(Shape(2, 100, 4, 32, 1, 32, 32), nseqs=2, has_z=True), id="cb-shared-seq_idx-nsub1"),
-]
-
-
-@pytest.mark.parametrize("switches,problem", ROW_PAIR_CASES)
-def test_row_pairs(switches, problem):
-    """compute_out with row pairs, fp32: each stage against float64 (outputs poisoned: a row tile no program runs
-    stays NaN), with two, four and one row tiles per chunk."""
-    backend = get_backend("triton", row_pairs=True, **switches)
-    inputs = make_inputs(problem, seed=15, dtype=torch.float32)
-    errors = forward_errors(backend, inputs, float64_forward(inputs))
-    assert not failures(errors, torch.float32), errors
-
-
-@pytest.mark.parametrize("other", ["fuse_state_out", "warp_specialize", "persistent"])
-def test_row_pairs_refused_with_the_fused_specialised_or_persistent_kernels(other):
-    with pytest.raises(ValueError, match=f"row_pairs.*{other}"):
-        get_backend("triton", row_pairs=True, **{other: True})
-
-
-def test_row_pairs_keys_compute_out_only_and_borrows_its_record():
-    from impls.triton import tune
-    from impls.triton.switches import TritonSwitches
-
-    sw = TritonSwitches(row_pairs=True, heads_first=True)
-    assert "row_pairs=True" in tune.record_key(sw, "S", "float32", {}, "compute_out")
-    assert tune.near_key(sw, "S", "float32", {}, "compute_out") == tune.record_key(
-        TritonSwitches(heads_first=True), "S", "float32", {}, "compute_out")
-    assert "row_pairs" not in tune.record_key(sw, "S", "float32", {}, "chunk_state")
 
 
