@@ -832,6 +832,19 @@ def test_row_pairs_run_two_tiles_per_program_at_the_same_resources(shape):
     assert 2 * math.prod(_headline_call(shape, sw).grid) == math.prod(_headline_call(shape, v20).grid)
 
 
+def test_row_pairs_at_s4_lose_the_warp_specialisation():
+    """At S4's record (one head per tile, C·Bᵀ inline, occupancy 4) tileiras 13.4 compiles the pair kernel without
+    the copy warp's pipeline: no register reallocation, twice the default's registers and local memory where the
+    default has none (version 26's +54 % at S4, docs/perf-notes.md). A later tileiras that specialises it fails this
+    test: then re-measure S4."""
+    v20 = dataclasses.replace(DEFAULTS, heads_first=True, skip_first=True, pdl=True)
+    (pair_text, pair_usage), (base_text, base_usage) = (_headline_sass("S4", dataclasses.replace(v20, row_pairs=True)),
+                                                        _headline_sass("S4", v20))
+    assert "USETMAXREG" in base_text and "USETMAXREG" not in pair_text
+    assert pair_usage["REG"] == 2 * base_usage["REG"] and _spills(base_text, base_usage)[:2] == (0, 0)
+    assert sum(_spills(pair_text, pair_usage)[:2]) > 0
+
+
 @pytest.mark.parametrize("other", [{"head_loop": 8}, {"persistent": True}], ids=["head_loop", "persistent"])
 def test_row_pairs_with_another_arrangement_refused(other):
     with pytest.raises(ValueError, match=f"row_pairs.*{next(iter(other))}"):
