@@ -832,6 +832,19 @@ def test_row_pairs_run_two_tiles_per_program_at_the_same_resources(shape):
     assert 2 * math.prod(_headline_call(shape, sw).grid) == math.prod(_headline_call(shape, v20).grid)
 
 
+def test_row_pairs_with_one_row_block_a_chunk_run_it_alone():
+    """chunk == block_rows (nsub = 1): the pair program runs its chunk's only block on the default grid, with the
+    default kernel's TMA loads and warpgroup MMAs, and stays warp-specialised (no runtime test around a second
+    tile)."""
+    config = {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 2}
+    calls = [build_call("compute_out", torch.bfloat16, CutileSwitches(row_pairs=pairs), dims={"chunk": 64},
+                        config=config, optional=False, d_mode=1) for pairs in (True, False)]
+    assert calls[0].grid == calls[1].grid
+    pair_text, base_text = (sass(export(call, "sm_90")) for call in calls)
+    assert all(facts(pair_text)[op] == facts(base_text)[op] > 0 for op in ("UTMALDG", "HGMMA"))
+    assert "USETMAXREG" in pair_text and "USETMAXREG" in base_text
+
+
 def test_row_pairs_at_s4_lose_the_warp_specialisation():
     """At S4's record (one head per tile, C·Bᵀ inline, occupancy 4) tileiras 13.4 compiles the pair kernel without
     the copy warp's pipeline: no register reallocation, twice the default's registers and local memory where the

@@ -369,18 +369,17 @@ def _tile_of(t, row_tiles, head_blocks, HEADS_FIRST):
 
 def _row_pair(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, pair, hb, pb, k, HB, DECAY_FACTOR):
     """Switch row_pairs: program `pair` = (batch, chunk, q) runs row blocks nsub − 1 − q (nsub − q source blocks)
-    then q (q + 1 source blocks): nsub + 1 source blocks for every program; the middle block alone when nsub is
-    odd."""
+    then q (q + 1 source blocks): nsub + 1 source blocks for every program. The chunk and the row block are powers
+    of two, so nsub is even or 1; with 1 the program runs its chunk's only block. Both tiles are written out at
+    compile time: a runtime test around the second one costs tileiras's warp specialisation (docs/perf-notes.md,
+    version 26)."""
     nsub = k.CHUNK // k.BL
     npair = (nsub + 1) // 2
     q = pair % npair
     base = (pair // npair) * nsub
     _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, base + nsub - 1 - q, hb, pb, k, HB,
               DECAY_FACTOR)
-    if nsub % 2 == 0:  # compile-time: the two blocks always differ
-        _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, base + q, hb, pb, k, HB,
-                  DECAY_FACTOR)
-    elif nsub - 1 - q != q:
+    if nsub > 1:  # compile-time
         _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, base + q, hb, pb, k, HB,
                   DECAY_FACTOR)
 
