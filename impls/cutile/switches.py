@@ -117,9 +117,9 @@ class CutileSwitches:
         sm90="every program's first loads (C_l, the states, the first source block) are waited on before any "
              "MMA (docs/perf-notes.md, 'Where compute_out's warps wait'); with two tiles a program half as many "
              "programs start, and the copy warp issues the second tile's first two loads while the first tile's "
-             "source loop runs (the others wait for shared-memory slots the first tile's output store releases). "
-             "Measured 2–7 % slower at S1–S3 (twice the code: instruction fetch stalls) and 54 % at S4, whose tiles "
-             "tileiras does not warp-specialise in pairs (docs/perf-notes.md, version 26). Not with head_loop or "
+             "source loop runs (the others wait for shared-memory slots the first tile's output store releases); "
+             "the kernel holds twice the code, and at one head per tile and four CTAs per SM tileiras does not "
+             "warp-specialise it (docs/perf-notes.md, version 26: what that costs). Not with head_loop or "
              "persistent",
         sm100="the same arrangement; its pipelining by tileiras for tcgen05 has not been examined")
     num_ctas: int = switch(
