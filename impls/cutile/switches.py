@@ -250,13 +250,12 @@ class CutileSwitches:
         choices=tuning.MODES)
 
     def __post_init__(self):
-        if self.persistent and self.head_loop:
-            raise ValueError(f"switch persistent of backend 'cutile': not built with head_loop={self.head_loop} "
-                             "(its kernel walks heads in a loop of its own); set one of them")
-        if self.row_pairs and (self.head_loop or self.persistent):
-            other = f"head_loop={self.head_loop}" if self.head_loop else "persistent=True"
-            raise ValueError(f"switch row_pairs of backend 'cutile': not built with {other} (that kernel arranges "
-                             "its programs' tiles in a loop of its own); set one of them")
+        for name, others in ARRANGEMENT_EXCLUSIONS.items():
+            other = next((o for o in others if getattr(self, name) and getattr(self, o)), None)
+            if other:
+                raise ValueError(f"switch {name} of backend 'cutile': not built with {other}={getattr(self, other)} "
+                                 "(that kernel arranges its programs' tiles or heads in a loop of its own); set one "
+                                 "of them")
         if self.fused_program != FUSED_PROGRAMS[0] and not self.fuse_state_out:
             raise ValueError(f"switch fused_program={self.fused_program!r} of backend 'cutile': it arranges the "
                              "programs of the fused kernel, which runs only with fuse_state_out=True (set it, or "
@@ -269,6 +268,10 @@ class CutileSwitches:
                                  f"which read {FUSED_READS} and the tile sizes {FUSED_SIZES}; the switches "
                                  f"{list(NOT_READ_BY_FUSED)} would be recorded without running: leave them at their "
                                  "defaults or turn fuse_state_out off")
+
+
+# compute_out's program arrangements and the arrangements each is not built with (refused together)
+ARRANGEMENT_EXCLUSIONS = {"persistent": ("head_loop",), "row_pairs": ("head_loop", "persistent")}
 
 
 # With fuse_state_out the forward runs chunk_cumsum then the fused kernel (impls/cutile/fused.py). Of the code

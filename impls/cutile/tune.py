@@ -133,10 +133,10 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     if stage == "compute_out" and sw.decay_factor:
         extra["decay_factor"] = True
     if code_tricks and stage == "compute_out":  # arrangements that borrow the tiles of the key without them
-        extra.update({k: True for k in ("heads_first", "skip_first", "two_warpgroups") if getattr(sw, k)})
+        extra.update({k: True for k in ("heads_first", "skip_first", "two_warpgroups", "persistent", "row_pairs")
+                      if getattr(sw, k)})
         if sw.head_loop:
             extra["head_loop"] = sw.head_loop
-        extra.update({k: True for k in ("persistent", "row_pairs") if getattr(sw, k)})
         if sw.num_ctas:
             extra["num_ctas"] = sw.num_ctas
     if code_tricks and stage == "fwd_pass_state" and sw.state_two_warpgroups:  # borrows likewise, occupancy too

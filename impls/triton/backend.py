@@ -30,6 +30,10 @@ from impls.triton.stages import FUSED
 from impls.triton.switches import TritonSwitches
 from impls.triton.target import interpreting
 
+# compute_out's program arrangements and the kernels or arrangements each is not built with (refused together)
+ARRANGEMENT_EXCLUSIONS = {"persistent": ("fuse_state_out", "warp_specialize"),
+                          "row_pairs": ("fuse_state_out", "warp_specialize", "persistent")}
+
 
 @register
 class TritonBackend(Backend):
@@ -53,15 +57,11 @@ class TritonBackend(Backend):
         if self.switches.fuse_state_out and self.switches.heads_first:
             raise ValueError("switch fuse_state_out of backend 'triton': the fused kernel does not read heads_first "
                              "(compute_out's program order); turn one of them off")
-        if self.switches.persistent and (self.switches.fuse_state_out or self.switches.warp_specialize):
-            other = "fuse_state_out" if self.switches.fuse_state_out else "warp_specialize"
-            raise ValueError(f"switch persistent of backend 'triton': not built with {other}=True (it loops "
-                             "compute_out's own kernel over its tiles); turn one of them off")
-        if self.switches.row_pairs and (self.switches.fuse_state_out or self.switches.warp_specialize
-                                        or self.switches.persistent):
-            other = next(k for k in ("fuse_state_out", "warp_specialize", "persistent") if getattr(self.switches, k))
-            raise ValueError(f"switch row_pairs of backend 'triton': not built with {other}=True (it pairs the row "
-                             "tiles of compute_out's own kernel, one program each); turn one of them off")
+        for name, others in ARRANGEMENT_EXCLUSIONS.items():
+            other = next((o for o in others if getattr(self.switches, name) and getattr(self.switches, o)), None)
+            if other:
+                raise ValueError(f"switch {name} of backend 'triton': not built with {other}=True (it arranges the "
+                                 "programs of compute_out's own kernel); turn one of them off")
         if self.switches.fuse_state_out and self.switches.state_pass != TritonSwitches().state_pass:
             raise ValueError("switch state_pass of backend 'triton': fuse_state_out=True runs stage 2 inside the fused "
                              f"kernel, so state_pass={self.switches.state_pass!r} would be recorded without running "
