@@ -48,7 +48,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "error": ("string", "why the point failed (null when ok)"),
     "stage": ("string", "chunk_cumsum | fwd_pass_state | compute_out | forward | ceiling | point"),
     "metric": ("string", "see README: median_ms, p20_ms, p80_ms, graph_median_ms, compile_s, rel_err, "
-                         "block_err, mamba_ssm_rel_err, mamba_ssm_rule, tol, "
+                         "block_err, bound_ratio, mamba_ssm_rel_err, mamba_ssm_rule, tol, "
                          "flops, bytes, bytes_fused, tflops, gbps, frac_floor, frac_floor_fused, matmul_tflops, "
                          "copy_gbps, ok"),
     "value": ("float64", "the metric's value"),

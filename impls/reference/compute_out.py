@@ -12,8 +12,11 @@ from impls.reference.common import acc_dtype, chunk_blocks, chunked, per_head, s
 BLOCK_ELEMENTS = 1 << 27  # bound on the (chunk × chunk) work tensors materialised at once
 
 
-def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None):
+def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None, round_operand=None):
+    """y of every token. `round_operand` (impls/reference/same_precision.py) rounds each matmul operand as a kernel
+    of a lower precision does (the scores before they meet x, too); None keeps them as computed."""
     dtype = acc_dtype(x, dt)
+    r = round_operand or _as_is
     batch, seqlen, nheads, headdim = x.shape
     nchunks, chunk = dt.shape[2], dt.shape[3]
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()
@@ -32,16 +35,20 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None):
             keep = keep & (seq[:, sl, :, None] == seq[:, sl, None, :])
         diff = dA[..., :, None] - dA[..., None, :]  # (b, c, h, l, s)
         decay = torch.exp(torch.where(keep[:, :, None], diff, float("-inf")))
-        scores = torch.einsum("bclhn,bcshn->bchls", Cc, Bc) * decay * dtc[..., None, :]
-        y_block = torch.einsum("bchls,bcshp->bclhp", scores, xc)
+        scores = torch.einsum("bclhn,bcshn->bchls", r(Cc), r(Bc)) * decay * dtc[..., None, :]
+        y_block = torch.einsum("bchls,bcshp->bclhp", r(scores), r(xc))
         state_decay = torch.exp(dA)  # (b, c, h, l)
         if continues is not None:
             state_decay = state_decay * continues[:, sl, None, :].to(dtype)
-        y_block = y_block + torch.einsum("bclhn,bchpn->bclhp", Cc, states[:, sl].to(dtype)) \
+        y_block = y_block + torch.einsum("bclhn,bchpn->bclhp", r(Cc), r(states[:, sl].to(dtype))) \
             * state_decay.permute(0, 1, 3, 2)[..., None]
         y[:, sl] = y_block
     y = y.reshape(batch, nchunks * chunk, nheads, headdim)[:, :seqlen]
     return skip_and_gate(y, x, D, z).to(x.dtype)
+
+
+def _as_is(t):
+    return t
 
 
 def _continues_previous_chunk(seq, seq_idx, chunk):

@@ -9,10 +9,11 @@ from impls.reference.common import acc_dtype, chunk_blocks, chunk_last_index, ch
 BLOCK_ELEMENTS = 1 << 27  # bound on the head-repeated B (and x) materialised at once
 
 
-def chunk_local_states(B, x, dt, dA_cumsum, seq_idx=None):
+def chunk_local_states(B, x, dt, dA_cumsum, seq_idx=None, round_operand=None):
     """State each chunk builds from zero: sum_t exp(dA_cs[last] - dA_cs[t]) dt_t x_t B_tᵀ, counting only the
     tokens of the sequence that is active at the chunk's last token. (batch, nchunks, nheads, headdim, dstate).
-    Works through blocks of chunks so the head-repeated B stays bounded at any sequence length."""
+    Works through blocks of chunks so the head-repeated B stays bounded at any sequence length. `round_operand`
+    rounds the matmul's operands (x scaled by its weight, and B) as a lower-precision kernel does; None: as computed."""
     dtype = acc_dtype(x, dt)
     batch, seqlen, nheads, headdim = x.shape
     nchunks, chunk = dt.shape[2], dt.shape[3]
@@ -26,7 +27,11 @@ def chunk_local_states(B, x, dt, dA_cumsum, seq_idx=None):
     for sl, tokens in chunk_blocks(nchunks, chunk, seqlen, per_block):
         xc = chunked(x[:, tokens], chunk, dtype)
         Bc = per_head(chunked(B[:, tokens], chunk, dtype), nheads)
-        local[:, sl] = torch.einsum("bhcs,bcshp,bcshn->bchpn", weight[:, :, sl], xc, Bc)
+        if round_operand is None:
+            local[:, sl] = torch.einsum("bhcs,bcshp,bcshn->bchpn", weight[:, :, sl], xc, Bc)
+        else:
+            scaled = round_operand(xc * weight[:, :, sl].permute(0, 2, 3, 1)[..., None])
+            local[:, sl] = torch.einsum("bcshp,bcshn->bchpn", scaled, round_operand(Bc))
     return local
 
 
@@ -48,8 +53,8 @@ def pass_states(local, chunk_decay, initial_states=None, chunk_seq=None):
     return entering, state
 
 
-def fwd_pass_state(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, state_dtype=None):
-    local = chunk_local_states(B, x, dt, dA_cumsum, seq_idx)
+def fwd_pass_state(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, state_dtype=None, round_operand=None):
+    local = chunk_local_states(B, x, dt, dA_cumsum, seq_idx, round_operand)
     chunk_seq = None
     if seq_idx is not None:
         chunk_seq = seq_idx[:, chunk_last_index(x.shape[1], dt.shape[-1], x.device)]
