@@ -221,7 +221,31 @@ def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, i
                 backend="reference", check_values: bool = False) -> ForwardResult:
     """The whole forward: y (batch, seqlen, nheads, headdim) and final states (batch, nheads, headdim, dstate),
     plus the final state of every sequence (nseqs, nheads, headdim, dstate) when cu_seqlens is given. Without
-    seq_idx, cu_seqlens also defines it."""
+    seq_idx, cu_seqlens also defines it. Not differentiable unless the backend's forward is plain torch ops
+    (`Backend.DIFFERENTIABLE`): with gradients wanted, call `impls.ssd` (its differentiable twin)."""
+    impl, args = forward_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                              dt_softplus, dt_limit, state_dtype, backend, check_values)
+    if not impl.DIFFERENTIABLE and wants_gradients(args):
+        wanting = ", ".join(name for name in GRAD_INPUTS if args[name] is not None and args[name].requires_grad)
+        raise RuntimeError(f"ssd_forward(backend={impl.name!r}): {wanting} require grad, but ssd_forward is not "
+                           f"differentiable on this backend; call impls.ssd(...) (the same arguments) for gradients, "
+                           f"or detach the inputs / run under torch.no_grad()")
+    return impl.ssd_forward(**args)
+
+
+# The forward's tensor arguments that gradients flow to (impls.ssd)
+GRAD_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+
+
+def wants_gradients(args: dict) -> bool:
+    """Whether autograd would record a call on these arguments: grad mode on and an input requiring grad."""
+    return torch.is_grad_enabled() and any(args[n] is not None and args[n].requires_grad for n in GRAD_INPUTS)
+
+
+def forward_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+                 dt_limit, state_dtype, backend, check_values) -> tuple[Backend, dict]:
+    """The checks of a whole-forward call (`ssd_forward`, `impls.ssd`) -> (the backend, the keyword arguments of
+    its `ssd_forward`: seq_idx derived from cu_seqlens where absent, dt_limit as floats)."""
     def metadata():
         batch, seqlen, nheads, headdim, ngroups, dstate = check.dims(x, B)
         check.tensor("dt", dt, shape=(batch, seqlen, nheads), device=x.device)
@@ -257,5 +281,6 @@ def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, i
     why = non_increasing_decay(impl)
     if check_values and why:
         check.decay_factor_inputs(A, dt, dt_bias, dt_softplus, dt_limit, why)
-    return impl.ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                            dt_softplus, tuple(float(v) for v in dt_limit), state_dtype)
+    return impl, dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
+                      initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
+                      dt_limit=tuple(float(v) for v in dt_limit), state_dtype=state_dtype)

@@ -92,6 +92,10 @@ class Backend:
     # Whether autograd can differentiate through the forward (plain torch ops): the model-level modules
     # (models/) refuse to run with gradients required on a backend without it, since no kernel has a backward.
     DIFFERENTIABLE: ClassVar[bool] = False
+    # The backward (impls.ssd): what the forward keeps for it and what it recomputes, in a line the rows record; ""
+    # for a backend without one (impls.ssd then raises, naming the backend and NO_BACKWARD's reason).
+    BACKWARD: ClassVar[str] = ""
+    NO_BACKWARD: ClassVar[str] = "its kernels are forward only"
 
     def __init__(self, switches=None, **overrides):
         self.switches = make_switches(self.name, self.Switches, self.CANNOT_EXPRESS, switches, overrides)
@@ -162,6 +166,13 @@ class Backend:
         """The pieces of ssd_forward that the harness times apart, as zero-argument calls on ready inputs
         (a peer's adapter steps and its own kernels); none for a backend whose stages say it all."""
         return {}
+
+    # --- the backward (impls.ssd) ------------------------------------------------------------------------
+    def forward_for_backward(self, args: dict, needs: dict[str, bool]):
+        """The forward on `args` (ssd_forward's keyword arguments) keeping what its backward needs: an object with
+        `outputs` (a ForwardResult) and `backward({output: incoming grad}) -> {input: grad}`; `needs` says which
+        inputs want a gradient (impls.api.GRAD_INPUTS). Raises for a backend without a backward."""
+        raise BackendUnavailable(f"backend {self.name!r} has no backward: {self.NO_BACKWARD}")
 
     # --- what ran -------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

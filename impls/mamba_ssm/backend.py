@@ -12,7 +12,7 @@ from impls.mamba_ssm.compute_out import compute_out
 from impls.mamba_ssm.fwd_pass_state import fwd_pass_state
 from impls.mamba_ssm.layout import upstream_layout
 from impls.problem import Problem
-from impls.registry import Backend, ForwardResult, pinned_version, register, switch
+from impls.registry import Backend, BackendUnavailable, ForwardResult, pinned_version, register, switch
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,31 @@ class MambaSSMBackend(Backend):
         with self._mode(x.device):
             return self.upstream().ssd_chunk_state.chunk_state_varlen(
                 B[0], x[0], dt[0], dA_cumsum[0], cu_seqlens, states[0])
+
+    BACKWARD = ("upstream's autograd function (mamba_chunk_scan_combined), unchanged: its forward keeps the inputs "
+                "and y; its backward recomputes chunk_cumsum, C·Bᵀ, the chunk states and the state pass")
+
+    def forward_for_backward(self, args, needs):
+        from impls.graph_backward import graph_backward
+
+        if args["cu_seqlens"] is not None:
+            raise BackendUnavailable("mamba_ssm has no backward with cu_seqlens: upstream's backward asserts that "
+                                     "return_varlen_states is off (mamba_ssm/ops/triton/ssd_combined.py, "
+                                     "MambaChunkScanCombinedFn.backward)")
+        if args["state_dtype"] not in (None, args["x"].dtype):
+            raise BackendUnavailable("mamba_ssm has no backward with a state_dtype of its own: upstream's autograd "
+                                     "function stores states in C's dtype")
+        device = args["x"].device
+
+        def forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+                    dt_limit, state_dtype):
+            with self._mode(device):
+                y, final_states = self.upstream().ssd_combined.mamba_chunk_scan_combined(
+                    x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                    seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=dt_limit, return_final_states=True)
+            return ForwardResult(y, final_states)
+
+        return graph_backward(forward, args, needs, context=lambda: self._mode(device))
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                     dt_softplus, dt_limit, state_dtype):

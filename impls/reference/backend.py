@@ -15,6 +15,12 @@ class ReferenceBackend(Backend):
     name = "reference"
     # plain torch ops throughout; tests/test_mamba2_layer.py checks the gradients against the sequential definition
     DIFFERENTIABLE = True
+    BACKWARD = "torch autograd through the chunked stages in the inputs' dtype (the forward keeps its graph)"
+
+    def forward_for_backward(self, args, needs):
+        from impls.graph_backward import graph_backward
+
+        return graph_backward(self.ssd_forward, args, needs)
 
     def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
         return chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
