@@ -199,7 +199,9 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
                                         "problem": {"name": problem_name, **sem["problem"]},
                                         "bench": dataclasses.asdict(bench)}, default=str))
     records_device = (cls.tuning_device(device) if cls is not None else None) or device_name
-    identity = Identity(config_hash=conf.config_hash(sem), code_key=provenance.code_key(prov, backend, records_device),
+    peers = cls.peer_files() if cls is not None else {}
+    identity = Identity(config_hash=conf.config_hash(sem),
+                        code_key=provenance.code_key(prov, backend, records_device, peers),
                         sweep_id=sweep_id, sweep_name=sweep_name, job_num=job_num, hydra_choices=hydra_choices,
                         config_yaml=OmegaConf.to_yaml(OmegaConf.create(config)) if config_yaml is None else config_yaml,
                         config=config)

@@ -41,9 +41,10 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "job_num": ("Int64", "Hydra job number within the sweep"),
     "timestamp": ("string", "UTC ISO time the point started"),
     "config_hash": ("string", "hash of the semantic config + device (experiments.plan.semantic)"),
-    "code_key": ("string", "what code measured the point: commit, dirty flag and diff hash, a hash of the v_* "
-                           "versions and of the backend's tuning records for the GPU (experiments.provenance."
-                           "code_key); a stored point is skipped only when config_hash and code_key both match"),
+    "code_key": ("string", "what code measured the point, from content (not git): hashes of the source tree, the "
+                           "v_* versions, the backend's tuning records for the GPU and its peer files, and the "
+                           "driver's major (experiments.provenance.code_key); a stored point is skipped only when "
+                           "config_hash and code_key both match"),
     "status": ("string", "ok | failed (correctness gate, unavailable backend, exception)"),
     "error": ("string", "why the point failed (null when ok)"),
     "stage": ("string", "chunk_cumsum | fwd_pass_state | compute_out | forward | ceiling | point"),
@@ -96,7 +97,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "gpu_clock_sm_mhz": ("float64", "SM clock when the point ran"), "gpu_clock_mem_mhz": ("float64", ""),
     "gpu_clock_max_sm_mhz": ("float64", ""), "gpu_clock_max_mem_mhz": ("float64", ""),
     "driver": ("string", "NVIDIA driver version"),
-    "git_commit": ("string", ""), "git_dirty": ("boolean", "tracked files modified, or untracked source files present"),
+    "git_commit": ("string", "a label, not part of code_key"),
+    "git_dirty": ("boolean", "tracked files modified, or untracked source files present"),
 }
 
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -34,6 +36,22 @@ BACKEND_MODULES: dict[str, str] = {name: decl.module for name, decl in declarati
 _REGISTRY: dict[str, type[Backend]] = {}
 _BUILT: dict[tuple, Backend] = {}  # (name, switches) -> the one instance get_backend hands out
 _AVAILABLE: dict[str, tuple[bool, str]] = {}  # name -> the class's available() answer, asked once
+
+
+def installed_files(package: str, *under: str) -> dict[str, Path]:
+    """The .py files of an installed package, found without importing it, by "<package>/<path in it>" (for
+    `Backend.peer_files`): those under the given files or folders of the package, or all of them; empty when it is
+    not installed."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    root = Path(list(spec.submodule_search_locations)[0])
+    found = {}
+    for sub in under or ("",):
+        paths = [root / sub] if (root / sub).is_file() else (root / sub).rglob("*.py")
+        found.update({f"{package}/{p.relative_to(root).as_posix()}": p for p in paths
+                      if p.is_file() and "__pycache__" not in p.parts})
+    return found
 
 
 class BackendUnavailable(RuntimeError):
@@ -111,6 +129,14 @@ class Backend:
         `device`; None: the harness's own name for the device (experiments/provenance.py `device_name`). The
         harness's code_key hashes those records, so a new record invalidates the points it would change."""
         return None
+
+    @classmethod
+    def peer_files(cls) -> dict[str, Path]:
+        """The files outside the repository's source folders whose code this backend runs (a peer's kernels, loaded
+        from where they are installed), by a name relative to the peer's own folder, never an absolute path. The
+        harness's code_key hashes their content under those names, so an edited peer file re-measures the points
+        that ran it. Empty where there are none, or where the peer is not found (the backend is then unavailable)."""
+        return {}
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
         return True, ""

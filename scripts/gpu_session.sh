@@ -18,14 +18,13 @@
 # Run it in a tree that carries the .gpu bundle, after `source .gpu/setup.sh &&` (docs/gpu-runbook.md).
 # The GPU machine gets the working tree without .git: put the commit into the command for the rows' provenance,
 #   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> scripts/gpu_session.sh ...
-#   (a dirty tree is then keyed by a hash of its source files, new untracked ones included; SSD_GIT_DIFF_HASH, where
-#   set, replaces that hash: it must then cover untracked source files too, which `git diff HEAD` does not show)
+#   (labels only: which points are stored already is decided by code_key, a hash of the tree's content)
 # Each invocation stores its points under a folder of its own (SWEEP_ROOT, default $TMPDIR/sweeps/call-<time>-<pid>,
 # with /tmp when TMPDIR is unset), so a merged Parquet holds exactly the points this invocation ran, even on a
 # machine still warm from an earlier call.
 # To continue a cut-off sweep, pass the earlier SWEEP_ROOT (printed in the log): its points stored ok by the same
-# code (config hash and code_key: commit, diff, versions, tuning records) are skipped; failed ones run again
-# (SWEEP_OVERRIDES=retry_failed=false keeps them), and points stored by other code are measured anew.
+# code (config hash and code_key: source content, versions, tuning records, peer files, driver) are skipped; failed
+# ones run again (SWEEP_OVERRIDES=retry_failed=false keeps them), and points stored by other code are measured anew.
 set -uo pipefail
 OUT=${OUT:-results/scratch/gpu}
 mkdir -p "$OUT"

@@ -8,13 +8,14 @@ mapping.py holds the map; docs/peers.md derives it and quantifies each way a nea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from impls.fla import mapping, peer
 from impls.problem import Problem
-from impls.registry import ForwardOnlyBackend, ForwardResult, pinned_version, register, switch
+from impls.registry import ForwardOnlyBackend, ForwardResult, installed_files, pinned_version, register, switch
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 NO_STAGES = ("fla: FLA's chunk_simple_gla has no stage split matching the contract (chunk-local states, state "
@@ -55,6 +56,12 @@ class FlaBackend(ForwardOnlyBackend):
         except Exception as exc:
             return False, f"fla.ops.simple_gla cannot be imported: {exc}"
         return True, ""
+
+    @classmethod
+    def peer_files(cls) -> dict[str, Path]:
+        """Every .py file of the installed fla: chunk_simple_gla imports across the package (ops/common, ops/utils,
+        utils)."""
+        return installed_files("fla")
 
     def check_device(self, device) -> tuple[bool, str]:
         device = torch.device(device)

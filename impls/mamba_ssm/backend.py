@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from impls import validate as check
 from impls.mamba_ssm import upstream
@@ -12,7 +13,7 @@ from impls.mamba_ssm.compute_out import compute_out
 from impls.mamba_ssm.fwd_pass_state import fwd_pass_state
 from impls.mamba_ssm.layout import upstream_layout
 from impls.problem import Problem
-from impls.registry import Backend, BackendUnavailable, ForwardResult, pinned_version, register, switch
+from impls.registry import Backend, BackendUnavailable, ForwardResult, installed_files, pinned_version, register, switch
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,11 @@ class MambaSSMBackend(Backend):
         except ImportError as exc:
             return False, f"mamba-ssm SSD kernels cannot be imported ({exc}); install as the README says"
         return pinned_version("mamba-ssm", upstream.version(), upstream.VERSION_REQUIRED)
+
+    @classmethod
+    def peer_files(cls) -> dict[str, Path]:
+        """Every .py file of the installed mamba_ssm: its SSD modules import across the package."""
+        return installed_files("mamba_ssm")
 
     @classmethod
     def upstream(cls):

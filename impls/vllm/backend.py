@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import types
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,6 +63,11 @@ class VllmBackend(ForwardOnlyBackend):
         except Exception as exc:  # noqa: BLE001 - the reason is the answer
             return False, f"vLLM's SSD modules cannot be loaded from {root}: {exc}"
         return True, ""
+
+    @classmethod
+    def peer_files(cls) -> dict[str, Path]:
+        """vLLM's SSD kernel files that loader.load() executes, where it finds them."""
+        return loader.kernel_files()
 
     def check_device(self, device) -> tuple[bool, str]:
         device = torch.device(device)
