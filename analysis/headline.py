@@ -1,6 +1,7 @@
 """`python -m analysis.headline [--check]`: the current headline table, results/HEADLINE.md, regenerated from the
 committed rows that results/index.yaml names as the current headline (forward times, speedups over mamba-ssm, and
-the published claims with their measured columns). `--check` exits 1 when the committed file differs.
+the published claims with their measured columns), all from that one run (analysis.load.one_run: a claim measured on
+the rows of another run says where they are instead). `--check` exits 1 when the committed file differs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.claims import compare_claims
-from analysis.load import INDEX, repo_root, results_index, wide
+from analysis.load import INDEX, one_run, repo_root, results_index, wide
 from analysis.markdown import table
 from analysis.speedup import speedup_matrix, speedup_table
 
@@ -30,7 +31,7 @@ def forward_times(w: pd.DataFrame) -> pd.DataFrame:
 def render(root: Path | None = None) -> str:
     root = root or repo_root()
     source = results_index(root)["headline"]
-    w = wide(root / Path(INDEX).parent / source)
+    w = one_run(wide(root / Path(INDEX).parent / source), f"headline ({source})")
     gpus = ", ".join(sorted(w["gpu_name"].dropna().unique()))
     uuids = ", ".join(sorted(w["gpu_uuid"].dropna().unique()))
     day = f"{w['timestamp'].min()[:10]}" + ("" if w["timestamp"].max()[:10] == w["timestamp"].min()[:10]
