@@ -2,9 +2,10 @@
 format (one row per point and stage, one column per metric).
 
 Sources: a Parquet file, a folder of them (a sweep directory or a whole results tree, read recursively),
-`index:<experiment>[,<experiment>...]` (the current file of each experiment named in results/index.yaml; the
-default), or `wandb:<entity>/<project>[/<group>]` through W&B's public API (lazily imported; needs the user's
-login). A path or an experiment that does not exist is an error naming it: nothing falls back to other data.
+`index:<experiment>[,<experiment>...]` (the file of each experiment named in results/index.yaml, under `current:`
+(one entry per question) or `archive:` (superseded, or gated on the whole tensor only); the default), or
+`wandb:<entity>/<project>[/<group>]` through W&B's public API (lazily imported; needs the user's login).
+A path or an experiment that does not exist is an error naming it: nothing falls back to other data.
 Every table and figure reads the rows of one run (`one_run`: one GPU, one source tree, one run group).
 """
 
@@ -46,12 +47,33 @@ def repo_root(start: Path | None = None) -> Path:
     return Path(__file__).resolve().parents[1]
 
 
-def results_index(root: Path | None = None) -> dict[str, str]:
-    """results/index.yaml: experiment -> its current file, relative to results/."""
+INDEX_SECTIONS = ("current", "archive")
+
+
+def index_sections(root: Path | None = None) -> dict[str, dict[str, str]]:
+    """results/index.yaml by section: {"current": {experiment: file}, "archive": {...}}, files relative to results/.
+    A file without the two sections (a flat mapping) is all current. A name in both sections is an error."""
     path = (root or repo_root()) / INDEX
     if not path.is_file():
         raise FileNotFoundError(f"results index {path} not found")
-    return {str(k): str(v) for k, v in (yaml.safe_load(path.read_text()) or {}).items()}
+    data = yaml.safe_load(path.read_text()) or {}
+    if not (set(data) & set(INDEX_SECTIONS)):
+        data = {"current": data}
+    unknown = set(data) - set(INDEX_SECTIONS)
+    if unknown:
+        raise ValueError(f"{INDEX}: expected the sections {', '.join(INDEX_SECTIONS)}, got also {sorted(unknown)}")
+    sections = {s: {str(k): str(v) for k, v in (data.get(s) or {}).items()} for s in INDEX_SECTIONS}
+    twice = sorted(set(sections["current"]) & set(sections["archive"]))
+    if twice:
+        raise ValueError(f"{INDEX}: {twice} both current and archive")
+    return sections
+
+
+def results_index(root: Path | None = None) -> dict[str, str]:
+    """results/index.yaml: experiment -> its file, relative to results/, current and archive entries together
+    (`index:<name>` finds either)."""
+    sections = index_sections(root)
+    return {**sections["current"], **sections["archive"]}
 
 
 def _from_index(source: str) -> list[str]:
