@@ -5,7 +5,9 @@ differs from what the rows give.
 
 One machine's rows make one set of tables: the index's entries without a suffix are the H200's (the study's card),
 the entries ending in a card's suffix (`MACHINES`, "_h100") another card's, each written between its own markers
-and drawn in its own figure. Rows of two cards never share a table.
+and drawn in its own figure. Rows of two cards never share a table, nor rows of two runs: each machine's tables read
+the newest run among its parts' rows (`pick_run`; analysis.load.one_run: one card, one source tree, one run group), and
+the doc names the runs left out. A point measured in several rounds of that run reads the median of their medians.
 
 Per shape (S1-S4) and stage:
 - *language*: cuTile as shipped (its tuned tiles) next to Triton in cuTile's arrangement at cuTile's tuned tiles
@@ -19,6 +21,7 @@ Per shape (S1-S4) and stage:
   chunk_parallel); Triton's host-built TMA descriptors (tma and tma_descriptors=host,
   conf/lvt/triton_tma_host.yaml) against its point tma:True, whose descriptors are made in the kernel; a trick
   swept with the switches it needs ("tma:True+warp_specialize:True") against those switches alone ("tma:True");
+  "within noise" where the effect is no larger than both points' noise (analysis.noise: round-to-round range, p20–p80);
 - the knobs only one language has, with their values (defaults and choices, from the Switches dataclasses).
 """
 
@@ -32,8 +35,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import INDEX, repo_root, results_index, timed, wide
+from analysis.load import INDEX, newest_run, one_run, repo_root, results_index, runs, timed, wide
 from analysis.markdown import table
+from analysis.noise import relative_noise, shown_effect
 
 DOC = "docs/language-vs-trick.md"
 FIGURE_DIR = "docs/figures"
@@ -93,6 +97,12 @@ def load(root: Path | None = None, suffix: str = "") -> pd.DataFrame:
     return w
 
 
+def pick_run(w: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the rows of the newest run among `w`'s, the other runs: analysis.load.runs of what is left out)."""
+    found = runs(w)
+    return newest_run(w), found.iloc[1:]
+
+
 def _arm(choices) -> str:
     try:
         return str((json.loads(choices) if isinstance(choices, str) and choices else {}).get("lvt") or "")
@@ -111,16 +121,7 @@ def _point(t: pd.DataFrame, sweep: str, backend: str, shape: str, ablation: str 
     sel &= t["ablation"].fillna("none") == ablation
     if arm is not None:
         sel &= t["arm"] == arm
-    return _latest_sweep(t[sel])
-
-
-def _latest_sweep(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the latest sweep among them: a point measured again in a later run (the parts of several runs
-    merged into one file) is read from that run alone, never averaged across runs."""
-    if rows["sweep_id"].nunique() <= 1:
-        return rows
-    latest = rows.groupby("sweep_id")["timestamp"].max().idxmax()
-    return rows[rows["sweep_id"] == latest]
+    return t[sel]  # one run's (one_run): a point measured in several rounds has a row per round and stage
 
 
 def tile_source(rows: pd.DataFrame, stage: str) -> str:
@@ -146,7 +147,7 @@ def language_table(w: pd.DataFrame) -> pd.DataFrame:
     """Per (shape, stage): median ms of cuTile tuned and Triton at cuTile's tiles, their ratio, where cuTile's
     tiles came from (a "fallback" there: no record on that card, so the two are not at the same tiles), and each
     language at its defaults and all-off."""
-    t = timed(w)
+    t = timed(one_run(w, "language table"))
     out = []
     for shape in SHAPES:
         for stage in STAGES:
@@ -171,22 +172,35 @@ def tricks(w: pd.DataFrame, backend: str) -> list[str]:
     return [p for p in points if p not in ("none", "all_off") and not p.startswith("only:")]
 
 
-def trick_effect(t: pd.DataFrame, backend: str, shape: str, stage: str, point: str) -> float:
-    """Time without the trick / time with it - 1 (positive: the trick helps)."""
+def trick_points(t: pd.DataFrame, backend: str, shape: str, point: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows without the trick, rows with it) at one shape."""
     sweep = PARTS[backend]
-    defaults = _median(_point(t, sweep, backend, shape), stage)
+    defaults = _point(t, sweep, backend, shape)
     if "+" in point:  # against the point of the switches it needs
-        defaults = _median(_point(t, sweep, backend, shape, point.rsplit("+", 1)[0]), stage)
-        other = _median(_point(t, sweep, backend, shape, point), stage)
+        defaults = _point(t, sweep, backend, shape, point.rsplit("+", 1)[0])
+        other = _point(t, sweep, backend, shape, point)
     elif point in ARM_TRICKS:
         _, arm, against = ARM_TRICKS[point]
-        defaults = _median(_point(t, sweep, backend, shape, against), stage)
-        other = _median(_point(t, MATCHED, backend, shape, arm=arm), stage)
+        defaults = _point(t, sweep, backend, shape, against)
+        other = _point(t, MATCHED, backend, shape, arm=arm)
     else:
-        other = _median(_point(t, sweep, backend, shape, point), stage)
+        other = _point(t, sweep, backend, shape, point)
     turned_on = point.endswith(":True") or point in ARM_TRICKS
-    without, with_ = (defaults, other) if turned_on else (other, defaults)
-    return without / with_ - 1
+    return (defaults, other) if turned_on else (other, defaults)
+
+
+def trick_effect(t: pd.DataFrame, backend: str, shape: str, stage: str, point: str) -> float:
+    """Time without the trick / time with it - 1 (positive: the trick helps)."""
+    without, with_ = trick_points(t, backend, shape, point)
+    return _median(without, stage) / _median(with_, stage) - 1
+
+
+def shown_trick(t: pd.DataFrame, backend: str, shape: str, stage: str, point: str) -> str:
+    """`trick_effect` as printed: a signed percentage, or "within noise" where it is no larger than both points'
+    noise at the stage (analysis.noise)."""
+    without, with_ = trick_points(t, backend, shape, point)
+    noises = [relative_noise(rows[rows["stage"] == stage]) for rows in (without, with_)]
+    return shown_effect(_median(without, stage) / _median(with_, stage) - 1, *noises)
 
 
 SAME_CODE = "same code"  # a trick cell whose stage ran the same kernels at the same config at both points
@@ -229,10 +243,11 @@ def same_code(t: pd.DataFrame, backend: str, shape: str, stage: str, point: str,
 
 def trick_table(w: pd.DataFrame) -> pd.DataFrame:
     """Rows (trick, stage); columns "<language> <shape>": each trick's effect, as a signed percentage, or
-    SAME_CODE where the stage ran the same kernels at the same config with and without it (`same_code`)."""
+    SAME_CODE where the stage ran the same kernels at the same config with and without it (`same_code`), or "within
+    noise" (`shown_trick`)."""
     from analysis.switches import noop_table
 
-    t = timed(w)
+    t = timed(one_run(w, "trick table"))
     names = {b: {trick_name(p): p for p in tricks(w, b)} for b in PARTS}
     for point, (backend, _, _) in ARM_TRICKS.items():
         names[backend][point] = point
@@ -249,13 +264,9 @@ def trick_table(w: pd.DataFrame) -> pd.DataFrame:
                     elif same_code(t, backend, shape, stage, point, noops[backend]):
                         row[f"{label} {shape}"] = SAME_CODE
                     else:
-                        row[f"{label} {shape}"] = _percent(trick_effect(t, backend, shape, stage, point))
+                        row[f"{label} {shape}"] = shown_trick(t, backend, shape, stage, point)
             out.append(row)
     return pd.DataFrame(out)
-
-
-def _percent(value: float) -> str:
-    return "" if pd.isna(value) else f"{value * 100:+.1f} %"
 
 
 def one_language_knobs() -> pd.DataFrame:
@@ -276,15 +287,29 @@ def one_language_knobs() -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = ()) -> str:
-    """The doc's generated section; `missing`: the parts not committed yet (their columns stay empty and the trick
-    table waits for both)."""
+def run_text(w: pd.DataFrame, left_out: pd.DataFrame | None = None) -> str:
+    """Which run the tables read and which runs of the sources they leave out (a table reads one run)."""
+    run = runs(w).iloc[0] if len(w) else None
+    text = "" if run is None else f"The tables read one run: `{run['run_group']}` on {run['gpu_uuid']}."
+    if left_out is not None and len(left_out):
+        others = "; ".join(f"`{r['run_group']}` on {r['gpu_uuid']}, {r['first'][:10]}, {r['points']} points"
+                           for _, r in left_out.iterrows())
+        text += (f" Left out, as rows of other runs ({len(left_out)}): {others}. Only the newest run is read; "
+                 "columns and cells its rows do not hold stay empty.")
+    return text
+
+
+def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = (), left_out: pd.DataFrame | None = None) -> str:
+    """The doc's generated section from one run's rows (`pick_run`); `missing`: the parts not committed yet (their
+    columns stay empty and the trick table waits for both); `left_out`: the runs of the sources not read."""
     gpus = ", ".join(sorted(w["gpu_name"].dropna().unique()))
     days = sorted(w["timestamp"].dropna().str[:10].unique())
     return "\n".join([
         f"Generated by `python -m analysis.language_vs_trick` from {sources} ({w['run_id'].nunique()} points on "
         f"{gpus}, {days[0] if days else '?'}{' to ' + days[-1] if len(days) > 1 else ''}; bf16, the headline "
         "problem). Do not edit: regenerate.",
+        "",
+        run_text(w, left_out),
         "",
         "### Same arrangement, same tiles: the language",
         "",
@@ -296,8 +321,9 @@ def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = ()) -> str:
         "its default (`fused_program` with `fuse_state_out` on in both): a positive figure says the default value "
         "is the faster. `tma_descriptors:host` reads the other way: the matched part's host-descriptor point "
         "against the Triton part's `tma:True` (descriptors made in the kernel), so a positive figure says host-built "
-        "descriptors help; the two parts may come from different runs (the sources above). An empty cell: that "
-        f"shape's part has not run. \"{SAME_CODE}\": the switch does not change that stage's code (the backend's "
+        "descriptors help. An empty cell: that shape's part has not run in this run. \"within noise\": the effect is "
+        "no larger than both points' noise (the round-to-round range and the p20–p80 spread). "
+        f"\"{SAME_CODE}\": the switch does not change that stage's code (the backend's "
         "switch-effects table: impls/cutile/switch_effects.json compares the sm_90 SASS, "
         "impls/triton/switch_effects.json the kernel launches) and both points ran it at the same config, so the "
         "two timings differ only by the run's noise; a stage of a few microseconds (chunk_cumsum) moves by more "
@@ -360,9 +386,9 @@ def main(argv=None) -> int:
     for suffix in MACHINES:
         if suffix and MATCHED + suffix not in index:
             continue
-        w = load(root, suffix)
+        w, left_out = pick_run(load(root, suffix))
         sources = ", ".join(f"`results/{index[n + suffix]}`" for n in EXPERIMENTS if n + suffix in index)
-        text = write_section(doc, render(w, sources, tuple(missing_entries(root, suffix))), suffix, text)
+        text = write_section(doc, render(w, sources, tuple(missing_entries(root, suffix)), left_out), suffix, text)
         tables[suffix] = language_table(w)
     if a.check:
         same = doc.read_text() == text

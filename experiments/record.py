@@ -78,6 +78,7 @@ def base_row(point: Point) -> dict:
     ident, problem = point.identity, point.problem
     row = {
         "schema_version": store.SCHEMA_VERSION, "run_id": uuid.uuid4().hex, "sweep_id": ident.sweep_id,
+        "run_group": ident.run_group, "round": ident.round,
         "sweep_name": ident.sweep_name, "job_num": ident.job_num, "timestamp": ident.timestamp,
         "config_hash": ident.config_hash, "backend": point.backend, "switches": point.switches_json,
         "ablation": point.ablation, "tuning": "none", "describe": None,

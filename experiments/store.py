@@ -16,10 +16,11 @@ import pyarrow.parquet as pq
 
 from impls.declaration import version_columns
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Columns added after version 1, with the version that added them: files written before read them as null.
 # Version 4 leaves `tf32` null (it was a config flag, not what ran): `precision` says what each stage ran.
-ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4, "gate": 4}
+ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4, "gate": 4,
+            "run_group": 5, "round": 5}
 
 # The v_<key> columns: those of schema version 4 (every committed file has them, so they stay) and then any other
 # package a backend declares (impls/<name>/__init__.py PACKAGES, impls/declaration.py), read as null from files
@@ -37,6 +38,10 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "schema_version": ("Int64", "version of this schema"),
     "run_id": ("string", "one id per job (point) execution"),
     "sweep_id": ("string", "one id per multirun (or single run); the W&B group"),
+    "run_group": ("string", "one id per run: a scripts/rounds.sh, before_after.sh or gpu_session.sh invocation "
+                            "(SSD_RUN_GROUP), else the sweep_id; a table reads one (analysis.load.one_run)"),
+    "round": ("Int64", "the 1-based round of scripts/rounds.sh (SSD_ROUND; before_after.sh: the side's round), 1 for "
+                       "a single run"),
     "sweep_name": ("string", "experiment overlay name (sweep_name in the config)"),
     "job_num": ("Int64", "Hydra job number within the sweep"),
     "timestamp": ("string", "UTC ISO time the point started"),

@@ -25,10 +25,15 @@
 # To continue a cut-off sweep, pass the earlier SWEEP_ROOT (printed in the log): its points stored ok by the same
 # code (config hash and code_key: source content, versions, tuning records, peer files, driver) are skipped; failed
 # ones run again (SWEEP_OVERRIDES=retry_failed=false keeps them), and points stored by other code are measured anew.
+# Every row of an invocation carries one run group (SSD_RUN_GROUP, default <UTC time>-<pid>, printed in the log) and
+# its round (SSD_ROUND, default 1): scripts/rounds.sh and before_after.sh set both for each call they make, so the
+# rounds of one of their runs share a group; an analysis table reads one group (analysis.load.one_run). A continued
+# cut-off sweep is a run of its own unless the earlier SSD_RUN_GROUP is passed too.
 set -uo pipefail
 OUT=${OUT:-results/scratch/gpu}
 mkdir -p "$OUT"
 SWEEP_ROOT=${SWEEP_ROOT:-${TMPDIR:-/tmp}/sweeps/call-$(date +%s)-$$}
+export SSD_RUN_GROUP=${SSD_RUN_GROUP:-$(date -u +%Y-%m-%dT%H-%M-%SZ)-$$} SSD_ROUND=${SSD_ROUND:-1}
 case " ${SWEEP_OVERRIDES:-} " in
   *" results_dir="*)
     # the merge reads $SWEEP_ROOT/<experiment>; a results_dir of its own would leave the merged Parquet stale
@@ -40,7 +45,7 @@ start=$(date +%s)
 # seconds left, at least 1 (`timeout 0` would mean no limit at all)
 left() { local l=$(( budget - ($(date +%s) - start) )); [ "$l" -ge 1 ] || l=1; echo "$l"; }
 {
-  echo "== $(date -u +%FT%TZ) $(hostname) SWEEP_ROOT=$SWEEP_ROOT"
+  echo "== $(date -u +%FT%TZ) $(hostname) SWEEP_ROOT=$SWEEP_ROOT SSD_RUN_GROUP=$SSD_RUN_GROUP SSD_ROUND=$SSD_ROUND"
   nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee -a "$log"
