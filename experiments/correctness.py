@@ -126,8 +126,13 @@ def same_precision_outputs(backend, inputs: Inputs, dtype: torch.dtype, device=N
     """The chunked reference at `backend`'s own precision per stage (impls/reference/same_precision.py), chained on
     its own outputs as `run_stages` chains the backend's: stage -> {name: tensor}. What the gate's bound scales."""
     device = device or inputs.x.device
-    precisions = {stage: backend.precision(stage, dtype, device) for stage in ("fwd_pass_state", "compute_out")}
-    return run_stages(SamePrecisionReference(precisions), inputs, device)
+    return run_stages(SamePrecisionReference(same_precision_stages(backend, dtype, device)), inputs, device)
+
+
+def same_precision_stages(backend, dtype: torch.dtype, device) -> dict[str, str]:
+    """The matmul precision `backend` reports for each stage with matmuls: what the same-precision computation
+    rounds its operands to."""
+    return {stage: backend.precision(stage, dtype, device) for stage in ("fwd_pass_state", "compute_out")}
 
 
 def judged_by_same_precision(ref) -> bool:
@@ -254,7 +259,8 @@ def mamba_ssm_skip_reason(backend, problem, device) -> str | None:
     s = problem.shape
     if max(s.tokens * s.nheads * s.headdim, s.batch * s.nchunks * s.nheads * s.headdim * s.dstate) >= INT32_LIMIT:
         return ("mamba_ssm cannot run the problem: its kernels' 32-bit offsets pass 2^31 elements here (illegal "
-                "memory access at 2^20 tokens, results/2026-12-03-h200-long-profile-decay/README.md; state-spaces/mamba#686)")
+                "memory access at 2^20 tokens, results/2026-12-03-h200-long-profile-decay/README.md; "
+                "state-spaces/mamba#686)")
     return None
 
 

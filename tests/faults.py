@@ -204,3 +204,69 @@ SUBTLE_FAULTS = {
     "heads-0-4-of-last-chunk-x1.018": FirstFiveHeadsOfTheLastChunkScaled,
     "one-heads-entering-states-x0.982": OneHeadsEnteringStatesScaled,
 }
+
+
+# --- gradient faults (tests/test_gradients.py): a correct bf16 backward (autograd through the same-precision
+# reference) with one gradient spoiled
+class _SpoilsGradients(SamePrecisionReference):
+    def __init__(self):
+        super().__init__({"fwd_pass_state": "bfloat16", "compute_out": "bfloat16"})
+
+    def forward_for_backward(self, args, needs):
+        return _Spoiled(super().forward_for_backward(args, needs), self.spoil)
+
+    def spoil(self, grads, run, grads_in):
+        return grads
+
+
+class _Spoiled:
+    def __init__(self, run, spoil):
+        self.run, self.spoil, self.outputs = run, spoil, run.outputs
+
+    def backward(self, grads_in):
+        return self.spoil(self.run.backward(grads_in), self.run, grads_in)
+
+
+class CorrectBf16Backward(_SpoilsGradients):
+    """No fault."""
+
+
+class DropsOneHeadsShareOfdB(_SpoilsGradients):
+    """dB without head 1's contribution (what a reduction over the heads of a group that skips one gives)."""
+
+    def spoil(self, grads, run, grads_in):
+        without = dict(grads_in)
+        without["y"] = grads_in["y"].clone()
+        without["y"][:, :, 1] = 0
+        without["final_states"] = grads_in["final_states"].clone()
+        without["final_states"][:, 1] = 0
+        grads["B"] = run.backward(without)["B"]
+        return grads
+
+
+class ScalesOneChunkOfOneHeadsdx(_SpoilsGradients):
+    """dx of chunk 1, head 1, batch row 0 is 2% too large."""
+
+    def spoil(self, grads, run, grads_in):
+        q = self.chunk_size
+        grads["x"][0, q:2 * q, 1] *= 1.02
+        return grads
+
+    def forward_for_backward(self, args, needs):
+        self.chunk_size = args["chunk_size"]
+        return super().forward_for_backward(args, needs)
+
+
+class ScalesOneSequencesdInitialStates(_SpoilsGradients):
+    """d initial_states of sequence 0 (batch row 0) is 5% too large."""
+
+    def spoil(self, grads, run, grads_in):
+        grads["initial_states"][0] *= 1.05
+        return grads
+
+
+GRADIENT_FAULTS = {
+    "one-heads-share-of-dB-dropped": DropsOneHeadsShareOfdB,
+    "one-chunk-of-one-heads-dx-x1.02": ScalesOneChunkOfOneHeadsdx,
+    "one-sequences-dinitial_states-x1.05": ScalesOneSequencesdInitialStates,
+}

@@ -42,8 +42,8 @@ def operand_rounding(precision: str):
     if precision in ROUNDED_TO:
         dtype = ROUNDED_TO[precision]
         return lambda t: t.to(dtype).to(t.dtype)
-    if precision == "tf32":
-        return lambda t: round_tf32(t) if t.dtype == torch.float32 else t
+    if precision == "tf32":  # straight through: the value rounded, the gradient passed as it is
+        return lambda t: t + (round_tf32(t.detach()) - t.detach()) if t.dtype == torch.float32 else t
     if precision in ("float32", "float64", "none"):
         return None
     raise ValueError(f"precision: expected bfloat16, float16, tf32, float32, float64 or none, got {precision!r}")
