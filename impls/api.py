@@ -167,8 +167,10 @@ def fwd_pass_state(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, state
     dtype), final states (batch, nheads, headdim, dstate) fp32)."""
     def metadata():
         batch, seqlen, nheads, headdim, ngroups, dstate, chunk, nchunks = _check_chunked(B, x, dt, dA_cumsum)
-        check.optional("initial_states", initial_states, shape=(batch, nheads, headdim, dstate), device=x.device)
         check.seq_idx(seq_idx, batch, seqlen, x.device)
+        # one per packed sequence only with seq_idx on one row: any count, each sequence numbered below it
+        rows = (batch,) if seq_idx is None or batch != 1 else None
+        check.initial_states(initial_states, rows, (nheads, headdim, dstate), x.device)
         check.state_dtype(state_dtype)
         return Problem.from_inputs(x, B, chunk, initial_states=initial_states, seq_idx=seq_idx,
                                    state_dtype=state_dtype), x.device
@@ -186,25 +188,33 @@ def fwd_pass_state(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, state
 
 
 def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None, *, backend="reference",
-                check_values: bool = False):
-    """-> y (batch, seqlen, nheads, headdim) in x's dtype."""
+                check_values: bool = False, initial_states=None):
+    """-> y (batch, seqlen, nheads, headdim) in x's dtype. `initial_states`: only one per packed sequence (seq_idx on
+    one row), which the tokens of a sequence starting inside a chunk read."""
     def metadata():
         batch, seqlen, nheads, headdim, ngroups, dstate, chunk, nchunks = _check_chunked(B, x, dt, dA_cumsum)
         check.tensor("C", C, shape=tuple(B.shape), dtypes=(x.dtype,), device=x.device)
         check.tensor("states", states, shape=(batch, nchunks, nheads, headdim, dstate), device=x.device)
         _check_D_z(D, z, x)
         check.seq_idx(seq_idx, batch, seqlen, x.device)
-        return Problem.from_inputs(x, B, chunk, D=D, z=z, seq_idx=seq_idx), x.device
+        if initial_states is not None and (seq_idx is None or batch != 1 or initial_states.shape[0] == batch):
+            check.fail("initial_states", "None, or one per packed sequence (seq_idx on one row of x: its rows count "
+                       "the sequences; the batch rows' initial states are fwd_pass_state's alone)",
+                       tuple(initial_states.shape))
+        check.initial_states(initial_states, None, (nheads, headdim, dstate), x.device)
+        return Problem.from_inputs(x, B, chunk, D=D, z=z, seq_idx=seq_idx, initial_states=initial_states), x.device
 
     def values():
         if check_values:
             check.values(C=C, B=B, x=x, dt=dt, dA_cumsum=dA_cumsum, states=states, D=D, z=z, seq_idx=seq_idx)
 
-    _, impl = _checked("compute_out", backend, (C, B, x, dt, dA_cumsum, states, D, z, seq_idx), (), metadata, values)
+    _, impl = _checked("compute_out", backend, (C, B, x, dt, dA_cumsum, states, D, z, seq_idx, initial_states), (),
+                       metadata, values)
     why = non_increasing_decay(impl)
     if check_values and why:
         check.non_increasing_in_chunks(dA_cumsum, why)
-    return impl.compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
+    own = {} if initial_states is None else {"initial_states": initial_states}
+    return impl.compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, **own)
 
 
 def _check_D_z(D, z, x):
@@ -256,9 +266,10 @@ def forward_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_
         check.dt_limit(dt_limit)
         check.optional("dt_bias", dt_bias, shape=(nheads,), device=x.device)
         _check_D_z(D, z, x)
-        check.optional("initial_states", initial_states, shape=(batch, nheads, headdim, dstate), device=x.device)
         check.seq_idx(seq_idx, batch, seqlen, x.device)
         check.cu_seqlens(cu_seqlens, batch, x.device)
+        rows = (batch, cu_seqlens.shape[0] - 1) if cu_seqlens is not None else (batch,)
+        check.initial_states(initial_states, rows, (nheads, headdim, dstate), x.device)
         check.state_dtype(state_dtype)
         # with cu_seqlens the Problem counts the sequences from it, whether seq_idx is given or derived
         return Problem.from_inputs(x, B, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,

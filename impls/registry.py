@@ -113,6 +113,9 @@ class Backend:
     # The backward (impls.ssd): what the forward keeps for it and what it recomputes, in a line the rows record; ""
     # for a backend without one (impls.ssd then raises, naming the backend and NO_BACKWARD's reason).
     BACKWARD: ClassVar[str] = ""
+    # Why the backend cannot take one initial state per packed sequence (initial_states (nseqs, ...) with
+    # cu_seqlens); "" where it can (its compute_out and varlen_states then take `initial_states=` as well)
+    NO_PER_SEQUENCE_INITIAL_STATES: ClassVar[str] = "its kernels take one initial state per batch row"
     NO_BACKWARD: ClassVar[str] = "its kernels are forward only"
 
     def __init__(self, switches=None, **overrides):
@@ -181,10 +184,12 @@ class Backend:
                     dt_softplus, dt_limit, state_dtype):
         dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
         states, final_states = self.fwd_pass_state(B, x, dt_out, dA_cumsum, initial_states, seq_idx, state_dtype)
-        y = self.compute_out(C, B, x, dt_out, dA_cumsum, states, D, z, seq_idx)
+        # one initial state per packed sequence (PER_SEQUENCE_INITIAL_STATES): the later stages read them too
+        own = {"initial_states": initial_states} if per_sequence_initial_states(initial_states, x) else {}
+        y = self.compute_out(C, B, x, dt_out, dA_cumsum, states, D, z, seq_idx, **own)
         varlen = None
         if cu_seqlens is not None:
-            varlen = self.varlen_states(B, x, dt_out, dA_cumsum, states, cu_seqlens)
+            varlen = self.varlen_states(B, x, dt_out, dA_cumsum, states, cu_seqlens, **own)
         return ForwardResult(y, final_states, varlen, dt_out, dA_cumsum, states)
 
     def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
@@ -390,9 +395,16 @@ def clear_cache() -> None:
     _AVAILABLE.clear()
 
 
+def per_sequence_initial_states(initial_states, x) -> bool:
+    """Whether `initial_states` holds one state per packed sequence ((nseqs, ...) for the one row of x)."""
+    return initial_states is not None and initial_states.shape[0] != x.shape[0]
+
+
 def require(backend: Backend, problem: Problem, device: torch.device) -> None:
     """Raises BackendUnavailable with the backend's reason if it cannot run `problem` on `device`."""
-    for ok, reason in (backend.check_device(device), backend.supports(problem)):
+    own_states = (not problem.initial_states_per_sequence or not backend.NO_PER_SEQUENCE_INITIAL_STATES,
+                  f"one initial state per sequence: {backend.NO_PER_SEQUENCE_INITIAL_STATES}")
+    for ok, reason in (backend.check_device(device), own_states, backend.supports(problem)):
         if not ok:
             raise BackendUnavailable(f"backend {backend.name!r} does not support this problem: {reason}")
 

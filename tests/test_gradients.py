@@ -116,9 +116,9 @@ def test_gate_passes_mamba_ssms_backward_under_the_interpreter():
     assert all(r["ok"] for r in report.values()), report
 
 
-# S1's block sizes (chunk 256 x headdim 64, dstate 128), two rows (sequences), bf16
-S1_BLOCKS = Problem(Shape(batch=2, seqlen=512, nheads=4, headdim=64, ngroups=1, dstate=128, chunk_size=256),
-                    dtype="bfloat16", has_initial_states=True)
+# S1's block sizes (chunk 256 x headdim 64, dstate 128), three packed sequences with one initial state each, bf16
+S1_BLOCKS = Problem(Shape(batch=1, seqlen=1024, nheads=4, headdim=64, ngroups=1, dstate=128, chunk_size=256),
+                    dtype="bfloat16", has_initial_states=True, initial_states_per_sequence=True, nseqs=3, varlen=True)
 
 
 @pytest.fixture(scope="module")

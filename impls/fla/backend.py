@@ -15,7 +15,15 @@ import torch
 
 from impls.fla import mapping, peer
 from impls.problem import Problem
-from impls.registry import ForwardOnlyBackend, ForwardResult, installed_files, pinned_version, register, switch
+from impls.registry import (
+    ForwardOnlyBackend,
+    ForwardResult,
+    installed_files,
+    per_sequence_initial_states,
+    pinned_version,
+    register,
+    switch,
+)
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 NO_STAGES = ("fla: FLA's chunk_simple_gla has no stage split matching the contract (chunk-local states, state "
@@ -39,6 +47,8 @@ class FlaSwitches:
 @register
 class FlaBackend(ForwardOnlyBackend):
     """FLA 0.6.0 chunk_simple_gla (Triton); CUDA only; whole forward only."""
+
+    NO_PER_SEQUENCE_INITIAL_STATES = ""  # FLA's varlen kernels take one initial state per sequence natively
 
     name = "fla"
     Switches = FlaSwitches
@@ -105,10 +115,11 @@ class FlaBackend(ForwardOnlyBackend):
         """FLA's kernels only: (o, final states in FLA's layout)."""
         return peer.run(args)
 
-    def finish(self, raw, x, D=None, z=None, cu_seqlens=None) -> ForwardResult:
+    def finish(self, raw, x, D=None, z=None, cu_seqlens=None, own_initial_states=False) -> ForwardResult:
         """mapping.STEPS "finish.*"."""
         o, ht = raw
-        y, final, per_seq = mapping.finish(o, ht, x, D, z, self.switches.state_v_first, cu_seqlens)
+        y, final, per_seq = mapping.finish(o, ht, x, D, z, self.switches.state_v_first, cu_seqlens,
+                                           own_initial_states)
         return ForwardResult(y, final, per_seq)
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
@@ -117,7 +128,7 @@ class FlaBackend(ForwardOnlyBackend):
             raise NotImplementedError("fla: seq_idx needs cu_seqlens (supports() refuses it)")
         args = self.prepare(x, dt, A, B, C, chunk_size, dt_bias, initial_states, cu_seqlens, dt_softplus,
                             dt_limit)
-        return self.finish(self.peer(args), x, D, z, args.cu_seqlens)
+        return self.finish(self.peer(args), x, D, z, args.cu_seqlens, per_sequence_initial_states(initial_states, x))
 
     def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                       dt_softplus, dt_limit, state_dtype):
@@ -127,7 +138,8 @@ class FlaBackend(ForwardOnlyBackend):
             "adapter_prepare": lambda: self.prepare(x, dt, A, B, C, chunk_size, dt_bias, initial_states, cu_seqlens,
                                                     dt_softplus, dt_limit),
             "peer": lambda: self.peer(args),
-            "adapter_finish": lambda: self.finish(raw, x, D, z, args.cu_seqlens),
+            "adapter_finish": lambda: self.finish(raw, x, D, z, args.cu_seqlens,
+                                                  per_sequence_initial_states(initial_states, x)),
         }
 
     # --- what ran -----------------------------------------------------------------------------------------

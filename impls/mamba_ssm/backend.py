@@ -35,6 +35,8 @@ class MambaSSMBackend(Backend):
     """mamba-ssm 2.3.2.post1: its Triton kernels, unchanged; on CPU tensors only under TRITON_INTERPRET=1."""
 
     name = "mamba_ssm"
+    NO_PER_SEQUENCE_INITIAL_STATES = ("upstream's kernels take initial_states (batch, ...) and apply a row's to its "
+                                      "first sequence only (mamba_ssm/ops/triton/ssd_state_passing.py)")
     Switches = MambaSSMSwitches
     TUNED = True  # upstream's Triton autotuners pick their configs on the first call
     NON_INCREASING_DECAY = ("mamba-ssm's kernels (they clamp dt at >= dt_limit's low end, 0 by default, and "

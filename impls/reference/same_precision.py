@@ -65,5 +65,6 @@ class SamePrecisionReference(ReferenceBackend):
         return fwd_pass_state(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype,
                               self.rounding.get("fwd_pass_state"))
 
-    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
-        return compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, self.rounding.get("compute_out"))
+    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx, initial_states=None):
+        return compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, self.rounding.get("compute_out"),
+                           initial_states)

@@ -78,6 +78,8 @@ class Prepared:
 class TilegymBackend(Backend):
     """TileGym 1.5.1 cuTile Mamba-2 forward; CUDA only. Needs seqlen % chunk_size == 0, no seq_idx."""
 
+    NO_PER_SEQUENCE_INITIAL_STATES = "TileGym 1.5.1's mamba2 ops take no packed sequences (no seq_idx or cu_seqlens)"
+
     name = "tilegym"
     Switches = TilegymSwitches
     TUNED = True
