@@ -144,3 +144,29 @@ def test_gradient_fault_fails_the_gate(fault, spoiled, s1_blocks):
     report = check_gradients(GRADIENT_FAULTS[fault](), inputs, torch.bfloat16, ground_truth=truth)
     assert not report[spoiled]["ok"], report[spoiled]
     assert all(r["ok"] for name, r in report.items() if name != spoiled), report
+
+
+# --- the peers' backwards: what they refuse, with the reason ---------------------------------------------------
+@pytest.mark.parametrize("backend, words", [
+    pytest.param("vllm", "vLLM is an inference engine", id="vllm"),
+    pytest.param("fla", "FLA #640", id="fla-hopper-refusal"),
+])
+def test_peers_without_a_backward_say_why(backend, words):
+    from impls.registry import backend_class
+
+    cls = backend_class(backend)
+    with pytest.raises(BackendUnavailable, match=f"backend '{backend}' has no backward: .*{words}"):
+        cls.forward_for_backward(cls.__new__(cls), {}, {})
+
+
+@pytest.mark.parametrize("change, words", [
+    pytest.param({"z": torch.ones(1)}, "no z gate", id="z"),
+    pytest.param({"D": torch.ones(2, 2)}, "per-head D only", id="D-per-channel"),
+    pytest.param({"state_dtype": torch.float32}, "no state_dtype", id="state_dtype"),
+])
+def test_tilegyms_backward_refuses_what_it_has_no_gradient_for(change, words):
+    from impls.tilegym.backward import forward_for_backward
+
+    args = {"z": None, "D": None, "state_dtype": None, **change}
+    with pytest.raises(BackendUnavailable, match=f"'tilegym' has no backward for this call: .*{words}"):
+        forward_for_backward(None, args, {})

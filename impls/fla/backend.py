@@ -142,6 +142,12 @@ class FlaBackend(ForwardOnlyBackend):
                                                   per_sequence_initial_states(initial_states, x)),
         }
 
+    # --- the backward: FLA's own raises on Hopper with this Triton (FLA #640); recorded, not worked around ------
+    NO_BACKWARD = ("FLA 0.6.0's chunk_simple_gla backward raises on Hopper (sm_90) with Triton >= 3.4 and < 3.7.1 "
+                   "unless its TileLang backend is installed (fla/ops/common/chunk_o.py, FLA #640: chunk_bwd_dqkwg "
+                   "'produces incorrect results'); this study's cards are Hopper with Triton 3.6 and no TileLang, so "
+                   "the adapter takes no gradients and no workaround is tried")
+
     # --- what ran -----------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         out = super().describe()

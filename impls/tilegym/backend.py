@@ -259,6 +259,16 @@ class TilegymBackend(Backend):
             "adapter_finish": lambda: self.finish(p, raw),
         }
 
+    # --- the backward (impls.ssd): TileGym's mamba2_chunk_backward, dt's processing differentiated here ----------
+    BACKWARD = ("TileGym 1.5.1's mamba2_chunk_backward (cuTile): the forward keeps its inputs; the backward "
+                "recomputes chunk_cumsum and the chunk states (fp32), then a reverse state pass and the gradients; "
+                "dt's processing (bias, softplus, clamp) differentiated by torch autograd on our side")
+
+    def forward_for_backward(self, args, needs):
+        from impls.tilegym.backward import forward_for_backward
+
+        return forward_for_backward(self, args, needs)
+
     # --- what ran -----------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         out = super().describe()

@@ -41,7 +41,8 @@ def vllm_chunks(problem: Problem) -> int:
 class VllmBackend(ForwardOnlyBackend):
     """vLLM 0.33.0 (Triton); CUDA, or CPU tensors under TRITON_INTERPRET=1; whole forward only."""
 
-    NO_PER_SEQUENCE_INITIAL_STATES = ""  # vLLM's varlen forward takes one initial state per sequence natively
+    NO_PER_SEQUENCE_INITIAL_STATES = ""  # its varlen forward takes one initial state per sequence natively
+    NO_BACKWARD = "vLLM is an inference engine: its SSD kernels have no backward"
 
     name = "vllm"
     # vLLM itself is never installed: its SSD kernel files are checked by available() (impls/vllm/loader.py)
