@@ -41,7 +41,7 @@ def _hand_made(cu_seqlens: list[int]) -> dict:
 
 
 @pytest.mark.parametrize("kw", [
-    pytest.param(lambda: _kwargs(make_inputs(PACKED, seed=s)), id=f"random-cuts-seed{s}") for s in range(3)
+    pytest.param(lambda s=s: _kwargs(make_inputs(PACKED, seed=s)), id=f"random-cuts-seed{s}") for s in range(3)
 ] + [
     pytest.param(lambda: _hand_made([0, 16, 16, 40, 47, 100]), id="empty-sequence-and-chunk-boundary-start"),
     pytest.param(lambda: _hand_made([0, 3, 100]), id="second-sequence-spans-every-chunk"),
