@@ -27,6 +27,10 @@ BackendName = enum.Enum("BackendName", {name: name for name in BACKEND_MODULES})
 DtypeName = enum.Enum("DtypeName", {name: name for name in DTYPES})
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
 FORWARD = "forward"
+# what a point measures of the SSD workload: the forward (its stages and the whole), the backward through
+# impls.ssd (after a forward under autograd, timed alone), or a forward and its backward together
+DIRECTIONS = ("forward", "backward", "forward_backward")
+WORKLOAD = "ssd"
 
 
 class ConfigError(ValueError):
@@ -129,6 +133,7 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda
     results_dir: str = "results/scratch"
     sweep_name: str = "adhoc"
+    direction: str = "forward"  # forward | backward | forward_backward (DIRECTIONS)
     force: bool = False  # re-run points already stored (same config hash and code key)
     retry_failed: bool = True  # re-run points stored as failed by the same code
 
@@ -297,6 +302,8 @@ def validate(cfg: DictConfig):
     check_shape(shape, cfg.shape.name)
     problem = problem_of(cfg)
     check_problem(problem)
+    if cfg.direction not in DIRECTIONS:
+        raise ConfigError(f"direction: expected one of {DIRECTIONS}, got {cfg.direction!r}")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device: expected auto, cpu or cuda, got {cfg.device!r}")
     if cfg.logger.kind not in ("auto", "wandb", "local"):

@@ -122,3 +122,19 @@ def check_gradients(backend, inputs: Inputs, dtype: torch.dtype, device=None, se
                         "bound_ratio": judged.binding.ratio,
                         "where": tolerances.describe_block(judged.binding.where, dims), "ok": judged.ok}
     return report
+
+
+def stage_reports(report: dict[str, dict], dtype: torch.dtype, precision: str) -> dict[str, dict]:
+    """`check_gradients`' report as the forward gate's stage reports (experiments/gate.py): stage "grad:<name>"."""
+    out = {}
+    for name, r in report.items():
+        bound = (f"same-precision: {tolerances.SAME_PRECISION_K:g} x autograd through the chunked reference at "
+                 f"{precision}")
+        out[f"grad:{name}"] = {
+            "rel_err": r["rel_err"], "tol": r["bound"], "precision": precision, "ok": r["ok"], "errors": {},
+            "block_err": r["block_err"], "block_where": f"{name}: {r['where']}", "bound_ratio": r["bound_ratio"],
+            "bound_where": f"{name}: {r['where']}", "bound": bound,
+            "error": None if r["ok"] else (f"{name}: rel_err {r['rel_err']:.3g} (bound {r['bound']:.3g}), worst "
+                                           f"block {r['bound_ratio']:.3g} of its bound at {r['where']}"),
+        }
+    return out

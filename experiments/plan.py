@@ -92,6 +92,7 @@ class Point:
     provenance: dict = field(hash=False)
     shape_name: str = "custom"
     problem_name: str = "custom"
+    direction: str = "forward"  # experiments.config.DIRECTIONS
 
     @property
     def device_name(self) -> str:
@@ -140,7 +141,7 @@ def switches_dict(switches) -> dict:
 
 
 def semantic(backend: str, switches, ablation: str, problem: Problem, bench: BenchSettings, seed: int,
-             device_name: str) -> dict[str, Any]:
+             device_name: str, direction: str = "forward") -> dict[str, Any]:
     """What defines a measurement: backend and its full switches, shape, problem, dtype, bench settings, seed, and
     the device it runs on. Not: logging, output places, force, sharding, names of presets."""
     problem_fields = {k: v for k, v in dataclasses.asdict(problem).items() if k not in ("shape", "dtype")}
@@ -156,6 +157,8 @@ def semantic(backend: str, switches, ablation: str, problem: Problem, bench: Ben
                   for k, v in dataclasses.asdict(bench).items() if k != "name"},
         "seed": seed,
         "device": device_name,
+        "workload": conf.WORKLOAD,
+        "direction": direction,
     }
 
 
@@ -177,7 +180,7 @@ def resolve_device(requested: str) -> torch.device:
 def point(backend: str, problem: Problem, *, switches=None, ablation: str = "none", seed: int = 0,
           device: str | torch.device = "cpu", bench: BenchSettings | None = None, sweep_id: str = "adhoc",
           run_group: str | None = None, round: int = 1, sweep_name: str = "adhoc", job_num: int = 0,
-          shape_name: str = "custom", problem_name: str = "custom",
+          shape_name: str = "custom", problem_name: str = "custom", direction: str = "forward",
           hydra_choices: str = "{}", config: dict | None = None, config_yaml: str | None = None) -> Point:
     """A Point in plain Python: `switches` a dict of overrides with `ablation` applied on top, resolved against
     the backend's Switches (or a Switches instance, taken as is; kept as given when the backend's module cannot be
@@ -197,7 +200,9 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
                                      conf.apply_ablation(cls.Switches, switches_dict(switches), ablation), {})
     prov = provenance.collect(device)
     device_name = provenance.device_name(device)
-    sem = semantic(backend, switches, ablation, problem, bench, seed, device_name)
+    if direction not in conf.DIRECTIONS:
+        raise conf.ConfigError(f"direction: expected one of {conf.DIRECTIONS}, got {direction!r}")
+    sem = semantic(backend, switches, ablation, problem, bench, seed, device_name, direction)
     if config is None:  # what the config column and the W&B run show for a point built in Python (plain values)
         config = json.loads(json.dumps({**sem, "shape": {"name": shape_name, **sem["shape"]},
                                         "problem": {"name": problem_name, **sem["problem"]},
@@ -211,7 +216,8 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
                         config_yaml=OmegaConf.to_yaml(OmegaConf.create(config)) if config_yaml is None else config_yaml,
                         config=config)
     return Point(backend=backend, switches=switches, ablation=ablation, problem=problem, seed=seed, device=device,
-                 bench=bench, identity=identity, provenance=prov, shape_name=shape_name, problem_name=problem_name)
+                 bench=bench, identity=identity, provenance=prov, shape_name=shape_name, problem_name=problem_name,
+                 direction=direction)
 
 
 def from_config(cfg: DictConfig, sweep_id: str = "adhoc", job_num: int = 0, hydra_choices: dict | None = None,
@@ -224,7 +230,7 @@ def from_config(cfg: DictConfig, sweep_id: str = "adhoc", job_num: int = 0, hydr
                  seed=int(cfg.seed), device=cfg.device, bench=BenchSettings.from_config(cfg.bench),
                  sweep_id=sweep_id, run_group=run_group, round=round, sweep_name=cfg.sweep_name, job_num=job_num,
                  shape_name=cfg.shape.name,
-                 problem_name=cfg.problem.name,
+                 problem_name=cfg.problem.name, direction=cfg.direction,
                  hydra_choices=json.dumps(dict(hydra_choices or {}), sort_keys=True, default=str),
                  config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
                  config_yaml=OmegaConf.to_yaml(cfg, resolve=True))

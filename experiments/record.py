@@ -15,6 +15,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from experiments import cost_model, secrets, store, timing, wandb_log
+from experiments.config import WORKLOAD
 from experiments.gate import GateReport
 from experiments.measure_time import Timings, timer_columns
 from experiments.plan import Plan, Point
@@ -24,7 +25,7 @@ UNITS = {"median_ms": "ms", "p20_ms": "ms", "p80_ms": "ms", "graph_median_ms": "
          "rel_err": "1", "tol": "1", "ok": "1", "flops": "flop", "bytes": "byte", "bytes_fused": "byte",
          "tflops": "TFLOP/s", "gbps": "GB/s", "frac_floor": "1", "frac_floor_fused": "1",
          "matmul_tflops": "TFLOP/s", "copy_gbps": "GB/s", "block_err": "1", "bound_ratio": "1",
-         "mamba_ssm_rel_err": "1", "mamba_ssm_rule": "1"}
+         "peak_mem_bytes": "byte", "mamba_ssm_rel_err": "1", "mamba_ssm_rule": "1"}
 
 
 def unit(metric: str) -> str:
@@ -82,6 +83,7 @@ def base_row(point: Point) -> dict:
         "sweep_name": ident.sweep_name, "job_num": ident.job_num, "timestamp": ident.timestamp,
         "config_hash": ident.config_hash, "backend": point.backend, "switches": point.switches_json,
         "ablation": point.ablation, "tuning": "none", "describe": None,
+        "workload": WORKLOAD, "direction": point.direction,
         "shape_name": point.shape_name, **dataclasses.asdict(problem.shape),
         "problem_name": point.problem_name,
         "problem": json.dumps(dataclasses.asdict(problem), sort_keys=True, default=str),

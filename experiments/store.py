@@ -20,7 +20,7 @@ SCHEMA_VERSION = 5
 # Columns added after version 1, with the version that added them: files written before read them as null.
 # Version 4 leaves `tf32` null (it was a config flag, not what ran): `precision` says what each stage ran.
 ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4, "gate": 4,
-            "run_group": 5, "round": 5}
+            "run_group": 5, "round": 5, "workload": 5, "direction": 5}
 
 # The v_<key> columns: those of schema version 4 (every committed file has them, so they stay) and then any other
 # package a backend declares (impls/<name>/__init__.py PACKAGES, impls/declaration.py), read as null from files
@@ -51,12 +51,16 @@ COLUMNS: dict[str, tuple[str, str]] = {
                            "driver's major (experiments.provenance.code_key); a stored point is skipped only when "
                            "config_hash and code_key both match"),
     "status": ("string", "ok | failed (correctness gate, unavailable backend, exception)"),
+    "workload": ("string", "what was measured: ssd (the SSD of impls/; null before version 5: ssd)"),
+    "direction": ("string", "forward | backward | forward_backward (null before version 5: forward): the backward "
+                            "is torch.autograd.grad of impls.ssd after a forward under autograd, timed alone"),
     "error": ("string", "why the point failed (null when ok)"),
-    "stage": ("string", "chunk_cumsum | fwd_pass_state | compute_out | forward | ceiling | point"),
+    "stage": ("string", "chunk_cumsum | fwd_pass_state | compute_out | forward | backward | forward_backward | "
+                        "grad:d<input> (the gradient gate's, per gradient) | ceiling | point"),
     "metric": ("string", "see README: median_ms, p20_ms, p80_ms, graph_median_ms, compile_s, rel_err, "
                          "block_err, bound_ratio, mamba_ssm_rel_err, mamba_ssm_rule, tol, "
                          "flops, bytes, bytes_fused, tflops, gbps, frac_floor, frac_floor_fused, matmul_tflops, "
-                         "copy_gbps, ok"),
+                         "copy_gbps, peak_mem_bytes, ok"),
     "value": ("float64", "the metric's value"),
     "note": ("string", "why the value is missing or what qualifies it (e.g. a CUDA-graph capture's failure)"),
     "unit": ("string", "ms, s, 1, flop, byte, TFLOP/s, GB/s"),
@@ -95,7 +99,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "hydra_choices": ("string", "JSON: Hydra's runtime choices (group -> option)"),
     "config": ("string", "YAML: the full resolved config"),
     "python": ("string", ""), "host": ("string", ""),
-    "slurm_job_id": ("string", "SLURM_JOB_ID of the job that measured the point (null outside SLURM)"), "cuda": ("string", "torch.version.cuda or 'absent'"),
+    "slurm_job_id": ("string", "SLURM_JOB_ID of the job that measured the point (null outside SLURM)"),
+    "cuda": ("string", "torch.version.cuda or 'absent'"),
     **{f"v_{key}": ("string", VERSION_NOTES.get(key, f"{dist} version ('absent' when not installed)"))
        for key, dist in VERSION_COLUMNS.items()},
     "gpu_name": ("string", ""), "gpu_uuid": ("string", ""), "gpu_cc": ("string", "compute capability"),
