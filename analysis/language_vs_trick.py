@@ -40,7 +40,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.load import INDEX, repo_root, results_index, timed, wide
-from analysis.lowering import NOT_INSPECTED, Lowerings, change, stage_configs
+from analysis.lowering import NOT_INSPECTED, SAME, Lowerings, change, stage_configs
 from analysis.lowering import load as load_lowerings
 from analysis.markdown import table
 from impls.tuning import COMPARABLE, TILE_PROTOCOLS, join_protocols
@@ -359,9 +359,14 @@ def apart_legend(cells: list[TrickCell]) -> list[str]:
 def lowering_table(cells: list[TrickCell]) -> pd.DataFrame:
     """Rows (trick, stage); columns "<language> <shape>": what the trick's point changes of the stage's lowering
     against its baseline (analysis/lowering.py: registers, stack, local loads/stores, warp specialisation), "same
-    lowering", or NOT_INSPECTED where no lowering file holds both points."""
-    measured = [c for c in cells if c.text not in ("n/a", SAME_CODE, "")]
-    return _wide([c if c in measured else dataclasses.replace(c, lowering="") for c in cells], "lowering")
+    lowering" (lowering.SAME), or NOT_INSPECTED where no lowering file holds both points; empty where the trick
+    table has no figure; no rows for the forward (its stages' rows say) or where every cell is empty."""
+    def shown(c: TrickCell) -> bool:
+        return c.text not in ("n/a", SAME_CODE, "")
+
+    out = _wide([c if shown(c) else dataclasses.replace(c, lowering="") for c in cells if c.stage != "forward"],
+                "lowering")
+    return out[(out.drop(columns=["trick", "stage"]) != "").any(axis=1)].reset_index(drop=True) if len(out) else out
 
 
 def _wide(cells: list[TrickCell], field: str) -> pd.DataFrame:
@@ -460,10 +465,14 @@ def _trick_sections(cells: list[TrickCell]) -> str:
         "",
         "#### Lowering: what each trick's point changes of the stage's sm_90 SASS against its baseline",
         "",
-        table(lowering) if inspected else
-        f"{NOT_INSPECTED.capitalize()}: no lowering file beside these rows (`python -m experiments.lowering "
-        "<rows file>` writes one, compiling each point's kernels for sm_90 on the CPU at the tiles its rows "
-        "recorded: registers, stack, local loads/stores, warp specialisation).",
+        *(["Registers and stack per thread, local loads/stores (LDL/STL: the spill traffic) and warp specialisation "
+           "(USETMAXREG) of each kernel of the stage, both points compiled for sm_90 at the tiles their rows "
+           f"recorded (the lowering files beside the rows); \"{SAME}\": none of these changes (the SASS may differ "
+           f"elsewhere); \"{NOT_INSPECTED}\": no entry for a point (chunk_cumsum is not compiled).", "",
+           table(lowering)] if inspected else
+          [f"{NOT_INSPECTED.capitalize()}: no lowering file beside these rows (`python -m experiments.lowering "
+           "<rows file>` writes one, compiling each point's kernels for sm_90 on the CPU at the tiles its rows "
+           "recorded: registers, stack, local loads/stores, warp specialisation)."]),
     ])
 
 
