@@ -352,12 +352,14 @@ def test_cutile_protocol_from_the_switch_effects(monkeypatch, stage, switches, a
     pytest.param("chunk_cumsum", {"transposed_layout": False}, True, id="layout-same-launches"),
     pytest.param("chunk_state", {"heads_first": True}, True, id="heads_first-stage-2"),
     pytest.param("compute_out", {"transposed_layout": False}, False, id="layout-changes-compute_out"),
-    pytest.param("chunk_cumsum", {"launch_path": "cached"}, True, id="host-path-same-key"),
+    pytest.param("chunk_cumsum", {"launch_path": "cached"}, False, id="host-path-alone-is-the-defaults"),
     pytest.param("chunk_cumsum", {"transposed_layout": False, "exp2": False}, False, id="two-switches"),
+    pytest.param("chunk_cumsum", {"transposed_layout": False, "launch_path": "cached"}, True, id="host-path-aside"),
 ])
 def test_triton_same_sass_key_from_the_switch_effects(stage, switches, expect_same):
     """Triton: the defaults' key where impls/triton/switch_effects.json records the same launches for the stage
-    (stage 2's kernels read its fwd_pass_state rows) or where the stage's key is the defaults'; None otherwise."""
+    (stage 2's kernels read its fwd_pass_state rows) or where the stage's key is the defaults'; None otherwise, and
+    for the defaults themselves (the host path aside: their own record is retuned, not borrowed)."""
     from impls.triton import tune
     from impls.triton.switches import TritonSwitches
 

@@ -68,15 +68,18 @@ EFFECTS_STAGE = {"chunk_cumsum": "chunk_cumsum", "chunk_state": "fwd_pass_state"
                  "compute_out": "compute_out"}
 
 
+NOT_CODE = ("tuning", "launch_path")  # switches that change no kernel's code: the tuning mode, the host path
+
+
 def same_sass_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict, stage: str) -> str | None:
     """The defaults' record key when `stage`'s code under `switches` is the defaults' (tuning.SAME_SASS), else None:
-    the switches differ from TritonSwitches() (the tuning mode aside) in one switch, and either the stage's key and
+    the switches differ from TritonSwitches() (NOT_CODE aside) in one switch, and either the stage's key and
     pins are the defaults' (the switch is none of the stage's code-changing switches) or the switch is at the value
     impls/triton/switch_effects.json recorded and that row (stage, dtype) reads "no-op ... (same launches)": the
     same kernels, constexprs, arguments and launch options, so the same machine code on any target."""
     from impls.triton import switch_effects
 
-    defaults = dataclasses.replace(TritonSwitches(), tuning=switches.tuning)
+    defaults = dataclasses.replace(TritonSwitches(), **{k: getattr(switches, k) for k in NOT_CODE})
     changed = [f.name for f in dataclasses.fields(switches) if getattr(switches, f.name) != getattr(defaults, f.name)]
     if len(changed) != 1:
         return None
