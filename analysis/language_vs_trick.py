@@ -5,7 +5,9 @@ differs from what the rows give.
 
 One machine's rows make one set of tables: the index's entries without a suffix are the H200's (the study's card),
 the entries ending in a card's suffix (`MACHINES`, "_h100") another card's, each written between its own markers
-and drawn in its own figure. Rows of two cards never share a table.
+and drawn in its own figure. Rows of two cards never share a table, nor rows of two runs: each machine's tables read
+the newest run among its parts' rows (`pick_run`; analysis.load.one_run: one card, one source tree, one run group), and
+the doc names the runs left out. A point measured in several rounds of that run reads the median of their medians.
 
 Per shape (S1-S4) and stage:
 - *language*: cuTile as shipped (its tuned tiles) next to Triton in cuTile's arrangement at cuTile's tuned tiles
@@ -19,6 +21,7 @@ Per shape (S1-S4) and stage:
   chunk_parallel); Triton's host-built TMA descriptors (tma and tma_descriptors=host,
   conf/lvt/triton_tma_host.yaml) against its point tma:True, whose descriptors are made in the kernel; a trick
   swept with the switches it needs ("tma:True+warp_specialize:True") against those switches alone ("tma:True");
+  "within noise" where the effect is no larger than both points' noise (analysis.noise: round-to-round range, p20–p80);
 - the knobs only one language has, with their values (defaults and choices, from the Switches dataclasses).
 
 A trick's figure is read only where both points' tiles were searched for their own code or are the same code's
@@ -39,10 +42,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import INDEX, repo_root, results_index, timed, wide
+from analysis.load import INDEX, newest_run, one_run, repo_root, results_index, runs, timed, wide
 from analysis.lowering import NOT_INSPECTED, SAME, Lowerings, change, stage_configs
 from analysis.lowering import load as load_lowerings
 from analysis.markdown import table
+from analysis.noise import relative_noise, shown_effect
 from impls.tuning import COMPARABLE, TILE_PROTOCOLS, join_protocols
 
 DOC = "docs/language-vs-trick.md"
@@ -103,6 +107,12 @@ def load(root: Path | None = None, suffix: str = "") -> pd.DataFrame:
     return w
 
 
+def pick_run(w: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the rows of the newest run among `w`'s, the other runs: analysis.load.runs of what is left out)."""
+    found = runs(w)
+    return newest_run(w), found.iloc[1:]
+
+
 def _arm(choices) -> str:
     try:
         return str((json.loads(choices) if isinstance(choices, str) and choices else {}).get("lvt") or "")
@@ -121,16 +131,7 @@ def _point(t: pd.DataFrame, sweep: str, backend: str, shape: str, ablation: str 
     sel &= t["ablation"].fillna("none") == ablation
     if arm is not None:
         sel &= t["arm"] == arm
-    return _latest_sweep(t[sel])
-
-
-def _latest_sweep(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the latest sweep among them: a point measured again in a later run (the parts of several runs
-    merged into one file) is read from that run alone, never averaged across runs."""
-    if rows["sweep_id"].nunique() <= 1:
-        return rows
-    latest = rows.groupby("sweep_id")["timestamp"].max().idxmax()
-    return rows[rows["sweep_id"] == latest]
+    return t[sel]  # one run's (one_run): a point measured in several rounds has a row per round and stage
 
 
 def tile_source(rows: pd.DataFrame, stage: str) -> str:
@@ -156,7 +157,7 @@ def language_table(w: pd.DataFrame) -> pd.DataFrame:
     """Per (shape, stage): median ms of cuTile tuned and Triton at cuTile's tiles, their ratio, where cuTile's
     tiles came from (a "fallback" there: no record on that card, so the two are not at the same tiles), and each
     language at its defaults and all-off."""
-    t = timed(w)
+    t = timed(one_run(w, "language table"))
     out = []
     for shape in SHAPES:
         for stage in STAGES:
@@ -193,13 +194,25 @@ def trick_points(t: pd.DataFrame, backend: str, shape: str, point: str) -> tuple
     return _point(t, sweep, backend, shape), _point(t, sweep, backend, shape, point)
 
 
+def without_with(t: pd.DataFrame, backend: str, shape: str, point: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows without the trick, rows with it) at one shape: `trick_points` in the order the point turns it."""
+    against, at = trick_points(t, backend, shape, point)
+    turned_on = point.endswith(":True") or point in ARM_TRICKS
+    return (against, at) if turned_on else (at, against)
+
+
 def trick_effect(t: pd.DataFrame, backend: str, shape: str, stage: str, point: str) -> float:
     """Time without the trick / time with it - 1 (positive: the trick helps)."""
-    against, at = trick_points(t, backend, shape, point)
-    defaults, other = _median(against, stage), _median(at, stage)
-    turned_on = point.endswith(":True") or point in ARM_TRICKS
-    without, with_ = (defaults, other) if turned_on else (other, defaults)
-    return without / with_ - 1
+    without, with_ = without_with(t, backend, shape, point)
+    return _median(without, stage) / _median(with_, stage) - 1
+
+
+def shown_trick(t: pd.DataFrame, backend: str, shape: str, stage: str, point: str) -> str:
+    """`trick_effect` as printed: a signed percentage, or "within noise" where it is no larger than both points'
+    noise at the stage (analysis.noise)."""
+    without, with_ = without_with(t, backend, shape, point)
+    noises = [relative_noise(rows[rows["stage"] == stage]) for rows in (without, with_)]
+    return shown_effect(trick_effect(t, backend, shape, stage, point), *noises)
 
 
 SAME_CODE = "same code"  # a trick cell whose stage ran the same kernels at the same config at both points
@@ -270,8 +283,9 @@ class TrickCell:
     stage: str
     language: str
     shape: str
-    text: str  # the main table's cell: "n/a", SAME_CODE, "" (no rows), a signed percentage, or "apart: <protocol>"
-    effect: str = ""  # the signed percentage, also for a cell shown apart
+    # the main table's cell: "n/a", SAME_CODE, "" (no rows), the effect as shown, or "apart: <protocol>"
+    text: str
+    effect: str = ""  # the effect as shown (a signed percentage or "within noise"), also for a cell shown apart
     point_tiles: str = ""  # the trick point's tile protocol
     baseline_tiles: str = ""  # that of the point it is measured against
     lowering: str = NOT_INSPECTED
@@ -282,10 +296,11 @@ class TrickCell:
 
 
 def trick_cells(w: pd.DataFrame, lowerings: Lowerings | None = None) -> list[TrickCell]:
-    """Every (trick, stage, language, shape) cell (`trick_table`); `lowerings`: the lowering files' entries."""
+    """Every (trick, stage, language, shape) cell (`trick_table`) of one run's rows (analysis.load.one_run);
+    `lowerings`: the lowering files' entries."""
     from analysis.switches import noop_table
 
-    t = timed(w)
+    t = timed(one_run(w, "trick table"))
     lowerings = lowerings or Lowerings()
     names = {b: {trick_name(p): p for p in tricks(w, b)} for b in PARTS}
     for point, (backend, _, _) in ARM_TRICKS.items():
@@ -307,7 +322,7 @@ def trick_cells(w: pd.DataFrame, lowerings: Lowerings | None = None) -> list[Tri
 def _cell(t: pd.DataFrame, cell: TrickCell, backend: str, point: str, noops, lowerings: Lowerings) -> TrickCell:
     if same_code(t, backend, cell.shape, cell.stage, point, noops):
         return dataclasses.replace(cell, text=SAME_CODE)
-    effect = _percent(trick_effect(t, backend, cell.shape, cell.stage, point))
+    effect = shown_trick(t, backend, cell.shape, cell.stage, point)
     against, at = trick_points(t, backend, cell.shape, point)
     tiles = (stage_protocol(at, cell.stage), stage_protocol(against, cell.stage))
     lowering = change(lowerings.of(against, cell.stage), lowerings.of(at, cell.stage))
@@ -319,11 +334,11 @@ def _cell(t: pd.DataFrame, cell: TrickCell, backend: str, point: str, noops, low
 
 
 def trick_table(w: pd.DataFrame, lowerings: Lowerings | None = None) -> pd.DataFrame:
-    """Rows (trick, stage); columns "<language> <shape>": each trick's effect, as a signed percentage, where both
-    points' tiles were searched for their own code or are the same code's (tile protocols retuned, same-sass);
-    SAME_CODE where the stage ran the same kernels at the same config with and without it (`same_code`);
-    "apart: <protocol>" where a point's tiles came another way (pinned, fallback, ..., unknown in rows written
-    before the column): its figure is in `apart_table`, not here."""
+    """Rows (trick, stage); columns "<language> <shape>": each trick's effect, as a signed percentage or "within
+    noise" (`shown_trick`), where both points' tiles were searched for their own code or are the same code's (tile
+    protocols retuned, same-sass); SAME_CODE where the stage ran the same kernels at the same config with and
+    without it (`same_code`); "apart: <protocol>" where a point's tiles came another way (pinned, fallback, ...,
+    unknown in rows written before the column): its figure is in `apart_table`, not here."""
     return _wide(trick_cells(w, lowerings), "text")
 
 
@@ -377,10 +392,6 @@ def _wide(cells: list[TrickCell], field: str) -> pd.DataFrame:
     return pd.DataFrame(list(rows.values()))
 
 
-def _percent(value: float) -> str:
-    return "" if pd.isna(value) else f"{value * 100:+.1f} %"
-
-
 def one_language_knobs() -> pd.DataFrame:
     """Switches only one of the two languages has, with their default and choices."""
     from impls.cutile.switches import CutileSwitches
@@ -408,9 +419,23 @@ def lowering_entries(root: Path | None = None, suffix: str = "") -> Lowerings:
                           if name + suffix in index)
 
 
-def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = (), lowered: Lowerings | None = None) -> str:
-    """The doc's generated section; `missing`: the parts not committed yet (their columns stay empty and the trick
-    table waits for both); `lowered`: the lowering files' entries (none: the lowering is not inspected)."""
+def run_text(w: pd.DataFrame, left_out: pd.DataFrame | None = None) -> str:
+    """Which run the tables read and which runs of the sources they leave out (a table reads one run)."""
+    run = runs(w).iloc[0] if len(w) else None
+    text = "" if run is None else f"The tables read one run: `{run['run_group']}` on {run['gpu_uuid']}."
+    if left_out is not None and len(left_out):
+        others = "; ".join(f"`{r['run_group']}` on {r['gpu_uuid']}, {r['first'][:10]}, {r['points']} points"
+                           for _, r in left_out.iterrows())
+        text += (f" Left out, as rows of other runs ({len(left_out)}): {others}. Only the newest run is read; "
+                 "columns and cells its rows do not hold stay empty.")
+    return text
+
+
+def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = (), left_out: pd.DataFrame | None = None,
+           lowered: Lowerings | None = None) -> str:
+    """The doc's generated section from one run's rows (`pick_run`); `missing`: the parts not committed yet (their
+    columns stay empty and the trick table waits for both); `left_out`: the runs of the sources not read;
+    `lowered`: the lowering files' entries (none: the lowering is not inspected)."""
     cells = trick_cells(w, lowered) if not missing else []
     gpus = ", ".join(sorted(w["gpu_name"].dropna().unique()))
     days = sorted(w["timestamp"].dropna().str[:10].unique())
@@ -418,6 +443,8 @@ def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = (), lowered
         f"Generated by `python -m analysis.language_vs_trick` from {sources} ({w['run_id'].nunique()} points on "
         f"{gpus}, {days[0] if days else '?'}{' to ' + days[-1] if len(days) > 1 else ''}; bf16, the headline "
         "problem). Do not edit: regenerate.",
+        "",
+        run_text(w, left_out),
         "",
         "### Same arrangement, same tiles: the language",
         "",
@@ -429,8 +456,9 @@ def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = (), lowered
         "its default (`fused_program` with `fuse_state_out` on in both): a positive figure says the default value "
         "is the faster. `tma_descriptors:host` reads the other way: the matched part's host-descriptor point "
         "against the Triton part's `tma:True` (descriptors made in the kernel), so a positive figure says host-built "
-        "descriptors help; the two parts may come from different runs (the sources above). An empty cell: that "
-        f"shape's part has not run. \"{SAME_CODE}\": the switch does not change that stage's code (the backend's "
+        "descriptors help. An empty cell: that shape's part has not run in this run. \"within noise\": the effect is "
+        "no larger than both points' noise (the round-to-round range and the p20–p80 spread). "
+        f"\"{SAME_CODE}\": the switch does not change that stage's code (the backend's "
         "switch-effects table: impls/cutile/switch_effects.json compares the sm_90 SASS, "
         "impls/triton/switch_effects.json the kernel launches) and both points ran it at the same config, so the "
         "two timings differ only by the run's noise; a stage of a few microseconds (chunk_cumsum) moves by more "
@@ -523,9 +551,9 @@ def main(argv=None) -> int:
     for suffix in MACHINES:
         if suffix and MATCHED + suffix not in index:
             continue
-        w = load(root, suffix)
+        w, left_out = pick_run(load(root, suffix))
         sources = ", ".join(f"`results/{index[n + suffix]}`" for n in EXPERIMENTS if n + suffix in index)
-        section = render(w, sources, tuple(missing_entries(root, suffix)), lowering_entries(root, suffix))
+        section = render(w, sources, tuple(missing_entries(root, suffix)), left_out, lowering_entries(root, suffix))
         text = write_section(doc, section, suffix, text)
         tables[suffix] = language_table(w)
     if a.check:

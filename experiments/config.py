@@ -64,6 +64,7 @@ class ProblemConfig:
     D_per_channel: bool = False
     has_z: bool = False
     has_initial_states: bool = False
+    initial_states_per_sequence: bool = False
     nseqs: int = 1
     varlen: bool = False
     state_dtype: DtypeName | None = None
@@ -158,6 +159,7 @@ def problem_of(cfg: DictConfig) -> Problem:
     return Problem(shape=shape_of(cfg), dtype=_plain(cfg.dtype.name), has_dt_bias=p.has_dt_bias,
                    dt_softplus=p.dt_softplus, dt_limit=tuple(float(v) for v in p.dt_limit), has_D=p.has_D,
                    D_per_channel=p.D_per_channel, has_z=p.has_z, has_initial_states=p.has_initial_states,
+                   initial_states_per_sequence=p.initial_states_per_sequence,
                    nseqs=p.nseqs, varlen=p.varlen, state_dtype=_plain(p.state_dtype))
 
 

@@ -61,11 +61,14 @@ class BenchSettings:
 
 @dataclass(frozen=True)
 class Identity:
-    """Who a point is: its config hash and code key (the skip rule's key), its sweep, and the full config."""
+    """Who a point is: its config hash and code key (the skip rule's key), its sweep, its run (run_group: one per
+    script invocation, the sweep's id when none was given; round: its round there), and the full config."""
 
     config_hash: str
     code_key: str
     sweep_id: str = "adhoc"
+    run_group: str = "adhoc"
+    round: int = 1
     sweep_name: str = "adhoc"
     job_num: int = 0
     timestamp: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
@@ -173,11 +176,12 @@ def resolve_device(requested: str) -> torch.device:
 
 def point(backend: str, problem: Problem, *, switches=None, ablation: str = "none", seed: int = 0,
           device: str | torch.device = "cpu", bench: BenchSettings | None = None, sweep_id: str = "adhoc",
-          sweep_name: str = "adhoc", job_num: int = 0, shape_name: str = "custom", problem_name: str = "custom",
+          run_group: str | None = None, round: int = 1, sweep_name: str = "adhoc", job_num: int = 0,
+          shape_name: str = "custom", problem_name: str = "custom",
           hydra_choices: str = "{}", config: dict | None = None, config_yaml: str | None = None) -> Point:
     """A Point in plain Python: `switches` a dict of overrides with `ablation` applied on top, resolved against
     the backend's Switches (or a Switches instance, taken as is; kept as given when the backend's module cannot be
-    imported here); identity computed as the Hydra entry computes it."""
+    imported here); identity computed as the Hydra entry computes it (run_group: the sweep_id unless given)."""
     conf.check_shape(problem.shape, shape_name)
     conf.check_problem(problem)
     bench = bench or BenchSettings()
@@ -199,22 +203,27 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
                                         "problem": {"name": problem_name, **sem["problem"]},
                                         "bench": dataclasses.asdict(bench)}, default=str))
     records_device = (cls.tuning_device(device) if cls is not None else None) or device_name
-    identity = Identity(config_hash=conf.config_hash(sem), code_key=provenance.code_key(prov, backend, records_device),
-                        sweep_id=sweep_id, sweep_name=sweep_name, job_num=job_num, hydra_choices=hydra_choices,
+    peers = cls.peer_files() if cls is not None else {}
+    identity = Identity(config_hash=conf.config_hash(sem),
+                        code_key=provenance.code_key(prov, backend, records_device, peers),
+                        sweep_id=sweep_id, run_group=run_group or sweep_id, round=round, sweep_name=sweep_name,
+                        job_num=job_num, hydra_choices=hydra_choices,
                         config_yaml=OmegaConf.to_yaml(OmegaConf.create(config)) if config_yaml is None else config_yaml,
                         config=config)
     return Point(backend=backend, switches=switches, ablation=ablation, problem=problem, seed=seed, device=device,
                  bench=bench, identity=identity, provenance=prov, shape_name=shape_name, problem_name=problem_name)
 
 
-def from_config(cfg: DictConfig, sweep_id: str = "adhoc", job_num: int = 0, hydra_choices: dict | None = None) -> Point:
+def from_config(cfg: DictConfig, sweep_id: str = "adhoc", job_num: int = 0, hydra_choices: dict | None = None,
+                run_group: str | None = None, round: int = 1) -> Point:
     """The Point of a composed config; the start-up checks (experiments.config.validate) raise ConfigError."""
     problem, switches = conf.validate(cfg)
     if switches is None:  # the backend's module cannot be imported here: the point is recorded as failed
         switches = OmegaConf.to_container(cfg.backend.switches, resolve=True)
     return point(conf.backend_name(cfg), problem, switches=switches, ablation=cfg.backend.ablation,
                  seed=int(cfg.seed), device=cfg.device, bench=BenchSettings.from_config(cfg.bench),
-                 sweep_id=sweep_id, sweep_name=cfg.sweep_name, job_num=job_num, shape_name=cfg.shape.name,
+                 sweep_id=sweep_id, run_group=run_group, round=round, sweep_name=cfg.sweep_name, job_num=job_num,
+                 shape_name=cfg.shape.name,
                  problem_name=cfg.problem.name,
                  hydra_choices=json.dumps(dict(hydra_choices or {}), sort_keys=True, default=str),
                  config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),

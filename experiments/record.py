@@ -26,8 +26,8 @@ TIMED_ONE_STAGE = ("chunk_cumsum", "fwd_pass_state", "compute_out")  # a row of 
 UNITS = {"median_ms": "ms", "p20_ms": "ms", "p80_ms": "ms", "graph_median_ms": "ms", "compile_s": "s",
          "rel_err": "1", "tol": "1", "ok": "1", "flops": "flop", "bytes": "byte", "bytes_fused": "byte",
          "tflops": "TFLOP/s", "gbps": "GB/s", "frac_floor": "1", "frac_floor_fused": "1",
-         "matmul_tflops": "TFLOP/s", "copy_gbps": "GB/s", "block_err": "1", "mamba_ssm_rel_err": "1",
-         "mamba_ssm_rule": "1"}
+         "matmul_tflops": "TFLOP/s", "copy_gbps": "GB/s", "block_err": "1", "bound_ratio": "1",
+         "mamba_ssm_rel_err": "1", "mamba_ssm_rule": "1"}
 
 
 def unit(metric: str) -> str:
@@ -81,6 +81,7 @@ def base_row(point: Point) -> dict:
     ident, problem = point.identity, point.problem
     row = {
         "schema_version": store.SCHEMA_VERSION, "run_id": uuid.uuid4().hex, "sweep_id": ident.sweep_id,
+        "run_group": ident.run_group, "round": ident.round,
         "sweep_name": ident.sweep_name, "job_num": ident.job_num, "timestamp": ident.timestamp,
         "config_hash": ident.config_hash, "backend": point.backend, "switches": point.switches_json,
         "ablation": point.ablation, "tuning": "none", "describe": None,

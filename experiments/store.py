@@ -20,7 +20,7 @@ SCHEMA_VERSION = 5
 # Columns added after version 1, with the version that added them: files written before read them as null.
 # Version 4 leaves `tf32` null (it was a config flag, not what ran): `precision` says what each stage ran.
 ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4, "gate": 4,
-            "tile_protocol": 5}
+            "run_group": 5, "round": 5, "tile_protocol": 5}
 
 # The v_<key> columns: those of schema version 4 (every committed file has them, so they stay) and then any other
 # package a backend declares (impls/<name>/__init__.py PACKAGES, impls/declaration.py), read as null from files
@@ -38,18 +38,23 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "schema_version": ("Int64", "version of this schema"),
     "run_id": ("string", "one id per job (point) execution"),
     "sweep_id": ("string", "one id per multirun (or single run); the W&B group"),
+    "run_group": ("string", "one id per run: a scripts/rounds.sh, before_after.sh or gpu_session.sh invocation "
+                            "(SSD_RUN_GROUP), else the sweep_id; a table reads one (analysis.load.one_run)"),
+    "round": ("Int64", "the 1-based round of scripts/rounds.sh (SSD_ROUND; before_after.sh: the side's round), 1 for "
+                       "a single run"),
     "sweep_name": ("string", "experiment overlay name (sweep_name in the config)"),
     "job_num": ("Int64", "Hydra job number within the sweep"),
     "timestamp": ("string", "UTC ISO time the point started"),
     "config_hash": ("string", "hash of the semantic config + device (experiments.plan.semantic)"),
-    "code_key": ("string", "what code measured the point: commit, dirty flag and diff hash, a hash of the v_* "
-                           "versions and of the backend's tuning records for the GPU (experiments.provenance."
-                           "code_key); a stored point is skipped only when config_hash and code_key both match"),
+    "code_key": ("string", "what code measured the point, from content (not git): hashes of the source tree, the "
+                           "v_* versions, the backend's tuning records for the GPU and its peer files, and the "
+                           "driver's major (experiments.provenance.code_key); a stored point is skipped only when "
+                           "config_hash and code_key both match"),
     "status": ("string", "ok | failed (correctness gate, unavailable backend, exception)"),
     "error": ("string", "why the point failed (null when ok)"),
     "stage": ("string", "chunk_cumsum | fwd_pass_state | compute_out | forward | ceiling | point"),
     "metric": ("string", "see README: median_ms, p20_ms, p80_ms, graph_median_ms, compile_s, rel_err, "
-                         "block_err, mamba_ssm_rel_err, mamba_ssm_rule, tol, "
+                         "block_err, bound_ratio, mamba_ssm_rel_err, mamba_ssm_rule, tol, "
                          "flops, bytes, bytes_fused, tflops, gbps, frac_floor, frac_floor_fused, matmul_tflops, "
                          "copy_gbps, ok"),
     "value": ("float64", "the metric's value"),
@@ -102,7 +107,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "gpu_clock_sm_mhz": ("float64", "SM clock when the point ran"), "gpu_clock_mem_mhz": ("float64", ""),
     "gpu_clock_max_sm_mhz": ("float64", ""), "gpu_clock_max_mem_mhz": ("float64", ""),
     "driver": ("string", "NVIDIA driver version"),
-    "git_commit": ("string", ""), "git_dirty": ("boolean", "tracked files modified, or untracked source files present"),
+    "git_commit": ("string", "a label, not part of code_key"),
+    "git_dirty": ("boolean", "tracked files modified, or untracked source files present"),
 }
 
 

@@ -57,6 +57,8 @@ def test_rows_have_provenance(sweep):
     assert ok[GPU_ONLY].isna().all().all()  # CPU run: recorded as null, not invented
     assert set(ok["timer"]) == {"cpu-wall"} and set(ok["reference"]) == {"float64"}
     assert ok["code_key"].notna().all()
+    # a plain bench run outside the scripts is a run group of its own, its sweep, in one round
+    assert (ok["run_group"] == ok["sweep_id"]).all() and (ok["round"] == 1).all()
     precision = ok.drop_duplicates(["backend", "stage"]).set_index(["backend", "stage"])["precision"]
     assert precision[("mamba_ssm", "compute_out")] == "float32"  # the interpreter's dots are exact fp32
     assert precision[("reference", "chunk_cumsum")] == "none"

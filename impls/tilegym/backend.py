@@ -8,6 +8,7 @@ harness can time the peer's kernels alone and the adapter's work apart. docs/pee
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -77,6 +78,8 @@ class Prepared:
 class TilegymBackend(Backend):
     """TileGym 1.5.1 cuTile Mamba-2 forward; CUDA only. Needs seqlen % chunk_size == 0, no seq_idx."""
 
+    NO_PER_SEQUENCE_INITIAL_STATES = "TileGym 1.5.1's mamba2 ops take no packed sequences (no seq_idx or cu_seqlens)"
+
     name = "tilegym"
     Switches = TilegymSwitches
     TUNED = True
@@ -101,6 +104,11 @@ class TilegymBackend(Backend):
         if not torch.cuda.is_available():
             return False, "no CUDA device visible to torch (TileGym's kernels are cuTile, CUDA only)"
         return True, ""
+
+    @classmethod
+    def peer_files(cls) -> dict[str, Path]:
+        """TileGym's mamba2 module and the autotune file it imports: what loader.load() executes."""
+        return loader.kernel_files()
 
     def check_device(self, device) -> tuple[bool, str]:
         return cuda_only(device, "TileGym's cuTile kernels")
