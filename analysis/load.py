@@ -30,9 +30,10 @@ TIMED_STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
 STAGE_ORDER = {s: i for i, s in enumerate((*TIMED_STAGES, "ceiling", "point"))}
 # Columns that differ between the rows of one point: they become the metric columns of the wide frame.
 _PER_ROW = ("stage", "metric", "value", "unit")
-# Columns that differ between the stages of one point (the matmul precision the backend reported) or between its
-# metrics (a missing value's reason): one per (point, stage) in the wide frame, `notes` joining the metrics' notes.
-_PER_STAGE = ("precision", "note")
+# Columns that differ between the stages of one point (the matmul precision the backend reported, where the stage's
+# tiles came from) or between its metrics (a missing value's reason): one per (point, stage) in the wide frame,
+# `notes` joining the metrics' notes.
+_PER_STAGE = ("precision", "note", "tile_protocol")
 ENV_RESULTS = "SSD_RESULTS"
 INDEX = "results/index.yaml"
 DEFAULT_RESULTS = "index:headline"
@@ -175,14 +176,15 @@ def point_label(backend: str, ablation: str, switches: dict) -> str:
 
 
 def per_stage(long: pd.DataFrame) -> pd.DataFrame:
-    """(run_id, stage) -> precision (as the backend reported it) and notes ("metric: why; ..." of the rows that
-    carry one)."""
+    """(run_id, stage) -> precision (as the backend reported it), tile_protocol (null in files before schema
+    version 5) and notes ("metric: why; ..." of the rows that carry one)."""
     keys = ["run_id", "stage"]
-    precision = long.groupby(keys, sort=False)["precision"].first()
+    grouped = long.groupby(keys, sort=False)
+    precision, protocol = grouped["precision"].first(), grouped["tile_protocol"].first()
     noted = long[long["note"].notna()]
     notes = (noted["metric"].astype(str) + ": " + noted["note"].astype(str)).groupby(
         [noted["run_id"], noted["stage"]], sort=False).agg("; ".join)
-    return pd.DataFrame({"precision": precision}).join(notes.rename("notes"))
+    return pd.DataFrame({"precision": precision, "tile_protocol": protocol}).join(notes.rename("notes"))
 
 
 def wide(long: pd.DataFrame) -> pd.DataFrame:
@@ -192,7 +194,8 @@ def wide(long: pd.DataFrame) -> pd.DataFrame:
     long = load_results(long)
     if long.empty:
         cols = [c for c in long.columns if c not in (*_PER_ROW, *_PER_STAGE)] + list(METRICS)
-        return pd.DataFrame(columns=[*cols, "stage", "precision", "notes", "arch", "shape", "label", "switch_dict"])
+        return pd.DataFrame(columns=[*cols, "stage", "precision", "tile_protocol", "notes", "arch", "shape", "label",
+                                     "switch_dict"])
     values = long.pivot_table(index=["run_id", "stage"], columns="metric", values="value", aggfunc="first")
     values = values.reindex(columns=[*METRICS, *(c for c in values.columns if c not in METRICS)])
     values.columns.name = None

@@ -20,7 +20,7 @@ SCHEMA_VERSION = 5
 # Columns added after version 1, with the version that added them: files written before read them as null.
 # Version 4 leaves `tf32` null (it was a config flag, not what ran): `precision` says what each stage ran.
 ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4, "gate": 4,
-            "run_group": 5, "round": 5, "workload": 5, "direction": 5}
+            "run_group": 5, "round": 5, "workload": 5, "direction": 5, "tile_protocol": 5}
 
 # The v_<key> columns: those of schema version 4 (every committed file has them, so they stay) and then any other
 # package a backend declares (impls/<name>/__init__.py PACKAGES, impls/declaration.py), read as null from files
@@ -69,6 +69,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "ablation": ("string", "ablation applied on top of the switches"),
     "describe": ("string", "JSON: backend.describe() after the run (what actually ran)"),
     "tuning": ("string", "tuning source the backend reports (search/record/fallback), or 'none'"),
+    "tile_protocol": ("string", "where the stage's tiles came from against the baseline switch set's "
+                                "(impls/tuning.py TILE_PROTOCOLS): retuned | retuned-narrower | same-sass | pinned | "
+                                "fallback | switches per tuned stage, several joined by '+' (forward, point); untuned "
+                                "| peer-autotune for backends that tune nothing of ours; unknown without describe(); "
+                                "n/a at stage ceiling; null in files before version 5"),
     "shape_name": ("string", "shape preset name"),
     "batch": ("Int64", ""), "seqlen": ("Int64", ""), "nheads": ("Int64", ""), "headdim": ("Int64", ""),
     "ngroups": ("Int64", ""), "dstate": ("Int64", ""), "chunk_size": ("Int64", ""),

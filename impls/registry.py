@@ -103,6 +103,9 @@ class Backend:
     # Resolves configs on a stage's first call (a search, a tuning record, an autotuner): the harness then makes
     # one plain pass before the correctness gate (experiments/correctness.py `resolve_tuning`).
     TUNED: ClassVar[bool] = False
+    # Where its tiles come from for every stage (impls/tuning.py TILE_PROTOCOLS; describe() reports it): "untuned", a
+    # peer's "peer-autotune", or None where each stage's tuning resolution says (describe()'s per-stage entries)
+    TILE_PROTOCOL: ClassVar[str | None] = "untuned"
     # Why the kernels need dA_cumsum non-increasing inside every chunk (A <= 0 and dt >= 0 after processing),
     # where they assume it whatever the switches; "" where they do not. check_values and the harness's gate refuse
     # inputs that break it, naming the argument (impls/api.py `non_increasing_decay`).
@@ -207,7 +210,10 @@ class Backend:
 
     # --- what ran -------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "switches": dataclasses.asdict(self.switches)}
+        out = {"backend": self.name, "switches": dataclasses.asdict(self.switches)}
+        if self.TILE_PROTOCOL is not None:
+            out["tile_protocol"] = self.TILE_PROTOCOL
+        return out
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.switches})"

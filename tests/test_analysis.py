@@ -40,9 +40,11 @@ DIMS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size
 
 
 def point(backend, ms, *, shape_name="S1", dims=S1, stage="forward", spread=0.0, switches=None, ablation="none",
-          gpu_cc="9.0", dtype="bfloat16", extra=None, ceilings=None, status="ok"):
-    """Rows of one point: `stage` timed at `ms` (p20/p80 at ±spread), plus `extra` {(stage, metric): value}."""
+          gpu_cc="9.0", dtype="bfloat16", extra=None, ceilings=None, status="ok", tiles="retuned"):
+    """Rows of one point: `stage` timed at `ms` (p20/p80 at ±spread), plus `extra` {(stage, metric): value};
+    `tiles`: its tile_protocol."""
     base = {"schema_version": 1, "run_id": uuid.uuid4().hex, "sweep_id": "test", "sweep_name": "test",
+            "tile_protocol": tiles,
             "backend": backend, "switches": json.dumps(switches or {}, sort_keys=True), "ablation": ablation,
             "shape_name": shape_name, **dict(zip(DIMS, dims)), "dtype": dtype, "gpu_name": "NVIDIA H200",
             "gpu_cc": gpu_cc, "device_name": "NVIDIA H200", "status": status, "timestamp": "t"}
@@ -131,6 +133,18 @@ def test_switch_costing_10_percent_reads_minus_10():
     # two settings at once (a point joined by "+"): one row, the defaults over the combination (it is faster)
     assert r.loc["extra=True+tile=32", "effect_on_top"] == pytest.approx(1 - 1.1 / 0.88)
     assert "all_off" not in " ".join(r.index) and len([k for k in r.index if "+" in k]) == 1
+
+
+def test_a_pinned_ablation_point_is_labelled_apart():
+    """The `good` point borrowed the default's tiles (pinned): its figures stay, its status says apart and why;
+    rows written before the column read unknown, never measured."""
+    points = [point("cutile", 1.1, switches=D), point("cutile", 2.2, switches={**D, "good": False}, ablation="good",
+                                                          tiles="pinned"),
+              point("cutile", 1.0, switches={**D, "costly": False}, ablation="costly", tiles=None)]
+    r = ablation_table(frame(*points), "cutile", noop_switches={}).set_index("switch")
+    assert r.loc["good", "status"] == "apart: pinned / retuned (measured (on top); alone not measured)"
+    assert r.loc["good", "tiles"] == "pinned / retuned" and r.loc["good", "effect_on_top"] == pytest.approx(0.5)
+    assert r.loc["costly", "status"].startswith("apart: unknown / retuned")
 
 
 def test_noop_switch_is_labelled_never_measured():

@@ -19,9 +19,10 @@ from tests.fixtures.make_fixture import SHAPES, base
 STAGE_MS = {"chunk_cumsum": 0.01, "fwd_pass_state": 0.1, "compute_out": 0.3, "forward": 0.42}
 
 
-def _point(backend, shape, sweep, ms_scale, ablation="none", arm=None, switches=None, job=0):
+def _point(backend, shape, sweep, ms_scale, ablation="none", arm=None, switches=None, job=0, tiles="retuned"):
     _, b = base(backend, shape, SHAPES[shape], "bfloat16", sweep, switches or {"tuning": "auto"}, ablation)
-    b.update(job_num=job, hydra_choices=json.dumps({"lvt": arm} if arm else {}), sweep_id=f"synthetic-{sweep}")
+    b.update(job_num=job, hydra_choices=json.dumps({"lvt": arm} if arm else {}), sweep_id=f"synthetic-{sweep}",
+             tile_protocol=tiles)
     rows = []
     for stage, ms in STAGE_MS.items():
         for metric, value in (("median_ms", ms * ms_scale), ("p20_ms", ms * ms_scale), ("p80_ms", ms * ms_scale)):
@@ -132,6 +133,70 @@ def test_a_trick_that_leaves_a_stage_s_code_alone_reads_same_code(synthetic):
     t = lvt.trick_table(w).set_index(["trick", "stage"])
     assert t.loc[("tma", "chunk_cumsum"), "cuTile S1"] == "+10.0 %"  # another config: a measured effect
     assert t.loc[("tma", "chunk_cumsum"), "cuTile S2"] == lvt.SAME_CODE
+
+
+def _with_tiles(w, ablation, protocol, stage=None):
+    """The rows of the cuTile part's point `ablation` at S1 (every stage, or `stage`) recorded with `protocol`."""
+    sel = (w["sweep_name"] == lvt.PARTS["cutile"]) & (w["ablation"] == ablation) & (w["shape_name"] == "S1")
+    if stage:
+        sel &= w["stage"] == stage
+    w.loc[sel, "tile_protocol"] = protocol
+    return w
+
+
+def test_a_pinned_point_is_shown_apart_and_labelled(synthetic):
+    """cuTile's tma-off point at S1 borrowed its baseline's tiles (pinned) for compute_out: no figure in the trick
+    table there, the figure in the apart table with the protocol and what it means; its other stages and S2 stay."""
+    w = _with_tiles(lvt.load(synthetic), "tma", "pinned", "compute_out")
+    t = lvt.trick_table(w).set_index(["trick", "stage"])
+    assert t.loc[("tma", "compute_out"), "cuTile S1"] == "apart: pinned"
+    assert t.loc[("tma", "forward"), "cuTile S1"] == "+10.0 %" and t.loc[("tma", "compute_out"), "cuTile S2"] == \
+        "+10.0 %"
+    cells = lvt.trick_cells(w)
+    apart = lvt.apart_table(cells).set_index(["trick", "stage", "language"])
+    assert len(apart) == 1 and apart.loc[("tma", "compute_out", "cuTile"), "S1"] == "+10.0 % (pinned / retuned)"
+    assert apart.loc[("tma", "compute_out", "cuTile"), "S2"] == ""  # S2 is in the trick table
+    assert [line.split(":")[0] for line in lvt.apart_legend(cells)] == ["- `pinned`"]
+    assert "borrowed" in lvt.apart_legend(cells)[0]
+    text = lvt.render(w, "synthetic")
+    assert "apart: pinned" in text and "| tma | compute_out | cuTile | +10.0 % (pinned / retuned) |  |" in text
+
+
+def test_rows_before_the_column_are_unknown_not_guessed(synthetic):
+    """Rows written before tile_protocol (null) read "unknown": shown apart, never as a trick's effect."""
+    w = _with_tiles(lvt.load(synthetic), "tma", None)
+    t = lvt.trick_table(w).set_index(["trick", "stage"])
+    assert t.loc[("tma", "compute_out"), "cuTile S1"] == "apart: unknown"
+    assert lvt.stage_protocol(w[(w["ablation"] == "tma") & (w["shape_name"] == "S1")], "compute_out") == "unknown"
+
+
+def test_the_lowering_change_is_read_from_the_file_beside_the_rows(synthetic):
+    """A lowering file beside a part's rows: the tables say what the trick's point changes (registers, stack,
+    spills, warp specialisation) from both points' entries; elsewhere "lowering not inspected"."""
+    from analysis import lowering
+
+    w = lvt.load(synthetic)
+    w["describe"] = json.dumps({"stages": {"compute_out": {"config": {"block_rows": 64}}}})
+    w.loc[w["ablation"] == "tma", "switches"] = json.dumps({"tma": False, "tuning": "auto"})
+    points = []
+    for ablation, kernel in (("none", [80, 0, 18, 13, True]), ("tma", [168, 392, 163, 142, False])):
+        r = w[(w["sweep_name"] == lvt.PARTS["cutile"]) & (w["ablation"] == ablation) & (w["shape_name"] == "S1")]
+        r = r.iloc[0]
+        points.append({"backend": "cutile", "shape": "S1", "dtype": "bfloat16", "arch": "sm_90",
+                       "switches": json.loads(r["switches"]), "stage": "compute_out",
+                       "configs": [{"block_rows": 64}], "kernels": [dict(zip(
+                           ("kernel", "registers", "stack_bytes", "ldl", "stl", "warp_specialized"),
+                           ["compute_out", *kernel]))]})
+    index = lvt.results_index(synthetic)
+    path = lowering.path_for(synthetic / "results" / index[lvt.PARTS["cutile"]])
+    path.write_text(json.dumps({"points": points}))
+    w = _with_tiles(w, "tma", "pinned", "compute_out")
+    cells = lvt.trick_cells(w, lvt.lowering_entries(synthetic))
+    t = lvt.lowering_table(cells).set_index(["trick", "stage"])
+    assert t.loc[("tma", "compute_out"), "cuTile S1"] == ("compute_out: warp specialisation lost, 80 -> 168 "
+                                                          "registers, stack 0 -> 392 B, LDL/STL 18/13 -> 163/142")
+    assert t.loc[("tma", "compute_out"), "cuTile S2"] == lvt.NOT_INSPECTED
+    assert "warp specialisation lost" in lvt.render(w, "synthetic", lowered=lvt.lowering_entries(synthetic))
 
 
 def test_render_and_markers(synthetic, tmp_path):

@@ -27,6 +27,7 @@ class CutileBackend(Backend):
     name = "cutile"
     Switches = CutileSwitches
     TUNED = True
+    TILE_PROTOCOL = None  # per stage, in describe()["stages"] (impls/tuning.py Resolution)
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)

@@ -54,6 +54,7 @@ class FlaBackend(ForwardOnlyBackend):
     Switches = FlaSwitches
     NO_STAGES = NO_STAGES
     TUNED = True  # FLA's Triton autotuners pick their configs on the first call
+    TILE_PROTOCOL = "peer-autotune"
 
     # --- capability -------------------------------------------------------------------------------------
     @classmethod

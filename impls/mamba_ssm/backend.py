@@ -39,6 +39,7 @@ class MambaSSMBackend(Backend):
                                       "first sequence only (mamba_ssm/ops/triton/ssd_state_passing.py)")
     Switches = MambaSSMSwitches
     TUNED = True  # upstream's Triton autotuners pick their configs on the first call
+    TILE_PROTOCOL = "peer-autotune"
     NON_INCREASING_DECAY = ("mamba-ssm's kernels (they clamp dt at >= dt_limit's low end, 0 by default, and "
                             "exp(dA_cumsum[l] - dA_cumsum[s]) at <= 1: they assume dA_cumsum non-increasing inside a "
                             "chunk)")

@@ -83,6 +83,7 @@ class TilegymBackend(Backend):
     name = "tilegym"
     Switches = TilegymSwitches
     TUNED = True
+    TILE_PROTOCOL = None  # per stage, in describe()["tuning_sources"] (impls/tuning.py Resolution)
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)

@@ -47,6 +47,7 @@ class VllmBackend(ForwardOnlyBackend):
     name = "vllm"
     # vLLM itself is never installed: its SSD kernel files are checked by available() (impls/vllm/loader.py)
     TUNED = True  # its Triton autotuners pick their configs on the first call of a shape
+    TILE_PROTOCOL = "peer-autotune"
     NO_STAGES = NO_STAGES
     NON_INCREASING_DECAY = ("vLLM's kernels (they clamp dt at >= dt_limit's low end, 0 by default, and "
                             "exp(dA_cumsum[l] - dA_cumsum[s]) at <= 1: they assume dA_cumsum non-increasing inside a "
