@@ -2,7 +2,8 @@
 which the gate measures a backend's error (experiments/correctness.py, impls/README.md "The gate's bound").
 
 Inputs stay in their dtype; dt's softplus is the textbook log(1 + exp(v)) in float32 (upstream's form: its rounding
-of 1 + exp(v) costs ~1e-5 relative at typical dt, which torch's exact softplus does not show); every matmul operand
+of 1 + exp(v) costs ~1e-5 relative at typical dt, which torch's exact softplus does not show), exp and log taken
+through exp2 and log2 as the GPU kernels take them; every matmul operand
 is rounded to the stage's precision as `Backend.precision` reports it (bfloat16, float16, tf32; float32 and float64
 keep them as computed), including the operands a kernel forms on the way (the decay-weighted x of a chunk's state,
 the masked scores before they meet x); sums run in float32 (float64 for float64 inputs); states and outputs are
@@ -32,9 +33,13 @@ def round_tf32(t: torch.Tensor) -> torch.Tensor:
     return torch.where(finite, rounded.view(torch.float32), t)
 
 
+LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
+
+
 def textbook_softplus(v: torch.Tensor) -> torch.Tensor:
-    """log(1 + exp(v)) evaluated as written, in v's dtype."""
-    return torch.log(1 + torch.exp(v))
+    """log(1 + exp(v)) as written, with exp and log as Triton and cuTile lower them on the GPU: exp2(v·log2 e) and
+    log2(·)·ln 2, each product rounded in v's dtype (the rounding of v·log2 e costs |v|·2^-24 relative in exp(v))."""
+    return torch.log2(1 + torch.exp2(v * LOG2E)) * LN2
 
 
 def operand_rounding(precision: str):
