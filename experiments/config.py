@@ -20,9 +20,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from impls import validate as checks
-from impls.defaults import Resolved, default_device
+from impls.defaults import Resolved
 from impls.problem import DTYPES, Problem, Shape
-from impls.registry import BACKEND_MODULES, BackendUnavailable, backend_class, resolve_switches
+from impls.registry import BACKEND_MODULES, BackendUnavailable, backend_class, resolve_switches, target_on
 
 # Enums make a misspelt name fail at composition, naming the allowed values.
 BackendName = enum.Enum("BackendName", {name: name for name in BACKEND_MODULES})
@@ -309,14 +309,14 @@ def resolved_switches(cfg: DictConfig):
     except BackendUnavailable:
         return None
     given = OmegaConf.to_container(cfg.backend.switches, resolve=True)
-    target = cls.target(config_device(cfg.device))
+    target = target_on(cls, config_device(cfg.device))
     return resolution(cls, target, given, cfg.backend.ablation, cfg.backend.get("preset")).first.switches
 
 
-def config_device(device: str) -> torch.device:
-    """The device `cfg.device` names, for its target (the CPU where CUDA is asked for and absent: the run then
-    fails at start-up, experiments.plan.resolve_device)."""
-    return torch.device("cpu") if device == "cpu" else default_device()
+def config_device(device: str) -> torch.device | None:
+    """The device `cfg.device` names, for its target (None: the default device, the CPU where CUDA is absent; a
+    run that asks for CUDA there fails at start-up, experiments.plan.resolve_device)."""
+    return torch.device("cpu") if device == "cpu" else None
 
 
 def resolution(cls, target: str, given: dict[str, Any], ablation: str, preset: str | None) -> Resolved:
@@ -398,7 +398,7 @@ def register_resolvers() -> None:
         except BackendUnavailable:
             return "none"
         # from the defaults of the target the sweep starts on (its points run there)
-        defaults = resolve_switches(cls, cls.target(default_device())).first.switches
+        defaults = resolve_switches(cls, target_on(cls)).first.switches
         return ",".join(ablation_points(cls.Switches, dataclasses.asdict(defaults)))
 
     def cutile_tile(shape_name: str, stage: str, field: str):

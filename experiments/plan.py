@@ -22,7 +22,7 @@ from experiments import correctness, provenance
 from impls.defaults import Resolved
 from impls.inputs import DEVICE_DRAW_ELEMENTS, Inputs, make_inputs
 from impls.problem import Problem
-from impls.registry import Backend, BackendUnavailable, backend_class, get_backend, require
+from impls.registry import Backend, BackendUnavailable, backend_class, get_backend, require, target_on
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
         switches = switches_dict(switches)
     else:
         if not dataclasses.is_dataclass(switches):
-            resolved = conf.resolution(cls, cls.target(device), switches_dict(switches), ablation, preset)
+            resolved = conf.resolution(cls, target_on(cls, device), switches_dict(switches), ablation, preset)
             switches = resolved.first.switches
     prov = provenance.collect(device)
     device_name = provenance.device_name(device)

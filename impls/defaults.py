@@ -54,8 +54,10 @@ class Defaults:
             raise ValueError(f"preset: expected one of {sorted({DECLARED, *self.presets})}, got {name!r}")
         return self.presets[name]
 
-    def order(self, target: str) -> tuple[str, ...]:
-        """The presets the defaults of `target` try, in order."""
+    def order(self, target: str | None) -> tuple[str, ...]:
+        """The presets the defaults of `target` try, in order (None: a backend without defaults per target)."""
+        if target is None and not self.targets:
+            return (DECLARED,)
         if target not in TARGETS:
             raise ValueError(f"target: expected one of {TARGETS}, got {target!r}")
         return self.targets.get(target, (DECLARED,))
@@ -76,7 +78,7 @@ class Resolved:
     """How a backend built by name was resolved: its target, its arrangements in order (the first runs unless it
     refuses a call's inputs) and the earlier ones that refused this call's inputs, (preset, why)."""
 
-    target: str
+    target: str | None  # None: the backend declares no defaults per target (the device was not asked about)
     arrangements: tuple[Arrangement, ...]
     refused: tuple[tuple[str, str], ...] = ()
 
@@ -99,7 +101,7 @@ class Resolved:
         return out
 
 
-def resolve(defaults: Defaults, target: str, preset: str | None, given: Mapping[str, Any],
+def resolve(defaults: Defaults, target: str | None, preset: str | None, given: Mapping[str, Any],
             build: Callable[[dict], Any]) -> Resolved:
     """The arrangements of `target`'s defaults (or of `preset` alone, when the caller names one) with the caller's
     switches `given` on top; `build(values)` makes the Switches or raises ValueError with the backend's refusal.

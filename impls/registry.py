@@ -427,8 +427,7 @@ def get_backend(name: str | Backend, switches=None, *, preset: str | None = None
     if isinstance(switches, Resolved):
         resolved = switches
     else:
-        target = cls.target(defaults.default_device() if device is None else torch.device(device))
-        resolved = resolve_switches(cls, target, preset, switches, overrides)
+        resolved = resolve_switches(cls, target_on(cls, device), preset, switches, overrides)
     built = _BUILT.get((name, resolved))
     if built is None:
         built = _BUILT[(name, resolved)] = cls(resolved.first.switches)
@@ -438,10 +437,19 @@ def get_backend(name: str | Backend, switches=None, *, preset: str | None = None
     return built
 
 
-def resolve_switches(cls: type[Backend], target: str, preset: str | None = None, switches=None,
+def target_on(cls: type[Backend], device=None) -> str | None:
+    """The target of `device` (default: impls.defaults.default_device()) for `cls`; None, without asking about the
+    device, where the backend declares no defaults per target."""
+    if not cls.DEFAULTS.targets:
+        return None
+    return cls.target(defaults.default_device() if device is None else torch.device(device))
+
+
+def resolve_switches(cls: type[Backend], target: str | None, preset: str | None = None, switches=None,
                      overrides: dict | None = None) -> Resolved:
-    """How `cls` is built on `target`: the arrangements of its defaults there (or of `preset`), with the switches
-    given (`switches`, then `overrides`) on top: impls.defaults.resolve. Nothing is built or launched."""
+    """How `cls` is built on `target` (None: a backend without defaults per target): the arrangements of its
+    defaults there (or of `preset`), with the switches given (`switches`, then `overrides`) on top:
+    impls.defaults.resolve. Nothing is built or launched."""
     given = dict(dataclasses.asdict(switches)) if dataclasses.is_dataclass(switches) else dict(switches or {})
     given.update(overrides or {})
 
