@@ -5,7 +5,8 @@ so the same numbers come out of each.
 Modules: load (local Parquet / W&B -> long and wide frames), switches (switch metadata and the "no-op on this
 architecture" table), speedup, ablation, roofline, scaling (seqlen, accuracy, first-call cost), claims
 (published claims vs ours), figures (matplotlib, Agg), markdown (tables as Markdown), report (the CLI),
-language_vs_trick (cuTile vs Triton at the same arrangement and tiles, and each trick per language).
+language_vs_trick (cuTile vs Triton at the same arrangement and tiles, and each trick per language), noise (an effect
+printed only when larger than both points' noise). Every table reads one run (load.one_run).
 """
 
 from analysis.ablation import ablation_table

@@ -12,7 +12,14 @@ settings that differ from the default in one key (e.g. cb_precision=fp32), and d
 get a row "<switch>=<value>": the effect there is that of the default setting over this one (negative: the setting
 is faster). A point that changes several such settings at once (an ablation point joined by "+", e.g.
 heads_first:True+skip_first:True+pdl:True) gets one row "<a>=<v>+<b>=<w>", read the same way. Intervals use
-p20/p80 (or repeats), pairing ends conservatively.
+p20/p80 (or repeats), pairing ends conservatively. `on_top` and `alone` are the effects as printed: a signed
+percentage only when larger than both points' noise (analysis.noise), else "within noise". The rows must be one
+run's (analysis.load.one_run).
+
+Column `tiles`: where the compared points' tiles came from (the rows' `tile_protocol`, impls/tuning.py
+TILE_PROTOCOLS; "<point> / <default>", one word where both agree, "unknown" for rows written before the column). An
+effect is the switch's only where both are retuned or same-sass; any other comparison keeps its figures but its
+status reads "apart: <tiles>" (pinned: the point borrowed its baseline's tiles), never "measured".
 """
 
 from __future__ import annotations
@@ -22,16 +29,21 @@ import json
 import numpy as np
 import pandas as pd
 
-from analysis.load import timed, wide
+from analysis.load import one_run, timed, wide
+from analysis.noise import relative_noise, shown_effect
 from analysis.switches import meaning, noop_table, switch_meta
+from impls.tuning import COMPARABLE, join_protocols
 
-COLUMNS = ["backend", "stage", "shape_name", "dtype", "gpu_name", "arch", "switch", "status", "t_default_ms",
+COLUMNS = ["backend", "stage", "shape_name", "dtype", "gpu_name", "arch", "switch", "status", "tiles", "t_default_ms",
            "t_without_ms", "effect_on_top", "effect_on_top_lo", "effect_on_top_hi", "t_all_off_ms", "t_alone_ms",
-           "effect_alone", "effect_alone_lo", "effect_alone_hi", "meaning"]
+           "effect_alone", "effect_alone_lo", "effect_alone_hi", "on_top", "alone", "meaning"]
+# the numeric effects: a printed table shows `on_top` and `alone` instead (`printable`)
+EFFECT_COLUMNS = ["effect_on_top", "effect_on_top_lo", "effect_on_top_hi", "effect_alone", "effect_alone_lo",
+                  "effect_alone_hi"]
 
 
 def _summaries(g: pd.DataFrame) -> dict[str, dict]:
-    """switches JSON (canonical) -> {time, lo, hi, ablation, switches}."""
+    """switches JSON (canonical) -> {time, lo, hi, noise, ablation, switches, tiles}."""
     out = {}
     for key, p in g.groupby(g["switch_dict"].map(lambda d: json.dumps(d, sort_keys=True)), sort=False):
         med = p["median_ms"].to_numpy(float)
@@ -40,9 +52,25 @@ def _summaries(g: pd.DataFrame) -> dict[str, dict]:
         else:
             lo = p["p20_ms"].iloc[0] if pd.notna(p["p20_ms"].iloc[0]) else med[0]
             hi = p["p80_ms"].iloc[0] if pd.notna(p["p80_ms"].iloc[0]) else med[0]
-        out[key] = {"time": float(np.median(med)), "lo": float(lo), "hi": float(hi),
-                    "ablation": set(p["ablation"].fillna("none")), "switches": p["switch_dict"].iloc[0]}
+        found = p["tile_protocol"].dropna() if "tile_protocol" in p else []
+        out[key] = {"time": float(np.median(med)), "lo": float(lo), "hi": float(hi), "noise": relative_noise(p),
+                    "ablation": set(p["ablation"].fillna("none")), "switches": p["switch_dict"].iloc[0],
+                    "tiles": join_protocols(found) if len(found) else "unknown"}
     return out
+
+
+def _tiles(point, default) -> str:
+    """"<point's protocol> / <default's>" (one word where both agree); "" where either point is missing."""
+    if point is None or default is None:
+        return ""
+    return point["tiles"] if point["tiles"] == default["tiles"] else f"{point['tiles']} / {default['tiles']}"
+
+
+def _apart(status: str, tiles: str) -> str:
+    """`status`, or "apart: <tiles>" for a measured comparison whose tiles are not both retuned or same-sass."""
+    if not status.startswith("measured") or all(p in COMPARABLE for t in tiles.split(" / ") for p in t.split("+")):
+        return status
+    return f"apart: {tiles} ({status})"
 
 
 def _effect(with_, without):
@@ -63,6 +91,17 @@ def _default_point(candidates: list[dict], backend: str) -> dict:
     return max(candidates, key=lambda p: sum(v is True for v in p["switches"].values()))
 
 
+def _shown(effect: tuple, *points) -> str:
+    """The effect as printed (analysis.noise.shown_effect against the noise of the points it compares)."""
+    return shown_effect(effect[0], *(p["noise"] for p in points if p is not None))
+
+
+def printable(table: pd.DataFrame) -> pd.DataFrame:
+    """The table as a page prints it: the effects as `on_top` and `alone` (within noise or a percentage), without
+    the numeric effect columns and the switch's meaning."""
+    return table.drop(columns=[*EFFECT_COLUMNS, "meaning"])
+
+
 def _noop_status(arch: str, reason: str) -> str:
     if reason.lower().startswith("no-op on"):
         return reason
@@ -71,7 +110,7 @@ def _noop_status(arch: str, reason: str) -> str:
 
 def ablation_table(results, backend: str, stage: str = "forward", noop_switches=None) -> pd.DataFrame:
     """One row per (shape, dtype, GPU, switch) of `backend` at `stage`; see the module docstring."""
-    w = results if "label" in getattr(results, "columns", []) else wide(results)
+    w = one_run(results if "label" in getattr(results, "columns", []) else wide(results), f"ablation table ({backend})")
     rows = timed(w)
     rows = rows[(rows["backend"] == backend) & (rows["stage"] == stage)]
     out = []
@@ -107,11 +146,13 @@ def ablation_table(results, backend: str, stage: str = "forward", noop_switches=
                 status = "measured (alone); on top not measured"
             else:
                 status = "measured"
-            out.append({**common, "switch": s, "status": status,
+            tiles = _tiles(without, base) or _tiles(alone, all_off)
+            out.append({**common, "switch": s, "status": _apart(status, tiles), "tiles": tiles,
                         "t_without_ms": without["time"] if without else np.nan,
                         "t_alone_ms": alone["time"] if alone else np.nan,
                         "effect_on_top": top[0], "effect_on_top_lo": top[1], "effect_on_top_hi": top[2],
                         "effect_alone": solo[0], "effect_alone_lo": solo[1], "effect_alone_hi": solo[2],
+                        "on_top": _shown(top, base, without), "alone": _shown(solo, alone, all_off),
                         "meaning": meaning(backend, s, arch)})
         for p in points.values():  # settings changed from the default, none of them a default-on switch turned off
             diff = sorted(k for k in set(D) | set(p["switches"]) if p["switches"].get(k) != D.get(k))
@@ -125,15 +166,19 @@ def ablation_table(results, backend: str, stage: str = "forward", noop_switches=
             label = "+".join(f"{k}={p['switches'].get(k)}" for k in diff)
             what = "; ".join(f"default {D.get(k)!r} vs {p['switches'].get(k)!r}: " + meaning(backend, k, arch)
                              for k in diff)
-            out.append({**common, "switch": label, "status": status,
+            out.append({**common, "switch": label, "status": _apart(status, _tiles(p, base)), "tiles": _tiles(p, base),
                         "t_without_ms": p["time"], "t_alone_ms": np.nan, "effect_on_top": top[0],
                         "effect_on_top_lo": top[1], "effect_on_top_hi": top[2], "effect_alone": np.nan,
-                        "effect_alone_lo": np.nan, "effect_alone_hi": np.nan, "meaning": what})
+                        "effect_alone_lo": np.nan, "effect_alone_hi": np.nan, "on_top": _shown(top, base, p),
+                        "alone": "", "meaning": what})
         if bools:
             eff = _effect(base, all_off)
-            out.append({**common, "switch": "all (default vs all off)",
-                        "status": "measured" if all_off else "not measured", "t_without_ms": common["t_all_off_ms"],
+            tiles = _tiles(all_off, base)
+            out.append({**common, "switch": "all (default vs all off)", "tiles": tiles,
+                        "status": _apart("measured", tiles) if all_off else "not measured",
+                        "t_without_ms": common["t_all_off_ms"],
                         "t_alone_ms": np.nan, "effect_on_top": eff[0], "effect_on_top_lo": eff[1],
                         "effect_on_top_hi": eff[2], "effect_alone": np.nan, "effect_alone_lo": np.nan,
-                        "effect_alone_hi": np.nan, "meaning": "every bool switch at its default vs all of them off"})
+                        "effect_alone_hi": np.nan, "on_top": _shown(eff, base, all_off), "alone": "",
+                        "meaning": "every bool switch at its default vs all of them off"})
     return pd.DataFrame(out, columns=COLUMNS)

@@ -3,8 +3,10 @@ refactor's base commit, from `git archive`, and its result; scripts/before_after
 may hold several rounds of the sweep (ROUNDS=2: before, after, after, before); each side's figure is the median of
 its rounds' medians. A (variant, dtype, shape, stage) holds when the after-figure lies within max(2 %, the before-run's
 widest p20–p80 spread, the before-rounds' range, each relative to the median) of the before-figure; the table lists
-both figures, the change, the allowance and the verdict. Points present in one run only are listed as missing,
-never dropped. Exit status 1 when any point does not hold or is missing.
+both figures, the change (printed as "within noise" when no larger than both sides' round-to-round range and p20–p80
+spread, analysis.noise), the allowance and the verdict. Points present in one run only are listed as missing, never
+dropped. Each side is one run (analysis.load.one_run: one card, one source tree, one run group). Exit status 1 when
+any point does not hold or is missing.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import sys
 
 import pandas as pd
 
-from analysis.load import gpu_key, wide
+from analysis.load import gpu_key, one_run, wide
 from analysis.markdown import table
+from analysis.noise import shown_effect
 
 KEYS = ("label", "dtype", "shape_name", "stage")  # label: the backend with its ablation or switches
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
@@ -45,6 +48,8 @@ def compare(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     if len(gpus["before"]) > 1 or len(gpus["after"]) > 1 or gpus["before"] != gpus["after"]:
         raise ValueError(f"before/after: the runs must come from one GPU model, got before {gpus['before']} and "
                          f"after {gpus['after']}")
+    one_run(before, "before/after: the before side")
+    one_run(after, "before/after: the after side")
     b, a = _per_point(before), _per_point(after)
     out = b.add_suffix("_before").join(a.add_suffix("_after"), how="outer")
     out["change"] = out["median_ms_after"] / out["median_ms_before"] - 1
@@ -60,7 +65,10 @@ def render(cmp: pd.DataFrame) -> str:
         "variant": cmp["label"], "dtype": cmp["dtype"], "shape": cmp["shape_name"], "stage": cmp["stage"],
         "before ms": cmp["median_ms_before"].map("{:.4f}".format),
         "after ms": cmp["median_ms_after"].map("{:.4f}".format),
-        "change": cmp["change"].map("{:+.1%}".format), "allowance": cmp["allowance"].map("{:.1%}".format),
+        "change": [shown_effect(c, *noises) for c, *noises in zip(
+            cmp["change"], cmp["spread_before"], cmp["rounds_range_before"], cmp["spread_after"],
+            cmp["rounds_range_after"])],
+        "allowance": cmp["allowance"].map("{:.1%}".format),
         "rounds": [f"{b:.0f} / {a:.0f}" for b, a in zip(cmp["rounds_before"].fillna(0), cmp["rounds_after"].fillna(0))],
         "verdict": cmp["verdict"]})
     return table(shown)

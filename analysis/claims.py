@@ -8,6 +8,8 @@ architectures we count as comparable (`comparable_arch`), and `ours`: which of o
 - "not reproducible here: Blackwell-only"    the claim needs sm_100 hardware (Tensor Memory, tcgen05); the
                                              measured column shows what we measured instead, `instead` what the
                                              sm_100 AOT build shows;
+- "not measured in this run: its rows are X"  the claim's measurement names rows of another run (`ours.results`),
+                                             read only with `other_runs` (a table reads one run);
 - "not measured"                             no result rows answer it;
 - "not comparable: <why>"                    measured on another architecture, or shapes/dtype differ;
 - "context only: <why>"                      `proxy`: our nearest measurement, not the claim's kernel;
@@ -23,7 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from analysis.load import timed, wide
+from analysis.load import one_run, timed, wide
 from analysis.speedup import geomean, time_summary
 
 CLAIMS_PATH = Path(__file__).with_name("claims.yaml")
@@ -84,7 +86,7 @@ def _measure(w: pd.DataFrame, claim: dict) -> tuple[float, str, pd.DataFrame]:
     keeps only the backend's points run with those switch values, `ours.baseline_switches` the baseline's."""
     ours = claim.get("ours") or {}
     if ours.get("results"):
-        w = wide(ours["results"])
+        w = one_run(wide(ours["results"]), f"claim {claim['id']} ({ours['results']})")
     t = _select(w, ours)
     if ours.get("switches") and ours.get("backend"):
         t = _with_switches(t, ours["backend"], ours["switches"])
@@ -126,15 +128,18 @@ def _claimed(claim: dict) -> tuple[float, float, str]:
     return lo, hi, text
 
 
-def compare_claims(results, claims: list[dict] | str | Path | None = None) -> pd.DataFrame:
-    """One row per claim: what it says, what we measured, the status (see the module docstring)."""
-    w = results if "label" in getattr(results, "columns", []) else wide(results)
+def compare_claims(results, claims: list[dict] | str | Path | None = None, other_runs: bool = False) -> pd.DataFrame:
+    """One row per claim: what it says, what we measured, the status (see the module docstring). `results` are one
+    run's rows (analysis.load.one_run); a claim whose measurement names rows of its own (`ours.results`) reads them,
+    each claim one run, only with `other_runs` (the table then holds several runs), else it says where they are."""
+    w = one_run(results if "label" in getattr(results, "columns", []) else wide(results), "claims table")
     if claims is None or isinstance(claims, (str, Path)):
         claims = load_claims(claims)
     out = []
     for c in claims:
         lo, hi, claimed_text = _claimed(c)
-        value, what, used = _measure(w, c)
+        elsewhere = None if other_runs else (c.get("ours") or {}).get("results")
+        value, what, used = (np.nan, "", w.iloc[0:0]) if elsewhere else _measure(w, c)
         archs = sorted(set(used["arch"])) if len(used) else []
         gpus = sorted(set(used["gpu_name"].dropna())) if len(used) else []
         measured_on = ", ".join(gpus or archs)
@@ -148,6 +153,8 @@ def compare_claims(results, claims: list[dict] | str | Path | None = None) -> pd
             status = "not reproducible here: Blackwell-only"
             if c.get("instead"):
                 note = (note + " " if note else "") + f"Instead (sm_100 AOT build): {c['instead']}"
+        elif elsewhere:
+            status = f"not measured in this run: its rows are {elsewhere}"
         elif not np.isfinite(value):
             status = "not measured"
         elif comparable and not set(archs) <= comparable:

@@ -4,7 +4,7 @@ table its module returns and gives a Figure; `save(fig, folder, name)` writes na
 Every figure draws a backend in its one color (analysis.palette), tuned points hatched, stages by marker, shapes
 captioned with their model; legends never show raw point labels. Each artist drawn for a backend carries the gid
 "backend:<name>" (tests check the colors through it). Error bars are the p20–p80 of one run; points pooled from
-several runs get none."""
+several runs get none. The tables come from one run's rows (analysis.load.one_run), so no figure mixes runs."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from analysis import palette  # noqa: E402
 from analysis.load import TIMED_STAGES  # noqa: E402
+from analysis.noise import WITHIN_NOISE  # noqa: E402
 
 
 def save(fig, folder: str | Path, name: str) -> list[Path]:
@@ -96,7 +97,7 @@ def speedup_bars(table: pd.DataFrame, stage: str = "forward"):
 
 def ablation_bars(table: pd.DataFrame):
     """Effect of each switch on top of the others (percent of the time without it), in the backend's color; no-ops
-    drawn as empty bars labelled 'no-op', never as a value."""
+    and effects within the run's noise (the table's `on_top`) drawn as empty bars labelled so, never as a value."""
     if table.empty:
         return _empty("ablation")
     groups = list(dict.fromkeys(zip(table["backend"], table["shape_name"], table["dtype"])))  # one panel each
@@ -107,11 +108,14 @@ def ablation_bars(table: pd.DataFrame):
         y = np.arange(len(d))
         eff = d["effect_on_top"].to_numpy(float) * 100
         noop = d["status"].str.startswith("no-op").to_numpy()
-        bars = ax.barh(y, np.where(noop, 0, np.nan_to_num(eff)), color=palette.color(backend))
+        quiet = (d["on_top"] == WITHIN_NOISE).to_numpy() if "on_top" in d else np.zeros(len(d), bool)
+        bars = ax.barh(y, np.where(noop | quiet, 0, np.nan_to_num(eff)), color=palette.color(backend))
         _tag(bars.patches, backend)
-        for yi, n, st in zip(y, noop, d["status"]):
+        for yi, n, q, st in zip(y, noop, quiet, d["status"]):
             if n:
                 ax.text(0, yi, "  no-op on this arch", va="center", fontsize=8, style="italic")
+            elif q:
+                ax.text(0, yi, f"  {WITHIN_NOISE}", va="center", fontsize=8, color="grey")
             elif st == "not measured":
                 ax.text(0, yi, "  not measured", va="center", fontsize=8, color="grey")
         ax.set_yticks(y, d["switch"])

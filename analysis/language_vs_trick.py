@@ -5,7 +5,9 @@ differs from what the rows give.
 
 One machine's rows make one set of tables: the index's entries without a suffix are the H200's (the study's card),
 the entries ending in a card's suffix (`MACHINES`, "_h100") another card's, each written between its own markers
-and drawn in its own figure. Rows of two cards never share a table.
+and drawn in its own figure. Rows of two cards never share a table, nor rows of two runs: each machine's tables read
+the newest run among its parts' rows (`pick_run`; analysis.load.one_run: one card, one source tree, one run group), and
+the doc names the runs left out. A point measured in several rounds of that run reads the median of their medians.
 
 Per shape (S1-S4) and stage:
 - *language*: cuTile as shipped (its tuned tiles) next to Triton in cuTile's arrangement at cuTile's tuned tiles
@@ -19,7 +21,14 @@ Per shape (S1-S4) and stage:
   chunk_parallel); Triton's host-built TMA descriptors (tma and tma_descriptors=host,
   conf/lvt/triton_tma_host.yaml) against its point tma:True, whose descriptors are made in the kernel; a trick
   swept with the switches it needs ("tma:True+warp_specialize:True") against those switches alone ("tma:True");
+  "within noise" where the effect is no larger than both points' noise (analysis.noise: round-to-round range, p20–p80);
 - the knobs only one language has, with their values (defaults and choices, from the Switches dataclasses).
+
+A trick's figure is read only where both points' tiles were searched for their own code or are the same code's
+(the rows' `tile_protocol`: retuned, same-sass); the others (pinned: the point borrowed its baseline's tiles;
+fallback; retuned-narrower; unknown in rows written before the column) are shown apart, labelled, with what the
+trick's point changes of the stage's lowering where a lowering file beside the rows says (analysis/lowering.py;
+nothing is compiled here), "lowering not inspected" otherwise.
 """
 
 from __future__ import annotations
@@ -28,12 +37,17 @@ import argparse
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import INDEX, repo_root, results_index, timed, wide
+from analysis.load import INDEX, newest_run, one_run, repo_root, results_index, runs, timed, wide
+from analysis.lowering import NOT_INSPECTED, SAME, Lowerings, change, stage_configs
+from analysis.lowering import load as load_lowerings
 from analysis.markdown import table
+from analysis.noise import relative_noise, shown_effect
+from impls.tuning import COMPARABLE, TILE_PROTOCOLS, join_protocols
 
 DOC = "docs/language-vs-trick.md"
 FIGURE_DIR = "docs/figures"
@@ -93,6 +107,12 @@ def load(root: Path | None = None, suffix: str = "") -> pd.DataFrame:
     return w
 
 
+def pick_run(w: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the rows of the newest run among `w`'s, the other runs: analysis.load.runs of what is left out)."""
+    found = runs(w)
+    return newest_run(w), found.iloc[1:]
+
+
 def _arm(choices) -> str:
     try:
         return str((json.loads(choices) if isinstance(choices, str) and choices else {}).get("lvt") or "")
@@ -111,16 +131,7 @@ def _point(t: pd.DataFrame, sweep: str, backend: str, shape: str, ablation: str 
     sel &= t["ablation"].fillna("none") == ablation
     if arm is not None:
         sel &= t["arm"] == arm
-    return _latest_sweep(t[sel])
-
-
-def _latest_sweep(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the latest sweep among them: a point measured again in a later run (the parts of several runs
-    merged into one file) is read from that run alone, never averaged across runs."""
-    if rows["sweep_id"].nunique() <= 1:
-        return rows
-    latest = rows.groupby("sweep_id")["timestamp"].max().idxmax()
-    return rows[rows["sweep_id"] == latest]
+    return t[sel]  # one run's (one_run): a point measured in several rounds has a row per round and stage
 
 
 def tile_source(rows: pd.DataFrame, stage: str) -> str:
@@ -146,7 +157,7 @@ def language_table(w: pd.DataFrame) -> pd.DataFrame:
     """Per (shape, stage): median ms of cuTile tuned and Triton at cuTile's tiles, their ratio, where cuTile's
     tiles came from (a "fallback" there: no record on that card, so the two are not at the same tiles), and each
     language at its defaults and all-off."""
-    t = timed(w)
+    t = timed(one_run(w, "language table"))
     out = []
     for shape in SHAPES:
         for stage in STAGES:
@@ -171,42 +182,75 @@ def tricks(w: pd.DataFrame, backend: str) -> list[str]:
     return [p for p in points if p not in ("none", "all_off") and not p.startswith("only:")]
 
 
+def trick_points(t: pd.DataFrame, backend: str, shape: str, point: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the rows the trick is measured against, the trick point's rows): the defaults and the point; for a trick
+    swept with its needs the point of its needs alone; for an arm trick the point ARM_TRICKS names."""
+    sweep = PARTS[backend]
+    if "+" in point:  # against the point of the switches it needs
+        return _point(t, sweep, backend, shape, point.rsplit("+", 1)[0]), _point(t, sweep, backend, shape, point)
+    if point in ARM_TRICKS:
+        _, arm, against = ARM_TRICKS[point]
+        return _point(t, sweep, backend, shape, against), _point(t, MATCHED, backend, shape, arm=arm)
+    return _point(t, sweep, backend, shape), _point(t, sweep, backend, shape, point)
+
+
+def without_with(t: pd.DataFrame, backend: str, shape: str, point: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows without the trick, rows with it) at one shape: `trick_points` in the order the point turns it."""
+    against, at = trick_points(t, backend, shape, point)
+    turned_on = point.endswith(":True") or point in ARM_TRICKS
+    return (against, at) if turned_on else (at, against)
+
+
 def trick_effect(t: pd.DataFrame, backend: str, shape: str, stage: str, point: str) -> float:
     """Time without the trick / time with it - 1 (positive: the trick helps)."""
-    sweep = PARTS[backend]
-    defaults = _median(_point(t, sweep, backend, shape), stage)
-    if "+" in point:  # against the point of the switches it needs
-        defaults = _median(_point(t, sweep, backend, shape, point.rsplit("+", 1)[0]), stage)
-        other = _median(_point(t, sweep, backend, shape, point), stage)
-    elif point in ARM_TRICKS:
-        _, arm, against = ARM_TRICKS[point]
-        defaults = _median(_point(t, sweep, backend, shape, against), stage)
-        other = _median(_point(t, MATCHED, backend, shape, arm=arm), stage)
-    else:
-        other = _median(_point(t, sweep, backend, shape, point), stage)
-    turned_on = point.endswith(":True") or point in ARM_TRICKS
-    without, with_ = (defaults, other) if turned_on else (other, defaults)
-    return without / with_ - 1
+    without, with_ = without_with(t, backend, shape, point)
+    return _median(without, stage) / _median(with_, stage) - 1
+
+
+def shown_trick(t: pd.DataFrame, backend: str, shape: str, stage: str, point: str) -> str:
+    """`trick_effect` as printed: a signed percentage, or "within noise" where it is no larger than both points'
+    noise at the stage (analysis.noise)."""
+    without, with_ = without_with(t, backend, shape, point)
+    noises = [relative_noise(rows[rows["stage"] == stage]) for rows in (without, with_)]
+    return shown_effect(trick_effect(t, backend, shape, stage, point), *noises)
 
 
 SAME_CODE = "same code"  # a trick cell whose stage ran the same kernels at the same config at both points
+UNKNOWN = "unknown"  # the tile protocol of rows written before the column (schema version 5)
+# what a protocol says of a point's tiles, where its effect is shown apart (impls/tuning.py TILE_PROTOCOLS)
+APART_MEANING = {
+    "pinned": "the point borrowed another switch set's tiles (a trick turned off: its baseline's), searched for "
+              "other code; the figure holds how those tiles fit this code (registers, stack, spills), not the trick "
+              "alone",
+    "retuned-narrower": "searched under the point's own switches, over a narrower space than its switch set or the "
+                        "baseline declares",
+    "fallback": "the backend's fixed fallback tiles (no usable record)",
+    "switches": "every tuned field fixed by a switch",
+    UNKNOWN: "not recorded: rows written before the tile_protocol column (schema version 5); not guessed",
+}
 
 
-# the entries of a row's `describe` that hold a stage's configs (our Triton tunes stage 2 as two kernels)
-DESCRIBE_STAGES = {"fwd_pass_state": ("fwd_pass_state", "chunk_state", "state_passing")}
+def stage_protocol(rows: pd.DataFrame, stage: str) -> str:
+    """Where the point's tiles for `stage` came from (its rows' `tile_protocol`, impls/tuning.py TILE_PROTOCOLS;
+    several joined by "+"); UNKNOWN where the rows predate the column; "" without rows."""
+    sel = rows[rows["stage"] == stage]
+    if sel.empty:
+        return ""
+    found = sel["tile_protocol"].dropna().unique() if "tile_protocol" in sel else []
+    if len(found) == 0:
+        return UNKNOWN
+    return join_protocols(found)
 
 
-def _stage_config(rows: pd.DataFrame, stage: str) -> tuple:
-    """The configs the point's `describe` records for `stage` (each entry of DESCRIBE_STAGES; None where absent)."""
-    for text in rows["describe"].dropna():
-        try:
-            info = json.loads(text)
-        except (TypeError, ValueError):
-            continue
-        stages = (info.get("stages") or {}) if isinstance(info, dict) else {}
-        entries = [stages.get(name) for name in DESCRIBE_STAGES.get(stage, (stage,))]
-        return tuple(e.get("config") if isinstance(e, dict) else None for e in entries)
-    return ()
+def comparable(protocol: str) -> bool:
+    """Whether an effect may be read from a point whose tiles came this way: every part RETUNED or SAME_SASS."""
+    return bool(protocol) and all(p in COMPARABLE for p in protocol.split("+"))
+
+
+def _rows_configs(rows: pd.DataFrame, stage: str) -> tuple:
+    """The configs the point's first recorded `describe` holds for `stage` (lowering.stage_configs)."""
+    described = rows["describe"].dropna()
+    return stage_configs(described.iloc[0], stage) if len(described) else ()
 
 
 def same_code(t: pd.DataFrame, backend: str, shape: str, stage: str, point: str, noops) -> bool:
@@ -224,38 +268,128 @@ def same_code(t: pd.DataFrame, backend: str, shape: str, stage: str, point: str,
     arch = str(with_["arch"].iloc[0])
     if not noops.reason(arch, trick_name(point), stage, str(with_["dtype"].iloc[0])):
         return False
-    return _stage_config(with_, stage) == _stage_config(defaults, stage)
+    return _rows_configs(with_, stage) == _rows_configs(defaults, stage)
 
 
-def trick_table(w: pd.DataFrame) -> pd.DataFrame:
-    """Rows (trick, stage); columns "<language> <shape>": each trick's effect, as a signed percentage, or
-    SAME_CODE where the stage ran the same kernels at the same config with and without it (`same_code`)."""
+LANGUAGES = (("cutile", "cuTile"), ("triton", "Triton"))
+
+
+@dataclass(frozen=True)
+class TrickCell:
+    """One trick's effect on one stage at one shape in one language, with where both points' tiles came from and
+    what the trick's point changes of the lowering."""
+
+    trick: str
+    stage: str
+    language: str
+    shape: str
+    # the main table's cell: "n/a", SAME_CODE, "" (no rows), the effect as shown, or "apart: <protocol>"
+    text: str
+    effect: str = ""  # the effect as shown (a signed percentage or "within noise"), also for a cell shown apart
+    point_tiles: str = ""  # the trick point's tile protocol
+    baseline_tiles: str = ""  # that of the point it is measured against
+    lowering: str = NOT_INSPECTED
+
+    @property
+    def apart(self) -> bool:
+        return self.text.startswith("apart")
+
+
+def trick_cells(w: pd.DataFrame, lowerings: Lowerings | None = None) -> list[TrickCell]:
+    """Every (trick, stage, language, shape) cell (`trick_table`) of one run's rows (analysis.load.one_run);
+    `lowerings`: the lowering files' entries."""
     from analysis.switches import noop_table
 
-    t = timed(w)
+    t = timed(one_run(w, "trick table"))
+    lowerings = lowerings or Lowerings()
     names = {b: {trick_name(p): p for p in tricks(w, b)} for b in PARTS}
     for point, (backend, _, _) in ARM_TRICKS.items():
         names[backend][point] = point
     noops = {b: noop_table(b) for b in PARTS}
-    out = []
+    cells = []
     for trick in dict.fromkeys([*names["cutile"], *names["triton"]]):
         for stage in STAGES:
-            row = {"trick": trick, "stage": stage}
-            for backend, label in (("cutile", "cuTile"), ("triton", "Triton")):
+            for backend, label in LANGUAGES:
                 for shape in SHAPES:
                     point = names[backend].get(trick)
-                    if point is None:
-                        row[f"{label} {shape}"] = "n/a"
-                    elif same_code(t, backend, shape, stage, point, noops[backend]):
-                        row[f"{label} {shape}"] = SAME_CODE
-                    else:
-                        row[f"{label} {shape}"] = _percent(trick_effect(t, backend, shape, stage, point))
-            out.append(row)
-    return pd.DataFrame(out)
+                    cell = TrickCell(trick, stage, label, shape, "n/a")
+                    if point is not None:
+                        cell = _cell(t, cell, backend, point, noops[backend], lowerings)
+                    cells.append(cell)
+    return cells
 
 
-def _percent(value: float) -> str:
-    return "" if pd.isna(value) else f"{value * 100:+.1f} %"
+def _cell(t: pd.DataFrame, cell: TrickCell, backend: str, point: str, noops, lowerings: Lowerings) -> TrickCell:
+    if same_code(t, backend, cell.shape, cell.stage, point, noops):
+        return dataclasses.replace(cell, text=SAME_CODE)
+    effect = shown_trick(t, backend, cell.shape, cell.stage, point)
+    against, at = trick_points(t, backend, cell.shape, point)
+    tiles = (stage_protocol(at, cell.stage), stage_protocol(against, cell.stage))
+    lowering = change(lowerings.of(against, cell.stage), lowerings.of(at, cell.stage))
+    cell = dataclasses.replace(cell, effect=effect, point_tiles=tiles[0], baseline_tiles=tiles[1], lowering=lowering)
+    if not effect or all(comparable(p) for p in tiles):
+        return dataclasses.replace(cell, text=effect)
+    shown = [p for p in tiles if not comparable(p)]
+    return dataclasses.replace(cell, text=f"apart: {shown[0]}")
+
+
+def trick_table(w: pd.DataFrame, lowerings: Lowerings | None = None) -> pd.DataFrame:
+    """Rows (trick, stage); columns "<language> <shape>": each trick's effect, as a signed percentage or "within
+    noise" (`shown_trick`), where both points' tiles were searched for their own code or are the same code's (tile
+    protocols retuned, same-sass); SAME_CODE where the stage ran the same kernels at the same config with and
+    without it (`same_code`); "apart: <protocol>" where a point's tiles came another way (pinned, fallback, ...,
+    unknown in rows written before the column): its figure is in `apart_table`, not here."""
+    return _wide(trick_cells(w, lowerings), "text")
+
+
+def apart_table(cells: list[TrickCell]) -> pd.DataFrame:
+    """The effects `trick_table` shows apart: rows (trick, stage, language), columns the shapes, each cell the
+    figure with where the tiles came from, "<effect> (<point's protocol> / <baseline's>)", one protocol where both
+    agree ("+412.8 % (unknown)"); `apart_legend` says what each protocol means."""
+    rows: dict[tuple[str, str, str], dict] = {}
+    for c in cells:
+        if c.apart:
+            row = rows.setdefault((c.trick, c.stage, c.language),
+                                  {"trick": c.trick, "stage": c.stage, "language": c.language,
+                                   **dict.fromkeys(SHAPES, "")})
+            row[c.shape] = f"{c.effect} ({tiles_label(c)})"
+    return pd.DataFrame(list(rows.values()), columns=["trick", "stage", "language", *SHAPES])
+
+
+def tiles_label(cell: TrickCell) -> str:
+    """"<point's protocol> / <baseline's>", one protocol where both agree."""
+    if cell.point_tiles == cell.baseline_tiles:
+        return cell.point_tiles
+    return f"{cell.point_tiles} / {cell.baseline_tiles}"
+
+
+def apart_legend(cells: list[TrickCell]) -> list[str]:
+    """One line per protocol the cells shown apart hold that is not comparable: what it means."""
+    found = {p for c in cells if c.apart for tiles in (c.point_tiles, c.baseline_tiles)
+             for p in tiles.split("+") if p and p not in COMPARABLE}
+    order = [p for p in APART_MEANING if p in found] + sorted(found - set(APART_MEANING))
+    return [f"- `{p}`: {APART_MEANING.get(p) or TILE_PROTOCOLS.get(p, p)}" for p in order]
+
+
+def lowering_table(cells: list[TrickCell]) -> pd.DataFrame:
+    """Rows (trick, stage); columns "<language> <shape>": what the trick's point changes of the stage's lowering
+    against its baseline (analysis/lowering.py: registers, stack, local loads/stores, warp specialisation), "same
+    lowering" (lowering.SAME), or NOT_INSPECTED where no lowering file holds both points; empty where the trick
+    table has no figure; no rows for the forward (its stages' rows say) or where every cell is empty."""
+    def shown(c: TrickCell) -> bool:
+        return c.text not in ("n/a", SAME_CODE, "")
+
+    out = _wide([c if shown(c) else dataclasses.replace(c, lowering="") for c in cells if c.stage != "forward"],
+                "lowering")
+    return out[(out.drop(columns=["trick", "stage"]) != "").any(axis=1)].reset_index(drop=True) if len(out) else out
+
+
+def _wide(cells: list[TrickCell], field: str) -> pd.DataFrame:
+    rows: dict[tuple[str, str], dict] = {}
+    for c in cells:
+        rows.setdefault((c.trick, c.stage), {"trick": c.trick, "stage": c.stage})[f"{c.language} {c.shape}"] = \
+            getattr(c, field)
+    return pd.DataFrame(list(rows.values()))
 
 
 def one_language_knobs() -> pd.DataFrame:
@@ -276,15 +410,41 @@ def one_language_knobs() -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = ()) -> str:
-    """The doc's generated section; `missing`: the parts not committed yet (their columns stay empty and the trick
-    table waits for both)."""
+def lowering_entries(root: Path | None = None, suffix: str = "") -> Lowerings:
+    """The lowering files' entries (analysis/lowering.py) beside the results files the index names for one
+    machine's parts."""
+    root = root or repo_root()
+    index = results_index(root)
+    return load_lowerings(root / Path(INDEX).parent / index[name + suffix] for name in EXPERIMENTS
+                          if name + suffix in index)
+
+
+def run_text(w: pd.DataFrame, left_out: pd.DataFrame | None = None) -> str:
+    """Which run the tables read and which runs of the sources they leave out (a table reads one run)."""
+    run = runs(w).iloc[0] if len(w) else None
+    text = "" if run is None else f"The tables read one run: `{run['run_group']}` on {run['gpu_uuid']}."
+    if left_out is not None and len(left_out):
+        others = "; ".join(f"`{r['run_group']}` on {r['gpu_uuid']}, {r['first'][:10]}, {r['points']} points"
+                           for _, r in left_out.iterrows())
+        text += (f" Left out, as rows of other runs ({len(left_out)}): {others}. Only the newest run is read; "
+                 "columns and cells its rows do not hold stay empty.")
+    return text
+
+
+def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = (), left_out: pd.DataFrame | None = None,
+           lowered: Lowerings | None = None) -> str:
+    """The doc's generated section from one run's rows (`pick_run`); `missing`: the parts not committed yet (their
+    columns stay empty and the trick table waits for both); `left_out`: the runs of the sources not read;
+    `lowered`: the lowering files' entries (none: the lowering is not inspected)."""
+    cells = trick_cells(w, lowered) if not missing else []
     gpus = ", ".join(sorted(w["gpu_name"].dropna().unique()))
     days = sorted(w["timestamp"].dropna().str[:10].unique())
     return "\n".join([
         f"Generated by `python -m analysis.language_vs_trick` from {sources} ({w['run_id'].nunique()} points on "
         f"{gpus}, {days[0] if days else '?'}{' to ' + days[-1] if len(days) > 1 else ''}; bf16, the headline "
         "problem). Do not edit: regenerate.",
+        "",
+        run_text(w, left_out),
         "",
         "### Same arrangement, same tiles: the language",
         "",
@@ -296,20 +456,51 @@ def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = ()) -> str:
         "its default (`fused_program` with `fuse_state_out` on in both): a positive figure says the default value "
         "is the faster. `tma_descriptors:host` reads the other way: the matched part's host-descriptor point "
         "against the Triton part's `tma:True` (descriptors made in the kernel), so a positive figure says host-built "
-        "descriptors help; the two parts may come from different runs (the sources above). An empty cell: that "
-        f"shape's part has not run. \"{SAME_CODE}\": the switch does not change that stage's code (the backend's "
+        "descriptors help. An empty cell: that shape's part has not run in this run. \"within noise\": the effect is "
+        "no larger than both points' noise (the round-to-round range and the p20–p80 spread). "
+        f"\"{SAME_CODE}\": the switch does not change that stage's code (the backend's "
         "switch-effects table: impls/cutile/switch_effects.json compares the sm_90 SASS, "
         "impls/triton/switch_effects.json the kernel launches) and both points ran it at the same config, so the "
         "two timings differ only by the run's noise; a stage of a few microseconds (chunk_cumsum) moves by more "
-        "than 2x between such points.",
+        "than 2x between such points. A figure is shown here only where both points' tiles were searched for their "
+        "own code or are the same code's (column `tile_protocol`: retuned, same-sass); \"apart: <protocol>\": a "
+        "point's tiles came another way (pinned: borrowed its baseline's tiles; fallback; retuned-narrower; "
+        "unknown: rows written before the column), its figure is in the next table, labelled.",
         "",
-        table(trick_table(w)) if not missing else
+        _trick_sections(cells) if not missing else
         (f"Not run yet: `{INDEX}` has no entry {', '.join(f'`{m}`' for m in missing)} (each language's defaults, "
          "all-off and single-trick points; the columns above that need them are empty until they are committed)."),
         "",
         "### Knobs only one language has",
         "",
         table(one_language_knobs()),
+    ])
+
+
+def _trick_sections(cells: list[TrickCell]) -> str:
+    """The trick table, the effects shown apart and the lowering changes, as markdown."""
+    apart = apart_table(cells)
+    lowering = lowering_table(cells)
+    inspected = any(c.lowering not in (NOT_INSPECTED, "") for c in cells)
+    return "\n".join([
+        table(_wide(cells, "text")),
+        "",
+        "#### Effects shown apart: a point's tiles not searched for its own code (not the trick's effect alone)",
+        "",
+        *(["Each figure with where the tiles came from (column `tile_protocol`; the trick's point / its baseline, "
+           "one word where both agree):", "", *apart_legend(cells), "", table(apart)] if len(apart) else
+          ["None: every figure above compares retuned or same-sass tiles."]),
+        "",
+        "#### Lowering: what each trick's point changes of the stage's sm_90 SASS against its baseline",
+        "",
+        *(["Registers and stack per thread, local loads/stores (LDL/STL: the spill traffic) and warp specialisation "
+           "(USETMAXREG) of each kernel of the stage, both points compiled for sm_90 at the tiles their rows "
+           f"recorded (the lowering files beside the rows); \"{SAME}\": none of these changes (the SASS may differ "
+           f"elsewhere); \"{NOT_INSPECTED}\": no entry for a point (chunk_cumsum is not compiled).", "",
+           table(lowering)] if inspected else
+          [f"{NOT_INSPECTED.capitalize()}: no lowering file beside these rows (`python -m experiments.lowering "
+           "<rows file>` writes one, compiling each point's kernels for sm_90 on the CPU at the tiles its rows "
+           "recorded: registers, stack, local loads/stores, warp specialisation)."]),
     ])
 
 
@@ -360,9 +551,10 @@ def main(argv=None) -> int:
     for suffix in MACHINES:
         if suffix and MATCHED + suffix not in index:
             continue
-        w = load(root, suffix)
+        w, left_out = pick_run(load(root, suffix))
         sources = ", ".join(f"`results/{index[n + suffix]}`" for n in EXPERIMENTS if n + suffix in index)
-        text = write_section(doc, render(w, sources, tuple(missing_entries(root, suffix))), suffix, text)
+        section = render(w, sources, tuple(missing_entries(root, suffix)), left_out, lowering_entries(root, suffix))
+        text = write_section(doc, section, suffix, text)
         tables[suffix] = language_table(w)
     if a.check:
         same = doc.read_text() == text

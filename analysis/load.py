@@ -2,15 +2,19 @@
 format (one row per point and stage, one column per metric).
 
 Sources: a Parquet file, a folder of them (a sweep directory or a whole results tree, read recursively),
-`index:<experiment>[,<experiment>...]` (the current file of each experiment named in results/index.yaml; the
-default), or `wandb:<entity>/<project>[/<group>]` through W&B's public API (lazily imported; needs the user's
-login). A path or an experiment that does not exist is an error naming it: nothing falls back to other data.
+`index:<experiment>[,<experiment>...]` (the file of each experiment named in results/index.yaml, under `current:`
+(one entry per question) or `archive:` (superseded, or gated on the whole tensor only); the default), or
+`wandb:<entity>/<project>[/<group>]` through W&B's public API (lazily imported; needs the user's login).
+A path or an experiment that does not exist is an error naming it: nothing falls back to other data.
+Every table and figure reads the rows of one run (`one_run`: one GPU, one source tree, one run group).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import posixpath
+import re
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +30,10 @@ TIMED_STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
 STAGE_ORDER = {s: i for i, s in enumerate((*TIMED_STAGES, "ceiling", "point"))}
 # Columns that differ between the rows of one point: they become the metric columns of the wide frame.
 _PER_ROW = ("stage", "metric", "value", "unit")
-# Columns that differ between the stages of one point (the matmul precision the backend reported) or between its
-# metrics (a missing value's reason): one per (point, stage) in the wide frame, `notes` joining the metrics' notes.
-_PER_STAGE = ("precision", "note")
+# Columns that differ between the stages of one point (the matmul precision the backend reported, where the stage's
+# tiles came from) or between its metrics (a missing value's reason): one per (point, stage) in the wide frame,
+# `notes` joining the metrics' notes.
+_PER_STAGE = ("precision", "note", "tile_protocol")
 ENV_RESULTS = "SSD_RESULTS"
 INDEX = "results/index.yaml"
 DEFAULT_RESULTS = "index:headline"
@@ -43,12 +48,33 @@ def repo_root(start: Path | None = None) -> Path:
     return Path(__file__).resolve().parents[1]
 
 
-def results_index(root: Path | None = None) -> dict[str, str]:
-    """results/index.yaml: experiment -> its current file, relative to results/."""
+INDEX_SECTIONS = ("current", "archive")
+
+
+def index_sections(root: Path | None = None) -> dict[str, dict[str, str]]:
+    """results/index.yaml by section: {"current": {experiment: file}, "archive": {...}}, files relative to results/.
+    A file without the two sections (a flat mapping) is all current. A name in both sections is an error."""
     path = (root or repo_root()) / INDEX
     if not path.is_file():
         raise FileNotFoundError(f"results index {path} not found")
-    return {str(k): str(v) for k, v in (yaml.safe_load(path.read_text()) or {}).items()}
+    data = yaml.safe_load(path.read_text()) or {}
+    if not (set(data) & set(INDEX_SECTIONS)):
+        data = {"current": data}
+    unknown = set(data) - set(INDEX_SECTIONS)
+    if unknown:
+        raise ValueError(f"{INDEX}: expected the sections {', '.join(INDEX_SECTIONS)}, got also {sorted(unknown)}")
+    sections = {s: {str(k): str(v) for k, v in (data.get(s) or {}).items()} for s in INDEX_SECTIONS}
+    twice = sorted(set(sections["current"]) & set(sections["archive"]))
+    if twice:
+        raise ValueError(f"{INDEX}: {twice} both current and archive")
+    return sections
+
+
+def results_index(root: Path | None = None) -> dict[str, str]:
+    """results/index.yaml: experiment -> its file, relative to results/, current and archive entries together
+    (`index:<name>` finds either)."""
+    sections = index_sections(root)
+    return {**sections["current"], **sections["archive"]}
 
 
 def _from_index(source: str) -> list[str]:
@@ -150,14 +176,15 @@ def point_label(backend: str, ablation: str, switches: dict) -> str:
 
 
 def per_stage(long: pd.DataFrame) -> pd.DataFrame:
-    """(run_id, stage) -> precision (as the backend reported it) and notes ("metric: why; ..." of the rows that
-    carry one)."""
+    """(run_id, stage) -> precision (as the backend reported it), tile_protocol (null in files before schema
+    version 5) and notes ("metric: why; ..." of the rows that carry one)."""
     keys = ["run_id", "stage"]
-    precision = long.groupby(keys, sort=False)["precision"].first()
+    grouped = long.groupby(keys, sort=False)
+    precision, protocol = grouped["precision"].first(), grouped["tile_protocol"].first()
     noted = long[long["note"].notna()]
     notes = (noted["metric"].astype(str) + ": " + noted["note"].astype(str)).groupby(
         [noted["run_id"], noted["stage"]], sort=False).agg("; ".join)
-    return pd.DataFrame({"precision": precision}).join(notes.rename("notes"))
+    return pd.DataFrame({"precision": precision, "tile_protocol": protocol}).join(notes.rename("notes"))
 
 
 def wide(long: pd.DataFrame) -> pd.DataFrame:
@@ -167,7 +194,8 @@ def wide(long: pd.DataFrame) -> pd.DataFrame:
     long = load_results(long)
     if long.empty:
         cols = [c for c in long.columns if c not in (*_PER_ROW, *_PER_STAGE)] + list(METRICS)
-        return pd.DataFrame(columns=[*cols, "stage", "precision", "notes", "arch", "shape", "label", "switch_dict"])
+        return pd.DataFrame(columns=[*cols, "stage", "precision", "tile_protocol", "notes", "arch", "shape", "label",
+                                     "switch_dict"])
     values = long.pivot_table(index=["run_id", "stage"], columns="metric", values="value", aggfunc="first")
     values = values.reindex(columns=[*METRICS, *(c for c in values.columns if c not in METRICS)])
     values.columns.name = None
@@ -203,3 +231,93 @@ def timed(w: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
     if ok_only:
         sel &= w["status"] == "ok"
     return w[sel]
+
+
+# --- one run per table ----------------------------------------------------------------------------------------
+# A table or figure puts side by side only rows of one run: one card (gpu_uuid, and one GPU model for rows without
+# one), one source tree (the tree part of code_key) and one run group (one scripts/rounds.sh, before_after.sh or
+# gpu_session.sh invocation, its rounds included). Rows of two runs differ by more than what the table compares.
+RUN_COLUMNS = ("gpu_uuid", "gpu_name", "source_tree", "run_group")
+# The sweep root a script made for one invocation, as rows before schema version 5 record it in their config
+# (results_dir = <root>/<experiment>): gpu_session.sh's call-<time>-<pid>, rounds.sh's rounds-XXXXXX and
+# before_after.sh's before-after-sweeps-XXXXXX/<side>.
+INVOCATION_ROOT = re.compile(r"/(?:call-\d+-\d+|rounds-[^/]+|before-after-sweeps-[^/]+/(?:before|after))$")
+_RESULTS_DIR = re.compile(r"^results_dir: *'?(.+?)'? *$", re.M)
+NULL = "null"
+
+
+class MixedRuns(ValueError):
+    """Rows of several runs (cards, source trees or run groups) given to what builds one table or figure."""
+
+
+def source_tree(code_key, git_commit=None) -> str | None:
+    """The source tree a row's code_key names: its text before the first "|" (a commit with its diff hash, or a
+    hash of the content); rows from before code_key (schema version 4) have their git_commit."""
+    if isinstance(code_key, str) and code_key:
+        return code_key.split("|", 1)[0]
+    return str(git_commit) if isinstance(git_commit, str) and git_commit else None
+
+
+def legacy_group(sweep_id, config) -> str:
+    """The run group of a row from before schema version 5 (no run_group column): the name of the sweep root of the
+    script invocation that measured it, read off its config's results_dir (`INVOCATION_ROOT`: the rounds of one
+    rounds.sh run share it), else "sweep <sweep_id>" (a run by hand, or a root shared by several invocations)."""
+    found = _RESULTS_DIR.search(config) if isinstance(config, str) else None
+    root = INVOCATION_ROOT.search(posixpath.dirname(found.group(1))) if found else None
+    if root:
+        return root.group(0)[1:]  # the root's own name (call-..., rounds-..., before-after-sweeps-.../<side>)
+    return f"sweep {sweep_id}" if isinstance(sweep_id, str) and sweep_id else NULL
+
+
+def _column(frame: pd.DataFrame, name: str) -> pd.Series:
+    return frame[name] if name in frame else pd.Series(None, index=frame.index, dtype=object)
+
+
+def run_keys(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each row's run, as RUN_COLUMNS (strings; "null" where a row has no value): gpu_uuid, the GPU model
+    (`gpu_key`), the source tree (`source_tree`) and the run group (run_group; `legacy_group` for rows from
+    before schema version 5, whose run_group is null). A column a hand-made frame lacks counts as null."""
+    code_key, commit = _column(frame, "code_key"), _column(frame, "git_commit")
+    group = _column(frame, "run_group").astype(object)
+    legacy = group.isna()
+    if legacy.any():
+        pairs = pd.DataFrame({"s": _column(frame, "sweep_id")[legacy], "c": _column(frame, "config")[legacy]})
+        names = {key: legacy_group(*key) for key in pairs.drop_duplicates().itertuples(index=False, name=None)}
+        group[legacy] = [names[key] for key in pairs.itertuples(index=False, name=None)]
+    trees = {key: source_tree(*key) for key in set(zip(code_key, commit))}
+    out = pd.DataFrame({"gpu_uuid": _column(frame, "gpu_uuid").astype(object),
+                        "gpu_name": gpu_key(frame) if len(frame) else pd.Series(dtype=object),
+                        "source_tree": [trees[key] for key in zip(code_key, commit)],
+                        "run_group": group}, index=frame.index)
+    return out.astype(object).where(out.notna(), NULL).astype(str)
+
+
+def one_run(frame: pd.DataFrame, what: str) -> pd.DataFrame:
+    """`frame` itself when its rows come from one run (`run_keys`: one gpu_uuid, one GPU model, one source tree,
+    one run group); else MixedRuns naming `what` (the table or figure) and each column whose values differ, with
+    those values. Rows from before schema version 5 have no run_group: they count as one group per invocation's
+    sweep root, else per sweep_id (`legacy_group`), so a legacy single run passes."""
+    keys = run_keys(frame)
+    mixed = {col: sorted(keys[col].unique()) for col in keys.columns if keys[col].nunique() > 1}
+    if mixed:
+        differ = "; ".join(f"{col}: {', '.join(values)}" for col, values in mixed.items())
+        raise MixedRuns(f"{what}: the rows come from several runs ({differ}); a table reads one GPU, one source "
+                        "tree and one run group: select one run (analysis.load.runs lists them)")
+    return frame
+
+
+def runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per run in `frame` (RUN_COLUMNS), with its first and last timestamp and its number of points, the
+    newest (latest last timestamp) first."""
+    keys = run_keys(frame).assign(timestamp=_column(frame, "timestamp").astype(str), run_id=_column(frame, "run_id"))
+    out = keys.groupby(list(RUN_COLUMNS), sort=False).agg(first=("timestamp", "min"), last=("timestamp", "max"),
+                                                           points=("run_id", "nunique"))
+    return out.sort_values("last", ascending=False, kind="stable").reset_index()
+
+
+def newest_run(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the newest run in `frame` (`runs`: the one measured last)."""
+    if frame.empty:
+        return frame
+    keys, newest = run_keys(frame), runs(frame).iloc[0]
+    return frame[(keys[list(RUN_COLUMNS)] == newest[list(RUN_COLUMNS)]).all(axis=1)]

@@ -2,7 +2,8 @@
 Markdown report (<dir>/report.md, figures as PNG and SVG under <dir>/figures/).
 
 <results> is what analysis.load.load_results takes: a Parquet file, a results folder, index:<experiment>[,...]
-(results/index.yaml; the default is the current headline), or wandb:<entity>/<project>.
+(results/index.yaml; the default is the current headline), or wandb:<entity>/<project>: the rows of one run
+(analysis.load.one_run; a source of several runs is refused, naming them).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import figures
-from analysis.ablation import ablation_table
+from analysis.ablation import ablation_table, printable
 from analysis.claims import compare_claims
-from analysis.load import is_synthetic, load_results, resolve_results, wide
+from analysis.load import is_synthetic, load_results, one_run, resolve_results, wide
 from analysis.markdown import table
 from analysis.roofline import roofline_table
 from analysis.scaling import accuracy_matrix, accuracy_table, compile_table, seqlen_table
@@ -28,8 +29,8 @@ SECTIONS = ("Points", "Speedup", "Ablations", "Roofline", "Sequence-length scali
 
 
 def tables(results, baseline: str = "mamba_ssm", noop_switches=None) -> dict[str, pd.DataFrame]:
-    """Every table of the report, by name (the notebooks show the same ones)."""
-    w = results if "label" in getattr(results, "columns", []) else wide(results)
+    """Every table of the report, by name (the notebooks show the same ones), from one run's rows."""
+    w = one_run(results if "label" in getattr(results, "columns", []) else wide(results), "report")
     out: dict[str, pd.DataFrame] = {}
     pts = w[w["stage"] == "point"]
     out["points"] = pts.groupby(["backend", "status", "sweep_name"], dropna=False).size().rename("points") \
@@ -90,9 +91,11 @@ def write_report(results, out_dir: str | Path, baseline: str = "mamba_ssm", noop
         md += ["Full table:\n", table(t["speedup"]), "", img("speedup_forward")]
     else:
         md += [table(t["speedup"]), ""]
-    md += ["## Ablations\n", "effect = 1 − t_with / t_without (time saved by the switch; −10 % = it costs 10 %). "
-           "Switches that are no-ops on the architecture are labelled, never given an effect.\n",
-           table(t["ablation"].drop(columns=["meaning"])), "", img("ablation")]
+    md += ["## Ablations\n", "effect = 1 − t_with / t_without (time saved by the switch; −10 % = it costs 10 %), "
+           "on top of the others and alone; \"within noise\" where it is no larger than both points' noise (the "
+           "round-to-round range and the p20–p80 spread). Switches that are no-ops on the architecture are labelled, "
+           "never given an effect.\n",
+           table(printable(t["ablation"])), "", img("ablation")]
     md += ["## Roofline\n", "Achieved rates from the cost model's flops/bytes (experiments/cost_model.py) and the "
            "median time; ceilings measured on the same GPU; frac_floor = floor time / measured time.\n",
            table(t["roofline"]), "", img("roofline")]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.load import timed, wide
+from analysis.load import one_run, timed, wide
 
 COLUMNS = ["backend", "label", "stage", "shape_name", "dtype", "gpu_name", "median_ms", "flops", "bytes",
            "intensity", "tflops", "gbps", "matmul_tflops", "copy_gbps", "floor_ms", "bound", "frac_floor",
@@ -34,8 +34,9 @@ def ceilings(w: pd.DataFrame) -> pd.DataFrame:
 
 
 def roofline_table(results, ncu: pd.DataFrame | None = None, stages=None, ablations: bool = False) -> pd.DataFrame:
-    """One row per timed (point, stage) of ok points (default-switch points only unless `ablations`)."""
-    w = results if "label" in getattr(results, "columns", []) else wide(results)
+    """One row per timed (point, stage) of ok points (default-switch points only unless `ablations`), of one run
+    (analysis.load.one_run)."""
+    w = one_run(results if "label" in getattr(results, "columns", []) else wide(results), "roofline table")
     t = timed(w)
     if not ablations:
         t = t[t["ablation"].fillna("none") == "none"]

@@ -1,25 +1,26 @@
 """Sequence-length scaling, accuracy (rel_err against the float64 reference, per seqlen × dtype × backend) and
-first-call cost (compile_s: the first call's wall time, compile / autotune included)."""
+first-call cost (compile_s: the first call's wall time, compile / autotune included); each table from one run's
+rows (analysis.load.one_run)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from analysis.load import SHAPE, TIMED_STAGES, gpu_key, wide
+from analysis.load import SHAPE, TIMED_STAGES, gpu_key, one_run, wide
 
 _OTHER_SHAPE = [c for c in SHAPE if c != "seqlen"]
 
 
-def _w(results):
-    return results if "label" in getattr(results, "columns", []) else wide(results)
+def _w(results, what: str):
+    return one_run(results if "label" in getattr(results, "columns", []) else wide(results), what)
 
 
 def seqlen_table(results, stage: str = "forward", sweep_name: str | None = None) -> pd.DataFrame:
     """Time and throughput against seqlen, per backend, for every family of shapes that differ only in seqlen
     and has at least two lengths. tokens_per_s = batch·seqlen / time; ns_per_token = time / (batch·seqlen);
     scaling = the time ratio to the family's shortest length divided by the length ratio (1.0 = linear)."""
-    w = _w(results)
+    w = _w(results, "seqlen table")
     t = w[(w["stage"] == stage) & (w["status"] == "ok") & w["median_ms"].notna()
           & (w["ablation"].fillna("none") == "none")]
     if sweep_name is not None:
@@ -44,7 +45,7 @@ def seqlen_table(results, stage: str = "forward", sweep_name: str | None = None)
 def accuracy_table(results, stages=TIMED_STAGES) -> pd.DataFrame:
     """rel_err and its tolerance per (backend, dtype, seqlen, stage), worst over repeats and other shape
     columns; err_over_tol > 1 is a failure of the gate. Failed points are included (status column)."""
-    w = _w(results)
+    w = _w(results, "accuracy table")
     t = w[w["stage"].isin(stages) & w["rel_err"].notna() & (w["ablation"].fillna("none") == "none")]
     # precision: the stage's matmul precision as the backend reported it (its tolerance follows; null before
     # schema version 4)
@@ -67,8 +68,8 @@ def accuracy_matrix(table: pd.DataFrame, stage: str = "forward") -> pd.DataFrame
 def compile_table(results) -> pd.DataFrame:
     """First-call cost per (backend, stage, shape, dtype, GPU): compile_s (median over points), the steady-state
     median_ms, and calls_to_amortize = compile_s / median time (how many steady calls the first one costs). Rows
-    of two GPUs (or of a GPU and the CPU) never share a median."""
-    w = _w(results)
+    of two GPUs (or of a GPU and the CPU) are refused (one run)."""
+    w = _w(results, "first-call cost table")
     t = w[w["stage"].isin(TIMED_STAGES) & w["compile_s"].notna() & (w["ablation"].fillna("none") == "none")]
     t = t.assign(gpu_name=gpu_key(t))
     g = t.groupby(["backend", "stage", "shape_name", "dtype", "gpu_name"], sort=False)

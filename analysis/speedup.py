@@ -6,7 +6,8 @@ conservative: with repeats, the min-max of the per-run medians; with one run, th
 interval pairs the baseline's fast end with the backend's slow end and vice versa.
 Only default-switch points enter (ablation "none"); ablations are analysis.ablation's business. Points whose tile
 configs came from a tuning search or a stored record are a column of their own, "<backend>[tuned]", apart from the
-same backend's fallback-config points: the two are different configurations, never pooled as repeats.
+same backend's fallback-config points: the two are different configurations, never pooled as repeats. The rows must
+be one run's (analysis.load.one_run): repeats are that run's rounds.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.load import TIMED_STAGES, gpu_key, timed, wide
+from analysis.load import TIMED_STAGES, gpu_key, one_run, timed, wide
 
 # problem_name: the same shape under another problem (with initial states, z, seq_idx) is another workload
 KEYS = ("stage", "shape_name", "shape", "problem_name", "dtype", "gpu_name")
@@ -22,7 +23,7 @@ KEYS = ("stage", "shape_name", "shape", "problem_name", "dtype", "gpu_name")
 
 def time_summary(w: pd.DataFrame, stages=TIMED_STAGES) -> pd.DataFrame:
     """One row per (label, stage, shape, problem, dtype, GPU): time_ms, time_lo, time_hi, spread, n_runs."""
-    rows = timed(w)
+    rows = timed(one_run(w, "time summary"))
     rows = rows[rows["stage"].isin(stages)].assign(gpu_name=lambda d: gpu_key(d))
     out = []
     for key, g in rows.groupby(["label", "backend", "ablation", *KEYS], dropna=False, sort=False):

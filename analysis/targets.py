@@ -10,6 +10,7 @@ configuration is its round k, as `scripts/rounds.sh` lays them out; the subject'
 only. Per target and shape, each round compares the subject's forward median (or
 `metric`) with a bound in ms or with the baseline's median of the same round; the target holds when it holds in every
 round and at least `rounds` rounds are present ("too few rounds" otherwise). Only points that passed the gate count.
+The rows must be one run's (analysis.load.one_run): rounds of several runs are refused.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from analysis.load import METRICS, timed, wide
+from analysis.load import METRICS, one_run, timed, wide
 from analysis.markdown import emit, table
 from experiments.cost_model import STAGES
 
@@ -103,7 +104,7 @@ def check(w: pd.DataFrame, spec: dict) -> pd.DataFrame:
     `min_median_ms` leaves out a stage whose median is under it in every round (the issue's "kernels of 20 µs or
     more"); `host_note_below_ms` flags a verdict on a stage that short (its eager median holds the host's launch)."""
     out = []
-    w = numbered(w)
+    w = numbered(one_run(w, "targets"))
     for t in spec["targets"]:
         metric = t.get("metric", "median_ms")
         need = int(t.get("rounds", spec.get("rounds", 3)))

@@ -59,6 +59,16 @@ def sweep_identity(hc) -> tuple[str, int]:
     return sweep_id, int(num or 0)
 
 
+def run_identity(sweep_id: str, environ=os.environ) -> tuple[str, int]:
+    """(run_group, round): SSD_RUN_GROUP and SSD_ROUND as scripts/rounds.sh, before_after.sh and gpu_session.sh set
+    them (one group per invocation), else the sweep's own id and round 1. A round that is not a positive integer
+    is refused (ConfigError naming SSD_ROUND)."""
+    text = environ.get("SSD_ROUND") or "1"
+    if not text.isdigit() or int(text) < 1:
+        raise conf.ConfigError(f"SSD_ROUND must be a positive integer (the round of scripts/rounds.sh), got {text!r}")
+    return environ.get("SSD_RUN_GROUP") or sweep_id, int(text)
+
+
 # After a kernel's illegal memory access the process's CUDA context is unusable: every later point of the same
 # process would fail with the same error and be misattributed. Such points are refused with the first culprit.
 _CUDA_CONTEXT_LOST: list[str] = []
@@ -103,9 +113,10 @@ def run_point(cfg: DictConfig) -> dict:
     plan.resolve_device(cfg.device)
     hc = HydraConfig.get()
     sweep_id, job_num = sweep_identity(hc)
+    run_group, round_ = run_identity(sweep_id)
     if hc.mode == RunMode.MULTIRUN and job_num % cfg.launch.num_shards != cfg.launch.shard:
         return {"status": "other-shard"}
-    point = plan.from_config(cfg, sweep_id, job_num, dict(hc.runtime.choices))
+    point = plan.from_config(cfg, sweep_id, job_num, dict(hc.runtime.choices), run_group, round_)
     output = record.Output.from_config(cfg, original_cwd())
     chash = point.identity.config_hash
     stored = record.already_stored(point, output)

@@ -29,6 +29,10 @@ BackendName = enum.Enum("BackendName", {name: name for name in BACKEND_MODULES})
 DtypeName = enum.Enum("DtypeName", {name: name for name in DTYPES})
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
 FORWARD = "forward"
+# what a point measures of the SSD workload: the forward (its stages and the whole), the backward through
+# impls.ssd (after a forward under autograd, timed alone), or a forward and its backward together
+DIRECTIONS = ("forward", "backward", "forward_backward")
+WORKLOAD = "ssd"
 
 
 class ConfigError(ValueError):
@@ -71,6 +75,7 @@ class ProblemConfig:
     D_per_channel: bool = False
     has_z: bool = False
     has_initial_states: bool = False
+    initial_states_per_sequence: bool = False
     nseqs: int = 1
     varlen: bool = False
     state_dtype: DtypeName | None = None
@@ -135,6 +140,7 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda
     results_dir: str = "results/scratch"
     sweep_name: str = "adhoc"
+    direction: str = "forward"  # forward | backward | forward_backward (DIRECTIONS)
     force: bool = False  # re-run points already stored (same config hash and code key)
     retry_failed: bool = True  # re-run points stored as failed by the same code
 
@@ -165,6 +171,7 @@ def problem_of(cfg: DictConfig) -> Problem:
     return Problem(shape=shape_of(cfg), dtype=_plain(cfg.dtype.name), has_dt_bias=p.has_dt_bias,
                    dt_softplus=p.dt_softplus, dt_limit=tuple(float(v) for v in p.dt_limit), has_D=p.has_D,
                    D_per_channel=p.D_per_channel, has_z=p.has_z, has_initial_states=p.has_initial_states,
+                   initial_states_per_sequence=p.initial_states_per_sequence,
                    nseqs=p.nseqs, varlen=p.varlen, state_dtype=_plain(p.state_dtype))
 
 
@@ -343,6 +350,8 @@ def validate(cfg: DictConfig):
     check_shape(shape, cfg.shape.name)
     problem = problem_of(cfg)
     check_problem(problem)
+    if cfg.direction not in DIRECTIONS:
+        raise ConfigError(f"direction: expected one of {DIRECTIONS}, got {cfg.direction!r}")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device: expected auto, cpu or cuda, got {cfg.device!r}")
     if cfg.logger.kind not in ("auto", "wandb", "local"):

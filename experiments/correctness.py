@@ -17,6 +17,7 @@ through the public entry (experiments/calls.py), so its figures include what a u
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -28,8 +29,9 @@ from impls import validate
 from impls.api import non_increasing_decay
 from impls.inputs import Inputs
 from impls.reference.compute_out import BLOCK_ELEMENTS
+from impls.reference.same_precision import SamePrecisionReference
 from impls.reference.sampled import INT32_LIMIT, sampled_reference
-from impls.registry import get_backend
+from impls.registry import get_backend, per_sequence_initial_states
 from impls.tolerance import MAMBA_SSM_FACTOR, poisoned_allocations, rel_err, tolerance
 
 STAGE_OUTPUTS = {"chunk_cumsum": ("dt", "dA_cumsum"), "fwd_pass_state": ("states", "final_states"),
@@ -103,8 +105,10 @@ def run_stages(backend, inputs: Inputs, device=None, first_call: dict | None = N
         states, final = call("fwd_pass_state", lambda: backend.fwd_pass_state(
             kw["B"], kw["x"], dt, dA, kw["initial_states"], kw["seq_idx"], kw["state_dtype"]))
         out["fwd_pass_state"] = {"states": states, "final_states": final}
+        own = ({"initial_states": kw["initial_states"]}
+               if per_sequence_initial_states(kw["initial_states"], kw["x"]) else {})
         y = call("compute_out", lambda: backend.compute_out(kw["C"], kw["B"], kw["x"], dt, dA, states, kw["D"],
-                                                            kw["z"], kw["seq_idx"]))
+                                                            kw["z"], kw["seq_idx"], **own))
         out["compute_out"] = {"y": y}
     res = call("forward", public_forward_call(backend, kw))
     out["forward"] = {"y": res.y, "final_states": res.final_states, "varlen_states": res.varlen_states}
@@ -120,59 +124,123 @@ def resolve_tuning(backend, inputs: Inputs, device=None, first_call: dict | None
         run_stages(backend, inputs, device, first_call)
 
 
+def same_precision_outputs(backend, inputs: Inputs, dtype: torch.dtype, device=None) -> dict:
+    """The chunked reference at `backend`'s own precision per stage (impls/reference/same_precision.py), chained on
+    its own outputs as `run_stages` chains the backend's: stage -> {name: tensor}. What the gate's bound scales."""
+    device = device or inputs.x.device
+    return run_stages(SamePrecisionReference(same_precision_stages(backend, dtype, device)), inputs, device)
+
+
+def same_precision_stages(backend, dtype: torch.dtype, device) -> dict[str, str]:
+    """The matmul precision `backend` reports for each stage with matmuls: what the same-precision computation
+    rounds its operands to."""
+    return {stage: backend.precision(stage, dtype, device) for stage in ("fwd_pass_state", "compute_out")}
+
+
+def judged_by_same_precision(ref) -> bool:
+    """Whether the gate can bound `ref`'s comparison by the same-precision computation: the full float64 reference
+    (the fp32-chunked and sampled references are judged by the flat table, impls.tolerance.REL_TOL)."""
+    return not hasattr(ref, "pick") and ref.y.dtype == torch.float64
+
+
 def check(backend, inputs: Inputs, ref, dtype: torch.dtype, device=None,
           first_call: dict | None = None) -> dict[str, dict]:
     """Per stage: {"rel_err": max over its outputs (whole tensors), "block_err" and "block_where": the worst block
-    over its outputs (impls.tolerance.blockwise_err) and where, "tol", "precision", "ok" (both within tol),
-    "error"}; never raises for wrong numbers. The tolerance of a stage is the dtype's, or tf32's where the backend
-    reports tf32 matmuls for it; the state dtype's where it is looser (impls.tolerance.tolerance)."""
+    over its outputs (impls.tolerance.block_ratios) and where, "tol": the whole-tensor bound of the output nearest
+    its bound, "bound_ratio" and "bound_where": the worst block's error over its bound (≤ 1 passes), "bound": how
+    the bound was set, "precision", "ok", "error"}; never raises for wrong numbers.
+    Against the float64 reference each output's bound is impls.tolerance.judge's: SAME_PRECISION_K × the
+    same-precision computation's error, block by block (`same_precision_outputs`, at the matmul precision the
+    backend reports per stage). Against the fp32-chunked or sampled reference, the flat tolerance of the dtype (tf32's
+    where the backend reports tf32 matmuls; the state dtype's where it is looser: impls.tolerance.tolerance)."""
     device = device or inputs.x.device
     resolve_tuning(backend, inputs, device, first_call)
     with poisoned_allocations():
         got = run_stages(backend, inputs, device, first_call)
+    same = same_precision_outputs(backend, inputs, dtype, device) if judged_by_same_precision(ref) else None
     report = {}
     for stage, names in STAGE_OUTPUTS.items():
         if stage not in got:
             continue
-        errs, blocks = {}, {}
+        precision = backend.precision(stage, dtype, device)
+        flat_tol = tolerance(dtype, precision == "tf32", None if stage == "chunk_cumsum" else inputs.state_dtype)
+        judged = {}
         for name in names:
             expected = getattr(ref, name)
             actual = got[stage].get(name)
             if expected is None:
                 continue
             if actual is None:
-                errs[name], blocks[name] = math.inf, (math.inf, "missing")
+                judged[name] = None
                 continue
             if hasattr(ref, "pick"):  # a sampled reference holds only part of each output
                 actual = ref.pick(name, actual)
-            errs[name] = rel_err(actual, expected)
-            blocks[name] = _worst_block(name, actual, expected, inputs.chunk_size, ref)
-        precision = backend.precision(stage, dtype, device)
-        tol = tolerance(dtype, precision == "tf32", None if stage == "chunk_cumsum" else inputs.state_dtype)
-        worst = max(errs.values()) if errs else math.nan
-        worst_block = max(blocks, key=lambda k: blocks[k][0]) if blocks else None
-        passes = lambda e: math.isfinite(e) and e <= tol  # noqa: E731
-        ok = bool(errs) and all(passes(e) for e in errs.values()) and all(passes(b) for b, _ in blocks.values())
-        bad = {k: v for k, v in errs.items() if not passes(v)}
-        bad_blocks = {k: f"{b:.3g} at {at}" for k, (b, at) in blocks.items() if not passes(b)}
-        report[stage] = {"rel_err": worst, "tol": tol, "precision": precision, "ok": ok, "errors": errs,
-                         "block_err": blocks[worst_block][0] if blocks else math.nan,
-                         "block_where": f"{worst_block}: {blocks[worst_block][1]}" if blocks else None,
-                         "error": None if ok else (f"{stage}: rel_err {bad}, worst blocks {bad_blocks} > tol {tol} "
-                                                   f"(NaN/inf counts as inf)")}
+            judged[name] = _judge(name, actual, expected, same[stage][name] if same else None, flat_tol,
+                                  inputs.chunk_size, ref)
+        report[stage] = _stage_report(stage, judged, precision, same is not None)
     return report
 
 
-def _worst_block(name: str, actual, expected, chunk_size: int, ref) -> tuple[float, str]:
-    """(worst block ratio, "batch b, chunk c, head h") of one output; chunk numbers are the problem's own also
-    where a sampled reference holds only some chunks."""
-    block, dims = tolerances.output_blocks(name, chunk_size)
-    found = tolerances.blockwise_err(actual, expected, block)
+def _judge(name: str, actual, expected, same, flat_tol: float, chunk_size: int, ref) -> tolerances.Judged:
+    """One output judged: by the same-precision bound where `same` is given, else by the flat tolerance."""
+    block, _ = tolerances.output_blocks(name, chunk_size)
+    if same is not None:
+        return tolerances.judge(actual, expected, same, block)
+    err = rel_err(actual, expected)
+    if expected.numel() == 0:
+        none = tolerances.BlockErr(0.0, (), False)
+        return tolerances.Judged(err, flat_tol, none, none)
+    ratio, near_zero = tolerances.block_ratios(actual, expected, block)
+    worst, binding = (_problem_chunks(name, tolerances.worst_block(r, near_zero), ref)
+                      for r in (ratio, ratio / flat_tol))
+    return tolerances.Judged(err, flat_tol, worst, binding)
+
+
+def _problem_chunks(name: str, found: tolerances.BlockErr, ref) -> tolerances.BlockErr:
+    """`found` with the problem's own chunk number where a sampled reference holds only some chunks."""
+    if not hasattr(ref, "chunks") or name not in ("y", "states") or not found.where:
+        return found
     where = list(found.where)
-    if hasattr(ref, "chunks") and name in ("y", "states") and where:
-        where[1] = ref.chunks[where[1]]
+    where[1] = ref.chunks[where[1]]
+    return dataclasses.replace(found, where=tuple(where))
+
+
+def _stage_report(stage: str, judged: dict, precision: str, same_precision: bool) -> dict:
+    """The report of one stage from its outputs' verdicts (None: the backend returned no such output)."""
+    missing = [name for name, j in judged.items() if j is None]
+    found = {name: j for name, j in judged.items() if j is not None}
+    bound = (f"same-precision: {tolerances.SAME_PRECISION_K:g} x the chunked reference's error at {precision}"
+             if same_precision else "flat: the dtype's tolerance")
+    if not found and not missing:
+        return {"rel_err": math.nan, "tol": math.nan, "precision": precision, "ok": False, "errors": {},
+                "block_err": math.nan, "block_where": None, "bound_ratio": math.nan, "bound_where": None,
+                "bound": bound, "error": f"{stage}: no output to check"}
+    errs = {name: j.rel_err for name, j in found.items()} | {name: math.inf for name in missing}
+    nearest = max(found, key=lambda n: _whole_ratio(found[n]), default=None)
+    by_block = max(found, key=lambda n: found[n].block.ratio, default=None)
+    binding = max(found, key=lambda n: found[n].binding.ratio, default=None)
+    ok = not missing and all(j.ok for j in found.values())
+    bad = {n: f"rel_err {j.rel_err:.3g} (bound {j.bound:.3g}), worst block {j.binding.ratio:.3g} of its bound at "
+              f"{_where(n, j.binding)}" for n, j in found.items() if not j.ok}
+    bad.update({n: "missing" for n in missing})
+    return {"rel_err": max(errs.values()), "tol": found[nearest].bound if nearest else math.nan,
+            "precision": precision, "ok": ok, "errors": errs,
+            "block_err": found[by_block].block.ratio if by_block else math.inf,
+            "block_where": f"{by_block}: {_where(by_block, found[by_block].block)}" if by_block else "missing",
+            "bound_ratio": found[binding].binding.ratio if binding else math.inf,
+            "bound_where": f"{binding}: {_where(binding, found[binding].binding)}" if binding else "missing",
+            "bound": bound,
+            "error": None if ok else f"{stage} over its bound ({bound}): {bad} (NaN/inf counts as inf)"}
+
+
+def _whole_ratio(j: tolerances.Judged) -> float:
+    return j.rel_err / j.bound if j.bound > 0 else math.inf
+
+
+def _where(name: str, found: tolerances.BlockErr) -> str:
+    _, dims = tolerances.output_blocks(name, 1)
     near = " (near-zero block: absolute bound)" if found.near_zero else ""
-    return found.ratio, tolerances.describe_block(tuple(where), dims) + near
+    return tolerances.describe_block(found.where, dims) + near
 
 
 # On the GPU a backend's forward error must also be at most MAMBA_SSM_FACTOR × mamba-ssm's own on the same inputs
@@ -193,7 +261,8 @@ def mamba_ssm_skip_reason(backend, problem, device) -> str | None:
     s = problem.shape
     if max(s.tokens * s.nheads * s.headdim, s.batch * s.nchunks * s.nheads * s.headdim * s.dstate) >= INT32_LIMIT:
         return ("mamba_ssm cannot run the problem: its kernels' 32-bit offsets pass 2^31 elements here (illegal "
-                "memory access at 2^20 tokens, results/2026-12-03-h200-long-profile-decay/README.md; state-spaces/mamba#686)")
+                "memory access at 2^20 tokens, results/2026-12-03-h200-long-profile-decay/README.md; "
+                "state-spaces/mamba#686)")
     return None
 
 

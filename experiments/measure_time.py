@@ -14,7 +14,10 @@ from experiments import api_overhead, cost_model, timing
 from experiments.calls import FORWARD_ARGS, forward_kwargs, public_forward_call
 from experiments.correctness import GateFailure
 from experiments.gate import GateReport
+from experiments.gradient_gate import output_gradients
 from experiments.plan import BenchSettings, Plan
+from impls.api import GRAD_INPUTS
+from impls.autograd import ssd
 from impls.inputs import Inputs
 
 
@@ -64,7 +67,9 @@ def run(plan: Plan, gate: GateReport) -> Timings:
     if gate.failures:
         raise GateFailure("; ".join(gate.failures))
     bench, device, out = plan.point.bench, plan.point.device, []
-    if bench.time:
+    if bench.time and plan.point.direction != "forward":
+        out += backward_times(plan)
+    elif bench.time:
         out += stage_times(plan)
     if bench.api_overhead:
         out += api_overhead.measure(plan.backend, plan.inputs, device, bench)
@@ -91,4 +96,54 @@ def stage_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
         derived = cost_model.derived(costs[stage], times["median_ms"], ceilings.get("matmul_tflops"),
                                      ceilings.get("copy_gbps"))
         out += [(stage, key, value) for key, value in derived.items()]
+    return out
+
+
+def backward_callables(backend, inputs: Inputs, seed: int = 0) -> dict:
+    """Zero-argument calls of the backward directions, through impls.ssd with every differentiable input
+    requiring grad and random, non-zero gradients flowing into every output (experiments/gradient_gate.py):
+    "backward" (torch.autograd.grad over one forward's graph, kept for repeated calls: the backward alone) and
+    "forward_backward" (a forward under autograd, then its backward)."""
+    kw = {k: v for k, v in forward_kwargs(inputs).items() if k in FORWARD_ARGS}
+    leaves = {name: kw[name].detach().requires_grad_() for name in GRAD_INPUTS if kw.get(name) is not None}
+    grads_in = output_gradients(inputs, seed)
+
+    def forward():
+        return ssd(**{**kw, **leaves}, backend=backend)
+
+    def grad(out, retain: bool):
+        pairs = [(getattr(out, name), g) for name, g in grads_in.items() if getattr(out, name) is not None]
+        return torch.autograd.grad([o for o, _ in pairs], list(leaves.values()), [g.to(o.dtype) for o, g in pairs],
+                                   retain_graph=retain, allow_unused=True)
+
+    kept = forward()
+    return {"backward": lambda: grad(kept, retain=True), "forward_backward": lambda: grad(forward(), retain=False)}
+
+
+def peak_memory(fn, device: torch.device) -> float | timing.Missing:
+    """Bytes allocated at the peak of one call of `fn` beyond what was allocated before it (GPU only)."""
+    if device.type != "cuda":
+        return timing.Missing("peak memory is measured on the GPU only")
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return float(torch.cuda.max_memory_allocated(device) - before)
+
+
+def backward_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
+    """The backward directions' timings: "backward" for both, "forward_backward" and its peak memory for
+    forward_backward; no CUDA-graph replay (autograd's graph is not captured here)."""
+    bench, device, out = plan.point.bench, plan.point.device, []
+    calls = backward_callables(plan.backend, plan.inputs, plan.point.seed)
+    wanted = ("backward",) if plan.point.direction == "backward" else ("backward", "forward_backward")
+    for stage in wanted:
+        if device.type == "cuda":
+            times = timing.gpu_times(calls[stage], bench.warmup_ms, bench.rep_ms, False, bench.quantiles)
+        else:
+            times = timing.cpu_times(calls[stage], bench.cpu_warmup, bench.cpu_reps, bench.quantiles)
+        out += [(stage, key, value) for key, value in times.items()]
+    if plan.point.direction == "forward_backward":
+        out.append(("forward_backward", "peak_mem_bytes", peak_memory(calls["forward_backward"], device)))
     return out

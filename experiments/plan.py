@@ -62,11 +62,14 @@ class BenchSettings:
 
 @dataclass(frozen=True)
 class Identity:
-    """Who a point is: its config hash and code key (the skip rule's key), its sweep, and the full config."""
+    """Who a point is: its config hash and code key (the skip rule's key), its sweep, its run (run_group: one per
+    script invocation, the sweep's id when none was given; round: its round there), and the full config."""
 
     config_hash: str
     code_key: str
     sweep_id: str = "adhoc"
+    run_group: str = "adhoc"
+    round: int = 1
     sweep_name: str = "adhoc"
     job_num: int = 0
     timestamp: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
@@ -93,6 +96,7 @@ class Point:
     # how the switches were resolved (the target's defaults or a preset, and the next arrangements for inputs the
     # first refuses: impls/defaults.py); None where they were given whole, or the backend cannot be imported
     resolved: Resolved | None = field(default=None, hash=False, compare=False)
+    direction: str = "forward"  # experiments.config.DIRECTIONS
 
     @property
     def device_name(self) -> str:
@@ -144,7 +148,7 @@ def switches_dict(switches) -> dict:
 
 
 def semantic(backend: str, switches, ablation: str, problem: Problem, bench: BenchSettings, seed: int,
-             device_name: str) -> dict[str, Any]:
+             device_name: str, direction: str = "forward") -> dict[str, Any]:
     """What defines a measurement: backend and its full switches, shape, problem, dtype, bench settings, seed, and
     the device it runs on. Not: logging, output places, force, sharding, names of presets."""
     problem_fields = {k: v for k, v in dataclasses.asdict(problem).items() if k not in ("shape", "dtype")}
@@ -160,6 +164,8 @@ def semantic(backend: str, switches, ablation: str, problem: Problem, bench: Ben
                   for k, v in dataclasses.asdict(bench).items() if k != "name"},
         "seed": seed,
         "device": device_name,
+        "workload": conf.WORKLOAD,
+        "direction": direction,
     }
 
 
@@ -180,13 +186,13 @@ def resolve_device(requested: str) -> torch.device:
 
 def point(backend: str, problem: Problem, *, switches=None, ablation: str = "none", preset: str | None = None,
           seed: int = 0, device: str | torch.device = "cpu", bench: BenchSettings | None = None,
-          sweep_id: str = "adhoc", sweep_name: str = "adhoc", job_num: int = 0, shape_name: str = "custom",
-          problem_name: str = "custom", hydra_choices: str = "{}", config: dict | None = None,
-          config_yaml: str | None = None) -> Point:
+          sweep_id: str = "adhoc", run_group: str | None = None, round: int = 1, sweep_name: str = "adhoc",
+          job_num: int = 0, shape_name: str = "custom", problem_name: str = "custom", direction: str = "forward",
+          hydra_choices: str = "{}", config: dict | None = None, config_yaml: str | None = None) -> Point:
     """A Point in plain Python: `switches` a dict of overrides on top of the defaults of the device's target (or
     of `preset`), `ablation` applied from those (experiments.config.resolution), or a Switches instance, taken as
     is (kept as given when the backend's module cannot be imported here); identity computed as the Hydra entry
-    computes it."""
+    computes it (run_group: the sweep_id unless given)."""
     conf.check_shape(problem.shape, shape_name)
     conf.check_problem(problem)
     bench = bench or BenchSettings()
@@ -203,22 +209,28 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
             switches = resolved.first.switches
     prov = provenance.collect(device)
     device_name = provenance.device_name(device)
-    sem = semantic(backend, switches, ablation, problem, bench, seed, device_name)
+    if direction not in conf.DIRECTIONS:
+        raise conf.ConfigError(f"direction: expected one of {conf.DIRECTIONS}, got {direction!r}")
+    sem = semantic(backend, switches, ablation, problem, bench, seed, device_name, direction)
     if config is None:  # what the config column and the W&B run show for a point built in Python (plain values)
         config = json.loads(json.dumps({**sem, "shape": {"name": shape_name, **sem["shape"]},
                                         "problem": {"name": problem_name, **sem["problem"]},
                                         "bench": dataclasses.asdict(bench)}, default=str))
     records_device = (cls.tuning_device(device) if cls is not None else None) or device_name
-    identity = Identity(config_hash=conf.config_hash(sem), code_key=provenance.code_key(prov, backend, records_device),
-                        sweep_id=sweep_id, sweep_name=sweep_name, job_num=job_num, hydra_choices=hydra_choices,
+    peers = cls.peer_files() if cls is not None else {}
+    identity = Identity(config_hash=conf.config_hash(sem),
+                        code_key=provenance.code_key(prov, backend, records_device, peers),
+                        sweep_id=sweep_id, run_group=run_group or sweep_id, round=round, sweep_name=sweep_name,
+                        job_num=job_num, hydra_choices=hydra_choices,
                         config_yaml=OmegaConf.to_yaml(OmegaConf.create(config)) if config_yaml is None else config_yaml,
                         config=config)
     return Point(backend=backend, switches=switches, ablation=ablation, problem=problem, seed=seed, device=device,
                  bench=bench, identity=identity, provenance=prov, shape_name=shape_name, problem_name=problem_name,
-                 resolved=resolved)
+                 resolved=resolved, direction=direction)
 
 
-def from_config(cfg: DictConfig, sweep_id: str = "adhoc", job_num: int = 0, hydra_choices: dict | None = None) -> Point:
+def from_config(cfg: DictConfig, sweep_id: str = "adhoc", job_num: int = 0, hydra_choices: dict | None = None,
+                run_group: str | None = None, round: int = 1) -> Point:
     """The Point of a composed config; the start-up checks (experiments.config.validate) raise ConfigError."""
     problem, _ = conf.validate(cfg)
     # resolved again by `point` on the device it resolves (the same answer): the overrides, the ablation, the preset
@@ -226,8 +238,8 @@ def from_config(cfg: DictConfig, sweep_id: str = "adhoc", job_num: int = 0, hydr
     return point(conf.backend_name(cfg), problem, switches=switches, ablation=cfg.backend.ablation,
                  preset=cfg.backend.get("preset"), seed=int(cfg.seed), device=cfg.device,
                  bench=BenchSettings.from_config(cfg.bench),
-                 sweep_id=sweep_id, sweep_name=cfg.sweep_name, job_num=job_num, shape_name=cfg.shape.name,
-                 problem_name=cfg.problem.name,
+                 sweep_id=sweep_id, run_group=run_group, round=round, sweep_name=cfg.sweep_name, job_num=job_num,
+                 shape_name=cfg.shape.name, problem_name=cfg.problem.name, direction=cfg.direction,
                  hydra_choices=json.dumps(dict(hydra_choices or {}), sort_keys=True, default=str),
                  config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
                  config_yaml=OmegaConf.to_yaml(cfg, resolve=True))

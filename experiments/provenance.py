@@ -12,6 +12,7 @@ import platform
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -66,16 +67,19 @@ def _run(args: list[str], cwd=None) -> str | None:
 
 @functools.cache
 def git_state() -> dict:
-    """Commit and dirty flag of the source tree. SSD_GIT_COMMIT / SSD_GIT_DIRTY (0 or 1), set by whoever sent the
-    tree, come first: the offline GPU machine gets a copy of the working tree whose own .git (where it has one)
-    is the checkout its first run started from, not the commit that was sent (seen on the H200 machine: every row
-    of a day's runs carried the first run's commit, dirty). Else the checkout's `git rev-parse HEAD` and status."""
+    """Labels of the source tree: its commit and dirty flag, recorded in every row but never part of code_key (which
+    hashes the content). SSD_GIT_COMMIT / SSD_GIT_DIRTY (0 or 1), set by whoever sent the tree, come first: the
+    offline GPU machine gets a copy of the working tree whose own .git (where it has one) is the checkout its first
+    run started from, not the commit that was sent. Else the checkout's `git rev-parse HEAD` and status, only where
+    the repository's root is this tree's (a copy placed inside another repository is not that repository's
+    commit); else None."""
     sent = os.environ.get("SSD_GIT_COMMIT")
     if sent:
         dirty = os.environ.get("SSD_GIT_DIRTY")
         return {"git_commit": _full_commit(sent),
                 "git_dirty": None if dirty is None else dirty.strip() not in ("", "0")}
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO)
+    top = _run(["git", "rev-parse", "--show-toplevel"], cwd=REPO)
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO) if top and Path(top).resolve() == REPO.resolve() else None
     if not commit:
         return {"git_commit": None, "git_dirty": None}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
@@ -86,43 +90,55 @@ def git_state() -> dict:
 
 def _untracked_sources() -> list[str] | None:
     """Untracked, not ignored source and config files of the code folders (a new kernel module not yet added):
-    they change what runs, so they make the tree dirty and enter the diff hash; None where git cannot say."""
+    they make the tree dirty; None where git cannot say."""
     out = _run(["git", "ls-files", "-z", "--others", "--exclude-standard", "--", *SOURCE_DIRS], cwd=REPO)
     if out is None:
         return None
     return sorted(name for name in out.split("\0") if Path(name).suffix in SOURCE_SUFFIXES)
 
 
-@functools.cache
-def diff_hash() -> str:
-    """What a dirty tree changed, as a hash: SSD_GIT_DIFF_HASH where whoever sent the tree set it, else the hash of
-    `git diff HEAD` in a checkout that has the commit, else (a copy without its .git) the hash of every source and
-    config file under the checkout, so that two different uncommitted trees never share a code_key."""
-    sent = os.environ.get("SSD_GIT_DIFF_HASH")
-    if sent:
-        return sent
-    if not os.environ.get("SSD_GIT_COMMIT"):
-        diff = _run(["git", "diff", "HEAD"], cwd=REPO)
-        untracked = _untracked_sources()
-        if diff is not None and untracked is not None:
-            digest = hashlib.sha256(diff.encode())
-            if untracked:  # a new file's contents, which `git diff HEAD` does not show
-                digest.update(_files_hash(REPO / name for name in untracked).encode())
-            return "diff:" + digest.hexdigest()[:12]
-    return "tree:" + _files_hash(p for folder in SOURCE_DIRS for p in (REPO / folder).rglob("*")
-                                 if p.suffix in SOURCE_SUFFIXES)
-
-
+# What code_key hashes of the tree: the code and configs that run a point. docs/, analysis/, notebooks/, tests/ and
+# results/ stay out: editing them changes no measured number.
 SOURCE_DIRS = ("impls", "models", "experiments", "conf")
 SOURCE_SUFFIXES = (".py", ".yaml", ".json")
 
 
-def _files_hash(paths) -> str:
+def content_hash(files: Mapping[str, Path]) -> str:
+    """A hash of (name, content) pairs, in name order; the names are relative (never where the files lie), so
+    the same files in two places hash alike. A file gone since it was listed hashes as missing."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in paths if p.is_file()):
-        digest.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
+    for name in sorted(files):
+        try:
+            data = files[name].read_bytes()
+        except OSError:
+            data, name = b"", f"{name} (missing)"
+        digest.update(f"{name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()[:16]
+
+
+def source_files(root: Path) -> dict[str, Path]:
+    """The SOURCE_SUFFIXES files under root's SOURCE_DIRS, by posix path relative to root (hidden folders and
+    caches left out)."""
+    found = {}
+    for folder in SOURCE_DIRS:
+        for path in (root / folder).rglob("*"):
+            rel = path.relative_to(root)
+            if path.suffix in SOURCE_SUFFIXES and path.is_file() and not any(
+                    part.startswith(".") or part == "__pycache__" for part in rel.parts):
+                found[rel.as_posix()] = path
+    return found
+
+
+@functools.cache
+def _tree_hash(root: Path) -> str:
+    return content_hash(source_files(root))
+
+
+def source_tree_hash() -> str:
+    """The `tree:` part of code_key: the content of this tree's source files, read once per process (a point's
+    code is the code its process imported at start)."""
+    return _tree_hash(REPO)
 
 
 def tuning_records_hash(backend: str, gpu_name: str) -> str:
@@ -131,19 +147,26 @@ def tuning_records_hash(backend: str, gpu_name: str) -> str:
 
     folder = tuning.tuning_dir() / tuning.gpu_slug(gpu_name)
     files = sorted(folder.glob(f"{backend}_*.json")) if folder.is_dir() else []
-    return _files_hash(files) if files else "none"
+    return content_hash({p.name: p for p in files}) if files else "none"
 
 
-def code_key(row: dict, backend: str, gpu_name: str) -> str:
-    """What code measures a point, from its provenance row (git_commit, git_dirty, v_*): the commit, "+<diff hash>"
-    when dirty, a hash of the package versions and one of the backend's tuning records for the GPU at the point's
-    start. bench.py skips a stored point only when its config hash and this key both match."""
-    commit = (row.get("git_commit") or "unknown")[:12]
-    dirty = row.get("git_dirty")
-    tree = commit + (f"+{diff_hash()}" if dirty or dirty is None else "")
+def driver_major(driver: str | None) -> str:
+    """The driver's major version ("570" of "570.133.20"); "none" off the GPU or where nvidia-smi did not say."""
+    return driver.split(".")[0].strip() if driver else "none"
+
+
+def code_key(row: dict, backend: str, gpu_name: str, peer_files: Mapping[str, Path] | None = None) -> str:
+    """What code measures a point, from content alone (not git, not paths):
+    `tree:<source tree hash>|v:<v_* versions hash>|tuning:<records hash>|peer:<peer files hash>|driver:<major>`,
+    the versions and driver read from the point's provenance row, the tuning records those of the backend for
+    the GPU at the point's start, the peer files those the backend declares (`Backend.peer_files`). The git
+    columns are labels, not part of it. bench.py skips a stored point only when its config hash and this key both
+    match."""
     versions = {k: v for k, v in sorted(row.items()) if k.startswith("v_")}
     v_hash = hashlib.sha256(json.dumps(versions, sort_keys=True).encode()).hexdigest()[:8]
-    return f"{tree}|v:{v_hash}|tuning:{tuning_records_hash(backend, gpu_name)}"
+    peers = content_hash(peer_files) if peer_files else "none"
+    return (f"tree:{source_tree_hash()}|v:{v_hash}|tuning:{tuning_records_hash(backend, gpu_name)}"
+            f"|peer:{peers}|driver:{driver_major(row.get('driver'))}")
 
 
 def _full_commit(ref: str) -> str:

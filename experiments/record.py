@@ -15,16 +15,20 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from experiments import cost_model, secrets, store, timing, wandb_log
+from experiments.config import WORKLOAD
 from experiments.gate import GateReport
 from experiments.measure_time import Timings, timer_columns
 from experiments.plan import Plan, Point
 from impls.inputs import DISTRIBUTION
+from impls.tuning import join_protocols
+
+TIMED_ONE_STAGE = ("chunk_cumsum", "fwd_pass_state", "compute_out")  # a row of one stage reads its kernels' protocols
 
 UNITS = {"median_ms": "ms", "p20_ms": "ms", "p80_ms": "ms", "graph_median_ms": "ms", "compile_s": "s",
          "rel_err": "1", "tol": "1", "ok": "1", "flops": "flop", "bytes": "byte", "bytes_fused": "byte",
          "tflops": "TFLOP/s", "gbps": "GB/s", "frac_floor": "1", "frac_floor_fused": "1",
-         "matmul_tflops": "TFLOP/s", "copy_gbps": "GB/s", "block_err": "1", "mamba_ssm_rel_err": "1",
-         "mamba_ssm_rule": "1"}
+         "matmul_tflops": "TFLOP/s", "copy_gbps": "GB/s", "block_err": "1", "bound_ratio": "1",
+         "peak_mem_bytes": "byte", "mamba_ssm_rel_err": "1", "mamba_ssm_rule": "1"}
 
 
 def unit(metric: str) -> str:
@@ -78,9 +82,11 @@ def base_row(point: Point) -> dict:
     ident, problem = point.identity, point.problem
     row = {
         "schema_version": store.SCHEMA_VERSION, "run_id": uuid.uuid4().hex, "sweep_id": ident.sweep_id,
+        "run_group": ident.run_group, "round": ident.round,
         "sweep_name": ident.sweep_name, "job_num": ident.job_num, "timestamp": ident.timestamp,
         "config_hash": ident.config_hash, "backend": point.backend, "switches": point.switches_json,
         "ablation": point.ablation, "tuning": "none", "describe": None,
+        "workload": WORKLOAD, "direction": point.direction,
         "shape_name": point.shape_name, **dataclasses.asdict(problem.shape),
         "problem_name": point.problem_name,
         "problem": json.dumps(dataclasses.asdict(problem), sort_keys=True, default=str),
@@ -108,6 +114,7 @@ def rows(point: Point, plan: Plan | None, gate: GateReport | None, timings: Timi
     if timings is not None:
         base.update(describe=json.dumps(timings.describe, sort_keys=True, default=str),
                     tuning=tuning_sources(timings.describe))
+    describe = timings.describe if timings is not None else None
     precision = plan.precision if plan is not None else {}
     metrics = []
     if plan is not None:
@@ -117,7 +124,7 @@ def rows(point: Point, plan: Plan | None, gate: GateReport | None, timings: Timi
     metrics += list(timings.metrics) if timings is not None else []
     metrics.append(("point", "ok", 1.0 if status == "ok" else 0.0))
     out = tuple(secrets.redact({**base, **metric_columns(stage, metric, value), "precision": precision.get(stage),
-                                "status": status, "error": error})
+                                "tile_protocol": tile_protocol(describe, stage), "status": status, "error": error})
                 for stage, metric, value in metrics)
     return Rows(status=status, error=error, rows=out)
 
@@ -145,6 +152,32 @@ def tuning_sources(describe: dict) -> str:
         if isinstance(info, dict) and "source" in info
     }
     return json.dumps(sources, sort_keys=True) if sources else "none"
+
+
+# the tuned kernels a row's stage is made of, where their names differ from the stage's (our Triton tunes stage 2 as
+# two kernels, chunk_state and state_passing)
+STAGE_KERNELS = {"fwd_pass_state": ("fwd_pass_state", "chunk_state", "state_passing")}
+
+def tile_protocol(describe: dict | None, stage: str) -> str:
+    """The row's `tile_protocol` (impls/tuning.py TILE_PROTOCOLS): the backend's own word for every stage
+    (describe()["tile_protocol"]: untuned, peer-autotune), else the protocol its tuning resolution reported for the
+    stage's kernels ("stages" or "tuning_sources" entries), several joined by "+"; the forward, the point and a
+    part of the forward take every stage's. "unknown" without describe() or where it says nothing for the stage;
+    "n/a" for the ceilings, which run no kernel of the backend."""
+    if stage == "ceiling":
+        return "n/a"
+    if not isinstance(describe, dict):
+        return "unknown"
+    if isinstance(describe.get("tile_protocol"), str):
+        return describe["tile_protocol"]
+    per_kernel = {name: info["tile_protocol"] for key in ("stages", "tuning_sources")
+                  if isinstance(describe.get(key), dict)
+                  for name, info in describe[key].items() if isinstance(info, dict) and info.get("tile_protocol")}
+    if stage in TIMED_ONE_STAGE:
+        found = [per_kernel[k] for k in STAGE_KERNELS.get(stage, (stage,)) if k in per_kernel]
+    else:
+        found = list(per_kernel.values())
+    return join_protocols(found) if found else "unknown"
 
 
 # --- where the rows go ------------------------------------------------------------------------------------

@@ -16,10 +16,11 @@ import pyarrow.parquet as pq
 
 from impls.declaration import version_columns
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Columns added after version 1, with the version that added them: files written before read them as null.
 # Version 4 leaves `tf32` null (it was a config flag, not what ran): `precision` says what each stage ran.
-ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4, "gate": 4}
+ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4, "gate": 4,
+            "run_group": 5, "round": 5, "workload": 5, "direction": 5, "tile_protocol": 5}
 
 # The v_<key> columns: those of schema version 4 (every committed file has them, so they stay) and then any other
 # package a backend declares (impls/<name>/__init__.py PACKAGES, impls/declaration.py), read as null from files
@@ -37,20 +38,29 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "schema_version": ("Int64", "version of this schema"),
     "run_id": ("string", "one id per job (point) execution"),
     "sweep_id": ("string", "one id per multirun (or single run); the W&B group"),
+    "run_group": ("string", "one id per run: a scripts/rounds.sh, before_after.sh or gpu_session.sh invocation "
+                            "(SSD_RUN_GROUP), else the sweep_id; a table reads one (analysis.load.one_run)"),
+    "round": ("Int64", "the 1-based round of scripts/rounds.sh (SSD_ROUND; before_after.sh: the side's round), 1 for "
+                       "a single run"),
     "sweep_name": ("string", "experiment overlay name (sweep_name in the config)"),
     "job_num": ("Int64", "Hydra job number within the sweep"),
     "timestamp": ("string", "UTC ISO time the point started"),
     "config_hash": ("string", "hash of the semantic config + device (experiments.plan.semantic)"),
-    "code_key": ("string", "what code measured the point: commit, dirty flag and diff hash, a hash of the v_* "
-                           "versions and of the backend's tuning records for the GPU (experiments.provenance."
-                           "code_key); a stored point is skipped only when config_hash and code_key both match"),
+    "code_key": ("string", "what code measured the point, from content (not git): hashes of the source tree, the "
+                           "v_* versions, the backend's tuning records for the GPU and its peer files, and the "
+                           "driver's major (experiments.provenance.code_key); a stored point is skipped only when "
+                           "config_hash and code_key both match"),
     "status": ("string", "ok | failed (correctness gate, unavailable backend, exception)"),
+    "workload": ("string", "what was measured: ssd (the SSD of impls/; null before version 5: ssd)"),
+    "direction": ("string", "forward | backward | forward_backward (null before version 5: forward): the backward "
+                            "is torch.autograd.grad of impls.ssd after a forward under autograd, timed alone"),
     "error": ("string", "why the point failed (null when ok)"),
-    "stage": ("string", "chunk_cumsum | fwd_pass_state | compute_out | forward | ceiling | point"),
+    "stage": ("string", "chunk_cumsum | fwd_pass_state | compute_out | forward | backward | forward_backward | "
+                        "grad:d<input> (the gradient gate's, per gradient) | ceiling | point"),
     "metric": ("string", "see README: median_ms, p20_ms, p80_ms, graph_median_ms, compile_s, rel_err, "
-                         "block_err, mamba_ssm_rel_err, mamba_ssm_rule, tol, "
+                         "block_err, bound_ratio, mamba_ssm_rel_err, mamba_ssm_rule, tol, "
                          "flops, bytes, bytes_fused, tflops, gbps, frac_floor, frac_floor_fused, matmul_tflops, "
-                         "copy_gbps, ok"),
+                         "copy_gbps, peak_mem_bytes, ok"),
     "value": ("float64", "the metric's value"),
     "note": ("string", "why the value is missing or what qualifies it (e.g. a CUDA-graph capture's failure)"),
     "unit": ("string", "ms, s, 1, flop, byte, TFLOP/s, GB/s"),
@@ -59,6 +69,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "ablation": ("string", "ablation applied on top of the switches"),
     "describe": ("string", "JSON: backend.describe() after the run (what actually ran)"),
     "tuning": ("string", "tuning source the backend reports (search/record/fallback), or 'none'"),
+    "tile_protocol": ("string", "where the stage's tiles came from against the baseline switch set's "
+                                "(impls/tuning.py TILE_PROTOCOLS): retuned | retuned-narrower | same-sass | pinned | "
+                                "fallback | switches per tuned stage, several joined by '+' (forward, point); untuned "
+                                "| peer-autotune for backends that tune nothing of ours; unknown without describe(); "
+                                "n/a at stage ceiling; null in files before version 5"),
     "shape_name": ("string", "shape preset name"),
     "batch": ("Int64", ""), "seqlen": ("Int64", ""), "nheads": ("Int64", ""), "headdim": ("Int64", ""),
     "ngroups": ("Int64", ""), "dstate": ("Int64", ""), "chunk_size": ("Int64", ""),
@@ -89,14 +104,16 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "hydra_choices": ("string", "JSON: Hydra's runtime choices (group -> option)"),
     "config": ("string", "YAML: the full resolved config"),
     "python": ("string", ""), "host": ("string", ""),
-    "slurm_job_id": ("string", "SLURM_JOB_ID of the job that measured the point (null outside SLURM)"), "cuda": ("string", "torch.version.cuda or 'absent'"),
+    "slurm_job_id": ("string", "SLURM_JOB_ID of the job that measured the point (null outside SLURM)"),
+    "cuda": ("string", "torch.version.cuda or 'absent'"),
     **{f"v_{key}": ("string", VERSION_NOTES.get(key, f"{dist} version ('absent' when not installed)"))
        for key, dist in VERSION_COLUMNS.items()},
     "gpu_name": ("string", ""), "gpu_uuid": ("string", ""), "gpu_cc": ("string", "compute capability"),
     "gpu_clock_sm_mhz": ("float64", "SM clock when the point ran"), "gpu_clock_mem_mhz": ("float64", ""),
     "gpu_clock_max_sm_mhz": ("float64", ""), "gpu_clock_max_mem_mhz": ("float64", ""),
     "driver": ("string", "NVIDIA driver version"),
-    "git_commit": ("string", ""), "git_dirty": ("boolean", "tracked files modified, or untracked source files present"),
+    "git_commit": ("string", "a label, not part of code_key"),
+    "git_dirty": ("boolean", "tracked files modified, or untracked source files present"),
 }
 
 

@@ -13,6 +13,7 @@ import importlib
 
 _EXPORTS = {
     "impls.api": ("chunk_cumsum", "compute_out", "fwd_pass_state", "seq_idx_from_cu_seqlens", "ssd_forward"),
+    "impls.autograd": ("ssd",),
     "impls.problem": ("Problem", "Shape"),
     "impls.registry": ("Backend", "BackendUnavailable", "ForwardResult", "backend_class", "get_backend",
                        "list_backends", "register", "switch_table"),

@@ -173,8 +173,10 @@ def fwd_pass_state(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, state
     dtype), final states (batch, nheads, headdim, dstate) fp32)."""
     def metadata():
         batch, seqlen, nheads, headdim, ngroups, dstate, chunk, nchunks = _check_chunked(B, x, dt, dA_cumsum)
-        check.optional("initial_states", initial_states, shape=(batch, nheads, headdim, dstate), device=x.device)
         check.seq_idx(seq_idx, batch, seqlen, x.device)
+        # one per packed sequence only with seq_idx on one row: any count, each sequence numbered below it
+        rows = (batch,) if seq_idx is None or batch != 1 else None
+        check.initial_states(initial_states, rows, (nheads, headdim, dstate), x.device)
         check.state_dtype(state_dtype)
         return Problem.from_inputs(x, B, chunk, initial_states=initial_states, seq_idx=seq_idx,
                                    state_dtype=state_dtype), x.device
@@ -195,28 +197,36 @@ def fwd_pass_state(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, state
 
 
 def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None, *, backend="reference",
-                check_values: bool = False):
-    """-> y (batch, seqlen, nheads, headdim) in x's dtype."""
+                check_values: bool = False, initial_states=None):
+    """-> y (batch, seqlen, nheads, headdim) in x's dtype. `initial_states`: only one per packed sequence (seq_idx on
+    one row), which the tokens of a sequence starting inside a chunk read."""
     def metadata():
         batch, seqlen, nheads, headdim, ngroups, dstate, chunk, nchunks = _check_chunked(B, x, dt, dA_cumsum)
         check.tensor("C", C, shape=tuple(B.shape), dtypes=(x.dtype,), device=x.device)
         check.tensor("states", states, shape=(batch, nchunks, nheads, headdim, dstate), device=x.device)
         _check_D_z(D, z, x)
         check.seq_idx(seq_idx, batch, seqlen, x.device)
-        return Problem.from_inputs(x, B, chunk, D=D, z=z, seq_idx=seq_idx), x.device
+        if initial_states is not None and (seq_idx is None or batch != 1 or initial_states.shape[0] == batch):
+            check.fail("initial_states", "None, or one per packed sequence (seq_idx on one row of x: its rows count "
+                       "the sequences; the batch rows' initial states are fwd_pass_state's alone)",
+                       tuple(initial_states.shape))
+        check.initial_states(initial_states, None, (nheads, headdim, dstate), x.device)
+        return Problem.from_inputs(x, B, chunk, D=D, z=z, seq_idx=seq_idx, initial_states=initial_states), x.device
 
     def values():
         if check_values:
             check.values(C=C, B=B, x=x, dt=dt, dA_cumsum=dA_cumsum, states=states, D=D, z=z, seq_idx=seq_idx)
 
-    _, impl = _checked("compute_out", backend, (C, B, x, dt, dA_cumsum, states, D, z, seq_idx), (), metadata, values)
+    _, impl = _checked("compute_out", backend, (C, B, x, dt, dA_cumsum, states, D, z, seq_idx, initial_states), (),
+                       metadata, values)
     if impl.falls_back:  # another arrangement where this one refuses the tensors (impls/defaults.py)
         impl = impl.arranged_for("compute_out", C=C, B=B, x=x, dt=dt, dA_cumsum=dA_cumsum, states=states, D=D,
-                                 z=z, seq_idx=seq_idx)
+                                 z=z, seq_idx=seq_idx, initial_states=initial_states)
     why = non_increasing_decay(impl)
     if check_values and why:
         check.non_increasing_in_chunks(dA_cumsum, why)
-    return impl.compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
+    own = {} if initial_states is None else {"initial_states": initial_states}
+    return impl.compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, **own)
 
 
 def _check_D_z(D, z, x):
@@ -233,7 +243,31 @@ def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, i
                 backend="reference", check_values: bool = False) -> ForwardResult:
     """The whole forward: y (batch, seqlen, nheads, headdim) and final states (batch, nheads, headdim, dstate),
     plus the final state of every sequence (nseqs, nheads, headdim, dstate) when cu_seqlens is given. Without
-    seq_idx, cu_seqlens also defines it."""
+    seq_idx, cu_seqlens also defines it. Not differentiable unless the backend's forward is plain torch ops
+    (`Backend.DIFFERENTIABLE`): with gradients wanted, call `impls.ssd` (its differentiable twin)."""
+    impl, args = forward_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                              dt_softplus, dt_limit, state_dtype, backend, check_values)
+    if not impl.DIFFERENTIABLE and wants_gradients(args):
+        wanting = ", ".join(name for name in GRAD_INPUTS if args[name] is not None and args[name].requires_grad)
+        raise RuntimeError(f"ssd_forward(backend={impl.name!r}): {wanting} require grad, but ssd_forward is not "
+                           f"differentiable on this backend; call impls.ssd(...) (the same arguments) for gradients, "
+                           f"or detach the inputs / run under torch.no_grad()")
+    return impl.ssd_forward(**args)
+
+
+# The forward's tensor arguments that gradients flow to (impls.ssd)
+GRAD_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states")
+
+
+def wants_gradients(args: dict) -> bool:
+    """Whether autograd would record a call on these arguments: grad mode on and an input requiring grad."""
+    return torch.is_grad_enabled() and any(args[n] is not None and args[n].requires_grad for n in GRAD_INPUTS)
+
+
+def forward_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+                 dt_limit, state_dtype, backend, check_values) -> tuple[Backend, dict]:
+    """The checks of a whole-forward call (`ssd_forward`, `impls.ssd`) -> (the backend, the keyword arguments of
+    its `ssd_forward`: seq_idx derived from cu_seqlens where absent, dt_limit as floats)."""
     def metadata():
         batch, seqlen, nheads, headdim, ngroups, dstate = check.dims(x, B)
         check.tensor("dt", dt, shape=(batch, seqlen, nheads), device=x.device)
@@ -244,9 +278,10 @@ def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, i
         check.dt_limit(dt_limit)
         check.optional("dt_bias", dt_bias, shape=(nheads,), device=x.device)
         _check_D_z(D, z, x)
-        check.optional("initial_states", initial_states, shape=(batch, nheads, headdim, dstate), device=x.device)
         check.seq_idx(seq_idx, batch, seqlen, x.device)
         check.cu_seqlens(cu_seqlens, batch, x.device)
+        rows = (batch, cu_seqlens.shape[0] - 1) if cu_seqlens is not None else (batch,)
+        check.initial_states(initial_states, rows, (nheads, headdim, dstate), x.device)
         check.state_dtype(state_dtype)
         # with cu_seqlens the Problem counts the sequences from it, whether seq_idx is given or derived
         return Problem.from_inputs(x, B, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
@@ -273,5 +308,6 @@ def ssd_forward(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, i
     why = non_increasing_decay(impl)
     if check_values and why:
         check.decay_factor_inputs(A, dt, dt_bias, dt_softplus, dt_limit, why)
-    return impl.ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                            dt_softplus, tuple(float(v) for v in dt_limit), state_dtype)
+    return impl, dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
+                      initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
+                      dt_limit=tuple(float(v) for v in dt_limit), state_dtype=state_dtype)

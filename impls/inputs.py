@@ -118,7 +118,8 @@ def make_inputs(problem: Problem, device="cpu", seed: int = 0, dtype: torch.dtyp
     if problem.has_z:
         inputs.z = normal(s.batch, s.seqlen, s.nheads, s.headdim)
     if problem.has_initial_states:
-        draw_states = torch.randn(s.batch, s.nheads, s.headdim, s.dstate, generator=gen, device=draw)
+        rows = problem.nseqs if problem.initial_states_per_sequence else s.batch
+        draw_states = torch.randn(rows, s.nheads, s.headdim, s.dstate, generator=gen, device=draw)
         inputs.initial_states = (0.5 * draw_states).to(device=device, dtype=fp)
     if problem.has_seq_idx:
         nseqs = max(problem.nseqs, 2) if not problem.varlen else problem.nseqs

@@ -67,9 +67,16 @@ class Problem:
     D_per_channel: bool = False  # D of shape (nheads, headdim) instead of (nheads,)
     has_z: bool = False
     has_initial_states: bool = False
+    initial_states_per_sequence: bool = False  # initial_states (nseqs, ...): one per packed sequence (cu_seqlens)
     nseqs: int = 1  # >1: packed sequences, marked by seq_idx (and cu_seqlens when varlen)
     varlen: bool = False  # cu_seqlens given: final state of every sequence returned
     state_dtype: str | None = None  # None: the input dtype, as upstream
+
+    def __post_init__(self):
+        if self.initial_states_per_sequence and not (self.has_initial_states and self.varlen and self.nseqs >= 2):
+            raise ValueError("initial_states_per_sequence: needs has_initial_states, varlen (cu_seqlens) and "
+                             f"nseqs >= 2 (got has_initial_states={self.has_initial_states}, varlen={self.varlen}, "
+                             f"nseqs={self.nseqs})")
 
     @property
     def has_seq_idx(self) -> bool:
@@ -113,6 +120,7 @@ class Problem:
             D_per_channel=D is not None and D.dim() == 2,
             has_z=z is not None,
             has_initial_states=initial_states is not None,
+            initial_states_per_sequence=initial_states is not None and initial_states.shape[0] != batch,
             nseqs=nseqs,
             varlen=cu_seqlens is not None,
             state_dtype=dtype_name(state_dtype) if state_dtype is not None else None,

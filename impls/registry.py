@@ -22,9 +22,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -42,6 +44,22 @@ BACKEND_MODULES: dict[str, str] = {name: decl.module for name, decl in declarati
 _REGISTRY: dict[str, type[Backend]] = {}
 _BUILT: dict[tuple, Backend] = {}  # (name, resolution), (name, device) -> the one instance get_backend hands out
 _AVAILABLE: dict[str, tuple[bool, str]] = {}  # name -> the class's available() answer, asked once
+
+
+def installed_files(package: str, *under: str) -> dict[str, Path]:
+    """The .py files of an installed package, found without importing it, by "<package>/<path in it>" (for
+    `Backend.peer_files`): those under the given files or folders of the package, or all of them; empty when it is
+    not installed."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    root = Path(list(spec.submodule_search_locations)[0])
+    found = {}
+    for sub in under or ("",):
+        paths = [root / sub] if (root / sub).is_file() else (root / sub).rglob("*.py")
+        found.update({f"{package}/{p.relative_to(root).as_posix()}": p for p in paths
+                      if p.is_file() and "__pycache__" not in p.parts})
+    return found
 
 
 class BackendUnavailable(RuntimeError):
@@ -93,6 +111,9 @@ class Backend:
     # Resolves configs on a stage's first call (a search, a tuning record, an autotuner): the harness then makes
     # one plain pass before the correctness gate (experiments/correctness.py `resolve_tuning`).
     TUNED: ClassVar[bool] = False
+    # Where its tiles come from for every stage (impls/tuning.py TILE_PROTOCOLS; describe() reports it): "untuned", a
+    # peer's "peer-autotune", or None where each stage's tuning resolution says (describe()'s per-stage entries)
+    TILE_PROTOCOL: ClassVar[str | None] = "untuned"
     # Why the kernels need dA_cumsum non-increasing inside every chunk (A <= 0 and dt >= 0 after processing),
     # where they assume it whatever the switches; "" where they do not. check_values and the harness's gate refuse
     # inputs that break it, naming the argument (impls/api.py `non_increasing_decay`).
@@ -106,6 +127,13 @@ class Backend:
     # and the instance the last public call ran on (another arrangement where this one refused its inputs).
     resolved: Resolved | None = None
     ran: Backend | None = None
+    # The backward (impls.ssd): what the forward keeps for it and what it recomputes, in a line the rows record; ""
+    # for a backend without one (impls.ssd then raises, naming the backend and NO_BACKWARD's reason).
+    BACKWARD: ClassVar[str] = ""
+    # Why the backend cannot take one initial state per packed sequence (initial_states (nseqs, ...) with
+    # cu_seqlens); "" where it can (its compute_out and varlen_states then take `initial_states=` as well)
+    NO_PER_SEQUENCE_INITIAL_STATES: ClassVar[str] = "its kernels take one initial state per batch row"
+    NO_BACKWARD: ClassVar[str] = "its kernels are forward only"
 
     def __init__(self, switches=None, **overrides):
         self.switches = make_switches(self.name, self.Switches, self.CANNOT_EXPRESS, switches, overrides)
@@ -121,6 +149,14 @@ class Backend:
         `device`; None: the harness's own name for the device (experiments/provenance.py `device_name`). The
         harness's code_key hashes those records, so a new record invalidates the points it would change."""
         return None
+
+    @classmethod
+    def peer_files(cls) -> dict[str, Path]:
+        """The files outside the repository's source folders whose code this backend runs (a peer's kernels, loaded
+        from where they are installed), by a name relative to the peer's own folder, never an absolute path. The
+        harness's code_key hashes their content under those names, so an edited peer file re-measures the points
+        that ran it. Empty where there are none, or where the peer is not found (the backend is then unavailable)."""
+        return {}
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
         return True, ""
@@ -207,10 +243,12 @@ class Backend:
                     dt_softplus, dt_limit, state_dtype):
         dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
         states, final_states = self.fwd_pass_state(B, x, dt_out, dA_cumsum, initial_states, seq_idx, state_dtype)
-        y = self.compute_out(C, B, x, dt_out, dA_cumsum, states, D, z, seq_idx)
+        # one initial state per packed sequence (PER_SEQUENCE_INITIAL_STATES): the later stages read them too
+        own = {"initial_states": initial_states} if per_sequence_initial_states(initial_states, x) else {}
+        y = self.compute_out(C, B, x, dt_out, dA_cumsum, states, D, z, seq_idx, **own)
         varlen = None
         if cu_seqlens is not None:
-            varlen = self.varlen_states(B, x, dt_out, dA_cumsum, states, cu_seqlens)
+            varlen = self.varlen_states(B, x, dt_out, dA_cumsum, states, cu_seqlens, **own)
         return ForwardResult(y, final_states, varlen, dt_out, dA_cumsum, states)
 
     def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
@@ -219,14 +257,23 @@ class Backend:
         (a peer's adapter steps and its own kernels); none for a backend whose stages say it all."""
         return {}
 
+    # --- the backward (impls.ssd) ------------------------------------------------------------------------
+    def forward_for_backward(self, args: dict, needs: dict[str, bool]):
+        """The forward on `args` (ssd_forward's keyword arguments) keeping what its backward needs: an object with
+        `outputs` (a ForwardResult) and `backward({output: incoming grad}) -> {input: grad}`; `needs` says which
+        inputs want a gradient (impls.api.GRAD_INPUTS). Raises for a backend without a backward."""
+        raise BackendUnavailable(f"backend {self.name!r} has no backward: {self.NO_BACKWARD}")
+
     # --- what ran -------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        """What the last call ran: the backend, its switches and, when built by name, its arrangement
-        (impls.defaults.Resolved.record). A subclass adds its own keys; @register makes every describe() answer
-        for the arrangement the last public call ran on."""
+        """What the last call ran: the backend, its switches, its tile protocol where the class declares one and,
+        when built by name, its arrangement (impls.defaults.Resolved.record). A subclass adds its own keys; @register
+        makes every describe() answer for the arrangement the last public call ran on."""
         if self.ran is not None and self.ran is not self:
             return self.ran.describe()
         out = {"backend": self.name, "switches": dataclasses.asdict(self.switches)}
+        if self.TILE_PROTOCOL is not None:
+            out["tile_protocol"] = self.TILE_PROTOCOL
         if self.resolved is not None:
             out["arrangement"] = self.resolved.record()
         return out
@@ -482,9 +529,16 @@ def clear_cache() -> None:
     _AVAILABLE.clear()
 
 
+def per_sequence_initial_states(initial_states, x) -> bool:
+    """Whether `initial_states` holds one state per packed sequence ((nseqs, ...) for the one row of x)."""
+    return initial_states is not None and initial_states.shape[0] != x.shape[0]
+
+
 def require(backend: Backend, problem: Problem, device: torch.device) -> None:
     """Raises BackendUnavailable with the backend's reason if it cannot run `problem` on `device`."""
-    for ok, reason in (backend.check_device(device), backend.supports(problem)):
+    own_states = (not problem.initial_states_per_sequence or not backend.NO_PER_SEQUENCE_INITIAL_STATES,
+                  f"one initial state per sequence: {backend.NO_PER_SEQUENCE_INITIAL_STATES}")
+    for ok, reason in (backend.check_device(device), own_states, backend.supports(problem)):
         if not ok:
             raise BackendUnavailable(f"backend {backend.name!r} does not support this problem: {reason}")
 

@@ -11,9 +11,10 @@ here, the same for every backend:
    record's "versions" the software stack it was searched on. A record is *usable* when that stack matches today's
    (`Tunable.stack`: cuda-tile, tileiras, triton, tilegym, driver major, whichever the backend depends on); a record
    whose versions could not be established (`versions_unverified`) is used and says so.
-   `Tunable.near_key`, then `Tunable.base_key`: the records borrowed, in that order (modes auto/record), when the
-   key has none of its own (cuTile: compute_out's persistent loop runs on the tiles of the same switches without
-   it; a default code trick turned off runs on the default code's tiles).
+   `Tunable.same_sass_key`, `Tunable.near_key`, then `Tunable.base_key`: the records borrowed, in that order
+   (modes auto/record), when the key has none of its own (the baseline's record where the backend's switch-effects
+   data says the stage's code is the baseline's; cuTile: compute_out's persistent loop runs on the tiles of the same
+   switches without it; a default code trick turned off runs on the default code's tiles).
 3. the mode (`MODES`):
    - "auto":     a usable record, else the fallback; the resolution says why it fell back;
    - "record":   a usable record, else an error naming the file and the reason;
@@ -31,6 +32,8 @@ here, the same for every backend:
    same way.
 5. the record stored, atomically: config, search space and its hash, versions, date, every measured config,
    failures, the confirmation.
+6. the tile protocol (`Resolution.protocol`, TILE_PROTOCOLS): how the tiles relate to the baseline switch set's,
+   so that an ablation never reads a change of tiles as the effect of a switch.
 
 Progress of a search goes to stdout: configs done / total and the best so far (every config on a terminal, else
 one line per PROGRESS_INTERVAL_S seconds).
@@ -63,6 +66,39 @@ CONFIRM_TOP = 4  # the search's best configs (by its timer) timed again as whole
 PROGRESS_INTERVAL_S = 10.0  # progress lines when stdout is not a terminal
 # the software a record is bound to, as named in records: distribution names, plus "tileiras" and "driver" (major)
 STACK = ("cuda-tile", "tileiras", "triton", "tilegym", "driver")
+
+
+# Where a stage's tiles came from, as rows record it (column `tile_protocol`, experiments/README.md): the first six
+# from `resolve`, the rest from backends and the harness. An ablation compares two points' times as a switch's effect
+# only where both are RETUNED or SAME_SASS.
+RETUNED, RETUNED_NARROWER, SAME_SASS, PINNED = "retuned", "retuned-narrower", "same-sass", "pinned"
+FALLBACK, SWITCHES = "fallback", "switches"
+TILE_PROTOCOLS = {
+    RETUNED: "searched under the point's own switch set (its record, or a search now), over a space covering the one "
+             "that set declares and the baseline set's",
+    RETUNED_NARROWER: "searched under the point's own switch set, over a space narrower than the one that set "
+                      "declares today or than the baseline set's (the record names the fields it lacks)",
+    SAME_SASS: "the baseline's record: the backend's switch-effects data says the stage's code is the baseline's "
+               "(cuTile: the same normalised sm_90 SASS; Triton: the same launches), or the stage's record key is "
+               "the baseline's (the switch is none of the stage's code-changing switches)",
+    PINNED: "another switch set's tiles borrowed (near_key or base_key: the baseline's tiles for a trick turned off), "
+            "where the stage's code differs from that set's",
+    FALLBACK: "no usable record (or tuning=fallback): the backend's fixed fallback tiles",
+    SWITCHES: "every tuned field fixed by a switch",
+    "untuned": "a backend with no launch configuration to choose (the reference)",
+    "peer-autotune": "a peer whose own autotuners pick its configs on the first call (mamba-ssm, vLLM, FLA)",
+    "unknown": "the point recorded no describe() with protocols (failed before timing; a backend that does not say)",
+    "n/a": "a row of no backend's kernels (stage `ceiling`)",
+}
+# the protocols whose times a switch's effect may be read from (both points of the comparison)
+COMPARABLE = (RETUNED, SAME_SASS)
+
+
+def join_protocols(protocols) -> str:
+    """Distinct protocols (each may be joined already) in TILE_PROTOCOLS' order, others last, joined by "+"."""
+    distinct = {p for text in protocols for p in str(text).split("+")}
+    order = list(TILE_PROTOCOLS)
+    return "+".join(sorted(distinct, key=lambda p: (order.index(p) if p in order else len(order), p)))
 
 
 # --- the record store -----------------------------------------------------------------------------------------------
@@ -151,6 +187,17 @@ def space_hash(space: Any) -> str:
     return hashlib.sha256(json.dumps(space, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+@functools.cache
+def same_code_rows(path: str) -> frozenset[tuple[str, str, str, str]]:
+    """(stage, dtype, switch, arch) of a backend's switch-effects table (impls/<backend>/switch_effects.json:
+    {"rows": [{"stage", "dtype", "switch", "arch", "effect"}]}) whose effect says the stage's code with the switch
+    alone away from its default is the defaults' ("no-op on ...")."""
+    with open(path) as fh:
+        rows = json.load(fh)["rows"]
+    return frozenset((r["stage"], r["dtype"], r["switch"], r["arch"]) for r in rows
+                     if str(r["effect"]).startswith("no-op"))
+
+
 # --- the software stack ---------------------------------------------------------------------------------------------
 def _run(args: list[str]) -> str | None:
     try:
@@ -229,7 +276,11 @@ class Tunable:
     pins: dict = field(default_factory=dict)  # fields the switches fix; they win over any chosen config
     pinned_all: bool = False  # the pins fix every tuned field: no record, no search (source "switches")
     base_key: str | None = None  # record borrowed in auto/record when `key` (and `near_key`) has none
-    near_key: str | None = None  # record borrowed first in auto/record when `key` has none
+    near_key: str | None = None  # record borrowed in auto/record when `key` (and `same_sass_key`) has none
+    # the baseline's key where the stage's code is the baseline's (the backend's switch-effects data, or the same
+    # key): its record is borrowed first in auto/record, protocol SAME_SASS
+    same_sass_key: str | None = None
+    baseline_space: Any = None  # the space the baseline switch set declares: a narrower search is RETUNED_NARROWER
     stack: tuple[str, ...] = ()  # the software (of STACK) a record is bound to
     own_search: Callable[[], dict] | None = None  # a backend's own autotuner: runs it, returns the chosen config
     stage_timer: Callable[[Callable[[], Any]], float] | None = None  # whole-stage timer in ms (default: do_bench)
@@ -245,9 +296,10 @@ class Resolution:
     key: str = ""  # the record key used (the borrowed one when borrowed)
     reason: str = ""  # why a fallback ran or a record was borrowed / searched again
     versions_unverified: bool = False
+    protocol: str = ""  # TILE_PROTOCOLS: how these tiles relate to the baseline switch set's
 
     def as_dict(self) -> dict[str, Any]:
-        out = {"config": dict(self.config), "source": self.source, "key": self.key}
+        out = {"config": dict(self.config), "source": self.source, "key": self.key, "tile_protocol": self.protocol}
         if self.reason:
             out["reason"] = self.reason
         if self.versions_unverified:
@@ -260,27 +312,27 @@ def resolve(t: Tunable) -> Resolution:
     if t.mode not in MODES:
         raise ValueError(f"tuning: expected one of {MODES}, got {t.mode!r}")
     if t.pinned_all:
-        return Resolution(dict(t.pins), "switches", t.key, "every tuned field fixed by a switch")
+        return Resolution(dict(t.pins), "switches", t.key, "every tuned field fixed by a switch", protocol=SWITCHES)
     if t.mode == "fallback":
-        return _pinned(Resolution(dict(t.fallback), "fallback", t.key, "tuning=fallback"), t)
+        return _pinned(Resolution(dict(t.fallback), "fallback", t.key, "tuning=fallback", protocol=FALLBACK), t)
     today = stack_versions(t.stack)
     if t.mode == "search":
-        return _pinned(_search(t, today, resume=False), t)
+        return _pinned(_searched(t, _search(t, today, resume=False), t.space), t)
     record, key, reason = _usable_record(t, today)
     if t.mode == "resume":
         stale = reason or _stale(t, record)
         if record is None or stale:
-            found = _search(t, today, resume=True)
-            found.reason = stale or "no record"
+            found = _searched(t, _search(t, today, resume=True), t.space)
+            found.reason = "; ".join(r for r in (stale or "no record", found.reason) if r)
             return _pinned(found, t)
-        return _pinned(_from_record(record, key, ""), t)
+        return _pinned(_from_record(t, record, key, ""), t)
     if record is not None and not reason:
         borrowed = f"borrowed the record of {key}" if key != t.key else ""
-        return _pinned(_from_record(record, key, borrowed), t)
+        return _pinned(_from_record(t, record, key, borrowed), t)
     if t.mode == "record":
         where = record_path(t.backend, t.stage, t.gpu)
         raise ValueError(f"tuning: no usable record for {t.backend}/{t.stage} key {t.key!r} in {where}: {reason}")
-    return _pinned(Resolution(dict(t.fallback), "fallback", t.key, reason or "no record"), t)
+    return _pinned(Resolution(dict(t.fallback), "fallback", t.key, reason or "no record", protocol=FALLBACK), t)
 
 
 def _pinned(res: Resolution, t: Tunable) -> Resolution:
@@ -308,19 +360,56 @@ def check_fields(t: Tunable, record: dict, key: str) -> None:
                               "repair or remove the record")
 
 
-def _from_record(record: dict, key: str, reason: str) -> Resolution:
+def _from_record(t: Tunable, record: dict, key: str, reason: str) -> Resolution:
     unverified = bool(record.get("versions_unverified"))
+    res = Resolution(dict(record["config"]), "record", key, reason, unverified)
+    if key == t.same_sass_key:
+        res.protocol = SAME_SASS
+        if key != t.key:
+            res.reason = f"{reason}: the stage's code is that key's (switch effects)"
+    elif key != t.key:
+        res.protocol = PINNED
+    else:
+        res = _searched(t, res, record.get("search_space"))
     if unverified:
-        reason = "; ".join(r for r in (reason, "record's versions unverified") if r)
-    return Resolution(dict(record["config"]), "record", key, reason, unverified)
+        res.reason = "; ".join(r for r in (res.reason, "record's versions unverified") if r)
+    return res
+
+
+def _searched(t: Tunable, res: Resolution, searched: Any) -> Resolution:
+    """`res` (tiles searched under the point's own key, over `searched`) marked RETUNED, or RETUNED_NARROWER with
+    the gaps in its reason when `searched` lacks values of the space the stage declares or of the baseline's."""
+    gaps = space_gaps(searched, t.space) + space_gaps(searched, t.baseline_space, "the baseline's ")
+    res.protocol = RETUNED_NARROWER if gaps else RETUNED
+    if gaps:
+        res.reason = "; ".join(r for r in (res.reason, "searched over a narrower space: " + "; ".join(gaps)) if r)
+    return res
+
+
+def space_gaps(searched: Any, declared: Any, whose: str = "") -> list[str]:
+    """What of the `declared` space a search over `searched` did not cover ([] when it covers it, or when nothing
+    is declared): per field of a dict space the values it lacks; for a list of configs (TileGym's) the count of
+    configs it lacks."""
+    if declared is None:
+        return []
+    if searched is None:
+        return ["the record names no search space"]
+    if isinstance(declared, dict) and isinstance(searched, dict):
+        return [f"{field} lacks {whose}{lacking}" for field, values in declared.items()
+                if (lacking := [v for v in values if v not in searched.get(field, [])])]
+    if isinstance(declared, list) and isinstance(searched, list):
+        have = {json.dumps(c, sort_keys=True, default=str) for c in searched}
+        lacking = [c for c in declared if json.dumps(c, sort_keys=True, default=str) not in have]
+        return [f"{len(lacking)} of {whose}{len(declared)} declared configs"] if lacking else []
+    return [f"a space of another layout than {whose}the declared one"]
 
 
 def _usable_record(t: Tunable, today: dict) -> tuple[dict | None, str, str]:
-    """(record, its key, why it cannot be used or ""): the key's own record, else (auto/record) the near key's, else
-    the base key's; a record holding a field the stage does not read raises (`check_fields`)."""
+    """(record, its key, why it cannot be used or ""): the key's own record, else (auto/record) the same-SASS key's,
+    the near key's, then the base key's; a record holding a field the stage does not read raises (`check_fields`)."""
     record = lookup(t.backend, t.stage, t.gpu, t.key)
     key = t.key
-    for borrowed in (t.near_key, t.base_key):
+    for borrowed in (t.same_sass_key, t.near_key, t.base_key):
         if record is None and borrowed and t.mode in ("auto", "record"):
             record, key = lookup(t.backend, t.stage, t.gpu, borrowed), borrowed
     if record is None:

@@ -46,6 +46,18 @@ def optional(arg: str, t, **kw) -> None:
         tensor(arg, t, **kw)
 
 
+def initial_states(value, rows: tuple[int, ...] | None, per_row: tuple[int, int, int], device) -> None:
+    """initial_states (rows, nheads, headdim, dstate): `rows` the leading sizes allowed (the batch, and with
+    cu_seqlens the number of sequences: one initial state per packed sequence); None: any."""
+    if value is None:
+        return
+    tensor("initial_states", value, shape=(None, *per_row), device=device)
+    if rows is not None and value.shape[0] not in rows:
+        want = " or ".join(str(r) for r in dict.fromkeys(rows))
+        per_sequence = ", or one per sequence of cu_seqlens" if len(rows) > 1 else ""
+        fail("initial_states", f"{want} rows (the batch{per_sequence})", value.shape[0])
+
+
 MAX_CHUNK_SIZE = 2048  # the intra-chunk term is quadratic in the chunk: Q×Q per head and chunk
 
 

@@ -1,8 +1,8 @@
-"""The Mamba-2 block around the SSD, forward only (prefill / inference), its SSD run by any registered backend.
+"""The Mamba-2 block around the SSD, its SSD run by any registered backend (prefill, inference and training).
 
     u (batch, seqlen, d_model) -> in_proj -> [z | xBC | dt]
     xBC -> depthwise causal conv1d (width d_conv, left-padded) -> SiLU -> [x | B | C]
-    y   = impls.ssd_forward(x, dt, A = -exp(A_log), B, C, D, dt_bias, dt_softplus=True, dt_limit, backend=...)
+    y   = impls.ssd(x, dt, A = -exp(A_log), B, C, D, dt_bias, dt_softplus=True, dt_limit, backend=...)
     out = out_proj(gated RMSNorm(y, z))
 
 The math: impls/README.md, "The Mamba-2 block around the SSD"; the float64 ground truth (the SSD as the sequential
@@ -10,9 +10,10 @@ recurrence): models/mamba2_reference.py. The backend is looked up once, at const
 (`impls.get_backend`): an unknown name, a missing package or a bad switch raises there, a problem the backend
 cannot run raises at the call; nothing is replaced by another backend. `describe()` says what ran.
 
-No kernel has a backward: a call that would need one (gradients enabled while the input, the initial states or a
-parameter requires grad) raises, unless the backend declares itself differentiable (`Backend.DIFFERENTIABLE`:
-the reference, plain torch ops). Run the layer under `torch.inference_mode()` / `torch.no_grad()`.
+The SSD goes through `impls.ssd`, the differentiable entry: with gradients wanted (grad mode on while the input,
+the initial states or a parameter requires grad) the backend's backward runs, and a backend without one raises,
+naming itself (run such a layer under `torch.inference_mode()` / `torch.no_grad()`); without, it is
+`impls.ssd_forward`.
 
 Packed sequences (`seq_idx`, or `cu_seqlens` with batch 1): the SSD resets its state at every new sequence, and so
 does the conv here: a tap never reads a token of another sequence (the left context, `conv_initial_states`, counts
@@ -242,10 +243,9 @@ class Mamba2(nn.Module):
         (batch, conv_dim, d_conv − 1): the conv's inputs before position 0. check_values: the SSD's value checks."""
         check.flag("return_final_states", return_final_states)
         check.flag("check_values", check_values)
-        self._refuse_gradients(u=u, initial_states=initial_states, conv_initial_states=conv_initial_states)
         call = self.ssd_call(u, seq_idx=seq_idx, cu_seqlens=cu_seqlens, initial_states=initial_states,
                              conv_initial_states=conv_initial_states)
-        result = impls.ssd_forward(**call.kwargs, backend=self.backend, check_values=check_values)
+        result = impls.ssd(**call.kwargs, backend=self.backend, check_values=check_values)
         out = self.finish(result.y, call.z)
         self.last_call = {"dtype": str(u.dtype).replace("torch.", ""), "shape": tuple(u.shape), "conv": call.conv,
                           "seq_idx": seq_idx is not None, "cu_seqlens": cu_seqlens is not None,
@@ -296,17 +296,6 @@ class Mamba2(nn.Module):
         check.cu_seqlens(cu_seqlens, batch, u.device)
         check.optional("conv_initial_states", conv_initial_states, shape=(batch, c.conv_dim, c.d_conv - 1),
                        dtypes=(u.dtype,), device=u.device, device_of="u")  # no silent cast to u's dtype
-
-    def _refuse_gradients(self, **inputs) -> None:
-        if not torch.is_grad_enabled() or self.backend.DIFFERENTIABLE:
-            return
-        wanting = [name for name, t in inputs.items() if isinstance(t, torch.Tensor) and t.requires_grad]
-        wanting += [name for name, p in self.named_parameters() if p.requires_grad]
-        if wanting:
-            raise RuntimeError(
-                f"backend {self.backend.name!r} has no backward (its kernels are forward only), and gradients are "
-                f"enabled while {', '.join(wanting[:4])}{' ...' if len(wanting) > 4 else ''} require grad: call the "
-                f"layer under torch.inference_mode() or torch.no_grad(), or use backend 'reference' to differentiate")
 
     # --- what ran ---------------------------------------------------------------------------------------------
     def describe(self) -> dict:

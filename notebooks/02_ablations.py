@@ -11,14 +11,15 @@
 # %% [markdown]
 # # Ablations
 # Effect of each switch = 1 − t_with / t_without (time it saves; −10 % means it costs 10 %), on top of the others
-# and alone. No-op switches on this architecture are labelled, not measured.
+# and alone; "within noise" where it is no larger than both points' noise. No-op switches on this architecture are
+# labelled, not measured. The rows are one run's (analysis.load.one_run): one results file of one sweep.
 
 # %% tags=["parameters"]
 import os
 
 # Results to analyse: "index:<experiment>[,...]" (the current files named by results/index.yaml), a Parquet file,
-# a results folder, or "wandb:<entity>/<project>[/<group>]".
-RESULTS = os.environ.get("SSD_RESULTS", "index:ablate_cutile,ablate_triton")
+# a results folder, or "wandb:<entity>/<project>[/<group>]", holding one run.
+RESULTS = os.environ.get("SSD_RESULTS", "index:ablate_cutile_v13_v17")
 BASELINE = "mamba_ssm"
 
 # %%
@@ -27,6 +28,7 @@ from IPython.display import Markdown, display
 
 import analysis
 from analysis import figures
+from analysis.ablation import printable
 from analysis.markdown import table
 from analysis.notebooks import start
 
@@ -36,7 +38,7 @@ w = start(RESULTS)  # the wide table; says where the points come from, and flags
 backends = sorted(w.loc[w["ablation"].fillna("none") != "none", "backend"].unique())
 abl = pd.concat([analysis.ablation_table(w, b) for b in backends], ignore_index=True) if backends else \
     analysis.ablation_table(w, "none")
-display(Markdown(table(abl.drop(columns=["meaning"]))))
+display(Markdown(table(printable(abl))))
 
 # %%
 figures.ablation_bars(abl)

@@ -11,6 +11,7 @@
 # Writes $OUT/before/ and $OUT/after/ (each side's gpu_session.sh log and merged Parquet; the tuning archive of the
 # after side only) and $OUT/before_after.md. SSD_GIT_COMMIT names this tree's commit, BEFORE_COMMIT the base's; each
 # sweep gets an equal share of GPU_SESSION_BUDGET_S.
+# Both sides are one run group (SSD_RUN_GROUP, made here unless given), each row with its side's round (SSD_ROUND).
 set -uo pipefail
 archive=${1:?usage: scripts/before_after.sh ARCHIVE.tgz [EXPERIMENT]}
 exp=${2:-headline}
@@ -24,17 +25,20 @@ share=$(( ${GPU_SESSION_BUDGET_S:-560} / (2 * rounds) ))
 base=$(mktemp -d "${TMPDIR:-/tmp}/before-XXXXXX")
 tar -xzf "$archive" -C "$base" || { echo "before_after.sh: cannot unpack $archive" >&2; exit 2; }
 roots=$(mktemp -d "${TMPDIR:-/tmp}/before-after-sweeps-XXXXXX")
+group=${SSD_RUN_GROUP:-before-after-$(date -u +%Y-%m-%dT%H-%M-%SZ)-$$}
 declare -A seen=()
 for side in $order; do
   extra=""
   [ -n "${seen[$side]:-}" ] && extra="force=true"   # the side's second round: measure again beside the first
-  seen[$side]=1
+  seen[$side]=$(( ${seen[$side]:-0} + 1 ))
   if [ "$side" = before ]; then
     # `python -m` puts the working directory first on sys.path, so the base tree's packages win over this tree's
     (cd "$base" && OUT="$OUT/before" GPU_SESSION_BUDGET_S=$share SSD_GIT_COMMIT=$BEFORE_COMMIT SSD_GIT_DIRTY=0 \
+      SSD_RUN_GROUP="$group" SSD_ROUND=${seen[$side]} \
       SWEEP_ROOT="$roots/before" SWEEP_OVERRIDES="${SWEEP_OVERRIDES:-} $extra" scripts/gpu_session.sh sweep "$exp")
   else
-    OUT="$OUT/after" GPU_SESSION_BUDGET_S=$share SWEEP_ROOT="$roots/after" \
+    OUT="$OUT/after" GPU_SESSION_BUDGET_S=$share SWEEP_ROOT="$roots/after" SSD_RUN_GROUP="$group" \
+      SSD_ROUND=${seen[$side]} \
       SWEEP_OVERRIDES="${SWEEP_OVERRIDES:-} $extra" scripts/gpu_session.sh sweep "$exp"
   fi
 done

@@ -18,18 +18,22 @@
 # Run it in a tree that carries the .gpu bundle, after `source .gpu/setup.sh &&` (docs/gpu-runbook.md).
 # The GPU machine gets the working tree without .git: put the commit into the command for the rows' provenance,
 #   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> scripts/gpu_session.sh ...
-#   (a dirty tree is then keyed by a hash of its source files, new untracked ones included; SSD_GIT_DIFF_HASH, where
-#   set, replaces that hash: it must then cover untracked source files too, which `git diff HEAD` does not show)
+#   (labels only: which points are stored already is decided by code_key, a hash of the tree's content)
 # Each invocation stores its points under a folder of its own (SWEEP_ROOT, default $TMPDIR/sweeps/call-<time>-<pid>,
 # with /tmp when TMPDIR is unset), so a merged Parquet holds exactly the points this invocation ran, even on a
 # machine still warm from an earlier call.
 # To continue a cut-off sweep, pass the earlier SWEEP_ROOT (printed in the log): its points stored ok by the same
-# code (config hash and code_key: commit, diff, versions, tuning records) are skipped; failed ones run again
-# (SWEEP_OVERRIDES=retry_failed=false keeps them), and points stored by other code are measured anew.
+# code (config hash and code_key: source content, versions, tuning records, peer files, driver) are skipped; failed
+# ones run again (SWEEP_OVERRIDES=retry_failed=false keeps them), and points stored by other code are measured anew.
+# Every row of an invocation carries one run group (SSD_RUN_GROUP, default <UTC time>-<pid>, printed in the log) and
+# its round (SSD_ROUND, default 1): scripts/rounds.sh and before_after.sh set both for each call they make, so the
+# rounds of one of their runs share a group; an analysis table reads one group (analysis.load.one_run). A continued
+# cut-off sweep is a run of its own unless the earlier SSD_RUN_GROUP is passed too.
 set -uo pipefail
 OUT=${OUT:-results/scratch/gpu}
 mkdir -p "$OUT"
 SWEEP_ROOT=${SWEEP_ROOT:-${TMPDIR:-/tmp}/sweeps/call-$(date +%s)-$$}
+export SSD_RUN_GROUP=${SSD_RUN_GROUP:-$(date -u +%Y-%m-%dT%H-%M-%SZ)-$$} SSD_ROUND=${SSD_ROUND:-1}
 case " ${SWEEP_OVERRIDES:-} " in
   *" results_dir="*)
     # the merge reads $SWEEP_ROOT/<experiment>; a results_dir of its own would leave the merged Parquet stale
@@ -41,7 +45,7 @@ start=$(date +%s)
 # seconds left, at least 1 (`timeout 0` would mean no limit at all)
 left() { local l=$(( budget - ($(date +%s) - start) )); [ "$l" -ge 1 ] || l=1; echo "$l"; }
 {
-  echo "== $(date -u +%FT%TZ) $(hostname) SWEEP_ROOT=$SWEEP_ROOT"
+  echo "== $(date -u +%FT%TZ) $(hostname) SWEEP_ROOT=$SWEEP_ROOT SSD_RUN_GROUP=$SSD_RUN_GROUP SSD_ROUND=$SSD_ROUND"
   nvidia-smi --query-gpu=name,uuid,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee -a "$log"

@@ -8,6 +8,8 @@
 # after the first with force=true, so each round is a run of its own: its own run_id), merged into
 # $OUT/<experiment>.parquet; one log, $OUT/session.log. Each sweep gets what is left of GPU_SESSION_BUDGET_S; a cut-off
 # run keeps what it measured. ARMS (default: all): the arms to run, by their 1-based order in ARMS_FILE, e.g. ARMS=1,2,4.
+# Every arm of every round is one run group (SSD_RUN_GROUP, made here unless given) and each row records its round
+# (SSD_ROUND): the analysis reads the rounds of one run together and refuses rows of several runs in one table.
 set -uo pipefail
 arms_file=${1:?usage: scripts/rounds.sh ARMS_FILE [EXPERIMENT]}
 exp=${2:-headline}
@@ -31,7 +33,9 @@ mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 budget=${GPU_SESSION_BUDGET_S:-560}
 start=$(date +%s)
 root=${SWEEP_ROOT:-$(mktemp -d "${TMPDIR:-/tmp}/rounds-XXXXXX")}
-echo "== rounds.sh: $rounds rounds x ${#arms[@]} arms of $exp, SWEEP_ROOT=$root" | tee -a "$OUT/session.log"
+group=${SSD_RUN_GROUP:-rounds-$(date -u +%Y-%m-%dT%H-%M-%SZ)-$$}
+echo "== rounds.sh: $rounds rounds x ${#arms[@]} arms of $exp, SWEEP_ROOT=$root SSD_RUN_GROUP=$group" \
+  | tee -a "$OUT/session.log"
 for ((r = 1; r <= rounds; r++)); do
   extra=""
   [ "$r" -gt 1 ] && extra="force=true"
@@ -40,6 +44,7 @@ for ((r = 1; r <= rounds; r++)); do
     [ "$left" -gt 30 ] || { echo "== round $r, arm '$arm': skipped, out of time" | tee -a "$OUT/session.log"; continue; }
     echo "== round $r, arm '$arm' ($left s left)" | tee -a "$OUT/session.log"
     OUT="$OUT" GPU_SESSION_BUDGET_S=$left SWEEP_ROOT="$root" SWEEP_OVERRIDES="$arm $extra" \
+      SSD_RUN_GROUP="$group" SSD_ROUND=$r \
       "$(dirname "$0")/gpu_session.sh" sweep "$exp"
   done
 done

@@ -10,6 +10,8 @@ import math
 import torch
 
 from impls.reference.backend import ReferenceBackend
+from impls.reference.same_precision import SamePrecisionReference
+from impls.tolerance import REL_TOL
 
 
 class _BreaksY(ReferenceBackend):
@@ -118,6 +120,153 @@ SEQ_IDX_FAULTS = {
 }
 
 
-def whole_tensor_passes(report: dict) -> bool:
-    """Whether every stage's whole-tensor error alone is within tolerance (the block-wise errors ignored)."""
-    return all(math.isfinite(r["rel_err"]) and r["rel_err"] <= r["tol"] for r in report.values())
+def whole_tensor_passes(report: dict, dtype: torch.dtype) -> bool:
+    """Whether every stage's whole-tensor error alone is within the dtype's flat tolerance (impls.tolerance.REL_TOL;
+    the block-wise errors and the same-precision bound ignored)."""
+    return all(math.isfinite(r["rel_err"]) and r["rel_err"] <= REL_TOL[dtype] for r in report.values())
+
+
+# --- faults small enough for a flat bf16 bound (2e-2 per block): each stays under it at S1's block size (chunk 256 ×
+# headdim 64, dstate 128) and must fail the same-precision bound. They wrap a correct bf16 computation (the
+# same-precision reference), as a kernel that is right everywhere else would be.
+class _SubtleFault(SamePrecisionReference):
+    stage = "compute_out"
+
+    def __init__(self):
+        super().__init__({"fwd_pass_state": "bfloat16", "compute_out": "bfloat16"})
+
+    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
+        y = super().compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
+        return self.spoil(y, dt.shape[-1])
+
+    def spoil(self, y, chunk_size):
+        return y
+
+
+class CorrectBf16(_SubtleFault):
+    """No fault: the bf16 computation itself (it must pass)."""
+
+
+class OneHeadScaled(_SubtleFault):
+    """y of head 1 is 1.5% too large everywhere."""
+
+    def spoil(self, y, chunk_size):
+        y[:, :, 1] *= 1.015
+        return y
+
+
+class OneHeadsLastTokenOfEveryChunkScaled(_SubtleFault):
+    """y of head 1 at the last token of every chunk is 20% too large."""
+
+    def spoil(self, y, chunk_size):
+        y[:, chunk_size - 1::chunk_size, 1] *= 1.20
+        return y
+
+
+class FourElementsOfEveryBlockZeroed(_SubtleFault):
+    """Four elements of y in every (batch, chunk, head 1) block are zero: those of magnitude nearest 0.9 × the
+    block's RMS (a typical element, not an outlier)."""
+
+    def spoil(self, y, chunk_size):
+        for b in range(y.shape[0]):
+            for start in range(0, y.shape[1], chunk_size):
+                block = y[b, start:start + chunk_size, 1]  # a view: zeroing it zeroes y
+                rms = block.float().square().mean().sqrt()
+                typical = (block.float().abs() - 0.9 * rms).abs().flatten().argsort()[:4]
+                rows, cols = typical // block.shape[1], typical % block.shape[1]
+                block[rows, cols] = 0
+        return y
+
+
+class FirstFiveHeadsOfTheLastChunkScaled(_SubtleFault):
+    """y of heads 0-4 in the last chunk is 1.8% too large."""
+
+    def spoil(self, y, chunk_size):
+        y[:, (y.shape[1] - 1) // chunk_size * chunk_size:, :5] *= 1.018
+        return y
+
+
+class OneHeadsEnteringStatesScaled(_SubtleFault):
+    """The states entering every chunk of head 1 are 1.8% too small (y reads them)."""
+
+    stage = "fwd_pass_state"
+
+    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        states, final = super().fwd_pass_state(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype)
+        states[:, :, 1] *= 0.982
+        return states, final
+
+
+SUBTLE_FAULTS = {
+    "one-head-x1.015": OneHeadScaled,
+    "one-heads-last-token-per-chunk-x1.2": OneHeadsLastTokenOfEveryChunkScaled,
+    "four-elements-per-block-zeroed": FourElementsOfEveryBlockZeroed,
+    "heads-0-4-of-last-chunk-x1.018": FirstFiveHeadsOfTheLastChunkScaled,
+    "one-heads-entering-states-x0.982": OneHeadsEnteringStatesScaled,
+}
+
+
+# --- gradient faults (tests/test_gradients.py): a correct bf16 backward (autograd through the same-precision
+# reference) with one gradient spoiled
+class _SpoilsGradients(SamePrecisionReference):
+    def __init__(self):
+        super().__init__({"fwd_pass_state": "bfloat16", "compute_out": "bfloat16"})
+
+    def forward_for_backward(self, args, needs):
+        return _Spoiled(super().forward_for_backward(args, needs), self.spoil)
+
+    def spoil(self, grads, run, grads_in):
+        return grads
+
+
+class _Spoiled:
+    def __init__(self, run, spoil):
+        self.run, self.spoil, self.outputs = run, spoil, run.outputs
+
+    def backward(self, grads_in):
+        return self.spoil(self.run.backward(grads_in), self.run, grads_in)
+
+
+class CorrectBf16Backward(_SpoilsGradients):
+    """No fault."""
+
+
+class DropsOneHeadsShareOfdB(_SpoilsGradients):
+    """dB without head 1's contribution (what a reduction over the heads of a group that skips one gives)."""
+
+    def spoil(self, grads, run, grads_in):
+        without = dict(grads_in)
+        without["y"] = grads_in["y"].clone()
+        without["y"][:, :, 1] = 0
+        without["final_states"] = grads_in["final_states"].clone()
+        without["final_states"][:, 1] = 0
+        grads["B"] = run.backward(without)["B"]
+        return grads
+
+
+class ScalesOneChunkOfOneHeadsdx(_SpoilsGradients):
+    """dx of chunk 1, head 1, batch row 0 is 2% too large."""
+
+    def spoil(self, grads, run, grads_in):
+        q = self.chunk_size
+        grads["x"][0, q:2 * q, 1] *= 1.02
+        return grads
+
+    def forward_for_backward(self, args, needs):
+        self.chunk_size = args["chunk_size"]
+        return super().forward_for_backward(args, needs)
+
+
+class ScalesOneSequencesdInitialStates(_SpoilsGradients):
+    """d initial_states of sequence 1 (one initial state per packed sequence) is 5% too large."""
+
+    def spoil(self, grads, run, grads_in):
+        grads["initial_states"][1] *= 1.05
+        return grads
+
+
+GRADIENT_FAULTS = {
+    "one-heads-share-of-dB-dropped": DropsOneHeadsShareOfdB,
+    "one-chunk-of-one-heads-dx-x1.02": ScalesOneChunkOfOneHeadsdx,
+    "one-sequences-dinitial_states-x1.05": ScalesOneSequencesdInitialStates,
+}

@@ -26,7 +26,10 @@ from analysis import (
     speedup_table,
     wide,
 )
+from analysis.ablation import printable
+from analysis.load import MixedRuns, legacy_group, newest_run, runs
 from analysis.markdown import fmt
+from analysis.noise import WITHIN_NOISE, relative_noise, shown_effect
 from analysis.switches import normalise_noop
 from experiments import store
 
@@ -37,9 +40,11 @@ DIMS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size
 
 
 def point(backend, ms, *, shape_name="S1", dims=S1, stage="forward", spread=0.0, switches=None, ablation="none",
-          gpu_cc="9.0", dtype="bfloat16", extra=None, ceilings=None, status="ok"):
-    """Rows of one point: `stage` timed at `ms` (p20/p80 at ±spread), plus `extra` {(stage, metric): value}."""
+          gpu_cc="9.0", dtype="bfloat16", extra=None, ceilings=None, status="ok", tiles="retuned"):
+    """Rows of one point: `stage` timed at `ms` (p20/p80 at ±spread), plus `extra` {(stage, metric): value};
+    `tiles`: its tile_protocol."""
     base = {"schema_version": 1, "run_id": uuid.uuid4().hex, "sweep_id": "test", "sweep_name": "test",
+            "tile_protocol": tiles,
             "backend": backend, "switches": json.dumps(switches or {}, sort_keys=True), "ablation": ablation,
             "shape_name": shape_name, **dict(zip(DIMS, dims)), "dtype": dtype, "gpu_name": "NVIDIA H200",
             "gpu_cc": gpu_cc, "device_name": "NVIDIA H200", "status": status, "timestamp": "t"}
@@ -130,6 +135,18 @@ def test_switch_costing_10_percent_reads_minus_10():
     assert "all_off" not in " ".join(r.index) and len([k for k in r.index if "+" in k]) == 1
 
 
+def test_a_pinned_ablation_point_is_labelled_apart():
+    """The `good` point borrowed the default's tiles (pinned): its figures stay, its status says apart and why;
+    rows written before the column read unknown, never measured."""
+    points = [point("cutile", 1.1, switches=D), point("cutile", 2.2, switches={**D, "good": False}, ablation="good",
+                                                          tiles="pinned"),
+              point("cutile", 1.0, switches={**D, "costly": False}, ablation="costly", tiles=None)]
+    r = ablation_table(frame(*points), "cutile", noop_switches={}).set_index("switch")
+    assert r.loc["good", "status"] == "apart: pinned / retuned (measured (on top); alone not measured)"
+    assert r.loc["good", "tiles"] == "pinned / retuned" and r.loc["good", "effect_on_top"] == pytest.approx(0.5)
+    assert r.loc["costly", "status"].startswith("apart: unknown / retuned")
+
+
 def test_noop_switch_is_labelled_never_measured():
     t = ablation_table(ablation_frame(), "cutile", noop_switches={"sm_90": {"noop": "identical SASS"}}).set_index(
         "switch")
@@ -192,12 +209,73 @@ def _on(rows, **columns):
     return [{**r, **columns} for r in rows]
 
 
-def test_compile_cost_keeps_gpus_apart():
-    h200 = point("cutile", 2.0, extra={("forward", "compile_s"): 4.0})
-    h100 = _on(point("cutile", 2.0, extra={("forward", "compile_s"): 8.0}), gpu_name="NVIDIA H100 80GB HBM3",
-               device_name="NVIDIA H100 80GB HBM3")
-    t = compile_table(frame(h200, h100)).set_index("gpu_name")
-    assert t.loc["NVIDIA H200", "compile_s"] == 4.0 and t.loc["NVIDIA H100 80GB HBM3", "compile_s"] == 8.0
+# --- one run per table ---------------------------------------------------------------------------------------
+def _two_points(**second):
+    """A mamba_ssm and a cuTile point (a speedup, an ablation-free table) with the second one's columns changed."""
+    return frame(_on(point("mamba_ssm", 2.0, extra={("forward", "compile_s"): 4.0}), gpu_uuid="GPU-a"),
+                 _on(point("cutile", 1.0, extra={("forward", "compile_s"): 8.0}), **{"gpu_uuid": "GPU-a", **second}))
+
+
+TABLES = {"speedup": lambda f: speedup_table(f), "compile": compile_table, "accuracy": accuracy_table,
+          "roofline": roofline_table, "seqlen": seqlen_table, "ablation": lambda f: ablation_table(f, "cutile"),
+          "claims": lambda f: compare_claims(f, [claim()])}
+
+
+@pytest.mark.parametrize("make", [pytest.param(m, id=name) for name, m in TABLES.items()])
+def test_a_table_from_two_run_groups_is_refused(make):
+    """Rows of two runs (scripts/rounds.sh or gpu_session.sh invocations) never share a table: the error names the
+    column and both values."""
+    make(_two_points(run_group="run-1").assign(run_group="run-1"))  # one run: fine
+    two = _two_points(run_group="run-2").assign(run_group=lambda d: d["run_group"].fillna("run-1"))
+    with pytest.raises(MixedRuns, match="run_group: run-1, run-2"):
+        make(two)
+
+
+def test_a_table_from_two_gpus_is_refused():
+    with pytest.raises(MixedRuns, match="gpu_uuid: GPU-a, GPU-b"):
+        compile_table(_two_points(gpu_uuid="GPU-b"))
+    with pytest.raises(MixedRuns, match="gpu_name: NVIDIA H100 80GB HBM3, NVIDIA H200"):  # rows without a uuid
+        compile_table(_two_points(gpu_uuid=None, gpu_name="NVIDIA H100 80GB HBM3"))
+
+
+def test_a_table_from_two_source_trees_is_refused():
+    """The tree part of code_key (before the first "|"), whichever form code_key takes."""
+    with pytest.raises(MixedRuns, match="source_tree: abc\\+d1, def"):
+        compile_table(_two_points(code_key="def").assign(code_key=lambda d: d["code_key"].fillna("abc+d1|v:1")))
+    compile_table(_two_points(code_key="abc|v:2").assign(code_key=lambda d: d["code_key"].fillna("abc|v:1")))
+
+
+def test_rows_before_run_group_count_one_group_per_invocation_or_sweep():
+    """Rows from before schema version 5: the sweep root a script made for one invocation (rounds.sh's rounds-*, whose
+    rounds are several sweeps) is one run; elsewhere each sweep_id is a run of its own."""
+    cfg = "results_dir: /tmp/rounds-AbC123/headline\nseed: 0\n"
+    assert legacy_group("2026-12-05_21-19-23", cfg) == legacy_group("2026-12-05_21-25-50", cfg) == "rounds-AbC123"
+    assert legacy_group("s1", "results_dir: /tmp/sweeps/headline\n") == "sweep s1"
+    compile_table(_two_points(sweep_id="other", config=cfg).assign(config=cfg))
+    with pytest.raises(MixedRuns, match="run_group: sweep other, sweep test"):
+        compile_table(_two_points(sweep_id="other"))
+
+
+def test_the_newest_run_is_the_one_measured_last():
+    rows = _two_points(run_group="run-2", timestamp="u").assign(run_group=lambda d: d["run_group"].fillna("run-1"))
+    assert set(newest_run(wide(rows))["run_group"]) == {"run-2"}
+    assert runs(rows)["run_group"].tolist() == ["run-2", "run-1"]
+
+
+# --- noise ----------------------------------------------------------------------------------------------------
+def test_an_effect_inside_noise_prints_within_noise():
+    """A switch costing 10 %: printed when both points' p20–p80 spreads are narrower, "within noise" when one
+    point's spread (or its rounds' range) is wider than the effect."""
+    assert shown_effect(-0.10, 0.02, 0.001) == "-10.0 %" and shown_effect(-0.10, 0.02, 0.12) == WITHIN_NOISE
+    assert relative_noise(pd.DataFrame({"run_id": ["a", "b"], "median_ms": [1.0, 1.2], "p20_ms": [0.99, 1.19],
+                                        "p80_ms": [1.01, 1.21]})) == pytest.approx(0.2 / 1.1)
+    narrow = ablation_table(ablation_frame(), "cutile").set_index("switch")
+    assert narrow.loc["costly", "on_top"] == "-10.0 %"
+    wide_spread = frame(point("cutile", 1.1, switches=D, spread=0.06),
+                        point("cutile", 1.0, switches={**D, "costly": False}, ablation="costly", spread=0.06))
+    t = ablation_table(wide_spread, "cutile").set_index("switch")
+    assert t.loc["costly", "effect_on_top"] == pytest.approx(-0.10) and t.loc["costly", "on_top"] == WITHIN_NOISE
+    assert "-10.0 %" not in printable(t).to_string()
 
 
 def test_time_summary_keeps_problems_apart():
@@ -315,6 +393,7 @@ def test_report_contains_every_table_and_figure(tmp_path):
         assert f"## {section}" in md, section
     assert "SYNTHETIC FIXTURE" in md
     tables = report.tables(wide(load_results(FIXTURE)))
+    tables["ablation"] = printable(tables["ablation"])  # as printed: the effects within noise or as percentages
     for name, t in tables.items():
         if len(t.columns) and len(t):
             header = "| " + " | ".join(str(c) for c in t.columns if c != "meaning") + " |"

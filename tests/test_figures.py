@@ -1,4 +1,4 @@
-"""Every figure, rendered from the synthetic fixture and from the committed current results (results/index.yaml):
+"""Every figure, rendered from the synthetic fixture and from committed results of one run each (results/index.yaml):
 one color per backend across all of them (analysis.palette), legends without raw point labels ({switch=...},
 [tuned]), shapes captioned with their model."""
 
@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {
     "fixture": ROOT / "tests" / "fixtures" / "h200_synthetic.parquet",  # has a cutile{operand_swap=True} variant
     "headline": "index:headline",                                      # tuned and fallback points, five backends
-    "ablations": "index:ablate_cutile,ablate_triton",
-    "first-headline": ROOT / "results" / "2026-12-02-h200-headline-ablations",
+    "ablations-cutile": "index:ablate_cutile_v13_v17",                 # a figure reads one run: one backend here
+    "ablations-triton": "index:ablate_triton_tma_ws",
+    "headline-before-vllm": "index:headline_five_backends",
 }
 
 

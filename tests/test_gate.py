@@ -66,20 +66,19 @@ def test_gate_rows_name_the_worst_block():
 
 
 @pytest.mark.parametrize("state_dtype", ["bfloat16", "float16"])
-def test_states_stored_coarser_than_the_inputs_are_held_to_the_state_dtypes_tolerance(state_dtype):
-    """fp32 inputs with states stored in fp16/bf16: the exact reference cannot be closer than the state dtype
-    allows, so the stages that store or read states take its tolerance (they all failed fp32's 1e-4)."""
-    from impls.tolerance import REL_TOL
-
+def test_states_stored_coarser_than_the_inputs_are_bounded_at_the_state_dtype(state_dtype):
+    """fp32 inputs with states stored in fp16/bf16: no computation can be closer than the state dtype allows, and
+    the same-precision computation stores them so too: the stages that store or read states get bounds of the state
+    dtype's scale, chunk_cumsum one of fp32's."""
     problem = Problem(Shape(1, 40, 2, 16, 1, 16, 16), dtype="float32", state_dtype=state_dtype,
                       has_initial_states=True)
     inputs = make_inputs(problem, seed=0)
     report = correctness.check(ReferenceBackend(), inputs, correctness.reference_forward(inputs, "float64"),
                                torch.float32)
     assert all(r["ok"] for r in report.values()), report
-    assert report["chunk_cumsum"]["tol"] == REL_TOL[torch.float32]
-    assert {report[s]["tol"] for s in ("fwd_pass_state", "compute_out", "forward")} == {
-        REL_TOL[problem.torch_state_dtype]}
+    unit = torch.finfo(problem.torch_state_dtype).eps
+    assert report["chunk_cumsum"]["tol"] < 1e-5
+    assert all(unit / 8 < report[s]["tol"] < 8 * unit for s in ("fwd_pass_state", "compute_out", "forward")), report
 
 
 class _Fake:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "gpu_session.sh"
@@ -40,16 +41,19 @@ def test_results_dir_override_is_refused(tmp_path):
 
 def test_each_call_merges_only_its_own_points(tmp_path):
     overrides = cpu_point(tmp_path)
-    runs = []
+    runs, groups = [], []
     for out in ("call1", "call2"):
         done = session(tmp_path, out, "sweep", "cpu", overrides=overrides)
         assert done.returncode == 0, done.stderr[-3000:]
         merged = pd.read_parquet(tmp_path / out / "cpu.parquet")
         assert set(merged["status"]) == {"ok"}
         runs.append(set(merged["run_id"]))
+        groups.append(set(merged["run_group"]))
         assert (tmp_path / out / "tuning.tar.gz").exists()
     # the second call ran its point again instead of re-merging the first call's stored one
     assert len(runs[0]) == len(runs[1]) == 1 and runs[0] != runs[1]
+    # each invocation is a run group of its own
+    assert len(groups[0]) == len(groups[1]) == 1 and groups[0] != groups[1]
 
 
 def test_a_given_sweep_root_resumes(tmp_path):
@@ -75,3 +79,21 @@ def test_tests_matching_runs_exactly_the_selected_ids(tmp_path):
     none = session(tmp_path, "out2", "tests_matching", "no-such-test", str(REPO / "tests/gpu/test_triton.py"),
                    GPU_TEST_WORKERS="0")
     assert none.returncode == 2 and "matches no-such-test" in (tmp_path / "out2" / "session.log").read_text()
+
+
+@pytest.mark.parametrize("given, expect", [
+    ({}, ("sweep-1", 1)), ({"SSD_RUN_GROUP": "rounds-x", "SSD_ROUND": "3"}, ("rounds-x", 3)),
+], ids=["plain-run", "from-the-scripts"])
+def test_the_run_group_and_round_come_from_the_scripts(given, expect):
+    from experiments.bench import run_identity
+
+    assert run_identity("sweep-1", given) == expect
+
+
+@pytest.mark.parametrize("bad", ["0", "two", "-1"])
+def test_a_round_that_is_not_a_positive_integer_is_refused(bad):
+    from experiments.bench import run_identity
+    from experiments.config import ConfigError
+
+    with pytest.raises(ConfigError, match="SSD_ROUND"):
+        run_identity("sweep-1", {"SSD_ROUND": bad})

@@ -57,6 +57,8 @@ def test_rows_have_provenance(sweep):
     assert ok[GPU_ONLY].isna().all().all()  # CPU run: recorded as null, not invented
     assert set(ok["timer"]) == {"cpu-wall"} and set(ok["reference"]) == {"float64"}
     assert ok["code_key"].notna().all()
+    # a plain bench run outside the scripts is a run group of its own, its sweep, in one round
+    assert (ok["run_group"] == ok["sweep_id"]).all() and (ok["round"] == 1).all()
     precision = ok.drop_duplicates(["backend", "stage"]).set_index(["backend", "stage"])["precision"]
     assert precision[("mamba_ssm", "compute_out")] == "float32"  # the interpreter's dots are exact fp32
     assert precision[("reference", "chunk_cumsum")] == "none"
@@ -203,6 +205,35 @@ def test_tuning_sources(describe, expect):
     from experiments.record import tuning_sources
 
     assert tuning_sources(describe) == expect
+
+
+TRITON_DESCRIBE = {"stages": {"chunk_cumsum": {"tile_protocol": "same-sass"},
+                              "chunk_state": {"tile_protocol": "retuned"}, "state_passing": {"tile_protocol": "pinned"},
+                              "compute_out": {"tile_protocol": "retuned"}}}
+
+
+@pytest.mark.parametrize("describe,stage,expect", [
+    (TRITON_DESCRIBE, "chunk_cumsum", "same-sass"),
+    (TRITON_DESCRIBE, "fwd_pass_state", "retuned+pinned"),  # stage 2 is two kernels: both, in TILE_PROTOCOLS order
+    (TRITON_DESCRIBE, "forward", "retuned+same-sass+pinned"),
+    (TRITON_DESCRIBE, "ceiling", "n/a"),
+    ({"tuning_sources": {"compute_out": {"tile_protocol": "retuned"}}}, "compute_out", "retuned"),  # TileGym
+    ({"tile_protocol": "peer-autotune", "stages": ["forward"]}, "forward", "peer-autotune"),
+    (None, "compute_out", "unknown"),  # nothing timed
+    ({"stages": {"compute_out": {"source": "record"}}}, "compute_out", "unknown"),  # a backend that does not say
+], ids=["one-kernel", "stage-2-kernels", "forward", "ceiling", "tuning_sources", "peer", "no-describe", "silent"])
+def test_tile_protocol_per_row(describe, stage, expect):
+    from experiments.record import tile_protocol
+
+    assert tile_protocol(describe, stage) == expect
+
+
+def test_describe_says_where_an_untuned_or_peer_backend_s_tiles_come_from():
+    from impls.fla.backend import FlaBackend
+    from impls.reference.backend import ReferenceBackend
+
+    assert ReferenceBackend().describe()["tile_protocol"] == "untuned"
+    assert FlaBackend.TILE_PROTOCOL == "peer-autotune"
 
 
 # --- the sampled reference: the gate of problems whose full reference does not fit --------------------------

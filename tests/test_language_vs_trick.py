@@ -11,16 +11,18 @@ import pandas as pd
 import pytest
 
 from analysis import language_vs_trick as lvt
-from analysis.load import repo_root
+from analysis.load import MixedRuns, repo_root
+from analysis.noise import WITHIN_NOISE
 from experiments import cutile_tiles, store
 from tests.fixtures.make_fixture import SHAPES, base
 
 STAGE_MS = {"chunk_cumsum": 0.01, "fwd_pass_state": 0.1, "compute_out": 0.3, "forward": 0.42}
 
 
-def _point(backend, shape, sweep, ms_scale, ablation="none", arm=None, switches=None, job=0):
+def _point(backend, shape, sweep, ms_scale, ablation="none", arm=None, switches=None, job=0, tiles="retuned"):
     _, b = base(backend, shape, SHAPES[shape], "bfloat16", sweep, switches or {"tuning": "auto"}, ablation)
-    b.update(job_num=job, hydra_choices=json.dumps({"lvt": arm} if arm else {}), sweep_id=f"synthetic-{sweep}")
+    b.update(job_num=job, hydra_choices=json.dumps({"lvt": arm} if arm else {}), sweep_id=f"synthetic-{sweep}",
+             tile_protocol=tiles)
     rows = []
     for stage, ms in STAGE_MS.items():
         for metric, value in (("median_ms", ms * ms_scale), ("p20_ms", ms * ms_scale), ("p80_ms", ms * ms_scale)):
@@ -67,15 +69,23 @@ def test_language_table_on_synthetic_rows(synthetic):
     assert math.isnan(t.loc[("S3", "compute_out"), "cuTile tuned ms"])  # no S3 rows: empty, not invented
 
 
-def test_a_point_measured_again_is_read_from_its_latest_run(synthetic):
-    """Parts of several runs merged into one file: a point in two sweeps takes the later sweep's rows only."""
+def test_rounds_of_one_run_pool_and_rows_of_another_run_are_left_out(synthetic):
+    """A point measured in three rounds of its run (sweeps of one run group) reads the median of their medians; rows
+    of another run group merged into the same files make the tables refuse, and `pick_run` reads the newest run,
+    naming the one left out."""
     w = lvt.load(synthetic)
-    again = w[(w["sweep_name"] == lvt.MATCHED) & (w["backend"] == "cutile") & (w["shape_name"] == "S1")].copy()
-    again["sweep_id"], again["timestamp"] = "synthetic-later", "2026-12-02T00:00:00+00:00"
-    again["median_ms"] *= 2.0
-    t = lvt.language_table(pd.concat([w, again], ignore_index=True)).set_index(["shape", "stage"])
-    assert t.loc[("S1", "compute_out"), "cuTile tuned ms"] == pytest.approx(0.6)  # not the mean of 0.3 and 0.6
-    assert t.loc[("S2", "compute_out"), "cuTile tuned ms"] == pytest.approx(0.3)
+    one = w[(w["sweep_name"] == lvt.MATCHED) & (w["backend"] == "cutile") & (w["shape_name"] == "S1")]
+    rounds = [one.assign(sweep_id=f"synthetic-round{k}", run_id=one["run_id"] + str(k), median_ms=one["median_ms"] * f)
+              for k, f in ((2, 2.0), (3, 3.0))]
+    t = lvt.language_table(pd.concat([w, *rounds], ignore_index=True)).set_index(["shape", "stage"])
+    assert t.loc[("S1", "compute_out"), "cuTile tuned ms"] == pytest.approx(0.6)  # median of 0.3, 0.6, 0.9
+    later = one.assign(run_group="later", timestamp="2026-12-02T00:00:00+00:00", median_ms=one["median_ms"] * 2)
+    both = pd.concat([w, later], ignore_index=True)
+    with pytest.raises(MixedRuns, match="run_group: later, synthetic"):
+        lvt.language_table(both)
+    newest, left_out = lvt.pick_run(both)
+    assert set(newest["run_group"]) == {"later"} and left_out["run_group"].tolist() == ["synthetic"]
+    assert "`synthetic` on GPU-synthetic" in lvt.run_text(newest, left_out)
 
 
 def test_trick_table_on_synthetic_rows(synthetic):
@@ -92,6 +102,18 @@ def test_trick_table_on_synthetic_rows(synthetic):
     # mistaken for tma:True
     assert t.loc[("warp_specialize", "compute_out"), "Triton S1"] == "+100.0 %"
     assert t.loc[("tma", "compute_out"), "Triton S2"] == "-50.0 %"
+
+
+def test_a_trick_inside_the_noise_reads_within_noise(synthetic):
+    """cuTile's tma off is 1.1x slower; with p20–p80 spreads of ±12 % at the point without it, the 10 % reads "within
+    noise", at every stage, and stays a number in a part whose spreads are narrow."""
+    w = lvt.load(synthetic)
+    noisy = (w["sweep_name"] == lvt.PARTS["cutile"]) & (w["ablation"] == "tma") & (w["shape_name"] == "S1")
+    w.loc[noisy, "p20_ms"], w.loc[noisy, "p80_ms"] = w.loc[noisy, "median_ms"] * 0.88, w.loc[noisy, "median_ms"] * 1.12
+    t = lvt.trick_table(w).set_index(["trick", "stage"])
+    assert t.loc[("tma", "compute_out"), "cuTile S1"] == WITHIN_NOISE
+    assert t.loc[("tma", "forward"), "cuTile S1"] == WITHIN_NOISE
+    assert t.loc[("tma", "compute_out"), "cuTile S2"] == "+10.0 %"
 
 
 def test_a_trick_that_leaves_a_stage_s_code_alone_reads_same_code(synthetic):
@@ -111,6 +133,70 @@ def test_a_trick_that_leaves_a_stage_s_code_alone_reads_same_code(synthetic):
     t = lvt.trick_table(w).set_index(["trick", "stage"])
     assert t.loc[("tma", "chunk_cumsum"), "cuTile S1"] == "+10.0 %"  # another config: a measured effect
     assert t.loc[("tma", "chunk_cumsum"), "cuTile S2"] == lvt.SAME_CODE
+
+
+def _with_tiles(w, ablation, protocol, stage=None):
+    """The rows of the cuTile part's point `ablation` at S1 (every stage, or `stage`) recorded with `protocol`."""
+    sel = (w["sweep_name"] == lvt.PARTS["cutile"]) & (w["ablation"] == ablation) & (w["shape_name"] == "S1")
+    if stage:
+        sel &= w["stage"] == stage
+    w.loc[sel, "tile_protocol"] = protocol
+    return w
+
+
+def test_a_pinned_point_is_shown_apart_and_labelled(synthetic):
+    """cuTile's tma-off point at S1 borrowed its baseline's tiles (pinned) for compute_out: no figure in the trick
+    table there, the figure in the apart table with the protocol and what it means; its other stages and S2 stay."""
+    w = _with_tiles(lvt.load(synthetic), "tma", "pinned", "compute_out")
+    t = lvt.trick_table(w).set_index(["trick", "stage"])
+    assert t.loc[("tma", "compute_out"), "cuTile S1"] == "apart: pinned"
+    assert t.loc[("tma", "forward"), "cuTile S1"] == "+10.0 %" and t.loc[("tma", "compute_out"), "cuTile S2"] == \
+        "+10.0 %"
+    cells = lvt.trick_cells(w)
+    apart = lvt.apart_table(cells).set_index(["trick", "stage", "language"])
+    assert len(apart) == 1 and apart.loc[("tma", "compute_out", "cuTile"), "S1"] == "+10.0 % (pinned / retuned)"
+    assert apart.loc[("tma", "compute_out", "cuTile"), "S2"] == ""  # S2 is in the trick table
+    assert [line.split(":")[0] for line in lvt.apart_legend(cells)] == ["- `pinned`"]
+    assert "borrowed" in lvt.apart_legend(cells)[0]
+    text = lvt.render(w, "synthetic")
+    assert "apart: pinned" in text and "| tma | compute_out | cuTile | +10.0 % (pinned / retuned) |  |" in text
+
+
+def test_rows_before_the_column_are_unknown_not_guessed(synthetic):
+    """Rows written before tile_protocol (null) read "unknown": shown apart, never as a trick's effect."""
+    w = _with_tiles(lvt.load(synthetic), "tma", None)
+    t = lvt.trick_table(w).set_index(["trick", "stage"])
+    assert t.loc[("tma", "compute_out"), "cuTile S1"] == "apart: unknown"
+    assert lvt.stage_protocol(w[(w["ablation"] == "tma") & (w["shape_name"] == "S1")], "compute_out") == "unknown"
+
+
+def test_the_lowering_change_is_read_from_the_file_beside_the_rows(synthetic):
+    """A lowering file beside a part's rows: the tables say what the trick's point changes (registers, stack,
+    spills, warp specialisation) from both points' entries; elsewhere "lowering not inspected"."""
+    from analysis import lowering
+
+    w = lvt.load(synthetic)
+    w["describe"] = json.dumps({"stages": {"compute_out": {"config": {"block_rows": 64}}}})
+    w.loc[w["ablation"] == "tma", "switches"] = json.dumps({"tma": False, "tuning": "auto"})
+    points = []
+    for ablation, kernel in (("none", [80, 0, 18, 13, True]), ("tma", [168, 392, 163, 142, False])):
+        r = w[(w["sweep_name"] == lvt.PARTS["cutile"]) & (w["ablation"] == ablation) & (w["shape_name"] == "S1")]
+        r = r.iloc[0]
+        points.append({"backend": "cutile", "shape": "S1", "dtype": "bfloat16", "arch": "sm_90",
+                       "switches": json.loads(r["switches"]), "stage": "compute_out",
+                       "configs": [{"block_rows": 64}], "kernels": [dict(zip(
+                           ("kernel", "registers", "stack_bytes", "ldl", "stl", "warp_specialized"),
+                           ["compute_out", *kernel]))]})
+    index = lvt.results_index(synthetic)
+    path = lowering.path_for(synthetic / "results" / index[lvt.PARTS["cutile"]])
+    path.write_text(json.dumps({"points": points}))
+    w = _with_tiles(w, "tma", "pinned", "compute_out")
+    cells = lvt.trick_cells(w, lvt.lowering_entries(synthetic))
+    t = lvt.lowering_table(cells).set_index(["trick", "stage"])
+    assert t.loc[("tma", "compute_out"), "cuTile S1"] == ("compute_out: warp specialisation lost, 80 -> 168 "
+                                                          "registers, stack 0 -> 392 B, LDL/STL 18/13 -> 163/142")
+    assert t.loc[("tma", "compute_out"), "cuTile S2"] == lvt.NOT_INSPECTED
+    assert "warp specialisation lost" in lvt.render(w, "synthetic", lowered=lvt.lowering_entries(synthetic))
 
 
 def test_render_and_markers(synthetic, tmp_path):

@@ -96,6 +96,7 @@ def container_semantic(cfg, switches, device_name: str) -> dict:
         **{group: {k: v for k, v in container[group].items() if k != "name"}
            for group in ("shape", "problem", "bench")},
         "dtype": container["dtype"], "seed": container["seed"], "device": device_name,
+        "workload": "ssd", "direction": container["direction"],
     }
 
 
@@ -139,3 +140,45 @@ def test_timing_without_the_gate_is_refused():
             conf.validate(cfg)
         conf.validate(compose("config", overrides=["backend=reference", "shape=tiny", "dtype=float32",
                                                    "bench.check=false", "bench.time=false"]))
+
+
+# --- the backward directions (impls.ssd through the same steps) ----------------------------------------------
+@pytest.mark.parametrize("direction", ["backward", "forward_backward"])
+def test_a_backward_direction_is_gated_on_every_gradient_and_timed(direction):
+    pt = plan.point("reference", TINY, seed=1, bench=QUICK, direction=direction)
+    assert pt.identity.config_hash != plan.point("reference", TINY, seed=1, bench=QUICK).identity.config_hash
+    rows = bench.measure(pt)
+    assert rows.status == "ok", rows.error
+    df = rows.frame()
+    assert set(df["direction"]) == {direction} and set(df["workload"]) == {"ssd"}
+    gradients = {s for s in df["stage"] if s.startswith("grad:")}
+    assert gradients == {"grad:dx", "grad:ddt", "grad:dA", "grad:dB", "grad:dC", "grad:dD", "grad:ddt_bias"}
+    assert (df.query("metric == 'ok' and stage.str.startswith('grad:')", engine="python")["value"] == 1).all()
+    timed = set(df.query("metric == 'median_ms'")["stage"])
+    assert timed == ({"backward"} if direction == "backward" else {"backward", "forward_backward"})
+    if direction == "forward_backward":  # measured on the GPU only: NaN here, with the reason
+        peak = df.query("metric == 'peak_mem_bytes'")
+        assert peak["value"].isna().all() and peak["note"].str.contains("GPU only").all()
+
+
+class WrongDx(ReferenceBackend):
+    def forward_for_backward(self, args, needs):
+        run = super().forward_for_backward(args, needs)
+        backward = run.backward
+
+        def spoiled(grads):
+            out = backward(grads)
+            out["x"] = out["x"] * 1.01
+            return out
+
+        run.backward = spoiled
+        return run
+
+
+def test_a_wrong_gradient_fails_the_gate_and_nothing_is_timed():
+    pt = plan.point("reference", TINY, seed=1, bench=QUICK, direction="backward")
+    built = dataclasses.replace(plan.build(pt), backend=WrongDx())
+    report = gate.run(built)
+    assert len(report.failures) == 1 and report.failures[0].startswith("dx: "), report.failures
+    with pytest.raises(GateFailure, match="dx"):
+        measure_time.run(built, report)

@@ -1,6 +1,7 @@
-"""results/: folders named by date, machine and content, each with a README; results/index.yaml names the current
-file of each experiment and is the analysis's default; results/HEADLINE.md is what `python -m analysis.headline`
-makes of the committed rows."""
+"""results/: folders named by date, machine and content, each with a README; results/index.yaml names the file of
+each experiment, current (block-gated, one per question) or archive, and is the analysis's default; results/HEADLINE.md
+and results/HEADLINE-<gpu>.md are what `python -m analysis.headline` and `python -m analysis.front_page` make of the
+committed rows."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pandas as pd
 import pytest
 
 from analysis import headline
-from analysis.load import load_results, resolve_results, results_index
+from analysis.load import MixedRuns, load_results, resolve_results, results_index
 from experiments import store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,3 +84,84 @@ def test_a_stage_no_point_timed_is_refused():
     files = [str(p) for p in sorted((RESULTS / "2026-12-05-h100-chunk-programs").glob("headline.parquet"))]
     with pytest.raises(ValueError, match="stage 'compute_out': no timed point"):
         forward_table.tables(files, stage="compute_out")
+
+
+# --- the index's two sections and the front pages -------------------------------------------------------------
+def test_every_index_name_resolves_in_either_section():
+    """`index:<name>` finds current and archive entries alike (names the code, the claims and the notebooks use)."""
+    from analysis.load import index_sections
+
+    sections = index_sections(ROOT)
+    assert sections["current"] and sections["archive"]
+    for name in ("headline", "ablate_triton", "headline_fair_fight", "headline_h100_chunk_programs",
+                 "ablate_cutile_v13_v17", "headline_five_backends"):
+        assert resolve_results(f"index:{name}").endswith(".parquet"), name
+
+
+def test_rows_gated_on_the_whole_tensor_only_are_archive():
+    """A current entry's rows carry the block-wise gate's worst block (`block_err`); rows from before it are archive."""
+    from analysis.load import index_sections
+
+    for name, path in index_sections(ROOT)["current"].items():
+        if path.endswith(".parquet") and not path.endswith(store.OTHER_TABLES):
+            assert (pd.read_parquet(RESULTS / path, columns=["metric"])["metric"] == "block_err").any(), name
+
+
+def test_committed_front_pages_match_their_rows():
+    from analysis import front_page
+
+    assert front_page.main(["--check"]) == 0, "run python -m analysis.front_page"
+
+
+def _front_page_root(tmp_path, rows: pd.DataFrame | None) -> Path:
+    (tmp_path / "results").mkdir(parents=True)
+    (tmp_path / "pyproject.toml").write_text("")
+    index = "current:\n  headline: run/headline.parquet\narchive: {}\n"
+    if rows is not None:
+        store.write_atomic(rows, tmp_path / "results" / "run" / "headline.parquet")
+        index = "current:\n  front_page_h200: run/headline.parquet\narchive: {}\n"
+    (tmp_path / "results" / "index.yaml").write_text(index)
+    return tmp_path
+
+
+def _tilegym_at(rows: pd.DataFrame, chunk: int, shape_name: str, scale: float) -> pd.DataFrame:
+    """The fixture's cuTile S1 point as a TileGym point at `chunk`, its times scaled."""
+    import uuid
+
+    t = rows[(rows["backend"] == "cutile") & (rows["shape_name"] == "S1")].copy()
+    timed = t["metric"].isin(["median_ms", "p20_ms", "p80_ms", "graph_median_ms"])
+    t.loc[timed, "value"] *= scale
+    return t.assign(backend="tilegym", switches="{}", chunk_size=chunk, shape_name=shape_name,
+                    config_hash=uuid.uuid4().hex[:16], run_id=uuid.uuid4().hex, tuning="none")
+
+
+def test_a_front_page_regenerates_from_its_run(tmp_path):
+    """The synthetic H200 run: each backend's defaults point and its best, a peer's best at its own chunk (TileGym at
+    128 although its point at 256 is faster), the backends the run lacks named at the top."""
+    from analysis import front_page
+
+    fixture = pd.read_parquet(ROOT / "tests" / "fixtures" / "h200_synthetic.parquet")
+    rows = fixture[fixture["sweep_name"].isin(["headline", "ablate_cutile"])]
+    rows = rows.assign(switches=rows["switches"].where(rows["ablation"] != "none", "{}"))  # the declared defaults
+    rows = pd.concat([rows, _tilegym_at(rows, 256, "S1", 0.5), _tilegym_at(rows, 128, "S1_c128", 2.0)])
+    root = _front_page_root(tmp_path, rows)
+    text = front_page.render(front_page.page_of("h200", root), root)
+    t = front_page.standings(front_page.wide(root / "results" / "run" / "headline.parquet")).set_index(
+        ["shape", "backend", "point"])
+    assert t.loc[("S1", "tilegym", "best"), "chunk"] == "128" and t.loc[("S1", "tilegym", "defaults"), "chunk"] == "256"
+    assert t.loc[("S1", "mamba_ssm", "defaults, best"), "settings"] == "defaults"  # its one point
+    assert "transposed_layout=False" not in set(t.xs("defaults", level="point", drop_level=False)["settings"])
+    assert "Not in this run: vllm, fla" in text and "`synthetic` on GPU-synthetic" in text
+    both = rows.assign(run_group=["synthetic", "other"] * (len(rows) // 2) + ["other"] * (len(rows) % 2))
+    root2 = _front_page_root(tmp_path / "two", both)
+    with pytest.raises(MixedRuns, match="run_group: other, synthetic"):
+        front_page.render(front_page.page_of("h200", root2), root2)
+
+
+def test_a_model_without_a_current_run_says_so_at_the_top(tmp_path):
+    from analysis import front_page
+
+    root = _front_page_root(tmp_path, None)
+    lines = front_page.render(front_page.page_of("h200", root), root).splitlines()
+    assert lines[0] == "# Where things stand: NVIDIA H200"
+    assert lines[2].startswith("**No current run on NVIDIA H200**") and "front_page_h200" in lines[2]

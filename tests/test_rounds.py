@@ -42,6 +42,10 @@ def test_two_arms_two_rounds_interleaved(tmp_path):
     # two configurations, each measured in two runs
     per_config = merged.groupby("config_hash")["run_id"].nunique()
     assert len(per_config) == 2 and set(per_config) == {2}
+    # one run group for the whole invocation, each row with its round
+    assert merged["run_group"].nunique() == 1 and merged["run_group"].iloc[0].startswith("rounds-")
+    points = merged.drop_duplicates("run_id")
+    assert [sorted(r) for _, r in points.groupby("config_hash")["round"]] == [[1, 2], [1, 2]]
     log = (tmp_path / "out" / "session.log").read_text()
     order = [line.split("arm ")[1].split("'")[1].endswith("problem.dt_softplus=false")
              for line in log.splitlines() if line.startswith("== round ")]

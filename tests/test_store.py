@@ -75,7 +75,7 @@ def test_a_point_is_skipped_only_when_config_and_code_match(tmp_path, code_key, 
 
 def test_committed_results_of_every_schema_version_still_load():
     """Files written before version 4 (with `tf32`, without precision/code_key/note) load with the new columns
-    null."""
+    null, and so do those before version 5 (without run_group and round)."""
     root = Path(__file__).resolve().parent.parent / "results"
     files = sorted(root.glob("*/*.parquet"))
     files = [f for f in files if not f.name.endswith(store.OTHER_TABLES)]
@@ -84,6 +84,7 @@ def test_committed_results_of_every_schema_version_still_load():
         df = store.load(f)
         assert list(df.columns) == list(store.COLUMNS) and len(df)
         assert df["code_key"].isna().all()
+        assert df["run_group"].isna().all() and df["round"].isna().all()
 
 
 def test_sync_replays_local_rows_offline(tmp_path, monkeypatch):

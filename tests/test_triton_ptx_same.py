@@ -5,10 +5,11 @@ run: a test here fails when those move; compute_out at dstate 256 and with two h
 tile sizes from the sm_90 fallbacks (impls/triton/ptx_hashes.py).
 
 It guards changes meant to leave the generated code as it is (the backend's configuration split into one module per
-concern); a change meant to alter a kernel or a fallback re-records the fixture:
-`python -m impls.triton.ptx_hashes --write tests/fixtures/triton_ptx_before.json`. Compared only under the Triton the
-fixture was recorded with. bf16 shares its compiles with test_triton_interp's test_kernels_compile_for_sm90 (Triton's
-cache: seconds after it, about two minutes cold); fp32 (about four minutes cold on a busy 2-core machine) is slow.
+concern); a change meant to alter a kernel or a fallback re-records the dtype it changes, as the failure says:
+`python -m impls.triton.ptx_hashes --write tests/fixtures/triton_ptx_before.json --dtype <bf16|fp32>`. Under another
+Triton than the fixture's it fails too, never skips: a fixture that is not compared guards nothing. bf16 shares
+its compiles with test_triton_interp's test_kernels_compile_for_sm90 (Triton's cache: seconds after it, about two
+minutes cold); fp32 (about four minutes cold on a busy 2-core machine) is slow.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import pytest
 
 pytest.importorskip("triton")
 
+from impls.triton.ptx_hashes import FIXTURE, variant_dtype  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-RECORD = json.loads((ROOT / "tests" / "fixtures" / "triton_ptx_before.json").read_text())
+RECORD = json.loads(FIXTURE.path.read_text())
 
 
 def _record(dtype: str) -> dict:
@@ -38,13 +41,11 @@ def _record(dtype: str) -> dict:
 @pytest.mark.parametrize("dtype", ["bf16", pytest.param("fp32", marks=pytest.mark.slow)])
 def test_ptx_unchanged(dtype):
     record = _record(dtype)
-    if record["toolchain"] != RECORD["toolchain"]:
-        pytest.skip(f"toolchain {record['toolchain']} is not the fixture's {RECORD['toolchain']}")
-    expected = {k: v for k, v in RECORD["hashes"].items() if k.split("-")[1] == dtype}
-    assert sorted(record["hashes"]) == sorted(expected), "the variants differ from the recorded ones"
-    changed = sorted(k for k, v in record["hashes"].items() if v != expected[k])
-    assert not changed, (f"the normalised PTX differs from the recorded one for {changed} "
-                         "(`python -m impls.triton.aot` shows the variants' facts)")
+    recorded = {"toolchain": RECORD["toolchain"],
+                "hashes": {k: v for k, v in RECORD["hashes"].items() if variant_dtype(k) == dtype}}
+    stale = FIXTURE.stale(recorded, record["toolchain"], record["hashes"], ("--dtype", dtype))
+    if stale:
+        pytest.fail(stale)
 
 
 def test_the_sm90_defaults_kernels_are_hashed():

@@ -281,6 +281,93 @@ def test_base_key_is_borrowed_in_auto_and_record_only():
     assert tuning.resolve(_tunable("auto", base_key="base")).key == "k"  # its own record now
 
 
+# --- the tile protocol: whose tiles ran, against the baseline switch set's ------------------------------------------
+def test_tile_protocol_says_whose_tiles_ran():
+    """No record: fallback; the base key's record borrowed (a trick turned off): pinned; the same record as the
+    same-SASS key (the stage's code is the baseline's): same-sass; a record of its own: retuned. describe() reads it
+    through as_dict."""
+    assert tuning.resolve(_tunable("auto", base_key="base")).protocol == tuning.FALLBACK
+    tuning.store("b", "s", GPU, "base", {"block": 64}, SPACE, STACK)
+    res = tuning.resolve(_tunable("auto", base_key="base"))
+    assert (res.key, res.protocol, res.as_dict()["tile_protocol"]) == ("base", "pinned", "pinned")
+    res = tuning.resolve(_tunable("record", base_key="base", same_sass_key="base"))
+    assert (res.key, res.protocol) == ("base", "same-sass") and "code" in res.reason
+    _store({"block": 32})
+    assert tuning.resolve(_tunable("auto", base_key="base", same_sass_key="base")).protocol == "retuned"
+    assert tuning.resolve(_tunable("fallback")).protocol == "fallback"
+    assert tuning.resolve(_tunable(pins={"block": 64}, pinned_all=True)).protocol == "switches"
+
+
+def test_a_search_narrower_than_declared_or_than_the_baseline_s_is_retuned_narrower():
+    """An own record searched over fewer values than the stage declares today, or than the baseline switch set
+    declares, is not `retuned`: the gap is named."""
+    tuning.store("b", "s", GPU, "k", {"block": 64}, {"block": [64, 128]}, STACK)
+    res = tuning.resolve(_tunable("auto"))
+    assert res.protocol == "retuned-narrower" and "block lacks [32]" in res.reason
+    res = tuning.resolve(_tunable("search", baseline_space={"block": [16, 32, 64, 128]}))
+    assert res.protocol == "retuned-narrower" and "block lacks the baseline's [16]" in res.reason
+    assert tuning.resolve(_tunable("auto", baseline_space=SPACE)).protocol == "retuned"  # the search just stored
+    assert tuning.space_gaps([{"B": 1}], [{"B": 1}, {"B": 2}]) == ["1 of 2 declared configs"]  # TileGym's layout
+
+
+def _cutile_stage(stage, arch="sm_90", monkeypatch=None, **switches):
+    from impls.cutile import tune
+    from impls.cutile.switches import CutileSwitches
+
+    monkeypatch.setattr(tune, "device_arch", lambda device: arch)
+    return tune.tunable(stage, CutileSwitches(**switches), None, "S", "bfloat16", make_call=None, heads_per_group=80)
+
+
+@pytest.mark.parametrize("stage, switches, arch, expect", [
+    pytest.param("chunk_cumsum", {"tma": False}, "sm_90", "same-sass", id="tma-off-chunk_cumsum-same-sass"),
+    pytest.param("chunk_cumsum", {"transposed_layout": False}, "sm_90", "same-sass", id="layout-chunk_cumsum"),
+    pytest.param("chunk_cumsum", {"tma": False}, "sm_100", "pinned", id="tma-off-off-sm_90-pinned"),
+    pytest.param("compute_out", {"tma": False}, "sm_90", "pinned", id="tma-off-compute_out-pinned"),
+    pytest.param("compute_out", {"head_mma": "batched"}, "sm_90", "fallback", id="head_mma-one-config-row"),
+    pytest.param("chunk_cumsum", {"heads_first": True}, None, "same-sass", id="not-in-the-stage-key"),
+    pytest.param("chunk_cumsum", {"tma": False, "exp2": False}, "sm_90", "pinned", id="two-switches-pinned"),
+])
+def test_cutile_protocol_from_the_switch_effects(monkeypatch, stage, switches, arch, expect):
+    """cuTile with the defaults' record only: a switch whose sm_90 SASS for the stage is the defaults'
+    (impls/cutile/switch_effects.json) runs the defaults' record as same-sass, one that changes it borrows the
+    record of the key without the trick (pinned); off sm_90 the SASS table says nothing; head_mma's row compiles one
+    head per tile only (no borrowing: its own search, else the fallback); a switch outside the stage's key is the
+    same code by the key."""
+    from impls.cutile import tune
+    from impls.cutile.switches import CutileSwitches
+
+    defaults = _cutile_stage(stage, "sm_90", monkeypatch)
+    stack = {n: STACK.get(n) for n in tune.STACK}
+    config = {"chunk_cumsum": {"block_heads": 16, "occupancy": 8},
+              "compute_out": {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 2, "occupancy": 3}}[stage]
+    tuning.store("cutile", stage, defaults.gpu, defaults.key, config, defaults.space, stack)
+    t = _cutile_stage(stage, arch, monkeypatch, **switches)
+    res = tuning.resolve(t)
+    assert res.protocol == expect, res.reason
+    if expect == "same-sass":
+        assert t.same_sass_key == tune.record_key(stage, CutileSwitches(), "S", "bfloat16") and res.config == config
+
+
+@pytest.mark.parametrize("stage, switches, expect_same", [
+    pytest.param("chunk_cumsum", {"transposed_layout": False}, True, id="layout-same-launches"),
+    pytest.param("chunk_state", {"heads_first": True}, True, id="heads_first-stage-2"),
+    pytest.param("compute_out", {"transposed_layout": False}, False, id="layout-changes-compute_out"),
+    pytest.param("chunk_cumsum", {"launch_path": "cached"}, False, id="host-path-alone-is-the-defaults"),
+    pytest.param("chunk_cumsum", {"transposed_layout": False, "exp2": False}, False, id="two-switches"),
+    pytest.param("chunk_cumsum", {"transposed_layout": False, "launch_path": "cached"}, True, id="host-path-aside"),
+])
+def test_triton_same_sass_key_from_the_switch_effects(stage, switches, expect_same):
+    """Triton: the defaults' key where impls/triton/switch_effects.json records the same launches for the stage
+    (stage 2's kernels read its fwd_pass_state rows) or where the stage's key is the defaults'; None otherwise, and
+    for the defaults themselves (the host path aside: their own record is retuned, not borrowed)."""
+    from impls.triton import tune
+    from impls.triton.switches import TritonSwitches
+
+    flags = {"bias": True}
+    key = tune.same_sass_key(TritonSwitches(**switches), "S", "bfloat16", flags, stage)
+    assert key == (tune.record_key(TritonSwitches(), "S", "bfloat16", flags, stage) if expect_same else None)
+
+
 def test_own_search_is_stored_with_the_stack():
     """A backend with its own autotuner (TileGym): what it chose is stored with the versions; `auto` reads it."""
     chosen = []

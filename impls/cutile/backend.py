@@ -29,6 +29,7 @@ class CutileBackend(Backend):
     Switches = CutileSwitches
     TUNED = True
     DEFAULTS = CUTILE_DEFAULTS  # per target (impls/cutile/defaults.py)
+    TILE_PROTOCOL = None  # per stage, in describe()["stages"] (impls/tuning.py Resolution)
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)

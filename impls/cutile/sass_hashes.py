@@ -13,8 +13,9 @@ two heads per step). The hash is the SHA-256 of
 `aot.normalized(aot.sass(cubin))` (addresses, encodings and symbol names stripped); where nvdisasm cannot decode a
 cubin, of the cubin itself, marked `cubin:`.
 
-Run `python -m impls.cutile.sass_hashes [--write PATH] [ID ...]` (CPU only, a few seconds per compile).
-tests/test_cutile_sass_same.py compares against tests/fixtures/cutile_sass_before.json.
+Run `python -m impls.cutile.sass_hashes [--write PATH] [ID ...]` (CPU only, a few seconds per compile); with IDs,
+`--write` re-records those entries of PATH and keeps the others. tests/test_cutile_sass_same.py compares against
+tests/fixtures/cutile_sass_before.json and, where they differ, fails naming the command that re-records them.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from pathlib import Path
 
 import torch
 
+from impls import golden
 from impls.cutile.aot import KERNELS, build_call, export, normalized, sass
 from impls.cutile.switch_effects import OFF_VALUE
 from impls.cutile.switches import CODE_SWITCHES, CutileSwitches
 
-FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "cutile_sass_before.json"
+FIXTURE = golden.Fixture(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "cutile_sass_before.json",
+                         "impls.cutile.sass_hashes", "python -m impls.cutile.aot")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 ALL_OFF = {k: OFF_VALUE.get(k, False) for k in CODE_SWITCHES}
 # what turns the Python source into the hashed text: the front end, the compiler, the disassembler
@@ -102,12 +105,6 @@ def toolchain() -> dict[str, str | None]:
     return out
 
 
-def source_digest(kernel: str) -> str:
-    """SHA-256 of the file that holds `kernel` (compute_out_cb lives in compute_out.py)."""
-    name = {"compute_out_cb": "compute_out"}.get(kernel, kernel)
-    return hashlib.sha256(Path(__file__).with_name(f"{name}.py").read_bytes()).hexdigest()
-
-
 def hashes(ids: list[str] | None = None) -> dict[str, str]:
     chosen = [v for v in variants() if ids is None or v.id in ids]
     if ids is not None and len(chosen) != len(set(ids)):
@@ -125,8 +122,11 @@ def main(argv=None) -> int:
     for k, h in out.items():
         print(f"{k:32s} {h}")
     if a.write:
-        record = {"generated_by": "python -m impls.cutile.sass_hashes --write", "arch": "sm_90",
-                  "toolchain": toolchain(), "sources": {k: source_digest(k) for k in KERNELS}, "hashes": out}
+        old = json.loads(a.write.read_text()) if a.ids and a.write.exists() else None
+        known = {v.id for v in variants()}
+        new = golden.merged(old, toolchain(), out, keep=lambda k: k in known)
+        record = {"generated_by": "python -m impls.cutile.sass_hashes --write", "arch": "sm_90", **new}
+        record.pop("sources", None)  # files' digests, no longer read: the hashes alone are compared
         a.write.write_text(json.dumps(record, indent=1) + "\n")
     return 0
 

@@ -178,8 +178,9 @@ def tunable(stage: str, sw, device, shape_label: str, dtype: str, make_call, hea
     """The stage's choice as impls/tuning.py takes it. Switch values override; a search measures
     `configs(stage, sw, heads_per_group)` (the fixed values put in) with `kernel_timer(make_call)`; with
     `run_config(config)` (the whole stage) its best are confirmed as stages; `output(config)` (the whole stage's
-    outputs) is asked for NaN/Inf where there is no run_config. A code trick turned off borrows the default code's
-    record (`record_key`) in auto/record. `pins` win over the record's values."""
+    outputs) is asked for NaN/Inf where there is no run_config. A switch that leaves the stage's code as the
+    defaults' borrows the defaults' record first (`same_sass_key`), a code trick turned off the default code's record
+    (`record_key`) in auto/record. `pins` win over the record's values."""
     fixed = pins(stage, sw)
     space = []  # the configs with the fixed values put in, each once
     for cfg in configs(stage, sw, heads_per_group):
@@ -192,7 +193,48 @@ def tunable(stage: str, sw, device, shape_label: str, dtype: str, make_call, hea
         run=run_config, timer=kernel_timer(make_call), candidates=candidates if stage == "compute_out" else None,
         pins=fixed, pinned_all=bool(fixed) and set(fixed) >= set(SPACE[stage]),
         near_key=near_key(stage, sw, shape_label, dtype),
-        base_key=record_key(stage, sw, shape_label, dtype, code_tricks=False), stack=STACK, output=output)
+        base_key=record_key(stage, sw, shape_label, dtype, code_tricks=False), stack=STACK, output=output,
+        same_sass_key=same_sass_key(stage, sw, shape_label, dtype, device_arch(device)),
+        baseline_space=search_space(stage, dataclasses.replace(CutileSwitches(), tuning=sw.tuning), heads_per_group))
+
+
+# switches whose switch-effects row compiles one tile config, where both settings happen to be one kernel: head_mma
+# at one head per tile (its lowerings differ at two, which the row does not compile), so the row says nothing of the
+# tiles a record holds
+EFFECTS_AT_ONE_CONFIG = ("head_mma",)
+
+
+def same_sass_key(stage: str, sw, shape_label: str, dtype: str, arch: str | None) -> str | None:
+    """The defaults' record key when `stage`'s code under `sw` is the defaults' (tuning.SAME_SASS), else None: `sw`
+    differs from CutileSwitches() (its tuning mode aside) in one switch, and either the stage's key and pins are the
+    defaults' (the switch is none of the stage's code-changing switches) or, on sm_90 (`arch`), the switch is at the
+    value impls/cutile/switch_effects.json compiled and that row (stage, dtype) reads "no-op on sm_90": the same
+    normalised SASS as the defaults'."""
+    from impls.cutile.switches import CODE_SWITCHES
+
+    defaults = dataclasses.replace(CutileSwitches(), tuning=sw.tuning)
+    changed = [f.name for f in dataclasses.fields(sw) if getattr(sw, f.name) != getattr(defaults, f.name)]
+    if len(changed) != 1:
+        return None
+    baseline = record_key(stage, defaults, shape_label, dtype)
+    if record_key(stage, sw, shape_label, dtype) == baseline and pins(stage, sw) == pins(stage, defaults):
+        return baseline
+    name = changed[0]
+    if arch != "sm_90" or name not in CODE_SWITCHES or name in EFFECTS_AT_ONE_CONFIG:
+        return None
+    from impls.cutile import switch_effects
+
+    if getattr(sw, name) != getattr(switch_effects.off(name), name):
+        return None
+    return baseline if (stage, dtype, name, arch) in tuning.same_code_rows(str(switch_effects.PATH)) else None
+
+
+def device_arch(device) -> str | None:
+    """"sm_90" for a compute capability 9.x device; None without a CUDA device."""
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
 
 
 def near_key(stage: str, sw, shape_label: str, dtype: str) -> str | None:

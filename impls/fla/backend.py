@@ -8,13 +8,22 @@ mapping.py holds the map; docs/peers.md derives it and quantifies each way a nea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from impls.fla import mapping, peer
 from impls.problem import Problem
-from impls.registry import ForwardOnlyBackend, ForwardResult, pinned_version, register, switch
+from impls.registry import (
+    ForwardOnlyBackend,
+    ForwardResult,
+    installed_files,
+    per_sequence_initial_states,
+    pinned_version,
+    register,
+    switch,
+)
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 NO_STAGES = ("fla: FLA's chunk_simple_gla has no stage split matching the contract (chunk-local states, state "
@@ -39,10 +48,13 @@ class FlaSwitches:
 class FlaBackend(ForwardOnlyBackend):
     """FLA 0.6.0 chunk_simple_gla (Triton); CUDA only; whole forward only."""
 
+    NO_PER_SEQUENCE_INITIAL_STATES = ""  # FLA's varlen kernels take one initial state per sequence natively
+
     name = "fla"
     Switches = FlaSwitches
     NO_STAGES = NO_STAGES
     TUNED = True  # FLA's Triton autotuners pick their configs on the first call
+    TILE_PROTOCOL = "peer-autotune"
 
     # --- capability -------------------------------------------------------------------------------------
     @classmethod
@@ -55,6 +67,12 @@ class FlaBackend(ForwardOnlyBackend):
         except Exception as exc:
             return False, f"fla.ops.simple_gla cannot be imported: {exc}"
         return True, ""
+
+    @classmethod
+    def peer_files(cls) -> dict[str, Path]:
+        """Every .py file of the installed fla: chunk_simple_gla imports across the package (ops/common, ops/utils,
+        utils)."""
+        return installed_files("fla")
 
     def check_device(self, device) -> tuple[bool, str]:
         device = torch.device(device)
@@ -98,10 +116,11 @@ class FlaBackend(ForwardOnlyBackend):
         """FLA's kernels only: (o, final states in FLA's layout)."""
         return peer.run(args)
 
-    def finish(self, raw, x, D=None, z=None, cu_seqlens=None) -> ForwardResult:
+    def finish(self, raw, x, D=None, z=None, cu_seqlens=None, own_initial_states=False) -> ForwardResult:
         """mapping.STEPS "finish.*"."""
         o, ht = raw
-        y, final, per_seq = mapping.finish(o, ht, x, D, z, self.switches.state_v_first, cu_seqlens)
+        y, final, per_seq = mapping.finish(o, ht, x, D, z, self.switches.state_v_first, cu_seqlens,
+                                           own_initial_states)
         return ForwardResult(y, final, per_seq)
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
@@ -110,7 +129,7 @@ class FlaBackend(ForwardOnlyBackend):
             raise NotImplementedError("fla: seq_idx needs cu_seqlens (supports() refuses it)")
         args = self.prepare(x, dt, A, B, C, chunk_size, dt_bias, initial_states, cu_seqlens, dt_softplus,
                             dt_limit)
-        return self.finish(self.peer(args), x, D, z, args.cu_seqlens)
+        return self.finish(self.peer(args), x, D, z, args.cu_seqlens, per_sequence_initial_states(initial_states, x))
 
     def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                       dt_softplus, dt_limit, state_dtype):
@@ -120,8 +139,15 @@ class FlaBackend(ForwardOnlyBackend):
             "adapter_prepare": lambda: self.prepare(x, dt, A, B, C, chunk_size, dt_bias, initial_states, cu_seqlens,
                                                     dt_softplus, dt_limit),
             "peer": lambda: self.peer(args),
-            "adapter_finish": lambda: self.finish(raw, x, D, z, args.cu_seqlens),
+            "adapter_finish": lambda: self.finish(raw, x, D, z, args.cu_seqlens,
+                                                  per_sequence_initial_states(initial_states, x)),
         }
+
+    # --- the backward: FLA's own raises on Hopper with this Triton (FLA #640); recorded, not worked around ------
+    NO_BACKWARD = ("FLA 0.6.0's chunk_simple_gla backward raises on Hopper (sm_90) with Triton >= 3.4 and < 3.7.1 "
+                   "unless its TileLang backend is installed (fla/ops/common/chunk_o.py, FLA #640: chunk_bwd_dqkwg "
+                   "'produces incorrect results'); this study's cards are Hopper with Triton 3.6 and no TileLang, so "
+                   "the adapter takes no gradients and no workaround is tried")
 
     # --- what ran -----------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

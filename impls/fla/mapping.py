@@ -67,7 +67,8 @@ def gla_args(x, dt, A, B, C, chunk_size, dt_bias=None, initial_states=None, cu_s
     if initial_states is not None:
         h0 = initial_states.to(acc_dtype(x, initial_states))  # (b, h, p, n)
         h0 = h0 if state_v_first else h0.transpose(-1, -2)  # FLA's default state layout is (K, V) = (n, p)
-        if cu_seqlens is not None:  # one state per packed sequence; the contract's initial state is sequence 0's
+        # one state per packed sequence: as given, or (one per row) the row's initial state is sequence 0's
+        if cu_seqlens is not None and initial_states.shape[0] == x.shape[0]:
             per_seq = h0.new_zeros(cu_seqlens.shape[0] - 1, *h0.shape[1:])
             per_seq[0] = h0[0]
             h0 = per_seq
@@ -84,7 +85,7 @@ def heads_from_groups(t, nheads):
     return t.unsqueeze(3).expand(b, L, g, nheads // g, n).reshape(b, L, nheads, n).contiguous()
 
 
-def finish(o, ht, x, D=None, z=None, state_v_first=False, cu_seqlens=None):
+def finish(o, ht, x, D=None, z=None, state_v_first=False, cu_seqlens=None, own_initial_states=False):
     """-> (y in x's dtype, final states (b, h, p, n) fp32, per-sequence states (nseqs, h, p, n) or None, the
     latter with cu_seqlens)."""
     y = o
@@ -96,15 +97,16 @@ def finish(o, ht, x, D=None, z=None, state_v_first=False, cu_seqlens=None):
         torch.addcmul(o, x, Dv[:, None] if Dv.dim() == 1 else Dv, out=y)  # in fp32, rounded once on the store
     states = ht if state_v_first else ht.transpose(-1, -2)  # (N, h, p, n)
     if cu_seqlens is not None:
-        return (y, *packed_final_states(states, cu_seqlens))
+        return (y, *packed_final_states(states, cu_seqlens, own_initial_states))
     return y, states, None
 
 
-def packed_final_states(states, cu_seqlens):
+def packed_final_states(states, cu_seqlens, own_initial_states=False):
     """FLA's per-sequence final states -> the contract's (row's final state (1, h, p, n), per-sequence states).
-    An empty sequence's state is zero (FLA hands back its initial state: sequence 0's h_{-1}); the row's final
-    state is that of its last non-empty sequence (FLA's last entry is zero when the last sequence is empty)."""
+    An empty sequence's state is zero (FLA hands back its initial state: sequence 0's h_{-1}), or its own initial
+    state where each sequence has one (as FLA hands it back); the row's final state is that of its last non-empty
+    sequence."""
     nonempty = (cu_seqlens[1:] > cu_seqlens[:-1]).to(states.dtype)
-    per_seq = states * nonempty[:, None, None, None]
+    per_seq = states if own_initial_states else states * nonempty[:, None, None, None]
     last = torch.searchsorted(cu_seqlens, cu_seqlens[-1:]) - 1  # first offset equal to seqlen, minus one
     return per_seq.index_select(0, last), per_seq

@@ -36,7 +36,8 @@ def gla_sequential(q, k, v, g, scale=1.0, initial_state=None, cu_seqlens=None, s
         r = i if bounds is None else 0
         S = h0[i].clone() if h0 is not None else torch.zeros(h, K, V, dtype=f64)
         for s in range(start, end):
-            S = torch.exp(g[r, s].to(f64))[:, None, None] * S + k[r, s].to(f64)[:, :, None] * v[r, s].to(f64)[:, None, :]
+            outer = k[r, s].to(f64)[:, :, None] * v[r, s].to(f64)[:, None, :]
+            S = torch.exp(g[r, s].to(f64))[:, None, None] * S + outer
             o[r, s] = scale * torch.einsum("hk,hkv->hv", q[r, s].to(f64), S)
         finals.append(S.transpose(-1, -2) if state_v_first else S)
     final_dtype = f64 if q.dtype == f64 else torch.float32  # FLA: fp32; float64 for the CPU float64 checks
@@ -48,7 +49,10 @@ def _y(args, inputs):
     return mapping.finish(o, ht, inputs.x, inputs.D, inputs.z)[0]
 
 
-def study(shape=Shape(1, 512, 8, 64, 2, 128, 64), dtype=torch.bfloat16, seed=0) -> dict[str, float]:
+STUDY_SHAPE = Shape(1, 512, 8, 64, 2, 128, 64)
+
+
+def study(shape=STUDY_SHAPE, dtype=torch.bfloat16, seed=0) -> dict[str, float]:
     inputs = make_inputs(Problem(shape), seed=seed, dtype=dtype)
     ref = impls.ssd_forward(**inputs.to(torch.float64).forward_kwargs(), backend="reference").y
     kw = dict(x=inputs.x, dt=inputs.dt, A=inputs.A, B=inputs.B, C=inputs.C, chunk_size=64, dt_bias=inputs.dt_bias,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from impls import validate as check
 from impls.mamba_ssm import upstream
@@ -12,7 +13,7 @@ from impls.mamba_ssm.compute_out import compute_out
 from impls.mamba_ssm.fwd_pass_state import fwd_pass_state
 from impls.mamba_ssm.layout import upstream_layout
 from impls.problem import Problem
-from impls.registry import Backend, ForwardResult, pinned_version, register, switch
+from impls.registry import Backend, BackendUnavailable, ForwardResult, installed_files, pinned_version, register, switch
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,11 @@ class MambaSSMBackend(Backend):
     """mamba-ssm 2.3.2.post1: its Triton kernels, unchanged; on CPU tensors only under TRITON_INTERPRET=1."""
 
     name = "mamba_ssm"
+    NO_PER_SEQUENCE_INITIAL_STATES = ("upstream's kernels take initial_states (batch, ...) and apply a row's to its "
+                                      "first sequence only (mamba_ssm/ops/triton/ssd_state_passing.py)")
     Switches = MambaSSMSwitches
     TUNED = True  # upstream's Triton autotuners pick their configs on the first call
+    TILE_PROTOCOL = "peer-autotune"
     NON_INCREASING_DECAY = ("mamba-ssm's kernels (they clamp dt at >= dt_limit's low end, 0 by default, and "
                             "exp(dA_cumsum[l] - dA_cumsum[s]) at <= 1: they assume dA_cumsum non-increasing inside a "
                             "chunk)")
@@ -48,6 +52,11 @@ class MambaSSMBackend(Backend):
         except ImportError as exc:
             return False, f"mamba-ssm SSD kernels cannot be imported ({exc}); install as the README says"
         return pinned_version("mamba-ssm", upstream.version(), upstream.VERSION_REQUIRED)
+
+    @classmethod
+    def peer_files(cls) -> dict[str, Path]:
+        """Every .py file of the installed mamba_ssm: its SSD modules import across the package."""
+        return installed_files("mamba_ssm")
 
     @classmethod
     def upstream(cls):
@@ -101,6 +110,31 @@ class MambaSSMBackend(Backend):
         with self._mode(x.device):
             return self.upstream().ssd_chunk_state.chunk_state_varlen(
                 B[0], x[0], dt[0], dA_cumsum[0], cu_seqlens, states[0])
+
+    BACKWARD = ("upstream's autograd function (mamba_chunk_scan_combined), unchanged: its forward keeps the inputs "
+                "and y; its backward recomputes chunk_cumsum, C·Bᵀ, the chunk states and the state pass")
+
+    def forward_for_backward(self, args, needs):
+        from impls.graph_backward import graph_backward
+
+        if args["cu_seqlens"] is not None:
+            raise BackendUnavailable("mamba_ssm has no backward with cu_seqlens: upstream's backward asserts that "
+                                     "return_varlen_states is off (mamba_ssm/ops/triton/ssd_combined.py, "
+                                     "MambaChunkScanCombinedFn.backward)")
+        if args["state_dtype"] not in (None, args["x"].dtype):
+            raise BackendUnavailable("mamba_ssm has no backward with a state_dtype of its own: upstream's autograd "
+                                     "function stores states in C's dtype")
+        device = args["x"].device
+
+        def forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+                    dt_limit, state_dtype):
+            with self._mode(device):
+                y, final_states = self.upstream().ssd_combined.mamba_chunk_scan_combined(
+                    x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                    seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=dt_limit, return_final_states=True)
+            return ForwardResult(y, final_states)
+
+        return graph_backward(forward, args, needs, context=lambda: self._mode(device))
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                     dt_softplus, dt_limit, state_dtype):

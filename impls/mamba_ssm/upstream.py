@@ -7,9 +7,10 @@ extension is missing, a placeholder module stands in for it: any use of it raise
 kernels never touch it.
 
 Interpreter: on CPU tensors with TRITON_INTERPRET=1, `interpreter_mode()` trims every upstream autotuner to its
-first config (the interpreter would run each config in turn) and turns `torch.cuda.device(None)` (upstream wraps
-each launch in `torch.cuda.device(x.device.index)`, which raises on CPU tensors) into a no-op — both only for
-the duration of the call, then restored. The GPU path never enters it: a GPU test checks the autotune configs
+first config (the interpreter would run each config in turn), turns `torch.cuda.device(None)` (upstream wraps
+each launch in `torch.cuda.device(x.device.index)`, which raises on CPU tensors) into a no-op and answers the
+backward's `torch.cuda.get_device_properties(<a CPU device>)` with one SM — all only for the duration of the call,
+then restored. The GPU path never enters it: a GPU test checks the autotune configs
 are intact.
 """
 
@@ -90,17 +91,22 @@ def interpreter_mode(mods: types.SimpleNamespace):
     global interpreter_calls
     interpreter_calls += 1
     saved = [(tuner, tuner.configs) for tuner in autotuners(mods)]
-    real_device = torch.cuda.device
+    real_device, real_properties = torch.cuda.device, torch.cuda.get_device_properties
 
     def device(index):
         return contextlib.nullcontext() if index is None else real_device(index)
 
+    def properties(where=None):  # the backward sizes a grid by the SM count: one SM for a CPU tensor
+        if isinstance(where, torch.device) and where.type == "cpu":
+            return types.SimpleNamespace(multi_processor_count=1, name="cpu (Triton interpreter)")
+        return real_properties(where)
+
     try:
         for tuner, configs in saved:
             tuner.configs = configs[:1]
-        torch.cuda.device = device
+        torch.cuda.device, torch.cuda.get_device_properties = device, properties
         yield
     finally:
-        torch.cuda.device = real_device
+        torch.cuda.device, torch.cuda.get_device_properties = real_device, real_properties
         for tuner, configs in saved:
             tuner.configs = configs

@@ -56,3 +56,22 @@ def chunk_blocks(nchunks: int, chunk_size: int, seqlen: int, chunks_per_block: i
     for c0 in range(0, nchunks, step):
         c1 = min(nchunks, c0 + step)
         yield slice(c0, c1), slice(c0 * chunk_size, min(seqlen, c1 * chunk_size))
+
+
+def per_sequence(initial_states, x) -> bool:
+    """Whether `initial_states` holds one state per packed sequence ((nseqs, ...) for the one row of x) rather than
+    one per batch row (sequence 0's)."""
+    return initial_states is not None and initial_states.shape[0] != x.shape[0]
+
+
+def decay_since_sequence_start(dA_cumsum, seq_chunked):
+    """(batch, nheads, nchunks, chunk): Λ_l − Λ_{j0−1}, the decay from the start of token l's sequence inside its
+    chunk (j0, or the chunk's first position for a sequence that began before) to l (Λ_{−1} = 0)."""
+    chunk = seq_chunked.shape[-1]
+    pos = torch.arange(chunk, device=seq_chunked.device)
+    starts = torch.ones_like(seq_chunked, dtype=torch.bool)
+    starts[..., 1:] = seq_chunked[..., 1:] != seq_chunked[..., :-1]
+    j0 = torch.cummax(torch.where(starts, pos, 0), dim=-1).values  # (batch, nchunks, chunk)
+    index = (j0 - 1).clamp(min=0)[:, None].expand_as(dA_cumsum)
+    before = torch.where(j0[:, None] > 0, torch.gather(dA_cumsum, -1, index), torch.zeros_like(dA_cumsum))
+    return dA_cumsum - before

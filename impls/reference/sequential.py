@@ -3,7 +3,8 @@
     h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_tᵀ,   y_t = C_t h_t + D x_t,   y_t <- y_t silu(z_t)
 
 h_{-1} is the initial state; h resets to 0 wherever seq_idx differs from the previous token's (the token before
-position 0 counts as sequence 0). Slow by design: use it at small sizes only.
+position 0 counts as sequence 0) — or, with one initial state per sequence (initial_states (nseqs, ...) for the one
+row of packed sequences), to that sequence's. Slow by design: use it at small sizes only.
 
 Independent of the chunked code it checks: dt processing, the head-to-group mapping and the sequence index of
 cu_seqlens are written out here again, not imported.
@@ -37,8 +38,11 @@ def ssd_sequential(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=
     group = torch.arange(nheads, device=x.device) // (nheads // B.shape[2])  # head h reads group h // (H / G)
     Bh, Ch = B.to(f64)[:, :, group], C.to(f64)[:, :, group]
     h = torch.zeros(batch, nheads, headdim, dstate, dtype=f64, device=x.device)
+    # one initial state per sequence (rows of initial_states counting the sequences of the one row of x): each
+    # sequence starts from its own; else the row's initial state is sequence 0's and the others start from zero
+    per_sequence = initial_states is not None and initial_states.shape[0] != batch
     if initial_states is not None:
-        h = h + initial_states.to(f64)
+        h = h + initial_states.to(f64)[:1] if per_sequence else h + initial_states.to(f64)
     previous = torch.zeros(batch, dtype=torch.long, device=x.device)
     ends = set(cu_seqlens[1:].tolist()) if cu_seqlens is not None else set()
     seq_states = {}
@@ -49,7 +53,9 @@ def ssd_sequential(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=
             chunk_states.append(h.clone())
         if seq_idx is not None:
             current = seq_idx[:, t].long()
-            h = h * (current == previous).to(f64)[:, None, None, None]
+            same = (current == previous).to(f64)[:, None, None, None]
+            start = initial_states.to(f64)[current] if per_sequence else 0.0
+            h = h * same + (1 - same) * start
             previous = current
         decay = torch.exp(dt[:, t] * A64)  # (batch, nheads)
         h = decay[..., None, None] * h + (dt[:, t, :, None, None] * x64[:, t, :, :, None] * Bh[:, t, :, None, :])
@@ -65,9 +71,9 @@ def ssd_sequential(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=
     varlen = None
     if cu_seqlens is not None:
         bounds = cu_seqlens.tolist()
-        varlen = torch.stack([
-            seq_states[e] if e > s else torch.zeros_like(h[0]) for s, e in zip(bounds[:-1], bounds[1:])
-        ])
+        empty = [initial_states.to(f64)[i] if per_sequence else torch.zeros_like(h[0]) for i in range(len(bounds) - 1)]
+        varlen = torch.stack([seq_states[e] if e > s else empty[i]
+                              for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:]))])
     return SequentialResult(y, h, torch.stack(chunk_states, 1) if chunk_states else None, varlen)
 
 

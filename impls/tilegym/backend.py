@@ -8,6 +8,7 @@ harness can time the peer's kernels alone and the adapter's work apart. docs/pee
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -77,9 +78,12 @@ class Prepared:
 class TilegymBackend(Backend):
     """TileGym 1.5.1 cuTile Mamba-2 forward; CUDA only. Needs seqlen % chunk_size == 0, no seq_idx."""
 
+    NO_PER_SEQUENCE_INITIAL_STATES = "TileGym 1.5.1's mamba2 ops take no packed sequences (no seq_idx or cu_seqlens)"
+
     name = "tilegym"
     Switches = TilegymSwitches
     TUNED = True
+    TILE_PROTOCOL = None  # per stage, in describe()["tuning_sources"] (impls/tuning.py Resolution)
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)
@@ -100,6 +104,11 @@ class TilegymBackend(Backend):
         if not torch.cuda.is_available():
             return False, "no CUDA device visible to torch (TileGym's kernels are cuTile, CUDA only)"
         return True, ""
+
+    @classmethod
+    def peer_files(cls) -> dict[str, Path]:
+        """TileGym's mamba2 module and the autotune file it imports: what loader.load() executes."""
+        return loader.kernel_files()
 
     def check_device(self, device) -> tuple[bool, str]:
         return cuda_only(device, "TileGym's cuTile kernels")
@@ -250,6 +259,16 @@ class TilegymBackend(Backend):
             "peer": lambda: self.peer(p),
             "adapter_finish": lambda: self.finish(p, raw),
         }
+
+    # --- the backward (impls.ssd): TileGym's mamba2_chunk_backward, dt's processing differentiated here ----------
+    BACKWARD = ("TileGym 1.5.1's mamba2_chunk_backward (cuTile): the forward keeps its inputs; the backward "
+                "recomputes chunk_cumsum and the chunk states (fp32), then a reverse state pass and the gradients; "
+                "dt's processing (bias, softplus, clamp) differentiated by torch autograd on our side")
+
+    def forward_for_backward(self, args, needs):
+        from impls.tilegym.backward import forward_for_backward
+
+        return forward_for_backward(self, args, needs)
 
     # --- what ran -----------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -24,9 +24,12 @@ import types
 from pathlib import Path
 
 from impls.declaration import declared
+from impls.registry import installed_files
 
 MODULE_NAME = "_ssd_peer_tilegym_mamba2"  # private: never collides with TileGym's own module name
 VERSION_REQUIRED = declared("tilegym").pin("tilegym")  # impls/tilegym/__init__.py PACKAGES
+
+LOADED = ("ops/cutile/mamba2.py", "autotune.py")  # the files of TileGym that load() executes
 
 registered: dict[str, object] = {}  # what mamba2.py handed to register_impl (op name -> function)
 _module = None
@@ -38,6 +41,11 @@ def tilegym_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("tilegym is not installed")
     return Path(list(spec.submodule_search_locations)[0])
+
+
+def kernel_files() -> dict[str, Path]:
+    """LOADED by "tilegym/<path>" where TileGym is installed (Backend.peer_files); empty where it is not."""
+    return installed_files("tilegym", *LOADED)
 
 
 def version() -> str | None:

@@ -43,6 +43,7 @@ class TritonBackend(Backend):
     name = "triton"
     Switches = TritonSwitches
     TUNED = True
+    TILE_PROTOCOL = None  # per stage, in describe()["stages"] (impls/tuning.py Resolution)
     CANNOT_EXPRESS = {
         "latency_hints": "Triton has no per-load latency hint; the nearest analogues are the num_stages "
                          "(software-pipelining depth) and num_warps switches",
@@ -326,7 +327,8 @@ class TritonBackend(Backend):
         resolved = self._resolved.get((stage, key))
         if resolved is None:
             near = tune.near_key(self.switches, shape.label(), dtype, flags, stage)
-            t = tune.tunable(stage, self.switches, key, dtype, dims, device, launch, near)
+            same = tune.same_sass_key(self.switches, shape.label(), dtype, flags, stage)
+            t = tune.tunable(stage, self.switches, key, dtype, dims, device, launch, near, same)
             resolution = tuning.resolve(t)
             # a record holds the tuned fields; the pinned switches win over it (applied by resolve), all clamped
             resolved = tune.Resolved(clamp(stage, resolution.config, dims), resolution, tuple(sorted(t.pins)))

@@ -8,8 +8,10 @@ changes a hash too. The hash is the SHA-256 of `normalized(ptx)`: the PTX withou
 directives, comments and debug-range labels (they name source files and lines, which move when imports move).
 
 Run `python -m impls.triton.ptx_hashes [--dtype bf16|fp32] [--write PATH]` without TRITON_INTERPRET (CPU only;
-on a busy 2-core machine bf16 takes about two minutes cold, fp32 about four, seconds from Triton's cache).
-tests/test_triton_ptx_same.py compares against tests/fixtures/triton_ptx_before.json.
+on a busy 2-core machine bf16 takes about two minutes cold, fp32 about four, seconds from Triton's cache); with
+--dtype, `--write` re-records that dtype's entries of PATH and keeps the others. tests/test_triton_ptx_same.py
+compares against tests/fixtures/triton_ptx_before.json and, where they differ, fails naming the command that
+re-records them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ import re
 import sys
 from pathlib import Path
 
-FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "triton_ptx_before.json"
+from impls import golden
+
+FIXTURE = golden.Fixture(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "triton_ptx_before.json",
+                         "impls.triton.ptx_hashes", "python -m impls.triton.aot")
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 _DEBUG_LABEL = re.compile(r"^\$L__(tmp|func_begin|func_end)\d+:$")
 
@@ -77,6 +82,11 @@ def hashes(dtypes=tuple(DTYPES), arch: int = 90) -> dict[str, str]:
     return out
 
 
+def variant_dtype(variant_id: str) -> str:
+    """The dtype of a variant id ("compute_out-bf16-defaults" -> "bf16")."""
+    return variant_id.split("-")[1]
+
+
 def toolchain() -> dict[str, str]:
     """What turns the Python source into the hashed PTX: hashes compare only under the same versions."""
     return {"triton": importlib.metadata.version("triton")}
@@ -90,10 +100,13 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("TRITON_INTERPRET is set: unset it to compile for a GPU", file=sys.stderr)
         return 2
-    record = {"toolchain": toolchain(), "hashes": hashes(tuple(args.dtype or DTYPES))}
+    dtypes = tuple(args.dtype or DTYPES)
+    record = {"toolchain": toolchain(), "hashes": hashes(dtypes)}
     text = json.dumps(record, indent=1, sort_keys=True) + "\n"
     if args.write:
-        args.write.write_text(text)
+        old = json.loads(args.write.read_text()) if args.dtype and args.write.exists() else None
+        new = golden.merged(old, record["toolchain"], record["hashes"], keep=lambda k: variant_dtype(k) not in dtypes)
+        args.write.write_text(json.dumps(new, indent=1, sort_keys=True) + "\n")
     print(text, end="")
     return 0
 

@@ -63,12 +63,43 @@ def near_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict
     return None
 
 
+# the row of impls/triton/switch_effects.json each tuned kernel reads (stage 2: two kernels; the fused kernel: none)
+EFFECTS_STAGE = {"chunk_cumsum": "chunk_cumsum", "chunk_state": "fwd_pass_state", "state_passing": "fwd_pass_state",
+                 "compute_out": "compute_out"}
+
+
+NOT_CODE = ("tuning", "launch_path")  # switches that change no kernel's code: the tuning mode, the host path
+
+
+def same_sass_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict, stage: str) -> str | None:
+    """The defaults' record key when `stage`'s code under `switches` is the defaults' (tuning.SAME_SASS), else None:
+    the switches differ from TritonSwitches() (NOT_CODE aside) in one switch, and either the stage's key and
+    pins are the defaults' (the switch is none of the stage's code-changing switches) or the switch is at the value
+    impls/triton/switch_effects.json recorded and that row (stage, dtype) reads "no-op ... (same launches)": the
+    same kernels, constexprs, arguments and launch options, so the same machine code on any target."""
+    from impls.triton import switch_effects
+
+    defaults = dataclasses.replace(TritonSwitches(), **{k: getattr(switches, k) for k in NOT_CODE})
+    changed = [f.name for f in dataclasses.fields(switches) if getattr(switches, f.name) != getattr(defaults, f.name)]
+    if len(changed) != 1:
+        return None
+    baseline = record_key(defaults, shape_label, dtype, flags, stage)
+    if record_key(switches, shape_label, dtype, flags, stage) == baseline and \
+            pinned(switches, stage) == pinned(defaults, stage):
+        return baseline
+    name = changed[0]
+    if name not in switch_effects.AWAY or getattr(switches, name) != switch_effects.AWAY[name]:
+        return None
+    row = (EFFECTS_STAGE.get(stage), dtype, name, "sm_90")
+    return baseline if row in tuning.same_code_rows(str(switch_effects.PATH)) else None
+
+
 def tunable(stage: str, switches: TritonSwitches, key: str, dtype: str, dims: dict[str, int], device: torch.device,
-            launch, near: str | None = None) -> tuning.Tunable:
+            launch, near: str | None = None, same_sass: str | None = None) -> tuning.Tunable:
     """The stage's choice as impls/tuning.py takes it: key (shape, dtype, code switches, call flags), the declared
     space with the pinned fields fixed and clamped, the fallback of the architecture, and the stage's launch as
     the call to time (whole stage, do_bench median; under the interpreter one configuration, the fallback, timed
-    by the wall clock)."""
+    by the wall clock); `near` and `same_sass` the records borrowed (`near_key`, `same_sass_key`)."""
     pins = pinned(switches, stage)
     arch_name = target.arch(device)
     fixed = fallback(arch_name, stage, dims, DTYPE_BYTES[dtype], pins)
@@ -79,4 +110,4 @@ def tunable(stage: str, switches: TritonSwitches, key: str, dtype: str, dims: di
         space={k: list(v) for k, v in SEARCH_SPACE[stage].items()},
         configs=[fixed] if interp else search_space(stage, pins, dims), run=launch,
         pins=pins, pinned_all=set(pins) == set(STAGE_FIELDS[stage]), stack=STACK, near_key=near,
-        stage_timer=tuning.wall_ms if interp else None)
+        same_sass_key=same_sass, stage_timer=tuning.wall_ms if interp else None)

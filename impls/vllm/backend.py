@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import types
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,9 +41,13 @@ def vllm_chunks(problem: Problem) -> int:
 class VllmBackend(ForwardOnlyBackend):
     """vLLM 0.33.0 (Triton); CUDA, or CPU tensors under TRITON_INTERPRET=1; whole forward only."""
 
+    NO_PER_SEQUENCE_INITIAL_STATES = ""  # its varlen forward takes one initial state per sequence natively
+    NO_BACKWARD = "vLLM is an inference engine: its SSD kernels have no backward"
+
     name = "vllm"
     # vLLM itself is never installed: its SSD kernel files are checked by available() (impls/vllm/loader.py)
     TUNED = True  # its Triton autotuners pick their configs on the first call of a shape
+    TILE_PROTOCOL = "peer-autotune"
     NO_STAGES = NO_STAGES
     NON_INCREASING_DECAY = ("vLLM's kernels (they clamp dt at >= dt_limit's low end, 0 by default, and "
                             "exp(dA_cumsum[l] - dA_cumsum[s]) at <= 1: they assume dA_cumsum non-increasing inside a "
@@ -62,6 +67,11 @@ class VllmBackend(ForwardOnlyBackend):
         except Exception as exc:  # noqa: BLE001 - the reason is the answer
             return False, f"vLLM's SSD modules cannot be loaded from {root}: {exc}"
         return True, ""
+
+    @classmethod
+    def peer_files(cls) -> dict[str, Path]:
+        """vLLM's SSD kernel files that loader.load() executes, where it finds them."""
+        return loader.kernel_files()
 
     def check_device(self, device) -> tuple[bool, str]:
         device = torch.device(device)

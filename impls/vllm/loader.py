@@ -76,6 +76,14 @@ def version(root: Path | None = None) -> str | None:
     return None
 
 
+def kernel_files(root: Path | None = None) -> dict[str, Path]:
+    """The files load() executes, by their path under the folder found (Backend.peer_files); empty when none is."""
+    root = root or find_root()
+    if root is None:
+        return {}
+    return {(OPS / f"{name}.py").as_posix(): root / OPS / f"{name}.py" for name in SSD_FILES}
+
+
 def where() -> str:
     """What to tell a user when the files are missing."""
     return (f"vLLM {VERSION_REQUIRED}'s SSD kernel files ({OPS}/*.py) were not found under ${ENV_DIR}, "

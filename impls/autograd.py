@@ -1,0 +1,50 @@
+"""`impls.ssd`: the differentiable twin of `impls.ssd_forward` (same arguments, same result), through one
+torch.autograd.Function whose backward is the backend's (impls/README.md, "The backward")."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from impls.api import GRAD_INPUTS, forward_call, wants_gradients
+from impls.graph_backward import OUTPUTS
+from impls.registry import ForwardResult
+
+INF = math.inf
+
+
+class _SSD(torch.autograd.Function):
+    """Inputs: the backend, its ssd_forward arguments without the differentiable tensors, their names, then those
+    tensors. Outputs: y, final_states, varlen_states (None without cu_seqlens)."""
+
+    @staticmethod
+    def forward(ctx, impl, args, names, *tensors):
+        needs = dict(zip(names, ctx.needs_input_grad[3:]))
+        run = impl.forward_for_backward({**args, **dict(zip(names, tensors))}, needs)
+        ctx.run, ctx.names = run, names
+        out = run.outputs
+        return out.y, out.final_states, out.varlen_states
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy, dfinal, dvarlen):
+        grads = ctx.run.backward(dict(zip(OUTPUTS, (dy, dfinal, dvarlen))))
+        return (None, None, None, *(grads.get(name) for name in ctx.names))
+
+
+def ssd(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+        cu_seqlens=None, dt_softplus: bool = False, dt_limit=(0.0, INF), state_dtype=None, *,
+        backend="reference", check_values: bool = False) -> ForwardResult:
+    """`impls.ssd_forward`, differentiable: gradients flow to x, dt, A, B, C, D, z, dt_bias and initial_states
+    from y, the final states and (with cu_seqlens) the per-sequence states. Without gradients wanted (grad mode off,
+    or no input requiring grad) it is `ssd_forward`: nothing is kept. A backend without a backward raises, naming
+    itself; nothing falls back."""
+    impl, args = forward_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                              dt_softplus, dt_limit, state_dtype, backend, check_values)
+    if not wants_gradients(args):
+        return impl.ssd_forward(**args)
+    names = tuple(name for name in GRAD_INPUTS if args[name] is not None)
+    rest = {k: v for k, v in args.items() if k not in names}
+    y, final_states, varlen_states = _SSD.apply(impl, rest, names, *(args[name] for name in names))
+    return ForwardResult(y, final_states, varlen_states)

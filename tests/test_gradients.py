@@ -1,0 +1,172 @@
+"""The backward's contract on CPU: `impls.ssd` (the differentiable twin of ssd_forward), its ground truth (float64
+autograd through the chunked reference, checked against the sequential definition's autograd), and the gradient
+gate (experiments/gradient_gate.py) passing correct backwards and failing planted gradient faults."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import impls
+from experiments.calls import FORWARD_ARGS, forward_kwargs
+from experiments.gradient_gate import check_gradients, output_gradients, reference_gradients
+from impls.inputs import make_inputs
+from impls.problem import Problem, Shape
+from impls.reference import ssd_sequential
+from impls.reference.backend import ReferenceBackend
+from impls.registry import Backend, BackendUnavailable
+from impls.tolerance import SAME_PRECISION_K, rel_err
+from tests.faults import GRADIENT_FAULTS, CorrectBf16Backward
+
+TINY = Problem(Shape(2, 40, 4, 8, 2, 8, 16), dtype="float64", has_initial_states=True, has_z=True)
+
+
+def _kwargs(inputs, requires_grad=True) -> dict:
+    kw = {k: v for k, v in forward_kwargs(inputs).items() if k in FORWARD_ARGS}
+    if requires_grad:
+        for name in impls.api.GRAD_INPUTS:
+            if kw.get(name) is not None:
+                kw[name] = kw[name].clone().requires_grad_()
+    return kw
+
+
+def test_ground_truth_matches_the_sequential_definitions_autograd():
+    inputs = make_inputs(dataclasses.replace(TINY, dt_softplus=True, has_dt_bias=True), seed=3)
+    grads_in = output_gradients(inputs)
+    truth = reference_gradients(inputs, grads_in)
+    kw = _kwargs(inputs.to(dtype=torch.float64))
+    names = [n for n in impls.api.GRAD_INPUTS if kw.get(n) is not None]
+    seq_kw = {k: v for k, v in kw.items() if k not in ("chunk_size", "state_dtype")}
+    seq = ssd_sequential(**seq_kw)
+    found = torch.autograd.grad([seq.y, seq.final_states], [kw[n] for n in names],
+                                [grads_in["y"], grads_in["final_states"]])
+    errors = {n: rel_err(truth[f"d{n}"], g) for n, g in zip(names, found)}
+    assert set(errors) >= {"x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states"}
+    assert max(errors.values()) < 1e-10, errors
+
+
+def test_ssd_gradcheck_on_the_reference():
+    inputs = make_inputs(Problem(Shape(1, 40, 2, 4, 1, 4, 16), dtype="float64", has_initial_states=True), seed=0)
+    kw = _kwargs(inputs)
+
+    def outputs(x, dt, A, B, C, initial_states):
+        out = impls.ssd(**{**kw, "x": x, "dt": dt, "A": A, "B": B, "C": C, "initial_states": initial_states})
+        return out.y, out.final_states
+
+    assert torch.autograd.gradcheck(outputs, tuple(kw[n] for n in ("x", "dt", "A", "B", "C", "initial_states")),
+                                    fast_mode=True)
+
+
+def test_ssd_without_gradients_is_ssd_forward_and_keeps_nothing():
+    inputs = make_inputs(TINY, seed=1)
+    kw = _kwargs(inputs)
+    with torch.no_grad():
+        out = impls.ssd(**kw)
+    assert out.y.grad_fn is None and out.final_states.grad_fn is None
+    assert torch.equal(out.y, impls.ssd_forward(**_kwargs(inputs, requires_grad=False)).y)
+
+
+class _ForwardOnly(ReferenceBackend):
+    """The reference's forward claiming kernels without autograd and without a backward (what our kernels were)."""
+
+    DIFFERENTIABLE = False
+    forward_for_backward = Backend.forward_for_backward
+
+
+def test_ssd_forward_on_inputs_requiring_grad_names_impls_ssd():
+    kw = _kwargs(make_inputs(TINY, seed=1))
+    with pytest.raises(RuntimeError, match=r"x, dt, A, B, C, D, z, dt_bias, initial_states require grad.*impls\.ssd"):
+        impls.ssd_forward(**kw, backend=_ForwardOnly())
+    with torch.no_grad():
+        impls.ssd_forward(**kw, backend=_ForwardOnly())  # no gradients wanted: runs
+
+
+def test_a_backend_without_a_backward_raises_naming_itself():
+    kw = _kwargs(make_inputs(TINY, seed=1))
+    with pytest.raises(BackendUnavailable, match="backend 'reference' has no backward: its kernels are forward only"):
+        impls.ssd(**kw, backend=_ForwardOnly())
+
+
+def test_final_states_gradient_flows_alone():
+    """Only d final_states flowing in (y unused): dx comes from the state path alone, as float64 autograd says."""
+    inputs = make_inputs(TINY, seed=2)
+    kw = _kwargs(inputs)
+    out = impls.ssd(**kw)
+    (dx,) = torch.autograd.grad(out.final_states.sum(), [kw["x"]])
+    ref_kw = _kwargs(inputs)
+    seq = ssd_sequential(**{k: v for k, v in ref_kw.items() if k not in ("chunk_size", "state_dtype")})
+    (expected,) = torch.autograd.grad(seq.final_states.sum(), [ref_kw["x"]])
+    assert rel_err(dx, expected) < 1e-10
+
+
+# --- the gradient gate ----------------------------------------------------------------------------------------
+def test_gate_passes_the_reference_at_its_own_precision():
+    problem = Problem(Shape(2, 48, 4, 16, 2, 16, 16), dtype="bfloat16", has_initial_states=True, has_z=True,
+                      dt_softplus=True, has_dt_bias=True)
+    report = check_gradients("reference", make_inputs(problem, seed=1), torch.bfloat16)
+    assert set(report) == {"dx", "ddt", "dA", "dB", "dC", "dD", "dz", "ddt_bias", "dinitial_states"}
+    assert all(r["ok"] for r in report.values()), report
+
+
+def test_gate_passes_mamba_ssms_backward_under_the_interpreter():
+    problem = Problem(Shape(1, 48, 4, 16, 2, 16, 16), dtype="float32", has_initial_states=True, has_z=True)
+    report = check_gradients("mamba_ssm", make_inputs(problem, seed=1), torch.float32)
+    assert all(r["ok"] for r in report.values()), report
+
+
+# S1's block sizes (chunk 256 x headdim 64, dstate 128), three packed sequences with one initial state each, bf16
+S1_BLOCKS = Problem(Shape(batch=1, seqlen=1024, nheads=4, headdim=64, ngroups=1, dstate=128, chunk_size=256),
+                    dtype="bfloat16", has_initial_states=True, initial_states_per_sequence=True, nseqs=3, varlen=True)
+
+
+@pytest.fixture(scope="module")
+def s1_blocks():
+    inputs = make_inputs(S1_BLOCKS, seed=4)
+    return inputs, reference_gradients(inputs, output_gradients(inputs))
+
+
+def test_a_correct_bf16_backward_passes_with_room(s1_blocks):
+    inputs, truth = s1_blocks
+    report = check_gradients(CorrectBf16Backward(), inputs, torch.bfloat16, ground_truth=truth)
+    assert all(r["ok"] for r in report.values()), report
+    assert max(r["bound_ratio"] for r in report.values()) <= 1.05 / SAME_PRECISION_K, report
+
+
+@pytest.mark.parametrize("fault, spoiled", [
+    pytest.param("one-heads-share-of-dB-dropped", "dB", id="dB-one-head-dropped"),
+    pytest.param("one-chunk-of-one-heads-dx-x1.02", "dx", id="dx-one-chunk-x1.02"),
+    pytest.param("one-sequences-dinitial_states-x1.05", "dinitial_states", id="dinitial-one-sequence-x1.05"),
+])
+def test_gradient_fault_fails_the_gate(fault, spoiled, s1_blocks):
+    inputs, truth = s1_blocks
+    report = check_gradients(GRADIENT_FAULTS[fault](), inputs, torch.bfloat16, ground_truth=truth)
+    assert not report[spoiled]["ok"], report[spoiled]
+    assert all(r["ok"] for name, r in report.items() if name != spoiled), report
+
+
+# --- the peers' backwards: what they refuse, with the reason ---------------------------------------------------
+@pytest.mark.parametrize("backend, words", [
+    pytest.param("vllm", "vLLM is an inference engine", id="vllm"),
+    pytest.param("fla", "FLA #640", id="fla-hopper-refusal"),
+])
+def test_peers_without_a_backward_say_why(backend, words):
+    from impls.registry import backend_class
+
+    cls = backend_class(backend)
+    with pytest.raises(BackendUnavailable, match=f"backend '{backend}' has no backward: .*{words}"):
+        cls.forward_for_backward(cls.__new__(cls), {}, {})
+
+
+@pytest.mark.parametrize("change, words", [
+    pytest.param({"z": torch.ones(1)}, "no z gate", id="z"),
+    pytest.param({"D": torch.ones(2, 2)}, "per-head D only", id="D-per-channel"),
+    pytest.param({"state_dtype": torch.float32}, "no state_dtype", id="state_dtype"),
+])
+def test_tilegyms_backward_refuses_what_it_has_no_gradient_for(change, words):
+    from impls.tilegym.backward import forward_for_backward
+
+    args = {"z": None, "D": None, "state_dtype": None, **change}
+    with pytest.raises(BackendUnavailable, match=f"'tilegym' has no backward for this call: .*{words}"):
+        forward_for_backward(None, args, {})
