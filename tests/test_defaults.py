@@ -112,6 +112,20 @@ def test_an_input_the_first_arrangement_refuses_runs_the_next_and_describe_says_
 
 
 @needs_interpreter
+def test_impls_ssd_runs_the_arrangement_that_takes_its_inputs():
+    """The differentiable twin shares ssd_forward's checks (impls.api.forward_call), the arrangement's choice too."""
+    inputs = _unaligned(make_inputs(Problem(SMALL), seed=1, dtype=torch.float32))
+    out = impls.ssd(**inputs.forward_kwargs(), backend="triton")
+    assert rel_err(out.y, float64_forward(inputs).y) <= tolerance(torch.float32)
+    assert get_backend("triton", device="cpu").describe()["arrangement"]["preset"] == "best_interpreter_no_tma"
+
+
+def test_describe_says_the_tile_protocol_and_the_arrangement():
+    said = get_backend("reference").describe()
+    assert (said["tile_protocol"], said["arrangement"]["preset"]) == ("untuned", "declared")
+
+
+@needs_interpreter
 def test_the_harness_plan_runs_the_arrangement_that_takes_its_inputs():
     """Rows 18 fp32 elements wide (72 bytes): the drawn inputs' strides are no 16-byte multiple."""
     point = plan.point("triton", Problem(Shape(1, 32, 2, 18, 1, 16, 16), dtype="float32"), device="cpu")
