@@ -15,12 +15,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from impls import validate as checks
+from impls.defaults import Resolved
 from impls.problem import DTYPES, Problem, Shape
-from impls.registry import BACKEND_MODULES, BackendUnavailable, backend_class, make_switches
+from impls.registry import BACKEND_MODULES, BackendUnavailable, backend_class, resolve_switches, target_on
 
 # Enums make a misspelt name fail at composition, naming the allowed values.
 BackendName = enum.Enum("BackendName", {name: name for name in BACKEND_MODULES})
@@ -40,10 +42,15 @@ class ConfigError(ValueError):
 @dataclass
 class BackendConfig:
     name: BackendName = MISSING
-    # Overrides of the backend's Switches dataclass (defaults come from the dataclass, never from here).
+    # Overrides of the backend's switches (defaults come from the backend: its target's defaults, impls/defaults.py,
+    # or the preset named below; never from here).
     switches: dict[str, Any] = field(default_factory=dict)
-    # "none", "all_off", "<switch>" (a bool switch turned off) or "<switch>:<value>" (a non-default choice).
+    # "none", "all_off", "<switch>" (a bool switch turned off) or "<switch>:<value>" (a non-default choice), from the
+    # defaults; "preset:<name>" (first, before any "+") runs that preset instead of the target's defaults.
     ablation: str = "none"
+    # A named set of the backend's switches (impls/<name>/defaults.py: "published", "declared", ...) instead of
+    # the defaults of the target the point runs on; null: the target's.
+    preset: str | None = None
 
 
 @dataclass
@@ -205,43 +212,65 @@ def check_problem(problem: Problem) -> None:
         raise ConfigError(f"problem: nseqs ({problem.nseqs}) exceeds seqlen ({problem.shape.seqlen})")
 
 
-def ablation_points(switches_cls) -> list[str]:
-    """The ablation sweep of a Switches dataclass: default, each bool switch that defaults to on turned off
-    alone, each that defaults to off turned on alone ("<switch>:True", after the switches it needs), then all of
-    the default-on ones off.
+def ablation_points(switches_cls, base: dict[str, Any] | None = None) -> list[str]:
+    """The ablation sweep from the defaults `base` (all switch values; default: the Switches dataclass's declared
+    ones): the defaults, each bool switch on in them turned off alone, each off turned on alone ("<switch>:True",
+    after the switches it needs), each switch with values they set back to its declared value ("state_pass:
+    chunk_parallel" from a default of serial), then all of the bools on off.
     Non-bool switches (tile sizes, tuning mode) have no "off"; an explicit
     "<switch>:<value>" ablation still sets one of them."""
-    on_by_default = [f.name for f in dataclasses.fields(switches_cls) if f.default is True]
+    fields = dataclasses.fields(switches_cls)
+    value = {f.name: f.default for f in fields} if base is None else base
+    on_by_default = [f.name for f in fields if value[f.name] is True]
     # a trick whose measured default is off (evidence in docs/perf-notes.md) is ablated by turning it on, together
     # with the switches it needs (its `needs`: "tma:True+warp_specialize:True")
     # (a switch the backend refuses on a GPU, its `gpu_refused`, is left out: the sweeps run there)
-    off_by_default = ["+".join([*(f"{k}:{v}" for k, v in f.metadata.get("needs", {}).items()), f"{f.name}:True"])
-                      for f in dataclasses.fields(switches_cls)
-                      if f.default is False and not f.metadata.get("gpu_refused")]
-    points = ["none"] + on_by_default + off_by_default
+    off_by_default = ["+".join([*(f"{k}:{v}" for k, v in f.metadata.get("needs", {}).items() if value[k] != v),
+                                f"{f.name}:True"])
+                      for f in fields if value[f.name] is False and not f.metadata.get("gpu_refused")]
+    # a switch with values that the defaults set away from its declared value: back to the declared one alone
+    declared = [f"{f.name}:{f.default}" for f in fields if not isinstance(f.default, bool) and f.metadata.get("choices")
+                and value[f.name] != f.default]
+    points = ["none"] + on_by_default + off_by_default + declared
     if len(on_by_default) > 1:
         # all off, then each switch alone on top of all-off: the "alone" column of the ablation table
         points += ["all_off"] + [f"only:{name}" for name in on_by_default]
     return points
 
 
-def apply_ablation(switches_cls, given: dict[str, Any], ablation: str) -> dict[str, Any]:
-    """`given` switch overrides with the ablation applied on top. Points joined by "+" apply left to right
-    ("heads_first:True+pdl:True": both on; "all_off+tma:True": everything off but tma; a bare "tma" turns it off)."""
+PRESET_POINT = "preset:"  # an ablation point running a preset of the backend instead of its target's defaults
+
+
+def split_preset(ablation: str) -> tuple[str | None, str]:
+    """("<name>", the rest or "none") of an ablation that starts with "preset:<name>"; (None, ablation) else."""
+    first, plus, rest = ablation.partition("+")
+    if not first.startswith(PRESET_POINT):
+        return None, ablation
+    return first[len(PRESET_POINT):], rest if plus else "none"
+
+
+def apply_ablation(switches_cls, given: dict[str, Any], ablation: str,
+                   base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`given` switch overrides with the ablation applied on top, from the defaults `base` (all switch values;
+    default: the declared ones). Points joined by "+" apply left to right ("heads_first:True+pdl:True": both on;
+    "all_off+tma:True": everything off but tma; a bare "tma" turns it off)."""
     if "+" in ablation:
         out = dict(given)
         for part in ablation.split("+"):
             if not part:
                 raise ConfigError(f"backend.ablation {ablation!r}: an empty point between '+' signs")
-            out = apply_ablation(switches_cls, out, part)
+            out = apply_ablation(switches_cls, out, part, base)
         return out
     out = dict(given)
     fields = {f.name: f for f in dataclasses.fields(switches_cls)}
+    current = {f.name: f.default for f in fields.values()} if base is None else base
     if ablation == "none":
         return out
+    if ablation.startswith(PRESET_POINT):
+        raise ConfigError(f"backend.ablation {ablation!r}: a preset point comes first (preset:<name>+...)")
     if ablation == "all_off":
         for f in fields.values():
-            if isinstance(f.default, bool) and f.default:
+            if current[f.name] is True:
                 out[f.name] = False
         return out
     if ablation.startswith("only:"):
@@ -249,7 +278,7 @@ def apply_ablation(switches_cls, given: dict[str, Any], ablation: str) -> dict[s
         if keep not in fields:
             raise ConfigError(f"backend.ablation {ablation!r}: the backend has no switch {keep!r}")
         for f in fields.values():
-            if isinstance(f.default, bool) and f.default:
+            if current[f.name] is True:
                 out[f.name] = f.name == keep
         return out
     name, _, value = ablation.partition(":")
@@ -277,7 +306,8 @@ def apply_ablation(switches_cls, given: dict[str, Any], ablation: str) -> dict[s
 
 
 def resolved_switches(cfg: DictConfig):
-    """The backend's Switches instance this config asks for; raises ConfigError naming a bad switch.
+    """The backend's Switches instance this config asks for, on the target of `cfg.device`; raises ConfigError
+    naming a bad switch or preset.
 
     Returns None when the backend's module cannot be imported here (the point is then recorded as failed)."""
     name = backend_name(cfg)
@@ -286,9 +316,27 @@ def resolved_switches(cfg: DictConfig):
     except BackendUnavailable:
         return None
     given = OmegaConf.to_container(cfg.backend.switches, resolve=True)
-    given = apply_ablation(cls.Switches, given, cfg.backend.ablation)
+    target = target_on(cls, config_device(cfg.device))
+    return resolution(cls, target, given, cfg.backend.ablation, cfg.backend.get("preset")).first.switches
+
+
+def config_device(device: str) -> torch.device | None:
+    """The device `cfg.device` names, for its target (None: the default device, the CPU where CUDA is absent; a
+    run that asks for CUDA there fails at start-up, experiments.plan.resolve_device)."""
+    return torch.device("cpu") if device == "cpu" else None
+
+
+def resolution(cls, target: str, given: dict[str, Any], ablation: str, preset: str | None) -> Resolved:
+    """How `cls` runs a point on `target`: the defaults there (or the preset named, by `preset` or by the ablation's
+    "preset:<name>"), the ablation applied from them, the given switches on top (impls.registry.resolve_switches);
+    ConfigError naming what is wrong."""
+    named, ablation = split_preset(ablation)
+    if named is not None and preset is not None and named != preset:
+        raise ConfigError(f"backend.preset={preset!r} and backend.ablation preset:{named}: name one preset")
+    preset = preset if named is None else named
     try:
-        return make_switches(name, cls.Switches, cls.CANNOT_EXPRESS, given, {})
+        base = dataclasses.asdict(resolve_switches(cls, target, preset).first.switches)
+        return resolve_switches(cls, target, preset, apply_ablation(cls.Switches, given, ablation, base))
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -350,14 +398,17 @@ def config_hash(semantic: dict[str, Any]) -> str:
 
 
 def register_resolvers() -> None:
-    """`${ssd_ablations:<backend>}`: the comma list of ablation points, read off the backend's Switches when the
-    sweep starts (so the ablate_<backend> overlays follow the backend's code, not a copy of it)."""
+    """`${ssd_ablations:<backend>}`: the comma list of ablation points, read off the backend's Switches and its
+    defaults on the target the sweep starts on (so the ablate_<backend> overlays follow the backend's code, not a
+    copy of it)."""
     def ablations(name: str) -> str:
         try:
             cls = backend_class(name)
         except BackendUnavailable:
             return "none"
-        return ",".join(ablation_points(cls.Switches))
+        # from the defaults of the target the sweep starts on (its points run there)
+        defaults = resolve_switches(cls, target_on(cls)).first.switches
+        return ",".join(ablation_points(cls.Switches, dataclasses.asdict(defaults)))
 
     def cutile_tile(shape_name: str, stage: str, field: str):
         from experiments import cutile_tiles

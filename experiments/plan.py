@@ -19,9 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from experiments import config as conf
 from experiments import correctness, provenance
+from impls.defaults import Resolved
 from impls.inputs import DEVICE_DRAW_ELEMENTS, Inputs, make_inputs
 from impls.problem import Problem
-from impls.registry import Backend, BackendUnavailable, backend_class, get_backend, make_switches, require
+from impls.registry import Backend, BackendUnavailable, backend_class, get_backend, require, target_on
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,9 @@ class Point:
     provenance: dict = field(hash=False)
     shape_name: str = "custom"
     problem_name: str = "custom"
+    # how the switches were resolved (the target's defaults or a preset, and the next arrangements for inputs the
+    # first refuses: impls/defaults.py); None where they were given whole, or the backend cannot be imported
+    resolved: Resolved | None = field(default=None, hash=False, compare=False)
     direction: str = "forward"  # experiments.config.DIRECTIONS
 
     @property
@@ -124,12 +128,15 @@ class Plan:
 
 
 def build(point: Point) -> Plan:
-    """The Plan of `point`; raises why it cannot run (backend unavailable, problem unsupported, unsafe inputs)."""
-    backend = get_backend(point.backend, point.switches)
+    """The Plan of `point`; raises why it cannot run (backend unavailable, problem unsupported, unsafe inputs).
+    Its backend is the arrangement that takes the drawn inputs (Backend.arranged_for): the first of the point's,
+    or where that one refuses them, the next its target declares (its describe() says which, and why)."""
+    backend = get_backend(point.backend, point.resolved or point.switches)
     require(backend, point.problem, point.device)
+    inputs = make_inputs(point.problem, device=point.device, seed=point.seed, draw_device=point.draw_device)
+    backend = backend.arranged_for("ssd_forward", **inputs.forward_kwargs())
     dtype = point.problem.torch_dtype
     precision = {stage: backend.precision(stage, dtype, point.device) for stage in backend.STAGES}
-    inputs = make_inputs(point.problem, device=point.device, seed=point.seed, draw_device=point.draw_device)
     correctness.refuse_unsafe_inputs(backend, inputs)
     return Plan(point, backend, inputs, precision)
 
@@ -177,18 +184,20 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def point(backend: str, problem: Problem, *, switches=None, ablation: str = "none", seed: int = 0,
-          device: str | torch.device = "cpu", bench: BenchSettings | None = None, sweep_id: str = "adhoc",
-          run_group: str | None = None, round: int = 1, sweep_name: str = "adhoc", job_num: int = 0,
-          shape_name: str = "custom", problem_name: str = "custom", direction: str = "forward",
+def point(backend: str, problem: Problem, *, switches=None, ablation: str = "none", preset: str | None = None,
+          seed: int = 0, device: str | torch.device = "cpu", bench: BenchSettings | None = None,
+          sweep_id: str = "adhoc", run_group: str | None = None, round: int = 1, sweep_name: str = "adhoc",
+          job_num: int = 0, shape_name: str = "custom", problem_name: str = "custom", direction: str = "forward",
           hydra_choices: str = "{}", config: dict | None = None, config_yaml: str | None = None) -> Point:
-    """A Point in plain Python: `switches` a dict of overrides with `ablation` applied on top, resolved against
-    the backend's Switches (or a Switches instance, taken as is; kept as given when the backend's module cannot be
-    imported here); identity computed as the Hydra entry computes it (run_group: the sweep_id unless given)."""
+    """A Point in plain Python: `switches` a dict of overrides on top of the defaults of the device's target (or
+    of `preset`), `ablation` applied from those (experiments.config.resolution), or a Switches instance, taken as
+    is (kept as given when the backend's module cannot be imported here); identity computed as the Hydra entry
+    computes it (run_group: the sweep_id unless given)."""
     conf.check_shape(problem.shape, shape_name)
     conf.check_problem(problem)
     bench = bench or BenchSettings()
     device = resolve_device(device) if isinstance(device, str) else device
+    resolved = None
     try:
         cls = backend_class(backend)
     except BackendUnavailable:
@@ -196,8 +205,8 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
         switches = switches_dict(switches)
     else:
         if not dataclasses.is_dataclass(switches):
-            switches = make_switches(backend, cls.Switches, cls.CANNOT_EXPRESS,
-                                     conf.apply_ablation(cls.Switches, switches_dict(switches), ablation), {})
+            resolved = conf.resolution(cls, target_on(cls, device), switches_dict(switches), ablation, preset)
+            switches = resolved.first.switches
     prov = provenance.collect(device)
     device_name = provenance.device_name(device)
     if direction not in conf.DIRECTIONS:
@@ -217,20 +226,20 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
                         config=config)
     return Point(backend=backend, switches=switches, ablation=ablation, problem=problem, seed=seed, device=device,
                  bench=bench, identity=identity, provenance=prov, shape_name=shape_name, problem_name=problem_name,
-                 direction=direction)
+                 resolved=resolved, direction=direction)
 
 
 def from_config(cfg: DictConfig, sweep_id: str = "adhoc", job_num: int = 0, hydra_choices: dict | None = None,
                 run_group: str | None = None, round: int = 1) -> Point:
     """The Point of a composed config; the start-up checks (experiments.config.validate) raise ConfigError."""
-    problem, switches = conf.validate(cfg)
-    if switches is None:  # the backend's module cannot be imported here: the point is recorded as failed
-        switches = OmegaConf.to_container(cfg.backend.switches, resolve=True)
+    problem, _ = conf.validate(cfg)
+    # resolved again by `point` on the device it resolves (the same answer): the overrides, the ablation, the preset
+    switches = OmegaConf.to_container(cfg.backend.switches, resolve=True)
     return point(conf.backend_name(cfg), problem, switches=switches, ablation=cfg.backend.ablation,
-                 seed=int(cfg.seed), device=cfg.device, bench=BenchSettings.from_config(cfg.bench),
+                 preset=cfg.backend.get("preset"), seed=int(cfg.seed), device=cfg.device,
+                 bench=BenchSettings.from_config(cfg.bench),
                  sweep_id=sweep_id, run_group=run_group, round=round, sweep_name=cfg.sweep_name, job_num=job_num,
-                 shape_name=cfg.shape.name,
-                 problem_name=cfg.problem.name, direction=cfg.direction,
+                 shape_name=cfg.shape.name, problem_name=cfg.problem.name, direction=cfg.direction,
                  hydra_choices=json.dumps(dict(hydra_choices or {}), sort_keys=True, default=str),
                  config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
                  config_yaml=OmegaConf.to_yaml(cfg, resolve=True))

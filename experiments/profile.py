@@ -87,11 +87,29 @@ PROFILED_MARK = "PROFILED_FORWARD_DONE"
 
 # --- the target process -----------------------------------------------------------------------------------
 def ablation_switches(backend_name: str, ablation: str) -> dict:
-    """The switch overrides of an ablation point for a backend; raises ConfigError naming a bad point."""
-    from experiments.config import apply_ablation
-    from impls.registry import backend_class
+    """The switch overrides of an ablation point for a backend, from its defaults on the target it runs on (or the
+    point's preset: `ablation_preset`), as a sweep's point; raises ConfigError naming a bad point."""
+    import dataclasses
 
-    return apply_ablation(backend_class(backend_name).Switches, {}, ablation)
+    from experiments.config import apply_ablation, split_preset
+    from impls.registry import backend_class, resolve_switches, target_on
+
+    cls = backend_class(backend_name)
+    preset, rest = split_preset(ablation)
+    try:
+        base = resolve_switches(cls, target_on(cls), preset).first.switches
+    except ValueError as exc:  # an unknown preset
+        from experiments.config import ConfigError
+
+        raise ConfigError(str(exc)) from exc
+    return apply_ablation(cls.Switches, {}, rest, dataclasses.asdict(base))
+
+
+def ablation_preset(ablation: str) -> str | None:
+    """The preset an ablation point runs ("preset:<name>" first), or None: the target's defaults."""
+    from experiments.config import split_preset
+
+    return split_preset(ablation)[0]
 
 
 def run_target(backend_name: str, shape_name: str, ablation: str = "none") -> None:
@@ -101,7 +119,8 @@ def run_target(backend_name: str, shape_name: str, ablation: str = "none") -> No
     from impls.inputs import make_inputs
 
     problem = headline_problem(shape_name)
-    backend = impls.get_backend(backend_name, **ablation_switches(backend_name, ablation))
+    backend = impls.get_backend(backend_name, preset=ablation_preset(ablation),
+                                **ablation_switches(backend_name, ablation))
     inputs = make_inputs(problem, device="cuda", seed=0)
     kw = inputs.forward_kwargs()
     for _ in range(2):  # compile, autotune, warm the caches: outside the profiled range

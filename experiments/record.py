@@ -107,6 +107,8 @@ def rows(point: Point, plan: Plan | None, gate: GateReport | None, timings: Timi
     timings', and the point's own `ok` row; status failed when `error` is given."""
     status = "ok" if error is None else "failed"
     base = {**base_row(point), "logger": logger, "wandb_run": wandb_run}
+    if plan is not None and plan.backend.switches != point.switches:  # the next arrangement ran (Plan's backend)
+        base["switches"] = json.dumps(dataclasses.asdict(plan.backend.switches), sort_keys=True, default=str)
     if gate is not None:
         base.update(reference=gate.reference, gate=gate.description)
     if timings is not None:

@@ -9,6 +9,10 @@ asked for) matches one already validated reuses that call's Problem and the back
 read nothing else, so they would pass again (the device verdict, which reads TRITON_INTERPRET, is asked again).
 Anything that differs (a stride, a device, a dtype, a non-tensor) misses and is checked in full, raising as ever.
 Value checks (check_values=True) run on every call. The memo is a small LRU of metadata tuples: it holds no tensor.
+
+A backend asked for by name runs the defaults of the target of the tensors' device (impls/defaults.py); each call
+then asks it which of its target's arrangements takes these tensors (`Backend.arranged_for`: a tensor the first
+cannot read through a TMA descriptor runs the next one declared, and describe() says so).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ INF = math.inf
 
 
 def _backend(backend, problem: Problem, device, entry: str) -> Backend:
-    impl = get_backend(backend)
+    impl = get_backend(backend, device=device)  # by name: the defaults of the device's target
     stage = "forward" if entry == "ssd_forward" else entry
     if stage not in impl.STAGES:  # before supports(), which would judge a stage's partial Problem
         why = getattr(impl, "NO_STAGES", f"it runs {', '.join(impl.STAGES)} only")
@@ -79,7 +83,7 @@ def _checked(entry: str, backend, tensors, scalars, metadata, values) -> tuple[P
         key = (entry, backend, scalar_key, tensor_key)
         hit = _MEMO.get(key)
         # a backend asked for by name: the registry's instance must still be the one that gave the verdict
-        if hit is not None and (isinstance(backend, Backend) or get_backend(backend) is hit[1]):
+        if hit is not None and (isinstance(backend, Backend) or get_backend(backend, device=hit[2]) is hit[1]):
             try:
                 _MEMO.move_to_end(key)
             except KeyError:  # another thread's insertion evicted it since the get: the verdict still stands
@@ -144,6 +148,8 @@ def chunk_cumsum(dt, A, chunk_size: int, dt_bias=None, dt_softplus: bool = False
 
     _, impl = _checked("chunk_cumsum", backend, (dt, A, dt_bias), (chunk_size, dt_softplus, dt_limit), metadata,
                        values)
+    if impl.falls_back:  # another arrangement where this one refuses the tensors (impls/defaults.py)
+        impl = impl.arranged_for("chunk_cumsum", dt=dt, A=A, dt_bias=dt_bias)
     # kernels that clamp dt at 0 (Backend.NON_INCREASING_DECAY); A > 0 and the factored decay are later stages' concern
     if check_values and impl.NON_INCREASING_DECAY:
         check.non_negative_dt(dt, dt_bias, dt_softplus, dt_limit, impl.NON_INCREASING_DECAY)
@@ -182,6 +188,9 @@ def fwd_pass_state(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, state
 
     _, impl = _checked("fwd_pass_state", backend, (B, x, dt, dA_cumsum, initial_states, seq_idx), (state_dtype,),
                        metadata, values)
+    if impl.falls_back:  # another arrangement where this one refuses the tensors (impls/defaults.py)
+        impl = impl.arranged_for("fwd_pass_state", B=B, x=x, dt=dt, dA_cumsum=dA_cumsum,
+                                 initial_states=initial_states, seq_idx=seq_idx, state_dtype=state_dtype)
     if check_values and impl.NON_INCREASING_DECAY:
         check.non_increasing_in_chunks(dA_cumsum, impl.NON_INCREASING_DECAY)
     return impl.fwd_pass_state(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype)
@@ -210,6 +219,9 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None, *,
 
     _, impl = _checked("compute_out", backend, (C, B, x, dt, dA_cumsum, states, D, z, seq_idx, initial_states), (),
                        metadata, values)
+    if impl.falls_back:  # another arrangement where this one refuses the tensors (impls/defaults.py)
+        impl = impl.arranged_for("compute_out", C=C, B=B, x=x, dt=dt, dA_cumsum=dA_cumsum, states=states, D=D,
+                                 z=z, seq_idx=seq_idx, initial_states=initial_states)
     why = non_increasing_decay(impl)
     if check_values and why:
         check.non_increasing_in_chunks(dA_cumsum, why)
@@ -287,6 +299,10 @@ def forward_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_
 
     _, impl = _checked("ssd_forward", backend, (x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens),
                        (chunk_size, dt_softplus, dt_limit, state_dtype), metadata, values)
+    if impl.falls_back:  # another arrangement where this one refuses the tensors (impls/defaults.py)
+        impl = impl.arranged_for("ssd_forward", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                                 initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
+                                 state_dtype=state_dtype)
     if cu_seqlens is not None and seq_idx is None:
         seq_idx = seq_idx_from_cu_seqlens(cu_seqlens, x.shape[1])
     why = non_increasing_decay(impl)

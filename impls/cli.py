@@ -4,7 +4,8 @@
 it declares, with those installed. It imports no backend: one whose declared packages are missing or at another
 version is reported unavailable from the installed metadata alone; `backends --check` imports the others and asks
 each whether it can run in this process (or why not), which imports cuda.tile, mamba_ssm, fla where they are.
-`switches` prints a backend's switch table (impls.registry.switch_table); `supports` says whether a backend can
+`switches` prints which preset of a backend's switches is the default on each target (impls/defaults.py), the
+presets, and its switch table (impls.registry.switch_table); `supports` says whether a backend can
 run a problem of a shape from conf/shape/ (ok, or the backend's reason).
 """
 
@@ -17,8 +18,9 @@ import sys
 from pathlib import Path
 
 from impls.declaration import Declaration, declarations
+from impls.defaults import DECLARED, TARGETS
 from impls.problem import Problem, Shape
-from impls.registry import Backend, backend_class, list_backends, switch_table
+from impls.registry import Backend, backend_class, list_backends, resolve_switches, switch_table
 
 SHAPE_DIR = Path(__file__).resolve().parents[1] / "conf" / "shape"
 SHAPE_FIELDS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
@@ -99,17 +101,46 @@ def _class_or_exit(name: str) -> type[Backend]:
 
 
 def cmd_switches(args) -> int:
-    rows = switch_table(_class_or_exit(args.backend).Switches)
+    cls = _class_or_exit(args.backend)
+    rows = switch_table(cls.Switches)
     if not rows:
         print(f"{args.backend}: no switches")
+        return 0
+    firsts = _print_defaults(cls)
+    print("switches (default: the declared value; then each target's default where it differs):")
     for row in rows:
         choices = f" choices {row['choices']}" if row["choices"] is not None else ""
-        print(f"{row['name']} (default {row['default']!r}){choices}")
+        where = "".join(f", on {t} {getattr(sw, row['name'])!r}" for t, sw in firsts.items()
+                        if getattr(sw, row["name"]) != row["default"])
+        print(f"{row['name']} (default {row['default']!r}{where}){choices}")
         if row["sm90"] == row["sm100"]:
             print(f"  {row['sm90']}")
         else:
             print(f"  sm_90: {row['sm90']}\n  sm_100: {row['sm100']}")
     return 0
+
+
+def _print_defaults(cls: type[Backend]) -> dict:
+    """Prints which preset is the default on each target (then the next ones, for inputs the first refuses) and
+    every preset's values; returns each target's first switches."""
+    print(f"{cls.name}: defaults per target (impls/defaults.py; get_backend(..., preset=<name>) or "
+          "backend.preset=<name> runs one preset instead):")
+    firsts = {}
+    for target in cls.DEFAULTS.targets:
+        resolved = resolve_switches(cls, target)
+        names = [a.preset for a in resolved.arrangements]
+        then = f" (then, for inputs it refuses: {', '.join(names[1:])})" if names[1:] else ""
+        print(f"  {target}: {names[0]}{then}")
+        firsts[target] = resolved.first.switches
+    others = [t for t in TARGETS if t not in firsts]
+    if others:
+        print(f"  {', '.join(others)}: {DECLARED}")
+    print("presets:")
+    for name in (DECLARED, *cls.DEFAULTS.presets):
+        preset = cls.DEFAULTS.preset(name)
+        values = " ".join(f"{k}={v!r}" for k, v in preset.values) or "no values"
+        print(f"  {name}: {values} ({preset.source})")
+    return firsts
 
 
 def load_shape(name: str) -> Shape:
@@ -147,7 +178,8 @@ def parser() -> argparse.ArgumentParser:
     ba.add_argument("--check", action="store_true",
                     help="import each backend whose packages are installed and ask whether it can run here")
     ba.set_defaults(run=cmd_backends)
-    sw = sub.add_parser("switches", help="a backend's switches: default, choices, meaning on sm_90 and sm_100")
+    sw = sub.add_parser("switches", help="a backend's defaults per target, presets, and switches: default, "
+                                         "choices, meaning on sm_90 and sm_100")
     sw.add_argument("backend", choices=list_backends())
     sw.set_defaults(run=cmd_switches)
     su = sub.add_parser("supports", help="whether a backend can run a shape of conf/shape/ (ok, or the reason)")

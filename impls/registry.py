@@ -4,7 +4,13 @@ A backend answers `available()` (can it run in this process at all) and `support
 problem), each as (ok, reason). `get_backend` raises with that reason rather than falling back to anything else:
 a benchmark that silently timed another kernel would be worse than no number.
 
-`get_backend` builds a backend once per (name, switches) and hands the same instance back afterwards, so what an
+A backend asked for by name runs its target's defaults (impls/defaults.py: the presets its package declares per
+target, sm_90, sm_100, the Triton interpreter, the CPU), the target read off the device it runs on, with the
+switches the caller set on top; `preset=` names one set instead. Where the first arrangement refuses a call's
+inputs, the call runs the next one its target declares (`Backend.arranged_for`), and describe() says which ran and
+why the first refused.
+
+`get_backend` builds a backend once per (name, resolution) and hands the same instance back afterwards, so what an
 instance caches (resolved tuning configs, loaded modules) survives from one public call to the next, and each
 class's `available()` answer is asked once per process: `impls.ssd_forward(..., backend="cutile")` then costs a
 dictionary lookup more than a call on a backend built beforehand. A new tuning record (impls.tuning.store) makes
@@ -25,7 +31,9 @@ from typing import Any, ClassVar
 
 import torch
 
+from impls import defaults
 from impls.declaration import ALL_STAGES, declarations
+from impls.defaults import Defaults, Resolved
 from impls.problem import Problem
 
 # Where each backend lives: every impls/<name>/ folder that declares BACKEND (impls/declaration.py), found
@@ -34,7 +42,7 @@ from impls.problem import Problem
 BACKEND_MODULES: dict[str, str] = {name: decl.module for name, decl in declarations().items()}
 
 _REGISTRY: dict[str, type[Backend]] = {}
-_BUILT: dict[tuple, Backend] = {}  # (name, switches) -> the one instance get_backend hands out
+_BUILT: dict[tuple, Backend] = {}  # (name, resolution), (name, device) -> the one instance get_backend hands out
 _AVAILABLE: dict[str, tuple[bool, str]] = {}  # name -> the class's available() answer, asked once
 
 
@@ -113,6 +121,12 @@ class Backend:
     # Whether autograd can differentiate through the forward (plain torch ops): the model-level modules
     # (models/) refuse to run with gradients required on a backend without it, since no kernel has a backward.
     DIFFERENTIABLE: ClassVar[bool] = False
+    # The switch defaults per target (impls/defaults.py): none declared, every target runs the declared values.
+    DEFAULTS: ClassVar[Defaults] = Defaults()
+    # How get_backend resolved this instance (None: built directly, on the declared values and the given switches),
+    # and the instance the last public call ran on (another arrangement where this one refused its inputs).
+    resolved: Resolved | None = None
+    ran: Backend | None = None
     # The backward (impls.ssd): what the forward keeps for it and what it recomputes, in a line the rows record; ""
     # for a backend without one (impls.ssd then raises, naming the backend and NO_BACKWARD's reason).
     BACKWARD: ClassVar[str] = ""
@@ -146,6 +160,48 @@ class Backend:
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
         return True, ""
+
+    @classmethod
+    def target(cls, device: torch.device) -> str:
+        """Which of impls.defaults.TARGETS `device` is for this backend (its DEFAULTS are declared per target)."""
+        return defaults.device_target(device)
+
+    @classmethod
+    def switch_refusal(cls, switches) -> str | None:
+        """Why the backend refuses this combination of switches wherever it runs (the text its constructor raises),
+        or None; checks of the Switches dataclass's own (__post_init__) raise when it is built."""
+        return None
+
+    # --- which arrangement runs a call ----------------------------------------------------------------------
+    def input_refusal(self, entry: str, args: dict[str, Any]) -> str | None:
+        """Why these switches cannot run the public entry `entry` on `args` (its tensors by argument name, and
+        state_dtype) though the contract accepts them (a tensor a TMA descriptor cannot read, ...), or None.
+        Asked only where the target's defaults declare a next arrangement; the stage's own check stays the guard."""
+        return None
+
+    @property
+    def falls_back(self) -> bool:
+        """Whether a call may run another arrangement: its target's defaults declare one after this one (the public
+        entries then ask `arranged_for`)."""
+        return self.resolved is not None and len(self.resolved.arrangements) > 1
+
+    def arranged_for(self, entry: str, **args) -> Backend:
+        """The backend that runs a call of `entry` on `args`: this one, or where its arrangement refuses them, the
+        first later arrangement of its target's defaults that takes them (built once per refusal text). That one's
+        describe() names it and why the earlier ones refused, and so does this one's until the next call. Where
+        every arrangement refuses (the caller's own switches are in all of them), this one: its stage raises."""
+        chosen = (self._first_taking(entry, args) or self) if self.falls_back else self
+        self.ran = chosen.ran = chosen
+        return chosen
+
+    def _first_taking(self, entry: str, args: dict[str, Any]) -> Backend | None:
+        """This arrangement if it takes the inputs, else the first later one that does; None when none does."""
+        why = self.input_refusal(entry, args)
+        if not why:
+            return self
+        if len(self.resolved.arrangements) == 1:
+            return None
+        return get_backend(self.name, self.resolved.following(why))._first_taking(entry, args)
 
     def check_device(self, device: torch.device) -> tuple[bool, str]:
         """Whether tensors on `device` can be handled (e.g. GPU-only kernels refuse CPU tensors)."""
@@ -210,9 +266,16 @@ class Backend:
 
     # --- what ran -------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
+        """What the last call ran: the backend, its switches, its tile protocol where the class declares one and,
+        when built by name, its arrangement (impls.defaults.Resolved.record). A subclass adds its own keys; @register
+        makes every describe() answer for the arrangement the last public call ran on."""
+        if self.ran is not None and self.ran is not self:
+            return self.ran.describe()
         out = {"backend": self.name, "switches": dataclasses.asdict(self.switches)}
         if self.TILE_PROTOCOL is not None:
             out["tile_protocol"] = self.TILE_PROTOCOL
+        if self.resolved is not None:
+            out["arrangement"] = self.resolved.record()
         return out
 
     def __repr__(self) -> str:
@@ -336,8 +399,39 @@ def register(cls: type[Backend]) -> type[Backend]:
         raise ValueError(f"backend {cls.name!r} declares stages {missing} that {cls.__name__} does not implement")
     cls.STAGES = decl.stages
     cls.REQUIRES = decl.requires
+    _check_defaults(cls)
+    if "describe" in vars(cls):
+        cls.describe = _describing_what_ran(vars(cls)["describe"])
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def _check_defaults(cls: type[Backend]) -> None:
+    """Raises ValueError naming what is wrong in `cls.DEFAULTS`: a target that is not one of impls.defaults.TARGETS,
+    a preset a target lists that is not declared, a preset value for a switch the backend does not have."""
+    unknown = sorted(set(cls.DEFAULTS.targets) - set(defaults.TARGETS))
+    if unknown:
+        raise ValueError(f"backend {cls.name!r}: DEFAULTS targets {unknown}: expected some of {defaults.TARGETS}")
+    known = {f.name for f in dataclasses.fields(cls.Switches)}
+    for names in cls.DEFAULTS.targets.values():
+        for preset in names:
+            cls.DEFAULTS.preset(preset)  # ValueError naming the declared ones
+    for preset, declared in cls.DEFAULTS.presets.items():
+        bad = sorted({key for key, _ in declared.values} - known)
+        if bad:
+            raise ValueError(f"backend {cls.name!r}: preset {preset!r} sets {bad}, which are not its switches")
+
+
+def _describing_what_ran(describe: Callable[[Backend], dict]) -> Callable[[Backend], dict]:
+    """`describe` answering for the arrangement the instance's last public call ran on (Backend.arranged_for):
+    that instance's describe(), where another arrangement ran; the backend's own describe() otherwise."""
+    @functools.wraps(describe)
+    def what_ran(self: Backend) -> dict:
+        if self.ran is not None and self.ran is not self:
+            return self.ran.describe()
+        return describe(self)
+
+    return what_ran
 
 
 def _implements(cls: type[Backend], stage: str) -> bool:
@@ -358,28 +452,62 @@ def backend_class(name: str) -> type[Backend]:
     return _REGISTRY[name]
 
 
-def get_backend(name: str | Backend, switches=None, **overrides) -> Backend:
-    """The backend `name` built with `switches` (the same instance for the same name and switches); raises
-    BackendUnavailable if it cannot run in this process."""
+def get_backend(name: str | Backend, switches=None, *, preset: str | None = None, device=None,
+                **overrides) -> Backend:
+    """The backend `name` on `device` (default: the current CUDA device, else the CPU): its target's defaults, or
+    the preset named, with `switches` and `overrides` on top (the same instance for the same resolution; a whole
+    Switches instance sets every switch; an impls.defaults.Resolved is taken as is). Raises BackendUnavailable if
+    it cannot run in this process, ValueError for a switch or preset it does not have or a combination it refuses."""
     if isinstance(name, Backend):
-        if switches or overrides:
+        if switches or overrides or preset is not None:
             raise ValueError("switches: pass them when building the backend, not with a built one")
         return name
-    if switches is None and not overrides:  # the public entry's by-name call: one lookup
-        built = _BUILT.get((name, None))
+    by_name = switches is None and not overrides and preset is None
+    if by_name:  # the public entry's by-name call: one lookup
+        built = _BUILT.get((name, device))
         if built is not None:
             return built
     cls = backend_class(name)
     ok, reason = availability(cls)
     if not ok:
         raise BackendUnavailable(f"backend {name!r} is not available: {reason}")
-    resolved = make_switches(name, cls.Switches, cls.CANNOT_EXPRESS, switches, overrides)
+    if isinstance(switches, Resolved):
+        resolved = switches
+    else:
+        resolved = resolve_switches(cls, target_on(cls, device), preset, switches, overrides)
     built = _BUILT.get((name, resolved))
     if built is None:
-        built = _BUILT[(name, resolved)] = cls(resolved)
-    if switches is None and not overrides:
-        _BUILT[(name, None)] = built
+        built = _BUILT[(name, resolved)] = cls(resolved.first.switches)
+        built.resolved = resolved
+    if by_name:
+        _BUILT[(name, device)] = built
     return built
+
+
+def target_on(cls: type[Backend], device=None) -> str | None:
+    """The target of `device` (default: impls.defaults.default_device()) for `cls`; None, without asking about the
+    device, where the backend declares no defaults per target."""
+    if not cls.DEFAULTS.targets:
+        return None
+    return cls.target(defaults.default_device() if device is None else torch.device(device))
+
+
+def resolve_switches(cls: type[Backend], target: str | None, preset: str | None = None, switches=None,
+                     overrides: dict | None = None) -> Resolved:
+    """How `cls` is built on `target` (None: a backend without defaults per target): the arrangements of its
+    defaults there (or of `preset`), with the switches given (`switches`, then `overrides`) on top:
+    impls.defaults.resolve. Nothing is built or launched."""
+    given = dict(dataclasses.asdict(switches)) if dataclasses.is_dataclass(switches) else dict(switches or {})
+    given.update(overrides or {})
+
+    def build(values: dict):
+        made = make_switches(cls.name, cls.Switches, cls.CANNOT_EXPRESS, values, {})
+        why = cls.switch_refusal(made)
+        if why:
+            raise ValueError(why)
+        return made
+
+    return defaults.resolve(cls.DEFAULTS, target, preset, given, build)
 
 
 def availability(cls: type[Backend]) -> tuple[bool, str]:

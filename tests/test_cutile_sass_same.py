@@ -1,6 +1,8 @@
 """The cuTile kernels compile to the machine code recorded in tests/fixtures/cutile_sass_before.json: the SHA-256 of
-the normalised sm_90 SASS of every kernel at the defaults and all-off, bf16 and fp32, and compute_out with two heads
-per tile (per_head, batched) and with C·Bᵀ shared (impls/cutile/sass_hashes.py lists them).
+the normalised sm_90 SASS of every kernel at the declared values ("defaults": a fixed set) and all-off, bf16 and
+fp32, the kernels sm_90's defaults change at those (impls/cutile/defaults.py: a test here fails when they move), and
+compute_out with two heads per tile (per_head, batched) and with C·Bᵀ shared (impls/cutile/sass_hashes.py lists
+them).
 
 It guards changes meant to leave the machine code as it is (the helpers' constants grouped into
 `compute_out.OutConsts` and `fwd_pass_state.StateConsts`, the stand-in arguments gone); a change meant to alter a
@@ -20,7 +22,7 @@ import pytest
 pytest.importorskip("cuda.tile")
 
 from impls.cutile.aot import cuobjdump_path  # noqa: E402
-from impls.cutile.sass_hashes import FIXTURE, digest, toolchain, variants  # noqa: E402
+from impls.cutile.sass_hashes import FIXTURE, SM90_DEFAULTS, digest, toolchain, variants  # noqa: E402
 
 pytestmark = pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
 
@@ -34,6 +36,21 @@ def _params():
 
 def test_fixture_covers_every_variant():
     assert sorted(RECORD["hashes"]) == sorted(v.id for v in variants())
+
+
+def test_the_sm90_defaults_are_the_hashed_ones():
+    """The fixture's "best_sm90" variants compile what cuTile runs by default on sm_90: the switches that target's
+    defaults set over the declared values are SM90_DEFAULTS (else re-record them, module docstring)."""
+    import dataclasses
+
+    from impls.cutile.switches import CutileSwitches
+    from impls.registry import backend_class, resolve_switches
+
+    sm90 = dataclasses.asdict(resolve_switches(backend_class("cutile"), "sm_90").first.switches)
+    declared = dataclasses.asdict(CutileSwitches())
+    assert {k: v for k, v in sm90.items() if v != declared[k]} == SM90_DEFAULTS, (
+        "sm_90's defaults moved: set impls/cutile/sass_hashes.py SM90_DEFAULTS (and SM90_KERNELS) to them and "
+        "re-record tests/fixtures/cutile_sass_before.json")
 
 
 @pytest.mark.parametrize("variant", _params())

@@ -259,13 +259,15 @@ def test_tma(switches, problem, dtypes):
 
 
 def test_tma_refuses_tensors_a_descriptor_cannot_read():
-    """x, B, C as unaligned column slices of one projection: tma raises naming the tensor, before any kernel."""
+    """x, B, C as unaligned column slices of one projection: tma set (with in-kernel descriptors) raises naming
+    the tensor, before any kernel (the caller's switch is not replaced by the next arrangement of the defaults)."""
     inputs = fused_projection(make_inputs(Problem(SMALL, has_z=True), seed=9, dtype=torch.float32))
+    tma = get_backend("triton", tma=True, tma_descriptors="device")
     with pytest.raises(ValueError, match=r"switch 'tma' of backend 'triton': x: its data pointer is not 16-byte"):
-        impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True))
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=tma)
     inputs = transposed_x(make_inputs(Problem(SMALL), seed=9, dtype=torch.float32))
     with pytest.raises(ValueError, match=r"x: its last dimension has stride"):
-        impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True))
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=tma)
 
 
 @pytest.mark.parametrize("state_pass,stage2", [pytest.param("chunk_parallel", ["B", "chunk-local states", "x"],
@@ -286,13 +288,13 @@ def test_tma_host_descriptors_are_kernel_arguments(monkeypatch, state_pass, stag
 
 
 def test_tma_host_refuses_what_it_cannot_run():
-    """Host descriptors: unaligned tensors raise naming the tensor; without tma the backend refuses at
-    construction."""
+    """Host descriptors: unaligned tensors raise naming the tensor; without tma (the declared values: the
+    interpreter's defaults turn it on) the backend refuses at construction."""
     inputs = fused_projection(make_inputs(Problem(SMALL, has_z=True), seed=9, dtype=torch.float32))
     with pytest.raises(ValueError, match=r"'tma' with tma_descriptors='host' of backend 'triton': x: its data "):
         impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tma=True, tma_descriptors="host"))
     with pytest.raises(ValueError, match=r"tma_descriptors='host'.*with tma=False there are none"):
-        get_backend("triton", tma_descriptors="host")
+        get_backend("triton", preset="declared", tma_descriptors="host")
 
 
 
@@ -577,25 +579,27 @@ def _stage_sources(backend) -> dict[str, str]:
 
 
 def test_tuning_modes(tmp_path, monkeypatch):
+    """Each mode over every tuned stage of the declared arrangement (stage 2 as chunk_state and state_passing)."""
     monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
     inputs = make_inputs(Problem(SMALL), seed=14, dtype=torch.float32)
     ref = float64_forward(inputs)
     with pytest.raises(ValueError, match="no record"):
-        impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", tuning="record"))
-    auto = get_backend("triton")
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=get_backend("triton", preset="declared", tuning="record"))
+    auto = get_backend("triton", preset="declared")
     impls.ssd_forward(**inputs.forward_kwargs(), backend=auto)
     assert set(_stage_sources(auto).values()) == {"fallback"}
-    search = get_backend("triton", tuning="search")
+    search = get_backend("triton", preset="declared", tuning="search")
     out = impls.ssd_forward(**inputs.forward_kwargs(), backend=search)
     assert rel_err(out.y, ref.y) <= tolerance(torch.float32)
     assert set(_stage_sources(search)) == set(STAGES) and set(_stage_sources(search).values()) == {"search"}
     files = sorted(p.name for p in tmp_path.rglob("*.json"))
     assert files == sorted(f"triton_{stage}.json" for stage in STAGES)
-    for backend in (get_backend("triton", tuning="record"), get_backend("triton")):
+    for backend in (get_backend("triton", preset="declared", tuning="record"),
+                    get_backend("triton", preset="declared")):
         out = impls.ssd_forward(**inputs.forward_kwargs(), backend=backend)
         assert set(_stage_sources(backend).values()) == {"record"}
         assert rel_err(out.y, ref.y) <= tolerance(torch.float32)
-    fixed = get_backend("triton", tuning="fallback")
+    fixed = get_backend("triton", preset="declared", tuning="fallback")
     impls.ssd_forward(**inputs.forward_kwargs(), backend=fixed)
     assert set(_stage_sources(fixed).values()) == {"fallback"}
 
@@ -692,13 +696,13 @@ def test_kernels_compile_for_sm90():
     assert result.returncode == 0, result.stdout + result.stderr
     # defaults and all-off (8 kernels each: the fused one with both fused_programs, state_pass's serial one), and
     # at the defaults chunk_state, compute_out (dstate 128, 256) and the fused kernel (both programs) again with
-    # in-kernel tensor descriptors, and chunk_state, compute_out (x2) and the fused kernel (x2) with host-built ones
-    # (tma_descriptors='host'): PTX with bulk tensor copies, and the host-built ones without tensormap creation in
-    # the kernel; then compute_out, chunk_state and the serial kernel with switch warp_specialize (host
-    # descriptors): warp-specialised (setmaxnreg), and no other kernel is
-    assert result.stdout.count("ok  ") == 33, result.stdout  # and compute_out with 2 heads per program (x2)
-    assert result.stdout.count("bulk_tensor_copies=yes") == 13, result.stdout
-    assert result.stdout.count("bulk_tensor_copies=yes descriptors_in_kernel=no") == 8, result.stdout
+    # in-kernel tensor descriptors, and chunk_state, compute_out (x2), the fused kernel (x2) and the serial kernel
+    # (sm_90's defaults) with host-built ones (tma_descriptors='host'): PTX with bulk tensor copies, and the
+    # host-built ones without tensormap creation in the kernel; then compute_out, chunk_state and the serial kernel
+    # with switch warp_specialize (host descriptors): warp-specialised (setmaxnreg), and no other kernel is
+    assert result.stdout.count("ok  ") == 34, result.stdout  # and compute_out with 2 heads per program (x2)
+    assert result.stdout.count("bulk_tensor_copies=yes") == 14, result.stdout
+    assert result.stdout.count("bulk_tensor_copies=yes descriptors_in_kernel=no") == 9, result.stdout
     assert result.stdout.count("warp_specialized=yes") == 3, result.stdout
     assert all(("WS=True" in line) == ("warp_specialized=yes" in line) for line in result.stdout.splitlines())
     # the fused kernel (both programs; pointers, in-kernel and host descriptors): its hand-off in the PTX

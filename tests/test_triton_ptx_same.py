@@ -1,7 +1,8 @@
 """The Triton kernels compile to the code recorded in tests/fixtures/triton_ptx_before.json: the SHA-256 of the
-normalised sm_90 PTX of every variant `python -m impls.triton.aot` builds (defaults and all-off, the tensor-descriptor
-builds, compute_out at dstate 256 and with two heads per program), bf16 and fp32, tile sizes from the sm_90 fallbacks
-(impls/triton/ptx_hashes.py).
+normalised sm_90 PTX of every variant `python -m impls.triton.aot` builds (the declared code switches, "defaults": a
+fixed set, and all-off; the tensor-descriptor builds, stage 2's serial kernel's among them, which sm_90's defaults
+run: a test here fails when those move; compute_out at dstate 256 and with two heads per program), bf16 and fp32,
+tile sizes from the sm_90 fallbacks (impls/triton/ptx_hashes.py).
 
 It guards changes meant to leave the generated code as it is (the backend's configuration split into one module per
 concern); a change meant to alter a kernel or a fallback re-records the dtype it changes, as the failure says:
@@ -45,3 +46,19 @@ def test_ptx_unchanged(dtype):
     stale = FIXTURE.stale(recorded, record["toolchain"], record["hashes"], ("--dtype", dtype))
     if stale:
         pytest.fail(stale)
+
+
+def test_the_sm90_defaults_kernels_are_hashed():
+    """sm_90's defaults (impls/triton/defaults.py) run the declared code switches with descriptors made as the
+    fixture's "-tma-host" builds of compute_out and stage 2 (the serial kernel with state_pass='serial')."""
+    from impls.registry import backend_class, resolve_switches
+
+    cls = backend_class("triton")
+    sm90 = resolve_switches(cls, "sm_90").first.switches
+    code = ("transposed_layout", "operand_swap", "exp2", "cb_mode", "decay_factor", "fuse_state_out")
+    assert all(getattr(sm90, k) == getattr(cls.Switches(), k) for k in code), "sm_90's code switches moved"
+    suffix = "-defaults" + ("-tma" if sm90.tma else "") + ("-host" if sm90.tma_descriptors == "host" else "")
+    stage2 = "serial_state" if sm90.state_pass == "serial" else "chunk_state"
+    missing = [f"{kernel}-{dtype}{suffix}" for kernel in ("compute_out", stage2) for dtype in ("bf16", "fp32")
+               if f"{kernel}-{dtype}{suffix}" not in RECORD["hashes"]]
+    assert not missing, f"{missing}: add the variants to impls/triton/aot.py variants and re-record (docstring)"

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from impls.cutile.defaults import DEFAULTS as CUTILE_DEFAULTS
 from impls.cutile.switches import NOT_READ_BY_FUSED, CutileSwitches
 from impls.problem import Problem
 from impls.registry import Backend, ForwardResult, cuda_only, refuse_on_gpu, register
@@ -27,6 +28,7 @@ class CutileBackend(Backend):
     name = "cutile"
     Switches = CutileSwitches
     TUNED = True
+    DEFAULTS = CUTILE_DEFAULTS  # per target (impls/cutile/defaults.py)
     TILE_PROTOCOL = None  # per stage, in describe()["stages"] (impls/tuning.py Resolution)
 
     def __init__(self, switches=None, **overrides):

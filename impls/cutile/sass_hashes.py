@@ -1,8 +1,11 @@
 """Hashes of the normalised sm_90 SASS of every cuTile kernel, to show that a change of the Python source left the
 machine code as it was.
 
-A variant is (kernel, dtype, switches, tile config): every kernel of `aot.KERNELS` at the defaults and with every
-code switch off (`switch_effects.OFF_VALUE`), in bf16 and fp32, and compute_out also with two heads per tile
+A variant is (kernel, dtype, switches, tile config): every kernel of `aot.KERNELS` at the declared values
+(`CutileSwitches()`, named "defaults": a fixed set, so that a target's defaults can be re-decided without moving
+the fixture) and with every code switch off (`switch_effects.OFF_VALUE`), in bf16 and fp32; the kernels the sm_90
+defaults change (impls/cutile/defaults.py, `best_sm90`) with those switches (tests/test_cutile_sass_same.py fails
+when sm_90's set moves away from SM90_DEFAULTS); and compute_out also with two heads per tile
 (head_mma per_head and batched), with C·Bᵀ shared (`shared_cb`) and with two math warpgroups
 (`two_warpgroups`, two heads per tile at its occupancy 2), and fwd_pass_state with two math warpgroups
 (`state_two_warpgroups`, at occupancy 2 as the S1 record), and compute_out's head loop (`head_loop` 4, one and
@@ -39,6 +42,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 ALL_OFF = {k: OFF_VALUE.get(k, False) for k in CODE_SWITCHES}
 # what turns the Python source into the hashed text: the front end, the compiler, the disassembler
 TOOLCHAIN = ("cuda-tile", "nvidia-cuda-tileiras", "nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm")
+# the switches the sm_90 defaults set over the declared values (impls/cutile/defaults.py, preset best_sm90), and
+# the kernels they change (heads_first, skip_first: compute_out; pdl: chunk_cumsum, fwd_pass_state, compute_out)
+SM90_DEFAULTS = {"heads_first": True, "skip_first": True, "pdl": True}
+SM90_KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out")
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,9 @@ def variants() -> list[Variant]:
         for dtype in DTYPES:
             out.append(Variant(kernel, dtype, "defaults"))
             out.append(Variant(kernel, dtype, "all-off", ALL_OFF))
+    for kernel in SM90_KERNELS:
+        for dtype in DTYPES:
+            out.append(Variant(kernel, dtype, "best_sm90", SM90_DEFAULTS))
     for dtype in DTYPES:
         out.append(Variant("compute_out", dtype, "hb2-per_head", {"head_mma": "per_head"}, {"heads_per_tile": 2}))
         out.append(Variant("compute_out", dtype, "hb2-batched", {"head_mma": "batched"}, {"heads_per_tile": 2}))

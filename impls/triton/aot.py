@@ -204,13 +204,19 @@ def variants(dtype: str, all_variants: bool):
                dict(CHUNK=256, BLOCK_S=s["block_state"], DSTATE_MAJOR=swap, HAS_INIT=feature, HAS_SEQ=feature,
                     EXP2=exp2), s["num_warps"], 1)
         c = fallback("sm90", "chunk_state", dims, itemsize, {})  # state_pass='serial' takes chunk_state's fields
-        yield ("serial_state", serial_state_kernel,
-               {"x_ptr": p, "B_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "seq_ptr": "*i32", "init_ptr": "*fp32",
-                "out_ptr": p, "final_ptr": "*fp32"},
-               dict(CHUNK=256, BLOCK_P=c["block_headdim"], BLOCK_N=c["block_dstate"], BLOCK_K=c["block_positions"],
-                    HAS_INIT=feature, HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precisions[0], TMA=False,
-                    x_hd=None, B_hd=None, HOST_DESC=False),
-               c["num_warps"], c["num_stages"])
+        # pointer loads; at the defaults also host-built descriptors (the sm_90 defaults' stage 2,
+        # impls/triton/defaults.py)
+        for host in (False, True) if True in tmas else (False,):
+            types, hd = host_descriptors(("x_hd", "B_hd"), ((1, c["block_positions"], 1, c["block_headdim"]),
+                                                            (1, c["block_positions"], 1, c["block_dstate"])), (p, p),
+                                         host)
+            yield ("serial_state", serial_state_kernel,
+                   {"x_ptr": p, "B_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "seq_ptr": "*i32",
+                    "init_ptr": "*fp32", "out_ptr": p, "final_ptr": "*fp32", **types},
+                   dict(CHUNK=256, BLOCK_P=c["block_headdim"], BLOCK_N=c["block_dstate"],
+                        BLOCK_K=c["block_positions"], HAS_INIT=feature, HAS_SEQ=feature, SWAP=swap, EXP2=exp2,
+                        DOT_PRECISION=precisions[0], TMA=host, **hd),
+                   c["num_warps"], c["num_stages"])
 
 
 def warp_specialized_variants(dtype: str):

@@ -15,13 +15,14 @@ from typing import Any
 
 import torch
 
-from impls import interpreter, tuning
+from impls import defaults, interpreter, tuning
 from impls.problem import Problem, Shape, dtype_name
 from impls.registry import Backend, ForwardResult, refuse_on_gpu, register
-from impls.triton import target, tune, warp_spec
+from impls.triton import descriptors, target, tune, warp_spec
 from impls.triton.chunk_cumsum import chunk_cumsum as _chunk_cumsum
 from impls.triton.clamp import MAX_DSTATE, clamp
 from impls.triton.compute_out import compute_out as _compute_out
+from impls.triton.defaults import DEFAULTS as TRITON_DEFAULTS
 from impls.triton.fused import fused_state_out as _fused_state_out
 from impls.triton.fwd_pass_state import chunk_states as _chunk_states
 from impls.triton.fwd_pass_state import pass_states as _pass_states
@@ -48,45 +49,54 @@ class TritonBackend(Backend):
                          "(software-pipelining depth) and num_warps switches",
     }
 
+    DEFAULTS = TRITON_DEFAULTS  # per target (impls/triton/defaults.py)
+
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)
-        if self.switches.fuse_state_out and self.switches.cb_mode == "shared" and \
-                self.switches.fused_program == "row_tile":
-            raise ValueError("switch fuse_state_out of backend 'triton': the fused kernel's 'row_tile' programs "
-                             "compute C·Bᵀ inline; cb_mode='shared' is read by fused_program='chunk' only (use "
-                             "cb_mode='inline', or fused_program='chunk')")
-        if self.switches.fuse_state_out and self.switches.heads_first:
-            raise ValueError("switch fuse_state_out of backend 'triton': the fused kernel does not read heads_first "
-                             "(compute_out's program order); turn one of them off")
-        for name, others in ARRANGEMENT_EXCLUSIONS.items():
-            other = next((o for o in others if getattr(self.switches, name) and getattr(self.switches, o)), None)
-            if other:
-                raise ValueError(f"switch {name} of backend 'triton': not built with {other}=True (it arranges the "
-                                 "programs of compute_out's own kernel); turn one of them off")
-        if self.switches.fuse_state_out and self.switches.state_pass != TritonSwitches().state_pass:
-            raise ValueError("switch state_pass of backend 'triton': fuse_state_out=True runs stage 2 inside the fused "
-                             f"kernel, so state_pass={self.switches.state_pass!r} would be recorded without running "
-                             "(leave it at its default or turn fuse_state_out off)")
-        if self.switches.fuse_state_out and self.switches.state_occupancy:
-            raise ValueError("switch state_occupancy of backend 'triton': fuse_state_out=True runs stage 2 inside the "
-                             "fused kernel (its occupancy is `occupancy`'s); leave state_occupancy at 0")
-        if self.switches.fused_program != "row_tile" and not self.switches.fuse_state_out:
-            raise ValueError(f"switch fused_program={self.switches.fused_program!r} of backend 'triton': it arranges "
-                             "the programs of the fused kernel, which runs only with fuse_state_out=True (set it, or "
-                             "leave fused_program at 'row_tile')")
-        if self.switches.tma_descriptors == "host" and not self.switches.tma:
-            raise ValueError("switch tma_descriptors='host' of backend 'triton': it says where tma's descriptors are "
-                             "made; with tma=False there are none (set tma=True, or leave tma_descriptors='device')")
-        reason = warp_spec.refusal(self.switches)
-        if reason:
-            raise ValueError(reason)
+        why = self.switch_refusal(self.switches)
+        if why:
+            raise ValueError(why)
         if self.switches.launch_path == "cached" and interpreting():
             raise ValueError("switch launch_path='cached' of backend 'triton': it launches the kernels Triton "
                              "compiled, and the Triton interpreter (TRITON_INTERPRET=1) compiles none; use "
                              "launch_path='triton' there")
         self._resolved: dict[tuple[str, str], tune.Resolved] = {}
         self._keys: dict[tuple, str] = {}  # (stage, shape, dtype, flags) -> record key (switches fixed per instance)
+        self._layouts: dict[tuple, str | None] = {}  # input_refusal's answers for aligned inputs, per layout
         self.last_tuning: dict[str, dict[str, Any]] = {}
+
+    @classmethod
+    def switch_refusal(cls, switches: TritonSwitches) -> str | None:
+        """Why these switches do not go together (the text __init__ raises), or None; nothing of the environment
+        (the interpreter's refusal of launch_path='cached' is __init__'s own)."""
+        sw = switches
+        if sw.fuse_state_out and sw.cb_mode == "shared" and sw.fused_program == "row_tile":
+            return ("switch fuse_state_out of backend 'triton': the fused kernel's 'row_tile' programs compute C·Bᵀ "
+                    "inline; cb_mode='shared' is read by fused_program='chunk' only (use cb_mode='inline', or "
+                    "fused_program='chunk')")
+        if sw.fuse_state_out and sw.heads_first:
+            return ("switch fuse_state_out of backend 'triton': the fused kernel does not read heads_first "
+                    "(compute_out's program order); turn one of them off")
+        for name, others in ARRANGEMENT_EXCLUSIONS.items():
+            other = next((o for o in others if getattr(sw, name) and getattr(sw, o)), None)
+            if other:
+                return (f"switch {name} of backend 'triton': not built with {other}=True (it arranges the programs "
+                        "of compute_out's own kernel); turn one of them off")
+        if sw.fuse_state_out and sw.state_pass != TritonSwitches().state_pass:
+            return ("switch state_pass of backend 'triton': fuse_state_out=True runs stage 2 inside the fused "
+                    f"kernel, so state_pass={sw.state_pass!r} would be recorded without running (leave it at its "
+                    "default or turn fuse_state_out off)")
+        if sw.fuse_state_out and sw.state_occupancy:
+            return ("switch state_occupancy of backend 'triton': fuse_state_out=True runs stage 2 inside the fused "
+                    "kernel (its occupancy is `occupancy`'s); leave state_occupancy at 0")
+        if sw.fused_program != "row_tile" and not sw.fuse_state_out:
+            return (f"switch fused_program={sw.fused_program!r} of backend 'triton': it arranges the programs of the "
+                    "fused kernel, which runs only with fuse_state_out=True (set it, or leave fused_program at "
+                    "'row_tile')")
+        if sw.tma_descriptors == "host" and not sw.tma:
+            return ("switch tma_descriptors='host' of backend 'triton': it says where tma's descriptors are made; "
+                    "with tma=False there are none (set tma=True, or leave tma_descriptors='device')")
+        return warp_spec.refusal(sw)
 
     # --- capability -------------------------------------------------------------------------------------
     @classmethod
@@ -113,6 +123,58 @@ class TritonBackend(Backend):
         if device.type == "cuda" or (device.type == "cpu" and interpreting()):
             return True, ""
         return False, f"tensors on {device}: Triton runs CUDA tensors (CPU ones only under TRITON_INTERPRET=1)"
+
+    @classmethod
+    def target(cls, device: torch.device) -> str:
+        """"interpreter" under TRITON_INTERPRET=1 (whatever the device), else the device's."""
+        return "interpreter" if interpreting() else defaults.device_target(device)
+
+    def input_refusal(self, entry: str, args: dict[str, Any]) -> str | None:
+        """With tma on, why a tensor-descriptor load or store of this call cannot be made, as the stage's own check
+        (impls/triton/descriptors.py) would refuse it: x, B, C and given states as passed, and what the call
+        allocates contiguous and reads or writes through descriptors (y; stage 2's fp32 local states and, in the
+        three-stage forward, the states compute_out reads; in memory order (…, dstate, headdim) with
+        transposed_layout). None without tma. Every call asks: with every base pointer aligned, the answer depends
+        on the shapes, strides and dtypes only, and is remembered per those (a few of them)."""
+        if not self.switches.tma or entry == "chunk_cumsum":
+            return None
+        x, B, C, states = args["x"], args["B"], args.get("C"), args.get("states")
+        pointers = x.data_ptr() | B.data_ptr()
+        key = [entry, args.get("state_dtype"), x.dtype, x.shape, x.stride(), B.shape, B.stride()]  # C: B's shape
+        if C is not None:
+            pointers |= C.data_ptr()
+            key.append(C.stride())
+        if states is not None:
+            pointers |= states.data_ptr()
+            key += (states.dtype, states.stride())
+        aligned, key = not pointers % 16, tuple(key)
+        if aligned and key in self._layouts:
+            return self._layouts[key]
+        why = self._tma_refusal(entry, args)
+        if aligned:
+            if len(self._layouts) >= 64:
+                self._layouts.clear()
+            self._layouts[key] = why
+        return why
+
+    def _tma_refusal(self, entry: str, args: dict[str, Any]) -> str | None:
+        x, B = args["x"], args["B"]
+        given = {name: args[name] for name in ("x", "B", "C") if args.get(name) is not None}
+        if args.get("states") is not None:
+            given["states"] = descriptors.memory_order(args["states"])
+        inner = x.shape[-1] if self.switches.transposed_layout else B.shape[-1]  # the states' last dim in memory
+        staged = not self.switches.fuse_state_out
+        made = {}  # contiguous tensors the call allocates: name -> (last dimension, bytes per element)
+        if entry in ("compute_out", "ssd_forward"):
+            made["y"] = (x.shape[-1], x.element_size())
+        if entry in ("fwd_pass_state", "ssd_forward") and staged and self.switches.state_pass == "chunk_parallel":
+            made["chunk-local states"] = (inner, 4)
+        if entry == "ssd_forward" and staged:
+            made["states"] = (inner, (args.get("state_dtype") or x.dtype).itemsize)
+        reasons = [descriptors.refusal(name, t) for name, t in given.items()]
+        reasons += [descriptors.row_refusal(name, *row) for name, row in made.items()]
+        why = next((r for r in reasons if r), None)
+        return f"switch 'tma' of backend 'triton': {why}" if why else None
 
     # --- stages -------------------------------------------------------------------------------------------
     def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):

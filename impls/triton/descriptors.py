@@ -37,6 +37,15 @@ def refusal(name: str, tensor: torch.Tensor) -> str | None:
     return None
 
 
+def row_refusal(name: str, last: int, itemsize: int) -> str | None:
+    """`refusal` of a contiguous tensor the backend allocates (aligned), known by its last dimension: its other
+    strides are multiples of that row's bytes, and the row's own must be a 16-byte multiple."""
+    if last > 1 and (last * itemsize) % 16:
+        return (f"{name}: rows of {last} elements ({itemsize}-byte) are {last * itemsize} bytes, not a 16-byte "
+                "multiple")
+    return None
+
+
 def memory_order(states: torch.Tensor) -> torch.Tensor:
     """A (…, headdim, dstate) states view as the kernels' descriptors see it: (…, dstate, headdim) when headdim is
     the contiguous dimension (transposed_layout), else as is."""
