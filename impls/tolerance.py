@@ -155,20 +155,35 @@ class Judged:
 
 
 def judge(out: torch.Tensor, ref: torch.Tensor, same: torch.Tensor, block: tuple[int | None, ...],
-          k: float = SAME_PRECISION_K) -> Judged:
+          k: float = SAME_PRECISION_K, floor: torch.Tensor | None = None) -> Judged:
     """`out` against the float64 `ref`, bounded block by block by k × the error of `same` (the same-precision
-    computation of the same output) on the same blocks, floored at k × `same`'s whole-tensor error."""
+    computation of the same output) on the same blocks, floored at k × `same`'s whole-tensor error and, where
+    given, at k × `floor` (one absolute error norm per block: what a sum's terms' rounding alone makes)."""
     if same.shape != ref.shape:
         raise ValueError(f"same: expected shape {tuple(ref.shape)}, got {tuple(same.shape)}")
     err = rel_err(out, ref)
-    floor = max(rel_err(same, ref), BOUND_FLOOR)
+    floor_whole = max(rel_err(same, ref), BOUND_FLOOR)
+    if floor is not None:  # the whole tensor likewise: the blocks' floors together, relative to the whole
+        ref_norm = torch.linalg.vector_norm(ref.detach().to(torch.float64)).item()
+        floor_norm = torch.linalg.vector_norm(floor.to(torch.float64)).item()
+        floor_whole = max(floor_whole, floor_norm / ref_norm if ref_norm > 0 else floor_norm)
     if ref.numel() == 0:
         none = BlockErr(0.0, (), False)
-        return Judged(err, k * floor, none, none)
+        return Judged(err, k * floor_whole, none, none)
     ratio, near_zero = block_ratios(out, ref, block)
     same_ratio, _ = block_ratios(same, ref, block)
-    bound = k * torch.clamp(same_ratio, min=floor)
-    return Judged(err, k * floor, worst_block(ratio, near_zero), worst_block(ratio / bound, near_zero))
+    if floor is not None:  # absolute norms per block, in the ratios' units (the same denominators)
+        same_ratio = torch.maximum(same_ratio, floor.to(torch.float64) / block_denominators(ref, block))
+    bound = k * torch.clamp(same_ratio, min=floor_whole)
+    return Judged(err, k * floor_whole, worst_block(ratio, near_zero), worst_block(ratio / bound, near_zero))
+
+
+def block_denominators(ref: torch.Tensor, block: tuple[int | None, ...]) -> torch.Tensor:
+    """The denominator `block_ratios` divides each block's error norm by: max(‖ref_b‖, NEAR_ZERO × the average
+    block's norm) (for the small outputs a floor is given for: no slabs)."""
+    extents = tuple(d if b is None else b for b, d in zip(block, ref.shape))
+    ref2 = _block_sums(ref.detach().to(torch.float64).square(), extents)
+    return torch.maximum(ref2, (NEAR_ZERO ** 2) * ref2.mean()).sqrt().clamp(min=torch.finfo(torch.float64).tiny)
 
 
 def output_blocks(name: str, chunk_size: int) -> tuple[tuple[int | None, ...], tuple[str, ...]]:

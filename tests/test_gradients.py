@@ -170,3 +170,26 @@ def test_tilegyms_backward_refuses_what_it_has_no_gradient_for(change, words):
     args = {"z": None, "D": None, "state_dtype": None, **change}
     with pytest.raises(BackendUnavailable, match=f"'tilegym' has no backward for this call: .*{words}"):
         forward_for_backward(None, args, {})
+
+
+def test_a_summed_gradient_is_held_to_its_terms_error_not_less():
+    """ddt_bias of a head is a sum of ddt over batch and time: where the terms nearly cancel, an error the size of
+    the terms' own rounding (relative error × their norm) passes; ten times it fails."""
+    from experiments.gradient_gate import sum_floor
+    from impls.tolerance import judge
+
+    gen = torch.Generator().manual_seed(0)
+    terms = torch.randn(2, 512, 4, generator=gen, dtype=torch.float64)
+    terms[:, :, 2] -= terms[:, :, 2].mean()  # head 2's sum cancels to ~0
+    truth = {"ddt": terms, "ddt_bias": terms.sum(dim=(0, 1))}
+    same = {"ddt": terms * (1 + 1e-3 * torch.randn(terms.shape, generator=gen, dtype=torch.float64)),
+            "ddt_bias": truth["ddt_bias"].clone()}  # exact sums: no block error of its own to scale
+    floor = sum_floor("ddt_bias", truth, same)
+    allowed = floor[2].item()
+    for scale, passes in ((2.0, True), (10.0 * SAME_PRECISION_K, False)):
+        got = truth["ddt_bias"].clone()
+        got[2] += scale * allowed
+        assert judge(got, truth["ddt_bias"], same["ddt_bias"], (1,), floor=floor).ok is passes, scale
+    got = truth["ddt_bias"].clone()
+    got[2] += 2.0 * allowed
+    assert not judge(got, truth["ddt_bias"], same["ddt_bias"], (1,)).ok  # without the floor: held to exactness
