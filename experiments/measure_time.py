@@ -134,7 +134,8 @@ def peak_memory(fn, device: torch.device) -> float | timing.Missing:
 
 def backward_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
     """The backward directions' timings: "backward" for both, "forward_backward" and its peak memory for
-    forward_backward; no CUDA-graph replay (autograd's graph is not captured here)."""
+    forward_backward; no CUDA-graph replay (autograd's graph is not captured here); and whether two backward calls
+    agree bit for bit ("deterministic" at stage backward: 1 or 0)."""
     bench, device, out = plan.point.bench, plan.point.device, []
     calls = backward_callables(plan.backend, plan.inputs, plan.point.seed)
     wanted = ("backward",) if plan.point.direction == "backward" else ("backward", "forward_backward")
@@ -146,4 +147,12 @@ def backward_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
         out += [(stage, key, value) for key, value in times.items()]
     if plan.point.direction == "forward_backward":
         out.append(("forward_backward", "peak_mem_bytes", peak_memory(calls["forward_backward"], device)))
+    out.append(("backward", "deterministic", 1.0 if bitwise_repeatable(calls["backward"]) else 0.0))
     return out
+
+
+def bitwise_repeatable(backward) -> bool:
+    """Whether two calls of `backward` (over one forward's graph) give every gradient bit for bit the same."""
+    first, second = backward(), backward()
+    return all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+               for a, b in zip(first, second))

@@ -60,7 +60,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "metric": ("string", "see README: median_ms, p20_ms, p80_ms, graph_median_ms, compile_s, rel_err, "
                          "block_err, bound_ratio, mamba_ssm_rel_err, mamba_ssm_rule, tol, "
                          "flops, bytes, bytes_fused, tflops, gbps, frac_floor, frac_floor_fused, matmul_tflops, "
-                         "copy_gbps, peak_mem_bytes, ok"),
+                         "copy_gbps, peak_mem_bytes, deterministic, ok"),
     "value": ("float64", "the metric's value"),
     "note": ("string", "why the value is missing or what qualifies it (e.g. a CUDA-graph capture's failure)"),
     "unit": ("string", "ms, s, 1, flop, byte, TFLOP/s, GB/s"),

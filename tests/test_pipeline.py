@@ -154,6 +154,7 @@ def test_a_backward_direction_is_gated_on_every_gradient_and_timed(direction):
     gradients = {s for s in df["stage"] if s.startswith("grad:")}
     assert gradients == {"grad:dx", "grad:ddt", "grad:dA", "grad:dB", "grad:dC", "grad:dD", "grad:ddt_bias"}
     assert (df.query("metric == 'ok' and stage.str.startswith('grad:')", engine="python")["value"] == 1).all()
+    assert df.query("stage == 'backward' and metric == 'deterministic'")["value"].item() == 1.0
     timed = set(df.query("metric == 'median_ms'")["stage"])
     assert timed == ({"backward"} if direction == "backward" else {"backward", "forward_backward"})
     if direction == "forward_backward":  # measured on the GPU only: NaN here, with the reason
@@ -182,3 +183,9 @@ def test_a_wrong_gradient_fails_the_gate_and_nothing_is_timed():
     assert len(report.failures) == 1 and report.failures[0].startswith("dx: "), report.failures
     with pytest.raises(GateFailure, match="dx"):
         measure_time.run(built, report)
+
+
+def test_a_backward_that_differs_between_calls_is_recorded_as_such():
+    calls = iter([(torch.ones(3),), (torch.ones(3) + 1e-7,)])
+    assert not measure_time.bitwise_repeatable(lambda: next(calls))
+    assert measure_time.bitwise_repeatable(lambda: (torch.arange(3.0), None))
