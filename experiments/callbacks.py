@@ -56,6 +56,9 @@ def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
                                                         aggfunc="first")
     for metric in ("median_ms", "rel_err", "tflops", "gbps", "compile_s"):
         points[f"fwd_{metric}"] = fwd[metric] if metric in fwd else float("nan")
+    backward = rows[(rows["stage"] == "backward") & (rows["metric"] == "median_ms")]
+    if not backward.empty:  # a backward direction's point: its backward's median too
+        points["bwd_median_ms"] = backward.set_index("config_hash")["value"]
     points["error"] = points["error"].fillna("").str.slice(0, 60)
     return points.reset_index(drop=True)
 
@@ -107,14 +110,22 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.bar is not None:
             self.bar.close()
-        markers = [json.loads(p.read_text()) for p in Path(config.hydra.sweep.dir).rglob("point.json")]
-        if not markers:
-            print("[bench] sweep finished: no points ran in this process")
-            return
-        roots = {m["results_dir"] for m in markers}
-        table = summary_table(marker_rows(markers))
-        failed = int((table["status"] != "ok").sum()) if not table.empty else 0
-        print(f"\n[bench] sweep {config.sweep_name}: {len(table)} points, {failed} failed, results in "
-              f"{', '.join(sorted(roots))}")
-        with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
-            print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print_summary(config.hydra.sweep.dir, f"sweep {config.sweep_name}")
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """A single point (no -m) prints its summary line too."""
+        print_summary(config.hydra.run.dir, f"point {config.sweep_name}")
+
+
+def print_summary(job_dir: str, what: str) -> None:
+    """The summary table of the points whose markers lie under `job_dir`."""
+    markers = [json.loads(p.read_text()) for p in Path(job_dir).rglob("point.json")]
+    if not markers:
+        print(f"[bench] {what} finished: no points ran in this process")
+        return
+    roots = {m["results_dir"] for m in markers}
+    table = summary_table(marker_rows(markers))
+    failed = int((table["status"] != "ok").sum()) if not table.empty else 0
+    print(f"\n[bench] {what}: {len(table)} points, {failed} failed, results in {', '.join(sorted(roots))}")
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))

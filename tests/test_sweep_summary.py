@@ -3,6 +3,7 @@ skipped job, the file the skip rule found), never from another run of the same c
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
@@ -37,3 +38,17 @@ def test_a_skipped_point_reads_the_file_its_skip_rule_found(tmp_path):
     assert table["fwd_median_ms"].iloc[0] == 0.5 and table["from"].iloc[0] == "stored earlier"
     assert store.measured_file(tmp_path, "h1", "k") == stored
     assert store.measured_file(tmp_path, "h1", "other-code") is None
+
+
+def test_a_single_point_prints_its_summary_with_the_backward(tmp_path, capsys):
+    rows = pd.concat([_rows("ok", 0.5, "k", "2026-12-05T00:00:00"),
+                      _rows("ok", None, "k", "2026-12-05T00:00:00").assign(stage="backward", metric="median_ms",
+                                                                            value=1.25)])
+    stored = store.write_atomic(rows, tmp_path / "point.parquet")
+    job = tmp_path / "outputs" / "run"
+    job.mkdir(parents=True)
+    marker = {"config_hash": "h1", "status": "ok", "file": str(stored), "results_dir": str(tmp_path)}
+    (job / "point.json").write_text(json.dumps(marker))
+    callbacks.print_summary(str(job), "point adhoc")
+    printed = capsys.readouterr().out
+    assert "[bench] point adhoc: 1 points, 0 failed" in printed and "bwd_median_ms" in printed and "1.25" in printed
