@@ -31,11 +31,12 @@ from impls.inputs import Inputs
 from impls.reference.compute_out import BLOCK_ELEMENTS
 from impls.reference.same_precision import SamePrecisionReference
 from impls.reference.sampled import INT32_LIMIT, sampled_reference
-from impls.registry import get_backend, per_sequence_initial_states
+from impls.registry import get_backend
+from impls.stages import FORWARD_STAGES, run_chain
 from impls.tolerance import MAMBA_SSM_FACTOR, poisoned_allocations, rel_err, tolerance
 
-STAGE_OUTPUTS = {"chunk_cumsum": ("dt", "dA_cumsum"), "fwd_pass_state": ("states", "final_states"),
-                 "compute_out": ("y",), "forward": ("y", "final_states", "varlen_states")}
+STAGE_OUTPUTS = {**{stage.name: stage.outputs for stage in FORWARD_STAGES},
+                 "forward": ("y", "final_states", "varlen_states")}
 
 
 class GateFailure(RuntimeError):
@@ -99,17 +100,7 @@ def run_stages(backend, inputs: Inputs, device=None, first_call: dict | None = N
 
     out = {}
     if "chunk_cumsum" in backend.STAGES:  # a forward-only peer (fla) has no stage split to chain
-        dt, dA = call("chunk_cumsum", lambda: backend.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"],
-                                                                    kw["dt_bias"], kw["dt_softplus"], kw["dt_limit"]))
-        out["chunk_cumsum"] = {"dt": dt, "dA_cumsum": dA}
-        states, final = call("fwd_pass_state", lambda: backend.fwd_pass_state(
-            kw["B"], kw["x"], dt, dA, kw["initial_states"], kw["seq_idx"], kw["state_dtype"]))
-        out["fwd_pass_state"] = {"states": states, "final_states": final}
-        own = ({"initial_states": kw["initial_states"]}
-               if per_sequence_initial_states(kw["initial_states"], kw["x"]) else {})
-        y = call("compute_out", lambda: backend.compute_out(kw["C"], kw["B"], kw["x"], dt, dA, states, kw["D"],
-                                                            kw["z"], kw["seq_idx"], **own))
-        out["compute_out"] = {"y": y}
+        out.update(run_chain(backend, kw, call))
     res = call("forward", public_forward_call(backend, kw))
     out["forward"] = {"y": res.y, "final_states": res.final_states, "varlen_states": res.varlen_states}
     return out

@@ -19,6 +19,7 @@ from experiments.plan import BenchSettings, Plan
 from impls.api import GRAD_INPUTS
 from impls.autograd import ssd
 from impls.inputs import Inputs
+from impls.stages import FORWARD_STAGES, run_chain
 
 
 @dataclass(frozen=True)
@@ -46,19 +47,8 @@ def stage_callables(backend, inputs: Inputs) -> dict:
                     for name, fn in backend.forward_parts(**{k: kw[k] for k in FORWARD_ARGS}).items()})
     if "chunk_cumsum" not in backend.STAGES:
         return forward
-    dt, dA = backend.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"], kw["dt_softplus"],
-                                  kw["dt_limit"])
-    states, _ = backend.fwd_pass_state(kw["B"], kw["x"], dt, dA, kw["initial_states"], kw["seq_idx"],
-                                       kw["state_dtype"])
-    return {
-        "chunk_cumsum": lambda: backend.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"],
-                                                     kw["dt_softplus"], kw["dt_limit"]),
-        "fwd_pass_state": lambda: backend.fwd_pass_state(kw["B"], kw["x"], dt, dA, kw["initial_states"],
-                                                         kw["seq_idx"], kw["state_dtype"]),
-        "compute_out": lambda: backend.compute_out(kw["C"], kw["B"], kw["x"], dt, dA, states, kw["D"], kw["z"],
-                                                   kw["seq_idx"]),
-        **forward,
-    }
+    got = {name: t for outputs in run_chain(backend, kw).values() for name, t in outputs.items()}
+    return {**{stage.name: (lambda s=stage: s.call(backend, kw, got)) for stage in FORWARD_STAGES}, **forward}
 
 
 def run(plan: Plan, gate: GateReport) -> Timings:

@@ -3,8 +3,9 @@
 A backend declares `DEFAULTS = Defaults(presets={...}, targets={...})` (impls/<name>/defaults.py): a preset is a
 named set of switch values over its Switches dataclass's declared values ("declared" always exists: no values);
 a target (TARGETS: the device a backend runs on) lists the presets its defaults try, in order. A target not listed
-runs "declared"; a backend that declares no target is resolved without one (the device is not asked about). `resolve` composes them with the switches the caller set into the `Resolved` a backend is built
-from (impls/registry.py `get_backend`):
+runs "declared"; a backend that declares no target is resolved without one (the device is not asked about).
+`resolve` composes them with the switches the caller set into the `Resolved` a backend is built from
+(impls/registry.py `get_backend`):
 
 - the caller's switches always win: a preset value they contradict (a combination the backend refuses) goes back
   to its declared value, and the arrangement records it as yielded, with the refusal;

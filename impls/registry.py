@@ -241,15 +241,17 @@ class Backend:
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                     dt_softplus, dt_limit, state_dtype):
-        dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
-        states, final_states = self.fwd_pass_state(B, x, dt_out, dA_cumsum, initial_states, seq_idx, state_dtype)
-        # one initial state per packed sequence (PER_SEQUENCE_INITIAL_STATES): the later stages read them too
-        own = {"initial_states": initial_states} if per_sequence_initial_states(initial_states, x) else {}
-        y = self.compute_out(C, B, x, dt_out, dA_cumsum, states, D, z, seq_idx, **own)
+        from impls.stages import own_initial_states, run_chain
+
+        kw = dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
+                  initial_states=initial_states, seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                  state_dtype=state_dtype)
+        got = {name: t for outputs in run_chain(self, kw).values() for name, t in outputs.items()}
         varlen = None
-        if cu_seqlens is not None:
-            varlen = self.varlen_states(B, x, dt_out, dA_cumsum, states, cu_seqlens, **own)
-        return ForwardResult(y, final_states, varlen, dt_out, dA_cumsum, states)
+        if cu_seqlens is not None:  # one initial state per packed sequence: read here too
+            varlen = self.varlen_states(B, x, got["dt"], got["dA_cumsum"], got["states"], cu_seqlens,
+                                        **own_initial_states(kw))
+        return ForwardResult(got["y"], got["final_states"], varlen, got["dt"], got["dA_cumsum"], got["states"])
 
     def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                       dt_softplus, dt_limit, state_dtype) -> dict[str, Callable[[], object]]:
