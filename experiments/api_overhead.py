@@ -104,9 +104,15 @@ def measure(backend, inputs, device, bench) -> list[tuple[str, str, object]]:
     return [("forward", metric, rows[metric]) for metric in METRICS]
 
 
-def main() -> None:
+def main(argv=None) -> None:
     """`python -m experiments.bench experiment=api_overhead [overrides]` (run as a script, where Hydra finds conf/)."""
-    sys.argv = [sys.argv[0], "experiment=api_overhead", *sys.argv[1:]]
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if {"-h", "--help"} & set(argv):
+        print("usage: python -m experiments.api_overhead [HYDRA OVERRIDES ...]\n\n"
+              "experiments.bench with experiment=api_overhead: the public call by name against a prebuilt backend "
+              "and CUDA-graph replay, with the host time per call; overrides as for experiments.bench.")
+        raise SystemExit(0)
+    sys.argv = [sys.argv[0], "experiment=api_overhead", *argv]
     runpy.run_module("experiments.bench", run_name="__main__", alter_sys=True)
 
 

@@ -199,12 +199,24 @@ def compare_launch_paths(switches: dict, problem: str = "plain") -> dict:
         jit.JITFunction.run = real_run
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    import argparse
     import json
-    import sys
 
     from experiments.host_profile import parse_switches
 
+    parser = argparse.ArgumentParser(prog="python -m experiments.triton_fake_driver",
+                                     description="The Triton backend's host launch paths compared without a GPU "
+                                                 "(a fake driver), as JSON.")
+    parser.add_argument("switches", nargs="?", default="", help="switch overrides, k=v,k=v")
+    parser.add_argument("path", nargs="?", default="plain", help="the launch path to compare against")
+    args = parser.parse_args(argv)
     install()
-    print(json.dumps(compare_launch_paths(parse_switches(sys.argv[1] if len(sys.argv) > 1 else ""),
-                                          sys.argv[2] if len(sys.argv) > 2 else "plain")))
+    print(json.dumps(compare_launch_paths(parse_switches(args.switches), args.path)))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -35,6 +35,9 @@ def matching(pattern: str, paths: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return 0
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ on the H200. Run: `python -m impls.cutile.switch_effects` (CPU only, about 2-3 m
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
@@ -66,7 +67,12 @@ def build() -> list[dict]:
     return [effect(stage, dtype, name, cache=cache) for stage in STAGES for dtype in DTYPES for name in CODE_SWITCHES]
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m impls.cutile.switch_effects",
+                                     description="Compiles every stage for sm_90 with each code switch turned away "
+                                                 f"from its default and rewrites {PATH.name} (about 2-3 minutes on "
+                                                 "2 cores).")
+    parser.parse_args(argv)
     rows = build()
     PATH.write_text(json.dumps({"generated_by": "python -m impls.cutile.switch_effects", "rows": rows}, indent=1))
     for r in rows:

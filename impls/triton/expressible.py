@@ -24,6 +24,7 @@ The output is what docs/triton-switches.md quotes; tests/test_triton_interp.py r
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -151,8 +152,16 @@ def attempts() -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    argparse.ArgumentParser(prog="python -m impls.triton.expressible",
+                            description="Compiles minimal Triton kernels for sm_90 (no GPU needed) and prints what "
+                                        "Triton 3.6 cannot express of cuTile's tricks.").parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("TRITON_INTERPRET is set: unset it to compile for a GPU", file=sys.stderr)
-        sys.exit(2)
+        return 2
     print("\n".join(attempts()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,6 +15,7 @@ Run: `python -m impls.triton.switch_effects` (tests/test_switch_effects.py check
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import sys
@@ -127,6 +128,9 @@ def _stage_rows(stage: str, dtype: str, defaults: list) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    argparse.ArgumentParser(prog="python -m impls.triton.switch_effects",
+                            description=f"Records each stage's launches with each code switch turned away from its "
+                                        f"default and rewrites {PATH.name}.").parse_args(argv)
     PATH.write_text(json.dumps(table(), indent=1) + "\n")
     print(f"[switch_effects] {PATH}")
     return 0
