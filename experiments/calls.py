@@ -21,6 +21,12 @@ def forward_kwargs(inputs: Inputs) -> dict:
     return kw
 
 
+def forward_arguments(inputs: Inputs) -> dict:
+    """`forward_kwargs` restricted to the forward's own arguments (FORWARD_ARGS): what `ssd_forward(**...)` takes."""
+    kw = forward_kwargs(inputs)
+    return {k: kw[k] for k in FORWARD_ARGS}
+
+
 def public_forward(backend, kw: dict):
     """The whole forward as a user calls it: the public entry, on a built backend or by name."""
     return ssd_forward(**{k: kw[k] for k in FORWARD_ARGS}, backend=backend)

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from experiments.calls import FORWARD_ARGS, forward_kwargs
+from experiments.calls import forward_arguments
 from experiments.correctness import same_precision_stages
 from impls import tolerance as tolerances
 from impls.api import GRAD_INPUTS
@@ -59,42 +59,45 @@ def output_gradients(inputs: Inputs, seed: int = 0) -> dict[str, torch.Tensor]:
     return grads
 
 
-def _gradients(run, kw: dict, grads_in: dict, dtype: torch.dtype | None) -> dict[str, torch.Tensor | None]:
-    """{d<input>: gradient} of `run(**kw)` (a function returning a ForwardResult) from `grads_in`, the inputs cast
-    to `dtype` where given (float inputs only)."""
-    leaves = {}
-    for name in GRAD_INPUTS:
-        t = kw.get(name)
-        if t is None:
-            continue
-        leaves[name] = (t.to(dtype) if dtype is not None else t).detach().requires_grad_()
-    out = run(**{**kw, **leaves})
+def leaves_of(kw: dict) -> dict[str, torch.Tensor]:
+    """The differentiable inputs of `kw` (impls.api.GRAD_INPUTS present), detached and requiring grad."""
+    return {name: kw[name].detach().requires_grad_() for name in GRAD_INPUTS if kw.get(name) is not None}
+
+
+def incoming(out, grads_in: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The outputs of `out` (a ForwardResult) that gradients flow into, and those gradients in their dtypes."""
     pairs = [(getattr(out, name), g) for name, g in grads_in.items() if getattr(out, name) is not None]
-    found = torch.autograd.grad([o for o, _ in pairs], list(leaves.values()),
-                                [g.to(o.dtype) for o, g in pairs], allow_unused=True)
+    return [o for o, _ in pairs], [g.to(o.dtype) for o, g in pairs]
+
+
+def _gradients(run, kw: dict, grads_in: dict) -> dict[str, torch.Tensor | None]:
+    """{d<input>: gradient} of `run(**kw)` (a function returning a ForwardResult) from `grads_in`."""
+    leaves = leaves_of(kw)
+    outputs, grads = incoming(run(**{**kw, **leaves}), grads_in)
+    found = torch.autograd.grad(outputs, list(leaves.values()), grads, allow_unused=True)
     return {f"d{name}": g for name, g in zip(leaves, found)}
 
 
 def reference_gradients(inputs: Inputs, grads_in: dict) -> dict[str, torch.Tensor]:
     """The ground truth: float64 autograd through the chunked reference."""
-    kw = {k: v for k, v in forward_kwargs(inputs.to(dtype=torch.float64)).items() if k in FORWARD_ARGS}
+    kw = forward_arguments(inputs.to(dtype=torch.float64))
     kw["state_dtype"] = torch.float64
-    return _gradients(lambda **a: ssd(**a, backend="reference"), kw, grads_in, None)
+    return _gradients(lambda **a: ssd(**a, backend="reference"), kw, grads_in)
 
 
 def same_precision_gradients(backend, inputs: Inputs, grads_in: dict, dtype: torch.dtype, device) -> dict:
     """Autograd through the chunked reference at the backend's own precision (impls/reference/same_precision.py),
     in the inputs' dtype: what a correct backward of that precision achieves."""
     same = SamePrecisionReference(same_precision_stages(backend, dtype, device))
-    kw = {k: v for k, v in forward_kwargs(inputs).items() if k in FORWARD_ARGS}
-    return _gradients(lambda **a: same.ssd_forward(**a), kw, grads_in, None)
+    kw = forward_arguments(inputs)
+    return _gradients(lambda **a: same.ssd_forward(**a), kw, grads_in)
 
 
 def backend_gradients(backend, inputs: Inputs, grads_in: dict) -> dict[str, torch.Tensor | None]:
     """The backend's gradients through `impls.ssd`, every tensor it allocates poisoned first."""
-    kw = {k: v for k, v in forward_kwargs(inputs).items() if k in FORWARD_ARGS}
+    kw = forward_arguments(inputs)
     with poisoned_allocations():
-        return _gradients(lambda **a: ssd(**a, backend=backend), kw, grads_in, None)
+        return _gradients(lambda **a: ssd(**a, backend=backend), kw, grads_in)
 
 
 # A gradient that is another gradient's sum over some dimensions: ddt_bias of a head is the sum of ddt (the gradient

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 import torch
 
 from experiments import api_overhead, cost_model, timing
-from experiments.calls import FORWARD_ARGS, forward_kwargs, public_forward_call
+from experiments.calls import FORWARD_ARGS, forward_arguments, forward_kwargs, public_forward_call
 from experiments.correctness import GateFailure
 from experiments.gate import GateReport
-from experiments.gradient_gate import output_gradients
+from experiments.gradient_gate import incoming, leaves_of, output_gradients
 from experiments.plan import BenchSettings, Plan
-from impls.api import GRAD_INPUTS
 from impls.autograd import ssd
 from impls.inputs import Inputs
 from impls.stages import FORWARD_STAGES, run_chain
@@ -94,17 +93,16 @@ def backward_callables(backend, inputs: Inputs, seed: int = 0) -> dict:
     requiring grad and random, non-zero gradients flowing into every output (experiments/gradient_gate.py):
     "backward" (torch.autograd.grad over one forward's graph, kept for repeated calls: the backward alone) and
     "forward_backward" (a forward under autograd, then its backward)."""
-    kw = {k: v for k, v in forward_kwargs(inputs).items() if k in FORWARD_ARGS}
-    leaves = {name: kw[name].detach().requires_grad_() for name in GRAD_INPUTS if kw.get(name) is not None}
+    kw = forward_arguments(inputs)
+    leaves = leaves_of(kw)
     grads_in = output_gradients(inputs, seed)
 
     def forward():
         return ssd(**{**kw, **leaves}, backend=backend)
 
     def grad(out, retain: bool):
-        pairs = [(getattr(out, name), g) for name, g in grads_in.items() if getattr(out, name) is not None]
-        return torch.autograd.grad([o for o, _ in pairs], list(leaves.values()), [g.to(o.dtype) for o, g in pairs],
-                                   retain_graph=retain, allow_unused=True)
+        outputs, grads = incoming(out, grads_in)
+        return torch.autograd.grad(outputs, list(leaves.values()), grads, retain_graph=retain, allow_unused=True)
 
     kept = forward()
     return {"backward": lambda: grad(kept, retain=True), "forward_backward": lambda: grad(forward(), retain=False)}

@@ -106,11 +106,16 @@ def block_ratios(out: torch.Tensor, ref: torch.Tensor,
         err2.append(_block_sums(diff.square(), extents))
         ref2.append(_block_sums(r.square(), extents))
     err2, ref2, bad = torch.cat(err2, dim=axis), torch.cat(ref2, dim=axis), torch.cat(bad, dim=axis)
-    floor2 = (NEAR_ZERO ** 2) * ref2.mean()  # NEAR_ZERO × the norm of the average block, squared
-    denom2 = torch.maximum(ref2, floor2)
+    denom2 = _denominators2(ref2)
     ratio2 = torch.where(denom2 > 0, err2 / denom2.clamp(min=torch.finfo(torch.float64).tiny), err2)
     ratio = ratio2.sqrt().masked_fill(bad, math.inf)
-    return ratio, ref2 < floor2
+    return ratio, ref2 < denom2
+
+
+def _denominators2(ref2: torch.Tensor) -> torch.Tensor:
+    """Squared denominators from the blocks' squared reference norms: max(‖ref_b‖², (NEAR_ZERO × the average
+    block's norm)²)."""
+    return torch.maximum(ref2, (NEAR_ZERO ** 2) * ref2.mean())
 
 
 def blockwise_err(out: torch.Tensor, ref: torch.Tensor, block: tuple[int | None, ...]) -> BlockErr:
@@ -183,7 +188,7 @@ def block_denominators(ref: torch.Tensor, block: tuple[int | None, ...]) -> torc
     block's norm) (for the small outputs a floor is given for: no slabs)."""
     extents = tuple(d if b is None else b for b, d in zip(block, ref.shape))
     ref2 = _block_sums(ref.detach().to(torch.float64).square(), extents)
-    return torch.maximum(ref2, (NEAR_ZERO ** 2) * ref2.mean()).sqrt().clamp(min=torch.finfo(torch.float64).tiny)
+    return _denominators2(ref2).sqrt().clamp(min=torch.finfo(torch.float64).tiny)
 
 
 def output_blocks(name: str, chunk_size: int) -> tuple[tuple[int | None, ...], tuple[str, ...]]:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import impls
-from experiments.calls import FORWARD_ARGS, forward_kwargs
+from experiments.calls import forward_arguments
 from experiments.gradient_gate import check_gradients, output_gradients, reference_gradients
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
@@ -24,7 +24,7 @@ TINY = Problem(Shape(2, 40, 4, 8, 2, 8, 16), dtype="float64", has_initial_states
 
 
 def _kwargs(inputs, requires_grad=True) -> dict:
-    kw = {k: v for k, v in forward_kwargs(inputs).items() if k in FORWARD_ARGS}
+    kw = forward_arguments(inputs)
     if requires_grad:
         for name in impls.api.GRAD_INPUTS:
             if kw.get(name) is not None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import impls
-from experiments.calls import FORWARD_ARGS, forward_kwargs
+from experiments.calls import forward_arguments
 from experiments.gradient_gate import output_gradients, reference_gradients
 from impls.api import GRAD_INPUTS
 from impls.inputs import make_inputs
@@ -23,7 +23,7 @@ PACKED = Problem(Shape(1, 100, 4, 8, 2, 8, 16), dtype="float64", has_initial_sta
 
 
 def _kwargs(inputs) -> dict:
-    return {k: v for k, v in forward_kwargs(inputs).items() if k in FORWARD_ARGS}
+    return forward_arguments(inputs)
 
 
 def _sequential(kw):

@@ -58,12 +58,6 @@ def chunk_blocks(nchunks: int, chunk_size: int, seqlen: int, chunks_per_block: i
         yield slice(c0, c1), slice(c0 * chunk_size, min(seqlen, c1 * chunk_size))
 
 
-def per_sequence(initial_states, x) -> bool:
-    """Whether `initial_states` holds one state per packed sequence ((nseqs, ...) for the one row of x) rather than
-    one per batch row (sequence 0's)."""
-    return initial_states is not None and initial_states.shape[0] != x.shape[0]
-
-
 def decay_since_sequence_start(dA_cumsum, seq_chunked):
     """(batch, nheads, nchunks, chunk): Λ_l − Λ_{j0−1}, the decay from the start of token l's sequence inside its
     chunk (j0, or the chunk's first position for a sequence that began before) to l (Λ_{−1} = 0)."""

@@ -13,9 +13,9 @@ from impls.reference.common import (
     chunked,
     decay_since_sequence_start,
     per_head,
-    per_sequence,
     skip_and_gate,
 )
+from impls.registry import per_sequence_initial_states
 
 BLOCK_ELEMENTS = 1 << 27  # bound on the (chunk × chunk) work tensors materialised at once
 
@@ -33,7 +33,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None, ro
     causal = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()
     seq = chunked(seq_idx, chunk) if seq_idx is not None else None  # (batch, nchunks, chunk)
     continues = _continues_previous_chunk(seq, seq_idx, chunk) if seq is not None else None
-    starting = per_sequence(initial_states, x) and seq is not None
+    starting = per_sequence_initial_states(initial_states, x) and seq is not None
     since = decay_since_sequence_start(dA_cumsum.to(dtype), seq) if starting else None
 
     y = torch.empty(batch, nchunks, chunk, nheads, headdim, dtype=dtype, device=x.device)

@@ -11,8 +11,8 @@ from impls.reference.common import (
     chunked,
     decay_since_sequence_start,
     per_head,
-    per_sequence,
 )
+from impls.registry import per_sequence_initial_states
 
 BLOCK_ELEMENTS = 1 << 27  # bound on the head-repeated B (and x) materialised at once
 
@@ -85,7 +85,7 @@ def fwd_pass_state(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, state
     if seq_idx is not None:
         last = chunk_last_index(x.shape[1], dt.shape[-1], x.device)
         chunk_seq = seq_idx[:, last]
-        if per_sequence(initial_states, x):
+        if per_sequence_initial_states(initial_states, x):
             starts = _sequence_starts(initial_states, dA_cumsum, seq_idx, last, chunk_seq, local.dtype)
             initial_states = initial_states[:1]  # sequence 0's: the state before position 0
     entering, final = pass_states(local, dA_cumsum[..., -1], initial_states, chunk_seq, starts)

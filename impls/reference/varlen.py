@@ -8,13 +8,14 @@ from __future__ import annotations
 import torch
 
 from impls import validate as check
-from impls.reference.common import acc_dtype, per_head, per_sequence
+from impls.reference.common import acc_dtype, per_head
+from impls.registry import per_sequence_initial_states
 
 
 def varlen_states(B, x, dt, dA_cumsum, states, cu_seqlens, initial_states=None):
     """(nseqs, nheads, headdim, dstate) fp32 (float64 in float64 mode). An empty sequence's state is zero (its own
     initial state, with one per sequence: `initial_states` (nseqs, ...))."""
-    own = initial_states is not None and per_sequence(initial_states, x)
+    own = per_sequence_initial_states(initial_states, x)
     dtype = acc_dtype(x, dt)
     nheads, headdim, dstate, chunk = x.shape[2], x.shape[3], B.shape[3], dt.shape[-1]
     bounds = cu_seqlens.tolist()

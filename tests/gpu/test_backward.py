@@ -32,10 +32,10 @@ def test_the_peers_backward_passes_the_gradient_gate(backend):
 ])
 def test_peers_without_a_backward_refuse_on_the_gpu(backend, words):
     import impls
-    from experiments.calls import FORWARD_ARGS, forward_kwargs
+    from experiments.calls import forward_arguments
 
     problem = Problem(Shape(1, 512, 16, 64, 1, 128, 256), dtype="bfloat16")
-    kw = {k: v for k, v in forward_kwargs(make_inputs(problem, device="cuda", seed=0)).items() if k in FORWARD_ARGS}
+    kw = forward_arguments(make_inputs(problem, device="cuda", seed=0))
     kw["x"] = kw["x"].requires_grad_()
     with pytest.raises(BackendUnavailable, match=words):
         impls.ssd(**kw, backend=backend)
