@@ -120,8 +120,13 @@ class Problem:
             D_per_channel=D is not None and D.dim() == 2,
             has_z=z is not None,
             has_initial_states=initial_states is not None,
-            initial_states_per_sequence=initial_states is not None and initial_states.shape[0] != batch,
+            initial_states_per_sequence=per_sequence_initial_states(initial_states, x),
             nseqs=nseqs,
             varlen=cu_seqlens is not None,
             state_dtype=dtype_name(state_dtype) if state_dtype is not None else None,
         )
+
+
+def per_sequence_initial_states(initial_states, x) -> bool:
+    """Whether `initial_states` holds one state per packed sequence ((nseqs, ...) for the one row of x)."""
+    return initial_states is not None and initial_states.shape[0] != x.shape[0]

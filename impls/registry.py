@@ -531,11 +531,6 @@ def clear_cache() -> None:
     _AVAILABLE.clear()
 
 
-def per_sequence_initial_states(initial_states, x) -> bool:
-    """Whether `initial_states` holds one state per packed sequence ((nseqs, ...) for the one row of x)."""
-    return initial_states is not None and initial_states.shape[0] != x.shape[0]
-
-
 def require(backend: Backend, problem: Problem, device: torch.device) -> None:
     """Raises BackendUnavailable with the backend's reason if it cannot run `problem` on `device`."""
     own_states = (not problem.initial_states_per_sequence or not backend.NO_PER_SEQUENCE_INITIAL_STATES,

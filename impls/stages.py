@@ -9,7 +9,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from impls.registry import per_sequence_initial_states
+from impls.problem import per_sequence_initial_states
 
 
 @dataclass(frozen=True)

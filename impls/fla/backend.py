@@ -14,16 +14,8 @@ from typing import Any
 import torch
 
 from impls.fla import mapping, peer
-from impls.problem import Problem
-from impls.registry import (
-    ForwardOnlyBackend,
-    ForwardResult,
-    installed_files,
-    per_sequence_initial_states,
-    pinned_version,
-    register,
-    switch,
-)
+from impls.problem import Problem, per_sequence_initial_states
+from impls.registry import ForwardOnlyBackend, ForwardResult, installed_files, pinned_version, register, switch
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 NO_STAGES = ("fla: FLA's chunk_simple_gla has no stage split matching the contract (chunk-local states, state "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from impls.problem import per_sequence_initial_states
 from impls.reference.common import (
     acc_dtype,
     chunk_blocks,
@@ -15,7 +16,6 @@ from impls.reference.common import (
     per_head,
     skip_and_gate,
 )
-from impls.registry import per_sequence_initial_states
 
 BLOCK_ELEMENTS = 1 << 27  # bound on the (chunk × chunk) work tensors materialised at once
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from impls.problem import per_sequence_initial_states
 from impls.reference.common import (
     acc_dtype,
     chunk_blocks,
@@ -12,7 +13,6 @@ from impls.reference.common import (
     decay_since_sequence_start,
     per_head,
 )
-from impls.registry import per_sequence_initial_states
 
 BLOCK_ELEMENTS = 1 << 27  # bound on the head-repeated B (and x) materialised at once
 

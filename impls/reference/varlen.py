@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from impls import validate as check
+from impls.problem import per_sequence_initial_states
 from impls.reference.common import acc_dtype, per_head
-from impls.registry import per_sequence_initial_states
 
 
 def varlen_states(B, x, dt, dA_cumsum, states, cu_seqlens, initial_states=None):
