@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from experiments.calls import FORWARD_ARGS, forward_kwargs, public_forward_call
+from experiments.calls import FORWARD_ARGS, forward_arguments, forward_kwargs, public_forward_call
 from impls import tolerance as tolerances
 from impls import validate
 from impls.api import non_increasing_decay
@@ -116,10 +116,13 @@ def resolve_tuning(backend, inputs: Inputs, device=None, first_call: dict | None
 
 
 def same_precision_outputs(backend, inputs: Inputs, dtype: torch.dtype, device=None) -> dict:
-    """The chunked reference at `backend`'s own precision per stage (impls/reference/same_precision.py), chained on
-    its own outputs as `run_stages` chains the backend's: stage -> {name: tensor}. What the gate's bound scales."""
+    """The chunked reference at `backend`'s own precision (impls/reference/same_precision.py), run once: its forward
+    chains the stages on its own outputs as `run_stages` chains the backend's, and returns them all: stage -> {name:
+    tensor}. What the gate's bound scales."""
     device = device or inputs.x.device
-    return run_stages(SamePrecisionReference(same_precision_stages(backend, dtype, device)), inputs, device)
+    same = SamePrecisionReference(same_precision_stages(backend, dtype, device))
+    result = same.ssd_forward(**forward_arguments(inputs))
+    return {stage: {name: getattr(result, name) for name in names} for stage, names in STAGE_OUTPUTS.items()}
 
 
 def same_precision_stages(backend, dtype: torch.dtype, device) -> dict[str, str]:
