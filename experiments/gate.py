@@ -62,7 +62,8 @@ def run(plan: Plan) -> GateReport:
     rule = correctness.mamba_ssm_rule(plan.backend, plan.inputs, ref, point.problem, plan.dtype, point.device,
                                       report, cache_key=(point.problem, point.seed, kind))
     if point.direction != "forward":  # the gradients too, against float64 autograd (experiments/gradient_gate.py)
-        grads = gradient_gate.check_gradients(plan.backend, plan.inputs, plan.dtype, point.device, point.seed)
+        grads = gradient_gate.check_gradients(plan.backend, plan.inputs, plan.dtype, point.device, point.seed,
+                                              reference=kind)
         report.update(gradient_gate.stage_reports(grads, plan.dtype,
                                                   plan.backend.precision("compute_out", plan.dtype, point.device)))
     return GateReport(reference=kind, stages=report, rule=rule, first_call=first_call)

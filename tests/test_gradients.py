@@ -18,6 +18,7 @@ from impls.reference import ssd_sequential
 from impls.reference.backend import ReferenceBackend
 from impls.registry import Backend, BackendUnavailable
 from impls.tolerance import SAME_PRECISION_K, rel_err
+from impls.reference.sampled_backward import sampled_gradients
 from tests.faults import GRADIENT_FAULTS, CorrectBf16Backward
 
 TINY = Problem(Shape(2, 40, 4, 8, 2, 8, 16), dtype="float64", has_initial_states=True, has_z=True)
@@ -144,6 +145,39 @@ def test_gradient_fault_fails_the_gate(fault, spoiled, s1_blocks):
     report = check_gradients(GRADIENT_FAULTS[fault](), inputs, torch.bfloat16, ground_truth=truth)
     assert not report[spoiled]["ok"], report[spoiled]
     assert all(r["ok"] for name, r in report.items() if name != spoiled), report
+
+
+# --- the streamed ground truth (problems whose float64 graph does not fit: the 2^20-token problem) --------------
+@pytest.mark.parametrize("group", [1, 2, 8], ids=lambda g: f"{g}-chunks-a-piece")
+def test_streamed_gradients_equal_the_whole_graphs(group):
+    problem = Problem(Shape(2, 75, 4, 8, 2, 6, 16), dtype="float64", has_initial_states=True, has_z=True,
+                      has_D=True, dt_softplus=True, has_dt_bias=True)
+    inputs = make_inputs(problem, seed=5)
+    grads_in = output_gradients(inputs)
+    truth = reference_gradients(inputs, grads_in)
+    streamed = sampled_gradients(**forward_arguments(inputs), dy=grads_in["y"],
+                                 dfinal_states=grads_in["final_states"], chunks=(0, 2, 4), group=group)
+    assert set(streamed.grads) == {name for name, g in truth.items() if g is not None}
+    errors = {name: rel_err(g, streamed.pick(name, truth[name])) for name, g in streamed.grads.items()}
+    assert max(errors.values()) < 1e-12, errors
+
+
+STREAMED = Problem(Shape(batch=2, seqlen=1000, nheads=4, headdim=64, ngroups=1, dstate=128, chunk_size=256),
+                   dtype="bfloat16", has_initial_states=True)
+
+
+@pytest.mark.parametrize("fault, spoiled", [
+    pytest.param(None, None, id="correct"),
+    pytest.param("one-heads-share-of-dB-dropped", "dB", id="dB-one-head-dropped"),
+    pytest.param("one-sequences-dinitial_states-x1.05", "dinitial_states", id="dinitial-one-row-x1.05"),
+])
+def test_streamed_gate_passes_a_correct_backward_and_fails_a_spoiled_gradient(fault, spoiled):
+    backend = CorrectBf16Backward() if fault is None else GRADIENT_FAULTS[fault]()
+    report = check_gradients(backend, make_inputs(STREAMED, seed=6), torch.bfloat16, reference="sampled")
+    assert set(report) == {"dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias", "dinitial_states"}
+    assert all(r["ok"] for name, r in report.items() if name != spoiled), report
+    if spoiled is not None:
+        assert not report[spoiled]["ok"], report[spoiled]
 
 
 # --- the peers' backwards: what they refuse, with the reason ---------------------------------------------------
