@@ -1,0 +1,95 @@
+"""The Mamba-2 language model (models/mamba2_lm.py): against its float64 ground truth, its gradients, a training
+step, the released sizes, and what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from impls.tolerance import rel_err
+from models.mamba2 import Mamba2Config
+from models.mamba2_lm import PRESETS, Mamba2LM, Mamba2LMConfig, lm_float64, next_token_loss, preset
+
+TINY = Mamba2LMConfig(vocab_size=50, n_layer=2, layer=Mamba2Config(d_model=32, d_state=8, headdim=16, ngroups=2,
+                                                                     chunk_size=16))
+
+
+def _ids(batch=2, seqlen=40, seed=0):
+    return torch.randint(0, TINY.vocab_size, (batch, seqlen), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)], ids=["float64", "float32"])
+def test_logits_match_the_float64_model(dtype, tol):
+    torch.manual_seed(0)
+    model = Mamba2LM(TINY, dtype=dtype)
+    ids = _ids()
+    with torch.no_grad():
+        got, expected = model(ids), lm_float64(model, ids)
+    assert got.shape == (2, 40, TINY.padded_vocab_size) and got.dtype == dtype
+    assert rel_err(got, expected) < tol
+
+
+def test_gradients_match_the_float64_models_autograd():
+    torch.manual_seed(1)
+    model = Mamba2LM(TINY, dtype=torch.float64)
+    ids = _ids(seed=1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    got = torch.autograd.grad(model.loss(ids), params)
+    expected = torch.autograd.grad(next_token_loss(lm_float64(model, ids), ids), params)
+    errors = [rel_err(g, e) for g, e in zip(got, expected)]
+    assert len(errors) == len(list(model.parameters())) and max(errors) < 1e-9, errors
+
+
+def test_a_training_step_lowers_the_loss_on_its_batch():
+    torch.manual_seed(2)
+    model = Mamba2LM(TINY, dtype=torch.float32)
+    ids = _ids(seed=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(5):
+        loss = model.loss(ids)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_the_lm_head_is_the_embedding():
+    model = Mamba2LM(TINY)
+    assert model.lm_head.weight is model.embedding.weight
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_released_sizes_have_their_parameter_counts(name):
+    c = preset(name)
+    d, inner, n = c.d_model, c.layer.d_inner, c.layer.d_state
+    per_layer = (d * (2 * inner + 2 * n + c.layer.nheads)  # in_proj: z, x, B, C, dt
+                 + c.layer.conv_dim * (c.layer.d_conv + 1) + 3 * c.layer.nheads + inner + inner * d + d)
+    total = c.padded_vocab_size * d + c.n_layer * per_layer + d
+    with torch.device("meta"):
+        model = Mamba2LM(c)
+    assert sum(p.numel() for p in model.parameters()) == total
+    assert c.padded_vocab_size == 50288
+
+
+@pytest.mark.parametrize("ids, words", [
+    pytest.param(torch.tensor([[0, 50]]), "token ids in [0, 50)", id="id-past-the-vocabulary"),
+    pytest.param(torch.tensor([[0.0, 1.0]]), "input_ids", id="float-ids"),
+    pytest.param(torch.zeros(1, 0, dtype=torch.long), "seqlen >= 1", id="empty"),
+])
+def test_bad_input_ids_are_refused_naming_the_argument(ids, words):
+    with pytest.raises(ValueError, match="input_ids") as err:
+        Mamba2LM(TINY)(ids)
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs, arg", [
+    pytest.param({"vocab_size": 0}, "vocab_size", id="no-vocabulary"),
+    pytest.param({"n_layer": 1.5}, "n_layer", id="fractional-layers"),
+    pytest.param({"layer": {"d_model": 32}}, "layer", id="layer-not-a-config"),
+])
+def test_bad_configs_are_refused_naming_the_field(kwargs, arg):
+    fields = {"vocab_size": 50, "n_layer": 1, "layer": TINY.layer, **kwargs}
+    with pytest.raises(ValueError, match=arg):
+        Mamba2LMConfig(**fields)
