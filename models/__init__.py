@@ -6,4 +6,8 @@ because every folder under `impls/` is a backend (impls/declaration.py); these m
     layer = Mamba2(Mamba2Config(d_model=2560, headdim=64), backend="triton", device="cuda", dtype=torch.bfloat16)
     with torch.inference_mode():
         out = layer(u)                       # u (batch, seqlen, d_model)
+
+    from models.mamba2_lm import Mamba2LM, preset     # the language model on that layer, released sizes by name
+    model = Mamba2LM(preset("mamba2_130m"), backend="triton", device="cuda", dtype=torch.bfloat16)
+    loss = model.loss(input_ids)                      # next-token cross-entropy; loss.backward() trains
 """
