@@ -101,19 +101,45 @@ def _gradients(run, kw: dict, grads_in: dict) -> dict[str, torch.Tensor | None]:
     return {f"d{name}": g for name, g in zip(leaves, found)}
 
 
+# The inputs with a batch dimension first (initial_states only with one state per batch row); the others (A, D,
+# dt_bias) are shared by the rows, and their gradients are the sum of the rows'.
+ROW_INPUTS = ("x", "dt", "B", "C", "z", "initial_states", "seq_idx")
+
+
+def _row_by_row(run, kw: dict, grads_in: dict) -> dict[str, torch.Tensor | None]:
+    """`_gradients` one batch row at a time, for the references: the batch rows of the chunked reference are
+    independent computations, so the same gradients come out of a graph a batch's size smaller (the float64 graph of
+    S3 whole passes an H100's 80 GB). Packed sequences in one row (cu_seqlens) are run whole."""
+    batch = kw["x"].shape[0]
+    if batch == 1 or kw.get("cu_seqlens") is not None:
+        return _gradients(run, kw, grads_in)
+    rows = [_gradients(run, {**kw, **{k: kw[k][r:r + 1] for k in ROW_INPUTS if kw.get(k) is not None}},
+                       {k: g[r:r + 1] for k, g in grads_in.items()}) for r in range(batch)]
+    out = {}
+    for name in rows[0]:
+        parts = [row[name] for row in rows]
+        if parts[0] is None:
+            out[name] = None
+        elif name[1:] in ROW_INPUTS:
+            out[name] = torch.cat(parts)
+        else:
+            out[name] = torch.stack(parts).sum(0)
+    return out
+
+
 def reference_gradients(inputs: Inputs, grads_in: dict) -> dict[str, torch.Tensor]:
-    """The ground truth: float64 autograd through the chunked reference."""
+    """The ground truth: float64 autograd through the chunked reference (a batch row at a time)."""
     kw = forward_arguments(inputs.to(dtype=torch.float64))
     kw["state_dtype"] = torch.float64
-    return _gradients(lambda **a: ssd(**a, backend="reference"), kw, grads_in)
+    return _row_by_row(lambda **a: ssd(**a, backend="reference"), kw, grads_in)
 
 
 def same_precision_gradients(backend, inputs: Inputs, grads_in: dict, dtype: torch.dtype, device) -> dict:
     """Autograd through the chunked reference at the backend's own precision (impls/reference/same_precision.py),
-    in the inputs' dtype: what a correct backward of that precision achieves."""
+    in the inputs' dtype (a batch row at a time): what a correct backward of that precision achieves."""
     same = SamePrecisionReference(same_precision_stages(backend, dtype, device))
     kw = forward_arguments(inputs)
-    return _gradients(lambda **a: same.ssd_forward(**a), kw, grads_in)
+    return _row_by_row(lambda **a: same.ssd_forward(**a), kw, grads_in)
 
 
 def backend_gradients(backend, inputs: Inputs, grads_in: dict) -> dict[str, torch.Tensor | None]:

@@ -16,9 +16,9 @@ from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.reference import ssd_sequential
 from impls.reference.backend import ReferenceBackend
+from impls.reference.sampled_backward import sampled_gradients
 from impls.registry import Backend, BackendUnavailable
 from impls.tolerance import SAME_PRECISION_K, rel_err
-from impls.reference.sampled_backward import sampled_gradients
 from tests.faults import GRADIENT_FAULTS, CorrectBf16Backward
 
 TINY = Problem(Shape(2, 40, 4, 8, 2, 8, 16), dtype="float64", has_initial_states=True, has_z=True)
@@ -46,6 +46,18 @@ def test_ground_truth_matches_the_sequential_definitions_autograd():
     errors = {n: rel_err(truth[f"d{n}"], g) for n, g in zip(names, found)}
     assert set(errors) >= {"x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states"}
     assert max(errors.values()) < 1e-10, errors
+
+
+def test_the_ground_truth_row_by_row_is_the_whole_batchs():
+    from experiments.gradient_gate import _gradients
+
+    inputs = make_inputs(dataclasses.replace(TINY, dt_softplus=True, has_dt_bias=True), seed=4)
+    grads_in = output_gradients(inputs)
+    kw = forward_arguments(inputs.to(dtype=torch.float64))
+    whole = _gradients(lambda **a: impls.ssd(**a, backend="reference"), kw, grads_in)
+    rows = reference_gradients(inputs, grads_in)
+    assert {k for k, g in rows.items() if g is not None} == {k for k, g in whole.items() if g is not None}
+    assert max(rel_err(rows[k], g) for k, g in whole.items() if g is not None) < 1e-13
 
 
 def test_ssd_gradcheck_on_the_reference():
