@@ -40,3 +40,29 @@ def test_the_one_preset_failure_was_the_first_chunk_cumsum_model_and_passes_unde
     assert "headdim 16 outside 32..256" in cutile_tiny  # a refusal, not a gate failure
     _, again = _bound_ratios("index:gate_bound_mamba_ssm_exp2")
     assert again.query("shape_name == 'tritonbench_b1_l8192'")["value"].max() < 0.6
+
+
+PRESETS = {"S1", "S2", "S3", "S4", "S1_c128", "mamba2_130m", "mamba2_370m", "mamba2_780m", "mamba2_1p3b", "mamba2_2p7b",
+           "tilegym_chunk128", "tilegym_large", "tritonbench_b1_l8192", "tritonbench_b64_l2048", "tiny", "long_256k"}
+
+
+def test_one_call_gated_every_backend_at_every_preset_and_none_failed():
+    rows, ratios = _bound_ratios("index:gate_one_call")
+    assert rows["run_group"].nunique() == 1 and rows["gpu_uuid"].nunique() == 1
+    points = rows[rows["stage"] == "point"]
+    assert set(points["backend"]) == BACKENDS
+    assert all(set(p["shape_name"]) == PRESETS for _, p in points.groupby("backend"))
+    failed = points[points["status"] != "ok"]
+    assert set(zip(failed["backend"], failed["shape_name"])) == {("cutile", "tiny")}  # a refusal (headdim 16)
+    assert ratios["value"].max() < 0.6
+
+
+def test_mamba_ssms_backward_passed_the_gradient_gate_where_it_ran():
+    rows = load_results("index:backward_peers")
+    ran = rows[(rows["stage"] == "point") & (rows["status"] == "ok")]
+    assert set(ran["shape_name"]) == {"S1", "S2", "S4"}
+    grads = rows[rows["stage"].str.startswith("grad:") & (rows["metric"] == "bound_ratio")]
+    assert set(grads["stage"]) >= {"grad:dx", "grad:dB", "grad:dC", "grad:dA", "grad:ddt_bias"}
+    assert grads["value"].max() <= 1.0
+    timed = rows[rows["stage"].isin(["backward", "forward_backward"]) & (rows["metric"] == "median_ms")]
+    assert len(timed) == 6 and (timed["value"] > 0).all()
