@@ -1,5 +1,5 @@
-"""CPU tests of impls/cutile/spills.py: spills, registers and stack of the tuned cuTile kernels, read from the sm_90
-SASS compiled ahead of time at the committed NVIDIA H200 records (one compile, shared by the tests)."""
+"""CPU tests of instruments/cutile/spills.py: spills, registers and stack of the tuned cuTile kernels, read from the
+sm_90 SASS compiled ahead of time at the committed NVIDIA H200 records (one compile, shared by the tests)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("cuda.tile")
 
-from impls.cutile import spills  # noqa: E402
-from impls.cutile.aot import cuobjdump_path  # noqa: E402
+from instruments.cutile import spills  # noqa: E402
+from instruments.cutile.aot import cuobjdump_path  # noqa: E402
 
 pytestmark = pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
 

@@ -1,8 +1,8 @@
-"""experiments/hotspots.py: the source-page CSV parsed, opcodes and families read, the report's shares add up."""
+"""instruments/hotspots.py: the source-page CSV parsed, opcodes and families read, the report's shares add up."""
 
 import pytest
 
-from experiments import hotspots
+from instruments import hotspots
 
 PAGE = """==PROF== Connected to process 1
 "Kernel Name","compute_out_kernel"

@@ -208,7 +208,7 @@ def same_sass_key(stage: str, sw, shape_label: str, dtype: str, arch: str | None
     """The defaults' record key when `stage`'s code under `sw` is the defaults' (tuning.SAME_SASS), else None: `sw`
     differs from CutileSwitches() (its tuning mode aside) in one switch, and either the stage's key and pins are the
     defaults' (the switch is none of the stage's code-changing switches) or, on sm_90 (`arch`), the switch is at the
-    value impls/cutile/switch_effects.json compiled and that row (stage, dtype) reads "no-op on sm_90": the same
+    value impls/cutile/switch_sass_effects.json compiled and that row (stage, dtype) reads "no-op on sm_90": the same
     normalised SASS as the defaults'."""
     from impls.cutile.switches import CODE_SWITCHES
 
@@ -222,7 +222,7 @@ def same_sass_key(stage: str, sw, shape_label: str, dtype: str, arch: str | None
     name = changed[0]
     if arch != "sm_90" or name not in CODE_SWITCHES or name in EFFECTS_AT_ONE_CONFIG:
         return None
-    from impls.cutile import switch_effects
+    from instruments.cutile import switch_effects
 
     if getattr(sw, name) != getattr(switch_effects.off(name), name):
         return None

@@ -63,7 +63,8 @@ def near_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict
     return None
 
 
-# the row of impls/triton/switch_effects.json each tuned kernel reads (stage 2: two kernels; the fused kernel: none)
+# the row of impls/triton/switch_launch_effects.json each tuned kernel reads (stage 2: two kernels; the fused kernel:
+# none)
 EFFECTS_STAGE = {"chunk_cumsum": "chunk_cumsum", "chunk_state": "fwd_pass_state", "state_passing": "fwd_pass_state",
                  "compute_out": "compute_out"}
 
@@ -75,9 +76,9 @@ def same_sass_key(switches: TritonSwitches, shape_label: str, dtype: str, flags:
     """The defaults' record key when `stage`'s code under `switches` is the defaults' (tuning.SAME_SASS), else None:
     the switches differ from TritonSwitches() (NOT_CODE aside) in one switch, and either the stage's key and
     pins are the defaults' (the switch is none of the stage's code-changing switches) or the switch is at the value
-    impls/triton/switch_effects.json recorded and that row (stage, dtype) reads "no-op ... (same launches)": the
+    impls/triton/switch_launch_effects.json recorded and that row (stage, dtype) reads "no-op ... (same launches)": the
     same kernels, constexprs, arguments and launch options, so the same machine code on any target."""
-    from impls.triton import switch_effects
+    from instruments.triton import switch_effects
 
     defaults = dataclasses.replace(TritonSwitches(), **{k: getattr(switches, k) for k in NOT_CODE})
     changed = [f.name for f in dataclasses.fields(switches) if getattr(switches, f.name) != getattr(defaults, f.name)]

@@ -1,0 +1,160 @@
+"""The gradient gate: every gradient of `impls.ssd` against float64 autograd through the chunked reference, bounded
+block by block by what the same computation at the backend's own precision achieves (impls/README.md, "The
+backward"; the forward's gate is harness/correctness.py).
+
+Gradients flow from a random, everywhere non-zero dy (and d final_states, d varlen_states); the backend's are
+computed under poisoned allocations, so an unwritten gradient shows as NaN. Blocks: dx, dz per (batch, chunk,
+head); ddt per (batch, chunk, head); dB, dC per (batch, chunk, group); dA, dD, ddt_bias whole and per head;
+dinitial_states per (sequence, head)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.calls import forward_arguments
+from harness.correctness import same_precision_stages
+from impls import tolerance as tolerances
+from impls.api import GRAD_INPUTS
+from impls.autograd import ssd
+from impls.inputs import Inputs
+from impls.reference.same_precision import SamePrecisionReference
+from impls.registry import get_backend
+from impls.tolerance import poisoned_allocations
+
+GRADIENTS = tuple(f"d{name}" for name in GRAD_INPUTS)
+
+
+def gradient_blocks(name: str, chunk_size: int, ndim: int) -> tuple[tuple[int | None, ...], tuple[str, ...]]:
+    """The blocks a gradient is judged by and the names of the block index's dimensions."""
+    if name in ("dx", "dz"):
+        return (1, chunk_size, 1, None), ("batch", "chunk", "head", "")
+    if name == "ddt":
+        return (1, chunk_size, 1), ("batch", "chunk", "head")
+    if name in ("dB", "dC"):
+        return (1, chunk_size, 1, None), ("batch", "chunk", "group", "")
+    if name in ("dA", "ddt_bias") or (name == "dD" and ndim == 1):
+        return (1,), ("head",)
+    if name == "dD":
+        return (1, None), ("head", "")
+    if name == "dinitial_states":
+        return (1, 1, None, None), ("sequence", "head", "", "")
+    raise ValueError(f"gradient: expected one of {GRADIENTS}, got {name!r}")
+
+
+def output_gradients(inputs: Inputs, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random, everywhere non-zero gradients flowing into y, the final states and (with cu_seqlens) the
+    per-sequence states, in float64 on the inputs' device."""
+    gen = torch.Generator(device="cpu").manual_seed(10_000 + seed)
+    b, length, h, p = inputs.x.shape
+    n = inputs.B.shape[-1]
+    shapes = {"y": (b, length, h, p), "final_states": (b, h, p, n)}
+    if inputs.cu_seqlens is not None:
+        shapes["varlen_states"] = (inputs.cu_seqlens.shape[0] - 1, h, p, n)
+    grads = {}
+    for name, shape in shapes.items():
+        g = torch.randn(*shape, generator=gen, dtype=torch.float64)
+        grads[name] = (g + torch.where(g >= 0, 0.05, -0.05)).to(inputs.x.device)  # never zero
+    return grads
+
+
+def leaves_of(kw: dict) -> dict[str, torch.Tensor]:
+    """The differentiable inputs of `kw` (impls.api.GRAD_INPUTS present), detached and requiring grad."""
+    return {name: kw[name].detach().requires_grad_() for name in GRAD_INPUTS if kw.get(name) is not None}
+
+
+def incoming(out, grads_in: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The outputs of `out` (a ForwardResult) that gradients flow into, and those gradients in their dtypes."""
+    pairs = [(getattr(out, name), g) for name, g in grads_in.items() if getattr(out, name) is not None]
+    return [o for o, _ in pairs], [g.to(o.dtype) for o, g in pairs]
+
+
+def _gradients(run, kw: dict, grads_in: dict) -> dict[str, torch.Tensor | None]:
+    """{d<input>: gradient} of `run(**kw)` (a function returning a ForwardResult) from `grads_in`."""
+    leaves = leaves_of(kw)
+    outputs, grads = incoming(run(**{**kw, **leaves}), grads_in)
+    found = torch.autograd.grad(outputs, list(leaves.values()), grads, allow_unused=True)
+    return {f"d{name}": g for name, g in zip(leaves, found)}
+
+
+def reference_gradients(inputs: Inputs, grads_in: dict) -> dict[str, torch.Tensor]:
+    """The ground truth: float64 autograd through the chunked reference."""
+    kw = forward_arguments(inputs.to(dtype=torch.float64))
+    kw["state_dtype"] = torch.float64
+    return _gradients(lambda **a: ssd(**a, backend="reference"), kw, grads_in)
+
+
+def same_precision_gradients(backend, inputs: Inputs, grads_in: dict, dtype: torch.dtype, device) -> dict:
+    """Autograd through the chunked reference at the backend's own precision (impls/reference/same_precision.py),
+    in the inputs' dtype: what a correct backward of that precision achieves."""
+    same = SamePrecisionReference(same_precision_stages(backend, dtype, device))
+    kw = forward_arguments(inputs)
+    return _gradients(lambda **a: same.ssd_forward(**a), kw, grads_in)
+
+
+def backend_gradients(backend, inputs: Inputs, grads_in: dict) -> dict[str, torch.Tensor | None]:
+    """The backend's gradients through `impls.ssd`, every tensor it allocates poisoned first."""
+    kw = forward_arguments(inputs)
+    with poisoned_allocations():
+        return _gradients(lambda **a: ssd(**a, backend=backend), kw, grads_in)
+
+
+# A gradient that is another gradient's sum over some dimensions: ddt_bias of a head is the sum of ddt (the gradient
+# of the raw dt) over batch and time. Each term carries the error a same-precision computation gives it, so their
+# sum's error has the size of that relative error times the terms' norm (independent errors add in quadrature),
+# however much the terms cancel: a head whose sum nearly cancels cannot be held to less.
+SUMS = {"ddt_bias": ("ddt", (0, 1))}
+
+
+def sum_floor(name: str, truth: dict, same: dict) -> torch.Tensor | None:
+    """Per block (head) of a summed gradient: the same-precision terms' relative error × the terms' norm; None for a
+    gradient that is no sum of another."""
+    if name not in SUMS or truth.get(SUMS[name][0]) is None or same.get(SUMS[name][0]) is None:
+        return None
+    terms, dims = SUMS[name]
+    term_err = tolerances.rel_err(same[terms], truth[terms])
+    return term_err * truth[terms].to(torch.float64).square().sum(dim=dims).sqrt()
+
+
+def check_gradients(backend, inputs: Inputs, dtype: torch.dtype, device=None, seed: int = 0,
+                    ground_truth: dict | None = None) -> dict[str, dict]:
+    """Per gradient: {"rel_err", "bound", "block_err", "bound_ratio", "where", "ok"}; never raises for wrong numbers.
+    Each is judged by impls.tolerance.judge against the float64 ground truth (computed here unless given)."""
+    device = device or inputs.x.device
+    backend = get_backend(backend) if isinstance(backend, str) else backend
+    grads_in = output_gradients(inputs, seed)
+    truth = ground_truth if ground_truth is not None else reference_gradients(inputs, grads_in)
+    same = same_precision_gradients(backend, inputs, grads_in, dtype, device)
+    got = backend_gradients(backend, inputs, grads_in)
+    report = {}
+    for name, expected in truth.items():
+        if expected is None:
+            continue
+        actual = got.get(name)
+        if actual is None:
+            report[name] = {"rel_err": math.inf, "bound": math.nan, "block_err": math.inf, "bound_ratio": math.inf,
+                            "where": "missing", "ok": False}
+            continue
+        block, dims = gradient_blocks(name, inputs.chunk_size, expected.dim())
+        judged = tolerances.judge(actual, expected, same[name], block, floor=sum_floor(name, truth, same))
+        report[name] = {"rel_err": judged.rel_err, "bound": judged.bound, "block_err": judged.block.ratio,
+                        "bound_ratio": judged.binding.ratio,
+                        "where": tolerances.describe_block(judged.binding.where, dims), "ok": judged.ok}
+    return report
+
+
+def stage_reports(report: dict[str, dict], dtype: torch.dtype, precision: str) -> dict[str, dict]:
+    """`check_gradients`' report as the forward gate's stage reports (harness/gate.py): stage "grad:<name>"."""
+    out = {}
+    for name, r in report.items():
+        bound = (f"same-precision: {tolerances.SAME_PRECISION_K:g} x autograd through the chunked reference at "
+                 f"{precision}")
+        out[f"grad:{name}"] = {
+            "rel_err": r["rel_err"], "tol": r["bound"], "precision": precision, "ok": r["ok"], "errors": {},
+            "block_err": r["block_err"], "block_where": f"{name}: {r['where']}", "bound_ratio": r["bound_ratio"],
+            "bound_where": f"{name}: {r['where']}", "bound": bound,
+            "error": None if r["ok"] else (f"{name}: rel_err {r['rel_err']:.3g} (bound {r['bound']:.3g}), worst "
+                                           f"block {r['bound_ratio']:.3g} of its bound at {r['where']}"),
+        }
+    return out
