@@ -24,6 +24,8 @@ import torch
 pytest.importorskip("cuda.tile")
 
 from impls.cutile.switches import CODE_SWITCHES, CutileSwitches  # noqa: E402
+from impls.cutile.tune import OFF_VALUE, off  # noqa: E402
+from impls.cutile.tune import SASS_EFFECTS as EFFECTS_PATH  # noqa: E402
 from impls.problem import Problem, Shape  # noqa: E402
 from impls.registry import switch_table  # noqa: E402
 from instruments.cutile.aot import (  # noqa: E402
@@ -43,8 +45,6 @@ from instruments.cutile.aot import (  # noqa: E402
     sass_instructions,
     sass_outline,
 )
-from instruments.cutile.switch_effects import OFF_VALUE, off  # noqa: E402
-from instruments.cutile.switch_effects import PATH as EFFECTS_PATH
 
 pytestmark = pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
 

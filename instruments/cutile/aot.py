@@ -396,7 +396,7 @@ def main(argv=None) -> int:  # pragma: no cover - a convenience for looking at o
     a = p.parse_args(argv)
     import json
 
-    from instruments.cutile.switch_effects import OFF_VALUE
+    from impls.cutile.tune import OFF_VALUE
 
     sw = dataclasses.replace(CutileSwitches(), **{k: OFF_VALUE.get(k, False) for k in a.off},
                              **{k: True for k in a.on}, **json.loads(a.switches))

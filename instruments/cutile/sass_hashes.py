@@ -3,7 +3,7 @@ machine code as it was.
 
 A variant is (kernel, dtype, switches, tile config): every kernel of `aot.KERNELS` at the declared values
 (`CutileSwitches()`, named "defaults": a fixed set, so that a target's defaults can be re-decided without moving
-the fixture) and with every code switch off (`switch_effects.OFF_VALUE`), in bf16 and fp32; the kernels the sm_90
+the fixture) and with every code switch off (`impls.cutile.tune.OFF_VALUE`), in bf16 and fp32; the kernels the sm_90
 defaults change (impls/cutile/defaults.py, `best_sm90`) with those switches (tests/test_cutile_sass_same.py fails
 when sm_90's set moves away from SM90_DEFAULTS); and compute_out also with two heads per tile
 (head_mma per_head and batched), with C·Bᵀ shared (`shared_cb`) and with two math warpgroups
@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 
 from impls.cutile.switches import CODE_SWITCHES, CutileSwitches
+from impls.cutile.tune import OFF_VALUE
 from instruments import golden
 from instruments.cutile.aot import KERNELS, build_call, export, normalized, sass
-from instruments.cutile.switch_effects import OFF_VALUE
 
 FIXTURE = golden.Fixture(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "cutile_sass_before.json",
                          "instruments.cutile.sass_hashes", "python -m instruments.cutile.aot")

@@ -12,28 +12,15 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
 import torch
 
 from impls.cutile.switches import CODE_SWITCHES, CutileSwitches
+from impls.cutile.tune import SASS_EFFECTS as PATH
+from impls.cutile.tune import off
 from instruments.cutile.aot import STAGES, build_call, export, facts, normalized, sass
 
-PATH = Path(__file__).resolve().parents[2] / "impls" / "cutile" / "switch_sass_effects.json"
-# the value away from the default of each non-bool code switch; every other code switch is a bool whose "off" is False
-OFF_VALUE = {"cb_precision": "fp32", "head_mma": "batched"}
-# the value a default-off (0) int code switch is turned on to; "all off" (sass_hashes.ALL_OFF) leaves it at 0
-ON_VALUE = {"head_loop": 4}
 DTYPES = ("bfloat16", "float32")
-
-
-def off(name: str) -> CutileSwitches:
-    """The defaults with `name` turned away from its default: off for a default-on trick, on for a default-off
-    one (operand_swap), the other precision for cb_precision, the batched (rank-3) lowering for head_mma, the head
-    loop over 4 heads for head_loop."""
-    default = getattr(CutileSwitches(), name)
-    value = (not default) if isinstance(default, bool) else OFF_VALUE[name] if name in OFF_VALUE else ON_VALUE[name]
-    return dataclasses.replace(CutileSwitches(), **{name: value})
 
 
 def effect(stage: str, dtype: str, name: str, arch: str = "sm_90", cache: dict | None = None) -> dict:

@@ -19,15 +19,13 @@ import argparse
 import contextlib
 import json
 import sys
-from pathlib import Path
 
 import torch
 
-PATH = Path(__file__).resolve().parents[2] / "impls" / "triton" / "switch_launch_effects.json"
+from impls.triton.tune import AWAY
+from impls.triton.tune import LAUNCH_EFFECTS as PATH
+
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
-# each code switch's value away from its default (tma on: descriptors made in the kernel)
-AWAY = {"transposed_layout": False, "operand_swap": False, "exp2": False, "decay_factor": True,
-        "heads_first": True, "tma": True, "cb_mode": "shared", "state_pass": "serial"}
 DTYPES = ("bfloat16", "float32")
 # the headline problem's layout, small: 80 heads of one group, headdim 64, dstate 128, chunk 256, two chunks
 DIMS = {"batch": 1, "seqlen": 512, "nheads": 80, "headdim": 64, "ngroups": 1, "dstate": 128, "chunk": 256}
