@@ -6,7 +6,7 @@ replaced by a recorder: the arguments the driver would have been given are kept 
 encoding by `fill_tma_descriptor` is recorded as the tuple of its inputs). Nothing touches a GPU.
 
 The process must not run under the Triton interpreter (TRITON_INTERPRET unset before impls.triton is imported);
-`install()` makes this the active driver. Used by scripts/host_path_cpu.py (`--through triton`) and the CPU tests of
+`install()` makes this the active driver. Used by instruments/host_path_cpu.py (`--through triton`) and the CPU tests of
 impls/triton/launcher.py.
 """
 

@@ -12,7 +12,7 @@ stands in for the CUDA driver, so Triton's own per-launch work (JITFunction.run,
 expansion) is timed too, and only the final driver call is left out; the kernels compile for sm_90 on first use.
 `--switches` builds the Triton backend with those switches (the cuTile backend with its defaults).
 
-    python scripts/host_path_cpu.py [--n N] [--through stub|triton] [--backends cutile triton] [--shapes S4 S1]
+    python -m instruments.host_path_cpu [--n N] [--through stub|triton] [--backends cutile triton] [--shapes S4 S1]
         [--switches tma=true,tma_descriptors=host,state_pass=serial,launch_path=cached]
 """
 
