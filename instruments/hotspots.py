@@ -33,10 +33,10 @@ from collections import Counter
 from pathlib import Path
 
 from instruments.profile import PROFILED_MARK, ablation_switches, ncu
+from instruments.sass import base_opcode
 
 SAMPLES = "Warp Stall Sampling (All Samples)"  # the source page's column of every sample at the instruction
 NOT_ISSUED = "Warp Stall Sampling (Not-issued Samples)"  # the samples whose warp did not issue
-_OPCODE = re.compile(r"^\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 # opcode -> family, first match wins; what is not here is its own family (its opcode)
 FAMILIES = (
@@ -94,11 +94,6 @@ def _number(value):
         return value
 
 
-def opcode(source: str) -> str:
-    found = _OPCODE.match(source or "")
-    return found.group(1) if found else ""
-
-
 def family(op: str) -> str:
     return next((name for prefix, name in FAMILIES if op == prefix), op or "?")
 
@@ -108,7 +103,7 @@ def by_family(rows: list[dict]) -> list[tuple[str, float, float]]:
     total = sum(float(r.get(SAMPLES) or 0) for r in rows)
     counts: Counter = Counter()
     for r in rows:
-        counts[family(opcode(str(r.get("Source", ""))))] += float(r.get(SAMPLES) or 0)
+        counts[family(base_opcode(str(r.get("Source", ""))))] += float(r.get(SAMPLES) or 0)
     return [(name, n, 100.0 * n / total if total else float("nan")) for name, n in counts.most_common()]
 
 

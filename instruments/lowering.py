@@ -89,13 +89,10 @@ def points(long: pd.DataFrame, backends=BACKENDS, shapes=None) -> pd.DataFrame:
 
 def facts(name: str, cubin: bytes) -> KernelLowering:
     """One kernel's lowering from its cubin."""
-    from instruments.cutile import aot
-    from instruments.cutile.spills import count_spills
+    from instruments.sass import cubin_facts
 
-    text = aot.sass(cubin)
-    usage = aot.resource_usage(cubin)
-    ldl, stl = count_spills(text)
-    return KernelLowering(name, usage["REG"], usage.get("STACK", 0), ldl, stl, "USETMAXREG" in text)
+    got = cubin_facts(cubin)
+    return KernelLowering(name, got.registers, got.stack_bytes, got.ldl, got.stl, got.warp_specialized)
 
 
 def cutile_kernels(row, stage: str) -> tuple[KernelLowering, ...]:

@@ -28,23 +28,18 @@ from impls.cutile.tune import OFF_VALUE, off  # noqa: E402
 from impls.cutile.tune import SASS_EFFECTS as EFFECTS_PATH  # noqa: E402
 from impls.problem import Problem, Shape  # noqa: E402
 from impls.registry import switch_table  # noqa: E402
-from instruments.cutile.aot import (  # noqa: E402
-    AOT_DIMS,
-    KERNELS,
-    STAGES,
-    STATE_PASS_KERNELS,
-    build_call,
+from instruments.cutile.aot import AOT_DIMS, KERNELS, STAGES, STATE_PASS_KERNELS, build_call, export  # noqa: E402
+from instruments.sass import (  # noqa: E402
     cuobjdump_path,
-    export,
     facts,
     normalized,
     opcode_sequence,
     pdl_access_guards,
     pdl_unguarded,
-    sass,
     sass_instructions,
     sass_outline,
 )
+from instruments.sass import disassemble as sass  # noqa: E402
 
 pytestmark = pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
 
@@ -716,14 +711,14 @@ def _headline_call(shape: str, sw: CutileSwitches, overrides: dict | None = None
 @functools.cache
 def _headline_sass(shape: str, sw: CutileSwitches, overrides: tuple = ()) -> tuple[str, dict]:
     """(SASS, resource usage) of `_headline_call`, compiled once per session."""
-    from instruments.cutile.aot import resource_usage
+    from instruments.sass import resource_usage
 
     cubin = export(_headline_call(shape, sw, dict(overrides)), "sm_90")
     return sass(cubin), resource_usage(cubin)
 
 
 def _spills(text: str, usage: dict) -> tuple[int, int, int]:
-    from instruments.cutile.spills import count_spills
+    from instruments.sass import count_spills
 
     return (*count_spills(text), usage["STACK"])
 
@@ -764,7 +759,7 @@ def test_head_loop_sass_nests_the_source_loop_in_the_head_loop(heads_per_tile):
     """The S1 tiles' SASS: the TMA loads sit in two nested loops (heads, then source blocks) where the default kernel
     has one (the negative control); every load but C_l's two boxes (64 rows x 128 dstate bf16: two 128-byte-wide
     boxes) is inside the head loop, so C_l is loaded once per program and stays in shared memory for every step."""
-    from instruments.cutile.aot import tma_loops
+    from instruments.sass import tma_loops
 
     over = (("heads_per_tile", heads_per_tile),)
     loop_text = _headline_sass("S1", dataclasses.replace(DEFAULTS, head_loop=8), over)[0]
@@ -784,7 +779,7 @@ def test_persistent_walks_the_tiles_in_a_loop_around_the_source_loop(shape):
     (C_l, states, x_j, C·B_jᵀ) inside the tile loop."""
     from impls.cutile.common import SM_COUNT_AOT
     from instruments.cutile import spills
-    from instruments.cutile.aot import tma_loops
+    from instruments.sass import tma_loops
 
     v20 = dataclasses.replace(DEFAULTS, heads_first=True, skip_first=True, pdl=True)
     sw = dataclasses.replace(v20, persistent=True)
@@ -819,7 +814,7 @@ def test_row_pairs_run_two_tiles_per_program_at_the_same_resources(shape):
     loops (one per tile of the pair) and twice the TMA loads and warpgroup MMAs of the default kernel (the negative
     control), still warp-specialised at the same registers per thread (the occupancy hint holds) and within 2 KB of
     its shared memory."""
-    from instruments.cutile.aot import tma_loops
+    from instruments.sass import tma_loops
 
     v20 = dataclasses.replace(DEFAULTS, heads_first=True, skip_first=True, pdl=True)
     sw = dataclasses.replace(v20, row_pairs=True)
@@ -940,7 +935,8 @@ def test_num_ctas_switch_builds_the_cluster_kernel(switches):
     barriers, and far fewer local loads/stores than one CTA (none without the head loop, 2 / 2 with it against
     22 / 13) in the sm_90 SASS; off, none of that."""
     from impls.cutile.tune import record_key
-    from instruments.cutile import aot, spills
+    from instruments.cutile import spills
+    from instruments.sass import opcodes
 
     assert "num_ctas=2" in record_key("compute_out", switches, "b8-l4096-h80-p64-g1-n128-c256", "bfloat16")
     assert "num_ctas" not in record_key("compute_out", switches, "b8-l4096-h80-p64-g1-n128-c256", "bfloat16",
@@ -948,7 +944,7 @@ def test_num_ctas_switch_builds_the_cluster_kernel(switches):
     row = spills.kernel_spills("compute_out", "S1", switches=switches)
     one = spills.kernel_spills("compute_out", "S1", switches=dataclasses.replace(switches, num_ctas=0))
     assert row.ldl + row.stl <= (4 if switches.head_loop else 0) < one.ldl + one.stl, (row, one)
-    ops = aot.opcodes(sass(export(_headline_call("S1", switches), "sm_90")))
+    ops = opcodes(sass(export(_headline_call("S1", switches), "sm_90")))
     assert ops["UTMALDG.4D.MULTICAST"] > 0 and ops["UCGABAR_WAIT"] > 0
     assert {k for k in ops if k.startswith("HGMMA")} == {"HGMMA.64x32x16.F32.BF16"}
     assert "MULTICAST" not in sass(export(_headline_call("S1", dataclasses.replace(switches, num_ctas=0)), "sm_90"))

@@ -21,8 +21,8 @@ import pytest
 
 pytest.importorskip("cuda.tile")
 
-from instruments.cutile.aot import cuobjdump_path  # noqa: E402
 from instruments.cutile.sass_hashes import FIXTURE, SM90_DEFAULTS, digest, toolchain, variants  # noqa: E402
+from instruments.sass import cuobjdump_path  # noqa: E402
 
 pytestmark = pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
 

@@ -805,7 +805,7 @@ def test_a_register_operand_rewritten_under_a_running_mma_is_found():
     """The static check behind the MMA column of instruments.triton.spills, on hand-written SASS: a loop that packs the
     A fragment of an HGMMA it leaves running across its back-edge (wait to 1) rewrites a running MMA's operand; the
     same loop waiting to 0, or rotating four A blocks behind a wait to 3 as the serial kernel does, does not."""
-    from instruments.triton.spills import mma_operand_hazards
+    from instruments.sass import mma_operand_hazards
 
     def sass(*lines):
         return "\n".join(f"        /*{0x100 + 16 * i:04x}*/   {line} ;" for i, line in enumerate(lines))

@@ -10,8 +10,8 @@ when sm_90's set moves away from SM90_DEFAULTS); and compute_out also with two h
 (`two_warpgroups`, two heads per tile at its occupancy 2), and fwd_pass_state with two math warpgroups
 (`state_two_warpgroups`, at occupancy 2 as the S1 record), and compute_out's head loop (`head_loop` 4, one and
 two heads per step). The hash is the SHA-256 of
-`aot.normalized(aot.sass(cubin))` (addresses, encodings and symbol names stripped); where nvdisasm cannot decode a
-cubin, of the cubin itself, marked `cubin:`.
+`normalized(disassemble(cubin))` of instruments/sass.py (addresses, encodings and symbol names stripped); where
+nvdisasm cannot decode a cubin, of the cubin itself, marked `cubin:`.
 
 Run `python -m instruments.cutile.sass_hashes [--write PATH] [ID ...]` (CPU only, a few seconds per compile); with IDs,
 `--write` re-records those entries of PATH and keeps the others. tests/test_cutile_sass_same.py compares against
@@ -34,7 +34,8 @@ import torch
 from impls.cutile.switches import CODE_SWITCHES, CutileSwitches
 from impls.cutile.tune import OFF_VALUE
 from instruments import golden
-from instruments.cutile.aot import KERNELS, build_call, export, normalized, sass
+from instruments.cutile.aot import KERNELS, build_call, export
+from instruments.sass import disassemble, normalized
 
 FIXTURE = golden.Fixture(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "cutile_sass_before.json",
                          "instruments.cutile.sass_hashes", "python -m instruments.cutile.aot")
@@ -88,7 +89,7 @@ def digest(v: Variant, arch: str = "sm_90") -> str:
     sw = dataclasses.replace(CutileSwitches(), **v.switches)
     cubin = export(build_call(v.kernel, DTYPES[v.dtype], sw, config=v.config), arch)
     try:
-        text = normalized(sass(cubin))
+        text = normalized(disassemble(cubin))
     except RuntimeError:  # nvdisasm could not decode it: the machine code itself
         return "cubin:" + hashlib.sha256(cubin).hexdigest()
     return hashlib.sha256(text.encode()).hexdigest()

@@ -23,7 +23,9 @@ import sys
 
 import torch
 
+from instruments.assignments import parse_assignments
 from instruments.cutile import aot
+from instruments.sass import cubin_facts
 
 HEADLINE_SHAPES = ("S1", "S2", "S3", "S4")
 STAGES = ("compute_out", "fwd_pass_state", "fused")
@@ -94,12 +96,6 @@ def kernels_of(stage: str, config: dict, state_pass: str = "serial", fused_progr
     return (stage,)
 
 
-def count_spills(sass_text: str) -> tuple[int, int]:
-    """(LDL, STL) instructions in a disassembly, modifiers included (LDL.64, STL.128, ...)."""
-    ops = aot.opcodes(sass_text)
-    return tuple(sum(n for op, n in ops.items() if op.split(".")[0] == name) for name in ("LDL", "STL"))
-
-
 def shape_dims(shape_name: str) -> dict:
     """A conf/shape/ preset's sizes as instruments.cutile.aot.build_call takes them (`dims`)."""
     from impls.cli import load_shape
@@ -121,10 +117,8 @@ def kernel_spills(stage: str, shape_name: str, config: dict | None = None, kerne
     kernel = kernel or stage
     call = aot.build_call(kernel, getattr(torch, dtype), sw, dims=shape_dims(shape_name), config=config,
                           optional=False, d_mode=HEADLINE_D_MODE)
-    cubin = aot.export(call, arch)
-    ldl, stl = count_spills(aot.sass(cubin))
-    usage = aot.resource_usage(cubin)
-    return KernelSpills(shape_name, stage, kernel, config, ldl, stl, usage["REG"], usage["STACK"])
+    facts = cubin_facts(aot.export(call, arch))
+    return KernelSpills(shape_name, stage, kernel, config, facts.ldl, facts.stl, facts.registers, facts.stack_bytes)
 
 
 def report(shapes=HEADLINE_SHAPES, stages=STAGES, dtype: str = "bfloat16", arch: str = "sm_90",
@@ -146,23 +140,6 @@ def report(shapes=HEADLINE_SHAPES, stages=STAGES, dtype: str = "bfloat16", arch:
             rows += [kernel_spills(stage, shape_name, config, kernel, dtype, arch, switches)
                      for kernel in kernels_of(stage, config, state_pass, fused_program)]
     return rows
-
-
-def parse_assignments(items: list[str], where: str) -> dict:
-    """["name=value", ...] -> {name: value} with ints, True/False and strings; raises ValueError naming `where`."""
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise ValueError(f"{where}: {item!r} is not name=value")
-        if value in ("True", "False"):
-            out[name] = value == "True"
-        else:
-            try:
-                out[name] = int(value)
-            except ValueError:
-                out[name] = value
-    return out
 
 
 def format_table(rows) -> str:

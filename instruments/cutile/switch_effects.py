@@ -18,7 +18,8 @@ import torch
 from impls.cutile.switches import CODE_SWITCHES, CutileSwitches
 from impls.cutile.tune import SASS_EFFECTS as PATH
 from impls.cutile.tune import off
-from instruments.cutile.aot import STAGES, build_call, export, facts, normalized, sass
+from instruments.cutile.aot import STAGES, build_call, export
+from instruments.sass import disassemble, facts, normalized
 
 DTYPES = ("bfloat16", "float32")
 
@@ -32,7 +33,7 @@ def effect(stage: str, dtype: str, name: str, arch: str = "sm_90", cache: dict |
         if key not in cache:
             cubin = export(build_call(stage, getattr(torch, dtype), sw), arch)
             try:
-                cache[key] = (cubin, sass(cubin))
+                cache[key] = (cubin, disassemble(cubin))
             except RuntimeError:  # seen: nvdisasm 13.4 on one fp32 fwd_pass_state variant ("Opclass 'nop_'")
                 cache[key] = (cubin, None)
         return cache[key]

@@ -26,12 +26,12 @@ import contextlib
 import dataclasses
 import math
 import os
-import re
 import sys
 
 import torch
 
-from instruments.cutile.spills import count_spills, parse_assignments
+from instruments.assignments import parse_assignments
+from instruments.sass import cubin_facts, mma_operand_hazards
 
 HEADLINE_SHAPES = ("S1", "S2", "S3", "S4")
 GPU = "NVIDIA H200"
@@ -133,7 +133,6 @@ def report(shapes=HEADLINE_SHAPES, switches: dict | None = None, tuning: str = "
     from impls.triton.backend import TritonBackend
     from impls.triton.stages import FUSED
     from impls.triton.switches import TritonSwitches
-    from instruments.cutile import aot
 
     rows = []
     with compile_only() as compiled:
@@ -143,87 +142,19 @@ def report(shapes=HEADLINE_SHAPES, switches: dict | None = None, tuning: str = "
             _forward_stages(backend, load_shape(shape_name), getattr(torch, dtype))
             stages = backend.describe()["stages"]
             for name, kernel in compiled[start:]:
-                sass = aot.sass(kernel.asm["cubin"])
-                ldl, stl = count_spills(sass)
+                facts = cubin_facts(kernel.asm["cubin"])
                 stage = {"chunk_state_kernel": "chunk_state", "serial_state_kernel": "chunk_state",
                          "state_passing_kernel": "state_passing", "fused_kernel": FUSED}.get(name, "compute_out")
                 ptx = kernel.asm["ptx"]
-                rows.append(KernelFacts(shape_name, name, aot.resource_usage(kernel.asm["cubin"])["REG"], ldl, stl,
+                rows.append(KernelFacts(shape_name, name, facts.registers, facts.ldl, facts.stl,
                                         kernel.metadata.num_warps, kernel.metadata.shared, "setmaxnreg" in ptx,
-                                        mma_operand_hazards(sass),
+                                        mma_operand_hazards(facts.sass),
                                         # cb_kernel (cb_mode='shared') has no tuned fields; with the fused kernel no
                                         # compute_out stage ran
                                         stages.get(stage, {}).get("config", {}) if name != "cb_kernel" else {}))
     return rows
 
 
-
-
-_WIDTH = {".64": 2, ".WIDE": 2, ".F64": 2, ".128": 4}  # suffixes of 64- and 128-bit destinations
-_WIDE_OPS = ("CS2R", "DADD", "DMUL", "DFMA", "DMNMX")  # 64-bit destinations whatever their suffix
-_NO_DESTINATION = ("ST", "RED", "ATOM", "BRA", "BAR", "EXIT", "HGMMA", "WARPGROUP", "DEPBAR", "SYNCS", "UTMA",
-                   "ARRIVES", "MEMBAR", "FENCE", "CCTL", "NOP", "RET", "CALL", "WARPSYNC", "LDGDEPBAR", "ISETP",
-                   "FSETP", "DSETP", "HSETP2", "PLOP3", "R2UR", "USETMAXREG", "ELECT", "VOTE")
-
-
-def _written(op: str, operands: str) -> set[int]:
-    """The registers an instruction writes: its first register operand after any predicate destinations (SHFL's
-    `PT, R5, ...`), 1, 2 or 4 wide (the destination type's suffix: .64/.WIDE/.F64 first or alone, .128; CS2R and
-    the double-precision ops are 64-bit). Uniform-datapath instructions write uniform registers only."""
-    base = op.split(".")[0]
-    if base.startswith(_NO_DESTINATION) or op.startswith("U"):
-        return set()
-    first = re.match(r"(?:!?U?P(?:T|\d+)\s*,\s*)*R(\d+)\b", operands)
-    if not first:
-        return set()
-    suffixes = op.split(".")[1:]
-    width = 2 if base in _WIDE_OPS else 1
-    for suffix, w in _WIDTH.items():
-        if suffix == ".F64" and base == "F2F":  # F2F.<destination>.<source>: only the destination type counts
-            w = w if suffixes and suffixes[0] == "F64" else 1
-        elif suffix[1:] not in suffixes:
-            continue
-        width = max(width, w)
-    return set(range(int(first.group(1)), int(first.group(1)) + width))
-
-
-def mma_operand_hazards(sass_text: str) -> int:
-    """How many register writes of the machine code land on the register operand (A fragment: 4 registers) of a
-    warpgroup MMA (HGMMA) that may still be running. Each loop body (a backward branch's target to the branch) is
-    walked twice in order, as iteration i then i + 1. HGMMAs accumulate into an open group that the one marked `gsb0`
-    commits; every `WARPGROUP.DEPBAR.LE gsb0, N` retires all committed groups but the newest N. A write to the A
-    registers of an HGMMA in a committed group not yet retired, or in the open group, is the sm_90 race vLLM's
-    chunk-scan autotuner drops Triton configs for (NaN rows). Waits of N > 0 are not hazards by themselves: the
-    non-swapped serial kernel keeps three of four k-slices in flight across its back-edge and rewrites each A block
-    only after the HGMMA that read it retired."""
-    from instruments.cutile import aot
-
-    code = [(ins.addr, ins.op, ins.args) for ins in aot.sass_instructions(sass_text)]
-    hazards = 0
-    for pc_branch, op, rest in code:
-        target = re.search(r"0x([0-9a-f]+)", rest)
-        if not op.startswith("BRA") or not target or int(target.group(1), 16) >= pc_branch:
-            continue
-        body = [(o, r) for pc, o, r in code if int(target.group(1), 16) <= pc <= pc_branch]
-        committed: list[set[int]] = []
-        open_group: set[int] = set()
-        for o, r in body + body:
-            if o.startswith("HGMMA"):
-                a = re.match(r"R\d+,\s*R(\d+)", r)
-                if a:
-                    open_group |= set(range(int(a.group(1)), int(a.group(1)) + 4))
-                if re.search(r"\bgsb0\b", r):
-                    committed.append(open_group)
-                    open_group = set()
-                continue
-            wait = re.match(r"gsb0,\s*0x([0-9a-f]+)", r) if o.startswith("WARPGROUP.DEPBAR") else None
-            if wait:
-                keep = int(wait.group(1), 16)
-                committed = committed[max(0, len(committed) - keep):]
-                continue
-            written = _written(o, r)
-            hazards += sum(1 for regs in (*committed, open_group) if regs & written)
-    return hazards
 
 
 def format_table(rows: list[KernelFacts]) -> str:
