@@ -7,7 +7,7 @@ allocation, launch descriptions. Prints µs per call, median of N calls (time.pe
 method and for the public entry (impls.<stage>(..., backend=<built backend>)); their difference is the entry's own
 layer. Numbers are this machine's, not a GPU host's.
 
-With `--through triton` the Triton launches are not stubbed at Triton's door: instruments/fake_driver.py
+With `--through triton` the Triton launches are not stubbed at Triton's door: instruments/triton/launch_paths.py
 stands in for the CUDA driver, so Triton's own per-launch work (JITFunction.run, the launcher's descriptor
 expansion) is timed too, and only the final driver call is left out; the kernels compile for sm_90 on first use.
 `--switches` builds the Triton backend with those switches (the cuTile backend with its defaults).
@@ -43,9 +43,9 @@ def stub_launches(through: str = "stub") -> None:
     if through == "stub":
         jit.JITFunction.run = lambda self, *args, **kwargs: None
     else:
-        from instruments import fake_driver
+        from instruments.triton import launch_paths
 
-        fake_driver.install()
+        launch_paths.install()
     for name in ("cutile", "triton"):
         cls = registry.backend_class(name)
         cls.check_device = lambda self, device: (True, "")
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=2000, help="timed calls per point (median)")
     parser.add_argument("--through", choices=("stub", "triton"), default="stub",
                         help="stub: JITFunction.run replaced by a no-op; triton: Triton's launch path runs, the "
-                             "driver call recorded (instruments/fake_driver.py)")
+                             "driver call recorded (instruments/triton/launch_paths.py)")
     parser.add_argument("--backends", nargs="+", choices=("cutile", "triton"), default=["cutile", "triton"])
     parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES))
     parser.add_argument("--switches", default="", help="Triton switches, name=value[,name=value...]")

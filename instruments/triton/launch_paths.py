@@ -205,7 +205,7 @@ def main(argv=None) -> int:
 
     from instruments.host_profile import parse_switches
 
-    parser = argparse.ArgumentParser(prog="python -m instruments.fake_driver",
+    parser = argparse.ArgumentParser(prog="python -m instruments.triton.launch_paths",
                                      description="The Triton backend's host launch paths compared without a GPU "
                                                  "(a fake driver), as JSON.")
     parser.add_argument("switches", nargs="?", default="", help="switch overrides, k=v,k=v")
