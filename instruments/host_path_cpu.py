@@ -7,9 +7,10 @@ allocation, launch descriptions. Prints µs per call, median of N calls (time.pe
 method and for the public entry (impls.<stage>(..., backend=<built backend>)); their difference is the entry's own
 layer. Numbers are this machine's, not a GPU host's.
 
-With `--through triton` the Triton launches are not stubbed at Triton's door: instruments/triton/launch_paths.py
-stands in for the CUDA driver, so Triton's own per-launch work (JITFunction.run, the launcher's descriptor
-expansion) is timed too, and only the final driver call is left out; the kernels compile for sm_90 on first use.
+With `--through triton` the Triton launches are not stubbed at Triton's door: the stand-in driver
+(instruments/intercept.py) takes the CUDA driver's place, so Triton's own per-launch work (JITFunction.run, the
+launcher's descriptor expansion) is timed too, and only the final driver call is left out; the kernels compile for
+sm_90 on first use.
 `--switches` builds the Triton backend with those switches (the cuTile backend with its defaults).
 
     python -m instruments.host_path_cpu [--n N] [--through stub|triton] [--backends cutile triton] [--shapes S4 S1]
@@ -19,6 +20,7 @@ expansion) is timed too, and only the final driver call is left out; the kernels
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import statistics
@@ -29,28 +31,22 @@ import torch
 
 import impls
 from impls import registry
+from instruments import intercept
 
 SHAPES = {"S4": (16, 2048, 32, 64, 1, 64, 128), "S1": (8, 4096, 80, 64, 1, 128, 256)}
 NO_LIMIT = (0.0, math.inf)
 
 
-def stub_launches(through: str = "stub") -> None:
-    import triton.runtime.jit as jit
-
-    import impls.cutile.common as cutile_common
-
-    cutile_common.launch = lambda call: None
-    if through == "stub":
-        jit.JITFunction.run = lambda self, *args, **kwargs: None
-    else:
-        from instruments.triton import launch_paths
-
-        launch_paths.install()
-    for name in ("cutile", "triton"):
-        cls = registry.backend_class(name)
-        cls.check_device = lambda self, device: (True, "")
-        cls.available = classmethod(lambda cls: (True, ""))
-    getattr(registry, "clear_cache", lambda: None)()  # absent in older trees (nothing cached there)
+@contextlib.contextmanager
+def launches_stubbed(through: str = "stub"):
+    """Within: cuTile's launches dropped, Triton's dropped at its door (`stub`: JITFunction.run) or recorded at the
+    driver's (`triton`: the stand-in driver), both backends available on the CPU (instruments/intercept.py)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(intercept.backend_launches("cutile"))
+        stack.enter_context(intercept.jit_dropped() if through == "stub" else intercept.stand_in_driver())
+        stack.enter_context(intercept.device_answered("cutile", "triton"))
+        getattr(registry, "clear_cache", lambda: None)()  # absent in older trees (nothing cached there)
+        yield
 
 
 def inputs(batch, seqlen, nheads, headdim, ngroups, dstate, chunk) -> dict:
@@ -106,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=2000, help="timed calls per point (median)")
     parser.add_argument("--through", choices=("stub", "triton"), default="stub",
                         help="stub: JITFunction.run replaced by a no-op; triton: Triton's launch path runs, the "
-                             "driver call recorded (instruments/triton/launch_paths.py)")
+                             "driver call recorded (instruments/intercept.py)")
     parser.add_argument("--backends", nargs="+", choices=("cutile", "triton"), default=["cutile", "triton"])
     parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES))
     parser.add_argument("--switches", default="", help="Triton switches, name=value[,name=value...]")
@@ -114,15 +110,15 @@ def main(argv: list[str] | None = None) -> None:
     switches = parse_switches(args.switches)  # a bad item fails here, before anything is built
     if args.through == "triton" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         parser.error("--through triton compiles real kernels: unset TRITON_INTERPRET")
-    stub_launches(args.through)
-    built = {name: impls.get_backend(name, **(switches if name == "triton" else {})) for name in args.backends}
-    for shape in args.shapes:
-        t = inputs(*SHAPES[shape])
-        for name, be in built.items():
-            public, backend = calls(be, t)
-            for stage in public:
-                b, p = median_us(backend[stage], args.n), median_us(public[stage], args.n)
-                print(f"{shape} {name:7s} {stage:15s} backend {b:7.1f}  public {p:7.1f}  entry {p - b:6.1f} µs")
+    with launches_stubbed(args.through):
+        built = {name: impls.get_backend(name, **(switches if name == "triton" else {})) for name in args.backends}
+        for shape in args.shapes:
+            t = inputs(*SHAPES[shape])
+            for name, be in built.items():
+                public, backend = calls(be, t)
+                for stage in public:
+                    b, p = median_us(backend[stage], args.n), median_us(public[stage], args.n)
+                    print(f"{shape} {name:7s} {stage:15s} backend {b:7.1f}  public {p:7.1f}  entry {p - b:6.1f} µs")
 
 
 if __name__ == "__main__":

@@ -115,10 +115,10 @@ def cutile_kernels(row, stage: str) -> tuple[KernelLowering, ...]:
 
 def triton_kernels(row) -> dict[str, tuple[KernelLowering, ...]]:
     """Our Triton's MMA stages at the row's switches and sizes, each kernel compiled at the config the row recorded
-    for it (instruments/triton/spills.py `compile_only`: Triton's driver answers sm_90): {stage: kernels}."""
+    for it (instruments/intercept.py `compile_only`: Triton's driver answers sm_90): {stage: kernels}."""
     from impls.triton.backend import TritonBackend
     from impls.triton.switches import TritonSwitches
-    from instruments.triton.spills import compile_only
+    from instruments.intercept import compile_only
 
     recorded = {k: v["config"] for k, v in json.loads(row["describe"])["stages"].items()}
     out: dict[str, list] = {}

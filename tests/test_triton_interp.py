@@ -774,19 +774,20 @@ def test_triton_spills_reads_the_kernels_the_backend_launches():
 
 
 def test_triton_spills_puts_back_what_it_answered():
-    """compile_only (instruments.triton.spills) answers for an sm_90 GPU while it runs, even when the stage call raises,
+    """compile_only (instruments/intercept.py) answers for an sm_90 GPU while it runs, even when the stage call raises,
     and leaves Triton's driver, the kernels' caches and the backend's availability as they were."""
     code = """
 import pytest, torch
 from triton.runtime import driver
 from impls.cli import load_shape
+from instruments import intercept
 from instruments.triton import spills
 from impls.triton.backend import TritonBackend
 from impls.triton.compute_out import compute_out_kernel
 from impls.triton.switches import TritonSwitches
 before = (driver._active, type(TritonBackend.__dict__["available"]), compute_out_kernel.device_caches)
 with pytest.raises(ValueError, match="stop"):
-    with spills.compile_only() as compiled:
+    with intercept.compile_only() as compiled:
         assert TritonBackend.available() == (True, "")
         spills._forward_stages(TritonBackend(TritonSwitches(tuning="fallback")), load_shape("S4"), torch.bfloat16)
         assert [name for name, _ in compiled][-1] == "compute_out_kernel"

@@ -1,101 +1,16 @@
-"""A stand-in for Triton's CUDA driver on a machine without a GPU, for measuring and checking the Triton backend's
-host path: kernels compile for sm_90 for real (Triton's whole pipeline and the bundled ptxas), `JITFunction.run`
-runs all its per-launch work (binding, specialisation, cache lookup, launch metadata), the launcher expands the
-host-built tensor descriptors as Triton's own does (`wrap_handle_tensordesc`), and only the final C call is
-replaced by a recorder: the arguments the driver would have been given are kept in `LAUNCHES` (a tensor map
-encoding by `fill_tma_descriptor` is recorded as the tuple of its inputs). Nothing touches a GPU.
-
-The process must not run under the Triton interpreter (TRITON_INTERPRET unset before impls.triton is imported);
-`install()` makes this the active driver. Used by instruments/host_path_cpu.py (`--through triton`) and the CPU tests of
-impls/triton/launcher.py.
+"""The Triton backend's two launch paths (switch launch_path) compared without a GPU: the forward on small
+problems launched through `kernel[grid](...)` and through the compiled-kernel cache, under the stand-in driver
+(instruments/intercept.py: real sm_90 compilation, only the driver call recorded), must hand the driver the same
+arguments. `python -m instruments.triton.launch_paths [switches] [problem]` prints the checks as JSON (the CPU tests
+of impls/triton/launcher.py run it in a process without the interpreter).
 """
 
 from __future__ import annotations
 
 import torch
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.driver import wrap_handle_tensordesc
-from triton.runtime import driver
 
-ARCH = 90
-LAUNCHES: list[tuple] = []  # the driver-level arguments of every launch, when recording
-_recording = [False]
+from instruments.intercept import device_answered, patched, recording, stand_in_driver
 
-
-class _Utils:
-    def __init__(self):
-        self.loaded = 0
-
-    def load_binary(self, name, kernel, shared, device):
-        # a module (not None: CompiledKernel loads once, as on a GPU) and a function token per loaded kernel, so
-        # that a recorded launch says which compiled kernel it launched
-        self.loaded += 1
-        return object(), self.loaded, 0, 0, 1024  # module, function, registers, spills, max threads
-
-    def get_device_properties(self, device):
-        return {"max_shared_mem": 232448, "multiprocessor_count": 132}
-
-    def fill_tma_descriptor(self, *args):
-        return ("CUtensorMap",) + tuple(tuple(a) if isinstance(a, list) else a for a in args)
-
-
-class _Launcher:
-    """Triton's CudaLauncher with the driver call replaced by a recorder."""
-
-    def __init__(self, src, metadata):
-        signature = dict(src.signature.items())
-        self.launch = wrap_handle_tensordesc(_record, signature, getattr(metadata, "tensordesc_meta", None))
-
-    def __call__(self, grid_x, grid_y, grid_z, stream, function, *args):
-        self.launch(grid_x, grid_y, grid_z, stream, function, False, False, None, None, *args)
-
-
-def _record(*args) -> None:
-    if _recording[0]:
-        # the launcher's own leading arguments (grid, stream, function, flags, scratch, packed metadata), the launch
-        # metadata and hooks (objects made per launch), then the kernel's arguments as the driver gets them
-        LAUNCHES.append(args[:10] + args[13:])
-
-
-class FakeDriver:
-    def __init__(self):
-        self.utils = _Utils()
-        self.launcher_cls = _Launcher
-
-    def is_active(self):
-        return True
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return GPUTarget("cuda", ARCH, 32)
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-
-def install() -> None:
-    """Make the stand-in the active driver (for the rest of the process)."""
-    driver.set_active(FakeDriver())
-
-
-class recording:
-    """Context manager: LAUNCHES cleared, then every launch inside recorded."""
-
-    def __enter__(self):
-        LAUNCHES.clear()
-        _recording[0] = True
-        return LAUNCHES
-
-    def __exit__(self, *exc):
-        _recording[0] = False
-
-
-# --- the two launch paths compared (switch launch_path), for the CPU tests and by hand -------------------------------
 
 def _normal(value):
     """A recorded argument made comparable: a tensor by its pointer, dtype, shape and strides."""
@@ -143,13 +58,9 @@ def compare_launch_paths(switches: dict, problem: str = "plain") -> dict:
     shape and dtype (dt and dA_cumsum) are two buffers: a swap of them would show."""
     import triton.runtime.jit as jit
 
-    import impls
     from impls import registry
-    from impls.triton import launcher
 
     cls = registry.backend_class("triton")
-    cls.check_device = lambda self, device: (True, "")
-    cls.available = classmethod(lambda cls: (True, ""))
     pool: list[torch.Tensor] = []
     cursor = [0]
 
@@ -159,7 +70,6 @@ def compare_launch_paths(switches: dict, problem: str = "plain") -> dict:
             pool[i:] = [torch.empty(shape, dtype=dt)]
         return pool[i]
 
-    cls._empty = staticmethod(empty)
     runs = [0]
     real_run = jit.JITFunction.run
 
@@ -167,7 +77,14 @@ def compare_launch_paths(switches: dict, problem: str = "plain") -> dict:
         runs[0] += 1
         return real_run(self, *args, **kwargs)
 
-    jit.JITFunction.run = counted
+    with device_answered("triton"), patched(cls, _empty=staticmethod(empty)), patched(jit.JITFunction, run=counted):
+        return _compared(switches, problem, runs, cursor)
+
+
+def _compared(switches: dict, problem: str, runs: list[int], cursor: list[int]) -> dict:
+    import impls
+    from impls.triton import launcher
+
     paths = {p: impls.get_backend("triton", **{**switches, "launch_path": p}) for p in launcher.PATHS}
 
     def forward(path: str, kw: dict) -> tuple[list, int]:
@@ -177,26 +94,23 @@ def compare_launch_paths(switches: dict, problem: str = "plain") -> dict:
             impls.ssd_forward(**kw, backend=paths[path])
         return [_normal(a) for a in launches], runs[0] - before
 
-    try:
-        launcher.clear()
-        first, second = _problem_inputs(problem, 1), _problem_inputs(problem, 2)
-        want, _ = forward("triton", first)
-        miss, miss_runs = forward("cached", first)
-        hit, hit_runs = forward("cached", first)
-        want2, _ = forward("triton", second)
-        hit2, _ = forward("cached", second)
-        out = {"launches": len(want), "miss_equal": miss == want, "miss_runs": miss_runs, "hit_equal": hit == want,
-               "hit_runs": hit_runs, "new_inputs_equal": hit2 == want2 and want2 != want}
-        if not switches.get("tma"):
-            entries = len(launcher._COMPILED)
-            odd = _problem_inputs(problem, 1, x_offset=1)
-            want3, _ = forward("triton", odd)
-            got3, odd_runs = forward("cached", odd)
-            out.update(misaligned_equal=got3 == want3, misaligned_new_entries=len(launcher._COMPILED) - entries,
-                       misaligned_runs=odd_runs)
-        return out
-    finally:
-        jit.JITFunction.run = real_run
+    launcher.clear()
+    first, second = _problem_inputs(problem, 1), _problem_inputs(problem, 2)
+    want, _ = forward("triton", first)
+    miss, miss_runs = forward("cached", first)
+    hit, hit_runs = forward("cached", first)
+    want2, _ = forward("triton", second)
+    hit2, _ = forward("cached", second)
+    out = {"launches": len(want), "miss_equal": miss == want, "miss_runs": miss_runs, "hit_equal": hit == want,
+           "hit_runs": hit_runs, "new_inputs_equal": hit2 == want2 and want2 != want}
+    if not switches.get("tma"):
+        entries = len(launcher._COMPILED)
+        odd = _problem_inputs(problem, 1, x_offset=1)
+        want3, _ = forward("triton", odd)
+        got3, odd_runs = forward("cached", odd)
+        out.update(misaligned_equal=got3 == want3, misaligned_new_entries=len(launcher._COMPILED) - entries,
+                   misaligned_runs=odd_runs)
+    return out
 
 
 def main(argv=None) -> int:
@@ -207,12 +121,12 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m instruments.triton.launch_paths",
                                      description="The Triton backend's host launch paths compared without a GPU "
-                                                 "(a fake driver), as JSON.")
+                                                 "(the stand-in driver), as JSON.")
     parser.add_argument("switches", nargs="?", default="", help="switch overrides, k=v,k=v")
-    parser.add_argument("path", nargs="?", default="plain", help="the launch path to compare against")
+    parser.add_argument("path", nargs="?", default="plain", choices=tuple(PROBLEMS), help="the problem run")
     args = parser.parse_args(argv)
-    install()
-    print(json.dumps(compare_launch_paths(parse_switches(args.switches), args.path)))
+    with stand_in_driver():
+        print(json.dumps(compare_launch_paths(parse_switches(args.switches), args.path)))
     return 0
 
 

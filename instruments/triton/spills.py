@@ -13,28 +13,25 @@ shape; `record`: the committed record where its stack matches this one). Launch 
 and local-memory loads/stores in the SASS (cuobjdump: LDL/STL, the spill traffic), warps per program, shared memory,
 whether it is warp-specialised (setmaxnreg in the PTX; switch warp_specialize) and the writes onto the register
 operand of a warpgroup MMA that may still be running (MMA; `mma_operand_hazards`, 0 in a correct kernel). The
-process must not run under the interpreter (TRITON_INTERPRET unset); `compile_only` puts Triton's driver, the
-kernels' caches and the backend's device answers back when it ends. docs/perf-notes.md (version 15) quotes its
-tables.
+process must not run under the interpreter (TRITON_INTERPRET unset); `compile_only` (instruments/intercept.py) puts
+Triton's driver, the kernels' caches and the backend's device answers back when it ends. docs/perf-notes.md
+(version 15) quotes its tables.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import contextlib
 import dataclasses
 import math
-import os
 import sys
 
 import torch
 
 from instruments.assignments import parse_assignments
+from instruments.intercept import GPU, compile_only
 from instruments.sass import cubin_facts, mma_operand_hazards
 
 HEADLINE_SHAPES = ("S1", "S2", "S3", "S4")
-GPU = "NVIDIA H200"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,65 +46,6 @@ class KernelFacts:
     warp_specialized: bool
     mma_hazards: int  # register writes onto the operand of a warpgroup MMA that may still run (0 = none)
     config: dict
-
-
-class _CompileOnlyDriver:
-    """What `JITFunction.run` asks of Triton's driver, answered for an sm_90 GPU that is not there."""
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        from triton.backends.compiler import GPUTarget
-
-        return GPUTarget("cuda", 90, 32)
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-
-@contextlib.contextmanager
-def compile_only():
-    """Within: every Triton kernel launch compiles for sm_90 and returns without running; yields the list the
-    compiled kernels are appended to, (kernel name, CompiledKernel)."""
-    import triton.runtime.jit as jit
-    from triton.runtime import driver
-
-    from impls.triton import target
-    from impls.triton.backend import TritonBackend
-
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        raise RuntimeError("TRITON_INTERPRET is set: unset it to compile for a GPU")
-    compiled, caches = [], {}  # caches: JITFunction -> its own binders and kernels, put back on the way out
-    real_run = jit.JITFunction.run
-
-    def run(self, *args, grid, warmup, **kwargs):
-        if self not in caches:  # binders made here hold the sm_90 target answered here: give them a cache of their own
-            caches[self] = self.device_caches
-            self.device_caches = collections.defaultdict(self.create_binder)
-        kernel = real_run(self, *args, grid=grid, warmup=True, **kwargs)
-        compiled.append((self.fn.__name__, kernel))
-        return kernel
-
-    saved = (target.arch, target.device_name, TritonBackend.__dict__["available"], TritonBackend.check_device)
-    saved_driver = driver._active  # None until a launch asked for one (a CPU machine has none to create)
-    driver.set_active(_CompileOnlyDriver())
-    jit.JITFunction.run = run
-    target.arch = lambda device: "sm90"
-    target.device_name = lambda device: GPU
-    TritonBackend.available = classmethod(lambda cls: (True, ""))
-    TritonBackend.check_device = lambda self, device: (True, "")
-    try:
-        yield compiled
-    finally:
-        jit.JITFunction.run = real_run
-        driver._active = saved_driver
-        for fn, cache in caches.items():
-            fn.device_caches = cache
-        target.arch, target.device_name, TritonBackend.available, TritonBackend.check_device = saved
 
 
 def _forward_stages(backend, shape, dtype: torch.dtype) -> None:

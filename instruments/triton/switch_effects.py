@@ -16,7 +16,6 @@ Run: `python -m instruments.triton.switch_effects` (tests/test_switch_effects.py
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 
@@ -24,6 +23,7 @@ import torch
 
 from impls.triton.tune import AWAY
 from impls.triton.tune import LAUNCH_EFFECTS as PATH
+from instruments.intercept import backend_launches
 
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
 DTYPES = ("bfloat16", "float32")
@@ -50,21 +50,14 @@ def _kernel_name(kernel) -> str:
     return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__name__', repr(fn))}"
 
 
-@contextlib.contextmanager
 def recorded_launches(into: list):
-    """Replaces `launcher.launch` by a recorder of (kernel, grid, arguments, constexprs and launch options); the
-    host path (`path`) and the labels (`what`) are left out: they do not change the code."""
-    from impls.triton import launcher
+    """Within: the backend's launches recorded into `into` instead of run, as (kernel, grid, arguments, constexprs
+    and launch options); the host path (`path`) and the labels (`what`) are left out: they do not change the code."""
 
     def record(kernel, grid, *args, path, ws=False, what="", config=None, **kwargs):
         into.append((_kernel_name(kernel), tuple(grid), _arg_key(args), _arg_key(kwargs), ws, _arg_key(config)))
 
-    saved = launcher.launch
-    launcher.launch = record
-    try:
-        yield into
-    finally:
-        launcher.launch = saved
+    return backend_launches("triton", record)
 
 
 def _operands(dtype: torch.dtype) -> dict:
