@@ -13,16 +13,14 @@ the host (clocks, other processes) over the run falls on both alike: timed in tw
 NVIDIA H200's host differed by -285 to +270 µs between the blocks (results/2026-12-04-h200-vllm-blockwise-gate), far
 more than the lookup itself costs; the device medians, taken in ABBA blocks of do_bench runs, still differed by up
 to 29 % at host-bound S4 points (results/2026-12-04-h200-api-abba-gpu-suite), hence the per-call interleaving.
-The harness runs it with bench.api_overhead=true (conf/experiment/api_overhead.yaml); `python -m
-harness.api_overhead [overrides]` is that sweep.
+A point runs it with bench.api_overhead=true: the sweep is `python -m experiments.bench experiment=api_overhead`
+(conf/experiment/api_overhead.yaml).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import runpy
 import statistics
-import sys
 import time
 
 from harness import timing
@@ -102,19 +100,3 @@ def measure(backend, inputs, device, bench) -> list[tuple[str, str, object]]:
     rows["host_byname_us"], rows["host_prebuilt_us"], rows["host_overhead_us"] = paired_host_us(
         by_name, prebuilt, device, bench.host_calls)
     return [("forward", metric, rows[metric]) for metric in METRICS]
-
-
-def main(argv=None) -> None:
-    """`python -m experiments.bench experiment=api_overhead [overrides]` (run as a script, where Hydra finds conf/)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if {"-h", "--help"} & set(argv):
-        print("usage: python -m harness.api_overhead [HYDRA OVERRIDES ...]\n\n"
-              "experiments.bench with experiment=api_overhead: the public call by name against a prebuilt backend "
-              "and CUDA-graph replay, with the host time per call; overrides as for experiments.bench.")
-        raise SystemExit(0)
-    sys.argv = [sys.argv[0], "experiment=api_overhead", *argv]
-    runpy.run_module("experiments.bench", run_name="__main__", alter_sys=True)
-
-
-if __name__ == "__main__":
-    main()

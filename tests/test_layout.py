@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("impls", "models", "harness", "experiments")
+pytestmark = pytest.mark.quick
 DYNAMIC_IMPORTS = ("import_module", "__import__", "run_module", "find_spec")
 
 
