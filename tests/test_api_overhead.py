@@ -69,8 +69,8 @@ def test_api_overhead_experiment_on_cpu(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
     env.update(PYTHONPATH=str(REPO), SSD_TUNING_DIR=str(tmp_path / "tuning"))
     done = subprocess.run(
-        [sys.executable, "-m", "harness.api_overhead", "backend=reference,mamba_ssm,triton", "shape=tiny",
-         "shape.batch=1", "shape.seqlen=32", "shape.nheads=2", "shape.ngroups=1", "shape.chunk_size=16",
+        [sys.executable, "-m", "experiments.bench", "experiment=api_overhead", "backend=reference,mamba_ssm,triton",
+         "shape=tiny", "shape.batch=1", "shape.seqlen=32", "shape.nheads=2", "shape.ngroups=1", "shape.chunk_size=16",
          "dtype=float32", "device=cpu", "logger=local", f"results_dir={tmp_path}/results",
          f"hydra.sweep.dir={tmp_path}/multirun", "bench.host_calls=2", "bench.cpu_warmup=0", "bench.cpu_reps=1"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
