@@ -72,7 +72,7 @@ TRITON_ARM = "triton_cutile_tiles"
 # descriptors made in the kernel, not against the defaults (tma off): that difference would hold tma's own effect.
 ARM_TRICKS = {"tma_descriptors:host": ("triton", "triton_tma_host", "tma:True")}
 # a trick that needs other switches is swept as one point, the needs first ("tma:True+warp_specialize:True",
-# experiments/config.py ablation_points): its effect is against the point of its needs alone ("tma:True")
+# harness/config.py ablation_points): its effect is against the point of its needs alone ("tma:True")
 
 
 def trick_name(point: str) -> str:
@@ -459,9 +459,9 @@ def render(w: pd.DataFrame, sources: str, missing: tuple[str, ...] = (), left_ou
         "descriptors help. An empty cell: that shape's part has not run in this run. \"within noise\": the effect is "
         "no larger than both points' noise (the round-to-round range and the p20–p80 spread). "
         f"\"{SAME_CODE}\": the switch does not change that stage's code (the backend's "
-        "switch-effects table: impls/cutile/switch_effects.json compares the sm_90 SASS, "
-        "impls/triton/switch_effects.json the kernel launches) and both points ran it at the same config, so the "
-        "two timings differ only by the run's noise; a stage of a few microseconds (chunk_cumsum) moves by more "
+        "switch-effects table: impls/cutile/switch_sass_effects.json compares the sm_90 SASS, "
+        "impls/triton/switch_launch_effects.json the kernel launches) and both points ran it at the same config, "
+        "so the two timings differ only by the run's noise; a stage of a few microseconds (chunk_cumsum) moves by more "
         "than 2x between such points. A figure is shown here only where both points' tiles were searched for their "
         "own code or are the same code's (column `tile_protocol`: retuned, same-sass); \"apart: <protocol>\": a "
         "point's tiles came another way (pinned: borrowed its baseline's tiles; fallback; retuned-narrower; "
@@ -498,7 +498,7 @@ def _trick_sections(cells: list[TrickCell]) -> str:
            f"recorded (the lowering files beside the rows); \"{SAME}\": none of these changes (the SASS may differ "
            f"elsewhere); \"{NOT_INSPECTED}\": no entry for a point (chunk_cumsum is not compiled).", "",
            table(lowering)] if inspected else
-          [f"{NOT_INSPECTED.capitalize()}: no lowering file beside these rows (`python -m experiments.lowering "
+          [f"{NOT_INSPECTED.capitalize()}: no lowering file beside these rows (`python -m instruments.lowering "
            "<rows file>` writes one, compiling each point's kernels for sm_90 on the CPU at the tiles its rows "
            "recorded: registers, stack, local loads/stores, warp specialisation)."]),
     ])

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from experiments import store
+from harness import store
 
 METRICS = ("median_ms", "p20_ms", "p80_ms", "graph_median_ms", "compile_s", "rel_err", "tol", "flops", "bytes",
            "bytes_fused", "tflops", "gbps", "frac_floor", "frac_floor_fused", "matmul_tflops", "copy_gbps", "ok")
@@ -114,7 +114,7 @@ def resolve_results(path: str | os.PathLike | None = None) -> str:
 
 
 def load_results(source: str | os.PathLike | pd.DataFrame | None = None) -> pd.DataFrame:
-    """The long frame (experiments.store schema) from a path, an index or W&B source, or a frame given directly."""
+    """The long frame (harness.store schema) from a path, an index or W&B source, or a frame given directly."""
     if isinstance(source, pd.DataFrame):
         df = source.copy()
     else:

@@ -1,6 +1,6 @@
 """How a point's kernels were lowered (registers, stack, local loads/stores, warp specialisation in the sm_90 SASS),
 read from the lowering file beside a results file (`<name>.lowering.json`, written by `python -m
-experiments.lowering`, which says its layout), so that a trick table can say where a switch changes the lowering.
+instruments.lowering`, which says its layout), so that a trick table can say where a switch changes the lowering.
 Nothing is compiled here.
 """
 
@@ -10,7 +10,7 @@ import json
 
 import pandas as pd
 
-from experiments.lowering import KernelLowering, entry_key, path_for, stage_configs
+from instruments.lowering import KernelLowering, entry_key, path_for, stage_configs
 
 NOT_INSPECTED = "lowering not inspected"
 SAME = "same"  # the same registers, stack, local loads/stores and warp specialisation (the SASS may differ elsewhere)

@@ -96,7 +96,7 @@ def write_report(results, out_dir: str | Path, baseline: str = "mamba_ssm", noop
            "round-to-round range and the p20–p80 spread). Switches that are no-ops on the architecture are labelled, "
            "never given an effect.\n",
            table(printable(t["ablation"])), "", img("ablation")]
-    md += ["## Roofline\n", "Achieved rates from the cost model's flops/bytes (experiments/cost_model.py) and the "
+    md += ["## Roofline\n", "Achieved rates from the cost model's flops/bytes (harness/cost_model.py) and the "
            "median time; ceilings measured on the same GPU; frac_floor = floor time / measured time.\n",
            table(t["roofline"]), "", img("roofline")]
     md += ["## Sequence-length scaling\n", table(t["seqlen"]), "", img("seqlen_scaling")]

@@ -1,5 +1,5 @@
 """Roofline: achieved TFLOP/s and GB/s per stage against the ceilings measured on the same GPU (the `ceiling`
-rows: matmul_tflops, copy_gbps) and the cost model's floors (experiments/cost_model.py: floor time =
+rows: matmul_tflops, copy_gbps) and the cost model's floors (harness/cost_model.py: floor time =
 max(flops / matmul ceiling, bytes / copy ceiling)).
 
 The achieved numbers are recomputed from the cost model's flops/bytes and the median time, so they are

@@ -1,8 +1,8 @@
 """Switch metadata for the analysis: what each backend's switches mean (impls.registry.switch_table) and which
 are no-ops on which architecture, so an ablation never reports a no-op's timing noise as an effect.
 
-The no-op table comes from the caller (`noop_switches=`) or from impls/<backend>/switch_effects.json when the
-backend ships one (impls/cutile/switch_effects.py writes per-stage, per-dtype rows: {"rows": [{"stage",
+The no-op table comes from the caller (`noop_switches=`) or from impls/<backend>/switch_<what>_effects.json when
+the backend ships one (instruments/cutile/switch_effects.py writes per-stage, per-dtype rows: {"rows": [{"stage",
 "dtype", "switch", "arch", "effect": "no-op on sm_90" | ...}]}). Other accepted layouts:
   {"sm_90": {"tma": "why"}}  |  {"sm_90": ["tma"]}  |  {"tma": {"sm_90": "no-op: why"}}
   {"tma": {"sm_90": {"noop": true, "why": "..."}}}, optionally wrapped in {"noop": ...} / {"switches": ...},
@@ -88,7 +88,8 @@ class NoopTable:
 
 
 def _from_rows(rows) -> NoopTable:
-    """The per-stage layout impls/cutile/switch_effects.py writes: rows of {stage, dtype, switch, arch, effect}."""
+    """The per-stage layout instruments/cutile/switch_effects.py writes: rows of {stage, dtype, switch, arch,
+    effect}."""
     entries, totals = [], {}
     for r in rows:
         arch = norm_arch(r.get("arch", "")) or str(r.get("arch"))
@@ -140,16 +141,18 @@ def normalise_noop(obj, backend: str | None = None) -> NoopTable:
 
 
 def effects_file(backend: str) -> Path | None:
-    for name in ("switch_effects.json", "switch_effects.yaml", "switch_effects.yml"):
-        path = repo_root() / "impls" / backend / name
-        if path.is_file():
-            return path
-    return None
+    """The backend's switch-effects table, impls/<backend>/switch_<what>_effects.{json,yaml,yml} (<what>: what the
+    table compares, e.g. cuTile's `sass`, Triton's `launch`); None without one. Two are refused, naming them."""
+    found = sorted(p for p in (repo_root() / "impls" / backend).glob("switch_*effects.*")
+                   if p.suffix in (".json", ".yaml", ".yml"))
+    if len(found) > 1:
+        raise ValueError(f"{backend}: more than one switch-effects table: {[p.name for p in found]}")
+    return found[0] if found else None
 
 
 def noop_table(backend: str, noop_switches=None) -> NoopTable:
     """The no-op table of `backend`: from `noop_switches` when given (any accepted layout, optionally keyed by
-    backend name), else from impls/<backend>/switch_effects.*, else empty."""
+    backend name), else from impls/<backend>/switch_<what>_effects.*, else empty."""
     if noop_switches is not None:
         return normalise_noop(noop_switches, backend)
     path = effects_file(backend)

@@ -24,7 +24,7 @@ import yaml
 
 from analysis.load import METRICS, one_run, timed, wide
 from analysis.markdown import emit, table
-from experiments.cost_model import STAGES
+from harness.cost_model import STAGES
 
 FORWARD = "forward"
 

@@ -32,9 +32,9 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from experiments import config as conf  # noqa: E402
-from experiments import gate, measure_time, plan, record, secrets  # noqa: E402
-from experiments.record import Rows  # noqa: E402
+from harness import config as conf  # noqa: E402
+from harness import gate, measure_time, plan, record, secrets  # noqa: E402
+from harness.record import Rows  # noqa: E402
 
 conf.register_schemas()
 conf.register_resolvers()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from experiments import store
+from harness import store
 
 
 class MergeError(ValueError):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from experiments import store, wandb_log
+from harness import store, wandb_log
 
 
 def sync(results: Path, project: str = "ssd-kernels", entity: str | None = None, directory: Path = Path("."),

@@ -9,8 +9,8 @@ A backend is a folder `impls/<name>/` whose `__init__.py` assigns, at its top le
 `PACKAGES` maps the result column `v_<key>` to (distribution, pin): the pin (">=X.Y", "X.Y.*" for any X.Y release,
 or an exact version) is checked against the installed metadata before the backend is imported; a package pinned
 `None` is only recorded. The registry lists backends from here, `python -m impls backends` prints it, the backend
-class takes its STAGES and REQUIRES from it, experiments/provenance.py records every declared package in each
-result row and experiments/store.py has a `v_<key>` column for each. docs/add-a-backend.md walks through it.
+class takes its STAGES and REQUIRES from it, harness/provenance.py records every declared package in each
+result row and harness/store.py has a `v_<key>` column for each. docs/add-a-backend.md walks through it.
 
 This module is parsed with `ast` only: listing the backends imports no backend, so neither cuda.tile, mamba_ssm,
 fla, TileGym nor vLLM.

@@ -109,7 +109,7 @@ class Backend:
     STAGES: ClassVar[tuple[str, ...]] = ALL_STAGES
     REQUIRES: ClassVar[dict[str, str]] = {}
     # Resolves configs on a stage's first call (a search, a tuning record, an autotuner): the harness then makes
-    # one plain pass before the correctness gate (experiments/correctness.py `resolve_tuning`).
+    # one plain pass before the correctness gate (harness/correctness.py `resolve_tuning`).
     TUNED: ClassVar[bool] = False
     # Where its tiles come from for every stage (impls/tuning.py TILE_PROTOCOLS; describe() reports it): "untuned", a
     # peer's "peer-autotune", or None where each stage's tuning resolution says (describe()'s per-stage entries)
@@ -146,7 +146,7 @@ class Backend:
     @classmethod
     def tuning_device(cls, device: torch.device) -> str | None:
         """The device name whose tuning records (tuning/<slug of it>/<backend>_*.json) this backend reads on
-        `device`; None: the harness's own name for the device (experiments/provenance.py `device_name`). The
+        `device`; None: the harness's own name for the device (harness/provenance.py `device_name`). The
         harness's code_key hashes those records, so a new record invalidates the points it would change."""
         return None
 

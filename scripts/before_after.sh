@@ -2,7 +2,8 @@
 # One sweep run by the code of a base commit and by this tree on the same machine in one run, then compared point by
 # point by `python -m analysis.before_after` (each median within max(2 %, the base's spread)). For a refactor that
 # must not change what the kernels do or how fast.
-#   git archive BASE impls experiments conf scripts tuning pyproject.toml | gzip > before.tgz   (on the CPU machine)
+#   git archive BASE impls experiments harness conf scripts tuning pyproject.toml | gzip > before.tgz   (on the CPU machine;
+#   leave harness out for a BASE older than it)
 #   BEFORE_COMMIT=<full sha of BASE> SWEEP_OVERRIDES="backend=cutile,triton,mamba_ssm" [ROUNDS=2] \
 #     scripts/before_after.sh before.tgz [EXPERIMENT=headline]          (on the GPU machine, after setup.sh)
 # ROUNDS=1 (default): before, then after. ROUNDS=2: before, after, after, before (ABBA), so that a drift of the

@@ -10,11 +10,11 @@
 #   scripts/gpu_session.sh first_call            the same points in two fresh processes: cold, then with the
 #                                                compile caches and tuning records the first one left
 #   scripts/gpu_session.sh sanitize              compute-sanitizer over every cuTile and Triton stage
-#                                                (experiments/sanitize.py), with its negative control
-#   scripts/gpu_session.sh profile [args]        Nsight Compute over one forward per backend (experiments/profile.py)
-#   scripts/gpu_session.sh hotspots [args]       warp-state samples per SASS line of one kernel (experiments/hotspots.py)
+#                                                (instruments/sanitize.py), with its negative control
+#   scripts/gpu_session.sh profile [args]        Nsight Compute over one forward per backend (instruments/profile.py)
+#   scripts/gpu_session.sh hotspots [args]       warp-state samples per SASS line of one kernel (instruments/hotspots.py)
 #   scripts/gpu_session.sh api_overhead          the public call by name vs on a prebuilt backend vs CUDA-graph
-#                                                replay, with host time per call (experiments/api_overhead.py)
+#                                                replay, with host time per call (harness/api_overhead.py)
 # Run it in a tree that carries the .gpu bundle, after `source .gpu/setup.sh &&` (docs/gpu-runbook.md).
 # The GPU machine gets the working tree without .git: put the commit into the command for the rows' provenance,
 #   SSD_GIT_COMMIT=<git rev-parse HEAD> SSD_GIT_DIRTY=<0|1> scripts/gpu_session.sh ...
@@ -112,17 +112,17 @@ case "$phase" in
     python -m experiments.merge "$SWEEP_ROOT/first_call" "$OUT/first_call.parquet" 2>&1 | tee -a "$log"
     ;;
   sanitize)
-    timeout "$(left)" python -m experiments.sanitize --out "$OUT" "$@" 2>&1 | tee -a "$log"
+    timeout "$(left)" python -m instruments.sanitize --out "$OUT" "$@" 2>&1 | tee -a "$log"
     ;;
   profile)
-    timeout "$(left)" python -m experiments.profile --out "$OUT" "$@" 2>&1 | tee -a "$log"
+    timeout "$(left)" python -m instruments.profile --out "$OUT" "$@" 2>&1 | tee -a "$log"
     ;;
   hotspots)
-    timeout "$(left)" python -m experiments.hotspots --out "$OUT" "$@" 2>&1 | tee -a "$log"
+    timeout "$(left)" python -m instruments.hotspots --out "$OUT" "$@" 2>&1 | tee -a "$log"
     ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
 # the tuning records as they stand after the phase (searches store there; the GPU machine keeps nothing): one file back;
-# here: python -m experiments.tuning_take <returned folder>/tuning.tar.gz, then commit what changed
+# here: python -m instruments.tuning_take <returned folder>/tuning.tar.gz, then commit what changed
 tar -czf "$OUT/tuning.tar.gz" -C "${SSD_TUNING_DIR:-tuning}" .
 echo "== done in $(( $(date +%s) - start )) s" | tee -a "$log"

@@ -31,7 +31,7 @@ from analysis.load import MixedRuns, legacy_group, newest_run, runs
 from analysis.markdown import fmt
 from analysis.noise import WITHIN_NOISE, relative_noise, shown_effect
 from analysis.switches import normalise_noop
-from experiments import store
+from harness import store
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "h200_synthetic.parquet"

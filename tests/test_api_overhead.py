@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import impls
-from experiments import store
+from harness import store
 from impls import registry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,8 +69,8 @@ def test_api_overhead_experiment_on_cpu(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
     env.update(PYTHONPATH=str(REPO), SSD_TUNING_DIR=str(tmp_path / "tuning"))
     done = subprocess.run(
-        [sys.executable, "-m", "experiments.api_overhead", "backend=reference,mamba_ssm,triton", "shape=tiny",
-         "shape.batch=1", "shape.seqlen=32", "shape.nheads=2", "shape.ngroups=1", "shape.chunk_size=16",
+        [sys.executable, "-m", "experiments.bench", "experiment=api_overhead", "backend=reference,mamba_ssm,triton",
+         "shape=tiny", "shape.batch=1", "shape.seqlen=32", "shape.nheads=2", "shape.ngroups=1", "shape.chunk_size=16",
          "dtype=float32", "device=cpu", "logger=local", f"results_dir={tmp_path}/results",
          f"hydra.sweep.dir={tmp_path}/multirun", "bench.host_calls=2", "bench.cpu_warmup=0", "bench.cpu_reps=1"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
@@ -89,7 +89,7 @@ def test_api_overhead_experiment_on_cpu(tmp_path):
 
 
 def test_api_overhead_refuses_switches_a_name_cannot_carry():
-    from experiments import api_overhead
+    from harness import api_overhead
 
     with pytest.raises(ValueError, match="default switches"):
         api_overhead.measure(impls.get_backend("triton", tuning="fallback"), None, None, None)
@@ -111,7 +111,7 @@ def test_gpu_times_takes_do_bench_answers_of_any_length(monkeypatch, quantiles):
     """triton's do_bench answers one quantile with a bare float, several with a list (triton/testing.py, 3.6)."""
     import triton.testing
 
-    from experiments import timing
+    from harness import timing
 
     def fake_do_bench(fn, warmup, rep, quantiles, return_mode):
         answer = [float(i + 1) for i in range(len(quantiles))]
@@ -124,7 +124,7 @@ def test_gpu_times_takes_do_bench_answers_of_any_length(monkeypatch, quantiles):
 
 def test_host_times_alternate_the_two_paths_and_pair_their_differences(monkeypatch):
     """A host whose every call gets slower (a drift) must not show up as a difference between the paths."""
-    from experiments import api_overhead
+    from harness import api_overhead
 
     clock, calls = [0.0], []
 
@@ -146,7 +146,7 @@ def test_device_medians_alternate_the_two_paths(monkeypatch):
     """The device-side medians are taken in ABBA blocks too: a launch rate that drifts over the run falls on both."""
     from types import SimpleNamespace
 
-    from experiments import api_overhead
+    from harness import api_overhead
 
     order, level = [], [1.0]
 
@@ -163,7 +163,7 @@ def test_device_medians_alternate_the_two_paths(monkeypatch):
 
 
 def test_gpu_calls_alternate_call_by_call_in_abba_order():
-    from experiments import timing
+    from harness import timing
 
     order = timing.abba_sequence(5)
     assert order[:8] == [0, 1, 1, 0, 0, 1, 1, 0] and order.count(0) == order.count(1) == 6
@@ -175,7 +175,7 @@ def test_gpu_calls_alternate_call_by_call_in_abba_order():
 def test_device_medians_on_the_gpu_pool_rounds_of_interleaved_calls(monkeypatch):
     from types import SimpleNamespace
 
-    from experiments import api_overhead, timing
+    from harness import api_overhead, timing
 
     rounds = iter([(1.0, 1.1), (3.0, 3.1), (2.0, 2.1)])
     monkeypatch.setattr(timing, "gpu_paired_ms", lambda first, second, rep_ms: next(rounds))

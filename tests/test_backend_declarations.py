@@ -10,8 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from experiments import config as conf
-from experiments import provenance, store
+from harness import config as conf
+from harness import provenance, store
 from impls import declaration
 from impls.declaration import DeclarationError, declarations
 from impls.registry import Backend, backend_class, list_backends, register

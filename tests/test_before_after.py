@@ -79,7 +79,7 @@ def test_the_script_runs_a_base_tree_and_this_one_and_compares(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     archive = tmp_path / "before.tgz"
     with tarfile.open(archive, "w:gz") as tar:
-        for name in ("impls", "experiments", "conf", "scripts", "tuning", "pyproject.toml"):
+        for name in ("impls", "experiments", "harness", "conf", "scripts", "tuning", "pyproject.toml"):
             tar.add(repo / name, arcname=name, filter=lambda t: None if "__pycache__" in t.name else t)
     (tmp_path / "tuning").mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "SWEEP_ROOT")}

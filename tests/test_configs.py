@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from experiments import config as conf
+from harness import config as conf
 
 pytestmark = pytest.mark.quick  # the quick tier: pytest -m quick
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from experiments import cost_model
+from harness import cost_model
 from impls.problem import Problem, Shape
 
 S1 = Shape(8, 4096, 80, 64, 1, 128, 256)

@@ -12,13 +12,13 @@ import time
 
 import pandas as pd
 
-from experiments import store
+from harness import store
 
 ROWS_PER_POINT = 400
 
 WRITER = textwrap.dedent(f"""
     import sys
-    from experiments import store
+    from harness import store
     out = sys.argv[1]
     for i in range(100000):
         rows = [{{"run_id": f"p{{i}}", "stage": "forward", "metric": f"m{{k}}", "value": float(i), "status": "ok"}}

@@ -23,28 +23,23 @@ import torch
 
 pytest.importorskip("cuda.tile")
 
-from impls.cutile.aot import (  # noqa: E402
-    AOT_DIMS,
-    KERNELS,
-    STAGES,
-    STATE_PASS_KERNELS,
-    build_call,
+from impls.cutile.switches import CODE_SWITCHES, CutileSwitches  # noqa: E402
+from impls.cutile.tune import OFF_VALUE, off  # noqa: E402
+from impls.cutile.tune import SASS_EFFECTS as EFFECTS_PATH  # noqa: E402
+from impls.problem import Problem, Shape  # noqa: E402
+from impls.registry import switch_table  # noqa: E402
+from instruments.cutile.aot import AOT_DIMS, KERNELS, STAGES, STATE_PASS_KERNELS, build_call, export  # noqa: E402
+from instruments.sass import (  # noqa: E402
     cuobjdump_path,
-    export,
     facts,
     normalized,
     opcode_sequence,
     pdl_access_guards,
     pdl_unguarded,
-    sass,
     sass_instructions,
     sass_outline,
 )
-from impls.cutile.switch_effects import OFF_VALUE, off  # noqa: E402
-from impls.cutile.switch_effects import PATH as EFFECTS_PATH
-from impls.cutile.switches import CODE_SWITCHES, CutileSwitches  # noqa: E402
-from impls.problem import Problem, Shape  # noqa: E402
-from impls.registry import switch_table  # noqa: E402
+from instruments.sass import disassemble as sass  # noqa: E402
 
 pytestmark = pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
 
@@ -548,7 +543,7 @@ TWO_WG = dataclasses.replace(DEFAULTS, two_warpgroups=True)
 
 @functools.cache
 def _tuned_spills(shape: str, sw: CutileSwitches):
-    from impls.cutile import spills
+    from instruments.cutile import spills
 
     return spills.kernel_spills("compute_out", shape, switches=sw)
 
@@ -557,8 +552,8 @@ def _tuned_spills(shape: str, sw: CutileSwitches):
 def test_two_warpgroups_does_not_spill_at_the_tuned_tiles(shape):
     """bf16 compute_out at the shape's committed NVIDIA H200 tiles, as the launcher resolves them with two_warpgroups
     (the record's tiles, occupancy pinned to 2): no local-memory load or store, no stack in the sm_90 SASS."""
-    from impls.cutile import spills
     from impls.cutile.switches import TWO_WARPGROUPS_OCCUPANCY
+    from instruments.cutile import spills
 
     row = _tuned_spills(shape, TWO_WG)
     assert row.config == dict(spills.tuned_config("compute_out", shape), occupancy=TWO_WARPGROUPS_OCCUPANCY)
@@ -583,7 +578,7 @@ def test_two_warpgroups_splits_the_mmas_between_two_math_warpgroups():
     1 over 0x100 threads instead of 0x80) and reading the scores of the second product from shared memory: no
     HGMMA takes its A operand from registers (the default's scores·x_j does), and each warpgroup computes half of
     the exponentials."""
-    from impls.cutile import spills
+    from instruments.cutile import spills
 
     dims = spills.shape_dims("S1")
     text = {}
@@ -633,7 +628,7 @@ STATE_MMA_KERNELS = {"serial": "fwd_pass_state", "chunk_parallel": "fwd_pass_sta
 @functools.cache
 def _state_spills(shape: str, sw: CutileSwitches):
     """The spills of the MMA kernel of stage 2's arrangement under `sw`, at the shape's committed tiles."""
-    from impls.cutile import spills
+    from instruments.cutile import spills
 
     return spills.kernel_spills("fwd_pass_state", shape, kernel=STATE_MMA_KERNELS[sw.state_pass], switches=sw)
 
@@ -643,7 +638,7 @@ def _state_spills(shape: str, sw: CutileSwitches):
 def test_state_two_warpgroups_does_not_spill_at_the_tuned_tiles(shape, state_pass):
     """bf16 stage 2's MMA kernel (serial or chunk-parallel arrangement) at the shape's committed NVIDIA H200 tiles
     and occupancy, with state_two_warpgroups: no local-memory load or store, no stack in the sm_90 SASS."""
-    from impls.cutile import spills
+    from instruments.cutile import spills
 
     row = _state_spills(shape, dataclasses.replace(STATE_TWO_WG, state_pass=state_pass))
     assert row.config == spills.tuned_config("fwd_pass_state", shape)  # the record's tiles and occupancy
@@ -662,7 +657,7 @@ def test_state_two_warpgroups_splits_the_chunk_mma_between_two_math_warpgroups()
     """The switch reaches the compiler as num_worker_warps=8 on the MMA kernels only (not the chunk-parallel pass),
     and tileiras splits the S1 tile's (w x)ᵀ·B by dstate columns (HGMMA 64x64 instead of 64x128) with the weighted x
     read from shared memory (the default's HGMMA takes it from registers) behind a barrier of the 256 math threads."""
-    from impls.cutile import spills
+    from instruments.cutile import spills
 
     dims = spills.shape_dims("S1")
     config = spills.tuned_config("fwd_pass_state", "S1")
@@ -706,7 +701,7 @@ def test_state_two_warpgroups_compiles_with_every_optional_input(kernel, dtype, 
 def _headline_call(shape: str, sw: CutileSwitches, overrides: dict | None = None):
     """compute_out's bf16 launch at a headline shape as the launcher resolves it (the committed record, the
     switches' pins, `overrides` on top), D per head, no other optional input."""
-    from impls.cutile import spills
+    from instruments.cutile import spills
 
     config = dict(spills.resolved_config("compute_out", shape, switches=sw), **(overrides or {}))
     return build_call("compute_out", torch.bfloat16, sw, dims=spills.shape_dims(shape), config=config,
@@ -716,14 +711,14 @@ def _headline_call(shape: str, sw: CutileSwitches, overrides: dict | None = None
 @functools.cache
 def _headline_sass(shape: str, sw: CutileSwitches, overrides: tuple = ()) -> tuple[str, dict]:
     """(SASS, resource usage) of `_headline_call`, compiled once per session."""
-    from impls.cutile.aot import resource_usage
+    from instruments.sass import resource_usage
 
     cubin = export(_headline_call(shape, sw, dict(overrides)), "sm_90")
     return sass(cubin), resource_usage(cubin)
 
 
 def _spills(text: str, usage: dict) -> tuple[int, int, int]:
-    from impls.cutile.spills import count_spills
+    from instruments.sass import count_spills
 
     return (*count_spills(text), usage["STACK"])
 
@@ -764,7 +759,7 @@ def test_head_loop_sass_nests_the_source_loop_in_the_head_loop(heads_per_tile):
     """The S1 tiles' SASS: the TMA loads sit in two nested loops (heads, then source blocks) where the default kernel
     has one (the negative control); every load but C_l's two boxes (64 rows x 128 dstate bf16: two 128-byte-wide
     boxes) is inside the head loop, so C_l is loaded once per program and stays in shared memory for every step."""
-    from impls.cutile.aot import tma_loops
+    from instruments.sass import tma_loops
 
     over = (("heads_per_tile", heads_per_tile),)
     loop_text = _headline_sass("S1", dataclasses.replace(DEFAULTS, head_loop=8), over)[0]
@@ -782,9 +777,9 @@ def test_persistent_walks_the_tiles_in_a_loop_around_the_source_loop(shape):
     (occupancy × SM_COUNT_AOT), and its TMA loads in two nested loops (the tiles, then the source blocks) where the
     default kernel has one (the negative control); the same warpgroup MMAs as the default kernel, each tile's loads
     (C_l, states, x_j, C·B_jᵀ) inside the tile loop."""
-    from impls.cutile import spills
-    from impls.cutile.aot import tma_loops
     from impls.cutile.common import SM_COUNT_AOT
+    from instruments.cutile import spills
+    from instruments.sass import tma_loops
 
     v20 = dataclasses.replace(DEFAULTS, heads_first=True, skip_first=True, pdl=True)
     sw = dataclasses.replace(v20, persistent=True)
@@ -819,7 +814,7 @@ def test_row_pairs_run_two_tiles_per_program_at_the_same_resources(shape):
     loops (one per tile of the pair) and twice the TMA loads and warpgroup MMAs of the default kernel (the negative
     control), still warp-specialised at the same registers per thread (the occupancy hint holds) and within 2 KB of
     its shared memory."""
-    from impls.cutile.aot import tma_loops
+    from instruments.sass import tma_loops
 
     v20 = dataclasses.replace(DEFAULTS, heads_first=True, skip_first=True, pdl=True)
     sw = dataclasses.replace(v20, row_pairs=True)
@@ -930,74 +925,6 @@ def test_head_loop_grid_covers_every_head_once(nheads, ngroups, head_loop, block
 
 
 
-def test_num_ctas_probe_reads_the_cluster_split_from_the_sass():
-    """docs/perf-notes.md version 16: at the S1 record, `num_ctas=2` splits compute_out's MMAs by N (HGMMA 64x32)
-    with multicast TMA loads and cluster barriers, and compiles without local memory; with one CTA none of that
-    (and the record's spills). The probe's compile-only mode, as its GPU run reports it."""
-    from experiments.num_ctas_probe import compile_facts
-
-    one, two = compile_facts("compute_out", 1), compile_facts("compute_out", 2)
-    assert (one["tma_multicast"], one["cluster_barriers"]) == (0, 0)
-    assert one["ldl"] + one["stl"] > 0
-    assert two["tma_multicast"] > 0 and two["cluster_barriers"] > 0
-    assert (two["ldl"], two["stl"], two["stack_bytes"]) == (0, 0, 0)
-    assert two["hgmma"] == ["HGMMA.64x32x16.F32.BF16"] and one["hgmma"] == ["HGMMA.64x64x16.F32.BF16"]
-
-
-def test_num_ctas_probe_odd_grids_and_shapes():
-    """The probe's odd-grid add cases build for sm_90 like the even one (the grid is a launch argument, not in the
-    cubin), and its --shape takes a preset or seven sizes, refusing anything else before a case runs."""
-    from experiments.num_ctas_probe import ADD_GRIDS, compile_facts, main, probe_shape
-    from impls.problem import Shape
-
-    assert ADD_GRIDS["add_odd_x"][0] % 2 == 1 and ADD_GRIDS["add_odd_y"][1] % 2 == 1
-    assert compile_facts("add_odd_x", 2)["registers"] == compile_facts("add", 2)["registers"]
-    assert probe_shape("2,1000,8,64,2,64,256") == Shape(2, 1000, 8, 64, 2, 64, 256)
-    assert probe_shape("S1") == Shape(8, 4096, 80, 64, 1, 128, 256)
-    with pytest.raises(ValueError, match="--shape"):
-        main(["--shape", "2,1000,8", "--compile-only"])
-
-
-def test_num_ctas_probe_takes_tile_pins():
-    """--switches pins the stage cases' tiles over the record (the fallback tiles of the small GPU cases: one head
-    per tile at occupancy 2), so that a configuration and a shape can be tried apart; with a cluster the build
-    exchanges through the peer's shared memory with generic 16-bit accesses, with one CTA it has none."""
-    from experiments.num_ctas_probe import compile_facts, main
-
-    pins = {"heads_per_tile": 1, "occupancy": 2}
-    one, two = compile_facts("compute_out", 1, pins), compile_facts("compute_out", 2, pins)
-    assert one["registers"] == two["registers"] == 128  # occupancy 2: the pin reached the build
-    assert one["generic_u16"] == 0 and one["tma_multicast"] == 0
-    assert two["generic_u16"] > 0 and two["tma_multicast"] > 0
-    assert compile_facts("compute_out", 1)["registers"] == 80  # the S1 record (occupancy 3) without pins
-    with pytest.raises(ValueError, match="--switches"):
-        main(["--switches", "heads_per_tile", "--compile-only"])
-
-
-@pytest.mark.parametrize("cut_off_at", [1, 2], ids=["cut-off-in-the-second-case", "cut-off-in-the-third-case"])
-def test_num_ctas_probe_keeps_the_cases_run_before_a_cut_off(tmp_path, monkeypatch, cut_off_at):
-    """The parent writes each case's row as the case ends: killed later (the device call's limit), the file holds
-    the cases that ran."""
-    import types
-
-    from experiments import num_ctas_probe
-
-    calls = []
-
-    def child(cmd, **kwargs):
-        if len(calls) == cut_off_at:
-            raise KeyboardInterrupt  # stands for the parent being killed
-        calls.append(cmd)
-        row = {"case": cmd[cmd.index("--child") + 1], "num_ctas": int(cmd[cmd.index("--child") + 2]), "ok": True}
-        return types.SimpleNamespace(stdout="PROBE " + json.dumps(row), stderr="", returncode=0)
-
-    monkeypatch.setattr(subprocess, "run", child)
-    with pytest.raises(KeyboardInterrupt):
-        num_ctas_probe.main(["--out", str(tmp_path), "--cases", "add", "matmul", "--compile-only"])
-    rows = [json.loads(line) for line in (tmp_path / "num_ctas_probe.jsonl").read_text().splitlines()]
-    assert [(r["case"], r["num_ctas"]) for r in rows] == [("add", 1), ("add", 2)][:cut_off_at]
-
-
 @pytest.mark.parametrize("switches", [
     pytest.param(CutileSwitches(num_ctas=2), id="num_ctas2"),
     pytest.param(CutileSwitches(num_ctas=2, head_loop=8), id="num_ctas2-head_loop8"),
@@ -1007,8 +934,9 @@ def test_num_ctas_switch_builds_the_cluster_kernel(switches):
     and occupancy borrowed from the key without the switch): MMAs split by N, multicast TMA loads, cluster
     barriers, and far fewer local loads/stores than one CTA (none without the head loop, 2 / 2 with it against
     22 / 13) in the sm_90 SASS; off, none of that."""
-    from impls.cutile import aot, spills
     from impls.cutile.tune import record_key
+    from instruments.cutile import spills
+    from instruments.sass import opcodes
 
     assert "num_ctas=2" in record_key("compute_out", switches, "b8-l4096-h80-p64-g1-n128-c256", "bfloat16")
     assert "num_ctas" not in record_key("compute_out", switches, "b8-l4096-h80-p64-g1-n128-c256", "bfloat16",
@@ -1016,7 +944,7 @@ def test_num_ctas_switch_builds_the_cluster_kernel(switches):
     row = spills.kernel_spills("compute_out", "S1", switches=switches)
     one = spills.kernel_spills("compute_out", "S1", switches=dataclasses.replace(switches, num_ctas=0))
     assert row.ldl + row.stl <= (4 if switches.head_loop else 0) < one.ldl + one.stl, (row, one)
-    ops = aot.opcodes(sass(export(_headline_call("S1", switches), "sm_90")))
+    ops = opcodes(sass(export(_headline_call("S1", switches), "sm_90")))
     assert ops["UTMALDG.4D.MULTICAST"] > 0 and ops["UCGABAR_WAIT"] > 0
     assert {k for k in ops if k.startswith("HGMMA")} == {"HGMMA.64x32x16.F32.BF16"}
     assert "MULTICAST" not in sass(export(_headline_call("S1", dataclasses.replace(switches, num_ctas=0)), "sm_90"))

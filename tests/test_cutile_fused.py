@@ -12,9 +12,11 @@ import torch
 
 pytest.importorskip("cuda.tile")
 
-from impls.cutile.aot import build_call, cuobjdump_path, export, facts, sass  # noqa: E402
 from impls.cutile.switches import CutileSwitches  # noqa: E402
 from impls.problem import Problem, Shape  # noqa: E402
+from instruments.cutile.aot import build_call, export  # noqa: E402
+from instruments.sass import cuobjdump_path, facts  # noqa: E402
+from instruments.sass import disassemble as sass  # noqa: E402
 
 FUSED = CutileSwitches(fuse_state_out=True)
 BASE = Shape(2, 512, 8, 64, 2, 128, 128)
@@ -119,7 +121,7 @@ def _handoff(text: str) -> dict:
     wait's last acquire (the clearing exchange). MMAs (warpgroup) before the first release (the local state, which
     must not wait), between it and the last one (none: only the fp32 combine lies between the wait and the
     publication) and after the last one (the row blocks, which must not hold up the chain)."""
-    from impls.cutile.aot import sass_instructions
+    from instruments.sass import sass_instructions
 
     code = sass_instructions(text)
     acquires = [k for k, ins in enumerate(code[:-1]) if ins.base == "ATOMG" and ins.args.endswith("RZ")
@@ -236,7 +238,8 @@ def test_fused_program_needs_fuse_state_out():
 
 
 def test_fused_program_keys_the_fused_record_only():
-    from impls.cutile import spills, tune
+    from impls.cutile import tune
+    from instruments.cutile import spills
 
     chunk, serial = tune.record_key("fused", CHUNK, "S", "bfloat16"), tune.record_key("fused", FUSED, "S", "bfloat16")
     assert "fused_program=chunk" in chunk and "fused_program" not in serial

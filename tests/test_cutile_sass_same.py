@@ -1,13 +1,13 @@
 """The cuTile kernels compile to the machine code recorded in tests/fixtures/cutile_sass_before.json: the SHA-256 of
 the normalised sm_90 SASS of every kernel at the declared values ("defaults": a fixed set) and all-off, bf16 and
 fp32, the kernels sm_90's defaults change at those (impls/cutile/defaults.py: a test here fails when they move), and
-compute_out with two heads per tile (per_head, batched) and with C·Bᵀ shared (impls/cutile/sass_hashes.py lists
+compute_out with two heads per tile (per_head, batched) and with C·Bᵀ shared (instruments/cutile/sass_hashes.py lists
 them).
 
 It guards changes meant to leave the machine code as it is (the helpers' constants grouped into
 `compute_out.OutConsts` and `fwd_pass_state.StateConsts`, the stand-in arguments gone); a change meant to alter a
 kernel re-records the variants it changes, as the failure says:
-`python -m impls.cutile.sass_hashes --write tests/fixtures/cutile_sass_before.json <variant id>`. Under another
+`python -m instruments.cutile.sass_hashes --write tests/fixtures/cutile_sass_before.json <variant id>`. Under another
 toolchain than the fixture's (cuda-tile, tileiras, cuobjdump, nvdisasm) it fails too, never skips: a fixture that
 is not compared guards nothing. Default set: three variants (about 10 s each on a busy 2-core machine); the rest
 are slow (fused fp32 all-off alone takes over 2 minutes).
@@ -21,8 +21,8 @@ import pytest
 
 pytest.importorskip("cuda.tile")
 
-from impls.cutile.aot import cuobjdump_path  # noqa: E402
-from impls.cutile.sass_hashes import FIXTURE, SM90_DEFAULTS, digest, toolchain, variants  # noqa: E402
+from instruments.cutile.sass_hashes import FIXTURE, SM90_DEFAULTS, digest, toolchain, variants  # noqa: E402
+from instruments.sass import cuobjdump_path  # noqa: E402
 
 pytestmark = pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
 
@@ -49,7 +49,7 @@ def test_the_sm90_defaults_are_the_hashed_ones():
     sm90 = dataclasses.asdict(resolve_switches(backend_class("cutile"), "sm_90").first.switches)
     declared = dataclasses.asdict(CutileSwitches())
     assert {k: v for k, v in sm90.items() if v != declared[k]} == SM90_DEFAULTS, (
-        "sm_90's defaults moved: set impls/cutile/sass_hashes.py SM90_DEFAULTS (and SM90_KERNELS) to them and "
+        "sm_90's defaults moved: set instruments/cutile/sass_hashes.py SM90_DEFAULTS (and SM90_KERNELS) to them and "
         "re-record tests/fixtures/cutile_sass_before.json")
 
 

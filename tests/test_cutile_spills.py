@@ -1,5 +1,5 @@
-"""CPU tests of impls/cutile/spills.py: spills, registers and stack of the tuned cuTile kernels, read from the sm_90
-SASS compiled ahead of time at the committed NVIDIA H200 records (one compile, shared by the tests)."""
+"""CPU tests of instruments/cutile/spills.py: spills, registers and stack of the tuned cuTile kernels, read from the
+sm_90 SASS compiled ahead of time at the committed NVIDIA H200 records (one compile, shared by the tests)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 
 pytest.importorskip("cuda.tile")
 
-from impls.cutile import spills  # noqa: E402
-from impls.cutile.aot import cuobjdump_path  # noqa: E402
+from instruments.assignments import parse_assignments  # noqa: E402
+from instruments.cutile import spills  # noqa: E402
+from instruments.sass import count_spills, cuobjdump_path  # noqa: E402
 
 pytestmark = pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
 
@@ -44,7 +45,7 @@ def test_spill_instructions_are_counted_with_their_widths():
         /*0120*/              @!P0 LDL.128 R8, [R1+0x10] ;
         /*0130*/                   LDG.E R6, desc[UR4][R2.64] ;
     """
-    assert spills.count_spills(text) == (2, 1)
+    assert count_spills(text) == (2, 1)
 
 
 def test_a_shape_without_a_record_is_named():
@@ -62,10 +63,10 @@ def test_a_shared_cb_record_reports_the_cb_kernel_too():
 
 
 def test_assignments_are_parsed_with_their_types():
-    assert spills.parse_assignments(["heads_per_tile=2", "skip_first=True", "head_mma=batched"], "--set") == {
+    assert parse_assignments(["heads_per_tile=2", "skip_first=True", "head_mma=batched"], "--set") == {
         "heads_per_tile": 2, "skip_first": True, "head_mma": "batched"}
     with pytest.raises(ValueError, match="--switch: 'skip_first' is not name=value"):
-        spills.parse_assignments(["skip_first"], "--switch")
+        parse_assignments(["skip_first"], "--switch")
 
 
 def test_report_compiles_a_candidate_config_and_switches():

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import impls
-from experiments import config as conf
-from experiments import plan
+from harness import config as conf
+from harness import plan
 from impls import defaults
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
@@ -136,7 +136,7 @@ def test_the_harness_plan_runs_the_arrangement_that_takes_its_inputs():
     assert arrangement["preset"] == "best_interpreter_no_tma"
     assert "x: strides (1152, 36, 18, 1) (4-byte elements) are not all 16-byte multiples" in \
         arrangement["refused"]["best_interpreter"]
-    from experiments import record
+    from harness import record
 
     row = record.rows(point, built, None, None, None).rows[0]  # the row's switches: what ran
     assert json.loads(row["switches"])["tma"] is False

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("impls", "experiments", "analysis", "models", "scripts")
+FOLDERS = ("impls", "experiments", "harness", "instruments", "analysis", "models", "scripts")
 HYDRA = {"experiments/bench.py": "Hydra's own entry: `python -m experiments.bench --help` is Hydra's help"}
 
 

@@ -1,5 +1,5 @@
 """The gate's error measure (impls.tolerance.blockwise_err) and the mamba-ssm x2 rule's bookkeeping
-(experiments.correctness.mamba_ssm_rule): what each judges, and that a skipped rule says why."""
+(harness.correctness.mamba_ssm_rule): what each judges, and that a skipped rule says why."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from experiments import correctness
+from harness import correctness
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.reference.backend import ReferenceBackend

@@ -1,12 +1,12 @@
-"""impls/golden.py: a golden-hash fixture that no longer matches fails naming the fixture and the command that
+"""instruments/golden.py: a golden-hash fixture that no longer matches fails naming the fixture and the command that
 re-records it (never a skip); re-recording some entries keeps the others. No compile: hashes are given."""
 
 from __future__ import annotations
 
 import pytest
 
-from impls import golden
-from impls.triton import ptx_hashes
+from instruments import golden
+from instruments.triton import ptx_hashes
 
 pytestmark = pytest.mark.quick
 
@@ -38,7 +38,7 @@ def test_another_toolchain_fails_naming_the_whole_rerecord():
 def test_the_real_fixtures_are_named_by_their_repository_path():
     assert ptx_hashes.FIXTURE.path.is_file()
     assert ptx_hashes.FIXTURE.command(("--dtype", "fp32")) == (
-        "python -m impls.triton.ptx_hashes --write tests/fixtures/triton_ptx_before.json --dtype fp32")
+        "python -m instruments.triton.ptx_hashes --write tests/fixtures/triton_ptx_before.json --dtype fp32")
 
 
 def test_rerecording_some_entries_keeps_the_others_in_order():

@@ -93,7 +93,7 @@ def test_the_run_group_and_round_come_from_the_scripts(given, expect):
 @pytest.mark.parametrize("bad", ["0", "two", "-1"])
 def test_a_round_that_is_not_a_positive_integer_is_refused(bad):
     from experiments.bench import run_identity
-    from experiments.config import ConfigError
+    from harness.config import ConfigError
 
     with pytest.raises(ConfigError, match="SSD_ROUND"):
         run_identity("sweep-1", {"SSD_ROUND": bad})

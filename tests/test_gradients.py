@@ -1,6 +1,6 @@
 """The backward's contract on CPU: `impls.ssd` (the differentiable twin of ssd_forward), its ground truth (float64
 autograd through the chunked reference, checked against the sequential definition's autograd), and the gradient
-gate (experiments/gradient_gate.py) passing correct backwards and failing planted gradient faults."""
+gate (harness/gradient_gate.py) passing correct backwards and failing planted gradient faults."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import impls
-from experiments.calls import forward_arguments
-from experiments.gradient_gate import check_gradients, output_gradients, reference_gradients
+from harness.calls import forward_arguments
+from harness.gradient_gate import check_gradients, output_gradients, reference_gradients
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.reference import ssd_sequential
@@ -49,7 +49,7 @@ def test_ground_truth_matches_the_sequential_definitions_autograd():
 
 
 def test_the_ground_truth_row_by_row_is_the_whole_batchs():
-    from experiments.gradient_gate import _gradients
+    from harness.gradient_gate import _gradients
 
     inputs = make_inputs(dataclasses.replace(TINY, dt_softplus=True, has_dt_bias=True), seed=4)
     grads_in = output_gradients(inputs)
@@ -221,7 +221,7 @@ def test_tilegyms_backward_refuses_what_it_has_no_gradient_for(change, words):
 def test_a_summed_gradient_is_held_to_its_terms_error_not_less():
     """ddt_bias of a head is a sum of ddt over batch and time: where the terms nearly cancel, an error the size of
     the terms' own rounding (relative error × their norm) passes; ten times it fails."""
-    from experiments.gradient_gate import sum_floor
+    from harness.gradient_gate import sum_floor
     from impls.tolerance import judge
 
     gen = torch.Generator().manual_seed(0)

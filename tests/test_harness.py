@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from experiments import correctness, multigpu, store
+from experiments import multigpu
+from harness import correctness, store
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.reference.backend import ReferenceBackend
@@ -178,7 +179,7 @@ def test_forward_parts_are_timed_apart():
     """A backend's forward_parts (a peer's adapter steps and kernels) become stages "part:<name>"."""
     import torch
 
-    from experiments import measure_time
+    from harness import measure_time
     from impls.inputs import make_inputs
     from impls.problem import Problem, Shape
     from impls.reference.backend import ReferenceBackend
@@ -202,7 +203,7 @@ def test_forward_parts_are_timed_apart():
     ({"tuning": "fallback"}, "fallback"),
 ], ids=["stage-list", "per-stage-sources", "one-source"])
 def test_tuning_sources(describe, expect):
-    from experiments.record import tuning_sources
+    from harness.record import tuning_sources
 
     assert tuning_sources(describe) == expect
 
@@ -223,7 +224,7 @@ TRITON_DESCRIBE = {"stages": {"chunk_cumsum": {"tile_protocol": "same-sass"},
     ({"stages": {"compute_out": {"source": "record"}}}, "compute_out", "unknown"),  # a backend that does not say
 ], ids=["one-kernel", "stage-2-kernels", "forward", "ceiling", "tuning_sources", "peer", "no-describe", "silent"])
 def test_tile_protocol_per_row(describe, stage, expect):
-    from experiments.record import tile_protocol
+    from harness.record import tile_protocol
 
     assert tile_protocol(describe, stage) == expect
 
@@ -290,7 +291,7 @@ def test_sampled_reference_refuses_packed_sequences():
 
 
 def test_inputs_are_drawn_on_the_cpu_unless_the_problem_is_huge():
-    from experiments.plan import draw_device
+    from harness.plan import draw_device
 
     problem = Problem(Shape(2, 512, 4, 16, 1, 16, 256), dtype="float32")
     assert torch.equal(make_inputs(problem, seed=0).x, make_inputs(problem, seed=0, draw_device="cpu").x)
@@ -306,7 +307,7 @@ def test_points_after_a_lost_cuda_context_are_refused(monkeypatch):
 
     assert bench.context_lost(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert not bench.context_lost(RuntimeError("out of memory"))
-    from experiments import plan
+    from harness import plan
 
     monkeypatch.setattr(bench, "_CUDA_CONTEXT_LOST", ["mamba_ssm long_1m: AcceleratorError"])
     rows = bench.measure(plan.point("reference", Problem(Shape(1, 32, 2, 8, 1, 8, 16), dtype="float32")))

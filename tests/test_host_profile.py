@@ -1,9 +1,9 @@
-"""experiments.host_profile: its arguments are checked before anything runs, and it says why it cannot run without
+"""instruments.host_profile: its arguments are checked before anything runs, and it says why it cannot run without
 a GPU (the timing itself runs on the H200)."""
 
 import pytest
 
-from experiments import host_profile
+from instruments import host_profile
 
 
 @pytest.mark.parametrize("argv, word", [

@@ -162,7 +162,7 @@ def test_increasing_decay_is_refused_where_kernels_assume_it(name, switches, cas
     """mamba-ssm's and vLLM's kernels clamp dt at 0 and exp(dA_cumsum[l] - dA_cumsum[s]) at 1 (20-30 % off the
     float64 reference on these inputs): check_values and the harness's gate refuse such inputs, naming the
     argument and why, as for the factored decay."""
-    from experiments import correctness
+    from harness import correctness
 
     backend = backend_or_skip(name, switches)
     inputs = increasing_decay(case, INCREASING_SHAPE)

@@ -1,8 +1,8 @@
-"""experiments/hotspots.py: the source-page CSV parsed, opcodes and families read, the report's shares add up."""
+"""instruments/hotspots.py: the source-page CSV parsed, opcodes and families read, the report's shares add up."""
 
 import pytest
 
-from experiments import hotspots
+from instruments import hotspots, sass
 
 PAGE = """==PROF== Connected to process 1
 "Kernel Name","compute_out_kernel"
@@ -25,7 +25,7 @@ def test_source_page_parsed_one_row_per_instruction():
                                          ("@!UP1 HGMMA.64x64x16 R24", "HGMMA"), ("", "")],
                          ids=["plain", "predicated", "uniform-predicate", "empty"])
 def test_opcode_read_past_the_predicate(source, op):
-    assert hotspots.opcode(source) == op
+    assert sass.base_opcode(source) == op
 
 
 def test_families_share_the_samples():

@@ -1,6 +1,6 @@
 """The language-vs-trick tables (analysis/language_vs_trick.py): the generator on a small synthetic Parquet set
 (known times, so every cell can be checked), the doc regenerated from the committed rows, and the pins the
-experiment reads off cuTile's records (experiments/cutile_tiles.py)."""
+experiment reads off cuTile's records (harness/cutile_tiles.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from analysis import language_vs_trick as lvt
 from analysis.load import MixedRuns, repo_root
 from analysis.noise import WITHIN_NOISE
-from experiments import cutile_tiles, store
+from harness import cutile_tiles, store
 from tests.fixtures.make_fixture import SHAPES, base
 
 STAGE_MS = {"chunk_cumsum": 0.01, "fwd_pass_state": 0.1, "compute_out": 0.3, "forward": 0.42}
@@ -117,8 +117,8 @@ def test_a_trick_inside_the_noise_reads_within_noise(synthetic):
 
 
 def test_a_trick_that_leaves_a_stage_s_code_alone_reads_same_code(synthetic):
-    """tma is a no-op for chunk_cumsum in both languages (impls/cutile/switch_effects.json: the sm_90 SASS;
-    impls/triton/switch_effects.json: the launches): its cells read "same code", not the synthetic 1.1x and 2x;
+    """tma is a no-op for chunk_cumsum in both languages (impls/cutile/switch_sass_effects.json: the sm_90 SASS;
+    impls/triton/switch_launch_effects.json: the launches): its cells read "same code", not the synthetic 1.1x and 2x;
     compute_out and the forward, which it changes, keep their figures. A point whose recorded config for the stage
     differs keeps its figure too."""
     w = lvt.load(synthetic)
@@ -310,7 +310,7 @@ def test_cutile_tiles_are_the_running_cards_records(monkeypatch):
 def test_cutiles_matched_point_runs_on_records_only():
     from hydra import compose, initialize_config_dir
 
-    from experiments import config as conf
+    from harness import config as conf
 
     conf.register_schemas()
     conf.register_resolvers()
@@ -340,7 +340,7 @@ def test_triton_arm_pins_cutiles_tiles():
     from hydra import compose, initialize_config_dir
     from omegaconf.errors import OmegaConfBaseException
 
-    from experiments import config as conf
+    from harness import config as conf
 
     conf.register_schemas()
     conf.register_resolvers()
@@ -367,7 +367,7 @@ def test_triton_arm_pins_cutiles_tiles():
 def test_every_arm_validates_at_every_headline_shape():
     from hydra import compose, initialize_config_dir
 
-    from experiments import config as conf
+    from harness import config as conf
 
     conf.register_schemas()
     conf.register_resolvers()

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import impls
-from experiments.calls import forward_arguments
-from experiments.gradient_gate import output_gradients, reference_gradients
+from harness.calls import forward_arguments
+from harness.gradient_gate import output_gradients, reference_gradients
 from impls.api import GRAD_INPUTS
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments import bench, gate, measure_time, plan, record, store
-from experiments.correctness import GateFailure
+from experiments import bench
+from harness import gate, measure_time, plan, record, store
+from harness.correctness import GateFailure
 from impls.problem import Problem, Shape
 from impls.reference.backend import ReferenceBackend
 
@@ -111,7 +112,7 @@ def container_semantic(cfg, switches, device_name: str) -> dict:
 def test_config_hash_is_unchanged(overrides):
     from hydra import compose, initialize_config_dir
 
-    from experiments import config as conf
+    from harness import config as conf
     from tests.test_configs import CONF
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -125,7 +126,7 @@ def test_config_hash_is_unchanged(overrides):
 def test_timing_without_the_gate_is_refused():
     """Every timed point passes the float64 gate first: bench.check off with timing on is refused at start-up,
     by the config check and by BenchSettings itself."""
-    from experiments import config as conf
+    from harness import config as conf
 
     with pytest.raises(conf.ConfigError, match="bench.check=false with bench.time=true"):
         plan.BenchSettings(check=False)

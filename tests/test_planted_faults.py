@@ -1,4 +1,4 @@
-"""The gate (experiments.correctness.check, whole-tensor and block-wise) fails every planted fault of
+"""The gate (harness.correctness.check, whole-tensor and block-wise) fails every planted fault of
 tests/faults.py at a scaled-down size on the CPU, and passes the reference itself on the same inputs."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments import correctness
+from harness import correctness
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.reference.backend import ReferenceBackend

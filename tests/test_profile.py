@@ -1,12 +1,12 @@
-"""CPU tests of experiments/profile.py: the ncu command, the CSV parsing and the per-forward sums."""
+"""CPU tests of instruments/profile.py: the ncu command, the CSV parsing and the per-forward sums."""
 
 import math
 from pathlib import Path
 
 import pytest
 
-from experiments import profile
 from impls.problem import Problem, Shape
+from instruments import profile
 
 # the shape of `ncu --csv --page raw --print-units base` output: the target's own lines first, a header, a units
 # line, then one line per kernel launch (values as ncu prints them, thousands separators included)

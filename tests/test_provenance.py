@@ -1,4 +1,4 @@
-"""experiments.provenance: the compiler versions each row records, where the wheel metadata is missing."""
+"""harness.provenance: the compiler versions each row records, where the wheel metadata is missing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import provenance
+from harness import provenance
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def _key(monkeypatch, root: Path, clear, **row) -> str:
 
 def test_an_edited_tree_sent_as_a_clean_commit_is_measured_again(tmp_path, monkeypatch, fresh_caches):
     """SSD_GIT_COMMIT=<head> SSD_GIT_DIRTY=0 with an uncommitted edit: the stored point is not taken for this one."""
-    from experiments import store
+    from harness import store
 
     tree = _tree(tmp_path / "tree")
     monkeypatch.setenv("SSD_GIT_COMMIT", "0123abc")
@@ -184,7 +184,7 @@ def _vllm_files(root: Path, bmm: str = "x = 1\n") -> Path:
 def test_an_edited_peer_file_changes_the_backends_key(tmp_path, monkeypatch, fresh_caches):
     """vLLM's kernel files, where its loader finds them (Backend.peer_files): an edit re-measures its points, the
     same files in another folder do not."""
-    from experiments import plan
+    from harness import plan
     from impls.problem import Problem, Shape
 
     problem = Problem(Shape(1, 32, 2, 8, 1, 8, 16), "float32")

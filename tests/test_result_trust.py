@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from experiments import config, correctness, record, secrets, store, timing
+from harness import config, correctness, record, secrets, store, timing
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.reference.backend import ReferenceBackend
@@ -56,7 +56,7 @@ def test_failed_points_are_retried_unless_told_not_to(tmp_path):
 
 
 def test_code_key_follows_the_tuning_records(tmp_path, monkeypatch):
-    from experiments import provenance
+    from harness import provenance
 
     monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
     row = {"git_commit": "abc", "git_dirty": False, "v_torch": "2.13"}
@@ -71,7 +71,7 @@ def test_code_key_follows_the_tuning_records(tmp_path, monkeypatch):
 def test_code_key_hashes_the_records_the_backend_reads_on_this_device(tmp_path, monkeypatch):
     """Off the GPU our Triton reads its records under "triton-interpreter", not the harness's CPU name: a record
     added there changes the key of a CPU point (it would run the record's config)."""
-    from experiments import plan
+    from harness import plan
 
     monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
     problem = Problem(Shape(1, 32, 2, 8, 1, 8, 16), "float32")
@@ -89,7 +89,7 @@ def test_code_key_hashes_the_records_the_backend_reads_on_this_device(tmp_path, 
 
 
 def test_an_untracked_source_file_makes_the_tree_dirty_and_enters_the_key(tmp_path, monkeypatch):
-    from experiments import provenance
+    from harness import provenance
 
     def tree_hash():
         provenance._tree_hash.cache_clear()
@@ -244,7 +244,7 @@ def test_an_empty_capture_is_refused_and_other_warnings_pass_on(monkeypatch):
     import contextlib
     import warnings
 
-    from experiments import timing
+    from harness import timing
 
     def fake_graph(message):
         @contextlib.contextmanager

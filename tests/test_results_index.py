@@ -13,7 +13,7 @@ import pytest
 
 from analysis import headline
 from analysis.load import MixedRuns, load_results, resolve_results, results_index
-from experiments import store
+from harness import store
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"

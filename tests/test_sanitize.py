@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments import sanitize
+from instruments import sanitize
 
 
 @pytest.mark.parametrize("row, expected", [

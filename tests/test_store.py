@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments import merge, store, sync
+from experiments import merge, sync
+from harness import store
 
 pytestmark = pytest.mark.quick  # the quick tier: pytest -m quick
 
@@ -103,7 +104,7 @@ def test_sync_replays_local_rows_offline(tmp_path, monkeypatch):
 
 
 def test_profile_tables_beside_results_are_not_read_as_rows(tmp_path):
-    """experiments/profile.py writes *.ncu.parquet (another table) into result folders; load skips it, and a
+    """instruments/profile.py writes *.ncu.parquet (another table) into result folders; load skips it, and a
     foreign Parquet file under any other name still fails loudly."""
     store.write_rows(rows("a", 3), tmp_path, "a")
     pd.DataFrame({"backend": ["cutile"], "kernel": ["k"], "metric": ["duration_ns"], "value": [1.0]}).to_parquet(

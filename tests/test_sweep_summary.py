@@ -1,4 +1,4 @@
-"""The end-of-sweep summary (experiments/callbacks.py): each point's rows come from the file its job wrote (or, for a
+"""The end-of-sweep summary (harness/callbacks.py): each point's rows come from the file its job wrote (or, for a
 skipped job, the file the skip rule found), never from another run of the same config in the results folder."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from experiments import callbacks, store
+from harness import callbacks, store
 
 
 def _rows(status: str, median: float | None, code_key: str, timestamp: str) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""impls/triton/switch_effects.json is current (the launches recorded again here agree with every row), and its
+"""impls/triton/switch_launch_effects.json is current (the launches recorded again here agree with every row), and its
 recorder would see a change: a switch known to change a stage's kernels (exp2 in chunk_cumsum) reads as one, and a
 recorder that missed the launches would raise instead of calling every switch a no-op."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from impls.triton import switch_effects as se
+from instruments.triton import switch_effects as se
 
 
 def test_the_committed_table_is_current():

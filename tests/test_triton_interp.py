@@ -685,8 +685,8 @@ def test_supports_and_devices():
 # --- compiled for the GPU, ahead of time (no device needed) -----------------------------------------------------
 def _aot(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    return subprocess.run([sys.executable, "-m", "impls.triton.aot", *args], capture_output=True, text=True, env=env,
-                          cwd=Path(__file__).resolve().parent.parent, timeout=1200)
+    return subprocess.run([sys.executable, "-m", "instruments.triton.aot", *args], capture_output=True, text=True,
+                          env=env, cwd=Path(__file__).resolve().parent.parent, timeout=1200)
 
 
 def test_kernels_compile_for_sm90():
@@ -741,7 +741,7 @@ $L__BB0_6:
 def test_handoff_check_flags_a_broken_handoff(broken, verdict):
     """aot.handoff (the compile test's check of the fused kernel's PTX) passes the hand-off's shape and names each
     way of breaking it."""
-    from impls.triton.aot import handoff
+    from instruments.triton.aot import handoff
 
     assert handoff(HANDOFF_PTX) == "ok"
     assert verdict in handoff(HANDOFF_PTX.replace(*broken))
@@ -749,15 +749,15 @@ def test_handoff_check_flags_a_broken_handoff(broken, verdict):
 
 def _spills(*switches: str) -> list[list[str]]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-m", "impls.triton.spills", "--shapes", "S1", "--switch", *switches],
-                            capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parent.parent,
-                            timeout=900)
+    result = subprocess.run([sys.executable, "-m", "instruments.triton.spills", "--shapes", "S1", "--switch",
+                             *switches], capture_output=True, text=True, env=env,
+                            cwd=Path(__file__).resolve().parent.parent, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     return [line.split() for line in result.stdout.splitlines() if line.startswith("S1 ")]
 
 
 def test_triton_spills_reads_the_kernels_the_backend_launches():
-    """`python -m impls.triton.spills` compiles what the stage calls launch (the backend's own constexprs and
+    """`python -m instruments.triton.spills` compiles what the stage calls launch (the backend's own constexprs and
     configs, sm_90, no GPU): cuTile's arrangement at cuTile's S1 tiles with its occupancy 3 caps registers at 168
     and spills in both kernels; warp_specialize (occupancy 0) runs 12 warps, warp-specialised, without spills at one
     head per program (docs/perf-notes.md, version 15)."""
@@ -774,19 +774,20 @@ def test_triton_spills_reads_the_kernels_the_backend_launches():
 
 
 def test_triton_spills_puts_back_what_it_answered():
-    """compile_only (impls.triton.spills) answers for an sm_90 GPU while it runs, even when the stage call raises,
+    """compile_only (instruments/intercept.py) answers for an sm_90 GPU while it runs, even when the stage call raises,
     and leaves Triton's driver, the kernels' caches and the backend's availability as they were."""
     code = """
 import pytest, torch
 from triton.runtime import driver
 from impls.cli import load_shape
-from impls.triton import spills
+from instruments import intercept
+from instruments.triton import spills
 from impls.triton.backend import TritonBackend
 from impls.triton.compute_out import compute_out_kernel
 from impls.triton.switches import TritonSwitches
 before = (driver._active, type(TritonBackend.__dict__["available"]), compute_out_kernel.device_caches)
 with pytest.raises(ValueError, match="stop"):
-    with spills.compile_only() as compiled:
+    with intercept.compile_only() as compiled:
         assert TritonBackend.available() == (True, "")
         spills._forward_stages(TritonBackend(TritonSwitches(tuning="fallback")), load_shape("S4"), torch.bfloat16)
         assert [name for name, _ in compiled][-1] == "compute_out_kernel"
@@ -802,10 +803,10 @@ print("restored")
 
 
 def test_a_register_operand_rewritten_under_a_running_mma_is_found():
-    """The static check behind the MMA column of impls.triton.spills, on hand-written SASS: a loop that packs the A
-    fragment of an HGMMA it leaves running across its back-edge (wait to 1) rewrites a running MMA's operand; the
+    """The static check behind the MMA column of instruments.triton.spills, on hand-written SASS: a loop that packs the
+    A fragment of an HGMMA it leaves running across its back-edge (wait to 1) rewrites a running MMA's operand; the
     same loop waiting to 0, or rotating four A blocks behind a wait to 3 as the serial kernel does, does not."""
-    from impls.triton.spills import mma_operand_hazards
+    from instruments.sass import mma_operand_hazards
 
     def sass(*lines):
         return "\n".join(f"        /*{0x100 + 16 * i:04x}*/   {line} ;" for i, line in enumerate(lines))
@@ -834,7 +835,7 @@ def test_what_triton_cannot_express_is_shown_by_the_compiler():
     not; a batched 3-D tl.dot is mma.sync where the 2-D one is wgmma; a warp_specialize loop is specialised at 4
     warps, not at 8, and does not compile with pointer loads."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-m", "impls.triton.expressible"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "instruments.triton.expressible"], capture_output=True, text=True,
                             env=env, cwd=Path(__file__).resolve().parent.parent, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines() == [

@@ -2,7 +2,7 @@
 
 In this process (the interpreter): the cached path's key is at least as fine as Triton's own specialisation, the
 host descriptors it passes carry what TensorDescriptor carries, and the switch is refused where nothing is compiled.
-In a subprocess without the interpreter (experiments/triton_fake_driver.py: real sm_90 compilation, the driver call
+In a subprocess without the interpreter (instruments/triton/launch_paths.py: real sm_90 compilation, the driver call
 recorded): the forward passes the driver the same arguments by both paths, on a hit without Triton's run.
 """
 
@@ -188,11 +188,11 @@ CASES = [(sw, "plain") for sw in SWITCH_SETS] + [
 
 @pytest.mark.parametrize("switches,problem", CASES, ids=[f"{sw}-{p}" for sw, p in CASES])
 def test_both_paths_pass_the_driver_the_same(switches, problem):
-    """experiments/triton_fake_driver.py in a process without the interpreter: the kernels compile for sm_90, the
+    """instruments/triton/launch_paths.py in a process without the interpreter: the kernels compile for sm_90, the
     driver call is recorded; optional operands (z, initial states, seq_idx, per-channel D, cu_seqlens) and fp16/fp32
     change the launches' arguments and specialisations."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-m", "experiments.triton_fake_driver", SWITCH_SETS[switches], problem],
+    result = subprocess.run([sys.executable, "-m", "instruments.triton.launch_paths", SWITCH_SETS[switches], problem],
                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     got = json.loads(result.stdout.strip().splitlines()[-1])

@@ -329,7 +329,7 @@ def _cutile_stage(stage, arch="sm_90", monkeypatch=None, **switches):
 ])
 def test_cutile_protocol_from_the_switch_effects(monkeypatch, stage, switches, arch, expect):
     """cuTile with the defaults' record only: a switch whose sm_90 SASS for the stage is the defaults'
-    (impls/cutile/switch_effects.json) runs the defaults' record as same-sass, one that changes it borrows the
+    (impls/cutile/switch_sass_effects.json) runs the defaults' record as same-sass, one that changes it borrows the
     record of the key without the trick (pinned); off sm_90 the SASS table says nothing; head_mma's row compiles one
     head per tile only (no borrowing: its own search, else the fallback); a switch outside the stage's key is the
     same code by the key."""
@@ -357,7 +357,7 @@ def test_cutile_protocol_from_the_switch_effects(monkeypatch, stage, switches, a
     pytest.param("chunk_cumsum", {"transposed_layout": False, "launch_path": "cached"}, True, id="host-path-aside"),
 ])
 def test_triton_same_sass_key_from_the_switch_effects(stage, switches, expect_same):
-    """Triton: the defaults' key where impls/triton/switch_effects.json records the same launches for the stage
+    """Triton: the defaults' key where impls/triton/switch_launch_effects.json records the same launches for the stage
     (stage 2's kernels read its fwd_pass_state rows) or where the stage's key is the defaults'; None otherwise, and
     for the defaults themselves (the host path aside: their own record is retuned, not borrowed)."""
     from impls.triton import tune

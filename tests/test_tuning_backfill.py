@@ -1,4 +1,4 @@
-"""experiments.tuning_backfill: a record's versions come from the rows of the run that searched it, or it is flagged
+"""instruments.tuning_backfill: a record's versions come from the rows of the run that searched it, or it is flagged
 versions_unverified; the committed records are all one or the other."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pandas as pd
 import pytest
 
-from experiments import tuning_backfill
 from impls import tuning
+from instruments import tuning_backfill
 
 KEY = "b8-l4096-h80-p64-g1-n128-c256|bfloat16|cb_precision=tf32"
 ROW = {"backend": "cutile", "gpu_name": "NVIDIA H200", "dtype": "bfloat16", "batch": 8, "seqlen": 4096, "nheads": 80,

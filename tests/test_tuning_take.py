@@ -1,4 +1,4 @@
-"""experiments/tuning_take.py: the records of GPU runs merged into the tree entry by entry, in any order."""
+"""instruments/tuning_take.py: the records of GPU runs merged into the tree entry by entry, in any order."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from experiments import tuning_take
+from instruments import tuning_take
 
 GPU = "NVIDIA_H200"
 STACK = {"triton": "3.6.0", "driver": "580"}

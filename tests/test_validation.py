@@ -167,7 +167,7 @@ def _no_softplus(**changes):
 def test_decay_factor_refuses_increasing_decay(arg, changes):
     """The factored decay assumes dA_cumsum non-increasing in a chunk: check_values and the harness's gate refuse
     inputs that break it, naming the argument; the same inputs are fine for a backend without the switch."""
-    from experiments import correctness
+    from harness import correctness
 
     kw = _no_softplus(**changes)
     factored = impls.get_backend("triton", decay_factor=True)

@@ -12,7 +12,7 @@ import zipfile
 import pytest
 import torch
 
-from experiments import provenance
+from harness import provenance
 from impls.inputs import make_inputs
 from impls.problem import Problem
 from impls.tolerance import rel_err

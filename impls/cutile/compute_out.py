@@ -115,7 +115,7 @@ class OutConsts(CopyHints):
     cuTile 1.7 takes a frozen dataclass in kernel code as an aggregate whose fields are the values it was built
     from, so fields built from constants stay compile-time constants: `if k.SWAP:` and `ct.static_iter(range(k.NL))`
     fold exactly as the parameters themselves did (the normalised SASS of every kernel is unchanged, see
-    impls/cutile/sass_hashes.py). The kernels keep their scalar `ct.Constant` parameters: a dataclass kernel
+    instruments/cutile/sass_hashes.py). The kernels keep their scalar `ct.Constant` parameters: a dataclass kernel
     parameter is "a development-only feature" in cuTile 1.7 (`cuda.tile.compilation.DataclassConstraint` refuses
     it outside calling convention v3)."""
 

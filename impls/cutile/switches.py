@@ -105,7 +105,7 @@ class CutileSwitches:
                "(heads_first's included) instead of one program per tile; the tiles, the math and the rounding "
                "are unchanged. Not with head_loop",
         sm90="a new program's first loads (C_l, the states, x_j, C·B_jᵀ) are waited on by its math warps before "
-             "any MMA (a fifth of compute_out's warp samples at S1, `python -m experiments.hotspots`); walking "
+             "any MMA (a fifth of compute_out's warp samples at S1, `python -m instruments.hotspots`); walking "
              "tiles in a loop lets the copy warp load the next tile's operands while the math warps finish the "
              "current one (docs/perf-notes.md, version 25)",
         sm100="the same loop (148 SMs); its pipelining by tileiras for tcgen05 has not been examined")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from pathlib import Path
 
 import torch
 
@@ -198,6 +199,24 @@ def tunable(stage: str, sw, device, shape_label: str, dtype: str, make_call, hea
         baseline_space=search_space(stage, dataclasses.replace(CutileSwitches(), tuning=sw.tuning), heads_per_group))
 
 
+# The switch-effects table: per stage, dtype and code switch, whether the switch alone away from its default
+# (`off`) changes the sm_90 SASS (written by `python -m instruments.cutile.switch_effects`)
+SASS_EFFECTS = Path(__file__).with_name("switch_sass_effects.json")
+# the value away from the default of each non-bool code switch; every other code switch is a bool whose "off" is False
+OFF_VALUE = {"cb_precision": "fp32", "head_mma": "batched"}
+# the value a default-off (0) int code switch is turned on to; "all off" (sass_hashes.ALL_OFF) leaves it at 0
+ON_VALUE = {"head_loop": 4}
+
+
+def off(name: str) -> CutileSwitches:
+    """The defaults with `name` turned away from its default: off for a default-on trick, on for a default-off
+    one (operand_swap), the other precision for cb_precision, the batched (rank-3) lowering for head_mma, the head
+    loop over 4 heads for head_loop."""
+    default = getattr(CutileSwitches(), name)
+    value = (not default) if isinstance(default, bool) else OFF_VALUE[name] if name in OFF_VALUE else ON_VALUE[name]
+    return dataclasses.replace(CutileSwitches(), **{name: value})
+
+
 # switches whose switch-effects row compiles one tile config, where both settings happen to be one kernel: head_mma
 # at one head per tile (its lowerings differ at two, which the row does not compile), so the row says nothing of the
 # tiles a record holds
@@ -208,7 +227,7 @@ def same_sass_key(stage: str, sw, shape_label: str, dtype: str, arch: str | None
     """The defaults' record key when `stage`'s code under `sw` is the defaults' (tuning.SAME_SASS), else None: `sw`
     differs from CutileSwitches() (its tuning mode aside) in one switch, and either the stage's key and pins are the
     defaults' (the switch is none of the stage's code-changing switches) or, on sm_90 (`arch`), the switch is at the
-    value impls/cutile/switch_effects.json compiled and that row (stage, dtype) reads "no-op on sm_90": the same
+    value impls/cutile/switch_sass_effects.json compiled and that row (stage, dtype) reads "no-op on sm_90": the same
     normalised SASS as the defaults'."""
     from impls.cutile.switches import CODE_SWITCHES
 
@@ -222,11 +241,9 @@ def same_sass_key(stage: str, sw, shape_label: str, dtype: str, arch: str | None
     name = changed[0]
     if arch != "sm_90" or name not in CODE_SWITCHES or name in EFFECTS_AT_ONE_CONFIG:
         return None
-    from impls.cutile import switch_effects
-
-    if getattr(sw, name) != getattr(switch_effects.off(name), name):
+    if getattr(sw, name) != getattr(off(name), name):
         return None
-    return baseline if (stage, dtype, name, arch) in tuning.same_code_rows(str(switch_effects.PATH)) else None
+    return baseline if (stage, dtype, name, arch) in tuning.same_code_rows(str(SASS_EFFECTS)) else None
 
 
 def device_arch(device) -> str | None:

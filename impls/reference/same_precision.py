@@ -1,5 +1,5 @@
 """The chunked reference at a backend's own precision: what a correct kernel of that precision achieves, against
-which the gate measures a backend's error (experiments/correctness.py, impls/README.md "The gate's bound").
+which the gate measures a backend's error (harness/correctness.py, impls/README.md "The gate's bound").
 
 Inputs stay in their dtype; dt's softplus is the textbook log(1 + exp(v)) in float32 (upstream's form: its rounding
 of 1 + exp(v) costs ~1e-5 relative at typical dt, which torch's exact softplus does not show), exp and log taken

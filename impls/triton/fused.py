@@ -25,7 +25,7 @@ barrier (every thread's stores issued) and one atomic exchange with release sema
 atomic add of 0 with acquire semantics, then a CTA barrier; the data behind a flag is read with `.cg` loads
 (L2, not a possibly stale L1 line) and never through TMA (the async proxy would need a proxy fence). Triton issues
 the scalar atomics from one thread and broadcasts their value through shared memory; the acquire add of 0 becomes
-an acquire load. `python -m impls.triton.aot` checks this shape in every fused build's sm_90 PTX (`aot.handoff`).
+an acquire load. `python -m instruments.triton.aot` checks this shape in every fused build's sm_90 PTX (`aot.handoff`).
 
 Deadlock freedom. A program does not take its coordinates from its program id but from a *ticket*, an atomic
 increment of a counter it takes as its first instruction; tickets enumerate (chunk, batch, head, row tile, headdim

@@ -30,7 +30,7 @@ WARP_SPECIALIZE_GPU_REFUSAL = (
     "switch warp_specialize of backend 'triton': refused on a GPU: with Triton 3.6 its warp-specialised kernels "
     "computed wrong results on an NVIDIA H200 (13 of 30 GPU test cases over tolerance, up to inf) and were 2-3x "
     "slower where right (docs/perf-notes.md, version 15 measured); it runs only where nothing is launched on a GPU "
-    "(the Triton interpreter, `python -m impls.triton.spills`)")
+    "(the Triton interpreter, `python -m instruments.triton.spills`)")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -63,7 +64,14 @@ def near_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict
     return None
 
 
-# the row of impls/triton/switch_effects.json each tuned kernel reads (stage 2: two kernels; the fused kernel: none)
+# The switch-effects table: per stage, dtype and code switch, whether the switch alone at its AWAY value changes the
+# stage's kernel launches (written by `python -m instruments.triton.switch_effects`)
+LAUNCH_EFFECTS = Path(__file__).with_name("switch_launch_effects.json")
+# each code switch's value away from its default (tma on: descriptors made in the kernel)
+AWAY = {"transposed_layout": False, "operand_swap": False, "exp2": False, "decay_factor": True,
+        "heads_first": True, "tma": True, "cb_mode": "shared", "state_pass": "serial"}
+# the row of impls/triton/switch_launch_effects.json each tuned kernel reads (stage 2: two kernels; the fused kernel:
+# none)
 EFFECTS_STAGE = {"chunk_cumsum": "chunk_cumsum", "chunk_state": "fwd_pass_state", "state_passing": "fwd_pass_state",
                  "compute_out": "compute_out"}
 
@@ -75,10 +83,8 @@ def same_sass_key(switches: TritonSwitches, shape_label: str, dtype: str, flags:
     """The defaults' record key when `stage`'s code under `switches` is the defaults' (tuning.SAME_SASS), else None:
     the switches differ from TritonSwitches() (NOT_CODE aside) in one switch, and either the stage's key and
     pins are the defaults' (the switch is none of the stage's code-changing switches) or the switch is at the value
-    impls/triton/switch_effects.json recorded and that row (stage, dtype) reads "no-op ... (same launches)": the
+    impls/triton/switch_launch_effects.json recorded and that row (stage, dtype) reads "no-op ... (same launches)": the
     same kernels, constexprs, arguments and launch options, so the same machine code on any target."""
-    from impls.triton import switch_effects
-
     defaults = dataclasses.replace(TritonSwitches(), **{k: getattr(switches, k) for k in NOT_CODE})
     changed = [f.name for f in dataclasses.fields(switches) if getattr(switches, f.name) != getattr(defaults, f.name)]
     if len(changed) != 1:
@@ -88,10 +94,10 @@ def same_sass_key(switches: TritonSwitches, shape_label: str, dtype: str, flags:
             pinned(switches, stage) == pinned(defaults, stage):
         return baseline
     name = changed[0]
-    if name not in switch_effects.AWAY or getattr(switches, name) != switch_effects.AWAY[name]:
+    if name not in AWAY or getattr(switches, name) != AWAY[name]:
         return None
     row = (EFFECTS_STAGE.get(stage), dtype, name, "sm_90")
-    return baseline if row in tuning.same_code_rows(str(switch_effects.PATH)) else None
+    return baseline if row in tuning.same_code_rows(str(LAUNCH_EFFECTS)) else None
 
 
 def tunable(stage: str, switches: TritonSwitches, key: str, dtype: str, dims: dict[str, int], device: torch.device,

@@ -4,8 +4,8 @@ it, so that the switch either runs as asked or raises.
 On sm_90, Triton 3.6's Hopper pass splits such a program into a producer warpgroup that issues the loop's
 tensor-descriptor (TMA) copies and consumer warpgroups that do the math, rebalancing registers between them with
 `setmaxnreg` — the arrangement tileiras gives every cuTile kernel without being asked. Compiled on the CPU
-(`python -m impls.triton.spills`, `python -m impls.triton.expressible`, docs/triton-switches.md) it does so only in
-part of the space:
+(`python -m instruments.triton.spills`, `python -m instruments.triton.expressible`, docs/triton-switches.md) it does so
+only in part of the space:
 - a loop with pointer loads (tma off, compute_out's cb_mode='shared') fails to compile, whatever the tiles;
 - fp32 at input_precision 'ieee' compiles to a kernel that is not warp-specialised, with no error;
 - at some launch configurations (num_warps 8; a 32-wide headdim tile of chunk_state with operand_swap off) the

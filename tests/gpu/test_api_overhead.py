@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 import impls
-from experiments import api_overhead, config, timing
+from harness import api_overhead, config, timing
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 

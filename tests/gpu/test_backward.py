@@ -1,4 +1,4 @@
-"""The peers' backwards through `impls.ssd` on the GPU, through the gradient gate (experiments/gradient_gate.py):
+"""The peers' backwards through `impls.ssd` on the GPU, through the gradient gate (harness/gradient_gate.py):
 mamba-ssm's own autograd function and TileGym's mamba2_chunk_backward, bf16, at a medium shape with S1's blocks;
 and the refusals of those without one."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments.gradient_gate import check_gradients
+from harness.gradient_gate import check_gradients
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.registry import BackendUnavailable, get_backend
@@ -32,7 +32,7 @@ def test_the_peers_backward_passes_the_gradient_gate(backend):
 ])
 def test_peers_without_a_backward_refuse_on_the_gpu(backend, words):
     import impls
-    from experiments.calls import forward_arguments
+    from harness.calls import forward_arguments
 
     problem = Problem(Shape(1, 512, 16, 64, 1, 128, 256), dtype="bfloat16")
     kw = forward_arguments(make_inputs(problem, device="cuda", seed=0))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments import correctness
+from harness import correctness
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.reference.backend import ReferenceBackend

@@ -128,7 +128,7 @@ def test_jobs_ran_the_launcher_config(sweep):
 def test_rows_arrived_with_provenance(sweep, cluster):
     import pandas as pd
 
-    from experiments import store
+    from harness import store
 
     _, results, sweep_dir = sweep
     rows = store.load(results / SWEEP)
@@ -155,7 +155,7 @@ def test_rows_arrived_with_provenance(sweep, cluster):
     # The SLURM job id in each row, issued by this controller, and the one the Hydra record names.
     assert "slurm_job_id" in rows.columns, (
         "rows lack the provenance column slurm_job_id (SLURM_JOB_ID of the job that measured the point): "
-        "experiments/provenance.py must record it")
+        "harness/provenance.py must record it")
     for backend in POINTS:
         point = rows[rows["backend"] == backend]
         ids = point["slurm_job_id"].dropna().unique()
@@ -184,7 +184,7 @@ def test_gpu_launcher_config_is_scheduled(cluster):
         assert f"#SBATCH {flag}\n" in text, flag
     info = cluster.show_job(job_records(sweep_dir)[0]["job_id"])
     assert info["JobState"] == "COMPLETED" and info.get("TresPerNode", "").endswith("gpu:1"), info
-    from experiments import store
+    from harness import store
 
     rows = store.load(results / "slurm_gpu")
     assert set(rows["status"]) == {"ok"} and set(rows["backend"]) == {"reference"}

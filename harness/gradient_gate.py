@@ -1,0 +1,258 @@
+"""The gradient gate: every gradient of `impls.ssd` against float64 autograd through the chunked reference, bounded
+block by block by what the same computation at the backend's own precision achieves (impls/README.md, "The
+backward"; the forward's gate is harness/correctness.py).
+
+Gradients flow from a random, everywhere non-zero dy (and d final_states, d varlen_states); the backend's are
+computed under poisoned allocations, so an unwritten gradient shows as NaN. Blocks: dx, dz per (batch, chunk,
+head); ddt per (batch, chunk, head); dB, dC per (batch, chunk, group); dA, dD, ddt_bias whole and per head;
+dinitial_states per (sequence, head).
+
+Where the float64 graph of the whole problem does not fit (the gate's reference is not "float64": the 2^20-token
+problem), the ground truth is streamed piece by piece (impls/reference/sampled_backward.py: dx and dz on the sampled
+chunks, the rest whole) and each block is held to the dtype's flat tolerance (impls.tolerance.tolerance), as the
+forward's gate holds its sampled reference: no same-precision computation of that size fits either."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.calls import forward_arguments, forward_kwargs
+from harness.correctness import same_precision_stages
+from impls import tolerance as tolerances
+from impls.api import GRAD_INPUTS
+from impls.autograd import ssd
+from impls.inputs import Inputs
+from impls.reference.same_precision import SamePrecisionReference
+from impls.reference.sampled import sampled_chunks
+from impls.reference.sampled_backward import SAMPLED_ONLY, sampled_gradients
+from impls.registry import get_backend
+from impls.tolerance import poisoned_allocations
+
+GRADIENTS = tuple(f"d{name}" for name in GRAD_INPUTS)
+
+
+def gradient_blocks(name: str, chunk_size: int, ndim: int) -> tuple[tuple[int | None, ...], tuple[str, ...]]:
+    """The blocks a gradient is judged by and the names of the block index's dimensions."""
+    if name in ("dx", "dz"):
+        return (1, chunk_size, 1, None), ("batch", "chunk", "head", "")
+    if name == "ddt":
+        return (1, chunk_size, 1), ("batch", "chunk", "head")
+    if name in ("dB", "dC"):
+        return (1, chunk_size, 1, None), ("batch", "chunk", "group", "")
+    if name in ("dA", "ddt_bias") or (name == "dD" and ndim == 1):
+        return (1,), ("head",)
+    if name == "dD":
+        return (1, None), ("head", "")
+    if name == "dinitial_states":
+        return (1, 1, None, None), ("sequence", "head", "", "")
+    raise ValueError(f"gradient: expected one of {GRADIENTS}, got {name!r}")
+
+
+def output_gradients(inputs: Inputs, seed: int = 0, on_device: bool = False) -> dict[str, torch.Tensor]:
+    """Random, everywhere non-zero gradients flowing into y, the final states and (with cu_seqlens) the
+    per-sequence states, in float64 on the inputs' device; with `on_device`, drawn there in the inputs' dtype (the
+    2^20-token problem's dy would be 43 GB in float64)."""
+    if on_device:
+        return _device_output_gradients(inputs, seed)
+    gen = torch.Generator(device="cpu").manual_seed(10_000 + seed)
+    b, length, h, p = inputs.x.shape
+    n = inputs.B.shape[-1]
+    shapes = {"y": (b, length, h, p), "final_states": (b, h, p, n)}
+    if inputs.cu_seqlens is not None:
+        shapes["varlen_states"] = (inputs.cu_seqlens.shape[0] - 1, h, p, n)
+    grads = {}
+    for name, shape in shapes.items():
+        g = torch.randn(*shape, generator=gen, dtype=torch.float64)
+        grads[name] = (g + torch.where(g >= 0, 0.05, -0.05)).to(inputs.x.device)  # never zero
+    return grads
+
+
+def _device_output_gradients(inputs: Inputs, seed: int) -> dict[str, torch.Tensor]:
+    """`output_gradients` drawn on the inputs' device in their dtype (another stream, the same law)."""
+    device = inputs.x.device
+    gen = torch.Generator(device=device).manual_seed(10_000 + seed)
+    b, length, h, p = inputs.x.shape
+    shapes = {"y": (b, length, h, p), "final_states": (b, h, p, inputs.B.shape[-1])}
+    grads = {}
+    for name, shape in shapes.items():
+        g = torch.randn(*shape, generator=gen, dtype=inputs.x.dtype, device=device)
+        grads[name] = g.add_(torch.where(g >= 0, 0.05, -0.05).to(g.dtype))
+    return grads
+
+
+def leaves_of(kw: dict) -> dict[str, torch.Tensor]:
+    """The differentiable inputs of `kw` (impls.api.GRAD_INPUTS present), detached and requiring grad."""
+    return {name: kw[name].detach().requires_grad_() for name in GRAD_INPUTS if kw.get(name) is not None}
+
+
+def incoming(out, grads_in: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The outputs of `out` (a ForwardResult) that gradients flow into, and those gradients in their dtypes."""
+    pairs = [(getattr(out, name), g) for name, g in grads_in.items() if getattr(out, name) is not None]
+    return [o for o, _ in pairs], [g.to(o.dtype) for o, g in pairs]
+
+
+def _gradients(run, kw: dict, grads_in: dict) -> dict[str, torch.Tensor | None]:
+    """{d<input>: gradient} of `run(**kw)` (a function returning a ForwardResult) from `grads_in`."""
+    leaves = leaves_of(kw)
+    outputs, grads = incoming(run(**{**kw, **leaves}), grads_in)
+    found = torch.autograd.grad(outputs, list(leaves.values()), grads, allow_unused=True)
+    return {f"d{name}": g for name, g in zip(leaves, found)}
+
+
+# The inputs with a batch dimension first (initial_states only with one state per batch row); the others (A, D,
+# dt_bias) are shared by the rows, and their gradients are the sum of the rows'.
+ROW_INPUTS = ("x", "dt", "B", "C", "z", "initial_states", "seq_idx")
+
+
+def _row_by_row(run, kw: dict, grads_in: dict) -> dict[str, torch.Tensor | None]:
+    """`_gradients` one batch row at a time, for the references: the batch rows of the chunked reference are
+    independent computations, so the same gradients come out of a graph a batch's size smaller (the float64 graph of
+    S3 whole passes an H100's 80 GB). Packed sequences in one row (cu_seqlens) are run whole."""
+    batch = kw["x"].shape[0]
+    if batch == 1 or kw.get("cu_seqlens") is not None:
+        return _gradients(run, kw, grads_in)
+    rows = [_gradients(run, {**kw, **{k: kw[k][r:r + 1] for k in ROW_INPUTS if kw.get(k) is not None}},
+                       {k: g[r:r + 1] for k, g in grads_in.items()}) for r in range(batch)]
+    out = {}
+    for name in rows[0]:
+        parts = [row[name] for row in rows]
+        if parts[0] is None:
+            out[name] = None
+        elif name[1:] in ROW_INPUTS:
+            out[name] = torch.cat(parts)
+        else:
+            out[name] = torch.stack(parts).sum(0)
+    return out
+
+
+def reference_gradients(inputs: Inputs, grads_in: dict) -> dict[str, torch.Tensor]:
+    """The ground truth: float64 autograd through the chunked reference (a batch row at a time)."""
+    kw = forward_arguments(inputs.to(dtype=torch.float64))
+    kw["state_dtype"] = torch.float64
+    return _row_by_row(lambda **a: ssd(**a, backend="reference"), kw, grads_in)
+
+
+def same_precision_gradients(backend, inputs: Inputs, grads_in: dict, dtype: torch.dtype, device) -> dict:
+    """Autograd through the chunked reference at the backend's own precision (impls/reference/same_precision.py),
+    in the inputs' dtype (a batch row at a time): what a correct backward of that precision achieves."""
+    same = SamePrecisionReference(same_precision_stages(backend, dtype, device))
+    kw = forward_arguments(inputs)
+    return _row_by_row(lambda **a: same.ssd_forward(**a), kw, grads_in)
+
+
+def backend_gradients(backend, inputs: Inputs, grads_in: dict) -> dict[str, torch.Tensor | None]:
+    """The backend's gradients through `impls.ssd`, every tensor it allocates poisoned first."""
+    kw = forward_arguments(inputs)
+    with poisoned_allocations():
+        return _gradients(lambda **a: ssd(**a, backend=backend), kw, grads_in)
+
+
+# A gradient that is another gradient's sum over some dimensions: ddt_bias of a head is the sum of ddt (the gradient
+# of the raw dt) over batch and time. Each term carries the error a same-precision computation gives it, so their
+# sum's error has the size of that relative error times the terms' norm (independent errors add in quadrature),
+# however much the terms cancel: a head whose sum nearly cancels cannot be held to less.
+SUMS = {"ddt_bias": ("ddt", (0, 1))}
+
+
+def sum_floor(name: str, truth: dict, same: dict) -> torch.Tensor | None:
+    """Per block (head) of a summed gradient: the same-precision terms' relative error × the terms' norm; None for a
+    gradient that is no sum of another."""
+    if name not in SUMS or truth.get(SUMS[name][0]) is None or same.get(SUMS[name][0]) is None:
+        return None
+    terms, dims = SUMS[name]
+    term_err = tolerances.rel_err(same[terms], truth[terms])
+    return term_err * truth[terms].to(torch.float64).square().sum(dim=dims).sqrt()
+
+
+def check_gradients(backend, inputs: Inputs, dtype: torch.dtype, device=None, seed: int = 0,
+                    ground_truth: dict | None = None, reference: str = "float64") -> dict[str, dict]:
+    """Per gradient: {"rel_err", "bound", "block_err", "bound_ratio", "where", "ok"}; never raises for wrong numbers.
+    Each is judged by impls.tolerance.judge against the float64 ground truth (computed here unless given); with a
+    `reference` kind other than "float64" (harness.correctness.reference_kind), by the flat tolerance against the
+    streamed ground truth (`check_streamed`)."""
+    device = device or inputs.x.device
+    backend = get_backend(backend) if isinstance(backend, str) else backend
+    if reference != "float64":
+        return check_streamed(backend, inputs, dtype, seed)
+    grads_in = output_gradients(inputs, seed)
+    truth = ground_truth if ground_truth is not None else reference_gradients(inputs, grads_in)
+    same = same_precision_gradients(backend, inputs, grads_in, dtype, device)
+    got = backend_gradients(backend, inputs, grads_in)
+    report = {}
+    for name, expected in truth.items():
+        if expected is None:
+            continue
+        actual = got.get(name)
+        if actual is None:
+            report[name] = {"rel_err": math.inf, "bound": math.nan, "block_err": math.inf, "bound_ratio": math.inf,
+                            "where": "missing", "ok": False}
+            continue
+        block, dims = gradient_blocks(name, inputs.chunk_size, expected.dim())
+        judged = tolerances.judge(actual, expected, same[name], block, floor=sum_floor(name, truth, same))
+        report[name] = {"rel_err": judged.rel_err, "bound": judged.bound, "block_err": judged.block.ratio,
+                        "bound_ratio": judged.binding.ratio,
+                        "where": tolerances.describe_block(judged.binding.where, dims), "ok": judged.ok}
+    return report
+
+
+def check_streamed(backend, inputs: Inputs, dtype: torch.dtype, seed: int = 0, group: int = 16) -> dict[str, dict]:
+    """`check_gradients` where the float64 graph of the whole problem does not fit: the backend's gradients first
+    (poisoned), then the float64 ones streamed piece by piece on the sampled chunks (module docstring); each block
+    held to the dtype's flat tolerance (the state dtype's where looser, tf32's where the backend reports tf32)."""
+    grads_in = output_gradients(inputs, seed, on_device=True)
+    got = backend_gradients(backend, inputs, grads_in)
+    kw = forward_kwargs(inputs)
+    b, length, h, p = inputs.x.shape
+    chunks = sampled_chunks(b, length, h, p, inputs.B.shape[-1], inputs.chunk_size)
+    truth = sampled_gradients(**kw, dy=grads_in["y"], dfinal_states=grads_in["final_states"], chunks=chunks,
+                              group=group)
+    tf32 = backend.precision("compute_out", dtype, inputs.x.device) == "tf32"
+    tol = tolerances.tolerance(dtype, tf32, inputs.state_dtype)
+    report = {}
+    for name, expected in truth.grads.items():
+        actual = got.get(name)
+        if actual is None:
+            report[name] = {"rel_err": math.inf, "bound": tol, "block_err": math.inf, "bound_ratio": math.inf,
+                            "where": "missing", "ok": False}
+            continue
+        report[name] = _flat_report(name, truth.pick(name, actual), expected, tol, inputs.chunk_size, truth)
+    return report
+
+
+def _flat_report(name: str, actual, expected, tol: float, chunk_size: int, truth) -> dict:
+    """One gradient against the streamed truth, each block within `tol` (a summed gradient's block within tol × the
+    norm of its terms, as `sum_floor` allows)."""
+    block, dims = gradient_blocks(name, chunk_size, expected.dim())
+    err = tolerances.rel_err(actual, expected)
+    ratio, near_zero = tolerances.block_ratios(actual, expected, block)
+    bound = ratio / tol
+    if name in SUMS and SUMS[name][0] in truth.grads:
+        terms, over = SUMS[name]
+        allowed = torch.maximum(expected.abs(), truth.grads[terms].square().sum(dim=over).sqrt())
+        diff = (actual.to(torch.float64) - expected).abs()
+        bound = torch.where(torch.isfinite(diff), diff / (tol * allowed), math.inf)
+    worst = tolerances.worst_block(bound, near_zero)
+    where = list(worst.where)
+    if name in SAMPLED_ONLY and where:  # the problem's own chunk number
+        where[1] = truth.chunks[where[1]]
+    return {"rel_err": err, "bound": tol, "block_err": float(ratio.max()), "bound_ratio": worst.ratio,
+            "where": tolerances.describe_block(tuple(where), dims), "ok": err <= tol and worst.ratio <= 1.0,
+            "rule": f"flat: {tol:g} per block against float64 gradients streamed on sampled chunks"}
+
+
+def stage_reports(report: dict[str, dict], dtype: torch.dtype, precision: str) -> dict[str, dict]:
+    """`check_gradients`' report as the forward gate's stage reports (harness/gate.py): stage "grad:<name>"."""
+    out = {}
+    for name, r in report.items():
+        bound = r.get("rule") or (f"same-precision: {tolerances.SAME_PRECISION_K:g} x autograd through the chunked "
+                                  f"reference at {precision}")
+        out[f"grad:{name}"] = {
+            "rel_err": r["rel_err"], "tol": r["bound"], "precision": precision, "ok": r["ok"], "errors": {},
+            "block_err": r["block_err"], "block_where": f"{name}: {r['where']}", "bound_ratio": r["bound_ratio"],
+            "bound_where": f"{name}: {r['where']}", "bound": bound,
+            "error": None if r["ok"] else (f"{name}: rel_err {r['rel_err']:.3g} (bound {r['bound']:.3g}), worst "
+                                           f"block {r['bound_ratio']:.3g} of its bound at {r['where']}"),
+        }
+    return out

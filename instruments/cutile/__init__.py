@@ -1,0 +1,1 @@
+"""cuTile inspection: ahead-of-time compiles, spills, golden SASS hashes, the switch-effects table."""

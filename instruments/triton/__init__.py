@@ -1,0 +1,1 @@
+"""Triton inspection: ahead-of-time compiles, spills, golden PTX hashes, the switch-effects table, probes."""
