@@ -7,7 +7,7 @@ encoding by `fill_tma_descriptor` is recorded as the tuple of its inputs). Nothi
 
 The process must not run under the Triton interpreter (TRITON_INTERPRET unset before impls.triton is imported);
 `install()` makes this the active driver. Used by scripts/host_path_cpu.py (`--through triton`) and the CPU tests of
-impls/triton/launcher.py.
+impls/triton/launcher.py; `python -m experiments.triton_fake_driver [SWITCHES] [PATH]` compares the launch paths.
 """
 
 from __future__ import annotations

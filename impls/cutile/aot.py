@@ -5,7 +5,8 @@ placeholders for the tensors; `export(call, arch)` turns it into a cubin with
 `cuda.tile.compilation.export_kernel`; `sass(cubin)` disassembles it with the cuobjdump of the venv
 (`nvidia-cuda-cuobjdump` wheel; with the `nvidia-cuda-nvdisasm` wheel beside it; triton's older bundled copy is the
 last resort). `pdl_access_guards(sass_text)` follows a listing's control flow to say what each global-memory access of
-a programmatic dependent launch waits on first.
+a programmatic dependent launch waits on first. `python -m impls.cutile.aot STAGE [--switches JSON] [--config JSON]`
+prints one variant's SASS facts.
 """
 
 from __future__ import annotations
