@@ -165,3 +165,20 @@ def test_a_model_without_a_current_run_says_so_at_the_top(tmp_path):
     lines = front_page.render(front_page.page_of("h200", root), root).splitlines()
     assert lines[0] == "# Where things stand: NVIDIA H200"
     assert lines[2].startswith("**No current run on NVIDIA H200**") and "front_page_h200" in lines[2]
+
+
+def test_committed_status_page_matches_the_rows():
+    """docs/STATUS.md is what `python -m analysis.status` makes of the current runs (one card, one run per table)."""
+    from analysis import status
+
+    assert (ROOT / status.OUTPUT).read_text() == status.render(ROOT), "run python -m analysis.status"
+
+
+def test_the_status_page_names_each_card_s_run_and_its_fastest_point():
+    from analysis import front_page, status
+
+    text = status.render(ROOT)
+    for slug, gpu in front_page.MODELS.items():
+        source = front_page.page_of(slug, ROOT).source
+        assert f"## {gpu}" in text and (f"`results/{source}`" in text if source else "No current run" in text)
+
