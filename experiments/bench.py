@@ -30,10 +30,10 @@ from pathlib import Path  # noqa: E402
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from harness import config as conf  # noqa: E402
-from harness import gate, measure_time, plan, record, secrets  # noqa: E402
+from harness import gate, measure_time, plan, provenance, record, secrets  # noqa: E402
 from harness.record import Rows  # noqa: E402
 
 conf.register_schemas()
@@ -78,6 +78,37 @@ def context_lost(exc: BaseException) -> bool:
     return "illegal memory access" in str(exc) or "unspecified launch failure" in str(exc)
 
 
+def fallback_lines(card: str, backend: str, describe: dict, records: str) -> list[str]:
+    """One line per tuned stage that ran on its backend's fallback config because no usable record exists (the mode
+    auto's choice, not a fallback asked for with tuning=fallback): the card, the backend, the stage, why, what ran,
+    and how to search first. `records`: the GPU name the backend's records are filed under."""
+    from impls import tuning
+
+    stages = describe.get("stages") if isinstance(describe.get("stages"), dict) else describe.get("tuning_sources")
+    lines = []
+    for stage, info in (stages or {}).items():
+        if not isinstance(info, dict) or info.get("source") != "fallback" or info.get("reason") == "tuning=fallback":
+            continue
+        config = json.dumps(info.get("config", {}), sort_keys=True)
+        why = info.get("reason") or "no record"
+        lines.append(f"[bench] {card}: no usable tuning record for {backend} {stage} ({why}; "
+                     f"{tuning.record_path(backend, stage, records)}): ran its fallback config {config}. Search "
+                     f"first: python -m experiments.bench -m experiment=autotune backend={backend} shape=<shape>")
+    return lines
+
+
+def announce_fallbacks(built: plan.Plan) -> None:
+    """On a GPU, says which stages fall back for want of a record (on the CPU the interpreter always runs the
+    fallback: nothing to say)."""
+    device = built.point.device
+    if device.type != "cuda":
+        return
+    card = provenance.device_name(device)
+    for line in fallback_lines(card, built.point.backend, built.backend.describe(),
+                               built.backend.tuning_device(device) or card):
+        print(line)
+
+
 def measure(point: plan.Point, logger: str = "local", wandb_run: str | None = None) -> Rows:
     """The steps of one point after the start-up checks: Plan → GateReport → Timings → Rows. Any failure is a
     result: the rows of the steps reached, status failed and why; a failed gate times nothing."""
@@ -89,6 +120,7 @@ def measure(point: plan.Point, logger: str = "local", wandb_run: str | None = No
                                f"({_CUDA_CONTEXT_LOST[0]}); run the point in a process of its own")
         built = plan.build(point)
         report = gate.run(built)
+        announce_fallbacks(built)
         timings = measure_time.run(built, report)  # refuses a failed gate (GateFailure)
     except Exception as exc:  # noqa: BLE001 - a failed point is a result; the sweep goes on
         error = secrets.redact(f"{type(exc).__name__}: {exc}")
@@ -106,12 +138,37 @@ def write_marker(hc, payload: dict) -> None:
     (out / "point.json").write_text(json.dumps(payload, default=str))
 
 
+SHAPE_FIELDS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
+
+
+def shape_name(name: str, shape, overrides) -> str:
+    """The name a point's rows carry: the shape's own, followed by the dimensions the command line or the sweep
+    changed (`shape.seqlen=64` on `tiny`: `tiny[seqlen=64]`), so that two shapes of one sweep never share a name
+    (nor one table cell). A name given with them (`shape.name=...`) is kept as given."""
+    changed = {text.lstrip("+").partition("=")[0].removeprefix("shape.") for text in overrides
+               if text.lstrip("+").startswith("shape.")}
+    fields = [f for f in SHAPE_FIELDS if f in changed]
+    if "name" in changed or not fields:
+        return name
+    return f"{name}[{','.join(f'{f}={shape[f]}' for f in fields)}]"
+
+
+def name_the_shape(cfg: DictConfig, overrides) -> None:
+    """Renames cfg.shape as `shape_name` says, after resolving the config under the shape's own name (the tiles of
+    conf/lvt read conf/shape/<name>.yaml)."""
+    named = shape_name(cfg.shape.name, cfg.shape, overrides)
+    if named != cfg.shape.name:
+        OmegaConf.resolve(cfg)
+        cfg.shape.name = named
+
+
 def run_point(cfg: DictConfig) -> dict:
     """The Hydra job: the Point of the config (start-up checks raise ConfigError), the skip rule, the steps, the
     rows stored and logged."""
     conf.validate(cfg)  # ConfigError: a start-up failure, not a result
     plan.resolve_device(cfg.device)
     hc = HydraConfig.get()
+    name_the_shape(cfg, hc.overrides.task)
     sweep_id, job_num = sweep_identity(hc)
     run_group, round_ = run_identity(sweep_id)
     if hc.mode == RunMode.MULTIRUN and job_num % cfg.launch.num_shards != cfg.launch.shard:
@@ -151,9 +208,32 @@ def default_sweep_args(argv: list[str]) -> list[str]:
     return [*argv, "experiment=cpu"]
 
 
+SWITCH_PREFIX = "backend.switches."
+
+
+def plus_hint(overrides: list[str]) -> str | None:
+    """What to write instead of a switch override without its `+` (a backend's switches start empty, so Hydra
+    refuses `backend.switches.tma=false` as a key not in the config), or None when every switch override has it."""
+    bare = [text for text in overrides if text.startswith(SWITCH_PREFIX)]
+    if not bare:
+        return None
+    fixed = " ".join(f"+{text}" for text in bare)
+    backends = [text.partition("=")[2] for text in overrides if text.startswith("backend=")]
+    backend = backends[0] if backends and "," not in backends[0] else "<backend>"
+    return (f"Hint: a switch the config does not set is added with a leading '+': {fixed} (the backend's "
+            f"switches: python -m impls switches {backend})")
+
+
 def main() -> None:
     sys.argv = default_sweep_args(sys.argv)
-    hydra_entry()
+    try:
+        hydra_entry()
+    except SystemExit as exc:
+        # Hydra reports a key not in the config and exits 1 before any config is set: add the `+` hint there
+        hint = plus_hint(sys.argv[1:]) if exc.code not in (0, None) and not HydraConfig.initialized() else None
+        if hint:
+            print(hint, file=sys.stderr)
+        raise
 
 
 if __name__ == "__main__":

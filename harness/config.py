@@ -143,6 +143,7 @@ class Config:
     direction: str = "forward"  # forward | backward | forward_backward (DIRECTIONS)
     force: bool = False  # re-run points already stored (same config hash and code key)
     retry_failed: bool = True  # re-run points stored as failed by the same code
+    verbose: bool = False  # the terminal shows W&B's banners and Hydra's launch lines too (default: bar and summary)
 
 
 def register_schemas() -> None:
@@ -420,5 +421,7 @@ def register_resolvers() -> None:
 
     if not OmegaConf.has_resolver("ssd_ablations"):
         OmegaConf.register_new_resolver("ssd_ablations", ablations)
+    if not OmegaConf.has_resolver("ssd_log_level"):  # Hydra's own lines: shown with verbose=true (conf/config.yaml)
+        OmegaConf.register_new_resolver("ssd_log_level", lambda verbose: "INFO" if verbose else "WARNING")
     if not OmegaConf.has_resolver("ssd_cutile_tile"):  # cuTile's tuned tiles as pins (harness/cutile_tiles.py)
         OmegaConf.register_new_resolver("ssd_cutile_tile", cutile_tile)

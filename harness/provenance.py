@@ -35,8 +35,8 @@ def _version(dist: str) -> str:
 
 @functools.cache
 def tileiras_version() -> str:
-    """The wheel's version, else the `tileiras` on PATH (the GPU bundle installs the binary without its wheel's
-    metadata: ../shared/gpu/README.md), read off `tileiras --version` ("... V13.4.92"); "absent" if neither."""
+    """The wheel's version, else the `tileiras` on PATH (a machine set up from the wheel's files has the binary
+    without the wheel's metadata), read off `tileiras --version` ("... V13.4.92"); "absent" if neither."""
     version = _version(PACKAGES["tileiras"])
     if version != "absent":
         return version

@@ -48,6 +48,7 @@ class Output:
     base_dir: Path = Path(".")  # where relative paths start (the directory the command was started in)
     force: bool = False
     retry_failed: bool = True
+    verbose: bool = False  # W&B's own terminal lines (its banners and run summary per point) shown
 
     @classmethod
     def from_config(cls, cfg: DictConfig, base_dir: Path) -> Output:
@@ -55,7 +56,7 @@ class Output:
         return cls(results_dir=results_dir if results_dir.is_absolute() else base_dir / results_dir,
                    logger=cfg.logger.kind, project=cfg.logger.project, entity=cfg.logger.entity,
                    mode=cfg.logger.mode, wandb_dir=cfg.logger.dir, base_dir=base_dir, force=bool(cfg.force),
-                   retry_failed=bool(cfg.retry_failed))
+                   retry_failed=bool(cfg.retry_failed), verbose=bool(cfg.verbose))
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,8 @@ def start_log(point: Point, output: Output):
         run = wandb_log.start(project=output.project, entity=output.entity, group=point.identity.sweep_id,
                               job_type=point.backend, name=f"{point.backend}-{point.identity.config_hash}",
                               config=secrets.redact(point.identity.config),
-                              directory=wandb_log.wandb_dir(output.wandb_dir, output.base_dir), mode=output.mode)
+                              directory=wandb_log.wandb_dir(output.wandb_dir, output.base_dir), mode=output.mode,
+                              silent=not output.verbose)
     except Exception as exc:  # noqa: BLE001 - W&B trouble must not lose the measurement
         print(secrets.redact(f"[bench] W&B unavailable ({type(exc).__name__}: {exc}); logging locally"))
         return "local", None

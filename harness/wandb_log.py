@@ -41,12 +41,13 @@ def table_frame(df: pd.DataFrame) -> pd.DataFrame:
     return out.where(pd.notna(out), None)
 
 
-def start(*, project, entity, group, job_type, name, config, directory: Path, mode: str):
+def start(*, project, entity, group, job_type, name, config, directory: Path, mode: str, silent: bool = False):
+    """One W&B run; `silent`: none of W&B's own lines on the terminal (its banners and run summary, per point)."""
     import wandb
 
     return wandb.init(project=project, entity=entity, group=group, job_type=job_type, name=name, config=config,
                       dir=str(directory), mode=os.environ.get("WANDB_MODE") or mode, reinit="finish_previous",
-                      settings=wandb.Settings(console="off", x_disable_stats=True))
+                      settings=wandb.Settings(console="off", x_disable_stats=True, silent=silent))
 
 
 def finish(run, df: pd.DataFrame, summary: dict) -> None:

@@ -101,6 +101,33 @@ def join_protocols(protocols) -> str:
     return "+".join(sorted(distinct, key=lambda p: (order.index(p) if p in order else len(order), p)))
 
 
+# --- how each switch enters the record key ---------------------------------------------------------------------------
+# Every switch of a tuned backend has one of these roles in its backend's KEY_ROLES (<backend>/tune.py), so that no new
+# switch leaves the key by omission: tests/test_tuning.py fails on a switch without a role, and checks each role
+# against the backend's record key and pins (adding a switch: docs/add-a-switch.md).
+KEY, PIN, KERNELS, NEITHER = "key", "pin", "kernels", "neither"
+KEY_ROLES = {
+    KEY: "changes the code of the stages it reaches: in their record key (at least away from its default), so its "
+         "configs are searched and stored apart",
+    PIN: "fixes launch-config fields over any record or search (0: from tuning)",
+    KERNELS: "picks which kernels run: their own stage, or a flag of the call, keys their records",
+    NEITHER: "changes no kernel's code and no config (where configs come from, the host's launch path, a search's "
+             "workers)",
+}
+
+
+def unclassified(switches_cls, roles: dict[str, str]) -> list[str]:
+    """What is wrong with a backend's KEY_ROLES: its switches without a role, names that are no switch of it, and
+    roles that are not KEY_ROLES'; empty when every switch has exactly one known role."""
+    import dataclasses
+
+    names = [f.name for f in dataclasses.fields(switches_cls)]
+    return ([f"switch {n!r} has no key role" for n in names if n not in roles]
+            + [f"{n!r} is no switch of {switches_cls.__name__}" for n in roles if n not in names]
+            + [f"{n!r}: unknown role {r!r} (KEY_ROLES: {sorted(KEY_ROLES)})" for n, r in roles.items()
+               if r not in KEY_ROLES])
+
+
 # --- the record store -----------------------------------------------------------------------------------------------
 def tuning_dir() -> Path:
     return Path(os.environ.get("SSD_TUNING_DIR", ROOT))

@@ -162,6 +162,58 @@ def test_multirun_checks_every_job_before_the_first(tmp_path):
     assert not (tmp_path / "res").exists()
 
 
+def test_cli_switch_without_its_plus_is_told_to_add_it(tmp_path):
+    """A backend's switches start empty, so Hydra refuses `backend.switches.tma=...` as a key not in the config;
+    the entry adds what to write instead (Hydra's own suggestion keeps only a sweep's first value)."""
+    out = _bench(["-m", "backend=cutile", "backend.switches.tma=false,true"], tmp_path)
+    assert out.returncode != 0
+    assert "with a leading '+': +backend.switches.tma=false,true" in out.stderr
+    assert "python -m impls switches cutile" in out.stderr
+    assert not (tmp_path / "res").exists()
+
+
+def test_the_plus_hint_is_for_switch_overrides_only():
+    from experiments import bench
+
+    assert bench.plus_hint(["backend=triton", "shape.seqne=3", "+backend.switches.tma=false"]) is None
+    assert "+backend.switches.exp2=false (" in bench.plus_hint(["backend=triton", "backend.switches.exp2=false"])
+
+
+@pytest.mark.parametrize("overrides, name", [
+    pytest.param(["shape.seqlen=64"], "tiny[seqlen=64]", id="one-field"),
+    pytest.param(["shape.seqlen=192"], "tiny[seqlen=192]", id="another-value"),
+    pytest.param(["shape.seqlen=64", "shape.batch=1"], "tiny[batch=1,seqlen=64]", id="two-fields"),
+    pytest.param(["shape=S1", "backend=triton"], "S1", id="unchanged"),
+    pytest.param(["shape.seqlen=64", "shape.name=mine"], "mine", id="named-by-hand"),
+])
+def test_a_shape_changed_by_an_override_gets_its_own_name(overrides, name):
+    """`shape.seqlen=64,192` sweeps two shapes: each carries its own name in the rows (not both `tiny`)."""
+    from experiments import bench
+
+    cfg = _compose(overrides)
+    bench.name_the_shape(cfg, overrides)
+    assert cfg.shape.name == name
+
+
+def test_a_renamed_shape_keeps_the_tiles_of_its_own_name():
+    """conf/lvt reads cuTile's tiles for ${shape.name}: resolved under the shape's own name before the rename."""
+    from experiments import bench
+
+    overrides = ["+lvt=triton_cutile_tiles", "shape=S1", "shape.seqlen=8192"]
+    cfg = _compose(overrides)
+    bench.name_the_shape(cfg, overrides)
+    assert cfg.shape.name == "S1[seqlen=8192]" and cfg.backend.switches.block_rows > 0
+
+
+def test_terminal_noise_is_off_unless_verbose():
+    """Hydra's launch lines and W&B's banners stay off the terminal by default; verbose=true shows them."""
+    from experiments import record
+
+    quiet, verbose = _compose([], hydra_cfg=True), _compose(["verbose=true"], hydra_cfg=True)
+    assert quiet.hydra.hydra_logging.root.level == "WARNING" and verbose.hydra.hydra_logging.root.level == "INFO"
+    assert not record.Output.from_config(quiet, REPO).verbose and record.Output.from_config(verbose, REPO).verbose
+
+
 @pytest.mark.parametrize("ablation, expect", [
     ("heads_first:True+pdl:True", {"heads_first": True, "pdl": True}),
     ("all_off+tma:True", {"tma": True, "exp2": False, "latency_hints": False, "transposed_layout": False}),

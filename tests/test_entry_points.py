@@ -15,6 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("impls", "experiments", "harness", "instruments", "analysis", "models", "scripts")
 HYDRA = {"experiments/bench.py": "Hydra's own entry: `python -m experiments.bench --help` is Hydra's help"}
+# the command a runnable module is run by, where it is not `python -m <its module>`
+COMMANDS = {"impls/cli.py": "python -m impls"}  # impls/__main__.py runs it
 
 
 def _runnable() -> list[Path]:
@@ -66,3 +68,19 @@ def test_help_exits_zero_before_doing_anything(path, capsys):
     assert code in (0, None), f"{rel} --help exited {code}"
     assert capsys.readouterr().out.strip(), f"{rel} --help printed nothing"
     assert _tracked_changes() == before, f"{rel} --help changed tracked files"
+
+
+def _command(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    return COMMANDS.get(str(rel), "python -m " + ".".join(rel.with_suffix("").parts))
+
+
+@pytest.mark.parametrize("path", [p for p in _runnable() if p.relative_to(ROOT).parts[0] != "scripts"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_runnable_module_is_an_entry_point_that_says_so(path):
+    """Only entry points are runnable: a module with a `__main__` block names its own command in its docstring (a
+    library module has no `__main__` block)."""
+    doc = " ".join((ast.get_docstring(ast.parse(path.read_text())) or "").split())
+    assert _command(path) in doc, f"{path.relative_to(ROOT)}: runnable, but its docstring does not name " \
+                                  f"`{_command(path)}` (an entry point says how it is run; a library is not runnable)"
+

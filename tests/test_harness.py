@@ -71,6 +71,18 @@ def test_rows_have_provenance(sweep):
     assert json.loads(ok[ok["backend"] == "mamba_ssm"]["describe"].iloc[0])["backend"] == "mamba_ssm"
 
 
+def test_the_terminal_shows_the_bar_and_the_summary(sweep):
+    """A sweep's default terminal output is its progress bar, its failed points and the summary table: none of W&B's
+    banners and run summaries, none of Hydra's launch lines (verbose=true shows them)."""
+    _, first, _, _ = sweep
+    lines = [line for line in (first.stdout + first.stderr).splitlines() if line.strip()]
+    bar = [line for line in lines if line.startswith("sweep t:")]  # each redraw of the bar reads as a line here
+    rest = [line for line in lines if not line.startswith("sweep t:")]
+    assert bar and not [line for line in rest if line.startswith("wandb:") or "[HYDRA]" in line], rest
+    # cutile's FAILED line, the summary's title, its header and its three points
+    assert len(rest) == 6 and "[bench] sweep t: 3 points, 1 failed" in first.stdout, rest
+
+
 def test_rows_record_the_block_wise_gate(sweep):
     """Each stage's worst block (block_err) beside its whole-tensor rel_err; the gate column says where the worst
     block is and that the mamba-ssm x2 rule was skipped on the CPU, and why."""
@@ -206,6 +218,24 @@ def test_tuning_sources(describe, expect):
     from harness.record import tuning_sources
 
     assert tuning_sources(describe) == expect
+
+
+def test_a_stage_falling_back_for_want_of_a_record_is_announced():
+    """On a card without records a run says so: the card, the backend, the stage, what ran and how to search first;
+    a fallback asked for (tuning=fallback) and a stage on its record say nothing."""
+    from experiments.bench import fallback_lines
+
+    card = "NVIDIA H100 80GB HBM3"
+    describe = {"stages": {"compute_out": {"source": "fallback", "reason": "no record", "config": {"block_rows": 64}},
+                           "chunk_cumsum": {"source": "record", "config": {"block_heads": 4}},
+                           "fwd_pass_state": {"source": "fallback", "reason": "tuning=fallback", "config": {}}}}
+    [line] = fallback_lines(card, "cutile", describe, card)
+    assert f"{card}: no usable tuning record for cutile compute_out (no record;" in line
+    assert "NVIDIA_H100_80GB_HBM3/cutile_compute_out.json" in line and 'config {"block_rows": 64}' in line
+    assert "experiment=autotune backend=cutile" in line
+    tilegym = {"tuning_sources": {"compute_out": {"source": "fallback", "reason": "no record", "config": {}}}}
+    assert len(fallback_lines(card, "tilegym", tilegym, card)) == 1
+    assert fallback_lines(card, "fla", {"stages": ["forward"]}, card) == []
 
 
 TRITON_DESCRIBE = {"stages": {"chunk_cumsum": {"tile_protocol": "same-sass"},

@@ -23,9 +23,9 @@ PARQUETS = sorted(RESULTS.glob("*/*.parquet"))
 
 @pytest.mark.parametrize("folder", [pytest.param(p, id=p.name) for p in FOLDERS])
 def test_folder_is_named_by_date_and_machine_and_described(folder):
-    """<date>-<machine>-<what>, with a README of its own or described in another folder's README."""
+    """<date>-<machine>-<what>, with a README of its own (machine, software, commands, what the rows show)."""
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}-[a-z0-9]+-[a-z0-9-]+", folder.name), folder.name
-    assert (folder / "README.md").is_file() or any(folder.name in p.read_text() for p in RESULTS.glob("*/README.md"))
+    assert (folder / "README.md").is_file(), f"{folder.name} has no README.md"
 
 
 def test_every_index_entry_exists():
@@ -165,3 +165,20 @@ def test_a_model_without_a_current_run_says_so_at_the_top(tmp_path):
     lines = front_page.render(front_page.page_of("h200", root), root).splitlines()
     assert lines[0] == "# Where things stand: NVIDIA H200"
     assert lines[2].startswith("**No current run on NVIDIA H200**") and "front_page_h200" in lines[2]
+
+
+def test_committed_status_page_matches_the_rows():
+    """docs/STATUS.md is what `python -m analysis.status` makes of the current runs (one card, one run per table)."""
+    from analysis import status
+
+    assert (ROOT / status.OUTPUT).read_text() == status.render(ROOT), "run python -m analysis.status"
+
+
+def test_the_status_page_names_each_card_s_run_and_its_fastest_point():
+    from analysis import front_page, status
+
+    text = status.render(ROOT)
+    for slug, gpu in front_page.MODELS.items():
+        source = front_page.page_of(slug, ROOT).source
+        assert f"## {gpu}" in text and (f"`results/{source}`" in text if source else "No current run" in text)
+

@@ -835,3 +835,86 @@ def test_every_committed_record_holds_only_fields_its_stage_reads():
             assert set(record["config"]) <= fields, (path, key, record["config"])
             seen += 1
     assert seen > 20
+
+
+# --- every switch of a tuned backend has a role for the record key (impls/tuning.py KEY_ROLES) ---------------------
+def _cutile_keys(sw):
+    from impls.cutile import tune
+
+    return {s: (tune.record_key(s, sw, "b1-l256", "bfloat16"), tune.pins(s, sw)) for s in tune.STAGE_KEYS}
+
+
+def _triton_keys(sw):
+    from impls.triton import tune
+    from impls.triton.clamp import pinned
+    from impls.triton.stages import STAGE_FIELDS  # the fused kernel's stage too
+
+    return {s: (tune.record_key(sw, "b1-l256", "bfloat16", {}, s), pinned(sw, s)) for s in STAGE_FIELDS}
+
+
+def _tilegym_keys(sw):
+    from types import SimpleNamespace
+
+    from impls.problem import Shape
+    from impls.tilegym import tune
+    from impls.tilegym.backend import TilegymBackend
+
+    variant = TilegymBackend._variant(SimpleNamespace(switches=sw))
+    shape = Shape(1, 256, 4, 16, 1, 16, 128)
+    return {s: (tune.config_key(s, shape, "bfloat16", variant if s == "fwd_pass_state" else {}, "float32"), {})
+            for s in ("chunk_cumsum", "fwd_pass_state", "compute_out")}
+
+
+TUNED = {"cutile": _cutile_keys, "triton": _triton_keys, "tilegym": _tilegym_keys}
+
+
+def _roles_and_switches(backend):
+    import importlib
+
+    from impls.registry import backend_class
+
+    return importlib.import_module(f"impls.{backend}.tune").KEY_ROLES, backend_class(backend).Switches
+
+
+@pytest.mark.parametrize("backend", sorted(TUNED))
+def test_every_switch_has_a_role_for_the_record_key(backend):
+    """A switch added without saying how it enters the record key fails here (docs/add-a-switch.md): left out of the
+    key by omission, a code-changing switch would run on, and store over, the records of the code without it."""
+    roles, switches = _roles_and_switches(backend)
+    assert tuning.unclassified(switches, roles) == []
+
+
+def test_a_new_switch_without_a_role_is_named():
+    @dataclasses.dataclass(frozen=True)
+    class Switches:
+        tma: bool = True
+        new_trick: bool = False
+
+    assert tuning.unclassified(Switches, {"tma": tuning.KEY, "gone": tuning.PIN}) == [
+        "switch 'new_trick' has no key role", "'gone' is no switch of Switches"]
+
+
+def _away(field) -> list:
+    """The values of a switch other than its default: the other bool, its other choices (none for a free int)."""
+    if isinstance(field.default, bool):
+        return [not field.default]
+    return [c for c in field.metadata.get("choices") or () if c != field.default]
+
+
+@pytest.mark.parametrize("backend", sorted(TUNED))
+def test_each_switch_enters_the_key_as_its_role_says(backend):
+    """key: some value away from the default changes some stage's record key; pin: it changes some stage's pins;
+    kernels and neither: no value changes any stage's key or pins (the switches it needs set on both sides)."""
+    roles, switches = _roles_and_switches(backend)
+    wrong = []
+    for field in dataclasses.fields(switches):
+        base = switches(**field.metadata.get("needs", {}))
+        before = TUNED[backend](base)
+        after = [TUNED[backend](dataclasses.replace(base, **{field.name: v})) for v in _away(field)]
+        keys = any(a[s][0] != before[s][0] for a in after for s in before)
+        pins = any(a[s][1] != before[s][1] for a in after for s in before)
+        role = roles.get(field.name)
+        if (role == tuning.KEY and not keys) or (role == tuning.PIN and not pins) or \
+                (role in (tuning.KERNELS, tuning.NEITHER) and (keys or pins)):
+            wrong.append(f"{field.name}: role {role!r}, but it changes the key: {keys}, the pins: {pins}")
+    assert wrong == []

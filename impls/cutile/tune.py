@@ -261,3 +261,18 @@ def near_key(stage: str, sw, shape_label: str, dtype: str) -> str | None:
     if stage == "compute_out" and (sw.persistent or sw.row_pairs):
         return record_key(stage, dataclasses.replace(sw, persistent=False, row_pairs=False), shape_label, dtype)
     return None
+
+
+# How each switch enters the record key (impls/tuning.py KEY_ROLES; tests/test_tuning.py checks it against record_key
+# and pins): a size switch and cb_mode fix config fields (and, fixed, key the record too: `explicit`); fuse_state_out
+# runs the fused kernel, whose stage ("fused") has records of its own.
+KEY_ROLES = {
+    **dict.fromkeys(("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "heads_first",
+                     "skip_first", "two_warpgroups", "persistent", "row_pairs", "num_ctas", "state_two_warpgroups",
+                     "head_loop", "cb_precision", "head_mma", "fused_program", "state_pass", "pdl", "opt_level"),
+                    tuning.KEY),
+    **dict.fromkeys(("cb_mode", "block_heads", "block_rows", "block_headdim", "block_dstate", "heads_per_tile",
+                     "occupancy"), tuning.PIN),
+    "fuse_state_out": tuning.KERNELS,
+    "tuning": tuning.NEITHER,
+}

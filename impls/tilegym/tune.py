@@ -142,3 +142,8 @@ def config_key(stage, shape, dtype, variant, state_dtype=None) -> str:
         extra = {k: v for k, v in variant.items() if v is not None}
         extra["state_dtype"] = state_dtype
     return tuning.tuning_key(shape.label(), dtype, **extra)
+
+
+# How each switch enters the record key (impls/tuning.py KEY_ROLES; tests/test_tuning.py checks it against
+# config_key): the SWAP and BHT variants key fwd_pass_state's records.
+KEY_ROLES = {"swap": tuning.KEY, "bht": tuning.KEY, "precompile_workers": tuning.NEITHER, "tuning": tuning.NEITHER}

@@ -117,3 +117,17 @@ def tunable(stage: str, switches: TritonSwitches, key: str, dtype: str, dims: di
         configs=[fixed] if interp else search_space(stage, pins, dims), run=launch,
         pins=pins, pinned_all=set(pins) == set(STAGE_FIELDS[stage]), stack=STACK, near_key=near,
         same_sass_key=same_sass, stage_timer=tuning.wall_ms if interp else None)
+
+
+# How each switch enters the record key (impls/tuning.py KEY_ROLES; tests/test_tuning.py checks it against record_key
+# and `pinned`): the size switches fix config fields without keying the record; state_pass picks stage 2's kernels,
+# whose records the call's flag `state_pass` keys (backend.py).
+KEY_ROLES = {
+    **dict.fromkeys(("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode", "decay_factor",
+                     "heads_first", "persistent", "row_pairs", "tma", "tma_descriptors", "fuse_state_out",
+                     "fused_program", "warp_specialize"), tuning.KEY),
+    **dict.fromkeys(("block_rows", "block_positions", "block_headdim", "block_dstate", "block_heads", "block_state",
+                     "num_warps", "num_stages", "heads_per_tile", "occupancy", "state_occupancy"), tuning.PIN),
+    "state_pass": tuning.KERNELS,
+    **dict.fromkeys(("launch_path", "tuning"), tuning.NEITHER),
+}

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from impls.vllm import loader
 
-# The wheel the GPU bundle takes (../shared/gpu/make-bundle), whatever this machine is: only its pure-Python files
-# are used, so the platform of the wheel does not matter, and pinning it gives every machine the same files.
+# One wheel for every machine, whatever this machine is: only its pure-Python files are used, so the platform of
+# the wheel does not matter, and pinning it gives every machine the same files.
 WHEEL_TAGS = ("--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
               "--platform", "manylinux_2_28_x86_64")
 

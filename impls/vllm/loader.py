@@ -1,8 +1,8 @@
 """Finds vLLM 0.33.0's Mamba-2 prefill kernel files and loads them without vLLM.
 
 Only the genuine files of `vllm/model_executor/layers/mamba/ops/` (and the distribution's METADATA) are present:
-scripts/install.sh extracts them from the wheel into `.peers/vllm-0.33.0/` of the project (CPU, CI), and the GPU
-bundle's setup.sh unpacks them into a folder on PYTHONPATH (../shared/gpu/README.md). The rest of vLLM is absent,
+scripts/install.sh extracts them from the wheel into `.peers/vllm-0.33.0/` of the project (CPU, CI); a GPU machine
+without network access gets the same files in a folder on PYTHONPATH (docs/gpu-runbook.md). The rest of vLLM is absent,
 so `import vllm.model_executor...` cannot work: those modules import `vllm.triton_utils` (triton and tl),
 `vllm.platforms` (`current_platform`) and, in ssd_chunk_state.py, `softplus` from the sibling `mamba_ssm.py`,
 which itself imports half of vLLM (custom ops, env, logger).

@@ -3,6 +3,7 @@
 `build_call(stage, dtype, switches, ...)` makes the same `KernelCall` the launcher makes, with `ArraySpec`
 placeholders for the tensors; `export(call, arch)` turns it into a cubin with
 `cuda.tile.compilation.export_kernel`; instruments/sass.py reads the cubin (`disassemble`, `facts`, ...).
+`python -m instruments.cutile.aot STAGE [--switches JSON] [--config JSON]` prints one variant's SASS facts.
 """
 
 from __future__ import annotations

@@ -1,0 +1,132 @@
+"""`python -m analysis.status [--check]`: docs/STATUS.md, the one page that says where things stand, above the log
+of docs/perf-notes.md: per GPU model, per shape, the fastest forward of that model's current run, cuTile's, Triton's
+and the fastest peer's, with their switches and the rows they come from; then every current entry of
+results/index.yaml.
+
+One card and one run per table (the run results/index.yaml names `front_page_<slug>`, analysis.load.one_run; the same
+points as results/HEADLINE-<slug>.md, `analysis.front_page.points`); a model without a current run says so. `--check`
+exits 1 when the committed page differs from what the rows give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import front_page
+from analysis.load import INDEX, index_sections, one_run, repo_root, runs, wide
+from analysis.markdown import table
+
+OUTPUT = "docs/STATUS.md"
+COMMAND = "python -m analysis.status"
+
+
+def _pick(points: pd.DataFrame, backends) -> pd.Series | None:
+    """The fastest point (eager median of its rounds' medians) among `backends`, or None where none ran."""
+    mine = points[points["backend"].isin(list(backends))]
+    return None if mine.empty else mine.sort_values("rank_ms", kind="stable").iloc[0]
+
+
+def _who(point: pd.Series | None) -> str:
+    """A point's switches away from its backend's declared defaults and where its tiles came from."""
+    return "not in this run" if point is None else f"{point['settings']}; tiles: {point['tiles']}"
+
+
+def _ms(point: pd.Series | None) -> str:
+    return "" if point is None else f"{point['rank_ms']:.3f}"
+
+
+def _verdict(best: pd.Series, peer: pd.Series | None) -> str:
+    """The fastest backend, and by how much it beats the fastest peer where it is one of ours."""
+    if best["backend"] in front_page.PEERS or peer is None:
+        return str(best["backend"])
+    return f"{best['backend']} ({peer['rank_ms'] / best['rank_ms']:.2f}× the fastest peer)"
+
+
+def fastest(w: pd.DataFrame) -> pd.DataFrame:
+    """Per workload (shape, any chunk) of one run: the fastest backend; cuTile's and Triton's fastest points and the
+    fastest peer's, each with its switches away from the declared defaults, where its tiles came from, and its eager
+    median (of its rounds' medians)."""
+    points = front_page.points(w)
+    out = []
+    for _, g in points.groupby(front_page._WORKLOAD, sort=False, dropna=False):
+        best, peer = _pick(g, g["backend"].unique()), _pick(g, front_page.PEERS)
+        row = {"shape": front_page._case(g), "fastest": _verdict(best, peer)}
+        for backend in front_page.OURS:
+            mine = _pick(g, [backend])
+            row |= {backend: _who(mine), f"{backend} ms": _ms(mine)}
+        row |= {"fastest peer": "not in this run" if peer is None else f"{peer['backend']} ({_who(peer)})",
+                "peer ms": _ms(peer)}
+        out.append(row)
+    return pd.DataFrame(out).sort_values("shape", kind="stable").reset_index(drop=True)
+
+
+def card_section(page: front_page.Page, root: Path) -> list[str]:
+    """One model's table from its current run, or the line saying it has none."""
+    head = f"## {page.gpu}"
+    if page.source is None:
+        return [head, "", f"No current run: `{INDEX}` names no `{page.entry}` under `current:`; no number here.", ""]
+    w = one_run(wide(root / Path(INDEX).parent / page.source), f"status {page.slug} ({page.source})")
+    run = runs(w).iloc[0]
+    days = sorted({str(t)[:10] for t in w["timestamp"].dropna()})
+    return [head, "",
+            f"From `results/{page.source}` (`{page.entry}`): one run, `{run['run_group']}` on {run['gpu_uuid']}, "
+            f"source tree `{run['source_tree']}`, {' to '.join(dict.fromkeys([days[0], days[-1]]))}, "
+            f"{w['run_id'].nunique()} points, each through the gate first. Every backend's defaults and best: "
+            f"[`{front_page.OUTPUT.format(slug=page.slug)}`](../{front_page.OUTPUT.format(slug=page.slug)}).", "",
+            table(fastest(w)), ""]
+
+
+def current_entries(root: Path) -> pd.DataFrame:
+    """Every entry under `current:` in results/index.yaml: its name, its file and the comment written beside it."""
+    notes = {}
+    section = None
+    for line in (root / INDEX).read_text().splitlines():
+        if re.match(r"^\w+:", line):
+            section = line.split(":")[0]
+        match = re.match(r"^\s+(\w+):\s*\S+\s*(?:#\s*(.*))?$", line)
+        if section == "current" and match:
+            notes[match.group(1)] = match.group(2) or ""
+    current = index_sections(root)["current"]
+    return pd.DataFrame([{"entry": f"`{name}`", "rows": f"`{path}`", "what": notes.get(name, "")}
+                         for name, path in current.items()])
+
+
+def render(root: Path | None = None) -> str:
+    root = root or repo_root()
+    lines = ["# Where things stand", "",
+             f"Generated by `{COMMAND}` from the current entries of `{INDEX}`. Do not edit: regenerate. What is "
+             "fastest per card and shape in that card's current run: eager forward medians in ms (a point measured "
+             "in several rounds: the median of its rounds' medians), each point with the switches it ran away from "
+             "its backend's declared defaults and where its tiles came from (record: searched on this card; "
+             "fallback: the built-in configs; none: a peer's own autotuning). Ours: cuTile and Triton; peers: "
+             "mamba-ssm, vLLM, TileGym, FLA. How the numbers came about: [`docs/perf-notes.md`](perf-notes.md).", ""]
+    for slug in front_page.MODELS:
+        lines += card_section(front_page.page_of(slug, root), root)
+    lines += ["## Every current question", "",
+              f"The rows `{INDEX}` names current, one entry per question (`index:<entry>` in the analysis), with the "
+              "note written beside each.", "", table(current_entries(root)), ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if the committed page differs from the rows")
+    a = p.parse_args(argv)
+    root = repo_root()
+    path, text = root / OUTPUT, render(root)
+    if a.check:
+        same = path.is_file() and path.read_text() == text
+        print(f"[status] {path} " + ("matches its rows" if same else f"differs: regenerate ({COMMAND})"))
+        return 0 if same else 1
+    path.write_text(text)
+    print(f"[status] {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
