@@ -207,7 +207,7 @@ def test_a_renamed_shape_keeps_the_tiles_of_its_own_name():
 
 def test_terminal_noise_is_off_unless_verbose():
     """Hydra's launch lines and W&B's banners stay off the terminal by default; verbose=true shows them."""
-    from experiments import record
+    from harness import record
 
     quiet, verbose = _compose([], hydra_cfg=True), _compose(["verbose=true"], hydra_cfg=True)
     assert quiet.hydra.hydra_logging.root.level == "WARNING" and verbose.hydra.hydra_logging.root.level == "INFO"
