@@ -1,0 +1,136 @@
+"""The Triton backward behind `impls.ssd`: what the forward keeps (`forward_for_backward`) and the order of the
+backward's kernels (`TritonBackward.backward`); the math is impls/README.md's "The chunked backward"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from impls.problem import Shape, dtype_name
+from impls.registry import ForwardResult
+from impls.triton.backward import tune
+from impls.triton.backward.chunk import chunk_grads
+from impls.triton.backward.cumsum import cumsum_grads
+from impls.triton.backward.db import db_grads
+from impls.triton.backward.dcb import dcb_grads
+from impls.triton.backward.state_pass import state_pass
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What the forward keeps besides the inputs: stage 1's outputs (fp32, 2 × batch·nheads·seqlen padded to
+    whole chunks), the final states (the forward's output) and the states entering every chunk (None with switch
+    bwd_recompute_states)."""
+
+    dt: torch.Tensor
+    dA_cumsum: torch.Tensor
+    final_states: torch.Tensor
+    states: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class Extra:
+    """The gradients the per-sequence states (cu_seqlens) send into the chunked quantities, fp32; None without."""
+
+    dx: torch.Tensor | None = None
+    dB: torch.Tensor | None = None
+    ddt: torch.Tensor | None = None
+    dA_cumsum: torch.Tensor | None = None
+    states: torch.Tensor | None = None
+
+
+@dataclass
+class TritonBackward:
+    """The forward's outputs and what the backward reads: `backward` runs the kernels."""
+
+    outputs: ForwardResult
+    backend: object
+    args: dict
+    needs: dict
+    saved: Saved
+
+    def backward(self, grads: dict) -> dict:
+        """{output name: incoming gradient (None: none)} -> {input name: gradient}, for the inputs `needs` asks."""
+        a, be, sv = self.args, self.backend, self.saved
+        x, B, C, D, z = a["x"], a["B"], a["C"], a["D"], a["z"]
+        seq_idx = a["seq_idx"]
+        dy = grads.get("y")
+        dy = torch.zeros_like(self.outputs.y) if dy is None else dy
+        states = sv.states if sv.states is not None else self._recompute_states()
+        extra = self._varlen_extra(grads.get("varlen_states"), states)
+        yhat = None
+        if z is not None:  # ŷ = y before the gate, for dz: compute_out without z
+            yhat = be.compute_out(C, B, x, sv.dt, sv.dA_cumsum, states, D, None, seq_idx)
+        shape = Shape(*x.shape, *B.shape[2:], sv.dt.shape[3])
+        dtype = dtype_name(x.dtype)
+        precision = be._dot_precision(x)
+        kw = dict(switches=be.switches, empty=be._empty)
+        flags = {"seq": seq_idx is not None, "z": z is not None, "varlen": extra.states is not None}
+
+        def run(stage, stage_flags, launch):
+            config = tune.resolve(be, stage, shape, dtype, stage_flags, x.device, launch)
+            return launch(config)
+
+        ds, lasts, dinit = run(tune.STATE_PASS, {**flags, "init": a["initial_states"] is not None}, lambda cfg: state_pass(
+            C, sv.dA_cumsum, seq_idx, states, sv.final_states, grads.get("final_states"), dy, z, extra.states,
+            a["initial_states"] is not None, config=cfg, dot_precision=precision, **kw))
+        chunk_config = {}
+
+        def launch_chunk(cfg):
+            chunk_config.update(cfg)
+            return chunk_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, extra.dx,
+                               config=cfg, dot_precision=precision, **kw)
+
+        D_flag = "none" if D is None else D.dim()
+        dx, dz, ddt1, dl, row, dD_part = run(tune.CHUNK, {**flags, "D": D_flag}, launch_chunk)
+        dC, dG = run(tune.DCB, flags, lambda cfg: dcb_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, dy, z,
+                                                            config=cfg, dot_precision=precision, **kw))
+        dB = run(tune.DB, flags, lambda cfg: db_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, ds, dG, extra.dB,
+                                                      config=cfg, dot_precision=precision, **kw))
+        cumsum_flags = {"bias": a["dt_bias"] is not None, "softplus": a["dt_softplus"],
+                        "limit": tuple(a["dt_limit"]) != (0.0, float("inf")), "varlen": extra.states is not None}
+        ddt, dA_part, bias_part = run(tune.CUMSUM, cumsum_flags, lambda cfg: cumsum_grads(
+            a["dt"], a["A"], a["dt_bias"], a["dt_softplus"], a["dt_limit"], sv.dt, dl, ddt1, row,
+            chunk_config["block_sources"], lasts, extra.dA_cumsum, extra.ddt, config=cfg, **kw))
+        found = {"x": dx, "dt": ddt, "A": dA_part.sum(dim=(0, 2)).to(a["A"].dtype), "B": dB, "C": dC, "z": dz}
+        if D is not None:
+            dD = dD_part.sum(dim=(0, 1, 2))
+            found["D"] = (dD.sum(dim=-1) if D.dim() == 1 else dD).to(D.dtype)
+        if a["dt_bias"] is not None:
+            found["dt_bias"] = bias_part.sum(dim=(0, 2)).to(a["dt_bias"].dtype)
+        if a["initial_states"] is not None:
+            found["initial_states"] = dinit.to(a["initial_states"].dtype)
+        return {name: found.get(name) for name, wanted in self.needs.items() if wanted}
+
+    def _recompute_states(self) -> torch.Tensor:
+        """Switch bwd_recompute_states: the states entering every chunk, from stage 2 again."""
+        a, sv = self.args, self.saved
+        states, _ = self.backend.fwd_pass_state(a["B"], a["x"], sv.dt, sv.dA_cumsum, a["initial_states"],
+                                                a["seq_idx"], a["state_dtype"])
+        return states
+
+    def _varlen_extra(self, dvarlen, states) -> Extra:
+        """With cu_seqlens and a gradient flowing into the per-sequence states: that gradient taken back to x, B,
+        dt, dA_cumsum and the entering states by autograd through the PyTorch varlen_states the forward runs
+        (fp32 leaves: nothing rounded on the way)."""
+        a, sv = self.args, self.saved
+        if a["cu_seqlens"] is None or dvarlen is None:
+            return Extra()
+        from impls.reference.varlen import varlen_states
+
+        leaves = [t.detach().to(torch.float32).requires_grad_() for t in (a["x"], a["B"], sv.dt, sv.dA_cumsum,
+                                                                           states)]
+        with torch.enable_grad():
+            out = varlen_states(*leaves, a["cu_seqlens"])
+            found = torch.autograd.grad(out, leaves, dvarlen.to(out.dtype), allow_unused=True)
+        found = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, found)]
+        return Extra(*found)
+
+
+def forward_for_backward(backend, args: dict, needs: dict) -> TritonBackward:
+    """The forward (`backend.ssd_forward`) on `args`, keeping what the backward reads (`Saved`)."""
+    out = backend.ssd_forward(**args)
+    keep = None if backend.switches.bwd_recompute_states else out.states
+    saved = Saved(out.dt, out.dA_cumsum, out.final_states, keep)
+    return TritonBackward(ForwardResult(out.y, out.final_states, out.varlen_states), backend, args, needs, saved)
