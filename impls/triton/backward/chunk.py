@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from impls.triton import launcher
-from impls.triton.clamp import pow2_at_least_16
 from impls.triton.backward.common import decay, gated_dy, log_decay, log_decay_at, rows, sequence_ends
+from impls.triton.clamp import pow2_at_least_16
 
 
 @triton.jit
@@ -182,7 +182,8 @@ def chunk_grads(x, B, C, dt, dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, ext
         *x.stride(), *B.stride(), *C.stride(), *dt.stride(), *dA_cumsum.stride(), seq.stride(0), seq.stride(1),
         *states.stride(), *ds.stride(), *dy.stride(), *zz.stride(), *yh.stride(), *D_strides, *xv.stride(),
         *dx.stride(), *ddt.stride()[:3], *row.stride()[:4], *dD.stride()[:4],
-        CHUNK=chunk, BLOCK_S=block_s, BLOCK_L=config["block_rows"], BLOCK_P=pow2_at_least_16(headdim), BLOCK_N=pow2_at_least_16(dstate),
+        CHUNK=chunk, BLOCK_S=block_s, BLOCK_L=config["block_rows"], BLOCK_P=pow2_at_least_16(headdim),
+        BLOCK_N=pow2_at_least_16(dstate),
         HAS_SEQ=seq_idx is not None, HAS_Z=z is not None, HAS_D=D is not None, HAS_XV=extra_dx is not None,
         EXP2=switches.exp2, DOT_PRECISION=dot_precision,
         num_warps=config["num_warps"], num_stages=config["num_stages"], path=switches.launch_path,

@@ -3,6 +3,7 @@ backward's kernels (`TritonBackward.backward`); the math is impls/README.md's "T
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -35,9 +36,31 @@ class Extra:
 
     dx: torch.Tensor | None = None
     dB: torch.Tensor | None = None
-    ddt: torch.Tensor | None = None
+    ddt: torch.Tensor | None = None  # the processed dt's
     dA_cumsum: torch.Tensor | None = None
     states: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Launches:
+    """What every kernel launch of one backward call shares: the backend (its switches, allocator and tuning
+    records), the problem's shape, dtype and device, and the dots' input precision."""
+
+    backend: object
+    shape: Shape
+    dtype: str
+    device: torch.device
+    precision: str
+
+    def config(self, stage: str, flags: dict, launch) -> dict:
+        return tune.resolve(self.backend, stage, self.shape, self.dtype, flags, self.device, launch)
+
+    def run(self, stage: str, flags: dict, launch):
+        return launch(self.config(stage, flags, launch))
+
+    @property
+    def kw(self) -> dict:
+        return {"switches": self.backend.switches, "empty": self.backend._empty}
 
 
 @dataclass
@@ -52,56 +75,54 @@ class TritonBackward:
 
     def backward(self, grads: dict) -> dict:
         """{output name: incoming gradient (None: none)} -> {input name: gradient}, for the inputs `needs` asks."""
-        a, be, sv = self.args, self.backend, self.saved
-        x, B, C, D, z = a["x"], a["B"], a["C"], a["D"], a["z"]
-        seq_idx = a["seq_idx"]
+        a, sv = self.args, self.saved
+        x, B, C, D, z, seq_idx = a["x"], a["B"], a["C"], a["D"], a["z"], a["seq_idx"]
         dy = grads.get("y")
         dy = torch.zeros_like(self.outputs.y) if dy is None else dy
         states = sv.states if sv.states is not None else self._recompute_states()
         extra = self._varlen_extra(grads.get("varlen_states"), states)
         yhat = None
         if z is not None:  # ŷ = y before the gate, for dz: compute_out without z
-            yhat = be.compute_out(C, B, x, sv.dt, sv.dA_cumsum, states, D, None, seq_idx)
-        shape = Shape(*x.shape, *B.shape[2:], sv.dt.shape[3])
-        dtype = dtype_name(x.dtype)
-        precision = be._dot_precision(x)
-        kw = dict(switches=be.switches, empty=be._empty)
+            yhat = self.backend.compute_out(C, B, x, sv.dt, sv.dA_cumsum, states, D, None, seq_idx)
+        go = Launches(self.backend, Shape(*x.shape, *B.shape[2:], sv.dt.shape[3]), dtype_name(x.dtype), x.device,
+                      self.backend._dot_precision(x))
+        dots = {**go.kw, "dot_precision": go.precision}
         flags = {"seq": seq_idx is not None, "z": z is not None, "varlen": extra.states is not None}
-
-        def run(stage, stage_flags, launch):
-            config = tune.resolve(be, stage, shape, dtype, stage_flags, x.device, launch)
-            return launch(config)
-
-        ds, lasts, dinit = run(tune.STATE_PASS, {**flags, "init": a["initial_states"] is not None}, lambda cfg: state_pass(
+        has_init = a["initial_states"] is not None
+        ds, lasts, dinit = go.run(tune.STATE_PASS, {**flags, "init": has_init}, lambda cfg: state_pass(
             C, sv.dA_cumsum, seq_idx, states, sv.final_states, grads.get("final_states"), dy, z, extra.states,
-            a["initial_states"] is not None, config=cfg, dot_precision=precision, **kw))
-        chunk_config = {}
+            has_init, config=cfg, **dots))
 
-        def launch_chunk(cfg):
-            chunk_config.update(cfg)
-            return chunk_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, extra.dx,
-                               config=cfg, dot_precision=precision, **kw)
+        def chunk(cfg):
+            return chunk_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, extra.dx, config=cfg,
+                               **dots)
 
-        D_flag = "none" if D is None else D.dim()
-        dx, dz, ddt1, dl, row, dD_part = run(tune.CHUNK, {**flags, "D": D_flag}, launch_chunk)
-        dC, dG = run(tune.DCB, flags, lambda cfg: dcb_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, dy, z,
-                                                            config=cfg, dot_precision=precision, **kw))
-        dB = run(tune.DB, flags, lambda cfg: db_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, ds, dG, extra.dB,
-                                                      config=cfg, dot_precision=precision, **kw))
+        chunk_config = go.config(tune.CHUNK, {**flags, "D": "none" if D is None else D.dim()}, chunk)
+        dx, dz, ddt1, dl, row, dD_part = chunk(chunk_config)
+        dC, dG = go.run(tune.DCB, flags, lambda cfg: dcb_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, dy, z,
+                                                               config=cfg, **dots))
+        dB = go.run(tune.DB, flags, lambda cfg: db_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, ds, dG, extra.dB,
+                                                         config=cfg, **dots))
         cumsum_flags = {"bias": a["dt_bias"] is not None, "softplus": a["dt_softplus"],
-                        "limit": tuple(a["dt_limit"]) != (0.0, float("inf")), "varlen": extra.states is not None}
-        ddt, dA_part, bias_part = run(tune.CUMSUM, cumsum_flags, lambda cfg: cumsum_grads(
+                        "limit": tuple(a["dt_limit"]) != (0.0, math.inf), "varlen": extra.states is not None}
+        ddt, dA_part, bias_part = go.run(tune.CUMSUM, cumsum_flags, lambda cfg: cumsum_grads(
             a["dt"], a["A"], a["dt_bias"], a["dt_softplus"], a["dt_limit"], sv.dt, dl, ddt1, row,
-            chunk_config["block_sources"], lasts, extra.dA_cumsum, extra.ddt, config=cfg, **kw))
-        found = {"x": dx, "dt": ddt, "A": dA_part.sum(dim=(0, 2)).to(a["A"].dtype), "B": dB, "C": dC, "z": dz}
-        if D is not None:
-            dD = dD_part.sum(dim=(0, 1, 2))
-            found["D"] = (dD.sum(dim=-1) if D.dim() == 1 else dD).to(D.dtype)
+            chunk_config["block_sources"], lasts, extra.dA_cumsum, extra.ddt, config=cfg, **go.kw))
+        found = {"x": dx, "dt": ddt, "B": dB, "C": dC, "z": dz, "initial_states": dinit}
+        found.update(self._sums(dA_part, bias_part, dD_part))
+        return {name: cast(found.get(name), a[name]) for name, wanted in self.needs.items() if wanted}
+
+    def _sums(self, dA_part, bias_part, dD_part) -> dict:
+        """dA, ddt_bias and dD from their partials (per batch row and chunk; per source tile too for dD), summed in
+        float64 in a fixed order: a few numbers per head."""
+        a = self.args
+        out = {"A": dA_part.sum(dim=(0, 2), dtype=torch.float64)}
         if a["dt_bias"] is not None:
-            found["dt_bias"] = bias_part.sum(dim=(0, 2)).to(a["dt_bias"].dtype)
-        if a["initial_states"] is not None:
-            found["initial_states"] = dinit.to(a["initial_states"].dtype)
-        return {name: found.get(name) for name, wanted in self.needs.items() if wanted}
+            out["dt_bias"] = bias_part.sum(dim=(0, 2), dtype=torch.float64)
+        if a["D"] is not None:
+            dD = dD_part.sum(dim=(0, 1, 2), dtype=torch.float64)
+            out["D"] = dD.sum(dim=-1) if a["D"].dim() == 1 else dD
+        return out
 
     def _recompute_states(self) -> torch.Tensor:
         """Switch bwd_recompute_states: the states entering every chunk, from stage 2 again."""
@@ -119,13 +140,19 @@ class TritonBackward:
             return Extra()
         from impls.reference.varlen import varlen_states
 
-        leaves = [t.detach().to(torch.float32).requires_grad_() for t in (a["x"], a["B"], sv.dt, sv.dA_cumsum,
+        names = ("B", "x", "dt", "dA_cumsum", "states")  # varlen_states' arguments, in order
+        leaves = [t.detach().to(torch.float32).requires_grad_() for t in (a["B"], a["x"], sv.dt, sv.dA_cumsum,
                                                                            states)]
         with torch.enable_grad():
             out = varlen_states(*leaves, a["cu_seqlens"])
             found = torch.autograd.grad(out, leaves, dvarlen.to(out.dtype), allow_unused=True)
-        found = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, found)]
-        return Extra(*found)
+        return Extra(**{("d" + n if n in ("B", "x", "dt") else n): torch.zeros_like(t) if g is None else g
+                        for n, t, g in zip(names, leaves, found)})
+
+
+def cast(grad: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | None:
+    """A gradient in its input's dtype (None where either is absent)."""
+    return None if grad is None or like is None else grad.to(like.dtype)
 
 
 def forward_for_backward(backend, args: dict, needs: dict) -> TritonBackward:
