@@ -44,7 +44,7 @@ HEADLINE = Problem(Shape(2, 40, 4, 16, 1, 16, 16), dtype="float32")  # softplus,
 RICH = Problem(Shape(1, 70, 4, 16, 2, 16, 32), dtype="float32", has_z=True, D_per_channel=True,
                has_initial_states=True, nseqs=3)  # seq_idx, 70 = 2 chunks + 6
 CASES = [
-    pytest.param(HEADLINE, 2, id="headline-g1"),
+    pytest.param(HEADLINE, 2, id="headline-g1", marks=pytest.mark.quick),  # the quick tier
     pytest.param(RICH, 2, id="z-Dchannel-init-seq_idx-g2"),
     pytest.param(Problem(Shape(2, 50, 4, 16, 2, 16, 16), dtype="float32", has_initial_states=True, nseqs=3), 3,
                  id="seq_idx-per-row-init"),
