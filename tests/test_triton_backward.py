@@ -7,12 +7,13 @@ and fp16 shapes covering the contract: ngroups 1, 2 and 4 (heads sharing B and C
 with and without z, D per head or per channel, dt_bias, softplus, dt_limit (binding on some tokens), initial states,
 seq_idx (one batch row numbering its sequences from 1), cu_seqlens, fp32 states, dims that are not powers of two.
 Then: the backward as the derivative of our own forward (central differences, fp32), a gradient from the final
-states alone, determinism, saved vs recomputed states, switches, and what is refused.
+states alone, determinism, saved vs recomputed states, switches, and that the gate fails a backward a little off.
+One initial state per packed sequence is refused before the backward, by the forward's own check.
 
-bf16 runs on the GPU only (the interpreter's bf16 dots are wrong): tests/gpu/test_triton_backward.py. The per-head
-sums (dA, dD, ddt_bias) sit closest to the gate at fp16: there the same-precision computation's own error is one
-draw per head, and mamba-ssm's backward fails the gate on such shapes and seeds as often as ours; the fp16 cases'
-seeds are fixed.
+bf16 runs on the GPU only (the interpreter's bf16 dots are wrong): tests/gpu/test_triton_backward.py. At these tiny
+sizes the per-head sums (dA, dD, ddt_bias) sit closest to the gate: the same-precision computation's error is one
+draw per head (at fp32, rounding noise), and at fp16 on (2, 40, 8, 16, 2, 16, 16) mamba-ssm's backward failed it on 3
+of 8 seeds, ours on 4 (dA or ddt_bias each time); so the seeds are fixed.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from experiments.gradient_gate import check_gradients, output_gradients  # noqa:
 from impls.api import GRAD_INPUTS  # noqa: E402
 from impls.inputs import make_inputs  # noqa: E402
 from impls.problem import Problem, Shape  # noqa: E402
-from impls.registry import BackendUnavailable, get_backend  # noqa: E402
+from impls.registry import get_backend  # noqa: E402
 from impls.tolerance import poisoned_allocations, rel_err  # noqa: E402
 from impls.triton.target import interpreting  # noqa: E402
 
@@ -167,15 +168,6 @@ def test_the_backward_kernels_report_their_launch_configurations():
     assert {"bwd_state_pass", "bwd_chunk", "bwd_dcb", "bwd_db", "bwd_cumsum"} <= set(stages)
     assert stages["bwd_chunk"]["source"] == "fallback" and stages["bwd_chunk"]["config"]["block_sources"] == 16
     assert "reverse" in backend.BACKWARD and "no atomics" in backend.BACKWARD
-
-
-def test_one_initial_state_per_sequence_is_refused_naming_it():
-    problem = Problem(Shape(1, 70, 4, 16, 2, 16, 32), dtype="float32", has_initial_states=True,
-                      initial_states_per_sequence=True, nseqs=3, varlen=True)
-    kw = forward_arguments(make_inputs(problem, seed=0))
-    kw["x"] = kw["x"].requires_grad_()
-    with pytest.raises(BackendUnavailable, match="one initial state per sequence"):
-        impls.ssd(**kw, backend="triton")
 
 
 def test_the_gate_fails_a_backward_off_by_a_little():
