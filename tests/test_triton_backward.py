@@ -7,7 +7,8 @@ and fp16 shapes covering the contract: ngroups 1, 2 and 4 (heads sharing B and C
 with and without z, D per head or per channel, dt_bias, softplus, dt_limit (binding on some tokens), initial states,
 seq_idx (one batch row numbering its sequences from 1), cu_seqlens, fp32 states, dims that are not powers of two.
 Then: the backward as the derivative of our own forward (central differences, fp32), a gradient from the final
-states alone, determinism, saved vs recomputed states, switches, and that the gate fails a backward a little off.
+states alone, determinism, saved vs recomputed states, switches, that the gate fails a backward a little off, and
+that every kernel compiles for sm_90 at S1's blocks (the interpreter accepts programs the compiler rejects).
 One initial state per packed sequence is refused before the backward, by the forward's own check.
 
 bf16 runs on the GPU only (the interpreter's bf16 dots are wrong): tests/gpu/test_triton_backward.py. At these tiny
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 if "impls.triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -191,3 +194,13 @@ def test_the_gate_fails_a_backward_off_by_a_little():
     report = check_gradients(backend, make_inputs(RICH, seed=2), torch.float32, seed=2)
     assert not report["dB"]["ok"] and all(r["ok"] for name, r in report.items() if name != "dB"), report
 
+
+
+def test_the_backward_kernels_compile_for_sm90():
+    """bf16 at S1's blocks with the GPU fallback tiles, through ptxas for sm_90 (tests/triton_backward_sm90.py, in a
+    process without TRITON_INTERPRET); shared memory within a block's limit."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "tests.triton_backward_sm90"], capture_output=True, text=True,
+                            env=env, cwd=Path(__file__).resolve().parent.parent, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("ok  ") == 5, result.stdout

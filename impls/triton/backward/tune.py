@@ -18,13 +18,17 @@ from impls.triton.tune import STACK, Resolved
 STATE_PASS, CHUNK, DCB, DB, CUMSUM = "bwd_state_pass", "bwd_chunk", "bwd_dcb", "bwd_db", "bwd_cumsum"
 STAGES = (STATE_PASS, CHUNK, DCB, DB, CUMSUM)
 
-# The GPU's search space per kernel (cartesian products; duplicates after clamping are tried once)
+# The GPU's search space per kernel (cartesian products; duplicates after clamping are tried once); each field's
+# first value is the GPU fallback. The fallbacks are what compiles for sm_90 at S1's blocks in bf16 (chunk 256,
+# headdim 64, dstate 128) with the fewest spills, read off ptxas without a GPU: at 4 warps every MMA kernel took 255
+# registers and spilled (hundreds of local loads and stores each); at 8 warps, with 32-row tiles in the chunk kernel
+# and 32-wide dstate tiles in the state pass, 0-22 local loads per kernel. Untimed: the GPU search decides.
 SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
-    STATE_PASS: {"block_headdim": (64, 32), "block_dstate": (64, 128), "block_positions": (64, 32),
-                 "num_warps": (4,), "num_stages": (2, 3)},
-    CHUNK: {"block_sources": (64, 32), "block_rows": (64, 32), "num_warps": (4, 8), "num_stages": (1, 2)},
-    DCB: {"block_rows": (64, 32), "block_sources": (64, 32), "num_warps": (4, 8), "num_stages": (1, 2)},
-    DB: {"block_sources": (64, 32), "block_rows": (64, 32), "num_warps": (4, 8), "num_stages": (1, 2)},
+    STATE_PASS: {"block_headdim": (64, 32), "block_dstate": (32, 64), "block_positions": (64, 32),
+                 "num_warps": (8, 4), "num_stages": (2,)},
+    CHUNK: {"block_sources": (64, 32), "block_rows": (32, 64), "num_warps": (8, 4), "num_stages": (1, 2)},
+    DCB: {"block_rows": (64, 32), "block_sources": (64, 32), "num_warps": (8, 4), "num_stages": (1, 2)},
+    DB: {"block_sources": (64, 32), "block_rows": (64, 32), "num_warps": (8, 4), "num_stages": (1, 2)},
     CUMSUM: {"block_heads": (8, 4, 16), "num_warps": (4, 2)},
 }
 _GPU_FALLBACK = {STAGE: {k: v[0] for k, v in space.items()} for STAGE, space in SEARCH_SPACE.items()}
