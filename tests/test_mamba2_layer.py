@@ -6,7 +6,8 @@ fp32 and fp16 (the reference also in float64), outputs NaN-poisoned, out and eve
 error with the tolerance table, on cases that cover the block (packed sequences with the conv reset, initial
 states for the SSD and the conv, cu_seqlens, per-channel D, the norm before the gate, dt_limit, biases); a packed
 row against its sequences run one by one; the gradients of the reference backend against the float64 reference's;
-refusals: gradients on a kernel backend, bad config values, bad inputs, unknown backends and switches.
+the gradients through mamba-ssm's and our Triton backward; refusals: gradients on a backend without a backward, bad
+config values, bad inputs, unknown backends and switches.
 
 bf16 is GPU-only (the interpreter computes bf16 dots wrongly): tests/gpu/test_mamba2_layer.py.
 """
@@ -154,7 +155,15 @@ def test_reference_backend_gradients_match_float64():
 
 
 def test_a_backend_without_a_backward_refuses_gradients():
-    layer = build("triton")
+    from impls.registry import Backend
+    from impls.triton.backend import TritonBackend
+
+    class ForwardOnly(TritonBackend):
+        """Our Triton forward claiming no backward (what it was before impls/triton/backward/)."""
+
+        forward_for_backward = Backend.forward_for_backward
+
+    layer = build(ForwardOnly())
     u = torch.randn(1, 40, CONFIG.d_model)
     with pytest.raises(BackendUnavailable, match="backend 'triton' has no backward: its kernels are forward only"):
         layer(u)
@@ -165,11 +174,13 @@ def test_a_backend_without_a_backward_refuses_gradients():
         assert layer(u).shape == u.shape
 
 
-def test_the_layer_trains_on_mamba_ssms_backward():
-    """One training step's gradients through the layer with mamba-ssm's SSD (its own backward, under the
-    interpreter) against the float64 sequential reference, for the input and every parameter (fp32, tf32 off)."""
+@pytest.mark.parametrize("backend", ["mamba_ssm", "triton"])
+def test_the_layer_trains_on_a_kernel_backward(backend):
+    """One training step's gradients through the layer with mamba-ssm's SSD (its own backward) or ours (the Triton
+    backward), under the interpreter, against the float64 sequential reference, for the input and every parameter
+    (fp32, tf32 off)."""
     case = Case(initial_states=True, config=dict(bias=True))
-    layer = build("mamba_ssm", torch.float32, **case.config)
+    layer = build(backend, torch.float32, **case.config)
     args = arguments(case, layer, torch.float32)
     args["u"].requires_grad_(True)
     wrt = [args["u"], *layer.parameters()]

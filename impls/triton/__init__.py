@@ -4,7 +4,8 @@ written (same stages, layouts and operand orders). Importing this package regist
 `import triton` inside this package is an absolute import: it reaches the real Triton, not this package.
 
 Files: backend.py (the Backend class: stages wired to switches and tuning), one file per stage (chunk_cumsum.py,
-fwd_pass_state.py, compute_out.py; fused.py for stages 2 and 3 in one kernel; descriptors.py, their TMA helpers),
+fwd_pass_state.py, compute_out.py; fused.py for stages 2 and 3 in one kernel; descriptors.py, their TMA helpers;
+backward/, the backward's kernels, one file each),
 and the configuration, one concern per module: switches.py (TritonSwitches and its help strings), stages.py (the
 tuned stages and their launch fields), fallbacks.py (fixed configurations per architecture), space.py (the search
 space and its size per stage), clamp.py (pinned fields, block sizes clamped to the problem), smem.py (the

@@ -50,6 +50,13 @@ class TritonBackend(Backend):
     }
 
     DEFAULTS = TRITON_DEFAULTS  # per target (impls/triton/defaults.py)
+    BACKWARD = ("Triton kernels (impls/triton/backward/): the forward keeps stage 1's dt and dA_cumsum, the final "
+                "states and the states entering every chunk (switch bwd_recompute_states: none, stage 2 runs again); "
+                "the backward walks the chunks in reverse carrying the state gradient, then per-head chunk, "
+                "per-group d(C·Bᵀ)/dC and dB, and chunk_cumsum's backward kernels, every reduction by partials "
+                "summed in a fixed order (no atomics); with z, compute_out runs again without it (ŷ, for dz); with "
+                "cu_seqlens, the per-sequence states' gradient goes back through the forward's PyTorch varlen_states "
+                "by autograd")
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)
@@ -285,6 +292,11 @@ class TritonBackend(Backend):
         dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
         return {"fused_state_out": lambda: self.fused_state_out(C, B, x, dt_out, dA_cumsum, initial_states, D, z,
                                                                 seq_idx, state_dtype)}
+
+    def forward_for_backward(self, args, needs):
+        from impls.triton.backward.run import forward_for_backward
+
+        return forward_for_backward(self, args, needs)
 
     # --- what ran -----------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -201,6 +201,11 @@ class TritonSwitches:
            "kernel, or state_pass='serial''s kernel) occupancy to N over the `occupancy` switch, as cuTile's "
            "records tune occupancy per stage; 0 = stage 2 takes `occupancy` (or tuning) like the other MMA kernels",
         choices=(0, 1, 2, 3, 4))
+    bwd_recompute_states: bool = switch(
+        False, "the backward (impls.ssd): off = the forward keeps the states entering every chunk (its `states`, "
+               "batch·nchunks·nheads·headdim·dstate elements in state_dtype) until the backward reads them; on = it "
+               "keeps none and the backward recomputes them with stage 2 (one fwd_pass_state more); the forward's "
+               "kernels are unchanged either way (impls/triton/backward/)")
 
 
 def code_switches(switches: TritonSwitches) -> dict[str, Any]:

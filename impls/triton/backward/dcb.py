@@ -1,0 +1,128 @@
+"""Backward stage: d(C·Bᵀ) per group, and dC. One program per (row tile, group, chunk, batch) forms, for each source
+tile s up to its rows, dG = Σ_{h in the group} dM^h ∘ L^h ∘ dt^h_s (one tl.dot per head), stores it for the dB kernel
+and adds dG B_s to dC; then the entering states' term Σ_h e^{Λ^h_l} dŷ^h_l S^h_c (impls/README.md, "The chunked
+backward", step 4). The heads of a group are summed in registers in a fixed order: no atomics."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from impls.triton import launcher
+from impls.triton.backward.common import decay, gated_dy, log_decay, rows, sequence_ends
+from impls.triton.clamp import pow2_at_least_16
+
+
+@triton.jit
+def bwd_dcb_kernel(
+    x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, st_ptr, dy_ptr, z_ptr, dG_ptr, dC_ptr,
+    seqlen, ngroups, nchunks, headdim, dstate, heads_per_group,
+    s_x_b, s_x_l, s_x_h, s_x_p,
+    s_B_b, s_B_l, s_B_g, s_B_n,
+    s_dt_b, s_dt_h, s_dt_c, s_dt_l,
+    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
+    s_seq_b, s_seq_l,
+    s_st_b, s_st_c, s_st_h, s_st_p, s_st_n,
+    s_dy_b, s_dy_l, s_dy_h, s_dy_p,
+    s_z_b, s_z_l, s_z_h, s_z_p,
+    s_G_b, s_G_c, s_G_g, s_G_l, s_G_s,
+    s_dC_b, s_dC_l, s_dC_g, s_dC_n,
+    CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, EXP2: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # flat grid: row tile fastest, then group, chunk, batch
+    TILES: tl.constexpr = CHUNK // BLOCK_L
+    pid = tl.program_id(0)
+    t = pid % TILES
+    g = ((pid // TILES) % ngroups).to(tl.int64)
+    bc = pid // (TILES * ngroups)
+    c = bc % nchunks
+    b = (bc // nchunks).to(tl.int64)
+    c64 = c.to(tl.int64)
+    start = c * CHUNK
+    start64 = start.to(tl.int64)
+    chunk_len = tl.minimum(CHUNK, seqlen - start)
+    l0 = t * BLOCK_L
+    offs_l = l0 + tl.arange(0, BLOCK_L)
+    mask_l = offs_l < chunk_len
+    offs_p = tl.arange(0, BLOCK_P)
+    mask_p = offs_p < headdim
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < dstate
+    dtype = x_ptr.dtype.element_ty
+    B_c = B_ptr + b * s_B_b + start64 * s_B_l + g * s_B_g
+    seq_b = seq_ptr + b * s_seq_b
+    _, seq_before = sequence_ends(seq_b, start, chunk_len, s_seq_l, HAS_SEQ)
+    enter = mask_l
+    seq_l = offs_l
+    if HAS_SEQ:
+        seq_l = tl.load(seq_b + (start64 + offs_l) * s_seq_l, mask=mask_l, other=0)
+        enter = enter & (seq_l == seq_before)
+    h0 = g * heads_per_group
+    acc = tl.zeros((BLOCK_L, BLOCK_N), dtype=tl.float32)
+    G_c = dG_ptr + b * s_G_b + c64 * s_G_c + g * s_G_g
+    for s0 in range(0, tl.minimum(l0 + BLOCK_L, chunk_len), BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        mask_s = offs_s < chunk_len
+        keep = (offs_l[:, None] >= offs_s[None, :]) & mask_l[:, None] & mask_s[None, :]
+        if HAS_SEQ:
+            seq_s = tl.load(seq_b + (start64 + offs_s) * s_seq_l, mask=mask_s, other=0)
+            keep = keep & (seq_l[:, None] == seq_s[None, :])
+        dG = tl.zeros((BLOCK_L, BLOCK_S), dtype=tl.float32)
+        for hh in range(0, heads_per_group):
+            h = h0 + hh
+            dA_c = dA_ptr + b * s_dA_b + h * s_dA_h + c64 * s_dA_c
+            dyh_l = gated_dy(dy_ptr + b * s_dy_b + start64 * s_dy_l + h * s_dy_h,
+                             z_ptr + b * s_z_b + start64 * s_z_l + h * s_z_h, offs_l, offs_p, mask_l, mask_p, s_dy_l,
+                             s_dy_p, s_z_l, s_z_p, HAS_Z).to(dtype)
+            x_s = rows(x_ptr + b * s_x_b + start64 * s_x_l + h * s_x_h, offs_s, offs_p, mask_s, mask_p, s_x_l,
+                       s_x_p).to(dtype)
+            dA_l = log_decay(dA_c + offs_l * s_dA_l, mask_l, EXP2)
+            dA_s = log_decay(dA_c + offs_s * s_dA_l, mask_s, EXP2)
+            dt_s = tl.load(dt_ptr + b * s_dt_b + h * s_dt_h + c64 * s_dt_c + offs_s * s_dt_l, mask=mask_s,
+                           other=0.0).to(tl.float32)
+            L = decay(tl.where(keep, dA_l[:, None] - dA_s[None, :], float("-inf")), EXP2)
+            dM = tl.dot(dyh_l, tl.trans(x_s), input_precision=DOT_PRECISION)  # (l, s)
+            dG += dM * L * dt_s[None, :]
+        # whole tiles (every tile lies inside the chunk): the dB kernel reads the causal part of what is here
+        tl.store(G_c + offs_l[:, None] * s_G_l + offs_s[None, :] * s_G_s, dG)
+        B_s = rows(B_c, offs_s, offs_n, mask_s, mask_n, s_B_l, s_B_n).to(dtype)
+        acc = tl.dot(dG.to(dtype), B_s, acc, input_precision=DOT_PRECISION)
+    for hh in range(0, heads_per_group):
+        h = h0 + hh
+        dA_l = log_decay(dA_ptr + b * s_dA_b + h * s_dA_h + c64 * s_dA_c + offs_l * s_dA_l, mask_l, EXP2)
+        scale = tl.where(enter, decay(dA_l, EXP2), 0.0)
+        dyh_l = gated_dy(dy_ptr + b * s_dy_b + start64 * s_dy_l + h * s_dy_h,
+                         z_ptr + b * s_z_b + start64 * s_z_l + h * s_z_h, offs_l, offs_p, mask_l, mask_p, s_dy_l,
+                         s_dy_p, s_z_l, s_z_p, HAS_Z)
+        S = tl.load(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h + offs_p[:, None] * s_st_p
+                    + offs_n[None, :] * s_st_n, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)
+        acc = tl.dot((dyh_l * scale[:, None]).to(dtype), S, acc, input_precision=DOT_PRECISION)
+    tl.store(dC_ptr + b * s_dC_b + (start64 + offs_l[:, None]) * s_dC_l + g * s_dC_g + offs_n[None, :] * s_dC_n,
+             acc.to(dC_ptr.dtype.element_ty), mask=mask_l[:, None] & mask_n[None, :])
+
+
+def dcb_grads(x, B, C, dt, dA_cumsum, seq_idx, states, dy, z, *, config, switches, empty, dot_precision):
+    """-> (dC in C's dtype, d(C·Bᵀ) per group (batch, nchunks, ngroups, chunk, chunk) fp32: its causal part)."""
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    nchunks, chunk = dt.shape[2], dt.shape[3]
+    block_l = config["block_rows"]
+    dG = empty((batch, nchunks, ngroups, chunk, chunk), torch.float32, x.device)
+    dC = empty(tuple(C.shape), C.dtype, x.device)
+    seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
+    zz = z if z is not None else dy  # never read without HAS_Z
+    launcher.launch(
+        bwd_dcb_kernel, ((chunk // block_l) * ngroups * nchunks * batch,), x, B, dt, dA_cumsum, seq, states, dy, zz,
+        dG, dC,
+        seqlen, ngroups, nchunks, headdim, dstate, nheads // ngroups,
+        *x.stride(), *B.stride(), *dt.stride(), *dA_cumsum.stride(), seq.stride(0), seq.stride(1), *states.stride(),
+        *dy.stride(), *zz.stride(), *dG.stride(), *dC.stride(),
+        CHUNK=chunk, BLOCK_L=block_l, BLOCK_S=config["block_sources"], BLOCK_P=pow2_at_least_16(headdim),
+        BLOCK_N=pow2_at_least_16(dstate), HAS_SEQ=seq_idx is not None, HAS_Z=z is not None, EXP2=switches.exp2,
+        DOT_PRECISION=dot_precision,
+        num_warps=config["num_warps"], num_stages=config["num_stages"], path=switches.launch_path,
+    )
+    return dC, dG

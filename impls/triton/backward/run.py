@@ -1,0 +1,163 @@
+"""The Triton backward behind `impls.ssd`: what the forward keeps (`forward_for_backward`) and the order of the
+backward's kernels (`TritonBackward.backward`); the math is impls/README.md's "The chunked backward"."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from impls.problem import Shape, dtype_name
+from impls.registry import ForwardResult
+from impls.triton.backward import tune
+from impls.triton.backward.chunk import chunk_grads
+from impls.triton.backward.cumsum import cumsum_grads
+from impls.triton.backward.db import db_grads
+from impls.triton.backward.dcb import dcb_grads
+from impls.triton.backward.state_pass import state_pass
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What the forward keeps besides the inputs: stage 1's outputs (fp32, 2 × batch·nheads·seqlen padded to
+    whole chunks), the final states (the forward's output) and the states entering every chunk (None with switch
+    bwd_recompute_states)."""
+
+    dt: torch.Tensor
+    dA_cumsum: torch.Tensor
+    final_states: torch.Tensor
+    states: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class Extra:
+    """The gradients the per-sequence states (cu_seqlens) send into the chunked quantities, fp32; None without."""
+
+    dx: torch.Tensor | None = None
+    dB: torch.Tensor | None = None
+    ddt: torch.Tensor | None = None  # the processed dt's
+    dA_cumsum: torch.Tensor | None = None
+    states: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Launches:
+    """What every kernel launch of one backward call shares: the backend (its switches, allocator and tuning
+    records), the problem's shape, dtype and device, and the dots' input precision."""
+
+    backend: object
+    shape: Shape
+    dtype: str
+    device: torch.device
+    precision: str
+
+    def config(self, stage: str, flags: dict, launch) -> dict:
+        return tune.resolve(self.backend, stage, self.shape, self.dtype, flags, self.device, launch)
+
+    def run(self, stage: str, flags: dict, launch):
+        return launch(self.config(stage, flags, launch))
+
+    @property
+    def kw(self) -> dict:
+        return {"switches": self.backend.switches, "empty": self.backend._empty}
+
+
+@dataclass
+class TritonBackward:
+    """The forward's outputs and what the backward reads: `backward` runs the kernels."""
+
+    outputs: ForwardResult
+    backend: object
+    args: dict
+    needs: dict
+    saved: Saved
+
+    def backward(self, grads: dict) -> dict:
+        """{output name: incoming gradient (None: none)} -> {input name: gradient}, for the inputs `needs` asks."""
+        a, sv = self.args, self.saved
+        x, B, C, D, z, seq_idx = a["x"], a["B"], a["C"], a["D"], a["z"], a["seq_idx"]
+        dy = grads.get("y")
+        dy = torch.zeros_like(self.outputs.y) if dy is None else dy
+        states = sv.states if sv.states is not None else self._recompute_states()
+        extra = self._varlen_extra(grads.get("varlen_states"), states)
+        yhat = None
+        if z is not None:  # ŷ = y before the gate, for dz: compute_out without z
+            yhat = self.backend.compute_out(C, B, x, sv.dt, sv.dA_cumsum, states, D, None, seq_idx)
+        go = Launches(self.backend, Shape(*x.shape, *B.shape[2:], sv.dt.shape[3]), dtype_name(x.dtype), x.device,
+                      self.backend._dot_precision(x))
+        dots = {**go.kw, "dot_precision": go.precision}
+        flags = {"seq": seq_idx is not None, "z": z is not None, "varlen": extra.states is not None}
+        has_init = a["initial_states"] is not None
+        ds, lasts, dinit = go.run(tune.STATE_PASS, {**flags, "init": has_init}, lambda cfg: state_pass(
+            C, sv.dA_cumsum, seq_idx, states, sv.final_states, grads.get("final_states"), dy, z, extra.states,
+            has_init, config=cfg, **dots))
+
+        def chunk(cfg):
+            return chunk_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, extra.dx, config=cfg,
+                               **dots)
+
+        chunk_config = go.config(tune.CHUNK, {**flags, "D": "none" if D is None else D.dim()}, chunk)
+        dx, dz, ddt1, dl, row, dD_part = chunk(chunk_config)
+        dC, dG = go.run(tune.DCB, flags, lambda cfg: dcb_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, dy, z,
+                                                               config=cfg, **dots))
+        dB = go.run(tune.DB, flags, lambda cfg: db_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, ds, dG, extra.dB,
+                                                         config=cfg, **dots))
+        cumsum_flags = {"bias": a["dt_bias"] is not None, "softplus": a["dt_softplus"],
+                        "limit": tuple(a["dt_limit"]) != (0.0, math.inf), "varlen": extra.states is not None}
+        ddt, dA_part, bias_part = go.run(tune.CUMSUM, cumsum_flags, lambda cfg: cumsum_grads(
+            a["dt"], a["A"], a["dt_bias"], a["dt_softplus"], a["dt_limit"], sv.dt, dl, ddt1, row,
+            chunk_config["block_sources"], lasts, extra.dA_cumsum, extra.ddt, config=cfg, **go.kw))
+        found = {"x": dx, "dt": ddt, "B": dB, "C": dC, "z": dz, "initial_states": dinit}
+        found.update(self._sums(dA_part, bias_part, dD_part))
+        return {name: cast(found.get(name), a[name]) for name, wanted in self.needs.items() if wanted}
+
+    def _sums(self, dA_part, bias_part, dD_part) -> dict:
+        """dA, ddt_bias and dD from their partials (per batch row and chunk; per source tile too for dD), summed in
+        float64 in a fixed order: a few numbers per head."""
+        a = self.args
+        out = {"A": dA_part.sum(dim=(0, 2), dtype=torch.float64)}
+        if a["dt_bias"] is not None:
+            out["dt_bias"] = bias_part.sum(dim=(0, 2), dtype=torch.float64)
+        if a["D"] is not None:
+            dD = dD_part.sum(dim=(0, 1, 2), dtype=torch.float64)
+            out["D"] = dD.sum(dim=-1) if a["D"].dim() == 1 else dD
+        return out
+
+    def _recompute_states(self) -> torch.Tensor:
+        """Switch bwd_recompute_states: the states entering every chunk, from stage 2 again."""
+        a, sv = self.args, self.saved
+        states, _ = self.backend.fwd_pass_state(a["B"], a["x"], sv.dt, sv.dA_cumsum, a["initial_states"],
+                                                a["seq_idx"], a["state_dtype"])
+        return states
+
+    def _varlen_extra(self, dvarlen, states) -> Extra:
+        """With cu_seqlens and a gradient flowing into the per-sequence states: that gradient taken back to x, B,
+        dt, dA_cumsum and the entering states by autograd through the PyTorch varlen_states the forward runs
+        (fp32 leaves: nothing rounded on the way)."""
+        a, sv = self.args, self.saved
+        if a["cu_seqlens"] is None or dvarlen is None:
+            return Extra()
+        from impls.reference.varlen import varlen_states
+
+        names = ("B", "x", "dt", "dA_cumsum", "states")  # varlen_states' arguments, in order
+        leaves = [t.detach().to(torch.float32).requires_grad_() for t in (a["B"], a["x"], sv.dt, sv.dA_cumsum,
+                                                                           states)]
+        with torch.enable_grad():
+            out = varlen_states(*leaves, a["cu_seqlens"])
+            found = torch.autograd.grad(out, leaves, dvarlen.to(out.dtype), allow_unused=True)
+        return Extra(**{("d" + n if n in ("B", "x", "dt") else n): torch.zeros_like(t) if g is None else g
+                        for n, t, g in zip(names, leaves, found)})
+
+
+def cast(grad: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | None:
+    """A gradient in its input's dtype (None where either is absent)."""
+    return None if grad is None or like is None else grad.to(like.dtype)
+
+
+def forward_for_backward(backend, args: dict, needs: dict) -> TritonBackward:
+    """The forward (`backend.ssd_forward`) on `args`, keeping what the backward reads (`Saved`)."""
+    out = backend.ssd_forward(**args)
+    keep = None if backend.switches.bwd_recompute_states else out.states
+    saved = Saved(out.dt, out.dA_cumsum, out.final_states, keep)
+    return TritonBackward(ForwardResult(out.y, out.final_states, out.varlen_states), backend, args, needs, saved)
