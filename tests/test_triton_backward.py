@@ -1,6 +1,6 @@
 """The Triton backend's backward (impls/triton/backward/) under the Triton interpreter (CPU).
 
-Every gradient through `impls.ssd` is judged by the gradient gate (experiments/gradient_gate.py: float64 autograd
+Every gradient through `impls.ssd` is judged by the gradient gate (harness/gradient_gate.py: float64 autograd
 through the chunked reference as the truth, K × the same computation's error at the backend's precision as the
 bound, block by block, every allocation NaN-poisoned before the kernels write) on fresh random inputs at tiny fp32
 and fp16 shapes covering the contract: ngroups 1, 2 and 4 (heads sharing B and C), seqlen not a multiple of the chunk,
@@ -32,8 +32,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import impls  # noqa: E402
-from experiments.calls import forward_arguments  # noqa: E402
-from experiments.gradient_gate import check_gradients, output_gradients  # noqa: E402
+from harness.calls import forward_arguments  # noqa: E402
+from harness.gradient_gate import check_gradients, output_gradients  # noqa: E402
 from impls.api import GRAD_INPUTS  # noqa: E402
 from impls.inputs import make_inputs  # noqa: E402
 from impls.problem import Problem, Shape  # noqa: E402

@@ -1,5 +1,5 @@
 """Our Triton backward (impls/triton/backward/) through `impls.ssd` on the GPU: the gradient gate
-(experiments/gradient_gate.py: float64 autograd through the reference as the truth, NaN-poisoned allocations) in bf16
+(harness/gradient_gate.py: float64 autograd through the reference as the truth, NaN-poisoned allocations) in bf16
 at a medium shape with S1's blocks (chunk 256, headdim 64, dstate 128; the peers' test_backward.py shape) and at one
 covering more of the contract (ngroups 2, z, per-channel D, seq_idx, initial states, seqlen not a multiple of the
 chunk); the per-sequence states' gradient (cu_seqlens); and two backward calls giving the same bits."""
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import impls
-from experiments.calls import forward_arguments
-from experiments.gradient_gate import check_gradients, output_gradients
+from harness.calls import forward_arguments
+from harness.gradient_gate import check_gradients, output_gradients
 from impls.api import GRAD_INPUTS
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
