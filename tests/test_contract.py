@@ -76,8 +76,9 @@ def _params():
     for backend in list_backends():
         for (workload, direction), cases in COVERING.items():
             assert direction in workloads.get(workload).directions
-            out += [pytest.param(backend, workload, direction, case, id=f"{backend}-{workload}-{direction}-{name}")
-                    for name, case in cases.items()]
+            marks = pytest.mark.quick if backend == "reference" else ()  # the quick tier: the reference's, in a second
+            out += [pytest.param(backend, workload, direction, case, id=f"{backend}-{workload}-{direction}-{name}",
+                                 marks=marks) for name, case in cases.items()]
     return out
 
 
