@@ -16,12 +16,12 @@ import sys
 
 import pandas as pd
 
-from analysis.load import gpu_key, one_run, wide
+from analysis.load import TIMED_STAGES, gpu_key, one_run, wide
 from analysis.markdown import table
 from analysis.noise import shown_effect
 
 KEYS = ("label", "dtype", "shape_name", "stage")  # label: the backend with its ablation or switches
-STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
+STAGES = TIMED_STAGES
 MIN_ALLOWANCE = 0.02
 
 

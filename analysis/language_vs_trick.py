@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import INDEX, newest_run, one_run, repo_root, results_index, runs, timed, wide
+from analysis.load import INDEX, TIMED_STAGES, newest_run, one_run, repo_root, results_index, runs, timed, wide
 from analysis.lowering import NOT_INSPECTED, SAME, Lowerings, change, stage_configs
 from analysis.lowering import load as load_lowerings
 from analysis.markdown import table
@@ -61,7 +61,7 @@ MACHINES = ("", "_h100")  # index-entry suffixes: "" the H200's rows, "_h100" an
 def markers(suffix: str = "") -> tuple[str, str]:
     """The doc's markers around one machine's tables."""
     return (BEGIN, END) if not suffix else (f"<!-- {MATCHED}{suffix}:begin -->", f"<!-- {MATCHED}{suffix}:end -->")
-STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
+STAGES = TIMED_STAGES
 SHAPES = ("S1", "S2", "S3", "S4")
 # the Triton point at cuTile's tiles (each stage at its cuTile record's occupancy: occupancy and state_occupancy)
 TRITON_ARM = "triton_cutile_tiles"

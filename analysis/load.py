@@ -22,11 +22,12 @@ import pandas as pd
 import yaml
 
 from harness import store
+from impls.stages import FORWARD_STAGE_NAMES
 
 METRICS = ("median_ms", "p20_ms", "p80_ms", "graph_median_ms", "compile_s", "rel_err", "tol", "flops", "bytes",
            "bytes_fused", "tflops", "gbps", "frac_floor", "frac_floor_fused", "matmul_tflops", "copy_gbps", "ok")
 SHAPE = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
-TIMED_STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
+TIMED_STAGES = (*FORWARD_STAGE_NAMES, "forward")  # the SSD's stages (impls/stages.py) and its whole forward
 STAGE_ORDER = {s: i for i, s in enumerate((*TIMED_STAGES, "ceiling", "point"))}
 # Columns that differ between the rows of one point: they become the metric columns of the wide frame.
 _PER_ROW = ("stage", "metric", "value", "unit")
@@ -201,6 +202,8 @@ def wide(long: pd.DataFrame) -> pd.DataFrame:
     values.columns.name = None
     info = long.drop(columns=[*_PER_ROW, *_PER_STAGE]).drop_duplicates("run_id").set_index("run_id")
     out = values.reset_index().join(info, on="run_id").join(per_stage(long), on=["run_id", "stage"])
+    out["workload"] = out["workload"].fillna("ssd")  # rows from before schema version 5 are the SSD's forward
+    out["direction"] = out["direction"].fillna("forward")
     out["arch"] = out["gpu_cc"].map(arch_of)
     out["shape"] = out.apply(shape_label, axis=1)
     out["switch_dict"] = out["switches"].map(lambda s: json.loads(s) if isinstance(s, str) and s else {})
@@ -225,9 +228,13 @@ def gpu_key(w: pd.DataFrame) -> pd.Series:
     return key.fillna("unknown")
 
 
-def timed(w: pd.DataFrame, ok_only: bool = True) -> pd.DataFrame:
-    """Rows of timed stages (with a median_ms), of points that passed (status ok) unless ok_only is False."""
-    sel = w["stage"].isin(TIMED_STAGES) & w["median_ms"].notna()
+def timed(w: pd.DataFrame, ok_only: bool = True, workload: str = "ssd") -> pd.DataFrame:
+    """Rows of one workload's timed stages (with a median_ms; the SSD's: TIMED_STAGES, another's: every stage but
+    the ceilings), of points that passed (status ok) unless ok_only is False. Rows from before schema version 5
+    are the SSD's."""
+    of_workload = _column(w, "workload").fillna("ssd") == workload
+    stages = w["stage"].isin(TIMED_STAGES) if workload == "ssd" else ~w["stage"].isin(("ceiling", "point"))
+    sel = of_workload & stages & w["median_ms"].notna()
     if ok_only:
         sel &= w["status"] == "ok"
     return w[sel]

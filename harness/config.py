@@ -19,20 +19,19 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from harness import workloads
 from impls import validate as checks
 from impls.defaults import Resolved
 from impls.problem import DTYPES, Problem, Shape
 from impls.registry import BACKEND_MODULES, BackendUnavailable, backend_class, resolve_switches, target_on
+from impls.stages import FORWARD_STAGE_NAMES
 
 # Enums make a misspelt name fail at composition, naming the allowed values.
 BackendName = enum.Enum("BackendName", {name: name for name in BACKEND_MODULES})
 DtypeName = enum.Enum("DtypeName", {name: name for name in DTYPES})
-STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
-FORWARD = "forward"
-# what a point measures of the SSD workload: the forward (its stages and the whole), the backward through
-# impls.ssd (after a forward under autograd, timed alone), or a forward and its backward together
-DIRECTIONS = ("forward", "backward", "forward_backward")
-WORKLOAD = "ssd"
+# what bench.stages times unless a config names others: the SSD's stages (impls/stages.py) and its whole forward
+# (another workload's conf/workload/<name>.yaml names its own)
+DEFAULT_STAGES = (*FORWARD_STAGE_NAMES, "forward")
 
 
 class ConfigError(ValueError):
@@ -94,7 +93,7 @@ class BenchConfig:
     check: bool = True  # the correctness gate; a point that fails it is recorded and not timed
     reference: str = "auto"  # auto | float64 | fp32-chunked | sampled (auto: the most exact that fits in memory)
     time: bool = True
-    stages: list[str] = field(default_factory=lambda: [*STAGES, FORWARD])
+    stages: list[str] = field(default_factory=lambda: list(DEFAULT_STAGES))
     warmup_ms: int = 25  # do_bench's warm-up and repetition budgets, in milliseconds
     rep_ms: int = 100
     statistic: str = "median"
@@ -108,6 +107,14 @@ class BenchConfig:
     ceilings: bool = True  # measure a matmul and a copy in the same run (GPU only)
     cpu_warmup: int = 1  # CPU: wall-clock median over a few repetitions
     cpu_reps: int = 3
+
+
+@dataclass
+class WorkloadConfig:
+    # what is measured: a workload of harness/workloads/ (conf/workload/<name>.yaml), and its own options on
+    # top of those it declares (the layer's expand, d_conv); an option it lacks fails at start-up, naming it
+    name: str = "ssd"
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -136,11 +143,12 @@ class Config:
     bench: BenchConfig = MISSING
     logger: LoggerConfig = MISSING
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     results_dir: str = "results/scratch"
     sweep_name: str = "adhoc"
-    direction: str = "forward"  # forward | backward | forward_backward (DIRECTIONS)
+    direction: str = "forward"  # forward | backward | forward_backward: one of the workload's directions
     force: bool = False  # re-run points already stored (same config hash and code key)
     retry_failed: bool = True  # re-run points stored as failed by the same code
     verbose: bool = False  # the terminal shows W&B's banners and Hydra's launch lines too (default: bar and summary)
@@ -351,8 +359,6 @@ def validate(cfg: DictConfig):
     check_shape(shape, cfg.shape.name)
     problem = problem_of(cfg)
     check_problem(problem)
-    if cfg.direction not in DIRECTIONS:
-        raise ConfigError(f"direction: expected one of {DIRECTIONS}, got {cfg.direction!r}")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device: expected auto, cpu or cuda, got {cfg.device!r}")
     if cfg.logger.kind not in ("auto", "wandb", "local"):
@@ -367,12 +373,29 @@ def validate(cfg: DictConfig):
     if cfg.bench.statistic != "median":
         raise ConfigError(f"bench.statistic: only 'median' is recorded, got {cfg.bench.statistic!r}")
     check_timing_knobs(cfg.bench, cfg.device)
-    bad = [s for s in cfg.bench.stages if s not in (*STAGES, FORWARD)]
-    if bad:
-        raise ConfigError(f"bench.stages: unknown {bad}; expected some of {[*STAGES, FORWARD]}")
+    check_workload(cfg.workload.name, OmegaConf.to_container(cfg.workload.options, resolve=True), problem,
+                   cfg.direction, cfg.bench.reference, list(cfg.bench.stages))
     if not 0 <= cfg.launch.shard < cfg.launch.num_shards:
         raise ConfigError(f"launch.shard must be in [0, num_shards), got {cfg.launch.shard}/{cfg.launch.num_shards}")
     return problem, resolved_switches(cfg)
+
+
+def check_workload(name: str, options: dict | None, problem: Problem, direction: str, reference: str,
+                   stages) -> dict[str, Any]:
+    """The workload's own checks of a point (harness/workloads/: its options, direction, reference kinds, shape
+    and problem) and bench.stages against its stages; -> its options with the declared defaults. ConfigError naming
+    what it refuses."""
+    try:
+        workload = workloads.get(name)
+        resolved = workload.resolve_options(options)
+        workload.check(problem, resolved, direction, reference)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    bad = [s for s in stages if s not in workload.stage_names]
+    if bad:
+        raise ConfigError(f"bench.stages: {bad} are not stages of workload {name!r}; expected some of "
+                          f"{list(workload.stage_names)}")
+    return resolved
 
 
 def check_timing_knobs(bench, device: str) -> None:

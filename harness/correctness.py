@@ -18,12 +18,15 @@ through the public entry (harness/calls.py), so its figures include what a user'
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
-from harness.calls import FORWARD_ARGS, forward_arguments, forward_kwargs, public_forward_call
+from harness.calls import FORWARD_ARGS, forward_arguments, forward_kwargs
 from impls import tolerance as tolerances
 from impls import validate
 from impls.api import non_increasing_decay
@@ -82,13 +85,21 @@ def reference_forward(inputs: Inputs, kind: str):
     return get_backend("reference").ssd_forward(**{k: kwargs[k] for k in FORWARD_ARGS})
 
 
-def run_stages(backend, inputs: Inputs, device=None, first_call: dict | None = None) -> dict:
-    """The backend's stages chained on its own outputs, then its whole forward: stage -> {name: tensor}.
-    With `first_call`, each call's wall time (synchronised) is stored there: the first call of a stage pays
-    its compilation and autotuning."""
-    kw = forward_kwargs(inputs)
+def _ssd():
+    """The SSD's workload declaration (harness/workloads/ssd.py), what the SSD's own entries here run."""
+    from harness.workloads import get
+
+    return get("ssd")
+
+
+def run_stages(backend, inputs, device=None, first_call: dict | None = None, workload=None) -> dict:
+    """The workload's stages (default: the SSD's) chained on the backend's own outputs, then its whole forward:
+    stage -> {name: tensor}. With `first_call`, each call's wall time (synchronised) is stored there: the first
+    call of a stage pays its compilation and autotuning."""
+    workload = workload or _ssd()
+    kw = workload.arguments(inputs)
     timed = {} if first_call is None else first_call
-    device = device or inputs.x.device
+    device = torch.device(device) if device is not None else _device_of(kw)
 
     def call(stage, fn):
         t0 = time.perf_counter()
@@ -99,20 +110,25 @@ def run_stages(backend, inputs: Inputs, device=None, first_call: dict | None = N
         return result
 
     out = {}
-    if "chunk_cumsum" in backend.STAGES:  # a forward-only peer (fla) has no stage split to chain
-        out.update(run_chain(backend, kw, call))
-    res = call("forward", public_forward_call(backend, kw))
-    out["forward"] = {"y": res.y, "final_states": res.final_states, "varlen_states": res.varlen_states}
+    if workload.chained(backend):  # a forward-only peer (fla) has no stage split to chain
+        out.update(run_chain(backend, kw, call, workload.stages))
+    values = call("forward", functools.partial(workload.forward.call, backend, kw, {}))
+    out["forward"] = dict(zip(workload.forward.outputs, values))
     return out
 
 
-def resolve_tuning(backend, inputs: Inputs, device=None, first_call: dict | None = None) -> None:
+def _device_of(kw: dict) -> torch.device:
+    """The device of the first tensor among the arguments (the CPU where there is none)."""
+    return next((v.device for v in kw.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+
+
+def resolve_tuning(backend, inputs, device=None, first_call: dict | None = None, workload=None) -> None:
     """For a backend that resolves configs on its first call (`Backend.TUNED`: a search, a record read, an
     autotuner), one pass over its stages and forward with plain allocations, before the gate poisons them: a
     search then times its candidates as a plain call runs, and the first call's time (compilation and tuning) is
     measured here. Nothing for untuned backends."""
     if backend.TUNED:
-        run_stages(backend, inputs, device, first_call)
+        run_stages(backend, inputs, device, first_call, workload)
 
 
 def same_precision_outputs(backend, inputs: Inputs, dtype: torch.dtype, device=None) -> dict:
@@ -122,7 +138,7 @@ def same_precision_outputs(backend, inputs: Inputs, dtype: torch.dtype, device=N
     device = device or inputs.x.device
     same = SamePrecisionReference(same_precision_stages(backend, dtype, device))
     result = same.ssd_forward(**forward_arguments(inputs))
-    return {stage: {name: getattr(result, name) for name in names} for stage, names in STAGE_OUTPUTS.items()}
+    return {stage: {name: getattr(result, name, None) for name in names} for stage, names in STAGE_OUTPUTS.items()}
 
 
 def same_precision_stages(backend, dtype: torch.dtype, device) -> dict[str, str]:
@@ -137,57 +153,145 @@ def judged_by_same_precision(ref) -> bool:
     return not hasattr(ref, "pick") and ref.y.dtype == torch.float64
 
 
-def check(backend, inputs: Inputs, ref, dtype: torch.dtype, device=None,
-          first_call: dict | None = None) -> dict[str, dict]:
-    """Per stage: {"rel_err": max over its outputs (whole tensors), "block_err" and "block_where": the worst block
-    over its outputs (impls.tolerance.block_ratios) and where, "tol": the whole-tensor bound of the output nearest
-    its bound, "bound_ratio" and "bound_where": the worst block's error over its bound (≤ 1 passes), "bound": how
-    the bound was set, "precision", "ok", "error"}; never raises for wrong numbers.
-    Against the float64 reference each output's bound is impls.tolerance.judge's: SAME_PRECISION_K × the
-    same-precision computation's error, block by block (`same_precision_outputs`, at the matmul precision the
-    backend reports per stage). Against the fp32-chunked or sampled reference, the flat tolerance of the dtype (tf32's
-    where the backend reports tf32 matmuls; the state dtype's where it is looser: impls.tolerance.tolerance)."""
-    device = device or inputs.x.device
-    resolve_tuning(backend, inputs, device, first_call)
-    with poisoned_allocations():
-        got = run_stages(backend, inputs, device, first_call)
-    same = same_precision_outputs(backend, inputs, dtype, device) if judged_by_same_precision(ref) else None
-    report = {}
-    for stage, names in STAGE_OUTPUTS.items():
-        if stage not in got:
-            continue
-        precision = backend.precision(stage, dtype, device)
-        flat_tol = tolerance(dtype, precision == "tf32", None if stage == "chunk_cumsum" else inputs.state_dtype)
-        judged = {}
-        for name in names:
-            expected = getattr(ref, name)
-            actual = got[stage].get(name)
-            if expected is None:
-                continue
-            if actual is None:
-                judged[name] = None
-                continue
-            if hasattr(ref, "pick"):  # a sampled reference holds only part of each output
-                actual = ref.pick(name, actual)
-            judged[name] = _judge(name, actual, expected, same[stage][name] if same else None, flat_tol,
-                                  inputs.chunk_size, ref)
-        report[stage] = _stage_report(stage, judged, precision, same is not None)
-    return report
+# --- the ground truth a workload's gate judges against ---------------------------------------------------------
+class Truth(Protocol):
+    """A point's ground truth for the forward gate: its kind (the rows' `reference`), whether it holds an output,
+    how one output of a stage is judged against it, the names of an output's block dimensions, and per stage how
+    the bound was set and the matmul precision it follows."""
+
+    kind: str
+
+    def holds(self, name: str) -> bool: ...
+
+    def judge(self, stage: str, name: str, actual: torch.Tensor) -> tolerances.Judged: ...
+
+    def dims(self, name: str) -> tuple[str, ...]: ...
+
+    def bound(self, stage: str) -> str: ...
+
+    def precision(self, stage: str) -> str: ...
 
 
-def _judge(name: str, actual, expected, same, flat_tol: float, chunk_size: int, ref) -> tolerances.Judged:
-    """One output judged: by the same-precision bound where `same` is given, else by the flat tolerance."""
-    block, _ = tolerances.output_blocks(name, chunk_size)
-    if same is not None:
-        return tolerances.judge(actual, expected, same, block)
+def flat_judge(actual, expected, tol: float, block: tuple[int | None, ...]) -> tolerances.Judged:
+    """One output against a flat tolerance `tol`, whole and block by block (impls.tolerance.block_ratios)."""
     err = rel_err(actual, expected)
     if expected.numel() == 0:
         none = tolerances.BlockErr(0.0, (), False)
-        return tolerances.Judged(err, flat_tol, none, none)
+        return tolerances.Judged(err, tol, none, none)
     ratio, near_zero = tolerances.block_ratios(actual, expected, block)
-    worst, binding = (_problem_chunks(name, tolerances.worst_block(r, near_zero), ref)
-                      for r in (ratio, ratio / flat_tol))
-    return tolerances.Judged(err, flat_tol, worst, binding)
+    return tolerances.Judged(err, tol, tolerances.worst_block(ratio, near_zero),
+                             tolerances.worst_block(ratio / tol, near_zero))
+
+
+@dataclass(frozen=True)
+class FlatTruth:
+    """Ground-truth outputs (float64) judged by a flat tolerance per stage (the dtype's, impls.tolerance), whole and
+    per block of the workload's `outputs`: the gate of a workload without a same-precision computation."""
+
+    kind: str
+    expected: dict[str, torch.Tensor | None]
+    tolerances: dict[str, float]  # stage -> tolerance
+    precisions: dict[str, str]  # stage -> matmul precision
+    workload: Any  # its blocks per output
+    chunk_size: int
+
+    def holds(self, name: str) -> bool:
+        return self.expected.get(name) is not None
+
+    def judge(self, stage: str, name: str, actual) -> tolerances.Judged:
+        expected = self.expected[name]
+        block, _ = self.workload.blocks(name, self.chunk_size, expected.dim())
+        return flat_judge(actual, expected, self.tolerances[stage], block)
+
+    def dims(self, name: str) -> tuple[str, ...]:
+        expected = self.expected[name]
+        return self.workload.blocks(name, self.chunk_size, expected.dim())[1]
+
+    def bound(self, stage: str) -> str:
+        return f"flat: the dtype's tolerance ({self.tolerances[stage]:g})"
+
+    def precision(self, stage: str) -> str:
+        return self.precisions.get(stage, "none")
+
+
+class SsdTruth:
+    """The SSD's ground truth: the reference's ForwardResult (float64, fp32-chunked) or a SampledReference. Against
+    the float64 reference each output is bounded by SAME_PRECISION_K × the same-precision computation's error,
+    block by block (computed once, on the first output judged); against the others by the flat tolerance of the
+    dtype (tf32's where the backend reports tf32 matmuls; the state dtype's where it is looser)."""
+
+    def __init__(self, kind: str, ref, backend, inputs: Inputs, dtype: torch.dtype, device=None):
+        self.kind, self.ref, self.backend, self.inputs, self.dtype = kind, ref, backend, inputs, dtype
+        self.device = device or inputs.x.device
+        self.same_precision = judged_by_same_precision(ref)
+        self._same: dict | None = None
+
+    def holds(self, name: str) -> bool:
+        return getattr(self.ref, name, None) is not None
+
+    def precision(self, stage: str) -> str:
+        return self.backend.precision(stage, self.dtype, self.device)
+
+    def bound(self, stage: str) -> str:
+        if self.same_precision:
+            return (f"same-precision: {tolerances.SAME_PRECISION_K:g} x the chunked reference's error at "
+                    f"{self.precision(stage)}")
+        return "flat: the dtype's tolerance"
+
+    def dims(self, name: str) -> tuple[str, ...]:
+        return tolerances.output_blocks(name, 1)[1]
+
+    def judge(self, stage: str, name: str, actual) -> tolerances.Judged:
+        expected = getattr(self.ref, name)
+        if hasattr(self.ref, "pick"):  # a sampled reference holds only part of each output
+            actual = self.ref.pick(name, actual)
+        block, _ = tolerances.output_blocks(name, self.inputs.chunk_size)
+        if self.same_precision:
+            if self._same is None:
+                self._same = same_precision_outputs(self.backend, self.inputs, self.dtype, self.device)
+            return tolerances.judge(actual, expected, self._same[stage][name], block)
+        flat_tol = tolerance(self.dtype, self.precision(stage) == "tf32",
+                             None if stage == "chunk_cumsum" else self.inputs.state_dtype)
+        judged = flat_judge(actual, expected, flat_tol, block)
+        return dataclasses.replace(judged, block=_problem_chunks(name, judged.block, self.ref),
+                                   binding=_problem_chunks(name, judged.binding, self.ref))
+
+
+def check_stages(workload, backend, inputs, truth: Truth, device=None,
+                 first_call: dict | None = None) -> dict[str, dict]:
+    """Per stage of `workload` and its whole forward: {"rel_err": max over its outputs (whole tensors),
+    "block_err" and "block_where": the worst block over its outputs (impls.tolerance.block_ratios) and where,
+    "tol": the whole-tensor bound of the output nearest its bound, "bound_ratio" and "bound_where": the worst
+    block's error over its bound (≤ 1 passes), "bound": how the bound was set, "precision", "ok", "error"}; never
+    raises for wrong numbers. The backend's stages run chained on its own outputs under poisoned allocations, after
+    one plain pass where it resolves tuning; each output the truth holds is judged by it."""
+    resolve_tuning(backend, inputs, device, first_call, workload)
+    with poisoned_allocations():
+        got = run_stages(backend, inputs, device, first_call, workload)
+    report = {}
+    for stage in (*workload.stages, workload.forward):
+        if stage.name not in got:
+            continue
+        judged = {}
+        for name in stage.outputs:
+            if not truth.holds(name):
+                continue
+            actual = got[stage.name].get(name)
+            judged[name] = None if actual is None else truth.judge(stage.name, name, actual)
+        report[stage.name] = _stage_report(stage.name, judged, truth.precision(stage.name), truth.bound(stage.name),
+                                           truth.dims)
+    return report
+
+
+def check(backend, inputs: Inputs, ref, dtype: torch.dtype, device=None,
+          first_call: dict | None = None) -> dict[str, dict]:
+    """The SSD's gate (`check_stages` against `SsdTruth`): per stage the report of `check_stages`. Against the
+    float64 reference each output's bound is impls.tolerance.judge's: SAME_PRECISION_K × the same-precision
+    computation's error, block by block (`same_precision_outputs`, at the matmul precision the backend reports per
+    stage). Against the fp32-chunked or sampled reference, the flat tolerance of the dtype (tf32's where the backend
+    reports tf32 matmuls; the state dtype's where it is looser: impls.tolerance.tolerance)."""
+    truth = SsdTruth(getattr(ref, "kind", "given"), ref, backend, inputs, dtype, device)
+    return check_stages(_ssd(), backend, inputs, truth, device or inputs.x.device, first_call)
 
 
 def _problem_chunks(name: str, found: tolerances.BlockErr, ref) -> tolerances.BlockErr:
@@ -199,12 +303,10 @@ def _problem_chunks(name: str, found: tolerances.BlockErr, ref) -> tolerances.Bl
     return dataclasses.replace(found, where=tuple(where))
 
 
-def _stage_report(stage: str, judged: dict, precision: str, same_precision: bool) -> dict:
+def _stage_report(stage: str, judged: dict, precision: str, bound: str, dims) -> dict:
     """The report of one stage from its outputs' verdicts (None: the backend returned no such output)."""
     missing = [name for name, j in judged.items() if j is None]
     found = {name: j for name, j in judged.items() if j is not None}
-    bound = (f"same-precision: {tolerances.SAME_PRECISION_K:g} x the chunked reference's error at {precision}"
-             if same_precision else "flat: the dtype's tolerance")
     if not found and not missing:
         return {"rel_err": math.nan, "tol": math.nan, "precision": precision, "ok": False, "errors": {},
                 "block_err": math.nan, "block_where": None, "bound_ratio": math.nan, "bound_where": None,
@@ -214,27 +316,26 @@ def _stage_report(stage: str, judged: dict, precision: str, same_precision: bool
     by_block = max(found, key=lambda n: found[n].block.ratio, default=None)
     binding = max(found, key=lambda n: found[n].binding.ratio, default=None)
     ok = not missing and all(j.ok for j in found.values())
+
+    def where(name, block):
+        near = " (near-zero block: absolute bound)" if block.near_zero else ""
+        return tolerances.describe_block(block.where, dims(name)) + near
+
     bad = {n: f"rel_err {j.rel_err:.3g} (bound {j.bound:.3g}), worst block {j.binding.ratio:.3g} of its bound at "
-              f"{_where(n, j.binding)}" for n, j in found.items() if not j.ok}
+              f"{where(n, j.binding)}" for n, j in found.items() if not j.ok}
     bad.update({n: "missing" for n in missing})
     return {"rel_err": max(errs.values()), "tol": found[nearest].bound if nearest else math.nan,
             "precision": precision, "ok": ok, "errors": errs,
             "block_err": found[by_block].block.ratio if by_block else math.inf,
-            "block_where": f"{by_block}: {_where(by_block, found[by_block].block)}" if by_block else "missing",
+            "block_where": f"{by_block}: {where(by_block, found[by_block].block)}" if by_block else "missing",
             "bound_ratio": found[binding].binding.ratio if binding else math.inf,
-            "bound_where": f"{binding}: {_where(binding, found[binding].binding)}" if binding else "missing",
+            "bound_where": f"{binding}: {where(binding, found[binding].binding)}" if binding else "missing",
             "bound": bound,
             "error": None if ok else f"{stage} over its bound ({bound}): {bad} (NaN/inf counts as inf)"}
 
 
 def _whole_ratio(j: tolerances.Judged) -> float:
     return j.rel_err / j.bound if j.bound > 0 else math.inf
-
-
-def _where(name: str, found: tolerances.BlockErr) -> str:
-    _, dims = tolerances.output_blocks(name, 1)
-    near = " (near-zero block: absolute bound)" if found.near_zero else ""
-    return tolerances.describe_block(found.where, dims) + near
 
 
 # On the GPU a backend's forward error must also be at most MAMBA_SSM_FACTOR × mamba-ssm's own on the same inputs

@@ -26,9 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from impls.problem import Problem
+from impls.stages import FORWARD_STAGE_NAMES
 
 MODEL_VERSION = "ssd-cost-v1"
-STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
+STAGES = FORWARD_STAGE_NAMES
 
 _BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 FP32 = 4

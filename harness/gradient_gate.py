@@ -14,12 +14,13 @@ forward's gate holds its sampled reference: no same-precision computation of tha
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from harness.calls import forward_arguments, forward_kwargs
-from harness.correctness import same_precision_stages
+from harness.correctness import flat_judge, same_precision_stages
 from impls import tolerance as tolerances
 from impls.api import GRAD_INPUTS
 from impls.autograd import ssd
@@ -87,18 +88,28 @@ def leaves_of(kw: dict) -> dict[str, torch.Tensor]:
     return {name: kw[name].detach().requires_grad_() for name in GRAD_INPUTS if kw.get(name) is not None}
 
 
-def incoming(out, grads_in: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The outputs of `out` (a ForwardResult) that gradients flow into, and those gradients in their dtypes."""
-    pairs = [(getattr(out, name), g) for name, g in grads_in.items() if getattr(out, name) is not None]
+def outputs_of(result) -> dict[str, torch.Tensor | None]:
+    """The outputs of a ForwardResult that gradients flow into, by name."""
+    return {name: getattr(result, name) for name in ("y", "final_states", "varlen_states")}
+
+
+def incoming(out: dict, grads_in: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The outputs of `out` (by name) that gradients flow into, and those gradients in their dtypes."""
+    pairs = [(out[name], g) for name, g in grads_in.items() if out.get(name) is not None]
     return [o for o, _ in pairs], [g.to(o.dtype) for o, g in pairs]
+
+
+def autograd_gradients(outputs: dict, leaves: dict, grads_in: dict) -> dict[str, torch.Tensor | None]:
+    """{d<leaf>: gradient} of `outputs` (by name, computed from `leaves`) with `grads_in` flowing in."""
+    flowing, grads = incoming(outputs, grads_in)
+    found = torch.autograd.grad(flowing, list(leaves.values()), grads, allow_unused=True)
+    return {f"d{name}": g for name, g in zip(leaves, found)}
 
 
 def _gradients(run, kw: dict, grads_in: dict) -> dict[str, torch.Tensor | None]:
     """{d<input>: gradient} of `run(**kw)` (a function returning a ForwardResult) from `grads_in`."""
     leaves = leaves_of(kw)
-    outputs, grads = incoming(run(**{**kw, **leaves}), grads_in)
-    found = torch.autograd.grad(outputs, list(leaves.values()), grads, allow_unused=True)
-    return {f"d{name}": g for name, g in zip(leaves, found)}
+    return autograd_gradients(outputs_of(run(**{**kw, **leaves})), leaves, grads_in)
 
 
 # The inputs with a batch dimension first (initial_states only with one state per batch row); the others (A, D,
@@ -168,10 +179,11 @@ def sum_floor(name: str, truth: dict, same: dict) -> torch.Tensor | None:
 
 def check_gradients(backend, inputs: Inputs, dtype: torch.dtype, device=None, seed: int = 0,
                     ground_truth: dict | None = None, reference: str = "float64") -> dict[str, dict]:
-    """Per gradient: {"rel_err", "bound", "block_err", "bound_ratio", "where", "ok"}; never raises for wrong numbers.
-    Each is judged by impls.tolerance.judge against the float64 ground truth (computed here unless given); with a
-    `reference` kind other than "float64" (harness.correctness.reference_kind), by the flat tolerance against the
-    streamed ground truth (`check_streamed`)."""
+    """Per gradient: {"rel_err", "bound", "block_err", "bound_ratio", "where", "ok", "how", "precision"}; never
+    raises for wrong numbers. Each is judged by impls.tolerance.judge against the float64 ground truth (computed
+    here unless given), bounded by the same-precision computation's gradients; with a `reference` kind other than
+    "float64" (harness.correctness.reference_kind), by the flat tolerance against the streamed ground truth
+    (`check_streamed`)."""
     device = device or inputs.x.device
     backend = get_backend(backend) if isinstance(backend, str) else backend
     if reference != "float64":
@@ -180,20 +192,17 @@ def check_gradients(backend, inputs: Inputs, dtype: torch.dtype, device=None, se
     truth = ground_truth if ground_truth is not None else reference_gradients(inputs, grads_in)
     same = same_precision_gradients(backend, inputs, grads_in, dtype, device)
     got = backend_gradients(backend, inputs, grads_in)
+    precision = backend.precision("compute_out", dtype, device)
+    how = f"same-precision: {tolerances.SAME_PRECISION_K:g} x autograd through the chunked reference at {precision}"
     report = {}
     for name, expected in truth.items():
         if expected is None:
             continue
-        actual = got.get(name)
-        if actual is None:
-            report[name] = {"rel_err": math.inf, "bound": math.nan, "block_err": math.inf, "bound_ratio": math.inf,
-                            "where": "missing", "ok": False}
-            continue
         block, dims = gradient_blocks(name, inputs.chunk_size, expected.dim())
-        judged = tolerances.judge(actual, expected, same[name], block, floor=sum_floor(name, truth, same))
-        report[name] = {"rel_err": judged.rel_err, "bound": judged.bound, "block_err": judged.block.ratio,
-                        "bound_ratio": judged.binding.ratio,
-                        "where": tolerances.describe_block(judged.binding.where, dims), "ok": judged.ok}
+        actual = got.get(name)
+        judged = None if actual is None else tolerances.judge(actual, expected, same[name], block,
+                                                                floor=sum_floor(name, truth, same))
+        report[name] = _entry(judged, dims, how, precision)
     return report
 
 
@@ -203,28 +212,26 @@ def check_streamed(backend, inputs: Inputs, dtype: torch.dtype, seed: int = 0, g
     held to the dtype's flat tolerance (the state dtype's where looser, tf32's where the backend reports tf32)."""
     grads_in = output_gradients(inputs, seed, on_device=True)
     got = backend_gradients(backend, inputs, grads_in)
-    kw = forward_kwargs(inputs)
     b, length, h, p = inputs.x.shape
     chunks = sampled_chunks(b, length, h, p, inputs.B.shape[-1], inputs.chunk_size)
-    truth = sampled_gradients(**kw, dy=grads_in["y"], dfinal_states=grads_in["final_states"], chunks=chunks,
-                              group=group)
-    tf32 = backend.precision("compute_out", dtype, inputs.x.device) == "tf32"
-    tol = tolerances.tolerance(dtype, tf32, inputs.state_dtype)
+    truth = sampled_gradients(**forward_kwargs(inputs), dy=grads_in["y"], dfinal_states=grads_in["final_states"],
+                              chunks=chunks, group=group)
+    precision = backend.precision("compute_out", dtype, inputs.x.device)
+    tol = tolerances.tolerance(dtype, precision == "tf32", inputs.state_dtype)
+    how = f"flat: {tol:g} per block against float64 gradients streamed on sampled chunks"
     report = {}
     for name, expected in truth.grads.items():
         actual = got.get(name)
-        if actual is None:
-            report[name] = {"rel_err": math.inf, "bound": tol, "block_err": math.inf, "bound_ratio": math.inf,
-                            "where": "missing", "ok": False}
-            continue
-        report[name] = _flat_report(name, truth.pick(name, actual), expected, tol, inputs.chunk_size, truth)
+        block, dims = gradient_blocks(name, inputs.chunk_size, expected.dim())
+        judged = None if actual is None else _streamed_judge(name, truth.pick(name, actual), expected, tol, block,
+                                                             truth)
+        report[name] = _entry(judged, dims, how, precision)
     return report
 
 
-def _flat_report(name: str, actual, expected, tol: float, chunk_size: int, truth) -> dict:
+def _streamed_judge(name: str, actual, expected, tol: float, block, truth) -> tolerances.Judged:
     """One gradient against the streamed truth, each block within `tol` (a summed gradient's block within tol × the
-    norm of its terms, as `sum_floor` allows)."""
-    block, dims = gradient_blocks(name, chunk_size, expected.dim())
+    norm of its terms, as `sum_floor` allows); chunks numbered as in the problem."""
     err = tolerances.rel_err(actual, expected)
     ratio, near_zero = tolerances.block_ratios(actual, expected, block)
     bound = ratio / tol
@@ -233,25 +240,64 @@ def _flat_report(name: str, actual, expected, tol: float, chunk_size: int, truth
         allowed = torch.maximum(expected.abs(), truth.grads[terms].square().sum(dim=over).sqrt())
         diff = (actual.to(torch.float64) - expected).abs()
         bound = torch.where(torch.isfinite(diff), diff / (tol * allowed), math.inf)
-    worst = tolerances.worst_block(bound, near_zero)
-    where = list(worst.where)
-    if name in SAMPLED_ONLY and where:  # the problem's own chunk number
-        where[1] = truth.chunks[where[1]]
-    return {"rel_err": err, "bound": tol, "block_err": float(ratio.max()), "bound_ratio": worst.ratio,
-            "where": tolerances.describe_block(tuple(where), dims), "ok": err <= tol and worst.ratio <= 1.0,
-            "rule": f"flat: {tol:g} per block against float64 gradients streamed on sampled chunks"}
+    worst, binding = tolerances.worst_block(ratio, near_zero), tolerances.worst_block(bound, near_zero)
+    if name in SAMPLED_ONLY:
+        worst, binding = (dataclasses.replace(w, where=(w.where[0], truth.chunks[w.where[1]], *w.where[2:]))
+                          if w.where else w for w in (worst, binding))
+    return tolerances.Judged(err, tol, worst, binding)
 
 
-def stage_reports(report: dict[str, dict], dtype: torch.dtype, precision: str) -> dict[str, dict]:
-    """`check_gradients`' report as the forward gate's stage reports (harness/gate.py): stage "grad:<name>"."""
+def _entry(judged: tolerances.Judged | None, dims: tuple[str, ...], how: str, precision: str) -> dict:
+    """One gradient's verdict (None: the backend gave no such gradient)."""
+    if judged is None:
+        return {"rel_err": math.inf, "bound": math.nan, "block_err": math.inf, "bound_ratio": math.inf,
+                "where": "missing", "ok": False, "how": how, "precision": precision}
+    return {"rel_err": judged.rel_err, "bound": judged.bound, "block_err": judged.block.ratio,
+            "bound_ratio": judged.binding.ratio, "where": tolerances.describe_block(judged.binding.where, dims),
+            "ok": judged.ok, "how": how, "precision": precision}
+
+
+def flat_check(plan) -> dict[str, dict]:
+    """The gradient gate of a workload without one of its own (`Backward.check`): the backend's gradients through
+    the workload's differentiable forward (allocations poisoned) against float64 autograd of its reference, each
+    within the flat tolerance (`Backward.tolerance`, else the dtype's) whole and per block of the workload's
+    outputs. Per gradient the entry of `check_gradients`."""
+    workload, point = plan.workload, plan.point
+    backward = workload.backward
+    kw = workload.arguments(plan.inputs)
+    grads_in = backward.incoming(plan.inputs, point.seed)
+    truth = backward.reference(plan.inputs, grads_in)
+    leaves = backward.leaves(kw)
+    with poisoned_allocations():
+        got = autograd_gradients(backward.call(plan.backend, kw, leaves), leaves, grads_in)
+    tol = backward.tolerance(plan) if backward.tolerance is not None else tolerances.tolerance(plan.dtype)
+    precision = plan.precision.get("forward", "none")
+    how = f"flat: the dtype's tolerance ({tol:g})"
+    report = {}
+    for name, expected in truth.items():
+        if expected is None:
+            continue
+        block, dims = workload.blocks(name, point.problem.shape.chunk_size, expected.dim())
+        actual = got.get(name)
+        report[name] = _entry(None if actual is None else flat_judge(actual, expected, tol, block), dims, how,
+                              precision)
+    return report
+
+
+def gate(plan) -> dict[str, dict]:
+    """The gradient gate of a plan's workload (its own check, else `flat_check`) as stage reports."""
+    backward = plan.workload.backward
+    return stage_reports((backward.check or flat_check)(plan))
+
+
+def stage_reports(report: dict[str, dict]) -> dict[str, dict]:
+    """A gradient gate's report as the forward gate's stage reports (harness/gate.py): stage "grad:<name>"."""
     out = {}
     for name, r in report.items():
-        bound = r.get("rule") or (f"same-precision: {tolerances.SAME_PRECISION_K:g} x autograd through the chunked "
-                                  f"reference at {precision}")
         out[f"grad:{name}"] = {
-            "rel_err": r["rel_err"], "tol": r["bound"], "precision": precision, "ok": r["ok"], "errors": {},
+            "rel_err": r["rel_err"], "tol": r["bound"], "precision": r["precision"], "ok": r["ok"], "errors": {},
             "block_err": r["block_err"], "block_where": f"{name}: {r['where']}", "bound_ratio": r["bound_ratio"],
-            "bound_where": f"{name}: {r['where']}", "bound": bound,
+            "bound_where": f"{name}: {r['where']}", "bound": r["how"],
             "error": None if r["ok"] else (f"{name}: rel_err {r['rel_err']:.3g} (bound {r['bound']:.3g}), worst "
                                            f"block {r['bound_ratio']:.3g} of its bound at {r['where']}"),
         }

@@ -1,24 +1,24 @@
-"""Step 3 of a point's life: timing a Plan that passed its gate (Plan, GateReport) → `Timings`. Ceilings (GPU: a
-matmul and a copy in the same run), each stage chained on the backend's own outputs and the whole forward through
-the public entry (harness/timing.py: do_bench medians and quantiles on the GPU, wall-clock on the CPU), the
-derived metrics of harness/cost_model.py, and with bench.api_overhead the public call's overhead
-(harness/api_overhead.py)."""
+"""Step 3 of a point's life: timing a Plan that passed its gate (Plan, GateReport) → `Timings`, over the point's
+workload (harness/workloads/). Ceilings (GPU: a matmul and a copy in the same run), each of its stages chained on
+the backend's own outputs and its whole forward (the SSD's through the public entry) (harness/timing.py:
+do_bench medians and quantiles on the GPU, wall-clock on the CPU), the derived metrics of its cost model
+(harness/cost_model.py for the SSD), the backward directions through its differentiable forward, and with
+bench.api_overhead the public call's overhead (harness/api_overhead.py)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from harness import api_overhead, cost_model, timing
-from harness.calls import FORWARD_ARGS, forward_arguments, forward_kwargs, public_forward_call
 from harness.correctness import GateFailure
 from harness.gate import GateReport
-from harness.gradient_gate import incoming, leaves_of, output_gradients
+from harness.gradient_gate import incoming
 from harness.plan import BenchSettings, Plan
-from impls.autograd import ssd
-from impls.inputs import Inputs
-from impls.stages import FORWARD_STAGES, run_chain
+from harness.workloads import get as get_workload
+from impls.stages import run_chain
 
 
 @dataclass(frozen=True)
@@ -36,18 +36,19 @@ def timer_columns(bench: BenchSettings, device: torch.device) -> dict:
     return {"timer": "cpu-wall", "warmup": bench.cpu_warmup, "reps": bench.cpu_reps, "flush_l2": False}
 
 
-def stage_callables(backend, inputs: Inputs) -> dict:
-    """Zero-argument calls to time: each stage on the outputs of the same backend's previous stage, and the
-    whole forward."""
-    kw = forward_kwargs(inputs)
-    forward = {"forward": public_forward_call(backend, kw)}
+def stage_callables(backend, inputs, workload=None) -> dict:
+    """Zero-argument calls to time of a workload (default: the SSD): each stage on the outputs of the same backend's
+    previous stage, and the whole forward."""
+    workload = workload or get_workload("ssd")
+    kw = workload.arguments(inputs)
+    forward = {"forward": functools.partial(workload.forward.call, backend, kw, {})}
     # a peer's adapter steps and its own kernels, timed apart as stages "part:<name>"
-    forward.update({f"part:{name}": fn
-                    for name, fn in backend.forward_parts(**{k: kw[k] for k in FORWARD_ARGS}).items()})
-    if "chunk_cumsum" not in backend.STAGES:
+    forward.update({f"part:{name}": fn for name, fn in workload.parts(backend, kw).items()})
+    if not workload.chained(backend):
         return forward
-    got = {name: t for outputs in run_chain(backend, kw).values() for name, t in outputs.items()}
-    return {**{stage.name: (lambda s=stage: s.call(backend, kw, got)) for stage in FORWARD_STAGES}, **forward}
+    got = {name: t for outputs in run_chain(backend, kw, stages=workload.stages).values()
+           for name, t in outputs.items()}
+    return {**{stage.name: (lambda s=stage: s.call(backend, kw, got)) for stage in workload.stages}, **forward}
 
 
 def run(plan: Plan, gate: GateReport) -> Timings:
@@ -67,12 +68,12 @@ def run(plan: Plan, gate: GateReport) -> Timings:
 
 def stage_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
     bench, device, out = plan.point.bench, plan.point.device, []
-    costs = cost_model.costs(plan.point.problem)
+    costs = plan.workload.cost(plan.point.problem, plan.point.workload_options)
     ceilings = {}
     if device.type == "cuda" and bench.ceilings:
         ceilings = timing.ceilings(device, plan.dtype, bench.rep_ms)
         out += [("ceiling", key, value) for key, value in ceilings.items()]
-    for stage, fn in stage_callables(plan.backend, plan.inputs).items():
+    for stage, fn in stage_callables(plan.backend, plan.inputs, plan.workload).items():
         if stage not in bench.stages and not stage.startswith("part:"):
             continue
         if device.type == "cuda":
@@ -88,17 +89,19 @@ def stage_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
     return out
 
 
-def backward_callables(backend, inputs: Inputs, seed: int = 0) -> dict:
-    """Zero-argument calls of the backward directions, through impls.ssd with every differentiable input
-    requiring grad and random, non-zero gradients flowing into every output (harness/gradient_gate.py):
-    "backward" (torch.autograd.grad over one forward's graph, kept for repeated calls: the backward alone) and
-    "forward_backward" (a forward under autograd, then its backward)."""
-    kw = forward_arguments(inputs)
-    leaves = leaves_of(kw)
-    grads_in = output_gradients(inputs, seed)
+def backward_callables(backend, inputs, seed: int = 0, workload=None) -> dict:
+    """Zero-argument calls of the backward directions of a workload (default: the SSD, through impls.ssd), with
+    every differentiable input requiring grad and random, non-zero gradients flowing into every output (its
+    Backward declaration): "backward" (torch.autograd.grad over one forward's graph, kept for repeated calls: the
+    backward alone) and "forward_backward" (a forward under autograd, then its backward)."""
+    workload = workload or get_workload("ssd")
+    backward = workload.backward
+    kw = workload.arguments(inputs)
+    leaves = backward.leaves(kw)
+    grads_in = backward.incoming(inputs, seed)
 
     def forward():
-        return ssd(**{**kw, **leaves}, backend=backend)
+        return backward.call(backend, kw, leaves)
 
     def grad(out, retain: bool):
         outputs, grads = incoming(out, grads_in)
@@ -125,7 +128,7 @@ def backward_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
     forward_backward; no CUDA-graph replay (autograd's graph is not captured here); and whether two backward calls
     agree bit for bit ("deterministic" at stage backward: 1 or 0)."""
     bench, device, out = plan.point.bench, plan.point.device, []
-    calls = backward_callables(plan.backend, plan.inputs, plan.point.seed)
+    calls = backward_callables(plan.backend, plan.inputs, plan.point.seed, plan.workload)
     wanted = ("backward",) if plan.point.direction == "backward" else ("backward", "forward_backward")
     for stage in wanted:
         if device.type == "cuda":

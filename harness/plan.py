@@ -1,6 +1,7 @@
-"""Step 1 of a point's life: what to measure, as typed objects. `Point` is the validated config (backend and its
-switches, Problem, seed, device, bench settings) with its identity (config hash, code_key, sweep); `build` turns it
-into the `Plan` the later steps take (the built backend, the drawn inputs). Nothing here reads a DictConfig except
+"""Step 1 of a point's life: what to measure, as typed objects. `Point` is the validated config (workload and its
+options, direction, backend and its switches, Problem, seed, device, bench settings) with its identity (config hash,
+code_key, sweep); `build` turns it into the `Plan` the later steps take (the built backend, the inputs the
+workload's generator drew). Nothing here reads a DictConfig except
 `from_config`, which the Hydra entry (experiments/bench.py) calls; `point` builds one in plain Python.
 
 Pipeline: Point → Plan (here) → GateReport (harness/gate.py) → Timings (harness/measure_time.py) → Rows
@@ -18,9 +19,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from harness import config as conf
-from harness import correctness, provenance
+from harness import provenance
+from harness import workloads as workload_registry
 from impls.defaults import Resolved
-from impls.inputs import DEVICE_DRAW_ELEMENTS, Inputs, make_inputs
+from impls.inputs import DEVICE_DRAW_ELEMENTS
 from impls.problem import Problem
 from impls.registry import Backend, BackendUnavailable, backend_class, get_backend, require, target_on
 
@@ -33,7 +35,7 @@ class BenchSettings:
     check: bool = True
     reference: str = "auto"
     time: bool = True
-    stages: tuple[str, ...] = (*conf.STAGES, conf.FORWARD)
+    stages: tuple[str, ...] = conf.DEFAULT_STAGES
     warmup_ms: int = 25
     rep_ms: int = 100
     statistic: str = "median"
@@ -96,7 +98,9 @@ class Point:
     # how the switches were resolved (the target's defaults or a preset, and the next arrangements for inputs the
     # first refuses: impls/defaults.py); None where they were given whole, or the backend cannot be imported
     resolved: Resolved | None = field(default=None, hash=False, compare=False)
-    direction: str = "forward"  # harness.config.DIRECTIONS
+    direction: str = "forward"  # one of the workload's directions (harness.workloads.DIRECTIONS)
+    workload: str = "ssd"  # harness/workloads/<name>.py
+    workload_options: dict = field(default_factory=dict, hash=False)  # its options, the declared defaults included
 
     @property
     def device_name(self) -> str:
@@ -114,30 +118,34 @@ class Point:
 @dataclass(frozen=True)
 class Plan:
     """A point ready to run: the backend built with its switches (and able to run the problem on the device),
-    the inputs drawn (seeded) and checked against what the backend's switches assume, and each stage's matmul
-    precision as the backend reports it."""
+    the inputs drawn by the workload's generator (seeded) and checked against what the backend's switches assume, and
+    each stage's matmul precision as the backend reports it."""
 
     point: Point
     backend: Backend
-    inputs: Inputs
+    inputs: Any  # the workload's inputs (the SSD's: impls.inputs.Inputs)
     precision: dict[str, str]
 
     @property
     def dtype(self) -> torch.dtype:
         return self.point.problem.torch_dtype
 
+    @property
+    def workload(self) -> workload_registry.Workload:
+        return workload_registry.get(self.point.workload)
+
 
 def build(point: Point) -> Plan:
     """The Plan of `point`; raises why it cannot run (backend unavailable, problem unsupported, unsafe inputs).
-    Its backend is the arrangement that takes the drawn inputs (Backend.arranged_for): the first of the point's,
-    or where that one refuses them, the next its target declares (its describe() says which, and why)."""
+    Its backend is the one that runs the drawn inputs (the workload's `arrange`: for the SSD the arrangement that
+    takes them, Backend.arranged_for: the first of the point's, or where that one refuses them, the next its
+    target declares; its describe() says which, and why)."""
+    workload = workload_registry.get(point.workload)
     backend = get_backend(point.backend, point.resolved or point.switches)
     require(backend, point.problem, point.device)
-    inputs = make_inputs(point.problem, device=point.device, seed=point.seed, draw_device=point.draw_device)
-    backend = backend.arranged_for("ssd_forward", **inputs.forward_kwargs())
-    dtype = point.problem.torch_dtype
-    precision = {stage: backend.precision(stage, dtype, point.device) for stage in backend.STAGES}
-    correctness.refuse_unsafe_inputs(backend, inputs)
+    inputs = workload.inputs(point, backend)
+    backend = workload.arrange(backend, inputs)
+    precision = workload.stage_precision(backend, point.problem.torch_dtype, point.device)
     return Plan(point, backend, inputs, precision)
 
 
@@ -148,9 +156,11 @@ def switches_dict(switches) -> dict:
 
 
 def semantic(backend: str, switches, ablation: str, problem: Problem, bench: BenchSettings, seed: int,
-             device_name: str, direction: str = "forward") -> dict[str, Any]:
-    """What defines a measurement: backend and its full switches, shape, problem, dtype, bench settings, seed, and
-    the device it runs on. Not: logging, output places, force, sharding, names of presets."""
+             device_name: str, direction: str = "forward", workload: str = "ssd",
+             workload_options: dict | None = None) -> dict[str, Any]:
+    """What defines a measurement: the workload (and its options, where it has any) and direction, backend and its
+    full switches, shape, problem, dtype, bench settings, seed, and the device it runs on. Not: logging, output
+    places, force, sharding, names of presets."""
     problem_fields = {k: v for k, v in dataclasses.asdict(problem).items() if k not in ("shape", "dtype")}
     problem_fields["dt_limit"] = list(problem_fields["dt_limit"])
     return {
@@ -164,8 +174,10 @@ def semantic(backend: str, switches, ablation: str, problem: Problem, bench: Ben
                   for k, v in dataclasses.asdict(bench).items() if k != "name"},
         "seed": seed,
         "device": device_name,
-        "workload": conf.WORKLOAD,
+        "workload": workload,
         "direction": direction,
+        # only where the workload has options: the SSD's points keep their hashes
+        **({"workload_options": dict(sorted(workload_options.items()))} if workload_options else {}),
     }
 
 
@@ -188,14 +200,18 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
           seed: int = 0, device: str | torch.device = "cpu", bench: BenchSettings | None = None,
           sweep_id: str = "adhoc", run_group: str | None = None, round: int = 1, sweep_name: str = "adhoc",
           job_num: int = 0, shape_name: str = "custom", problem_name: str = "custom", direction: str = "forward",
+          workload: str = "ssd", workload_options: dict | None = None,
           hydra_choices: str = "{}", config: dict | None = None, config_yaml: str | None = None) -> Point:
     """A Point in plain Python: `switches` a dict of overrides on top of the defaults of the device's target (or
     of `preset`), `ablation` applied from those (harness.config.resolution), or a Switches instance, taken as
-    is (kept as given when the backend's module cannot be imported here); identity computed as the Hydra entry
-    computes it (run_group: the sweep_id unless given)."""
+    is (kept as given when the backend's module cannot be imported here); `workload` a registered one
+    (harness/workloads/) with `workload_options` on top of its declared ones (`bench`, where given, names its
+    stages; by default every stage it has); identity computed as the Hydra entry computes it (run_group: the
+    sweep_id unless given)."""
     conf.check_shape(problem.shape, shape_name)
     conf.check_problem(problem)
-    bench = bench or BenchSettings()
+    bench = bench or BenchSettings(stages=workload_registry.get(workload).stage_names)  # every stage it has
+    options = conf.check_workload(workload, workload_options, problem, direction, bench.reference, bench.stages)
     device = resolve_device(device) if isinstance(device, str) else device
     resolved = None
     try:
@@ -209,9 +225,7 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
             switches = resolved.first.switches
     prov = provenance.collect(device)
     device_name = provenance.device_name(device)
-    if direction not in conf.DIRECTIONS:
-        raise conf.ConfigError(f"direction: expected one of {conf.DIRECTIONS}, got {direction!r}")
-    sem = semantic(backend, switches, ablation, problem, bench, seed, device_name, direction)
+    sem = semantic(backend, switches, ablation, problem, bench, seed, device_name, direction, workload, options)
     if config is None:  # what the config column and the W&B run show for a point built in Python (plain values)
         config = json.loads(json.dumps({**sem, "shape": {"name": shape_name, **sem["shape"]},
                                         "problem": {"name": problem_name, **sem["problem"]},
@@ -226,7 +240,7 @@ def point(backend: str, problem: Problem, *, switches=None, ablation: str = "non
                         config=config)
     return Point(backend=backend, switches=switches, ablation=ablation, problem=problem, seed=seed, device=device,
                  bench=bench, identity=identity, provenance=prov, shape_name=shape_name, problem_name=problem_name,
-                 resolved=resolved, direction=direction)
+                 resolved=resolved, direction=direction, workload=workload, workload_options=options)
 
 
 def from_config(cfg: DictConfig, sweep_id: str = "adhoc", job_num: int = 0, hydra_choices: dict | None = None,
@@ -240,6 +254,8 @@ def from_config(cfg: DictConfig, sweep_id: str = "adhoc", job_num: int = 0, hydr
                  bench=BenchSettings.from_config(cfg.bench),
                  sweep_id=sweep_id, run_group=run_group, round=round, sweep_name=cfg.sweep_name, job_num=job_num,
                  shape_name=cfg.shape.name, problem_name=cfg.problem.name, direction=cfg.direction,
+                 workload=cfg.workload.name,
+                 workload_options=OmegaConf.to_container(cfg.workload.options, resolve=True),
                  hydra_choices=json.dumps(dict(hydra_choices or {}), sort_keys=True, default=str),
                  config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
                  config_yaml=OmegaConf.to_yaml(cfg, resolve=True))

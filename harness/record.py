@@ -14,15 +14,16 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from harness import cost_model, secrets, store, timing, wandb_log
-from harness.config import WORKLOAD
+from harness import secrets, store, timing, wandb_log
+from harness import workloads as workload_registry
 from harness.gate import GateReport
 from harness.measure_time import Timings, timer_columns
 from harness.plan import Plan, Point
 from impls.inputs import DISTRIBUTION
+from impls.stages import FORWARD_STAGE_NAMES
 from impls.tuning import join_protocols
 
-TIMED_ONE_STAGE = ("chunk_cumsum", "fwd_pass_state", "compute_out")  # a row of one stage reads its kernels' protocols
+TIMED_ONE_STAGE = FORWARD_STAGE_NAMES  # a row of one stage reads its kernels' protocols
 
 UNITS = {"median_ms": "ms", "p20_ms": "ms", "p80_ms": "ms", "graph_median_ms": "ms", "compile_s": "s",
          "rel_err": "1", "tol": "1", "ok": "1", "flops": "flop", "bytes": "byte", "bytes_fused": "byte",
@@ -78,6 +79,17 @@ def already_stored(point: Point, output: Output) -> Path | None:
                                output.retry_failed)
 
 
+def workload_columns(point: Point) -> dict:
+    """The columns the point's workload adds to its rows (its shape schema: the layer's d_model, expand, d_conv);
+    ValueError naming one the store lacks (harness/store.py COLUMNS, ADDED_IN)."""
+    workload = workload_registry.get(point.workload)
+    columns = workload.shape.columns(point.problem.shape, point.workload_options)
+    unknown = sorted(set(columns) - set(store.COLUMNS))
+    if unknown:
+        raise ValueError(f"workload {workload.name!r}: columns {unknown} are not in harness.store.COLUMNS")
+    return {**columns, "cost_model": workload.cost_model}
+
+
 def base_row(point: Point) -> dict:
     """The columns every row of `point` shares."""
     ident, problem = point.identity, point.problem
@@ -87,14 +99,14 @@ def base_row(point: Point) -> dict:
         "sweep_name": ident.sweep_name, "job_num": ident.job_num, "timestamp": ident.timestamp,
         "config_hash": ident.config_hash, "backend": point.backend, "switches": point.switches_json,
         "ablation": point.ablation, "tuning": "none", "describe": None,
-        "workload": WORKLOAD, "direction": point.direction,
+        "workload": point.workload, "direction": point.direction,
         "shape_name": point.shape_name, **dataclasses.asdict(problem.shape),
         "problem_name": point.problem_name,
         "problem": json.dumps(dataclasses.asdict(problem), sort_keys=True, default=str),
         "dtype": problem.dtype, "seed": point.seed, "distribution": DISTRIBUTION,
         "inputs_drawn_on": point.draw_device,
         "device": str(point.device), "device_name": point.device_name, "statistic": point.bench.statistic,
-        "cost_model": cost_model.MODEL_VERSION, "hydra_choices": ident.hydra_choices, "config": ident.config_yaml,
+        "hydra_choices": ident.hydra_choices, "config": ident.config_yaml, **workload_columns(point),
     }
     row.update(point.provenance)
     row["code_key"] = ident.code_key
@@ -119,8 +131,8 @@ def rows(point: Point, plan: Plan | None, gate: GateReport | None, timings: Timi
     precision = plan.precision if plan is not None else {}
     metrics = []
     if plan is not None:
-        metrics += [(stage, key, value) for stage, cost in cost_model.costs(point.problem).items()
-                    for key, value in cost.items()]
+        costs = workload_registry.get(point.workload).cost(point.problem, point.workload_options)
+        metrics += [(stage, key, value) for stage, cost in costs.items() for key, value in cost.items()]
     metrics += gate.metrics() if gate is not None else []
     metrics += list(timings.metrics) if timings is not None else []
     metrics.append(("point", "ok", 1.0 if status == "ok" else 0.0))

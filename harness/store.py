@@ -16,11 +16,12 @@ import pyarrow.parquet as pq
 
 from impls.declaration import version_columns
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Columns added after version 1, with the version that added them: files written before read them as null.
 # Version 4 leaves `tf32` null (it was a config flag, not what ran): `precision` says what each stage ran.
 ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4, "gate": 4,
-            "run_group": 5, "round": 5, "workload": 5, "direction": 5, "tile_protocol": 5}
+            "run_group": 5, "round": 5, "workload": 5, "direction": 5, "tile_protocol": 5,
+            "d_model": 6, "expand": 6, "d_conv": 6}
 
 # The v_<key> columns: those of schema version 4 (every committed file has them, so they stay) and then any other
 # package a backend declares (impls/<name>/__init__.py PACKAGES, impls/declaration.py), read as null from files
@@ -51,11 +52,13 @@ COLUMNS: dict[str, tuple[str, str]] = {
                            "driver's major (harness.provenance.code_key); a stored point is skipped only when "
                            "config_hash and code_key both match"),
     "status": ("string", "ok | failed (correctness gate, unavailable backend, exception)"),
-    "workload": ("string", "what was measured: ssd (the SSD of impls/; null before version 5: ssd)"),
+    "workload": ("string", "what was measured (harness/workloads/): ssd (the SSD of impls/; null before version "
+                           "5: ssd) | mamba2_layer (the Mamba-2 block of models/mamba2.py, its SSD on the backend)"),
     "direction": ("string", "forward | backward | forward_backward (null before version 5: forward): the backward "
                             "is torch.autograd.grad of impls.ssd after a forward under autograd, timed alone"),
     "error": ("string", "why the point failed (null when ok)"),
-    "stage": ("string", "chunk_cumsum | fwd_pass_state | compute_out | forward | backward | forward_backward | "
+    "stage": ("string", "the workload's stages (ssd: chunk_cumsum | fwd_pass_state | compute_out; mamba2_layer: "
+                        "in_proj_conv | ssd | norm_out_proj) | forward | backward | forward_backward | "
                         "grad:d<input> (the gradient gate's, per gradient) | ceiling | point"),
     "metric": ("string", "see README: median_ms, p20_ms, p80_ms, graph_median_ms, compile_s, rel_err, "
                          "block_err, bound_ratio, mamba_ssm_rel_err, mamba_ssm_rule, tol, "
@@ -77,6 +80,10 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "shape_name": ("string", "shape preset name"),
     "batch": ("Int64", ""), "seqlen": ("Int64", ""), "nheads": ("Int64", ""), "headdim": ("Int64", ""),
     "ngroups": ("Int64", ""), "dstate": ("Int64", ""), "chunk_size": ("Int64", ""),
+    "d_model": ("Int64", "the layer's model width, nheads·headdim / expand (workload mamba2_layer; null otherwise and "
+                         "before version 6)"),
+    "expand": ("Int64", "the layer's d_inner / d_model (workload mamba2_layer's option)"),
+    "d_conv": ("Int64", "the layer's causal conv width (workload mamba2_layer's option)"),
     "problem_name": ("string", "problem preset name"),
     "problem": ("string", "JSON: impls.problem.Problem fields"),
     "dtype": ("string", "input dtype"),

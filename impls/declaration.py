@@ -23,8 +23,10 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+from impls.stages import FORWARD_STAGE_NAMES
+
 IMPLS = Path(__file__).resolve().parent
-ALL_STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
+ALL_STAGES = (*FORWARD_STAGE_NAMES, "forward")  # the forward's stages (impls/stages.py) and the whole forward
 FIELDS = ("BACKEND", "STAGES", "PACKAGES")
 
 

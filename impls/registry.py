@@ -437,8 +437,10 @@ def _describing_what_ran(describe: Callable[[Backend], dict]) -> Callable[[Backe
 
 
 def _implements(cls: type[Backend], stage: str) -> bool:
-    """Whether `cls` overrides `stage` with more than the base classes' NotImplementedError."""
-    return all(getattr(cls, stage) is not getattr(base, stage) for base in (Backend, ForwardOnlyBackend))
+    """Whether `cls` has `stage` beyond the base classes' NotImplementedError (a stage the base classes do not name,
+    declared since in impls/stages.py, counts where the class defines it)."""
+    own = getattr(cls, stage, None)
+    return own is not None and all(own is not getattr(base, stage, None) for base in (Backend, ForwardOnlyBackend))
 
 
 def backend_class(name: str) -> type[Backend]:

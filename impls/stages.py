@@ -1,15 +1,17 @@
 """The forward's stages declared once: each stage's name, the outputs it hands on, and how it is called on a
 backend from the forward's arguments and the earlier stages' outputs (impls/README.md, "The chunked
 decomposition"). What composes them — a backend's default `ssd_forward`, the harness's gate (each stage on the
-backend's own outputs) and its timing (each stage on ready inputs) — iterates over `FORWARD_STAGES`."""
+backend's own outputs) and its timing (each stage on ready inputs) — iterates over `FORWARD_STAGES` (the harness
+through the SSD's workload declaration, harness/workloads/ssd.py, which other workloads' chains sit beside).
+Every list of the stages' names (a backend's declaration, the configs, the cost model, the rows, the analysis) is
+`FORWARD_STAGE_NAMES`; this module imports no torch, so that the light readers of it (impls/declaration.py,
+analysis/) stay light."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from impls.problem import per_sequence_initial_states
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ def _fwd_pass_state(backend, kw: dict, got: dict) -> tuple:
 
 def own_initial_states(kw: dict) -> dict:
     """{"initial_states": ...} where they are one per packed sequence (the later stages read them too), else {}."""
+    from impls.problem import per_sequence_initial_states  # here: the stage names are read without torch
+
     own = per_sequence_initial_states(kw["initial_states"], kw["x"])
     return {"initial_states": kw["initial_states"]} if own else {}
 
@@ -50,11 +54,15 @@ FORWARD_STAGES = (
 )
 
 
-def run_chain(backend, kw: dict, call: Callable[[str, Callable[[], tuple]], tuple] | None = None) -> dict:
-    """Every stage in order, each on the previous stages' outputs of the same backend: stage -> {output: tensor}.
-    `call(stage name, thunk)` runs each (to time or wrap it); by default it just calls the thunk."""
+FORWARD_STAGE_NAMES = tuple(stage.name for stage in FORWARD_STAGES)
+
+
+def run_chain(backend, kw: dict, call: Callable[[str, Callable[[], tuple]], tuple] | None = None,
+              stages: tuple[Stage, ...] = FORWARD_STAGES) -> dict:
+    """Every stage of `stages` in order, each on the previous stages' outputs of the same backend: stage ->
+    {output: tensor}. `call(stage name, thunk)` runs each (to time or wrap it); by default it just calls the thunk."""
     got, out = {}, {}
-    for stage in FORWARD_STAGES:
+    for stage in stages:
         thunk = functools.partial(stage.call, backend, kw, got)
         values = call(stage.name, thunk) if call is not None else thunk()
         out[stage.name] = dict(zip(stage.outputs, values))

@@ -266,15 +266,22 @@ class Mamba2(nn.Module):
             conv_seq = impls.seq_idx_from_cu_seqlens(cu_seqlens, u.shape[1])
         xBC, conv_final = causal_conv_silu(xBC, self.conv1d.weight, self.conv1d.bias, conv_initial_states, conv_seq)
         x, B, C = torch.split(xBC, c.xbc_sizes, dim=-1)
-        ssd_dtype = torch.float64 if u.dtype == torch.float64 else torch.float32
-        D = self.D.to(ssd_dtype)
-        kwargs = dict(x=x.unflatten(-1, (c.nheads, c.headdim)), dt=dt, A=-torch.exp(self.A_log.to(ssd_dtype)),
-                      B=B.unflatten(-1, (c.ngroups, c.d_state)), C=C.unflatten(-1, (c.ngroups, c.d_state)),
-                      chunk_size=c.chunk_size, D=D.view(c.nheads, c.headdim) if c.D_per_channel else D,
-                      dt_bias=self.dt_bias.to(ssd_dtype), initial_states=initial_states, seq_idx=seq_idx,
-                      cu_seqlens=cu_seqlens, dt_softplus=True, dt_limit=c.dt_limit)
+        kwargs = self.ssd_kwargs(x.unflatten(-1, (c.nheads, c.headdim)), dt, B.unflatten(-1, (c.ngroups, c.d_state)),
+                                 C.unflatten(-1, (c.ngroups, c.d_state)), initial_states=initial_states,
+                                 seq_idx=seq_idx, cu_seqlens=cu_seqlens)
         conv = "F.conv1d" if conv_seq is None else "masked taps (packed sequences)"
         return SSDCall(kwargs, z, conv_final, conv)
+
+    def ssd_kwargs(self, x, dt, B, C, *, initial_states=None, seq_idx=None, cu_seqlens=None) -> dict:
+        """The SSD's arguments from its inputs x (batch, seqlen, nheads, headdim), dt, B and C (batch, seqlen,
+        ngroups, d_state) and the layer's own parameters (A = -exp(A_log), D, dt_bias in the SSD's dtype)."""
+        c = self.config
+        ssd_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        D = self.D.to(ssd_dtype)
+        return dict(x=x, dt=dt, A=-torch.exp(self.A_log.to(ssd_dtype)), B=B, C=C, chunk_size=c.chunk_size,
+                    D=D.view(c.nheads, c.headdim) if c.D_per_channel else D, dt_bias=self.dt_bias.to(ssd_dtype),
+                    initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=True,
+                    dt_limit=c.dt_limit)
 
     def finish(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Everything after the SSD: y (batch, seqlen, nheads, headdim) -> gated RMSNorm with z -> out_proj."""

@@ -19,6 +19,14 @@ from models.mamba2 import Mamba2, Mamba2Output
 def mamba2_float64(layer: Mamba2, u: torch.Tensor, seq_idx=None, cu_seqlens=None, initial_states=None,
                    conv_initial_states=None) -> Mamba2Output:
     """The block's output and final states in float64, for the same arguments as `layer(...)`."""
+    parts = mamba2_float64_parts(layer, u, seq_idx, cu_seqlens, initial_states, conv_initial_states)
+    return Mamba2Output(parts["out"], parts["final_states"], parts["varlen_states"], parts["conv_final_states"])
+
+
+def mamba2_float64_parts(layer: Mamba2, u: torch.Tensor, seq_idx=None, cu_seqlens=None, initial_states=None,
+                         conv_initial_states=None) -> dict[str, torch.Tensor | None]:
+    """`mamba2_float64` with what the block hands on inside, in float64: z (batch, seqlen, d_inner); x, dt, B, C as
+    the SSD takes them; the SSD's output `ssd_y` (batch, seqlen, nheads, headdim); out and the final states."""
     c, f64 = layer.config, torch.float64
     batch, seqlen, _ = u.shape
     proj = _linear(u.to(f64), layer.in_proj)
@@ -37,7 +45,8 @@ def mamba2_float64(layer: Mamba2, u: torch.Tensor, seq_idx=None, cu_seqlens=None
                          dt_limit=c.dt_limit)
     y, gate = ssd.y.reshape(batch, seqlen, c.d_inner), z * torch.sigmoid(z)
     normed = _rms_norm(y, layer) * gate if c.norm_before_gate else _rms_norm(y * gate, layer)
-    return Mamba2Output(_linear(normed, layer.out_proj), ssd.final_states, ssd.varlen_states, conv_final)
+    return {"z": z, "x": x, "dt": dt, "B": B, "C": C, "ssd_y": ssd.y, "out": _linear(normed, layer.out_proj),
+            "final_states": ssd.final_states, "varlen_states": ssd.varlen_states, "conv_final_states": conv_final}
 
 
 def _linear(v, linear: torch.nn.Linear):

@@ -125,3 +125,79 @@ def test_register_refuses_a_declared_stage_the_class_lacks(monkeypatch):
     monkeypatch.setattr("impls.registry.declarations", lambda: {"reference": decl})
     with pytest.raises(ValueError, match="does not implement"):
         register(type("Half", (Backend,), {"name": "reference"}))
+
+
+# --- a one-folder backend written against the interface as it stands (three stages, @register, the declaration) ----
+TOY_INIT = '''"""A backend of one folder: the reference's stages under another name."""
+
+from impls.toykernels.backend import ToyBackend  # noqa: F401  (registers "toykernels")
+
+BACKEND = "toykernels"
+STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out", "forward")
+PACKAGES = {"torch": ("torch", None)}
+'''
+TOY_BACKEND = '''"""The three stages, each the reference's."""
+
+from impls.reference.chunk_cumsum import chunk_cumsum
+from impls.reference.compute_out import compute_out
+from impls.reference.fwd_pass_state import fwd_pass_state
+from impls.registry import Backend, register
+
+
+@register
+class ToyBackend(Backend):
+    name = "toykernels"
+
+    def chunk_cumsum(self, dt, A, chunk_size, dt_bias, dt_softplus, dt_limit):
+        return chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
+
+    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        return fwd_pass_state(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype)
+
+    def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
+        return compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx)
+'''
+
+
+@pytest.fixture
+def toy_backend_folder(tmp_path, monkeypatch):
+    """impls/toykernels/ as a folder outside the checkout, found as the registry finds every backend folder."""
+    import sys
+
+    import impls
+    from impls import registry
+
+    folder = tmp_path / "toykernels"
+    folder.mkdir()
+    (folder / "__init__.py").write_text(TOY_INIT)
+    (folder / "backend.py").write_text(TOY_BACKEND)
+    decl = declaration.read(folder)
+    monkeypatch.setattr(impls, "__path__", [*impls.__path__, str(tmp_path)])
+    monkeypatch.setitem(registry.BACKEND_MODULES, decl.name, decl.module)
+    monkeypatch.setattr(registry, "declarations", lambda: {**declarations(), decl.name: decl})
+    yield decl
+    registry._REGISTRY.pop(decl.name, None)
+    registry.clear_cache()
+    for module in ("impls.toykernels.backend", "impls.toykernels"):
+        sys.modules.pop(module, None)
+
+
+def test_a_one_folder_backend_registers_and_runs_as_an_ssd_forward_backend(toy_backend_folder):
+    """Written against today's interface, it needs nothing of the workloads: the SSD's forward goes through the same
+    steps as for the backends in impls/ (gated stage by stage and whole, each stage and the forward timed)."""
+    from experiments import bench
+    from harness import plan
+    from impls.problem import Problem, Shape
+
+    cls = backend_class("toykernels")
+    assert cls.STAGES == toy_backend_folder.stages and cls.__module__ == "impls.toykernels.backend"
+    point = plan.point("toykernels", Problem(Shape(1, 32, 2, 8, 1, 8, 16), dtype="float32"),
+                       bench=plan.BenchSettings(cpu_warmup=0, cpu_reps=1))
+    assert point.workload == "ssd" and point.direction == "forward"
+    rows = bench.measure(point)
+    assert rows.status == "ok", rows.error
+    df = rows.frame()
+    assert set(df["backend"]) == {"toykernels"} and set(df["workload"]) == {"ssd"}
+    assert (df.query("metric == 'ok'")["value"] == 1).all()
+    assert set(df.query("metric == 'median_ms'")["stage"]) == {"chunk_cumsum", "fwd_pass_state", "compute_out",
+                                                                "forward"}

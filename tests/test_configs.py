@@ -11,6 +11,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from harness import config as conf
+from harness import workloads
 
 pytestmark = pytest.mark.quick  # the quick tier: pytest -m quick
 
@@ -19,7 +20,7 @@ CONF = REPO / "conf"
 conf.register_schemas()
 conf.register_resolvers()
 
-GROUPS = ["backend", "shape", "problem", "dtype", "bench", "logger", "launch"]
+GROUPS = ["backend", "shape", "problem", "dtype", "bench", "logger", "launch", "workload"]
 OPTIONS = [pytest.param(g, p.stem, id=f"{g}-{p.stem}") for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 EXPERIMENTS = [pytest.param(p.stem, id=p.stem) for p in sorted((CONF / "experiment").glob("*.yaml"))]
 
@@ -42,6 +43,7 @@ def test_groups_are_complete():
     assert names == {"reference", "mamba_ssm", "cutile", "triton", "tilegym", "fla", "vllm"}
     shapes = {p.stem for p in (CONF / "shape").glob("*.yaml")}
     assert {"S1", "S2", "S3", "S4", "tiny", "long_64k", "long_256k", "mamba2_130m", "mamba2_2p7b"} <= shapes
+    assert {p.stem for p in (CONF / "workload").glob("*.yaml")} == set(workloads.names())
     s1 = _compose(["shape=S1"]).shape
     assert (s1.batch, s1.seqlen, s1.nheads, s1.headdim, s1.ngroups, s1.dstate, s1.chunk_size) == \
         (8, 4096, 80, 64, 1, 128, 256)

@@ -1,4 +1,5 @@
-"""The chunked reference against the sequential definition (float64), and in lower precision against itself."""
+"""The chunked reference against the sequential definition (float64). In lower precision it meets the contract as
+every backend does: tests/test_contract.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.reference import ssd_sequential
 from impls.tolerance import rel_err, tolerance
-from tests.common import CASES, float64_forward, judged, run_case
+from tests.common import CASES, float64_forward, judged
 
 pytestmark = pytest.mark.quick  # the quick tier: pytest -m quick
 
@@ -75,14 +76,6 @@ def test_sequential_is_not_trivially_zero():
     """The comparison above would pass on two zero outputs: make sure the definition produces signal."""
     seq = sequential(make_inputs(CASES[0].values[0], seed=3, dtype=torch.float64))
     assert seq.y.abs().mean() > 0.1 and seq.final_states.abs().mean() > 1e-3
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("problem", CASES[:7])
-def test_reference_low_precision(problem, dtype):
-    errors = run_case("reference", problem, dtype, seed=5)
-    bad = {k: v for k, v in errors.items() if not v <= tolerance(dtype)}
-    assert not bad, bad
 
 
 @pytest.mark.parametrize("problem", [CASES[0], CASES[4], CASES[5]])

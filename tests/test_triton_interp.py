@@ -2,10 +2,10 @@
 
 What runs here: every switch combination (transposed_layout x operand_swap x exp2) in fp32 and fp16 on a problem
 that uses most of the contract at once (seqlen not a multiple of chunk_size, ngroups dividing nheads, seq_idx with
-3 sequences, initial states, z, per-channel D, a strided x), each stage's output checked; then one case per
-remaining part of the contract (both D shapes, cu_seqlens, dt_limit, no softplus/bias, state dtypes, dims that are
-not powers of two, several tiles per program dimension, x/z/B/C/dt as views of one fused projection, stage outputs
-chained with the reference backend's); the tuning modes; switch errors. Outputs are NaN-poisoned
+3 sequences, initial states, z, per-channel D, a strided x), each stage's output checked; the rest of the contract on
+the covering cases every backend runs (tests/test_contract.py), and here what only Triton's paths have (several
+tiles per program dimension, x/z/B/C/dt as views of one fused projection, stage outputs chained with the reference
+backend's); the tuning modes; switch errors. Outputs are NaN-poisoned
 (impls.tolerance.poisoned_allocations). The full factorial (x cb_precision x 3 problems) is marked slow.
 
 bf16 is GPU-only: the interpreter computes bf16 dots wrongly (triton-lang/triton#11584). The interpreter also
@@ -139,29 +139,12 @@ def test_cb_precision_fp32_maps_to_ieee():
     assert not failures(errors, torch.float32), errors
 
 
-# --- the rest of the contract ---------------------------------------------------------------------------------
+# --- the contract on Triton's own paths (the covering cases of every backend: tests/test_contract.py) -------------
 SMALL = Shape(1, 70, 4, 16, 2, 16, 32)
 CASES = [
-    pytest.param(Problem(SMALL), {}, None, id="D-per-head"),
-    pytest.param(Problem(SMALL, has_D=False, has_z=True), {}, None, id="no-D-z"),
-    pytest.param(Problem(SMALL, varlen=True, nseqs=3, has_z=True), {}, None, id="cu_seqlens-3-seqs"),
-    pytest.param(Problem(SMALL, nseqs=4, has_initial_states=True), {}, None, id="seq_idx-4-seqs-initial"),
-    pytest.param(Problem(dataclasses.replace(SMALL, batch=2), nseqs=3, has_initial_states=True), {}, None,
-                 id="seq_idx-per-row-row1-from-1-initial"),  # row 1's initial state is dropped
-    pytest.param(Problem(SMALL, varlen=True, nseqs=3, has_initial_states=True), {}, None,
-                 id="cu_seqlens-initial"),
-    pytest.param(Problem(SMALL, dt_limit=(0.005, 0.05)), {}, None, id="dt_limit"),
-    pytest.param(Problem(SMALL, dt_softplus=False, has_dt_bias=False), {}, None, id="no-softplus-no-bias"),
-    pytest.param(Problem(SMALL, dt_softplus=False, has_dt_bias=True), {}, None, id="bias-no-softplus"),
-    pytest.param(Problem(dataclasses.replace(SMALL, ngroups=1)), {}, None, id="ngroups1"),
-    pytest.param(Problem(dataclasses.replace(SMALL, ngroups=4)), {}, None, id="ngroups-eq-nheads"),
-    pytest.param(Problem(dataclasses.replace(SMALL, seqlen=64)), {}, None, id="seqlen-multiple-of-chunk"),
-    pytest.param(Problem(dataclasses.replace(SMALL, seqlen=20)), {}, None, id="seqlen-below-chunk"),
-    pytest.param(Problem(Shape(2, 40, 2, 24, 1, 40, 16), has_z=True, nseqs=2), {}, None, id="p24-n40-batch2"),
     pytest.param(Problem(Shape(1, 100, 2, 32, 1, 32, 64), has_initial_states=True),
                  {"block_rows": 32, "block_positions": 16, "block_headdim": 16, "block_dstate": 16}, None,
                  id="several-tiles-pinned"),
-    pytest.param(Problem(SMALL, state_dtype="float32"), {}, None, id="state_dtype-fp32"),
     pytest.param(Problem(SMALL, has_z=True, nseqs=2), {}, "fused", id="fused-projection-views"),
 ]
 

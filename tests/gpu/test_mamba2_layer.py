@@ -1,6 +1,7 @@
 """The Mamba-2 layer (models/mamba2.py) on the GPU against its float64 reference (on the GPU too), per SSD backend
-and dtype, bf16 included, outputs NaN-poisoned; and `python -m experiments.layer_bench` end to end at a small
-size (gate, timings, SSD share), speed never asserted. A backend that cannot run here is skipped with its reason."""
+and dtype, bf16 included, outputs NaN-poisoned; and the layer as a workload of the pipeline end to end at a small
+size (harness/workloads/mamba2_layer.py: gate, stage and forward timings, so the SSD's share), speed never
+asserted. A backend that cannot run here is skipped with its reason."""
 
 from __future__ import annotations
 
@@ -67,15 +68,28 @@ def test_layer_matches_float64_on_gpu(backend, case, dtype_name):
     assert "out" in errors and all(err <= tol for err in errors.values()), f"over {tol}: {errors}"
 
 
-def test_layer_bench_end_to_end():
-    from experiments import layer_bench  # imported here: at import it asks torch whether CUDA is there
+def test_the_layer_workload_end_to_end():
+    """Each backend's layer point at mamba2_130m's sizes (batch 2, 1024 tokens, bf16) through plan → gate → time:
+    gated against float64, then its stages and forward timed (the SSD's share: stage ssd over forward), or failed
+    with the backend's reason where it cannot run here."""
+    from experiments import bench  # imported here: at import bench asks torch whether CUDA is there
+    from harness import plan
+    from impls.cli import load_shape
+    from impls.problem import Problem
 
-    results = layer_bench.main(["--backends", ",".join(BACKENDS), "--shape", "mamba2_130m", "--batch", "2",
-                                "--seqlen", "1024", "--warmup-ms", "5", "--rep-ms", "20"])
-    by_name = {r.backend: r for r in results}
-    assert by_name["triton"].status == "ok", by_name["triton"].reason
-    for result in results:
-        assert result.status in ("ok", "refused"), f"{result.backend}: {result.status} {result.reason}"
-        if result.status == "ok":
-            assert result.timer == "do_bench-median" and result.layer["median_ms"] > 0
-            assert math.isfinite(result.ssd_share) and result.ssd_share > 0
+    shape = dataclasses.replace(load_shape("mamba2_130m"), batch=2, seqlen=1024)
+    quick = plan.BenchSettings(stages=("in_proj_conv", "ssd", "norm_out_proj", "forward"), warmup_ms=5, rep_ms=20,
+                               ceilings=False)
+    results = {}
+    for backend in BACKENDS:
+        rows = bench.measure(plan.point(backend, Problem(shape), workload="mamba2_layer", device="cuda", bench=quick))
+        results[backend] = rows
+        df = rows.frame()
+        if rows.status != "ok":
+            assert "GateFailure" not in (rows.error or ""), f"{backend}: {rows.error}"
+            continue
+        medians = df.query("metric == 'median_ms'").set_index("stage")["value"]
+        assert set(df["timer"]) == {"do_bench"} and medians["forward"] > 0
+        share = medians["ssd"] / medians["forward"]
+        assert math.isfinite(share) and share > 0
+    assert results["triton"].status == "ok", results["triton"].error
