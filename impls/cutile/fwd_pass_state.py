@@ -13,9 +13,6 @@ rows in memory order), walks the chunks with S ← exp(dA_last)·S + local, writ
 and the final state. The seq_idx rules are the serial kernel's, split the same way (w = 0 in the local kernel, the
 carry reset in the pass).
 
-Switch state_two_warpgroups compiles the two MMA kernels (not the pass) with two math warpgroups
-(`ct.kernel(num_worker_warps=8)`) that tileiras has share each chunk's MMA (docs/perf-notes.md, version 12).
-
 Switches: operand_swap computes the local state as Bᵀ·(w x) (dstate × headdim); transposed_layout stores the
 entering states (b, c, h, dstate, headdim). When the two disagree the tile is transposed before each store.
 """
@@ -30,7 +27,6 @@ import torch
 
 from impls.cutile.common import LOG2E, CopyHints, KernelCall, kernel_call, next_pow2
 from impls.cutile.pdl import start_as_dependent
-from impls.cutile.switches import WORKER_WARPS
 
 ZERO = ct.PaddingMode.ZERO
 
@@ -261,8 +257,7 @@ def make_local_call(arrays, dims, chunk_size, has_seq, tf32, sw, config) -> Kern
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bp, bn, bool(has_seq), sw.operand_swap,
             sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl)
     grid = (batch * math.ceil(seqlen / chunk_size) * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
-    return kernel_call(local_state_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,
-                       WORKER_WARPS[sw.state_two_warpgroups])
+    return kernel_call(local_state_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 
 
 def make_pass_call(arrays, dims, chunk_size, has_init, has_seq, sw) -> KernelCall:
@@ -288,8 +283,7 @@ def make_call(arrays, dims, chunk_size, has_init, has_seq, tf32, sw, config) -> 
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bp, bn, bool(has_init), bool(has_seq),
             sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl)
     grid = (batch * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
-    return kernel_call(fwd_pass_state_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,
-                       WORKER_WARPS[sw.state_two_warpgroups])
+    return kernel_call(fwd_pass_state_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 
 
 def state_storage(x, nchunks, dstate, dtype, transposed):
