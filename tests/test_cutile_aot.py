@@ -114,6 +114,20 @@ def test_exp2_switch_changes_every_stage():
         assert normalized(compiled(stage, "bfloat16", DEFAULTS)) != normalized(compiled(stage, "bfloat16", off("exp2")))
 
 
+@pytest.mark.parametrize("stage", MMA_STAGES)
+def test_exp2_ftz_drops_the_subnormal_handling_around_each_exp2(stage):
+    """exp2_ftz: the same MUFU.EX2s, without the compare and the two predicated multiplies the plain exp2 puts around
+    each (ex2.approx.f32 keeping subnormals); chunk_cumsum keeps its plain exp2 (the switch-effects table)."""
+    arms = {"plain": DEFAULTS, "ftz": dataclasses.replace(DEFAULTS, exp2_ftz=True)}
+    code = {name: sass_instructions(compiled(stage, "bfloat16", sw)) for name, sw in arms.items()}
+    ex2 = {name: sum(i.op.startswith("MUFU.EX2") for i in c) for name, c in code.items()}
+    scaled = {name: sum(1 for i in c if i.base == "FMUL" and i.pred) for name, c in code.items()}
+    fsetp = {name: sum(1 for i in c if i.base == "FSETP") for name, c in code.items()}
+    assert ex2["plain"] == ex2["ftz"] > 0
+    assert scaled["plain"] >= ex2["plain"] and scaled["ftz"] == 0, scaled
+    assert fsetp["ftz"] < fsetp["plain"] and len(code["ftz"]) < len(code["plain"])
+
+
 def test_switch_effects_table_is_current():
     """The committed table has a row per stage x dtype x code switch, and the rows this session compiled agree."""
     rows = json.loads(EFFECTS_PATH.read_text())["rows"]

@@ -649,6 +649,48 @@ def test_kernels_compile_for_sm90():
     assert result.stdout.count("handoff=ok") == 8, result.stdout
 
 
+EXP2_FTZ_PTX = """
+from impls.triton.aot import compile_variant, variants
+for name, kernel, pointers, constexprs, warps, stages in variants("bfloat16", all_variants=False):
+    if (name in ("compute_out", "serial_state") and constexprs.get("EXP2") and constexprs.get("HOST_DESC")
+            and constexprs.get("BLOCK_DSTATE", 128) == 128 and constexprs.get("HB", 1) == 1):
+        for ftz in (True, False):
+            ptx = compile_variant(kernel, pointers, {**constexprs, "EXP2_FTZ": ftz}, 90, warps, stages).asm["ptx"]
+            print(name, ftz, ptx.count("ex2.approx.ftz.f32"), ptx.count("ex2.approx.f32"))
+"""
+
+
+def test_exp2_ftz_picks_the_ex2_instruction():
+    """Switch exp2_ftz: on (the default), every exp2 of stage 2's serial kernel and compute_out (sm_90's defaults,
+    host descriptors) is Triton's ex2.approx.ftz.f32; off, the same count of ex2.approx.f32 (subnormals kept). The
+    stage calls pass it to the kernels they launch."""
+    from impls.triton.switch_effects import stage_launches
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    result = subprocess.run([sys.executable, "-c", EXP2_FTZ_PTX], capture_output=True, text=True, env=env,
+                            cwd=Path(__file__).resolve().parent.parent, timeout=1200)
+    assert result.returncode == 0, result.stdout + result.stderr
+    counts = {(name, ftz == "True"): (int(a), int(b)) for name, ftz, a, b in map(str.split, result.stdout.splitlines())}
+    assert set(counts) == {(k, f) for k in ("compute_out", "serial_state") for f in (True, False)}, counts
+    for kernel in ("compute_out", "serial_state"):
+        (on_ftz, on_plain), (off_ftz, off_plain) = counts[(kernel, True)], counts[(kernel, False)]
+        assert on_ftz == off_plain > 0 and on_plain == off_ftz == 0, counts
+    for stage in ("fwd_pass_state", "compute_out"):
+        launched = [dict(kwargs) for _, _, _, kwargs in stage_launches(stage, "float32", exp2_ftz=False)]
+        assert any(kw.get("EXP2_FTZ") is False for kw in launched), launched
+
+
+def test_exp2_ftz_off_is_refused_under_the_interpreter_and_with_the_fused_kernel():
+    """The interpreter runs no PTX: a kernel with the inline ex2.approx.f32 is refused at its launch, naming the
+    switch; the fused kernel is written with tl.exp2 only."""
+    backend = get_backend("triton", exp2_ftz=False)
+    inputs = make_inputs(Problem(SMALL), seed=14, dtype=torch.float32)
+    with poisoned_allocations(), pytest.raises(ValueError, match=r"exp2_ftz=False of backend 'triton'.*runs no PTX"):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=backend)
+    with pytest.raises(ValueError, match=r"exp2_ftz=False of backend 'triton'.*fuse_state_out"):
+        get_backend("triton", exp2_ftz=False, fuse_state_out=True)
+
+
 HANDOFF_PTX = """
 \t@%p9 atom.global.gpu.acq_rel.add.u32 %r1, [ %rd1 + 0 ], %r2;
 \tbar.sync 0;

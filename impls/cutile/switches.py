@@ -53,6 +53,16 @@ class CutileSwitches:
         sm90="the hardware exponential is base 2 (MUFU.EX2): exp(v) costs a multiply by log2(e) per element before "
              "it; on, that multiply happens once per loaded dA_cumsum value instead of once per decay",
         sm100="as on sm_90 (MUFU.EX2 is base 2)")
+    exp2_ftz: bool = switch(
+        False, "the exp2 of stages 2 and 3 (stage 2's decay weights and chunk decays, stage 3's decays, state scale "
+               "and silu gate) with subnormal inputs and results flushed to zero (`ct.exp2(..., flush_to_zero=True)`): "
+               "a result below 2^-126 reads 0 instead of a subnormal. chunk_cumsum and the fused kernels keep the "
+               "plain exp2. No effect with exp2 off (`ct.exp` has no flush-to-zero form)",
+        sm90="ex2.approx.ftz.f32: one MUFU.EX2 per exponential; off, ex2.approx.f32 keeps subnormals, which the SASS "
+             "does around the MUFU.EX2 with a compare and two predicated multiplies (the argument scaled into the "
+             "normal range, the result scaled back)",
+        sm100="as on sm_90 (MUFU.EX2)",
+        needs={"exp2": True})
     decay_factor: bool = switch(
         False, "stage 3, source blocks before the row block: the decay exp(dA_l - dA_s) taken as exp(dA_l - dA_ref) · "
                "exp(dA_ref - dA_s) with dA_ref at the row block's first row (both factors <= 1 since dA_cumsum falls "
@@ -205,7 +215,7 @@ class CutileSwitches:
 FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level", "fused_program")
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
-                     "heads_per_tile", "heads_first", "skip_first", "head_loop", "state_pass", "pdl")
+                     "heads_per_tile", "heads_first", "skip_first", "head_loop", "state_pass", "pdl", "exp2_ftz")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 
 
@@ -228,8 +238,8 @@ def per_head_refusal(sw: CutileSwitches, hb: int) -> str | None:
 
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
-CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "cb_precision",
-                 "head_mma", "heads_first", "skip_first", "head_loop")
+CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "exp2_ftz", "decay_factor",
+                 "cb_precision", "head_mma", "heads_first", "skip_first", "head_loop")
 # fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in
 # tests/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
 # default reads the config); its ablation points are cb_mode:inline and cb_mode:shared. state_pass picks stage 2's

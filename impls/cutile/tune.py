@@ -101,19 +101,20 @@ LAUNCH_OPTIONS = {name: getattr(CutileSwitches(), name) for name in ("pdl", "opt
 DEFAULT_HEAD_MMA = CutileSwitches().head_mma  # other lowerings search and store under keys of their own
 DEFAULT_STATE_PASS = CutileSwitches().state_pass  # stage 2's other arrangement searches under a key of its own
 DEFAULT_FUSED_PROGRAM = CutileSwitches().fused_program  # the fused kernel's other arrangement likewise
+EXP2_FTZ_STAGES = ("fwd_pass_state", "compute_out")  # the stages whose exp2 switch exp2_ftz changes
 
 
 def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool = True) -> str:
     """The tuning record's key: shape, dtype, the layout/operand switches, and what else changes the winner only
     when set away from its default (so the records stored without them keep their keys): a default-on code trick
     turned off (tma, exp2, latency_hints), pdl on or another opt_level, or compute_out's heads_first or skip_first
-    on or its head_loop set (borrowing like those; head_loop with the record's heads_per_tile as the heads of one
-    step), decay_factor on, stage 2's chunk-parallel arrangement (state_pass), the fused kernel's one program per
-    chunk (fused_program), a lowering of several heads per tile other than the default, and everything `explicit`
-    fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search with block_rows 32 or cb_mode inline
-    fixed must not replace the record of the full search). code_tricks=False: the key without the tricks turned
-    off, pdl, opt_level (and without heads_first, skip_first, head_loop), whose record impls/tuning.py borrows when
-    the tricks' own key has none."""
+    on or its head_loop set, stages 2 and 3 with exp2_ftz on (borrowing like those; head_loop with the record's
+    heads_per_tile as the heads of one step), decay_factor on, stage 2's chunk-parallel arrangement (state_pass),
+    the fused kernel's one program per chunk (fused_program), a lowering of several heads per tile other than the
+    default, and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search
+    with block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False:
+    the key without the tricks turned off, pdl, opt_level (and without heads_first, skip_first, head_loop,
+    exp2_ftz), whose record impls/tuning.py borrows when the tricks' own key has none."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
     if code_tricks:
         extra.update({k: False for k in CODE_TRICKS if not getattr(sw, k)})
@@ -128,6 +129,8 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
         extra.update({k: True for k in ("heads_first", "skip_first") if getattr(sw, k)})
         if sw.head_loop:
             extra["head_loop"] = sw.head_loop
+    if code_tricks and stage in EXP2_FTZ_STAGES and sw.exp2_ftz:  # borrows the tiles of the key without it
+        extra["exp2_ftz"] = True
     if stage == "compute_out" and sw.head_mma != DEFAULT_HEAD_MMA and sw.heads_per_tile != 1:  # 1: the same kernel
         extra["head_mma"] = sw.head_mma
     extra.update(explicit(stage, sw))

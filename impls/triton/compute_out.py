@@ -29,16 +29,17 @@ import triton
 import triton.language as tl
 
 from impls.triton import descriptors, launcher
+from impls.triton.chunk_cumsum import ex2
 from impls.triton.fwd_pass_state import program_coords, rows_desc, states_desc
 from impls.triton.grid import cdiv, next_pow2
 from impls.triton.occupancy import maxnreg
 
 
 @triton.jit
-def _decay(v, EXP2: tl.constexpr):
-    # v is already in the exp's base: log2 e has been folded in when EXP2
+def _decay(v, EXP2: tl.constexpr, FTZ: tl.constexpr = True):
+    # v is already in the exp's base: log2 e has been folded in when EXP2; FTZ: switch exp2_ftz (`ex2`)
     if EXP2:
-        return tl.exp2(v)
+        return ex2(v, FTZ)
     else:
         return tl.exp(v)
 
@@ -151,13 +152,14 @@ def c_rows(C_base, C_desc, b, g, row0, offs_m, offs_n, mask_m, mask_n, s_C_l, s_
 
 
 @triton.jit
-def row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2: tl.constexpr, HAS_SEQ: tl.constexpr):
+def row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2: tl.constexpr, HAS_SEQ: tl.constexpr,
+              EXP2_FTZ: tl.constexpr = True):
     """Per row: dA_cumsum in the exp's base, the entering state's scale exp(dA) (zero for rows whose sequence
     started inside the chunk), and the rows' sequence ids (offs_m without seq_idx: never read)."""
     dA_m = tl.load(dA_base + offs_m * s_dA_l, mask=mask_m, other=0.0).to(tl.float32)
     if EXP2:
         dA_m = dA_m * 1.4426950408889634
-    state_scale = _decay(dA_m, EXP2)
+    state_scale = _decay(dA_m, EXP2, EXP2_FTZ)
     seq_m = offs_m
     if HAS_SEQ:
         seq_m = tl.load(seq_base + offs_m * s_seq_l, mask=mask_m, other=0)
@@ -197,7 +199,7 @@ def state_term(st_base, st_desc, CmT, state_scale, b, c, h, p0, offs_n, offs_p, 
 def _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, b, h, row0, p0, offs_m, offs_k,
                  offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K: tl.constexpr,
                  BLOCK_P: tl.constexpr, HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, EXP2_FTZ: tl.constexpr = True):
     """acc + one head's term of a source tile reaching the diagonal: C·Bᵀ (cb) masked causally (and by sequence),
     times exp(dA_m − dA_k)·dt_k, then the MMA with x_k."""
     dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
@@ -206,13 +208,13 @@ def _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, 
         if HAS_SEQ:
             keep = keep & (seq_k[:, None] == seq_m[None, :])
         # mask the exponent, not the exp: above the diagonal it is positive and may overflow
-        decay = _decay(tl.where(keep, dA_m[None, :] - dA_k[:, None], float("-inf")), EXP2)
+        decay = _decay(tl.where(keep, dA_m[None, :] - dA_k[:, None], float("-inf")), EXP2, EXP2_FTZ)
         scores = cb * decay * dt_k[:, None]
     else:
         keep = (offs_m[:, None] >= offs_k[None, :]) & mask_k[None, :]
         if HAS_SEQ:
             keep = keep & (seq_m[:, None] == seq_k[None, :])
-        decay = _decay(tl.where(keep, dA_m[:, None] - dA_k[None, :], float("-inf")), EXP2)
+        decay = _decay(tl.where(keep, dA_m[:, None] - dA_k[None, :], float("-inf")), EXP2, EXP2_FTZ)
         scores = cb * decay * dt_k[None, :]
     return _scores_x(x_base, x_desc, scores, acc, b, h, row0, p0, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p,
                      dtype, BLOCK_K, BLOCK_P, SWAP, DOT_PRECISION, TMA)
@@ -222,11 +224,11 @@ def _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, 
 def _factored_step(cb, off, dA_ref, dA_base, dt_base, x_base, x_desc, seq_m, seq_k, b, h, row0, p0, offs_k, offs_p,
                    mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
                    HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   TMA: tl.constexpr):
+                   TMA: tl.constexpr, EXP2_FTZ: tl.constexpr = True):
     """off + one head's term of a source tile wholly before the row tile, with the factored decay: C·Bᵀ (cb) times
     exp(dA_ref − dA_k)·dt_k per source column (no causal mask), then the MMA with x_k."""
     dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
-    w = _decay(dA_ref - dA_k, EXP2) * dt_k
+    w = _decay(dA_ref - dA_k, EXP2, EXP2_FTZ) * dt_k
     if SWAP:
         scores = cb * w[:, None]
     else:
@@ -263,7 +265,8 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
                 mask_n, mask_p, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k, dtype,
                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr,
                 HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, HB: tl.constexpr):
+                SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, HB: tl.constexpr,
+                EXP2_FTZ: tl.constexpr = True):
     """(acc, acc1) + the chunk's own tokens' term for the row tile starting at m0, up to its causal edge: for head h
     into acc, and with HB = 2 for head h + 1 (same group) into acc1 (its x_base1, dA_base1, dt_base1, dA_m1),
     C·Bᵀ computed once per source tile for both. With HB = 1 acc1 is returned as given."""
@@ -288,14 +291,14 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
                           DOT_PRECISION, TMA)
             off = _factored_step(cb, off, dA_ref, dA_base, dt_base, x_base, x_desc, seq_m, seq_k, b, h, start + k0,
                                  p0, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K,
-                                 BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+                                 BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
             if HB == 2:
                 off1 = _factored_step(cb, off1, dA_ref1, dA_base1, dt_base1, x_base1, x_desc, seq_m, seq_k, b, h + 1,
                                       start + k0, p0, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p,
-                                      dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
-        acc = _scale_rows(acc, off, _decay(dA_m - dA_ref, EXP2), SWAP)
+                                      dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
+        acc = _scale_rows(acc, off, _decay(dA_m - dA_ref, EXP2, EXP2_FTZ), SWAP)
         if HB == 2:
-            acc1 = _scale_rows(acc1, off1, _decay(dA_m1 - dA_ref1, EXP2), SWAP)
+            acc1 = _scale_rows(acc1, off1, _decay(dA_m1 - dA_ref1, EXP2, EXP2_FTZ), SWAP)
     for k0 in tl.range(k_masked, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < chunk_len
@@ -307,18 +310,19 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
                       DOT_PRECISION, TMA)
         acc = _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, b, h, start + k0, p0,
                            offs_m, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K,
-                           BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+                           BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
         if HB == 2:
             acc1 = _masked_step(cb, acc1, dA_base1, dt_base1, x_base1, x_desc, dA_m1, seq_m, seq_k, b, h + 1,
                                 start + k0, p0, offs_m, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p,
-                                dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+                                dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
     return acc, acc1
 
 
 @triton.jit
 def epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b, h, row0, p0, offs_m, offs_p, mask_m, mask_p,
              s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
-             HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, TMA: tl.constexpr):
+             HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, TMA: tl.constexpr,
+             EXP2_FTZ: tl.constexpr = True):
     """D skip, z gate and the store of y, in the accumulator's orientation; with TMA the store goes through y_desc."""
     if SWAP:
         offs_row = offs_p[:, None] * s_x_p + offs_m[None, :] * s_x_l
@@ -340,7 +344,7 @@ def epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b, h, row0, p0, offs_m,
     if HAS_Z:
         zt = tl.load(z_base + z_offs, mask=mask_tile, other=0.0).to(tl.float32)
         if EXP2:
-            acc = acc * zt / (1.0 + tl.exp2(-zt * 1.4426950408889634))
+            acc = acc * zt / (1.0 + ex2(-zt * 1.4426950408889634, EXP2_FTZ))
         else:
             acc = acc * zt / (1.0 + tl.exp(-zt))
     out = acc.to(y_base.dtype.element_ty)
@@ -430,6 +434,7 @@ def compute_out_kernel(
     DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, ST_N_CONTIG: tl.constexpr, HB: tl.constexpr,
     HEADS_FIRST: tl.constexpr,
     HOST_DESC: tl.constexpr,
+    EXP2_FTZ: tl.constexpr = True,
 ):
     # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head block (HB heads of one
     # group: h and, with HB = 2, h + 1), chunk, batch; HEADS_FIRST (switch heads_first): the head block fastest.
@@ -470,7 +475,8 @@ def compute_out_kernel(
         y_desc = None
         st_desc = None
 
-    dA_m, state_scale, seq_m = row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA[3], s_seq[1], EXP2, HAS_SEQ)
+    dA_m, state_scale, seq_m = row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA[3], s_seq[1], EXP2, HAS_SEQ,
+                                         EXP2_FTZ)
     CmT = c_rows(C_base, C_desc, b32, g, start + m0, offs_m, offs_n, mask_m, mask_n, s_C[1], s_C[3], dtype, BLOCK_M,
                  BLOCK_DSTATE, SWAP, TMA)
     # 1. the entering state's contribution; 2. the chunk's own tokens, up to the causal edge of this row tile
@@ -481,7 +487,7 @@ def compute_out_kernel(
         dt_base1 = dt_base + s_dt[1]
         dA_base1 = dA_base + s_dA[1]
         dA_m1, state_scale1, seq_m = row_terms(dA_base1, seq_base, c, offs_m, mask_m, s_dA[3], s_seq[1], EXP2,
-                                               HAS_SEQ)
+                                               HAS_SEQ, EXP2_FTZ)
         acc1 = state_term(st_base + s_st[2], st_desc, CmT, state_scale1, b32, c, h + 1, p0, offs_n, offs_p, mask_n,
                           mask_p, s_st[3], s_st[4], dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, TMA,
                           ST_N_CONTIG, "")
@@ -495,15 +501,15 @@ def compute_out_kernel(
                             seq_base, B_desc, x_desc, CmT, dA_m, dA_m1, seq_m, b32, g, h, start, m0, p0, chunk_len,
                             offs_m, offs_n, offs_p, mask_m, mask_n, mask_p, s_B[1], s_B[3], s_x[1], s_x[3], s_dA[3],
                             s_dt[3], s_seq[1], s_cb[3], s_cb[4], dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE,
-                            HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, HB)
+                            HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, HB, EXP2_FTZ)
     # 3. D skip, z gate, store
     epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b32, h, start + m0, p0, offs_m, offs_p, mask_m, mask_p,
              s_x[1], s_x[3], s_z[1], s_z[3], s_y[1], s_y[3], s_D[0], s_D[1], BLOCK_M, BLOCK_P, HAS_D, HAS_Z, SWAP,
-             EXP2, TMA)
+             EXP2, TMA, EXP2_FTZ)
     if HB == 2:
         epilogue(acc1, x_base1, z_base + s_z[2], y_base + s_y[2], y_desc, D_ptr, b32, h + 1, start + m0, p0, offs_m,
                  offs_p, mask_m, mask_p, s_x[1], s_x[3], s_z[1], s_z[3], s_y[1], s_y[3], s_D[0], s_D[1], BLOCK_M,
-                 BLOCK_P, HAS_D, HAS_Z, SWAP, EXP2, TMA)
+                 BLOCK_P, HAS_D, HAS_Z, SWAP, EXP2, TMA, EXP2_FTZ)
 
 
 def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switches, empty, dot_precision):
@@ -543,7 +549,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
-        HEADS_FIRST=switches.heads_first, HOST_DESC=host, num_warps=config["num_warps"],
+        HEADS_FIRST=switches.heads_first, HOST_DESC=host, EXP2_FTZ=switches.exp2_ftz, num_warps=config["num_warps"],
         num_stages=config["num_stages"], maxnreg=maxnreg(config), path=switches.launch_path,
     )
     return y

@@ -26,7 +26,11 @@ from triton import knobs
 from triton.runtime import driver
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from impls.triton.target import interpreting
+
 PATHS = ("triton", "cached")
+EXP2_FTZ_INTERPRETED = ("switch exp2_ftz=False of backend 'triton': its kernels write ex2.approx.f32 as inline PTX, "
+                        "and the Triton interpreter (TRITON_INTERPRET=1) runs no PTX; use exp2_ftz=True there")
 MAX_ENTRIES = 512  # compiled-kernel entries kept (one per kernel, signature and launch configuration); then cleared
 
 _COMPILED: dict[tuple, tuple] = {}  # signature -> (compiled kernel, the launch arguments after the positional ones)
@@ -81,7 +85,10 @@ def signature(kernel, device: int, grid_rank: int, args: tuple, kwargs: dict) ->
 
 
 def _through_triton(kernel, grid, args, kwargs):
-    """One launch through `kernel[grid](...)` (descriptors of the cached path made full); the compiled kernel."""
+    """One launch through `kernel[grid](...)` (descriptors of the cached path made full); the compiled kernel. A
+    kernel built with switch exp2_ftz off (inline PTX) is refused under the interpreter, which runs no PTX."""
+    if kwargs.get("EXP2_FTZ") is False and interpreting():
+        raise ValueError(EXP2_FTZ_INTERPRETED)
     args = tuple(a.full() if type(a) is HostDescriptor else a for a in args)
     return kernel[grid](*args, **kwargs)
 

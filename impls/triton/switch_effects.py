@@ -26,7 +26,7 @@ import torch
 PATH = Path(__file__).with_name("switch_effects.json")
 STAGES = ("chunk_cumsum", "fwd_pass_state", "compute_out")
 # each code switch's value away from its default (tma on: descriptors made in the kernel)
-AWAY = {"transposed_layout": False, "operand_swap": False, "exp2": False, "decay_factor": True,
+AWAY = {"transposed_layout": False, "operand_swap": False, "exp2": False, "exp2_ftz": False, "decay_factor": True,
         "heads_first": True, "tma": True, "cb_mode": "shared", "state_pass": "serial"}
 DTYPES = ("bfloat16", "float32")
 # the headline problem's layout, small: 80 heads of one group, headdim 64, dstate 128, chunk 256, two chunks

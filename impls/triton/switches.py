@@ -48,6 +48,18 @@ class TritonSwitches:
         sm90="the hardware exponential is base 2 (ex2.approx, MUFU.EX2): tl.exp costs a multiply by log2 e per "
              "element before it; on, that multiply happens once per loaded dA_cumsum value",
         sm100="as on sm_90 (MUFU.EX2 is base 2)")
+    exp2_ftz: bool = switch(
+        True, "the exp2 of stages 2 and 3 (stage 2's decay weights and chunk decays, stage 3's decays, state scale "
+              "and silu gate): on, tl.exp2 as Triton lowers it, subnormal inputs and results flushed to zero (a "
+              "result below 2^-126 reads 0); off, ex2.approx.f32 through inline PTX, which keeps subnormals (cuTile's "
+              "plain exp2). chunk_cumsum and the fused kernel keep tl.exp2. No effect with exp2 off: the kernels "
+              "then call tl.exp, which Triton lowers to a multiply and ex2.approx.f32 either way. Off is refused "
+              "under the Triton interpreter (it runs no PTX) and with fuse_state_out",
+        sm90="on: ex2.approx.ftz.f32, one MUFU.EX2 per exponential; off: ex2.approx.f32, which ptxas expands "
+             "around the MUFU.EX2 with a compare and two predicated multiplies (the argument scaled into the normal "
+             "range, the result scaled back)",
+        sm100="as on sm_90 (MUFU.EX2)",
+        needs={"exp2": True})
     cb_precision: str = switch(
         "tf32", "fp32 inputs: tl.dot input_precision of every MMA ('tf32' = tensor cores at tf32, 'fp32' = "
         "input_precision='ieee'); fp16/bf16 inputs are unaffected", choices=("tf32", "fp32"))
@@ -180,4 +192,5 @@ def _code_switches(switches: TritonSwitches, _types: tuple) -> tuple[tuple[str, 
             # in the key only when on: records found without them keep their keys
             or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first") and v)
             or (k == "tma_descriptors" and v != "device")
+            or (k == "exp2_ftz" and not v)
             or (k == "fused_program" and v != "row_tile"))
