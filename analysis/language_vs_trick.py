@@ -20,7 +20,7 @@ Per shape (S1-S4) and stage:
   positive figure says the language's default arrangement is the faster (cuTile's default is serial, Triton's
   chunk_parallel); Triton's host-built TMA descriptors (tma and tma_descriptors=host,
   conf/lvt/triton_tma_host.yaml) against its point tma:True, whose descriptors are made in the kernel; a trick
-  swept with the switches it needs ("tma:True+warp_specialize:True") against those switches alone ("tma:True");
+  swept with the switches it needs ("tma:True+<trick>:True") against those switches alone ("tma:True");
   "within noise" where the effect is no larger than both points' noise (analysis.noise: round-to-round range, p20–p80);
 - the knobs only one language has, with their values (defaults and choices, from the Switches dataclasses).
 
@@ -71,8 +71,9 @@ TRITON_ARM = "triton_cutile_tiles"
 # part it is measured against). Host-built descriptors need tma on, so their effect is against tma on with the
 # descriptors made in the kernel, not against the defaults (tma off): that difference would hold tma's own effect.
 ARM_TRICKS = {"tma_descriptors:host": ("triton", "triton_tma_host", "tma:True")}
-# a trick that needs other switches is swept as one point, the needs first ("tma:True+warp_specialize:True",
-# harness/config.py ablation_points): its effect is against the point of its needs alone ("tma:True")
+# a trick that needs other switches is swept as one point, the needs first ("tma:True+warp_specialize:True" in
+# rows of Triton's switch warp_specialize, retired since: harness/config.py ablation_points): its effect is
+# against the point of its needs alone ("tma:True")
 
 
 def trick_name(point: str) -> str:

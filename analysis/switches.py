@@ -8,6 +8,8 @@ the backend ships one (instruments/cutile/switch_effects.py writes per-stage, pe
   {"tma": {"sm_90": {"noop": true, "why": "..."}}}, optionally wrapped in {"noop": ...} / {"switches": ...},
   or keyed by backend name first ({"cutile": {...}}).
 Architectures are written sm_XY (from "sm90", "9.0", "sm_90").
+Switches retired from the kernels keep what the analysis needs of them to read their committed rows (their declared
+defaults and their switch-effects rows) in analysis/retired_switches.json (`retired`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from analysis.load import repo_root
 
+RETIRED_PATH = Path(__file__).with_name("retired_switches.json")
 _ARCH = re.compile(r"^(?:sm_?)?(\d+)(?:\.(\d))?$")
 
 
@@ -164,7 +167,15 @@ def noop_table(backend: str, noop_switches=None) -> NoopTable:
         import yaml
 
         obj = yaml.safe_load(path.read_text())
+    retired_rows = retired("effects").get(backend, [])
+    if retired_rows and isinstance(obj, dict) and isinstance(obj.get("rows"), list):
+        obj = {**obj, "rows": obj["rows"] + retired_rows}
     return normalise_noop(obj, backend)
+
+
+def retired(part: str) -> dict:
+    """One part of analysis/retired_switches.json ("defaults" or "effects"), by backend."""
+    return json.loads(RETIRED_PATH.read_text())[part]
 
 
 def switch_meta(backend: str) -> list[dict[str, Any]]:
@@ -185,6 +196,8 @@ def explicit_switches(backend: str, switches: dict) -> dict:
     """The switches of a point that differ from the backend's declared defaults (tuning mode aside): what makes a
     point a variant rather than the backend as published. {} when the backend's metadata is unavailable."""
     declared = {r["name"]: r["default"] for r in switch_meta(backend)}
+    if declared:  # a retired switch away from its default still makes a variant of its committed rows
+        declared = {**retired("defaults").get(backend, {}), **declared}
     # None: not recorded (a row written before the switch existed ran what is now its default)
     return {k: v for k, v in switches.items()
             if k in declared and k not in NOT_A_VARIANT and v is not None and v != declared[k]}

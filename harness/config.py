@@ -232,11 +232,10 @@ def ablation_points(switches_cls, base: dict[str, Any] | None = None) -> list[st
     value = {f.name: f.default for f in fields} if base is None else base
     on_by_default = [f.name for f in fields if value[f.name] is True]
     # a trick whose measured default is off (evidence in docs/perf-notes.md) is ablated by turning it on, together
-    # with the switches it needs (its `needs`: "tma:True+warp_specialize:True")
-    # (a switch the backend refuses on a GPU, its `gpu_refused`, is left out: the sweeps run there)
+    # with the switches it needs (its `needs`: "tma:True+<switch>:True")
     off_by_default = ["+".join([*(f"{k}:{v}" for k, v in f.metadata.get("needs", {}).items() if value[k] != v),
                                 f"{f.name}:True"])
-                      for f in fields if value[f.name] is False and not f.metadata.get("gpu_refused")]
+                      for f in fields if value[f.name] is False]
     # a switch with values that the defaults set away from its declared value: back to the declared one alone
     declared = [f"{f.name}:{f.default}" for f in fields if not isinstance(f.default, bool) and f.metadata.get("choices")
                 and value[f.name] != f.default]

@@ -72,12 +72,10 @@ class NoSwitches:
 
 
 def switch(default, help: str, sm90: str | None = None, sm100: str | None = None, choices=None,
-           needs: dict | None = None, gpu_refused: str | None = None):
+           needs: dict | None = None):
     """Declares one switch: its default and what it means, per architecture where that differs. `needs`: the other
-    switches' values it cannot run without (an ablation turns them on with it). `gpu_refused`: why the backend
-    refuses it on a GPU (the ablation sweeps, which run there, leave it out)."""
-    meta = {"help": help, "sm90": sm90 or help, "sm100": sm100 or help, "choices": choices, "needs": needs or {},
-            "gpu_refused": gpu_refused}
+    switches' values it cannot run without (an ablation turns them on with it)."""
+    meta = {"help": help, "sm90": sm90 or help, "sm100": sm100 or help, "choices": choices, "needs": needs or {}}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -351,30 +349,6 @@ def pinned_version(dist: str, found: str | None, required: str) -> tuple[bool, s
     if found != required:
         return False, f"{dist} {required} is pinned, found {found}"
     return True, ""
-
-
-def refuse_on_gpu(switches, device) -> None:
-    """Raises ValueError (the switch's `gpu_refused` text) before any kernel when a switch declared `gpu_refused`
-    is set away from its default and the call would launch on a CUDA device; CPU paths keep it. Every stage call
-    asks, so the answer is worked out once per (frozen, hashable) switches value."""
-    if torch.device(device).type != "cuda" or not dataclasses.is_dataclass(switches):
-        return
-    try:
-        reason = _gpu_refusal(switches)
-    except TypeError:  # switches that cannot be hashed (not frozen): asked each time
-        reason = _gpu_refusal.__wrapped__(switches)
-    if reason:
-        raise ValueError(reason)
-
-
-@functools.lru_cache(maxsize=64)
-def _gpu_refusal(switches) -> str | None:
-    """The `gpu_refused` text of the first such switch set away from its default, or None."""
-    for f in dataclasses.fields(switches):
-        reason = f.metadata.get("gpu_refused")
-        if reason and getattr(switches, f.name) != f.default:
-            return reason
-    return None
 
 
 def cuda_only(device, what: str) -> tuple[bool, str]:

@@ -11,10 +11,9 @@ here, the same for every backend:
    record's "versions" the software stack it was searched on. A record is *usable* when that stack matches today's
    (`Tunable.stack`: cuda-tile, tileiras, triton, tilegym, driver major, whichever the backend depends on); a record
    whose versions could not be established (`versions_unverified`) is used and says so.
-   `Tunable.same_sass_key`, `Tunable.near_key`, then `Tunable.base_key`: the records borrowed, in that order
-   (modes auto/record), when the key has none of its own (the baseline's record where the backend's switch-effects
-   data says the stage's code is the baseline's; cuTile: compute_out's persistent loop runs on the tiles of the same
-   switches without it; a default code trick turned off runs on the default code's tiles).
+   `Tunable.same_sass_key`, then `Tunable.base_key`: the records borrowed, in that order (modes auto/record), when
+   the key has none of its own (the baseline's record where the backend's switch-effects data says the stage's code
+   is the baseline's; a default code trick turned off runs on the default code's tiles).
 3. the mode (`MODES`):
    - "auto":     a usable record, else the fallback; the resolution says why it fell back;
    - "record":   a usable record, else an error naming the file and the reason;
@@ -81,7 +80,7 @@ TILE_PROTOCOLS = {
     SAME_SASS: "the baseline's record: the backend's switch-effects data says the stage's code is the baseline's "
                "(cuTile: the same normalised sm_90 SASS; Triton: the same launches), or the stage's record key is "
                "the baseline's (the switch is none of the stage's code-changing switches)",
-    PINNED: "another switch set's tiles borrowed (near_key or base_key: the baseline's tiles for a trick turned off), "
+    PINNED: "another switch set's tiles borrowed (base_key: the baseline's tiles for a trick turned off), "
             "where the stage's code differs from that set's",
     FALLBACK: "no usable record (or tuning=fallback): the backend's fixed fallback tiles",
     SWITCHES: "every tuned field fixed by a switch",
@@ -302,8 +301,7 @@ class Tunable:
     candidates: Callable[[list[dict]], list[dict]] | None = None  # extra configs to confirm, from the ranking
     pins: dict = field(default_factory=dict)  # fields the switches fix; they win over any chosen config
     pinned_all: bool = False  # the pins fix every tuned field: no record, no search (source "switches")
-    base_key: str | None = None  # record borrowed in auto/record when `key` (and `near_key`) has none
-    near_key: str | None = None  # record borrowed in auto/record when `key` (and `same_sass_key`) has none
+    base_key: str | None = None  # record borrowed in auto/record when `key` (and `same_sass_key`) has none
     # the baseline's key where the stage's code is the baseline's (the backend's switch-effects data, or the same
     # key): its record is borrowed first in auto/record, protocol SAME_SASS
     same_sass_key: str | None = None
@@ -433,10 +431,10 @@ def space_gaps(searched: Any, declared: Any, whose: str = "") -> list[str]:
 
 def _usable_record(t: Tunable, today: dict) -> tuple[dict | None, str, str]:
     """(record, its key, why it cannot be used or ""): the key's own record, else (auto/record) the same-SASS key's,
-    the near key's, then the base key's; a record holding a field the stage does not read raises (`check_fields`)."""
+    then the base key's; a record holding a field the stage does not read raises (`check_fields`)."""
     record = lookup(t.backend, t.stage, t.gpu, t.key)
     key = t.key
-    for borrowed in (t.same_sass_key, t.near_key, t.base_key):
+    for borrowed in (t.same_sass_key, t.base_key):
         if record is None and borrowed and t.mode in ("auto", "record"):
             record, key = lookup(t.backend, t.stage, t.gpu, borrowed), borrowed
     if record is None:

@@ -424,9 +424,23 @@ def test_tuned_points_are_not_pooled_with_fallback_points():
     pytest.param("none", {"decay_factor": True, "block_rows": 64}, "triton{block_rows=64,decay_factor=True}",
                  id="switches-set-outside-an-ablation"),
     pytest.param("exp2", {"exp2": False}, "triton[exp2]", id="ablation-point"),
+    pytest.param("none", {"warp_specialize": True, "tma": True}, "triton{tma=True,warp_specialize=True}",
+                 id="a-retired-switch-in-committed-rows"),
+    pytest.param("none", {"warp_specialize": False}, "triton", id="a-retired-switch-at-its-default"),
 ])
 def test_point_label_keeps_variants_apart(ablation, switches, expect):
-    """Points run with switches away from the defaults (outside an ablation) are never pooled with the defaults."""
+    """Points run with switches away from the defaults (outside an ablation) are never pooled with the defaults;
+    committed rows of a switch retired since (analysis/retired_switches.json) keep their label."""
     from analysis.load import point_label
 
     assert point_label("triton", ablation, switches) == expect
+
+
+def test_a_retired_switch_keeps_its_no_op_stages():
+    """The switch-effects rows of a retired switch (analysis/retired_switches.json) still mark the stages whose code
+    it left as the defaults' (two_warpgroups changed compute_out's kernel only)."""
+    from analysis.switches import noop_table
+
+    table = noop_table("cutile")
+    assert table.reason("sm_90", "two_warpgroups", "chunk_cumsum", "bfloat16")
+    assert table.reason("sm_90", "two_warpgroups", "compute_out", "bfloat16") is None

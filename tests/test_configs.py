@@ -69,9 +69,8 @@ def test_ablation_lists_follow_the_switches():
 
 
 def test_a_switch_that_needs_others_is_ablated_with_them():
-    """A switch that cannot run without others is swept with them turned on first; one the backend refuses on a
-    GPU (`gpu_refused`: Triton's warp_specialize) is left out of the sweep; and every off-by-default point of the
-    real backends builds a backend (none is refused at construction)."""
+    """A switch that cannot run without others is swept with them turned on first; and every off-by-default point of
+    the real backends builds a backend (none is refused at construction)."""
     import dataclasses
 
     from impls.registry import backend_class, switch
@@ -80,14 +79,12 @@ def test_a_switch_that_needs_others_is_ablated_with_them():
     class Toy:
         tma: bool = switch(False, "loads")
         ws: bool = switch(False, "split", needs={"tma": True})
-        broken: bool = switch(False, "wrong on a GPU", gpu_refused="computes wrong results")
 
     assert conf.ablation_points(Toy) == ["none", "tma:True", "tma:True+ws:True"]
     for name in ("triton", "cutile"):
         cls = backend_class(name)
         for point in [p for p in conf.ablation_points(cls.Switches) if p.endswith(":True")]:
             cls(cls.Switches(**conf.apply_ablation(cls.Switches, {}, point)))  # its checks run in __init__
-    assert not any("warp_specialize" in p for p in conf.ablation_points(backend_class("triton").Switches))
 
 
 def test_slurm_launcher_config_only_when_selected():

@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import itertools
 import json
-import math
 import re
 import subprocess
 import sys
@@ -108,6 +107,20 @@ def test_fp32_precision_switch(stage):
 def test_exp2_switch_changes_every_stage():
     for stage in STAGES:
         assert normalized(compiled(stage, "bfloat16", DEFAULTS)) != normalized(compiled(stage, "bfloat16", off("exp2")))
+
+
+@pytest.mark.parametrize("stage", MMA_STAGES)
+def test_exp2_ftz_drops_the_subnormal_handling_around_each_exp2(stage):
+    """exp2_ftz: the same MUFU.EX2s, without the compare and the two predicated multiplies the plain exp2 puts around
+    each (ex2.approx.f32 keeping subnormals); chunk_cumsum keeps its plain exp2 (the switch-effects table)."""
+    arms = {"plain": DEFAULTS, "ftz": dataclasses.replace(DEFAULTS, exp2_ftz=True)}
+    code = {name: sass_instructions(compiled(stage, "bfloat16", sw)) for name, sw in arms.items()}
+    ex2 = {name: sum(i.op.startswith("MUFU.EX2") for i in c) for name, c in code.items()}
+    scaled = {name: sum(1 for i in c if i.base == "FMUL" and i.pred) for name, c in code.items()}
+    fsetp = {name: sum(1 for i in c if i.base == "FSETP") for name, c in code.items()}
+    assert ex2["plain"] == ex2["ftz"] > 0
+    assert scaled["plain"] >= ex2["plain"] and scaled["ftz"] == 0, scaled
+    assert fsetp["ftz"] < fsetp["plain"] and len(code["ftz"]) < len(code["plain"])
 
 
 def test_switch_effects_table_is_current():
@@ -537,166 +550,6 @@ def test_state_pass_kernels_int64_build(kernel):
     assert wide.wide and facts(sass(export(wide, "sm_90")))["instructions"] > 100
 
 
-# --- two math warpgroups (switch two_warpgroups) --------------------------------------------------------------------
-TWO_WG = dataclasses.replace(DEFAULTS, two_warpgroups=True)
-
-
-@functools.cache
-def _tuned_spills(shape: str, sw: CutileSwitches):
-    from instruments.cutile import spills
-
-    return spills.kernel_spills("compute_out", shape, switches=sw)
-
-
-@pytest.mark.parametrize("shape", ["S1", "S2", "S3", "S4"])
-def test_two_warpgroups_does_not_spill_at_the_tuned_tiles(shape):
-    """bf16 compute_out at the shape's committed NVIDIA H200 tiles, as the launcher resolves them with two_warpgroups
-    (the record's tiles, occupancy pinned to 2): no local-memory load or store, no stack in the sm_90 SASS."""
-    from impls.cutile.switches import TWO_WARPGROUPS_OCCUPANCY
-    from instruments.cutile import spills
-
-    row = _tuned_spills(shape, TWO_WG)
-    assert row.config == dict(spills.tuned_config("compute_out", shape), occupancy=TWO_WARPGROUPS_OCCUPANCY)
-    assert (row.ldl, row.stl, row.stack_bytes) == (0, 0, 0), row
-
-
-@pytest.mark.parametrize("switches", [
-    pytest.param(DEFAULTS, id="one-warpgroup-occupancy3"),  # the committed S1 record as it runs today
-    pytest.param(dataclasses.replace(TWO_WG, occupancy=3), id="two_warpgroups-occupancy3"),  # without the pin
-])
-def test_two_warpgroups_negative_controls(switches):
-    """The same S1 tiles spill without the switch, and with it at the record's occupancy 3 (56 registers per thread
-    at 384 threads): the zero above is counted by the same code and is the switch's and its occupancy's doing."""
-    row = _tuned_spills("S1", switches)
-    assert row.config["heads_per_tile"] == 2 and row.config["occupancy"] == 3
-    assert row.ldl > 0 and row.stl > 0 and row.stack_bytes > 0, row
-
-
-def test_two_warpgroups_splits_the_mmas_between_two_math_warpgroups():
-    """The switch reaches the compiler as num_worker_warps=8 (compute_out's main kernel only), and tileiras splits the
-    S1 tile's 64-wide MMAs in two (HGMMA 64x32 instead of 64x64), synchronising the 256 math threads (named barrier
-    1 over 0x100 threads instead of 0x80) and reading the scores of the second product from shared memory: no
-    HGMMA takes its A operand from registers (the default's scores·x_j does), and each warpgroup computes half of
-    the exponentials."""
-    from instruments.cutile import spills
-
-    dims = spills.shape_dims("S1")
-    text = {}
-    for name, sw in (("one", DEFAULTS), ("two", TWO_WG)):
-        config = spills.resolved_config("compute_out", "S1", switches=sw)
-        call = build_call("compute_out", torch.bfloat16, sw, dims=dims, config=config, optional=False, d_mode=1)
-        assert call.kernel._compiler_options.num_worker_warps == (8 if name == "two" else None)
-        text[name] = sass(export(call, "sm_90"))
-        cb_call = build_call("compute_out_cb", torch.bfloat16, sw, dims=dims, config=config)
-        assert cb_call.kernel._compiler_options.num_worker_warps is None
-    assert "HGMMA.64x64x16" in text["one"] and "HGMMA.64x32x16" not in text["one"]
-    assert "HGMMA.64x32x16" in text["two"] and "HGMMA.64x64x16" not in text["two"]
-    a_from_registers = {k: len(re.findall(r"HGMMA\.\S+ R\d+, R\d+,", t)) for k, t in text.items()}
-    assert a_from_registers["one"] > 0 and a_from_registers["two"] == 0, a_from_registers
-    assert "BAR.SYNC.DEFER_BLOCKING 0x1, 0x80 " in text["one"] and "0x1, 0x100 " in text["two"]
-    assert 0 < facts(text["two"])["MUFU.EX2"] < facts(text["one"])["MUFU.EX2"]
-
-
-@pytest.mark.parametrize("dtype,switches,config", [
-    pytest.param("bfloat16", {}, {"heads_per_tile": 2, "occupancy": 2}, id="bf16-heads2"),
-    pytest.param("bfloat16", {"operand_swap": True, "head_mma": "batched"}, {"heads_per_tile": 2, "occupancy": 2},
-                 id="bf16-heads2-batched-swap"),
-    pytest.param("bfloat16", {"decay_factor": True, "skip_first": True}, {"heads_per_tile": 2, "occupancy": 2},
-                 id="bf16-heads2-decay_factor-skip_first"),
-    pytest.param("bfloat16", {"cb_mode": "shared"}, {"heads_per_tile": 2, "occupancy": 2, "shared_cb": True},
-                 id="bf16-heads2-cb-shared"),
-    pytest.param("bfloat16", {}, {"heads_per_tile": 4, "occupancy": 2}, id="bf16-heads4"),
-    pytest.param("bfloat16", {**{k: OFF_VALUE.get(k, False) for k in ("transposed_layout", "latency_hints", "tma",
-                                                                       "exp2", "cb_precision")}},
-                 {"heads_per_tile": 2, "occupancy": 2}, id="bf16-heads2-tricks-off"),
-    pytest.param("float32", {}, {"heads_per_tile": 2, "occupancy": 2}, id="fp32-heads2"),
-])
-def test_two_warpgroups_compiles_with_every_optional_input(dtype, switches, config):
-    """The switch with the other compute_out switches the GPU tests combine it with, every optional input present
-    (z, seq_idx, D per channel): the tensor-core MMAs stay (HGMMA; HMMA for the batched rank-3 lowering)."""
-    sw = dataclasses.replace(TWO_WG, **switches)
-    text = sass(export(build_call("compute_out", getattr(torch, dtype), sw, config=config), "sm_90"))
-    f = facts(text)
-    assert f["instructions"] > 100 and (f["HGMMA"] > 0 or "HMMA" in text), f
-
-
-# --- stage 2 with two math warpgroups (switch state_two_warpgroups) ------------------------------------------------
-STATE_TWO_WG = dataclasses.replace(DEFAULTS, state_two_warpgroups=True)
-STATE_MMA_KERNELS = {"serial": "fwd_pass_state", "chunk_parallel": "fwd_pass_state_local"}
-
-
-@functools.cache
-def _state_spills(shape: str, sw: CutileSwitches):
-    """The spills of the MMA kernel of stage 2's arrangement under `sw`, at the shape's committed tiles."""
-    from instruments.cutile import spills
-
-    return spills.kernel_spills("fwd_pass_state", shape, kernel=STATE_MMA_KERNELS[sw.state_pass], switches=sw)
-
-
-@pytest.mark.parametrize("state_pass", ["serial", "chunk_parallel"])
-@pytest.mark.parametrize("shape", ["S1", "S2", "S3", "S4"])
-def test_state_two_warpgroups_does_not_spill_at_the_tuned_tiles(shape, state_pass):
-    """bf16 stage 2's MMA kernel (serial or chunk-parallel arrangement) at the shape's committed NVIDIA H200 tiles
-    and occupancy, with state_two_warpgroups: no local-memory load or store, no stack in the sm_90 SASS."""
-    from instruments.cutile import spills
-
-    row = _state_spills(shape, dataclasses.replace(STATE_TWO_WG, state_pass=state_pass))
-    assert row.config == spills.tuned_config("fwd_pass_state", shape)  # the record's tiles and occupancy
-    assert (row.ldl, row.stl, row.stack_bytes) == (0, 0, 0), row
-
-
-@pytest.mark.parametrize("shape", ["S1", "S2", "S3"])
-def test_state_two_warpgroups_negative_control(shape):
-    """Without the switch the serial kernel spills at the same tiles (S1 and S3: 5 LDL / 5 STL, S2: 1 / 1, at 128
-    registers): the zero above is counted by the same code and is the switch's doing."""
-    row = _state_spills(shape, DEFAULTS)
-    assert row.ldl > 0 and row.stl > 0 and row.stack_bytes > 0, row
-
-
-def test_state_two_warpgroups_splits_the_chunk_mma_between_two_math_warpgroups():
-    """The switch reaches the compiler as num_worker_warps=8 on the MMA kernels only (not the chunk-parallel pass),
-    and tileiras splits the S1 tile's (w x)ᵀ·B by dstate columns (HGMMA 64x64 instead of 64x128) with the weighted x
-    read from shared memory (the default's HGMMA takes it from registers) behind a barrier of the 256 math threads."""
-    from instruments.cutile import spills
-
-    dims = spills.shape_dims("S1")
-    config = spills.tuned_config("fwd_pass_state", "S1")
-    text = {}
-    for name, sw in (("one", DEFAULTS), ("two", STATE_TWO_WG)):
-        call = build_call("fwd_pass_state", torch.bfloat16, sw, dims=dims, config=config, optional=False)
-        assert call.kernel._compiler_options.num_worker_warps == (8 if name == "two" else None)
-        text[name] = sass(export(call, "sm_90"))
-        parallel = dataclasses.replace(sw, state_pass="chunk_parallel")
-        local = build_call("fwd_pass_state_local", torch.bfloat16, parallel, dims=dims, config=config)
-        assert local.kernel._compiler_options.num_worker_warps == (8 if name == "two" else None)
-        assert build_call("fwd_pass_state_pass", torch.bfloat16, parallel).kernel._compiler_options.num_worker_warps \
-            is None
-    assert "HGMMA.64x128x16" in text["one"] and "HGMMA.64x64x16" not in text["one"]
-    assert "HGMMA.64x64x16" in text["two"] and "HGMMA.64x128x16" not in text["two"]
-    a_from_registers = {k: len(re.findall(r"HGMMA\.\S+ R\d+, R\d+,", t)) for k, t in text.items()}
-    assert a_from_registers["one"] > 0 and a_from_registers["two"] == 0, a_from_registers
-    assert "0x1, 0x80 " in text["one"] and "0x1, 0x100 " in text["two"]
-
-
-@pytest.mark.parametrize("kernel", ["fwd_pass_state", "fwd_pass_state_local"])
-@pytest.mark.parametrize("dtype,switches", [
-    pytest.param("bfloat16", {}, id="bf16"),
-    pytest.param("bfloat16", {"operand_swap": True, "transposed_layout": False}, id="bf16-swap-rowmajor"),
-    pytest.param("bfloat16", {"tma": False, "exp2": False, "latency_hints": False}, id="bf16-tricks-off"),
-    pytest.param("bfloat16", {"pdl": True}, id="bf16-pdl"),
-    pytest.param("float32", {}, id="fp32-tf32"),
-])
-def test_state_two_warpgroups_compiles_with_every_optional_input(kernel, dtype, switches):
-    """The switch with the other stage-2 switches the GPU tests combine it with, every optional input present
-    (initial states, seq_idx): the chunk's MMA stays on the warpgroup tensor cores."""
-    sw = dataclasses.replace(STATE_TWO_WG, state_pass="serial" if kernel == "fwd_pass_state" else "chunk_parallel",
-                             **switches)
-    call = build_call(kernel, getattr(torch, dtype), sw, config={"occupancy": 2})
-    assert call.kernel._compiler_options.num_worker_warps == 8
-    f = facts(sass(export(call, "sm_90")))
-    assert f["instructions"] > 100 and f["HGMMA"] > 0, f
-
-
 # --- the head loop (switch head_loop) -------------------------------------------------------------------------------
 def _headline_call(shape: str, sw: CutileSwitches, overrides: dict | None = None):
     """compute_out's bf16 launch at a headline shape as the launcher resolves it (the committed record, the
@@ -770,95 +623,6 @@ def test_head_loop_sass_nests_the_source_loop_in_the_head_loop(heads_per_tile):
     assert len(tma_loops(base_text)) == 1 and facts(base_text)["UTMALDG"] == facts(loop_text)["UTMALDG"]
 
 
-# --- the persistent loop (switch persistent) ---------------------------------------------------------------------
-@pytest.mark.parametrize("shape", ["S1", "S4"])
-def test_persistent_walks_the_tiles_in_a_loop_around_the_source_loop(shape):
-    """compute_out persistent at the committed tiles of version 20's switches: one program per resident slot
-    (occupancy × SM_COUNT_AOT), and its TMA loads in two nested loops (the tiles, then the source blocks) where the
-    default kernel has one (the negative control); the same warpgroup MMAs as the default kernel, each tile's loads
-    (C_l, states, x_j, C·B_jᵀ) inside the tile loop."""
-    from impls.cutile.common import SM_COUNT_AOT
-    from instruments.cutile import spills
-    from instruments.sass import tma_loops
-
-    v20 = dataclasses.replace(DEFAULTS, heads_first=True, skip_first=True, pdl=True)
-    sw = dataclasses.replace(v20, persistent=True)
-    loop_text, base_text = _headline_sass(shape, sw)[0], _headline_sass(shape, v20)[0]
-    outer, inner = tma_loops(loop_text)[0], tma_loops(loop_text)[-1]
-    assert len(tma_loops(loop_text)) == 2 and outer.start < inner.start < inner.end < outer.end
-    assert outer.loads == facts(loop_text)["UTMALDG"] == facts(base_text)["UTMALDG"]
-    assert len(tma_loops(base_text)) == 1 and facts(loop_text)["HGMMA"] == facts(base_text)["HGMMA"] > 0
-    call = _headline_call(shape, sw)
-    occupancy = spills.resolved_config("compute_out", shape, switches=sw)["occupancy"]
-    assert call.grid == (occupancy * SM_COUNT_AOT, 1, 1)
-    assert math.prod(_headline_call(shape, v20).grid) > call.grid[0]
-
-
-def test_persistent_programs_never_exceed_the_tiles():
-    from impls.cutile.common import SM_COUNT_AOT
-    from impls.cutile.compute_out import persistent_programs
-
-    assert persistent_programs(10, 3) == 10
-    assert persistent_programs(10_000, 3) == 3 * SM_COUNT_AOT and persistent_programs(10_000, 0) == SM_COUNT_AOT
-
-
-def test_persistent_with_head_loop_refused():
-    with pytest.raises(ValueError, match="persistent.*head_loop=8"):
-        CutileSwitches(persistent=True, head_loop=8)
-
-
-# --- the row pairs (switch row_pairs) ---------------------------------------------------------------------------
-@pytest.mark.parametrize("shape", ["S1", "S3"])
-def test_row_pairs_run_two_tiles_per_program_at_the_same_resources(shape):
-    """compute_out with row pairs at the committed tiles of version 20's switches: half the programs, two source
-    loops (one per tile of the pair) and twice the TMA loads and warpgroup MMAs of the default kernel (the negative
-    control), still warp-specialised at the same registers per thread (the occupancy hint holds) and within 2 KB of
-    its shared memory."""
-    from instruments.sass import tma_loops
-
-    v20 = dataclasses.replace(DEFAULTS, heads_first=True, skip_first=True, pdl=True)
-    sw = dataclasses.replace(v20, row_pairs=True)
-    (pair_text, pair_usage), (base_text, base_usage) = _headline_sass(shape, sw), _headline_sass(shape, v20)
-    assert len(tma_loops(pair_text)) == 2 and len(tma_loops(base_text)) == 1
-    assert facts(pair_text)["UTMALDG"] == 2 * facts(base_text)["UTMALDG"]
-    assert facts(pair_text)["HGMMA"] == 2 * facts(base_text)["HGMMA"] > 0
-    assert "USETMAXREG" in pair_text and pair_usage["REG"] == base_usage["REG"]
-    assert abs(pair_usage["SHARED"] - base_usage["SHARED"]) <= 2048
-    assert 2 * math.prod(_headline_call(shape, sw).grid) == math.prod(_headline_call(shape, v20).grid)
-
-
-def test_row_pairs_with_one_row_block_a_chunk_run_it_alone():
-    """chunk == block_rows (nsub = 1): the pair program runs its chunk's only block on the default grid, with the
-    default kernel's TMA loads and warpgroup MMAs, and stays warp-specialised (no runtime test around a second
-    tile)."""
-    config = {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 2}
-    calls = [build_call("compute_out", torch.bfloat16, CutileSwitches(row_pairs=pairs), dims={"chunk": 64},
-                        config=config, optional=False, d_mode=1) for pairs in (True, False)]
-    assert calls[0].grid == calls[1].grid
-    pair_text, base_text = (sass(export(call, "sm_90")) for call in calls)
-    assert all(facts(pair_text)[op] == facts(base_text)[op] > 0 for op in ("UTMALDG", "HGMMA"))
-    assert "USETMAXREG" in pair_text and "USETMAXREG" in base_text
-
-
-def test_row_pairs_at_s4_lose_the_warp_specialisation():
-    """At S4's record (one head per tile, C·Bᵀ inline, occupancy 4) tileiras 13.4 compiles the pair kernel without
-    the copy warp's pipeline: no register reallocation, twice the default's registers and local memory where the
-    default has none (version 26's +54 % at S4, docs/perf-notes.md). A later tileiras that specialises it fails this
-    test: then re-measure S4."""
-    v20 = dataclasses.replace(DEFAULTS, heads_first=True, skip_first=True, pdl=True)
-    (pair_text, pair_usage), (base_text, base_usage) = (_headline_sass("S4", dataclasses.replace(v20, row_pairs=True)),
-                                                        _headline_sass("S4", v20))
-    assert "USETMAXREG" in base_text and "USETMAXREG" not in pair_text
-    assert pair_usage["REG"] == 2 * base_usage["REG"] and _spills(base_text, base_usage)[:2] == (0, 0)
-    assert sum(_spills(pair_text, pair_usage)[:2]) > 0
-
-
-@pytest.mark.parametrize("other", [{"head_loop": 8}, {"persistent": True}], ids=["head_loop", "persistent"])
-def test_row_pairs_with_another_arrangement_refused(other):
-    with pytest.raises(ValueError, match=f"row_pairs.*{next(iter(other))}"):
-        CutileSwitches(row_pairs=True, **other)
-
-
 @pytest.mark.parametrize("dtype,switches,config", [
     pytest.param("bfloat16", {"head_loop": 8}, {}, id="bf16-loop8-one-head"),
     pytest.param("bfloat16", {"head_loop": 2, "head_mma": "per_head"}, {"heads_per_tile": 2},
@@ -870,8 +634,6 @@ def test_row_pairs_with_another_arrangement_refused(other):
                  id="bf16-loop4-heads2-decay_factor-skip_first"),
     pytest.param("bfloat16", {"head_loop": 16, "cb_mode": "shared"}, {"shared_cb": True}, id="bf16-loop16-cb-shared"),
     pytest.param("bfloat16", {"head_loop": 4, "heads_first": True, "pdl": True}, {}, id="bf16-loop4-heads_first-pdl"),
-    pytest.param("bfloat16", {"head_loop": 4, "two_warpgroups": True}, {"heads_per_tile": 2, "occupancy": 2},
-                 id="bf16-loop4-heads2-two_warpgroups"),
     pytest.param("bfloat16", {**{k: OFF_VALUE.get(k, False) for k in CODE_SWITCHES}, "head_loop": 4}, {},
                  id="bf16-loop4-all-off"),
     pytest.param("float32", {"head_loop": 4}, {"heads_per_tile": 2}, id="fp32-loop4-heads2"),
@@ -922,45 +684,3 @@ def test_head_loop_grid_covers_every_head_once(nheads, ngroups, head_loop, block
         g, first = hb // blocks, (hb // blocks) * hpg + (hb % blocks) * head_loop
         covered += range(first, min(first + head_loop, (g + 1) * hpg))
     assert covered == list(range(nheads))
-
-
-
-@pytest.mark.parametrize("switches", [
-    pytest.param(CutileSwitches(num_ctas=2), id="num_ctas2"),
-    pytest.param(CutileSwitches(num_ctas=2, head_loop=8), id="num_ctas2-head_loop8"),
-])
-def test_num_ctas_switch_builds_the_cluster_kernel(switches):
-    """Switch num_ctas: the stage's launch builds its kernel with `ct.kernel(num_ctas=2)` at the S1 record (tiles
-    and occupancy borrowed from the key without the switch): MMAs split by N, multicast TMA loads, cluster
-    barriers, and far fewer local loads/stores than one CTA (none without the head loop, 2 / 2 with it against
-    22 / 13) in the sm_90 SASS; off, none of that."""
-    from impls.cutile.tune import record_key
-    from instruments.cutile import spills
-    from instruments.sass import opcodes
-
-    assert "num_ctas=2" in record_key("compute_out", switches, "b8-l4096-h80-p64-g1-n128-c256", "bfloat16")
-    assert "num_ctas" not in record_key("compute_out", switches, "b8-l4096-h80-p64-g1-n128-c256", "bfloat16",
-                                        code_tricks=False)
-    row = spills.kernel_spills("compute_out", "S1", switches=switches)
-    one = spills.kernel_spills("compute_out", "S1", switches=dataclasses.replace(switches, num_ctas=0))
-    assert row.ldl + row.stl <= (4 if switches.head_loop else 0) < one.ldl + one.stl, (row, one)
-    ops = opcodes(sass(export(_headline_call("S1", switches), "sm_90")))
-    assert ops["UTMALDG.4D.MULTICAST"] > 0 and ops["UCGABAR_WAIT"] > 0
-    assert {k for k in ops if k.startswith("HGMMA")} == {"HGMMA.64x32x16.F32.BF16"}
-    assert "MULTICAST" not in sass(export(_headline_call("S1", dataclasses.replace(switches, num_ctas=0)), "sm_90"))
-
-
-@pytest.mark.parametrize("device, refused", [("cuda", True), ("cpu", False)], ids=["gpu-refused", "cpu-kept"])
-def test_num_ctas_refused_only_where_a_gpu_would_launch(device, refused):
-    """num_ctas misaligned at small shapes on an H200: check_device raises naming the switch before any launch on
-    a GPU; the AOT build (no device) keeps it; num_ctas 0 passes everywhere."""
-    import torch
-
-    from impls.registry import refuse_on_gpu as check_device
-
-    check_device(CutileSwitches(), torch.device(device))
-    if refused:
-        with pytest.raises(ValueError, match="switch num_ctas of backend 'cutile': refused on a GPU"):
-            check_device(CutileSwitches(num_ctas=2), torch.device(device))
-    else:
-        check_device(CutileSwitches(num_ctas=2), torch.device(device))

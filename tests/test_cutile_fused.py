@@ -75,10 +75,7 @@ def test_fused_tiles_come_from_their_own_tuning_stage():
     pytest.param("heads_per_tile", 2, id="heads_per_tile"),
     pytest.param("heads_first", True, id="heads_first"),
     pytest.param("skip_first", True, id="skip_first"),
-    pytest.param("two_warpgroups", True, id="two_warpgroups"),
-    pytest.param("state_two_warpgroups", True, id="state_two_warpgroups"),
     pytest.param("head_loop", 8, id="head_loop"),
-    pytest.param("num_ctas", 2, id="num_ctas"),
 ])
 def test_fused_refuses_a_switch_it_does_not_read(name, value):
     from impls.cutile import CutileBackend

@@ -31,8 +31,8 @@ def test_counts_are_read_from_the_tuned_s1_compute_out():
 
 
 @pytest.mark.xfail(strict=True, reason="the tuned S1 compute_out spills on sm_90 today (18 LDL, 13 STL, 56 bytes "
-                   "of stack, 80 registers, cuda-tile 1.7; the switch two_warpgroups, off by default, compiles it "
-                   "without: tests/test_cutile_aot.py): remove this mark once the default compiles without spills")
+                   "of stack, 80 registers, cuda-tile 1.7): remove this mark once the default compiles without "
+                   "spills")
 def test_tuned_s1_compute_out_does_not_spill():
     row = s1_compute_out()
     assert (row.ldl, row.stl) == (0, 0)

@@ -60,6 +60,23 @@ def test_switches_prints_default_choices_and_both_architectures(capsys):
     assert "sm_90: " in out and "sm_100: " in out
 
 
+RETIRED = {"cutile": ("persistent", "row_pairs", "two_warpgroups", "state_two_warpgroups", "num_ctas"),
+           "triton": ("persistent", "row_pairs", "warp_specialize")}
+
+
+@pytest.mark.parametrize("backend", list(RETIRED))
+def test_switches_lists_none_of_the_retired_variants(backend, capsys):
+    """The variants measured slower everywhere or refused on the GPU left the kernels (docs/perf-notes.md, "Retired
+    variants"): neither the listing nor the Switches dataclass names them."""
+    assert cli.main(["switches", backend]) == 0
+    out = capsys.readouterr().out
+    named = [name for name in RETIRED[backend] if name in out]
+    assert not named, named
+    from impls.registry import backend_class
+
+    assert not set(RETIRED[backend]) & {f.name for f in dataclasses.fields(backend_class(backend).Switches)}
+
+
 def test_supports_ok_and_the_reason(capsys):
     assert cli.main(["supports", "cutile", "--shape", "S1"]) == 0
     assert "cutile S1 bfloat16: ok" in capsys.readouterr().out

@@ -34,7 +34,7 @@ def _point(backend, shape, sweep, ms_scale, ablation="none", arm=None, switches=
 def synthetic(tmp_path):
     """S1 and S2: cuTile 1.0, Triton at cuTile's tiles 1.5; tricks: cuTile tma off 1.1x slower,
     Triton exp2 off 1.25x slower, Triton tma on 2x slower, with host descriptors 1.6x faster than tma on (2.5 vs 4.0),
-    warp_specialize on top of tma 2x faster (2.0 vs 4.0)."""
+    warp_specialize on top of tma 2x faster (2.0 vs 4.0): a point of a retired switch, as committed rows hold it."""
     parts = {name: [] for name in lvt.EXPERIMENTS}
     for shape in ("S1", "S2"):
         parts[lvt.MATCHED] += _point("cutile", shape, lvt.MATCHED, 1.0, arm="cutile")

@@ -281,62 +281,6 @@ def test_tma_host_refuses_what_it_cannot_run():
 
 
 
-# --- warp specialisation (switch warp_specialize): the interpreter runs the loops' math, unchanged by the switch -----
-WARP_SPECIALIZE_CASES = [
-    pytest.param({"tma_descriptors": "host"}, RICH, DTYPES, id="host-swap-transposed"),
-    pytest.param({"tma_descriptors": "host", "state_pass": "serial", "operand_swap": False, "heads_per_tile": 2,
-                  "heads_first": True}, RICH, DTYPES[:1], id="host-serial-heads2-heads_first"),
-    pytest.param({"decay_factor": True, "operand_swap": False}, Problem(Shape(1, 100, 2, 32, 1, 32, 64), nseqs=2),
-                 DTYPES[:1], id="device-desc-decay_factor-seq_idx"),
-]
-
-
-@pytest.mark.parametrize("switches,problem,dtypes", WARP_SPECIALIZE_CASES)
-def test_warp_specialize(switches, problem, dtypes):
-    """tma with warp_specialize: each stage against the float64 reference, and the tuned stages ran at occupancy
-    0 (no register cap: the warp-specialised kernels set their own)."""
-    backend = get_backend("triton", tma=True, warp_specialize=True, **switches)
-    for dtype in [d.values[0] for d in dtypes]:
-        inputs = make_inputs(problem, seed=14, dtype=dtype)
-        errors = forward_errors(backend, inputs, float64_forward(inputs))
-        assert not failures(errors, dtype), (dtype, errors)
-    stages = backend.describe()["stages"]
-    assert stages["compute_out"]["config"]["occupancy"] == 0 and "occupancy" in stages["compute_out"]["pinned"]
-    assert stages["chunk_state"]["config"]["occupancy"] == 0
-
-
-@pytest.mark.parametrize("switches,match", [
-    pytest.param({}, r"warp_specialize of backend 'triton'.*set tma=True", id="no-tma"),
-    pytest.param({"tma": True, "cb_mode": "shared"}, r"cb_mode='shared'.*use cb_mode='inline'", id="cb-shared"),
-    pytest.param({"tma": True, "fuse_state_out": True}, r"fused kernel.*turn one of them off", id="fused"),
-    pytest.param({"tma": True, "occupancy": 3}, r"occupancy=3 .*leave it at 0", id="occupancy"),
-])
-def test_warp_specialize_refuses_what_triton_cannot_specialise(switches, match):
-    """Combinations that never compile warp-specialised are refused before any kernel (the launch configurations
-    that do not are caught at launch, tests/gpu/test_triton.py)."""
-    with pytest.raises(ValueError, match=match):
-        get_backend("triton", warp_specialize=True, **switches)
-
-
-def test_warp_specialize_is_refused_on_a_gpu_device():
-    """On a GPU the switch raises before any kernel (its kernels computed wrong results on an NVIDIA H200); the CPU
-    paths (interpreter, compile-only tools) keep it. Read on the device argument alone: no GPU needed."""
-    from impls.registry import refuse_on_gpu
-
-    sw = get_backend("triton", tma=True, warp_specialize=True).switches
-    with pytest.raises(ValueError, match="warp_specialize of backend 'triton': refused on a GPU"):
-        refuse_on_gpu(sw, torch.device("cuda", 0))
-    refuse_on_gpu(sw, torch.device("cpu"))  # the interpreter's tensors
-    refuse_on_gpu(get_backend("triton", tma=True).switches, torch.device("cuda", 0))  # off: nothing
-
-
-def test_warp_specialize_refuses_fp32_without_tensor_cores():
-    """cb_precision='fp32' (input_precision 'ieee') compiles unspecialised: refused before any kernel runs."""
-    backend = get_backend("triton", tma=True, warp_specialize=True, cb_precision="fp32")
-    inputs = make_inputs(Problem(SMALL), seed=14, dtype=torch.float32)
-    with poisoned_allocations(), pytest.raises(ValueError, match=r"cb_precision='fp32'.*not warp-specialised"):
-        impls.ssd_forward(**inputs.forward_kwargs(), backend=backend)
-
 FUSED_CASES = [
     pytest.param({}, RICH, id="rich-swap-transposed"),  # seq_idx 3 sequences, initial states, z, per-channel D
     pytest.param({"operand_swap": False, "transposed_layout": False, "exp2": False}, RICH, id="rich-all-off"),
@@ -615,8 +559,6 @@ def test_state_occupancy_pins_stage_2_only(state_pass):
     assert stages["chunk_state"]["config"]["occupancy"] == 2 and stages["compute_out"]["config"]["occupancy"] == 3
     with pytest.raises(ValueError, match="state_occupancy of backend 'triton': fuse_state_out"):
         get_backend("triton", fuse_state_out=True, state_occupancy=2)
-    with pytest.raises(ValueError, match="warp_specialize.*state_occupancy=2"):
-        get_backend("triton", tma=True, warp_specialize=True, state_occupancy=2)
 
 
 def test_search_space_respects_pins_and_clamps():
@@ -681,15 +623,55 @@ def test_kernels_compile_for_sm90():
     # at the defaults chunk_state, compute_out (dstate 128, 256) and the fused kernel (both programs) again with
     # in-kernel tensor descriptors, and chunk_state, compute_out (x2), the fused kernel (x2) and the serial kernel
     # (sm_90's defaults) with host-built ones (tma_descriptors='host'): PTX with bulk tensor copies, and the
-    # host-built ones without tensormap creation in the kernel; then compute_out, chunk_state and the serial kernel
-    # with switch warp_specialize (host descriptors): warp-specialised (setmaxnreg), and no other kernel is
-    assert result.stdout.count("ok  ") == 34, result.stdout  # and compute_out with 2 heads per program (x2)
-    assert result.stdout.count("bulk_tensor_copies=yes") == 14, result.stdout
-    assert result.stdout.count("bulk_tensor_copies=yes descriptors_in_kernel=no") == 9, result.stdout
-    assert result.stdout.count("warp_specialized=yes") == 3, result.stdout
-    assert all(("WS=True" in line) == ("warp_specialized=yes" in line) for line in result.stdout.splitlines())
+    # host-built ones without tensormap creation in the kernel; none warp-specialised (setmaxnreg)
+    assert result.stdout.count("ok  ") == 31, result.stdout  # and compute_out with 2 heads per program (x2)
+    assert result.stdout.count("bulk_tensor_copies=yes") == 11, result.stdout
+    assert result.stdout.count("bulk_tensor_copies=yes descriptors_in_kernel=no") == 6, result.stdout
+    assert result.stdout.count("warp_specialized=yes") == 0, result.stdout
     # the fused kernel (both programs; pointers, in-kernel and host descriptors): its hand-off in the PTX
     assert result.stdout.count("handoff=ok") == 8, result.stdout
+
+
+EXP2_FTZ_PTX = """
+from impls.triton.aot import compile_variant, variants
+for name, kernel, pointers, constexprs, warps, stages in variants("bfloat16", all_variants=False):
+    if (name in ("compute_out", "serial_state") and constexprs.get("EXP2") and constexprs.get("HOST_DESC")
+            and constexprs.get("BLOCK_DSTATE", 128) == 128 and constexprs.get("HB", 1) == 1):
+        for ftz in (True, False):
+            ptx = compile_variant(kernel, pointers, {**constexprs, "EXP2_FTZ": ftz}, 90, warps, stages).asm["ptx"]
+            print(name, ftz, ptx.count("ex2.approx.ftz.f32"), ptx.count("ex2.approx.f32"))
+"""
+
+
+def test_exp2_ftz_picks_the_ex2_instruction():
+    """Switch exp2_ftz: on (the default), every exp2 of stage 2's serial kernel and compute_out (sm_90's defaults,
+    host descriptors) is Triton's ex2.approx.ftz.f32; off, the same count of ex2.approx.f32 (subnormals kept). The
+    stage calls pass it to the kernels they launch."""
+    from impls.triton.switch_effects import stage_launches
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    result = subprocess.run([sys.executable, "-c", EXP2_FTZ_PTX], capture_output=True, text=True, env=env,
+                            cwd=Path(__file__).resolve().parent.parent, timeout=1200)
+    assert result.returncode == 0, result.stdout + result.stderr
+    counts = {(name, ftz == "True"): (int(a), int(b)) for name, ftz, a, b in map(str.split, result.stdout.splitlines())}
+    assert set(counts) == {(k, f) for k in ("compute_out", "serial_state") for f in (True, False)}, counts
+    for kernel in ("compute_out", "serial_state"):
+        (on_ftz, on_plain), (off_ftz, off_plain) = counts[(kernel, True)], counts[(kernel, False)]
+        assert on_ftz == off_plain > 0 and on_plain == off_ftz == 0, counts
+    for stage in ("fwd_pass_state", "compute_out"):
+        launched = [dict(kwargs) for _, _, _, kwargs in stage_launches(stage, "float32", exp2_ftz=False)]
+        assert any(kw.get("EXP2_FTZ") is False for kw in launched), launched
+
+
+def test_exp2_ftz_off_is_refused_under_the_interpreter_and_with_the_fused_kernel():
+    """The interpreter runs no PTX: a kernel with the inline ex2.approx.f32 is refused at its launch, naming the
+    switch; the fused kernel is written with tl.exp2 only."""
+    backend = get_backend("triton", exp2_ftz=False)
+    inputs = make_inputs(Problem(SMALL), seed=14, dtype=torch.float32)
+    with poisoned_allocations(), pytest.raises(ValueError, match=r"exp2_ftz=False of backend 'triton'.*runs no PTX"):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=backend)
+    with pytest.raises(ValueError, match=r"exp2_ftz=False of backend 'triton'.*fuse_state_out"):
+        get_backend("triton", exp2_ftz=False, fuse_state_out=True)
 
 
 HANDOFF_PTX = """
@@ -742,8 +724,7 @@ def _spills(*switches: str) -> list[list[str]]:
 def test_triton_spills_reads_the_kernels_the_backend_launches():
     """`python -m instruments.triton.spills` compiles what the stage calls launch (the backend's own constexprs and
     configs, sm_90, no GPU): cuTile's arrangement at cuTile's S1 tiles with its occupancy 3 caps registers at 168
-    and spills in both kernels; warp_specialize (occupancy 0) runs 12 warps, warp-specialised, without spills at one
-    head per program (docs/perf-notes.md, version 15)."""
+    and spills in both kernels (docs/perf-notes.md, version 15)."""
     arm = ["tma=True", "tma_descriptors=host", "state_pass=serial", "operand_swap=False", "block_dstate=128",
            "block_rows=64", "block_positions=64", "block_headdim=64"]
     capped = {row[1]: row for row in _spills(*arm, "heads_per_tile=2", "occupancy=3")}
@@ -751,9 +732,6 @@ def test_triton_spills_reads_the_kernels_the_backend_launches():
     for row in capped.values():  # shape kernel regs LDL STL warps smem WS MMA-in-flight config...
         assert row[2] == "168" and int(row[3]) > 0 and int(row[4]) > 0 and row[5] == "4" and row[7] == "no", row
         assert row[8] == "0", row  # no register operand of a running warpgroup MMA rewritten
-    ws = {row[1]: row for row in _spills(*arm, "heads_per_tile=1", "warp_specialize=True")}
-    for row in ws.values():
-        assert row[3:6] == ["0", "0", "12"] and row[7] == "yes", row
 
 
 def test_triton_spills_puts_back_what_it_answered():
@@ -864,63 +842,3 @@ def test_full_factorial(problem, switches, cb_precision, dtype):
     inputs = make_inputs(problem, seed=21, dtype=dtype)
     errors = forward_errors(backend, inputs, float64_forward(inputs))
     assert not failures(errors, dtype), errors
-
-
-# compute_out's program arrangements, fp32, each stage against float64 (outputs poisoned: a tile no program runs stays
-# NaN). The persistent loop (switch persistent): INTERPRETER_SMS programs walk every tile, with the heads-first order,
-# two heads per program, several row and headdim tiles, the shared C·Bᵀ and the swap. The row pairs (switch
-# row_pairs): every program runs row tiles q and nsub − 1 − q; two row tiles (one pair) with the swap, four with heads
-# first and two heads per program, one (the chunk's only tile, run alone) with the shared C·Bᵀ and seq_idx
-HEADS_FIRST_ROWS16 = ({"heads_first": True, "heads_per_tile": 2, "operand_swap": False, "block_rows": 16,
-                       "block_positions": 16, "block_headdim": 16},
-                      Problem(Shape(2, 150, 4, 32, 2, 32, 64), has_initial_states=True))
-ARRANGEMENT_CASES = [
-    pytest.param("persistent", {}, RICH, id="persistent-rich-swap"),
-    pytest.param("persistent", *HEADS_FIRST_ROWS16, id="persistent-heads_first-heads2-rows16"),
-    pytest.param("persistent", {"cb_mode": "shared", "block_rows": 32, "block_positions": 16, "block_headdim": 16},
-                 Problem(Shape(2, 150, 4, 32, 1, 32, 64), nseqs=2, has_z=True), id="persistent-cb-shared-seq_idx"),
-    pytest.param("row_pairs", {"block_rows": 16, "block_positions": 16, "block_headdim": 16}, RICH,
-                 id="row_pairs-rows16-nsub2-swap"),
-    pytest.param("row_pairs", *HEADS_FIRST_ROWS16, id="row_pairs-heads_first-heads2-nsub4"),
-    pytest.param("row_pairs", {"cb_mode": "shared", "block_rows": 32, "block_positions": 16, "block_headdim": 16},
-                 Problem(Shape(2, 100, 4, 32, 1, 32, 32), nseqs=2, has_z=True), id="row_pairs-cb-shared-seq_idx-nsub1"),
-]
-
-
-@pytest.mark.parametrize("arrangement,switches,problem", ARRANGEMENT_CASES)
-def test_compute_out_arrangement(arrangement, switches, problem):
-    backend = get_backend("triton", **{arrangement: True}, **switches)
-    inputs = make_inputs(problem, seed=14, dtype=torch.float32)
-    errors = forward_errors(backend, inputs, float64_forward(inputs))
-    assert not failures(errors, torch.float32), errors
-
-
-def test_persistent_runs_fewer_programs_than_tiles_in_the_interpreter():
-    from impls.triton.compute_out import INTERPRETER_SMS, persistent_programs
-
-    assert persistent_programs(1000, 0, torch.device("cpu")) == INTERPRETER_SMS < 1000
-
-
-@pytest.mark.parametrize("arrangement,other", [
-    pytest.param("persistent", "fuse_state_out"), pytest.param("persistent", "warp_specialize"),
-    pytest.param("row_pairs", "fuse_state_out"), pytest.param("row_pairs", "warp_specialize"),
-    pytest.param("row_pairs", "persistent")])
-def test_arrangement_refused_with_the_fused_specialised_or_persistent_kernels(arrangement, other):
-    with pytest.raises(ValueError, match=f"{arrangement}.*{other}"):
-        get_backend("triton", **{arrangement: True, other: True})
-
-
-@pytest.mark.parametrize("arrangement", ["persistent", "row_pairs"])
-def test_arrangement_keys_compute_out_only_and_borrows_its_record(arrangement):
-    from impls.triton import tune
-    from impls.triton.switches import TritonSwitches
-
-    sw = TritonSwitches(heads_first=True, **{arrangement: True})
-    key = tune.record_key(sw, "S", "float32", {}, "compute_out")
-    near = tune.near_key(sw, "S", "float32", {}, "compute_out")
-    assert f"{arrangement}=True" in key and near == tune.record_key(TritonSwitches(heads_first=True), "S", "float32",
-                                                                      {}, "compute_out")
-    assert arrangement not in tune.record_key(sw, "S", "float32", {}, "chunk_state")
-    assert tune.near_key(sw, "S", "float32", {}, "chunk_state") is None
-
-

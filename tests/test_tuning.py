@@ -450,14 +450,8 @@ BASE = "S|bfloat16|cb_precision=tf32|operand_swap=False|transposed_layout=True"
                  id="arrangements-on"),
     pytest.param("fwd_pass_state", {"heads_first": True, "skip_first": True}, BASE,
                  id="arrangements-the-stage-does-not-read"),
-    pytest.param("compute_out", {"two_warpgroups": True}, BASE + "|two_warpgroups=True", id="two-warpgroups-on"),
     pytest.param("compute_out", {"head_loop": 8}, BASE.replace("|operand", "|head_loop=8|operand"), id="head-loop-on"),
     pytest.param("fwd_pass_state", {"head_loop": 8}, BASE, id="head-loop-the-stage-does-not-read"),
-    pytest.param("fwd_pass_state", {"two_warpgroups": True}, BASE, id="two-warpgroups-the-stage-does-not-read"),
-    pytest.param("fwd_pass_state", {"state_two_warpgroups": True},
-                 BASE.replace("|transposed", "|state_two_warpgroups=True|transposed"), id="state-two-warpgroups-on"),
-    pytest.param("compute_out", {"state_two_warpgroups": True}, BASE,
-                 id="state-two-warpgroups-the-stage-does-not-read"),
 ])
 def test_cutile_record_key(stage, switches, expect):
     """A search with a switch that changes the winner stores under a key of its own, never over the full search's
@@ -562,83 +556,6 @@ def test_cutile_compute_out_arrangement_borrows_the_default_record(switches):
     stack = {n: STACK.get(n) for n in tune.STACK}
     config = {"block_rows": 64, "block_headdim": 32, "heads_per_tile": 2, "occupancy": 3, "shared_cb": False}
     tuning.store("cutile", "compute_out", t.gpu, t.base_key, config, {}, stack)
-    res = tuning.resolve(t)
-    assert (res.config, res.source) == (config, "record")
-
-
-def test_cutile_persistent_borrows_the_tiles_of_its_switches_first():
-    """compute_out persistent without a record of its own runs on the record of the same switches without it (the
-    near key), before the key without any arrangement; its own record wins when there is one."""
-    from impls.cutile import tune
-    from impls.cutile.switches import CutileSwitches
-
-    v20 = CutileSwitches(heads_first=True, skip_first=True, pdl=True)
-    t = tune.tunable("compute_out", dataclasses.replace(v20, persistent=True), None, "S", "bfloat16", make_call=None)
-    assert "persistent=True" in t.key and t.near_key == tune.record_key("compute_out", v20, "S", "bfloat16")
-    assert tune.tunable("compute_out", v20, None, "S", "bfloat16", make_call=None).near_key is None
-    stack = {n: STACK.get(n) for n in tune.STACK}
-    base = {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 2, "shared_cb": False}
-    near = {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 2, "occupancy": 3, "shared_cb": True}
-    tuning.store("cutile", "compute_out", t.gpu, t.base_key, base, {}, stack)
-    assert tuning.resolve(t).config == base
-    tuning.store("cutile", "compute_out", t.gpu, t.near_key, near, {}, stack)
-    res = tuning.resolve(t)
-    assert (res.config, res.key) == (near, t.near_key) and "borrowed" in res.reason
-    own = dict(near, occupancy=2)
-    tuning.store("cutile", "compute_out", t.gpu, t.key, own, {}, stack)
-    assert tuning.resolve(t).config == own
-
-
-def test_cutile_row_pairs_borrow_the_tiles_of_their_switches_first():
-    """compute_out with row pairs keys a record of its own and borrows that of the same switches without them."""
-    from impls.cutile import tune
-    from impls.cutile.switches import CutileSwitches
-
-    v20 = CutileSwitches(heads_first=True, skip_first=True, pdl=True)
-    t = tune.tunable("compute_out", dataclasses.replace(v20, row_pairs=True), None, "S", "bfloat16", make_call=None)
-    assert "row_pairs=True" in t.key and t.near_key == tune.record_key("compute_out", v20, "S", "bfloat16")
-    assert "row_pairs" not in tune.record_key("fwd_pass_state", dataclasses.replace(v20, row_pairs=True), "S",
-                                              "bfloat16")
-
-
-@pytest.mark.parametrize("switches, occupancy", [
-    pytest.param({}, 2, id="pinned"),
-    pytest.param({"occupancy": 3}, 3, id="occupancy-switch-wins"),
-])
-def test_cutile_two_warpgroups_borrows_the_tiles_with_its_occupancy(switches, occupancy):
-    """compute_out's two_warpgroups without a record of its own runs on the default code's tiles with the occupancy
-    hint pinned to 2 CTAs of 12 warps (tune.pins), unless the occupancy switch sets one; the resolution's config says
-    what ran."""
-    from impls.cutile import tune
-    from impls.cutile.switches import TWO_WARPGROUPS_OCCUPANCY, CutileSwitches
-
-    assert TWO_WARPGROUPS_OCCUPANCY == 2
-    t = tune.tunable("compute_out", CutileSwitches(two_warpgroups=True, **switches), None, "S", "bfloat16",
-                     make_call=None)
-    assert "two_warpgroups=True" in t.key and t.pins == {"occupancy": occupancy}
-    assert t.base_key == tune.record_key("compute_out", CutileSwitches(**switches), "S", "bfloat16", False)
-    stack = {n: STACK.get(n) for n in tune.STACK}
-    config = {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 2, "occupancy": 3, "shared_cb": False}
-    tuning.store("cutile", "compute_out", t.gpu, t.base_key, config, {}, stack)
-    res = tuning.resolve(t)
-    assert (res.config, res.source) == (dict(config, occupancy=occupancy), "record")
-    assert tune.pins("fwd_pass_state", CutileSwitches(two_warpgroups=True)) == {}  # compute_out's switch only
-
-
-@pytest.mark.parametrize("state_pass", ["serial", "chunk_parallel"])
-def test_cutile_state_two_warpgroups_borrows_the_record_as_it_is(state_pass):
-    """fwd_pass_state's state_two_warpgroups without a record of its own runs on the tiles and the occupancy of the
-    key without the switch (nothing pinned: the records' occupancies compile without spills with it)."""
-    from impls.cutile import tune
-    from impls.cutile.switches import CutileSwitches
-
-    sw = CutileSwitches(state_two_warpgroups=True, state_pass=state_pass)
-    t = tune.tunable("fwd_pass_state", sw, None, "S", "bfloat16", make_call=None)
-    assert "state_two_warpgroups=True" in t.key and t.pins == {}
-    assert t.base_key == tune.record_key("fwd_pass_state", CutileSwitches(state_pass=state_pass), "S", "bfloat16")
-    stack = {n: STACK.get(n) for n in tune.STACK}
-    config = {"block_headdim": 64, "block_dstate": 64, "occupancy": 2}
-    tuning.store("cutile", "fwd_pass_state", t.gpu, t.base_key, config, {}, stack)
     res = tuning.resolve(t)
     assert (res.config, res.source) == (config, "record")
 

@@ -10,7 +10,7 @@ import torch
 from impls.cutile.defaults import DEFAULTS as CUTILE_DEFAULTS
 from impls.cutile.switches import NOT_READ_BY_FUSED, CutileSwitches
 from impls.problem import Problem
-from impls.registry import Backend, ForwardResult, cuda_only, refuse_on_gpu, register
+from impls.registry import Backend, ForwardResult, cuda_only, register
 
 MIN_DIM, MAX_DIM = 32, 256  # headdim and dstate the kernels are built and tested for
 FUSED_NO_SEQ = ("switch fuse_state_out: the fused state/output kernel has no packed sequences (seq_idx, "
@@ -138,7 +138,6 @@ class CutileBackend(Backend):
         return mod.run(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, self.switches, cfg)
 
     def compute_out(self, C, B, x, dt, dA_cumsum, states, D, z, seq_idx):
-        refuse_on_gpu(self.switches, x.device)
         mod = _stage("compute_out")
         label = _label(x, B, dt.shape[-1])
 
@@ -190,7 +189,6 @@ class CutileBackend(Backend):
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                     dt_softplus, dt_limit, state_dtype):
-        refuse_on_gpu(self.switches, x.device)  # before stage 1 runs
         if not self.switches.fuse_state_out:
             return super().ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                                        cu_seqlens, dt_softplus, dt_limit, state_dtype)

@@ -88,30 +88,25 @@ def _param_names(pyfunc) -> tuple[str, ...]:
 
 
 def kernel_call(pyfunc, grid, args, occupancy: int = 0, opt_level: int = DEFAULT_OPT_LEVEL,
-                pdl: bool = False, worker_warps: int = 0, num_ctas: int = 0) -> KernelCall:
+                pdl: bool = False) -> KernelCall:
     """The launch of `pyfunc` on `args`: the int64-indexed build of the kernel when any array's offsets pass 2^31
     (int32 otherwise: cheaper address arithmetic). Runs on every stage call: the signature is read once."""
     wide = any(map(needs_int64, args))
     arrays = ()
     if wide:
         arrays = tuple(n for n, a in zip(_param_names(pyfunc), args) if isinstance(a, (torch.Tensor, ArraySpec)))
-    return KernelCall(kernel_for(pyfunc, occupancy, arrays, opt_level, worker_warps, num_ctas), tuple(grid),
-                      tuple(args), wide, pdl)
+    return KernelCall(kernel_for(pyfunc, occupancy, arrays, opt_level), tuple(grid), tuple(args), wide, pdl)
 
 
 @functools.cache
-def kernel_for(pyfunc, occupancy: int = 0, int64_arrays: tuple[str, ...] = (), opt_level: int = DEFAULT_OPT_LEVEL,
-               worker_warps: int = 0, num_ctas: int = 0):
+def kernel_for(pyfunc, occupancy: int = 0, int64_arrays: tuple[str, ...] = (), opt_level: int = DEFAULT_OPT_LEVEL):
     """The `ct.kernel` of a Python function, one object per occupancy hint (0 = compiler's choice), per set of
-    parameters annotated `ct.IndexedWithInt64` (empty = all int32), per optimisation level (switch opt_level,
-    `ct.kernel(opt_level=)`, passed to tileiras as -O<level>), per count of math warps of a warp-specialised
-    kernel (`ct.kernel(num_worker_warps=)`, 0 = compiler's choice; compute_out's switch two_warpgroups) and per
-    cluster size (`ct.kernel(num_ctas=)`, 0 = compiler's choice; compute_out's switch num_ctas)."""
+    parameters annotated `ct.IndexedWithInt64` (empty = all int32) and per optimisation level (switch opt_level,
+    `ct.kernel(opt_level=)`, passed to tileiras as -O<level>)."""
     import cuda.tile as ct
 
     fn = _with_int64_index(pyfunc, int64_arrays) if int64_arrays else pyfunc
-    return ct.kernel(fn, occupancy=occupancy or None, opt_level=opt_level, num_worker_warps=worker_warps or None,
-                     num_ctas=num_ctas or None)
+    return ct.kernel(fn, occupancy=occupancy or None, opt_level=opt_level)
 
 
 def _with_int64_index(pyfunc, names: tuple[str, ...]):
@@ -165,16 +160,6 @@ def dummy(device, dtype=torch.float32, ndim: int = 1) -> torch.Tensor:
 # 2 covers stage 1's outputs too. `ct.grid_dependency_control_launch_dependents()` (chunk_cumsum and the dependent
 # kernels, at their start) only lets the next dependent kernel be scheduled early; it promises nothing about memory,
 # which that kernel's own wait covers. Launched without PDL, both instructions have nothing to wait for or release.
-SM_COUNT_AOT = 132  # SMs of an H100 / H200 SXM: the grid of a persistent kernel compiled where there is no GPU
-
-
-def sm_count() -> int:
-    """Multiprocessors of the current CUDA device; SM_COUNT_AOT without one (compile-only: the grid is not used)."""
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return SM_COUNT_AOT
-
-
 def launch(call: KernelCall) -> None:
     import cuda.tile as ct
 

@@ -21,10 +21,6 @@ from memory (L2 at the headline shapes: 33.5 MB at S1) instead of being recomput
 one group) that removes 53 % of the stage's matmul work. The numbers are the same either way (the tile is fp32 in
 both, from the same operands).
 
-Switch two_warpgroups compiles the same kernel with two math warpgroups (`ct.kernel(num_worker_warps=8)`) that
-tileiras has share each MMA of the tile (docs/perf-notes.md, version 11); its occupancy hint is pinned by the
-tuning resolution (`tune.pins`).
-
 Switch head_loop = N runs `compute_out_head_loop_kernel` instead: one program per (batch, chunk, row block, block of
 up to N heads of one group, headdim block) that loads C_l once and walks its heads HB at a time in a runtime loop,
 each step the default kernel's head block (`_head_block`, the same helper), so that C_l is read once per N heads and
@@ -42,9 +38,9 @@ from dataclasses import dataclass
 import cuda.tile as ct
 import torch
 
-from impls.cutile.common import LOG2E, CopyHints, KernelCall, kernel_call, next_pow2, sm_count
+from impls.cutile.common import LOG2E, CopyHints, KernelCall, kernel_call, next_pow2
 from impls.cutile.pdl import start_as_dependent
-from impls.cutile.switches import WORKER_WARPS, per_head_refusal
+from impls.cutile.switches import per_head_refusal
 
 ZERO = ct.PaddingMode.ZERO
 
@@ -65,10 +61,10 @@ def _bmm(a, b, acc, TF32, HB):
                 acc, TF32)
 
 
-def _exp(v, EXP2):
-    """v is already scaled by log2(e) when EXP2."""
+def _exp(v, EXP2, FTZ=False):
+    """v is already scaled by log2(e) when EXP2; FTZ (switch exp2_ftz): the exp2 flushes subnormals to zero."""
     if EXP2:
-        return ct.exp2(v)
+        return ct.exp2(v, flush_to_zero=FTZ)
     return ct.exp(v)
 
 
@@ -136,6 +132,7 @@ class OutConsts(CopyHints):
     D_MODE: int  # skip term D: 0 absent, 1 per head, 2 per (head, channel)
     HAS_Z: bool  # gate by silu(z)
     SKIP_FIRST: bool = False  # switch skip_first: D∘x added to the accumulator before the source loop, not after
+    EXP2_FTZ: bool = False  # switch exp2_ftz: the exp2 flush subnormal inputs and results to zero
 
 
 def _by_source(v, HB, BL, SWAP):
@@ -213,13 +210,13 @@ def _masked_scores(cb, keep, dA_s, dt_s, dA_l, k):
     """(HL, BL, BL) scores of one lane: cb ∘ exp(dA_l − dA_j) ∘ dt_j where keep, else 0 (transposed with SWAP)."""
     HL, BL, SWAP = k.HL, k.BL, k.SWAP
     diff = ct.where(keep, _by_row(dA_l, HL, BL, SWAP) - _by_source(dA_s, HL, BL, SWAP), -math.inf)
-    return cb.reshape((1, BL, BL)) * _exp(diff, k.EXP2) * _by_source(dt_s, HL, BL, SWAP)
+    return cb.reshape((1, BL, BL)) * _exp(diff, k.EXP2, k.EXP2_FTZ) * _by_source(dt_s, HL, BL, SWAP)
 
 
 def _factored_scores(cb, dA_s, dt_s, dA_ref, k):
     """(HL, BL, BL) scores of one lane off the diagonal (decay_factor): cb ∘ exp(dA_ref − dA_j)·dt_j per source,
     the source factor of the decay only (the caller applies the row factor exp(dA_l − dA_ref) to the block sum)."""
-    w = _exp(dA_ref - dA_s, k.EXP2) * dt_s  # (HL, BL) per source
+    w = _exp(dA_ref - dA_s, k.EXP2, k.EXP2_FTZ) * dt_s  # (HL, BL) per source
     return cb.reshape((1, k.BL, k.BL)) * _by_source(w, k.HL, k.BL, k.SWAP)
 
 
@@ -311,7 +308,7 @@ def _epilogue(acc, x, D, z, y, b, row_block, h, pb, k):
         acc = acc + x_l * d_hp.reshape((HL, 1, BP))
     if k.HAS_Z:
         z_l = _load_heads(z, b, row_block, h, pb, BL, HL, BP, tma, None).astype(ct.float32)
-        acc = acc * z_l / (1.0 + _exp(-z_l * (LOG2E if k.EXP2 else 1.0), k.EXP2))
+        acc = acc * z_l / (1.0 + _exp(-z_l * (LOG2E if k.EXP2 else 1.0), k.EXP2, k.EXP2_FTZ))
     out = ct.permute(acc.astype(y.dtype), (1, 0, 2)).reshape((1, BL, HL, BP))
     ct.store(y, (b, row_block, h, pb), out, allow_tma=tma)
 
@@ -323,65 +320,24 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
                        TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
                        LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool],
                        PER_HEAD: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool], SKIP_FIRST: ct.Constant[bool],
-                       PDL: ct.Constant[bool], PERSISTENT: ct.Constant[bool], ROW_PAIRS: ct.Constant[bool]):
+                       PDL: ct.Constant[bool], EXP2_FTZ: ct.Constant[bool]):
     """One (batch, chunk, row block i, head block hb of HB heads, headdim block pb) tile. The heads run as NL lanes
     of HL heads: switch head_mma "batched" = one lane of HB heads (rank-3 MMAs when HB > 1), "per_head" (PER_HEAD)
     = HB lanes of one head (2-D MMAs). Per-lane values (accumulator, dA rows, decay reference) are tuples unrolled
-    at compile time; C_l, each B_j, C_l·B_jᵀ and the masks are shared by the lanes. Program order (`grid`):
+    at compile time; C_l, each B_j, C_l·B_jᵀ and the masks are shared by the lanes. Program order (`grid_of`):
     the row tiles (b, c, i) along axis 0 and the head blocks along axis 1, or with HEADS_FIRST (switch
-    heads_first) both along axis 0, head block fastest. With PERSISTENT (switch persistent) the grid is one
-    program per resident slot and each program walks the tiles t = bid, bid + programs, ... of that same order
-    (`_tile_of`), so that the copy warp loads a tile's operands while the math warps finish the one before. With
-    ROW_PAIRS (switch row_pairs) axis 0's row tiles are pairs of row blocks (`_row_pair`): half the programs, each
-    running two tiles."""
+    heads_first) both along axis 0, head block fastest."""
     if PDL:  # launched as a programmatic dependent launch: nothing before the wait
         start_as_dependent()
     NL = HB if PER_HEAD else 1
     HL = HB // NL
     k = OutConsts(CHUNK, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE, HAS_Z,
-                  SKIP_FIRST)
-    head_blocks = x.shape[2] // HB
-    if PERSISTENT:
-        row_tiles = x.shape[0] * dA.shape[2] * (CHUNK // BL)
-        headdim_blocks = (x.shape[3] + BP - 1) // BP
-        for t in range(ct.bid(0), row_tiles * head_blocks * headdim_blocks, ct.num_blocks(0)):
-            pid, hb, pb = _tile_of(t, row_tiles, head_blocks, HEADS_FIRST)
-            _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, pid, hb, pb, k, HB, DECAY_FACTOR)
-    else:
-        pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
-        if HEADS_FIRST:
-            pid, hb = ct.bid(0) // head_blocks, ct.bid(0) % head_blocks
-        if ROW_PAIRS:
-            _row_pair(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, pid, hb, pb, k, HB, DECAY_FACTOR)
-        else:
-            _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, pid, hb, pb, k, HB, DECAY_FACTOR)
-
-
-def _tile_of(t, row_tiles, head_blocks, HEADS_FIRST):
-    """(row tile, head block, headdim block) of the t-th tile in the order of the non-persistent grid's block ids
-    (`grid_of`: axis 0 fastest, then 1, then 2)."""
-    per_pb = row_tiles * head_blocks
-    rest = t % per_pb
+                  SKIP_FIRST, EXP2_FTZ)
+    pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
     if HEADS_FIRST:
-        return rest // head_blocks, rest % head_blocks, t // per_pb
-    return rest % row_tiles, rest // row_tiles, t // per_pb
-
-
-def _row_pair(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, pair, hb, pb, k, HB, DECAY_FACTOR):
-    """Switch row_pairs: program `pair` = (batch, chunk, q) runs row blocks nsub − 1 − q (nsub − q source blocks)
-    then q (q + 1 source blocks): nsub + 1 source blocks for every program. The chunk and the row block are powers
-    of two, so nsub is even or 1; with 1 the program runs its chunk's only block. Both tiles are written out at
-    compile time: a runtime test around the second one costs tileiras's warp specialisation (docs/perf-notes.md,
-    version 26)."""
-    nsub = k.CHUNK // k.BL
-    npair = (nsub + 1) // 2
-    q = pair % npair
-    base = (pair // npair) * nsub
-    _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, base + nsub - 1 - q, hb, pb, k, HB,
-              DECAY_FACTOR)
-    if nsub > 1:  # compile-time
-        _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, base + q, hb, pb, k, HB,
-                  DECAY_FACTOR)
+        head_blocks = x.shape[2] // HB
+        pid, hb = ct.bid(0) // head_blocks, ct.bid(0) % head_blocks
+    _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, pid, hb, pb, k, HB, DECAY_FACTOR)
 
 
 def _row_tile(C, B, x, dt, dA, states, D, z, y, seq, cbm, heads_per_group, pid, hb, pb, k, HB, DECAY_FACTOR):
@@ -400,7 +356,7 @@ def _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, b, c, g, hb, pb, i
     """The output tile of head block hb (HB = NL·HL heads, lanes as in compute_out_kernel) for the rows of block i,
     from the C_l tile of those rows: the off-chunk term, the skip term with SKIP_FIRST, the source blocks j <= i
     (C_l·B_jᵀ once per source block for the block's heads), the epilogue and the store of each lane."""
-    NL, HL, BL, CHUNK, EXP2, SWAP = k.NL, k.HL, k.BL, k.CHUNK, k.EXP2, k.SWAP
+    NL, HL, BL, CHUNK, EXP2, FTZ, SWAP = k.NL, k.HL, k.BL, k.CHUNK, k.EXP2, k.EXP2_FTZ, k.SWAP
     row_block = c * (CHUNK // BL) + i
     tma = k.tma()
     scale = LOG2E if EXP2 else 1.0
@@ -409,7 +365,7 @@ def _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, b, c, g, hb, pb, i
     rows = i * BL + ct.arange(BL, dtype=ct.int32)
 
     # off-chunk term: C_l · stateᵀ, scaled by exp(dA_l) (zero for rows of a sequence that began in this chunk)
-    state_scales = tuple(_exp(dA_ls[l], EXP2) for l in ct.static_iter(range(NL)))
+    state_scales = tuple(_exp(dA_ls[l], EXP2, FTZ) for l in ct.static_iter(range(NL)))
     s_l = None  # the rows' seq_idx, read only with HAS_SEQ
     if k.HAS_SEQ:
         s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
@@ -433,7 +389,7 @@ def _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, b, c, g, hb, pb, i
         for j in range(i):
             offs = _source_lanes(B, x, dt, dA, seq, cbm, offs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, j,
                                  k, True)
-        accs = tuple(accs[l] + offs[l] * _by_row(_exp(dA_ls[l] - dA_refs[l], EXP2), HL, BL, SWAP)
+        accs = tuple(accs[l] + offs[l] * _by_row(_exp(dA_ls[l] - dA_refs[l], EXP2, FTZ), HL, BL, SWAP)
                      for l in ct.static_iter(range(NL)))
         accs = _source_lanes(B, x, dt, dA, seq, cbm, accs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, i, k,
                              False)
@@ -456,7 +412,8 @@ def compute_out_head_loop_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, hea
                                  EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int],
                                  SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool],
                                  PER_HEAD: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool],
-                                 SKIP_FIRST: ct.Constant[bool], PDL: ct.Constant[bool]):
+                                 SKIP_FIRST: ct.Constant[bool], PDL: ct.Constant[bool],
+                                 EXP2_FTZ: ct.Constant[bool]):
     """Switch head_loop: one (batch, chunk, row block i, block of up to HLOOP heads of one group, headdim block pb)
     program that walks its heads HB at a time in a runtime loop (HB = heads_per_tile heads per step, lanes as in
     compute_out_kernel; HB divides HLOOP and heads_per_group), so that only one step's accumulators are live. The
@@ -474,7 +431,7 @@ def compute_out_head_loop_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, hea
         pid, hb = ct.bid(0) // head_blocks, ct.bid(0) % head_blocks
     NL = HB if PER_HEAD else 1
     k = OutConsts(CHUNK, BL, BP, BN, NL, HB // NL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE,
-                  HAS_Z, SKIP_FIRST)
+                  HAS_Z, SKIP_FIRST, EXP2_FTZ)
     nsub = CHUNK // BL
     nchunks = dA.shape[2]
     i = pid % nsub
@@ -544,21 +501,9 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
     args = (*arrays, nheads // ngroups, chunk_size, bl, bp, bn, hb, int(d_mode), bool(has_z), bool(has_seq),
             sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0,
             shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb), sw.heads_first,
-            sw.skip_first, sw.pdl, sw.persistent, sw.row_pairs)
-    row_tiles = chunk_size // bl
-    if sw.row_pairs:
-        row_tiles = (row_tiles + 1) // 2
-    grid = grid_of(batch * nchunks * row_tiles, nheads // hb, math.ceil(headdim / bp), sw.heads_first)
-    if sw.persistent:
-        grid = (persistent_programs(math.prod(grid), config.get("occupancy", 0)), 1, 1)
-    return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,
-                       WORKER_WARPS[sw.two_warpgroups], sw.num_ctas)
-
-
-def persistent_programs(tiles: int, occupancy: int) -> int:
-    """Switch persistent: one program per resident slot (the occupancy hint, 1 when unset, times the GPU's SMs; a
-    compile-only build without a GPU counts SM_COUNT_AOT), never more than the tiles."""
-    return max(1, min(tiles, (occupancy or 1) * sm_count()))
+            sw.skip_first, sw.pdl, sw.exp2_ftz)
+    grid = grid_of(batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp), sw.heads_first)
+    return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 
 
 def make_head_loop_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config) -> KernelCall:
@@ -576,11 +521,10 @@ def make_head_loop_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, 
     args = (*arrays, heads_per_group, chunk_size, bl, bp, bn, hb, sw.head_loop, int(d_mode), bool(has_z),
             bool(has_seq), sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma,
             4 if sw.latency_hints else 0, shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb), sw.heads_first,
-            sw.skip_first, sw.pdl)
+            sw.skip_first, sw.pdl, sw.exp2_ftz)
     head_blocks = ngroups * math.ceil(heads_per_group / sw.head_loop)
     grid = grid_of(batch * nchunks * (chunk_size // bl), head_blocks, math.ceil(headdim / bp), sw.heads_first)
-    return kernel_call(compute_out_head_loop_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,
-                       WORKER_WARPS[sw.two_warpgroups], sw.num_ctas)
+    return kernel_call(compute_out_head_loop_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 
 
 def make_cb_call(arrays, dims, chunk_size, tf32, sw, config) -> KernelCall:

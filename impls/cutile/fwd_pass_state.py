@@ -13,9 +13,6 @@ rows in memory order), walks the chunks with S ← exp(dA_last)·S + local, writ
 and the final state. The seq_idx rules are the serial kernel's, split the same way (w = 0 in the local kernel, the
 carry reset in the pass).
 
-Switch state_two_warpgroups compiles the two MMA kernels (not the pass) with two math warpgroups
-(`ct.kernel(num_worker_warps=8)`) that tileiras has share each chunk's MMA (docs/perf-notes.md, version 12).
-
 Switches: operand_swap computes the local state as Bᵀ·(w x) (dstate × headdim); transposed_layout stores the
 entering states (b, c, h, dstate, headdim). When the two disagree the tile is transposed before each store.
 """
@@ -30,7 +27,6 @@ import torch
 
 from impls.cutile.common import LOG2E, CopyHints, KernelCall, kernel_call, next_pow2
 from impls.cutile.pdl import start_as_dependent
-from impls.cutile.switches import WORKER_WARPS
 
 ZERO = ct.PaddingMode.ZERO
 
@@ -58,6 +54,7 @@ class StateConsts(CopyHints):
     EXP2: bool  # switch exp2: decays by exp2
     TMA: bool  # switch tma: TMA bulk copies allowed
     LAT: int  # latency hint of the x and B loads; 0 = none
+    EXP2_FTZ: bool = False  # switch exp2_ftz: the exp2 flush subnormal inputs and results to zero
 
 
 def _store_state(states, b, c, h, pb, nb, st, k):
@@ -105,8 +102,8 @@ def carry(st, x, B, dt, dA, seq, seqlen, b, c, h, g, pb, nb, k):
     dt_t = ct.load(dt, (b, h, c, 0), (1, 1, 1, CHUNK), allow_tma=tma).reshape((CHUNK,))
     last = ct.extract(dA_t, (CHUNK - 1,), (1,))
     if k.EXP2:
-        w = ct.exp2((last - dA_t) * LOG2E) * dt_t
-        decay = ct.exp2(last * LOG2E)
+        w = ct.exp2((last - dA_t) * LOG2E, flush_to_zero=k.EXP2_FTZ) * dt_t
+        decay = ct.exp2(last * LOG2E, flush_to_zero=k.EXP2_FTZ)
     else:
         w = ct.exp(last - dA_t) * dt_t
         decay = ct.exp(last)
@@ -130,10 +127,11 @@ def fwd_pass_state_kernel(x, B, dt, dA, init, seq, states, final, seqlen, heads_
                           CHUNK: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                           HAS_INIT: ct.Constant[bool], HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool],
                           TRANS: ct.Constant[bool], TF32: ct.Constant[bool], EXP2: ct.Constant[bool],
-                          TMA: ct.Constant[bool], LAT: ct.Constant[int], PDL: ct.Constant[bool]):
+                          TMA: ct.Constant[bool], LAT: ct.Constant[int], PDL: ct.Constant[bool],
+                          EXP2_FTZ: ct.Constant[bool]):
     if PDL:  # launched as a programmatic dependent launch: nothing before the wait
         start_as_dependent()
-    k = StateConsts(CHUNK, BP, BN, HAS_INIT, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT)
+    k = StateConsts(CHUNK, BP, BN, HAS_INIT, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, EXP2_FTZ)
     bh, pb, nb = ct.bid(0), ct.bid(1), ct.bid(2)
     nheads = x.shape[2]
     nchunks = dA.shape[2]
@@ -160,12 +158,12 @@ def local_state_kernel(x, B, dt, dA, seq, local, seqlen, heads_per_group,
                        CHUNK: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                        HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool], TRANS: ct.Constant[bool],
                        TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
-                       LAT: ct.Constant[int], PDL: ct.Constant[bool]):
+                       LAT: ct.Constant[int], PDL: ct.Constant[bool], EXP2_FTZ: ct.Constant[bool]):
     """local[b, c, h] = the state chunk c builds from zero (fp32, the states' memory layout); heads fastest in the
     grid's first axis, so neighbouring programs share the chunk's B tile."""
     if PDL:  # launched as a programmatic dependent launch: nothing before the wait
         start_as_dependent()
-    k = StateConsts(CHUNK, BP, BN, False, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT)
+    k = StateConsts(CHUNK, BP, BN, False, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, EXP2_FTZ)
     bch, pb, nb = ct.bid(0), ct.bid(1), ct.bid(2)
     nheads = x.shape[2]
     nchunks = dA.shape[2]
@@ -188,6 +186,7 @@ class PassConsts(CopyHints):
     EXP2: bool
     TMA: bool
     LAT: int
+    EXP2_FTZ: bool = False  # switch exp2_ftz
 
 
 def entering_state(init, b, h, rb, k):
@@ -214,7 +213,7 @@ def store_final(final, b, h, rb, st, k):
 def chunk_decay(dA, seq, seqlen, b, c, h, k):
     """exp(dA_last) of chunk c, zeroed when the sequence at its last token differs from the previous chunk's."""
     last = ct.gather(dA, (b, h, c, k.CHUNK - 1))
-    decay = ct.exp2(last * LOG2E) if k.EXP2 else ct.exp(last)
+    decay = ct.exp2(last * LOG2E, flush_to_zero=k.EXP2_FTZ) if k.EXP2 else ct.exp(last)
     if k.HAS_SEQ:
         s_last, s_prev = seq_ends(seq, seqlen, b, c, k.CHUNK)
         decay = ct.where(s_last == s_prev, decay, 0.0)
@@ -224,12 +223,13 @@ def chunk_decay(dA, seq, seqlen, b, c, h, k):
 def pass_kernel(local, dA, init, seq, states, final, seqlen,
                 CHUNK: ct.Constant[int], ROWS: ct.Constant[int], COLS: ct.Constant[int],
                 HAS_INIT: ct.Constant[bool], HAS_SEQ: ct.Constant[bool], TRANS: ct.Constant[bool],
-                EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int], PDL: ct.Constant[bool]):
+                EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int], PDL: ct.Constant[bool],
+                EXP2_FTZ: ct.Constant[bool]):
     """S_0 = init, S_{c+1} = decay_c·S_c + local_c over the chunks; writes every S_c (state_dtype) and S_C (fp32).
     local and states are the 5-d storages, (b, c, h, dstate, headdim) when TRANS else (b, c, h, headdim, dstate)."""
     if PDL:  # launched as a programmatic dependent launch: nothing before the wait
         start_as_dependent()
-    k = PassConsts(CHUNK, ROWS, COLS, HAS_INIT, HAS_SEQ, TRANS, EXP2, TMA, LAT)
+    k = PassConsts(CHUNK, ROWS, COLS, HAS_INIT, HAS_SEQ, TRANS, EXP2, TMA, LAT, EXP2_FTZ)
     bh, rb = ct.bid(0), ct.bid(1)
     nheads = local.shape[2]
     nchunks = local.shape[1]
@@ -259,10 +259,9 @@ def make_local_call(arrays, dims, chunk_size, has_seq, tf32, sw, config) -> Kern
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     bp, bn = blocks(headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bp, bn, bool(has_seq), sw.operand_swap,
-            sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl)
+            sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl, sw.exp2_ftz)
     grid = (batch * math.ceil(seqlen / chunk_size) * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
-    return kernel_call(local_state_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,
-                       WORKER_WARPS[sw.state_two_warpgroups])
+    return kernel_call(local_state_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 
 
 def make_pass_call(arrays, dims, chunk_size, has_init, has_seq, sw) -> KernelCall:
@@ -270,7 +269,7 @@ def make_pass_call(arrays, dims, chunk_size, has_init, has_seq, sw) -> KernelCal
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     rows_tile, cols, rows = pass_tile(headdim, dstate, sw.transposed_layout)
     args = (*arrays, seqlen, chunk_size, rows_tile, cols, bool(has_init), bool(has_seq), sw.transposed_layout,
-            sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl)
+            sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl, sw.exp2_ftz)
     return kernel_call(pass_kernel, (batch * nheads, math.ceil(rows / rows_tile)), args, opt_level=sw.opt_level,
                        pdl=sw.pdl)
 
@@ -286,10 +285,10 @@ def make_call(arrays, dims, chunk_size, has_init, has_seq, tf32, sw, config) -> 
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     bp, bn = blocks(headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bp, bn, bool(has_init), bool(has_seq),
-            sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl)
+            sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl,
+            sw.exp2_ftz)
     grid = (batch * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
-    return kernel_call(fwd_pass_state_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl,
-                       WORKER_WARPS[sw.state_two_warpgroups])
+    return kernel_call(fwd_pass_state_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 
 
 def state_storage(x, nchunks, dstate, dtype, transposed):

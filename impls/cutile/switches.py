@@ -17,12 +17,6 @@ from impls.registry import switch
 STATE_PASS = ("serial", "chunk_parallel")  # stage 2's arrangements (switch state_pass), the default first
 FUSED_PROGRAMS = ("serial", "chunk")  # the fused kernel's program arrangements (switch fused_program), default first
 OPT_LEVELS = (3, 2, 1, 0)  # what `ct.kernel(opt_level=)` accepts in cuda-tile 1.7 (0..3), its default first
-NUM_CTAS_GPU_REFUSAL = (
-    "switch num_ctas of backend 'cutile': refused on a GPU: with cuda-tile 1.7.0 the compute_out kernels built for "
-    "clusters of two CTAs failed with 'misaligned address' (losing the process's CUDA context) in every small GPU "
-    "test case on an NVIDIA H200 (seqlen 1000, ngroups 8, seq_idx, cu_seqlens, headdim 80; docs/perf-notes.md, "
-    "version 16), though the S1 record's tiles ran; it runs only where nothing is launched on a GPU (the sm_90 "
-    "AOT build, `python -m experiments.num_ctas_probe --compile-only`)")
 
 
 
@@ -59,6 +53,16 @@ class CutileSwitches:
         sm90="the hardware exponential is base 2 (MUFU.EX2): exp(v) costs a multiply by log2(e) per element before "
              "it; on, that multiply happens once per loaded dA_cumsum value instead of once per decay",
         sm100="as on sm_90 (MUFU.EX2 is base 2)")
+    exp2_ftz: bool = switch(
+        False, "the exp2 of stages 2 and 3 (stage 2's decay weights and chunk decays, stage 3's decays, state scale "
+               "and silu gate) with subnormal inputs and results flushed to zero (`ct.exp2(..., flush_to_zero=True)`): "
+               "a result below 2^-126 reads 0 instead of a subnormal. chunk_cumsum and the fused kernels keep the "
+               "plain exp2. No effect with exp2 off (`ct.exp` has no flush-to-zero form)",
+        sm90="ex2.approx.ftz.f32: one MUFU.EX2 per exponential; off, ex2.approx.f32 keeps subnormals, which the SASS "
+             "does around the MUFU.EX2 with a compare and two predicated multiplies (the argument scaled into the "
+             "normal range, the result scaled back)",
+        sm100="as on sm_90 (MUFU.EX2)",
+        needs={"exp2": True})
     decay_factor: bool = switch(
         False, "stage 3, source blocks before the row block: the decay exp(dA_l - dA_s) taken as exp(dA_l - dA_ref) · "
                "exp(dA_ref - dA_s) with dA_ref at the row block's first row (both factors <= 1 since dA_cumsum falls "
@@ -72,7 +76,7 @@ class CutileSwitches:
         False, "stage 3 program order: the head blocks of one (batch, chunk, row block) tile fastest-varying in the "
                "program id, so that the programs resident at the same time share their C and B tiles (one group's "
                "heads read the same ones) instead of each reading another chunk's; off: the row tiles fastest, one "
-               "head block at a time (the order before the switch)",
+               "head block at a time",
         sm90="CTAs are dispatched in increasing linear block id: on, the CTAs in flight (occupancy × 132 SMs) cover "
              "a few row tiles × all head blocks, so C_l and each B_j come from DRAM once and from L2 for the other "
              "heads of the group; off, they cover hundreds of row tiles of one head block and the next head block "
@@ -81,71 +85,12 @@ class CutileSwitches:
     skip_first: bool = switch(
         False, "stage 3: the skip term D ∘ x of the tile's rows added to the accumulator before the source-block "
                "loop (right after the off-chunk term) instead of in the epilogue, so that the D values and the "
-               "per-head indices of their loads do not live across the loop; off: in the epilogue (as before)",
+               "per-head indices of their loads do not live across the loop; off: in the epilogue",
         sm90="fewer values live through the loop in the math warpgroup's registers (128 per thread at occupancy 3 "
              "after the producer warpgroup gives registers back), so fewer of them are spilled to local memory "
              "around it; x's row tile is read once more (before the loop; the epilogue still reads it for z)",
         sm100="the same live ranges; the accumulator is in registers as on sm_90 (cuTile's tcgen05 lowering is "
               "the compiler's)")
-    two_warpgroups: bool = switch(
-        False, "stage 3's main kernel compiled with two math warpgroups sharing each tile (cuTile "
-               "`ct.kernel(num_worker_warps=8)`; off: the compiler's choice, one) and, unless the occupancy switch "
-               "sets it, the occupancy hint pinned to 2 CTAs per SM (12 warps per CTA "
-               "with the copy warpgroup: 24 warps per SM, as 3 CTAs of 8). The tile, its heads sharing C_l, B_j and "
-               "C_l·B_jᵀ, and the math are unchanged",
-        sm90="tileiras splits every MMA of the tile between the two math warpgroups: C_l·B_jᵀ by source columns "
-             "(HGMMA 64x32 each), the scores staged through shared memory (no HGMMA reads its A operand from "
-             "registers; a named barrier of the 256 math threads) for scores·x_j, split by headdim columns; "
-             "each warpgroup holds half of every accumulator and half of the exponentials, so bf16 at the tuned "
-             "S1–S4 tiles compiles with no local-memory spill (docs/perf-notes.md, version 11)",
-        sm100="the same hint; the split tileiras makes for tcgen05 has not been examined")
-    persistent: bool = switch(
-        False, "stage 3's main kernel launched as one program per resident slot (the occupancy hint times the SMs), "
-               "each walking the tiles t = program, program + programs, ... in the order of the default grid "
-               "(heads_first's included) instead of one program per tile; the tiles, the math and the rounding "
-               "are unchanged. Not with head_loop",
-        sm90="a new program's first loads (C_l, the states, x_j, C·B_jᵀ) are waited on by its math warps before "
-             "any MMA (a fifth of compute_out's warp samples at S1, `python -m instruments.hotspots`); walking "
-             "tiles in a loop lets the copy warp load the next tile's operands while the math warps finish the "
-             "current one (docs/perf-notes.md, version 25)",
-        sm100="the same loop (148 SMs); its pipelining by tileiras for tcgen05 has not been examined")
-    row_pairs: bool = switch(
-        False, "stage 3's main kernel with one program per (batch, chunk, pair of row blocks q and nsub − 1 − q, "
-               "head block, headdim block) instead of one per row block: the program runs the later row block's "
-               "tile, then the earlier one's, so that every program walks nsub + 1 source blocks (the causal "
-               "work balanced) and there are half as many programs",
-        sm90="every program's first loads (C_l, the states, the first source block) are waited on before any "
-             "MMA (docs/perf-notes.md, 'Where compute_out's warps wait'); with two tiles a program half as many "
-             "programs start, and the copy warp issues the second tile's first two loads while the first tile's "
-             "source loop runs (the others wait for shared-memory slots the first tile's output store releases); "
-             "the kernel holds twice the code, and at one head per tile and four CTAs per SM tileiras does not "
-             "warp-specialise it (docs/perf-notes.md, version 26: what that costs). Not with head_loop or "
-             "persistent",
-        sm100="the same arrangement; its pipelining by tileiras for tcgen05 has not been examined")
-    num_ctas: int = switch(
-        0, "stage 3's main kernel compiled for a cluster of this many CTAs per tile program (cuTile "
-           "`ct.kernel(num_ctas=)`; 0: the compiler's choice, one CTA). The grid, the tile, the record's occupancy "
-           "and the math are unchanged",
-        sm90="tileiras splits every MMA of the tile between the cluster's CTAs by its N columns (HGMMA 64x32 for "
-             "two CTAs at 64-wide tiles), multicasts the operand both halves read (C_l) with TMA and exchanges the "
-             "scores through distributed shared memory behind cluster barriers; each CTA holds half of every "
-             "accumulator, so the record's tiles compile without local-memory spills "
-             "(`python -m experiments.num_ctas_probe --compile-only`)",
-        sm100="the same hint; the split tileiras makes for tcgen05 has not been examined",
-        choices=(0, 2), gpu_refused=NUM_CTAS_GPU_REFUSAL)
-    state_two_warpgroups: bool = switch(
-        False, "stage 2's MMA kernels (fwd_pass_state_kernel; local_state_kernel with state_pass chunk_parallel) "
-               "compiled with two math warpgroups sharing each state tile (cuTile `ct.kernel(num_worker_warps=8)`; "
-               "off: the compiler's choice, one). The tile, the occupancy hint of the record, the math and the "
-               "rounding are unchanged; the chunk-parallel pass kernel keeps the compiler's choice",
-        sm90="tileiras splits the chunk's (w x)ᵀ·B between the two math warpgroups by dstate columns (HGMMA 64x64 "
-             "instead of 64x128 at a 128-column tile), the weighted x tile formed by the 256 math threads together "
-             "and staged in shared memory (the default keeps it in registers as the HGMMA's A operand) behind a "
-             "named barrier of them; each warpgroup holds half of the fp32 state, so bf16 at the tuned S1–S4 tiles "
-             "compiles with no local-memory spill (docs/perf-notes.md, version 12). At a 128-column tile the CTA "
-             "needs 168 registers per thread and 183 KB of shared memory: one CTA per SM whatever the hint. fp32 "
-             "(tf32) at that tile compiles without the warpgroup MMA and spills",
-        sm100="the same hint; the split tileiras makes for tcgen05 has not been examined")
     head_loop: int = switch(
         0, "stage 3 with one program per (batch, chunk, row block, block of up to this many heads of one group, "
            "headdim block) that walks its heads in a runtime loop, heads_per_tile of them per step (the step is "
@@ -218,7 +163,7 @@ class CutileSwitches:
                "in the stream still runs; its first statement waits for the predecessor's completion "
                "(`ct.grid_dependency_control_wait`) and then releases its own successor "
                "(`ct.grid_dependency_control_launch_dependents`); chunk_cumsum releases stage 2 at its start. "
-               "cb_mode shared's C·Bᵀ kernel is launched as before. Not with fuse_state_out",
+               "cb_mode shared's C·Bᵀ kernel is launched without it. Not with fuse_state_out",
         sm90="griddepcontrol.wait / griddepcontrol.launch_dependents in the kernels (SASS ACQBULK / PREEXIT): the "
              "dependent grid's launch and its CTAs' start overlap the predecessor's last wave and its completion; "
              "no load or store of the dependent kernel runs before the wait",
@@ -250,12 +195,6 @@ class CutileSwitches:
         choices=tuning.MODES)
 
     def __post_init__(self):
-        for name, others in ARRANGEMENT_EXCLUSIONS.items():
-            other = next((o for o in others if getattr(self, name) and getattr(self, o)), None)
-            if other:
-                raise ValueError(f"switch {name} of backend 'cutile': not built with {other}={getattr(self, other)} "
-                                 "(that kernel arranges its programs' tiles or heads in a loop of its own); set one "
-                                 "of them")
         if self.fused_program != FUSED_PROGRAMS[0] and not self.fuse_state_out:
             raise ValueError(f"switch fused_program={self.fused_program!r} of backend 'cutile': it arranges the "
                              "programs of the fused kernel, which runs only with fuse_state_out=True (set it, or "
@@ -270,27 +209,15 @@ class CutileSwitches:
                                  "defaults or turn fuse_state_out off")
 
 
-# compute_out's program arrangements and the arrangements each is not built with (refused together)
-ARRANGEMENT_EXCLUSIONS = {"persistent": ("head_loop",), "row_pairs": ("head_loop", "persistent")}
-
-
 # With fuse_state_out the forward runs chunk_cumsum then the fused kernel (impls/cutile/fused.py). Of the code
 # switches they read only FUSED_READS, of the sizes FUSED_SIZES (and tuning); the rest are refused away from their
 # defaults and describe() marks them n/a.
 FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level", "fused_program")
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
-                     "heads_per_tile", "heads_first", "skip_first", "two_warpgroups", "head_loop", "persistent",
-                     "row_pairs", "state_two_warpgroups", "state_pass", "pdl", "num_ctas")
+                     "heads_per_tile", "heads_first", "skip_first", "head_loop", "state_pass", "pdl", "exp2_ftz")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 
-
-# compute_out's occupancy hint with two_warpgroups (unless the occupancy switch sets one): 2 CTAs of 12 warps hold
-# the 24 warps per SM of the tuned 3 CTAs of 8; at 3 the bf16 S1 record's tiles spill (56 registers per thread)
-TWO_WARPGROUPS_OCCUPANCY = 2
-# two_warpgroups (compute_out) and state_two_warpgroups (stage 2's MMA kernels) -> ct.kernel(num_worker_warps=),
-# 0 = the compiler's choice
-WORKER_WARPS = {False: 0, True: 8}
 
 PER_HEAD_BLOCKS = (2, 4)  # heads_per_tile values the per-head lowering (head_mma per_head) is built and tested for
 
@@ -311,18 +238,14 @@ def per_head_refusal(sw: CutileSwitches, hb: int) -> str | None:
 
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
-CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "cb_precision",
-                 "head_mma", "heads_first", "skip_first", "two_warpgroups", "state_two_warpgroups",
-                 "head_loop")
+CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "exp2_ftz", "decay_factor",
+                 "cb_precision", "head_mma", "heads_first", "skip_first", "head_loop")
 # fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in
 # tests/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
 # default reads the config); its ablation points are cb_mode:inline and cb_mode:shared. state_pass picks stage 2's
 # kernels (fwd_pass_state, or fwd_pass_state_local + fwd_pass_state_pass: aot.STATE_PASS_KERNELS), as cb_mode does
 # fused_program picks the fused kernel (fused_kernel or fused_chunk_kernel: aot.FUSED_PROGRAM_KERNELS) as state_pass
 # does stage 2's.
-# persistent changes compute_out's code (a loop around the tile program) and its grid; like pdl it stays out of
-# CODE_SWITCHES (tests/test_cutile_aot.py compiles it and finds the loop). row_pairs likewise (two tile programs in
-# one kernel, half the grid; tests/test_cutile_aot.py finds the two source loops).
 # pdl and opt_level change the code of the kernels they reach but stay out of CODE_SWITCHES (the switch-effects
 # table and the factorials): tests/test_cutile_aot.py shows the PDL instructions in the SASS with pdl on and none
 # with it off, and compiles every opt_level.

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from impls import tuning
-from impls.cutile.switches import TWO_WARPGROUPS_OCCUPANCY, CutileSwitches, per_head_refusal
+from impls.cutile.switches import CutileSwitches, per_head_refusal
 
 # Fixed configs per architecture (compute capability major). 0 = the compiler's choice of occupancy.
 # sm_90: the winners of the first search at S1 (tuning/NVIDIA_H200, docs/perf-notes.md version 1): occupancy 2
@@ -89,13 +89,8 @@ def explicit(stage: str, sw) -> dict:
 
 
 def pins(stage: str, sw) -> dict:
-    """What the switches fix of the config (`explicit`) and what the tuning resolution imposes on top of any
-    record: compute_out's occupancy hint with two_warpgroups, TWO_WARPGROUPS_OCCUPANCY unless the occupancy switch
-    sets one (12 warps per CTA; the tiles are borrowed from the record of the key without the switch)."""
-    fixed = explicit(stage, sw)
-    if stage == "compute_out" and sw.two_warpgroups and not sw.occupancy:
-        fixed["occupancy"] = TWO_WARPGROUPS_OCCUPANCY
-    return fixed
+    """What the switches fix of the config (`explicit`): it wins over any record."""
+    return explicit(stage, sw)
 
 
 # default-on code tricks that change the kernels but not which tiles suit them much: a search with one turned off
@@ -107,22 +102,20 @@ LAUNCH_OPTIONS = {name: getattr(CutileSwitches(), name) for name in ("pdl", "opt
 DEFAULT_HEAD_MMA = CutileSwitches().head_mma  # other lowerings search and store under keys of their own
 DEFAULT_STATE_PASS = CutileSwitches().state_pass  # stage 2's other arrangement searches under a key of its own
 DEFAULT_FUSED_PROGRAM = CutileSwitches().fused_program  # the fused kernel's other arrangement likewise
+EXP2_FTZ_STAGES = ("fwd_pass_state", "compute_out")  # the stages whose exp2 switch exp2_ftz changes
 
 
 def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool = True) -> str:
     """The tuning record's key: shape, dtype, the layout/operand switches, and what else changes the winner only
     when set away from its default (so the records stored without them keep their keys): a default-on code trick
-    turned off (tma, exp2, latency_hints), pdl on or another opt_level, or compute_out's heads_first, skip_first or
-    two_warpgroups on or its head_loop or num_ctas set, fwd_pass_state's state_two_warpgroups on (borrowing like those;
-    two_warpgroups with its occupancy pinned, `pins`; head_loop with the record's heads_per_tile as the heads of one
-    step; state_two_warpgroups with the record's occupancy), decay_factor on,
-    stage 2's chunk-parallel arrangement (state_pass), the fused kernel's one program per chunk (fused_program),
-    a lowering of several heads per tile other than the default,
-    and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search with
-    block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False: the
-    key without the tricks turned off, pdl, opt_level (and without heads_first, skip_first, two_warpgroups,
-    head_loop, num_ctas, state_two_warpgroups), whose
-    record impls/tuning.py borrows when the tricks' own key has none."""
+    turned off (tma, exp2, latency_hints), pdl on or another opt_level, or compute_out's heads_first or skip_first
+    on or its head_loop set, stages 2 and 3 with exp2_ftz on (borrowing like those; head_loop with the record's
+    heads_per_tile as the heads of one step), decay_factor on, stage 2's chunk-parallel arrangement (state_pass),
+    the fused kernel's one program per chunk (fused_program), a lowering of several heads per tile other than the
+    default, and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search
+    with block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False:
+    the key without the tricks turned off, pdl, opt_level (and without heads_first, skip_first, head_loop,
+    exp2_ftz), whose record impls/tuning.py borrows when the tricks' own key has none."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
     if code_tricks:
         extra.update({k: False for k in CODE_TRICKS if not getattr(sw, k)})
@@ -134,14 +127,11 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     if stage == "compute_out" and sw.decay_factor:
         extra["decay_factor"] = True
     if code_tricks and stage == "compute_out":  # arrangements that borrow the tiles of the key without them
-        extra.update({k: True for k in ("heads_first", "skip_first", "two_warpgroups", "persistent", "row_pairs")
-                      if getattr(sw, k)})
+        extra.update({k: True for k in ("heads_first", "skip_first") if getattr(sw, k)})
         if sw.head_loop:
             extra["head_loop"] = sw.head_loop
-        if sw.num_ctas:
-            extra["num_ctas"] = sw.num_ctas
-    if code_tricks and stage == "fwd_pass_state" and sw.state_two_warpgroups:  # borrows likewise, occupancy too
-        extra["state_two_warpgroups"] = True
+    if code_tricks and stage in EXP2_FTZ_STAGES and sw.exp2_ftz:  # borrows the tiles of the key without it
+        extra["exp2_ftz"] = True
     if stage == "compute_out" and sw.head_mma != DEFAULT_HEAD_MMA and sw.heads_per_tile != 1:  # 1: the same kernel
         extra["head_mma"] = sw.head_mma
     extra.update(explicit(stage, sw))
@@ -193,7 +183,6 @@ def tunable(stage: str, sw, device, shape_label: str, dtype: str, make_call, hea
         fallback=fallback(stage, device), space=search_space(stage, sw, heads_per_group), configs=space,
         run=run_config, timer=kernel_timer(make_call), candidates=candidates if stage == "compute_out" else None,
         pins=fixed, pinned_all=bool(fixed) and set(fixed) >= set(SPACE[stage]),
-        near_key=near_key(stage, sw, shape_label, dtype),
         base_key=record_key(stage, sw, shape_label, dtype, code_tricks=False), stack=STACK, output=output,
         same_sass_key=same_sass_key(stage, sw, shape_label, dtype, device_arch(device)),
         baseline_space=search_space(stage, dataclasses.replace(CutileSwitches(), tuning=sw.tuning), heads_per_group))
@@ -254,23 +243,13 @@ def device_arch(device) -> str | None:
     return f"sm_{major}{minor}"
 
 
-def near_key(stage: str, sw, shape_label: str, dtype: str) -> str | None:
-    """The record borrowed first when the key has none: compute_out with switch persistent or row_pairs takes the
-    tiles of the same switches without them (the same tile program, walked in a loop or run twice per program),
-    before the key without any arrangement."""
-    if stage == "compute_out" and (sw.persistent or sw.row_pairs):
-        return record_key(stage, dataclasses.replace(sw, persistent=False, row_pairs=False), shape_label, dtype)
-    return None
-
-
 # How each switch enters the record key (impls/tuning.py KEY_ROLES; tests/test_tuning.py checks it against record_key
 # and pins): a size switch and cb_mode fix config fields (and, fixed, key the record too: `explicit`); fuse_state_out
 # runs the fused kernel, whose stage ("fused") has records of its own.
 KEY_ROLES = {
     **dict.fromkeys(("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "heads_first",
-                     "skip_first", "two_warpgroups", "persistent", "row_pairs", "num_ctas", "state_two_warpgroups",
-                     "head_loop", "cb_precision", "head_mma", "fused_program", "state_pass", "pdl", "opt_level"),
-                    tuning.KEY),
+                     "skip_first", "head_loop", "exp2_ftz", "cb_precision", "head_mma", "fused_program", "state_pass",
+                     "pdl", "opt_level"), tuning.KEY),
     **dict.fromkeys(("cb_mode", "block_heads", "block_rows", "block_headdim", "block_dstate", "heads_per_tile",
                      "occupancy"), tuning.PIN),
     "fuse_state_out": tuning.KERNELS,

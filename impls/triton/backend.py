@@ -17,8 +17,8 @@ import torch
 
 from impls import defaults, interpreter, tuning
 from impls.problem import Problem, Shape, dtype_name
-from impls.registry import Backend, ForwardResult, refuse_on_gpu, register
-from impls.triton import descriptors, target, tune, warp_spec
+from impls.registry import Backend, ForwardResult, register
+from impls.triton import descriptors, target, tune
 from impls.triton.chunk_cumsum import chunk_cumsum as _chunk_cumsum
 from impls.triton.clamp import MAX_DSTATE, clamp
 from impls.triton.compute_out import compute_out as _compute_out
@@ -30,10 +30,6 @@ from impls.triton.fwd_pass_state import serial_states as _serial_states
 from impls.triton.stages import FUSED
 from impls.triton.switches import TritonSwitches
 from impls.triton.target import interpreting
-
-# compute_out's program arrangements and the kernels or arrangements each is not built with (refused together)
-ARRANGEMENT_EXCLUSIONS = {"persistent": ("fuse_state_out", "warp_specialize"),
-                          "row_pairs": ("fuse_state_out", "warp_specialize", "persistent")}
 
 
 @register
@@ -84,11 +80,6 @@ class TritonBackend(Backend):
         if sw.fuse_state_out and sw.heads_first:
             return ("switch fuse_state_out of backend 'triton': the fused kernel does not read heads_first "
                     "(compute_out's program order); turn one of them off")
-        for name, others in ARRANGEMENT_EXCLUSIONS.items():
-            other = next((o for o in others if getattr(sw, name) and getattr(sw, o)), None)
-            if other:
-                return (f"switch {name} of backend 'triton': not built with {other}=True (it arranges the programs "
-                        "of compute_out's own kernel); turn one of them off")
         if sw.fuse_state_out and sw.state_pass != TritonSwitches().state_pass:
             return ("switch state_pass of backend 'triton': fuse_state_out=True runs stage 2 inside the fused "
                     f"kernel, so state_pass={sw.state_pass!r} would be recorded without running (leave it at its "
@@ -100,10 +91,13 @@ class TritonBackend(Backend):
             return (f"switch fused_program={sw.fused_program!r} of backend 'triton': it arranges the programs of the "
                     "fused kernel, which runs only with fuse_state_out=True (set it, or leave fused_program at "
                     "'row_tile')")
+        if sw.fuse_state_out and not sw.exp2_ftz:
+            return ("switch exp2_ftz=False of backend 'triton': the fused kernel (fuse_state_out) is written with "
+                    "tl.exp2 only; leave exp2_ftz at True or turn fuse_state_out off")
         if sw.tma_descriptors == "host" and not sw.tma:
             return ("switch tma_descriptors='host' of backend 'triton': it says where tma's descriptors are made; "
                     "with tma=False there are none (set tma=True, or leave tma_descriptors='device')")
-        return warp_spec.refusal(sw)
+        return None
 
     # --- capability -------------------------------------------------------------------------------------
     @classmethod
@@ -272,7 +266,6 @@ class TritonBackend(Backend):
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                     dt_softplus, dt_limit, state_dtype):
-        refuse_on_gpu(self.switches, x.device)  # before stage 1 runs
         if not self.switches.fuse_state_out:
             return super().ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                                        cu_seqlens, dt_softplus, dt_limit, state_dtype)
@@ -313,11 +306,9 @@ class TritonBackend(Backend):
 
     def _dot_precision(self, x: torch.Tensor) -> str:
         # input_precision only means something for fp32 operands; fp16/bf16 dots get Triton's default
-        refuse_on_gpu(self.switches, x.device)
         precision = "tf32"
         if x.dtype == torch.float32 and self.switches.cb_precision == "fp32":
             precision = "ieee"
-        warp_spec.check_precision(self.switches, precision)
         return precision
 
     @staticmethod
@@ -338,9 +329,8 @@ class TritonBackend(Backend):
             key = self._keys[memo] = tune.record_key(self.switches, shape.label(), dtype, flags, stage)
         resolved = self._resolved.get((stage, key))
         if resolved is None:
-            near = tune.near_key(self.switches, shape.label(), dtype, flags, stage)
             same = tune.same_sass_key(self.switches, shape.label(), dtype, flags, stage)
-            t = tune.tunable(stage, self.switches, key, dtype, dims, device, launch, near, same)
+            t = tune.tunable(stage, self.switches, key, dtype, dims, device, launch, same)
             resolution = tuning.resolve(t)
             # a record holds the tuned fields; the pinned switches win over it (applied by resolve), all clamped
             resolved = tune.Resolved(clamp(stage, resolution.config, dims), resolution, tuple(sorted(t.pins)))

@@ -21,9 +21,21 @@ from impls.triton.grid import cdiv
 
 
 @triton.jit
-def _exp(v, EXP2: tl.constexpr):
+def ex2(v, FTZ: tl.constexpr):
+    """2^v of fp32 v: tl.exp2, which Triton lowers to ex2.approx.ftz.f32 (subnormal inputs and results flushed to
+    zero), or with FTZ off (switch exp2_ftz) ex2.approx.f32 through inline PTX, which keeps subnormals; the
+    interpreter runs no PTX (the backend refuses FTZ off there)."""
+    if FTZ:
+        return tl.exp2(v)
+    else:
+        return tl.inline_asm_elementwise("ex2.approx.f32 $0, $1;", "=r,r", [v], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+
+
+@triton.jit
+def _exp(v, EXP2: tl.constexpr, FTZ: tl.constexpr = True):
     if EXP2:
-        return tl.exp2(v * 1.4426950408889634)
+        return ex2(v * 1.4426950408889634, FTZ)
     else:
         return tl.exp(v)
 

@@ -13,19 +13,12 @@ from impls.triton.switches import TritonSwitches
 MAX_DSTATE = 256  # compute_out holds a whole (rows x dstate) tile of C; above 256 it would spill
 
 
-# the kernels written with warp_specialize's loop (the fused kernel is not)
-WARP_SPECIALIZED_STAGES = ("chunk_state", "compute_out")
-
-
 def pinned(switches: TritonSwitches, stage: str) -> dict[str, int]:
     """The launch fields of `stage` that a switch fixes: a field's switch of the same name, chunk_state's occupancy
-    by state_occupancy when set; warp_specialize fixes occupancy at 0 (no maxnreg cap: the warp-specialised kernels
-    set their registers per warpgroup themselves, impls/triton/warp_spec.py)."""
+    by state_occupancy when set."""
     pins = {f: getattr(switches, f) for f in STAGE_FIELDS[stage] if getattr(switches, f)}
     if stage == "chunk_state" and switches.state_occupancy:  # stage 2's own, over the shared switch
         pins["occupancy"] = switches.state_occupancy
-    if switches.warp_specialize and stage in WARP_SPECIALIZED_STAGES:
-        pins["occupancy"] = 0
     return pins
 
 

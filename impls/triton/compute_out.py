@@ -29,16 +29,17 @@ import triton
 import triton.language as tl
 
 from impls.triton import descriptors, launcher
+from impls.triton.chunk_cumsum import ex2
 from impls.triton.fwd_pass_state import program_coords, rows_desc, states_desc
 from impls.triton.grid import cdiv, next_pow2
 from impls.triton.occupancy import maxnreg
 
 
 @triton.jit
-def _decay(v, EXP2: tl.constexpr):
-    # v is already in the exp's base: log2 e has been folded in when EXP2
+def _decay(v, EXP2: tl.constexpr, FTZ: tl.constexpr = True):
+    # v is already in the exp's base: log2 e has been folded in when EXP2; FTZ: switch exp2_ftz (`ex2`)
     if EXP2:
-        return tl.exp2(v)
+        return ex2(v, FTZ)
     else:
         return tl.exp(v)
 
@@ -151,13 +152,14 @@ def c_rows(C_base, C_desc, b, g, row0, offs_m, offs_n, mask_m, mask_n, s_C_l, s_
 
 
 @triton.jit
-def row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2: tl.constexpr, HAS_SEQ: tl.constexpr):
+def row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2: tl.constexpr, HAS_SEQ: tl.constexpr,
+              EXP2_FTZ: tl.constexpr = True):
     """Per row: dA_cumsum in the exp's base, the entering state's scale exp(dA) (zero for rows whose sequence
     started inside the chunk), and the rows' sequence ids (offs_m without seq_idx: never read)."""
     dA_m = tl.load(dA_base + offs_m * s_dA_l, mask=mask_m, other=0.0).to(tl.float32)
     if EXP2:
         dA_m = dA_m * 1.4426950408889634
-    state_scale = _decay(dA_m, EXP2)
+    state_scale = _decay(dA_m, EXP2, EXP2_FTZ)
     seq_m = offs_m
     if HAS_SEQ:
         seq_m = tl.load(seq_base + offs_m * s_seq_l, mask=mask_m, other=0)
@@ -197,7 +199,7 @@ def state_term(st_base, st_desc, CmT, state_scale, b, c, h, p0, offs_n, offs_p, 
 def _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, b, h, row0, p0, offs_m, offs_k,
                  offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K: tl.constexpr,
                  BLOCK_P: tl.constexpr, HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, EXP2_FTZ: tl.constexpr = True):
     """acc + one head's term of a source tile reaching the diagonal: C·Bᵀ (cb) masked causally (and by sequence),
     times exp(dA_m − dA_k)·dt_k, then the MMA with x_k."""
     dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
@@ -206,13 +208,13 @@ def _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, 
         if HAS_SEQ:
             keep = keep & (seq_k[:, None] == seq_m[None, :])
         # mask the exponent, not the exp: above the diagonal it is positive and may overflow
-        decay = _decay(tl.where(keep, dA_m[None, :] - dA_k[:, None], float("-inf")), EXP2)
+        decay = _decay(tl.where(keep, dA_m[None, :] - dA_k[:, None], float("-inf")), EXP2, EXP2_FTZ)
         scores = cb * decay * dt_k[:, None]
     else:
         keep = (offs_m[:, None] >= offs_k[None, :]) & mask_k[None, :]
         if HAS_SEQ:
             keep = keep & (seq_m[:, None] == seq_k[None, :])
-        decay = _decay(tl.where(keep, dA_m[:, None] - dA_k[None, :], float("-inf")), EXP2)
+        decay = _decay(tl.where(keep, dA_m[:, None] - dA_k[None, :], float("-inf")), EXP2, EXP2_FTZ)
         scores = cb * decay * dt_k[None, :]
     return _scores_x(x_base, x_desc, scores, acc, b, h, row0, p0, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p,
                      dtype, BLOCK_K, BLOCK_P, SWAP, DOT_PRECISION, TMA)
@@ -222,11 +224,11 @@ def _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, 
 def _factored_step(cb, off, dA_ref, dA_base, dt_base, x_base, x_desc, seq_m, seq_k, b, h, row0, p0, offs_k, offs_p,
                    mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
                    HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   TMA: tl.constexpr):
+                   TMA: tl.constexpr, EXP2_FTZ: tl.constexpr = True):
     """off + one head's term of a source tile wholly before the row tile, with the factored decay: C·Bᵀ (cb) times
     exp(dA_ref − dA_k)·dt_k per source column (no causal mask), then the MMA with x_k."""
     dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
-    w = _decay(dA_ref - dA_k, EXP2) * dt_k
+    w = _decay(dA_ref - dA_k, EXP2, EXP2_FTZ) * dt_k
     if SWAP:
         scores = cb * w[:, None]
     else:
@@ -264,11 +266,10 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr,
                 HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, HB: tl.constexpr,
-                WS: tl.constexpr = False):
+                EXP2_FTZ: tl.constexpr = True):
     """(acc, acc1) + the chunk's own tokens' term for the row tile starting at m0, up to its causal edge: for head h
     into acc, and with HB = 2 for head h + 1 (same group) into acc1 (its x_base1, dA_base1, dt_base1, dA_m1),
-    C·Bᵀ computed once per source tile for both. With HB = 1 acc1 is returned as given. WS (switch
-    warp_specialize): both source loops as `tl.range(..., warp_specialize=True)`."""
+    C·Bᵀ computed once per source tile for both. With HB = 1 acc1 is returned as given."""
     k_end = tl.minimum(chunk_len, m0 + BLOCK_M)
     k_masked = 0
     if DECAY_FACTOR:
@@ -279,7 +280,7 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
         dA_ref1 = _row_ref(dA_base1, m0, chunk_len, s_dA_l, EXP2)
         off = tl.zeros(acc.shape, dtype=tl.float32)
         off1 = tl.zeros(acc1.shape, dtype=tl.float32)
-        for k0 in tl.range(0, k_masked, BLOCK_K, warp_specialize=WS):
+        for k0 in tl.range(0, k_masked, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < chunk_len
             seq_k = offs_k
@@ -290,15 +291,15 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
                           DOT_PRECISION, TMA)
             off = _factored_step(cb, off, dA_ref, dA_base, dt_base, x_base, x_desc, seq_m, seq_k, b, h, start + k0,
                                  p0, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K,
-                                 BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+                                 BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
             if HB == 2:
                 off1 = _factored_step(cb, off1, dA_ref1, dA_base1, dt_base1, x_base1, x_desc, seq_m, seq_k, b, h + 1,
                                       start + k0, p0, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p,
-                                      dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
-        acc = _scale_rows(acc, off, _decay(dA_m - dA_ref, EXP2), SWAP)
+                                      dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
+        acc = _scale_rows(acc, off, _decay(dA_m - dA_ref, EXP2, EXP2_FTZ), SWAP)
         if HB == 2:
-            acc1 = _scale_rows(acc1, off1, _decay(dA_m1 - dA_ref1, EXP2), SWAP)
-    for k0 in tl.range(k_masked, k_end, BLOCK_K, warp_specialize=WS):
+            acc1 = _scale_rows(acc1, off1, _decay(dA_m1 - dA_ref1, EXP2, EXP2_FTZ), SWAP)
+    for k0 in tl.range(k_masked, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < chunk_len
         seq_k = offs_k
@@ -309,18 +310,19 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
                       DOT_PRECISION, TMA)
         acc = _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, b, h, start + k0, p0,
                            offs_m, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K,
-                           BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+                           BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
         if HB == 2:
             acc1 = _masked_step(cb, acc1, dA_base1, dt_base1, x_base1, x_desc, dA_m1, seq_m, seq_k, b, h + 1,
                                 start + k0, p0, offs_m, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p,
-                                dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA)
+                                dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
     return acc, acc1
 
 
 @triton.jit
 def epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b, h, row0, p0, offs_m, offs_p, mask_m, mask_p,
              s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
-             HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, TMA: tl.constexpr):
+             HAS_D: tl.constexpr, HAS_Z: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, TMA: tl.constexpr,
+             EXP2_FTZ: tl.constexpr = True):
     """D skip, z gate and the store of y, in the accumulator's orientation; with TMA the store goes through y_desc."""
     if SWAP:
         offs_row = offs_p[:, None] * s_x_p + offs_m[None, :] * s_x_l
@@ -342,7 +344,7 @@ def epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b, h, row0, p0, offs_m,
     if HAS_Z:
         zt = tl.load(z_base + z_offs, mask=mask_tile, other=0.0).to(tl.float32)
         if EXP2:
-            acc = acc * zt / (1.0 + tl.exp2(-zt * 1.4426950408889634))
+            acc = acc * zt / (1.0 + ex2(-zt * 1.4426950408889634, EXP2_FTZ))
         else:
             acc = acc * zt / (1.0 + tl.exp(-zt))
     out = acc.to(y_base.dtype.element_ty)
@@ -369,24 +371,23 @@ def tile_coords(m0, p0, c, seqlen, headdim, dstate, CHUNK: tl.constexpr, BLOCK_M
 
 @triton.jit
 def program_bases(C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, cb_ptr, seq_ptr, z_ptr, y_ptr, b, start, g, h, c,
-                  s_C_b, s_C_l, s_C_g, s_B_b, s_B_l, s_B_g, s_x_b, s_x_l, s_x_h, s_dt_b, s_dt_h, s_dt_c,
-                  s_dA_b, s_dA_h, s_dA_c, s_st_b, s_st_c, s_st_h, s_cb_b, s_cb_c, s_cb_g, s_seq_b, s_seq_l,
-                  s_z_b, s_z_l, s_z_h, s_y_b, s_y_l, s_y_h):
+                  s_C, s_B, s_x, s_dt, s_dA, s_st, s_cb, s_seq, s_z, s_y):
     """The program's operands at (batch b (64-bit), chunk c from position start, group g, head h): C, B, x, seq,
     z, y at the chunk's first position, dt and dA at the chunk, the states at (b, c, h), C·Bᵀ at (b, c, g) (a
-    kernel that reads none passes a stand-in; the unused pointer compiles to nothing). The offsets are 64-bit:
-    batch·stride, position·stride and chunk·stride pass 2^31 at a million tokens."""
+    kernel that reads none passes a stand-in; the unused pointer compiles to nothing). Each s_* is that tensor's
+    strides in its dimension order (`STRIDE_RANKS`). The offsets are 64-bit: batch·stride, position·stride and
+    chunk·stride pass 2^31 at a million tokens."""
     start64 = start.to(tl.int64)
-    C_base = C_ptr + b * s_C_b + start64 * s_C_l + g.to(tl.int64) * s_C_g
-    B_base = B_ptr + b * s_B_b + start64 * s_B_l + g.to(tl.int64) * s_B_g
-    x_base = x_ptr + b * s_x_b + start64 * s_x_l + h.to(tl.int64) * s_x_h
-    dt_base = dt_ptr + b * s_dt_b + h.to(tl.int64) * s_dt_h + c.to(tl.int64) * s_dt_c
-    dA_base = dA_ptr + b * s_dA_b + h.to(tl.int64) * s_dA_h + c.to(tl.int64) * s_dA_c
-    st_base = st_ptr + b * s_st_b + c.to(tl.int64) * s_st_c + h.to(tl.int64) * s_st_h
-    cb_base = cb_ptr + b * s_cb_b + c.to(tl.int64) * s_cb_c + g.to(tl.int64) * s_cb_g
-    seq_base = seq_ptr + b * s_seq_b + start64 * s_seq_l
-    z_base = z_ptr + b * s_z_b + start64 * s_z_l + h.to(tl.int64) * s_z_h
-    y_base = y_ptr + b * s_y_b + start64 * s_y_l + h.to(tl.int64) * s_y_h
+    C_base = C_ptr + b * s_C[0] + start64 * s_C[1] + g.to(tl.int64) * s_C[2]
+    B_base = B_ptr + b * s_B[0] + start64 * s_B[1] + g.to(tl.int64) * s_B[2]
+    x_base = x_ptr + b * s_x[0] + start64 * s_x[1] + h.to(tl.int64) * s_x[2]
+    dt_base = dt_ptr + b * s_dt[0] + h.to(tl.int64) * s_dt[1] + c.to(tl.int64) * s_dt[2]
+    dA_base = dA_ptr + b * s_dA[0] + h.to(tl.int64) * s_dA[1] + c.to(tl.int64) * s_dA[2]
+    st_base = st_ptr + b * s_st[0] + c.to(tl.int64) * s_st[1] + h.to(tl.int64) * s_st[2]
+    cb_base = cb_ptr + b * s_cb[0] + c.to(tl.int64) * s_cb[1] + g.to(tl.int64) * s_cb[2]
+    seq_base = seq_ptr + b * s_seq[0] + start64 * s_seq[1]
+    z_base = z_ptr + b * s_z[0] + start64 * s_z[1] + h.to(tl.int64) * s_z[2]
+    y_base = y_ptr + b * s_y[0] + start64 * s_y[1] + h.to(tl.int64) * s_y[2]
     return C_base, B_base, x_base, dt_base, dA_base, st_base, cb_base, seq_base, z_base, y_base
 
 
@@ -397,104 +398,6 @@ def heads_first_pid(pid, tiles, head_blocks):
     hb = pid % head_blocks
     tile = (pid // head_blocks) % tiles
     return (pid - pid % (tiles * head_blocks)) + hb * tiles + tile
-
-
-@triton.jit
-def _tile_program(
-    pid,
-    C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr,
-    C_hd, B_hd, x_hd, y_hd, st_hd,
-    batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
-    s_C_b, s_C_l, s_C_g, s_C_n,
-    s_B_b, s_B_l, s_B_g, s_B_n,
-    s_x_b, s_x_l, s_x_h, s_x_p,
-    s_dt_b, s_dt_h, s_dt_c, s_dt_l,
-    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
-    s_st_b, s_st_c, s_st_h, s_st_p, s_st_n,
-    s_D_h, s_D_p,
-    s_z_b, s_z_l, s_z_h, s_z_p,
-    s_seq_b, s_seq_l,
-    s_y_b, s_y_l, s_y_h, s_y_p,
-    s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k,
-    CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_DSTATE: tl.constexpr,
-    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SEQ: tl.constexpr,
-    SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr,
-    DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, ST_N_CONTIG: tl.constexpr, HB: tl.constexpr,
-    HEADS_FIRST: tl.constexpr,
-    HOST_DESC: tl.constexpr,
-    WS: tl.constexpr,
-):
-    """The tile of flat program id `pid` (its order: `compute_out_kernel`)."""
-    tiles_p = tl.cdiv(headdim, BLOCK_P)
-    tiles = tiles_p * (CHUNK // BLOCK_M)
-    if HEADS_FIRST:
-        pid = heads_first_pid(pid, tiles, nheads // HB)
-    tile, h, c, b32, b = program_coords(pid, tiles, nheads, nchunks, HB)
-    g = h // heads_per_group
-    m0 = (tile // tiles_p) * BLOCK_M
-    p0 = (tile % tiles_p) * BLOCK_P
-    offs_p, offs_m, offs_n, start, chunk_len, mask_p, mask_m, mask_n = tile_coords(
-        m0, p0, c, seqlen, headdim, dstate, CHUNK, BLOCK_M, BLOCK_P, BLOCK_DSTATE)
-    # 64-bit base offsets: batch·stride, position·stride and chunk·stride pass 2^31 at a million tokens
-    C_base, B_base, x_base, dt_base, dA_base, st_base, cb_base, seq_base, z_base, y_base = program_bases(
-        C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, cb_ptr, seq_ptr, z_ptr, y_ptr, b, start, g, h, c,
-        s_C_b, s_C_l, s_C_g, s_B_b, s_B_l, s_B_g, s_x_b, s_x_l, s_x_h, s_dt_b, s_dt_h, s_dt_c, s_dA_b, s_dA_h, s_dA_c,
-        s_st_b, s_st_c, s_st_h, s_cb_b, s_cb_c, s_cb_g, s_seq_b, s_seq_l, s_z_b, s_z_l, s_z_h, s_y_b, s_y_l, s_y_h)
-    dtype = x_ptr.dtype.element_ty
-    if HOST_DESC:  # made once on the host (tma_descriptors='host'), same boxes as below
-        C_desc = C_hd
-        B_desc = B_hd
-        x_desc = x_hd
-        y_desc = y_hd
-        st_desc = st_hd
-    elif TMA:
-        C_desc = rows_desc(C_ptr, batch, seqlen, ngroups, dstate, s_C_b, s_C_l, s_C_g, BLOCK_M, BLOCK_DSTATE)
-        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_DSTATE)
-        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
-        y_desc = rows_desc(y_ptr, batch, seqlen, nheads, headdim, s_y_b, s_y_l, s_y_h, BLOCK_M, BLOCK_P)
-        st_desc = states_desc(st_ptr, batch, nchunks, nheads, headdim, dstate, s_st_b, s_st_c, s_st_h, s_st_p,
-                              s_st_n, BLOCK_P, BLOCK_DSTATE, ST_N_CONTIG)
-    else:
-        C_desc = None
-        B_desc = None
-        x_desc = None
-        y_desc = None
-        st_desc = None
-
-    dA_m, state_scale, seq_m = row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2, HAS_SEQ)
-    CmT = c_rows(C_base, C_desc, b32, g, start + m0, offs_m, offs_n, mask_m, mask_n, s_C_l, s_C_n, dtype, BLOCK_M,
-                 BLOCK_DSTATE, SWAP, TMA)
-    # 1. the entering state's contribution; 2. the chunk's own tokens, up to the causal edge of this row tile
-    acc = state_term(st_base, st_desc, CmT, state_scale, b32, c, h, p0, offs_n, offs_p, mask_n, mask_p, s_st_p,
-                     s_st_n, dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, TMA, ST_N_CONTIG, "")
-    if HB == 2:  # the second head of the tile: its own per-head operands; C, each B tile and C·Bᵀ are shared
-        x_base1 = x_base + s_x_h
-        dt_base1 = dt_base + s_dt_h
-        dA_base1 = dA_base + s_dA_h
-        dA_m1, state_scale1, seq_m = row_terms(dA_base1, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2,
-                                               HAS_SEQ)
-        acc1 = state_term(st_base + s_st_h, st_desc, CmT, state_scale1, b32, c, h + 1, p0, offs_n, offs_p, mask_n,
-                          mask_p, s_st_p, s_st_n, dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, TMA,
-                          ST_N_CONTIG, "")
-    else:
-        x_base1 = x_base
-        dt_base1 = dt_base
-        dA_base1 = dA_base
-        dA_m1 = dA_m
-        acc1 = acc
-    acc, acc1 = intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, dt_base, dt_base1,
-                            seq_base, B_desc, x_desc, CmT, dA_m, dA_m1, seq_m, b32, g, h, start, m0, p0, chunk_len,
-                            offs_m, offs_n, offs_p, mask_m, mask_n, mask_p, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l,
-                            s_dt_l, s_seq_l, s_cb_m, s_cb_k, dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE, HAS_SEQ,
-                            SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, HB, WS)
-    # 3. D skip, z gate, store
-    epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b32, h, start + m0, p0, offs_m, offs_p, mask_m, mask_p,
-             s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, BLOCK_M, BLOCK_P, HAS_D, HAS_Z, SWAP, EXP2, TMA)
-    if HB == 2:
-        epilogue(acc1, x_base1, z_base + s_z_h, y_base + s_y_h, y_desc, D_ptr, b32, h + 1, start + m0, p0, offs_m,
-                 offs_p, mask_m, mask_p, s_x_l, s_x_p, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, BLOCK_M, BLOCK_P,
-                 HAS_D, HAS_Z, SWAP, EXP2, TMA)
 
 
 def operand_args(x, dt, D, z, seq_idx):
@@ -510,6 +413,12 @@ def operand_args(x, dt, D, z, seq_idx):
     return D_arg, z_arg, seq, D_strides
 
 
+# compute_out_kernel's stride arguments: one tuple per tensor, its strides in its dimension order, and their count
+# (what an ahead-of-time signature declares for each, impls/triton/aot.py): C, B (batch, position, group, dstate);
+# x, z, y (batch, position, head, headdim); dt, dA (batch, head, chunk, position); the states (batch, chunk, head,
+# headdim, dstate); D (head, headdim); seq_idx (batch, position); C·Bᵀ (batch, chunk, group, row, source)
+STRIDE_RANKS = {"s_C": 4, "s_B": 4, "s_x": 4, "s_dt": 4, "s_dA": 4, "s_st": 5, "s_D": 2, "s_z": 4, "s_seq": 2,
+                "s_y": 4, "s_cb": 5}
 
 
 @triton.jit
@@ -517,17 +426,7 @@ def compute_out_kernel(
     C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr,
     C_hd, B_hd, x_hd, y_hd, st_hd,
     batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
-    s_C_b, s_C_l, s_C_g, s_C_n,
-    s_B_b, s_B_l, s_B_g, s_B_n,
-    s_x_b, s_x_l, s_x_h, s_x_p,
-    s_dt_b, s_dt_h, s_dt_c, s_dt_l,
-    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
-    s_st_b, s_st_c, s_st_h, s_st_p, s_st_n,
-    s_D_h, s_D_p,
-    s_z_b, s_z_l, s_z_h, s_z_p,
-    s_seq_b, s_seq_l,
-    s_y_b, s_y_l, s_y_h, s_y_p,
-    s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k,
+    s_C, s_B, s_x, s_dt, s_dA, s_st, s_D, s_z, s_seq, s_y, s_cb,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_DSTATE: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SEQ: tl.constexpr,
@@ -535,56 +434,82 @@ def compute_out_kernel(
     DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, ST_N_CONTIG: tl.constexpr, HB: tl.constexpr,
     HEADS_FIRST: tl.constexpr,
     HOST_DESC: tl.constexpr,
-    WS: tl.constexpr = False,
-    PERSISTENT: tl.constexpr = False,
-    ROW_PAIRS: tl.constexpr = False,
+    EXP2_FTZ: tl.constexpr = True,
 ):
     # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head block (HB heads of one
     # group: h and, with HB = 2, h + 1), chunk, batch; HEADS_FIRST (switch heads_first): the head block fastest.
-    # PERSISTENT (switch persistent): one program per resident slot, walking the flat ids pid, pid + programs, ...
-    # ROW_PAIRS (switch row_pairs): one program per pair of row tiles, running both (nsub + 1 source blocks each)
-    if PERSISTENT:
-        total = tl.cdiv(headdim, BLOCK_P) * (CHUNK // BLOCK_M) * (nheads // HB) * nchunks * batch
-        for pid in range(tl.program_id(0), total, tl.num_programs(0)):
-            _tile_program(pid, C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr, cb_ptr,
-                y_ptr, C_hd, B_hd, x_hd, y_hd, st_hd, batch, seqlen, nheads, nchunks, headdim, dstate,
-                ngroups, heads_per_group, s_C_b, s_C_l, s_C_g, s_C_n, s_B_b, s_B_l, s_B_g, s_B_n, s_x_b,
-                s_x_l, s_x_h, s_x_p, s_dt_b, s_dt_h, s_dt_c, s_dt_l, s_dA_b, s_dA_h, s_dA_c, s_dA_l, s_st_b,
-                s_st_c, s_st_h, s_st_p, s_st_n, s_D_h, s_D_p, s_z_b, s_z_l, s_z_h, s_z_p, s_seq_b, s_seq_l,
-                s_y_b, s_y_l, s_y_h, s_y_p, s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k, CHUNK, BLOCK_M, BLOCK_K,
-                BLOCK_P, BLOCK_DSTATE, HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB,
-                DECAY_FACTOR, TMA, ST_N_CONTIG, HB, HEADS_FIRST, HOST_DESC, WS)
-    elif ROW_PAIRS:
-        # one program per pair of row tiles q and nsub - 1 - q (the later first) of one (batch, chunk, head block,
-        # headdim tile): the flat ids of the pairs ordered as the default grid's tiles, each tile then run by its
-        # flat id in the default order
-        tiles_p = tl.cdiv(headdim, BLOCK_P)
-        nsub: tl.constexpr = CHUNK // BLOCK_M
-        pair_tiles = tiles_p * ((nsub + 1) // 2)
-        pid = tl.program_id(0)
-        if HEADS_FIRST:
-            pid = heads_first_pid(pid, pair_tiles, nheads // HB)
-        q = (pid % pair_tiles) // tiles_p
-        later = nsub - 1 - q  # the later row tile of the pair (q itself when nsub is odd and q its middle)
-        first = (pid // pair_tiles) * (tiles_p * nsub) + pid % tiles_p  # the flat id of row tile 0
-        for k in range(1 + (later != q)):  # row tile `later`, then q
-            _tile_program(first + (later + k * (q - later)) * tiles_p, C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr,
-                D_ptr, z_ptr, seq_ptr, cb_ptr, y_ptr, C_hd, B_hd, x_hd, y_hd, st_hd, batch, seqlen, nheads, nchunks,
-                headdim, dstate, ngroups, heads_per_group, s_C_b, s_C_l, s_C_g, s_C_n, s_B_b, s_B_l, s_B_g, s_B_n,
-                s_x_b, s_x_l, s_x_h, s_x_p, s_dt_b, s_dt_h, s_dt_c, s_dt_l, s_dA_b, s_dA_h, s_dA_c, s_dA_l, s_st_b,
-                s_st_c, s_st_h, s_st_p, s_st_n, s_D_h, s_D_p, s_z_b, s_z_l, s_z_h, s_z_p, s_seq_b, s_seq_l, s_y_b,
-                s_y_l, s_y_h, s_y_p, s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k, CHUNK, BLOCK_M, BLOCK_K, BLOCK_P,
-                BLOCK_DSTATE, HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA,
-                ST_N_CONTIG, HB, False, HOST_DESC, WS)
+    # The strides come as one tuple per tensor (STRIDE_RANKS)
+    pid = tl.program_id(0)
+    tiles_p = tl.cdiv(headdim, BLOCK_P)
+    tiles = tiles_p * (CHUNK // BLOCK_M)
+    if HEADS_FIRST:
+        pid = heads_first_pid(pid, tiles, nheads // HB)
+    tile, h, c, b32, b = program_coords(pid, tiles, nheads, nchunks, HB)
+    g = h // heads_per_group
+    m0 = (tile // tiles_p) * BLOCK_M
+    p0 = (tile % tiles_p) * BLOCK_P
+    offs_p, offs_m, offs_n, start, chunk_len, mask_p, mask_m, mask_n = tile_coords(
+        m0, p0, c, seqlen, headdim, dstate, CHUNK, BLOCK_M, BLOCK_P, BLOCK_DSTATE)
+    # 64-bit base offsets: batch·stride, position·stride and chunk·stride pass 2^31 at a million tokens
+    C_base, B_base, x_base, dt_base, dA_base, st_base, cb_base, seq_base, z_base, y_base = program_bases(
+        C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, cb_ptr, seq_ptr, z_ptr, y_ptr, b, start, g, h, c,
+        s_C, s_B, s_x, s_dt, s_dA, s_st, s_cb, s_seq, s_z, s_y)
+    dtype = x_ptr.dtype.element_ty
+    if HOST_DESC:  # made once on the host (tma_descriptors='host'), same boxes as below
+        C_desc = C_hd
+        B_desc = B_hd
+        x_desc = x_hd
+        y_desc = y_hd
+        st_desc = st_hd
+    elif TMA:
+        C_desc = rows_desc(C_ptr, batch, seqlen, ngroups, dstate, s_C[0], s_C[1], s_C[2], BLOCK_M, BLOCK_DSTATE)
+        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B[0], s_B[1], s_B[2], BLOCK_K, BLOCK_DSTATE)
+        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x[0], s_x[1], s_x[2], BLOCK_K, BLOCK_P)
+        y_desc = rows_desc(y_ptr, batch, seqlen, nheads, headdim, s_y[0], s_y[1], s_y[2], BLOCK_M, BLOCK_P)
+        st_desc = states_desc(st_ptr, batch, nchunks, nheads, headdim, dstate, s_st[0], s_st[1], s_st[2], s_st[3],
+                              s_st[4], BLOCK_P, BLOCK_DSTATE, ST_N_CONTIG)
     else:
-        _tile_program(tl.program_id(0), C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, D_ptr, z_ptr, seq_ptr,
-            cb_ptr, y_ptr, C_hd, B_hd, x_hd, y_hd, st_hd, batch, seqlen, nheads, nchunks, headdim, dstate,
-            ngroups, heads_per_group, s_C_b, s_C_l, s_C_g, s_C_n, s_B_b, s_B_l, s_B_g, s_B_n, s_x_b, s_x_l,
-            s_x_h, s_x_p, s_dt_b, s_dt_h, s_dt_c, s_dt_l, s_dA_b, s_dA_h, s_dA_c, s_dA_l, s_st_b, s_st_c,
-            s_st_h, s_st_p, s_st_n, s_D_h, s_D_p, s_z_b, s_z_l, s_z_h, s_z_p, s_seq_b, s_seq_l, s_y_b, s_y_l,
-            s_y_h, s_y_p, s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k, CHUNK, BLOCK_M, BLOCK_K, BLOCK_P,
-            BLOCK_DSTATE, HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA,
-            ST_N_CONTIG, HB, HEADS_FIRST, HOST_DESC, WS)
+        C_desc = None
+        B_desc = None
+        x_desc = None
+        y_desc = None
+        st_desc = None
+
+    dA_m, state_scale, seq_m = row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA[3], s_seq[1], EXP2, HAS_SEQ,
+                                         EXP2_FTZ)
+    CmT = c_rows(C_base, C_desc, b32, g, start + m0, offs_m, offs_n, mask_m, mask_n, s_C[1], s_C[3], dtype, BLOCK_M,
+                 BLOCK_DSTATE, SWAP, TMA)
+    # 1. the entering state's contribution; 2. the chunk's own tokens, up to the causal edge of this row tile
+    acc = state_term(st_base, st_desc, CmT, state_scale, b32, c, h, p0, offs_n, offs_p, mask_n, mask_p, s_st[3],
+                     s_st[4], dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, TMA, ST_N_CONTIG, "")
+    if HB == 2:  # the second head of the tile: its own per-head operands; C, each B tile and C·Bᵀ are shared
+        x_base1 = x_base + s_x[2]
+        dt_base1 = dt_base + s_dt[1]
+        dA_base1 = dA_base + s_dA[1]
+        dA_m1, state_scale1, seq_m = row_terms(dA_base1, seq_base, c, offs_m, mask_m, s_dA[3], s_seq[1], EXP2,
+                                               HAS_SEQ, EXP2_FTZ)
+        acc1 = state_term(st_base + s_st[2], st_desc, CmT, state_scale1, b32, c, h + 1, p0, offs_n, offs_p, mask_n,
+                          mask_p, s_st[3], s_st[4], dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, TMA,
+                          ST_N_CONTIG, "")
+    else:
+        x_base1 = x_base
+        dt_base1 = dt_base
+        dA_base1 = dA_base
+        dA_m1 = dA_m
+        acc1 = acc
+    acc, acc1 = intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, dt_base, dt_base1,
+                            seq_base, B_desc, x_desc, CmT, dA_m, dA_m1, seq_m, b32, g, h, start, m0, p0, chunk_len,
+                            offs_m, offs_n, offs_p, mask_m, mask_n, mask_p, s_B[1], s_B[3], s_x[1], s_x[3], s_dA[3],
+                            s_dt[3], s_seq[1], s_cb[3], s_cb[4], dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE,
+                            HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, HB, EXP2_FTZ)
+    # 3. D skip, z gate, store
+    epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b32, h, start + m0, p0, offs_m, offs_p, mask_m, mask_p,
+             s_x[1], s_x[3], s_z[1], s_z[3], s_y[1], s_y[3], s_D[0], s_D[1], BLOCK_M, BLOCK_P, HAS_D, HAS_Z, SWAP,
+             EXP2, TMA, EXP2_FTZ)
+    if HB == 2:
+        epilogue(acc1, x_base1, z_base + s_z[2], y_base + s_y[2], y_desc, D_ptr, b32, h + 1, start + m0, p0, offs_m,
+                 offs_p, mask_m, mask_p, s_x[1], s_x[3], s_z[1], s_z[3], s_y[1], s_y[3], s_D[0], s_D[1], BLOCK_M,
+                 BLOCK_P, HAS_D, HAS_Z, SWAP, EXP2, TMA, EXP2_FTZ)
 
 
 def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switches, empty, dot_precision):
@@ -613,40 +538,22 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
     if (nheads // ngroups) % hb:
         raise ValueError(f"switch heads_per_tile of backend 'triton': {hb} heads per program must divide the "
                          f"{nheads // ngroups} heads of a group")
-    row_tiles = chunk // config["block_rows"]
-    if switches.row_pairs:  # one program per pair of row tiles
-        row_tiles = (row_tiles + 1) // 2
-    grid = (cdiv(headdim, config["block_headdim"]) * row_tiles * (nheads // hb) * nchunks * batch,)
-    if switches.persistent:  # one program per resident slot (occupancy field, 1 when unset, times the SMs)
-        grid = (persistent_programs(grid[0], config.get("occupancy", 0), x.device),)
+    grid = (cdiv(headdim, block_p) * (chunk // block_m) * (nheads // hb) * nchunks * batch,)
     launcher.launch(
         compute_out_kernel, grid, C, B, x, dt, dA_cumsum, states, D_arg, z_arg, seq, cb, y,
         *((hd["C"], hd["B"], hd["x"], hd["y"], hd["states"]) if host else (None,) * 5),
         batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
-        *C.stride(), *B.stride(), *x.stride(), *dt.stride(), *dA_cumsum.stride(), *states.stride(),
-        *D_strides, *z_arg.stride(), seq.stride(0), seq.stride(1), *y.stride(), *cb_strides,
-        CHUNK=chunk, BLOCK_M=config["block_rows"], BLOCK_K=config["block_positions"], BLOCK_P=config["block_headdim"],
-        BLOCK_DSTATE=block_dstate,
+        C.stride(), B.stride(), x.stride(), dt.stride(), dA_cumsum.stride(), states.stride(), D_strides,
+        z_arg.stride(), seq.stride()[:2], y.stride(), cb_strides,
+        CHUNK=chunk, BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_P=block_p, BLOCK_DSTATE=block_dstate,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
-        HEADS_FIRST=switches.heads_first, HOST_DESC=host, WS=switches.warp_specialize, PERSISTENT=switches.persistent,
-        ROW_PAIRS=switches.row_pairs, num_warps=config["num_warps"], num_stages=config["num_stages"],
-        maxnreg=maxnreg(config),
-        path=switches.launch_path, ws=switches.warp_specialize, what="compute_out", config=config,
+        HEADS_FIRST=switches.heads_first, HOST_DESC=host, EXP2_FTZ=switches.exp2_ftz, num_warps=config["num_warps"],
+        num_stages=config["num_stages"], maxnreg=maxnreg(config), path=switches.launch_path,
     )
     return y
 
-
-def persistent_programs(tiles: int, occupancy: int, device: torch.device) -> int:
-    """Switch persistent: programs resident at once, the occupancy field (1 when unset) times the device's SMs
-    (cuTile's rule, impls/cutile/compute_out.py), never more than the tiles; the interpreter (CPU) counts
-    INTERPRETER_SMS."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else INTERPRETER_SMS
-    return max(1, min(tiles, (occupancy or 1) * sms))
-
-
-INTERPRETER_SMS = 4  # the interpreter's 'SMs': few programs, so that each walks several tiles in the CPU tests
 
 CB_BLOCK = 64  # cb_kernel's tile (or the whole chunk when shorter)
 

@@ -50,6 +50,7 @@ import triton.language as tl
 
 from impls.triton import descriptors, launcher
 from impls.triton.chunk_cumsum import _exp
+from impls.triton.compute_out import STRIDE_RANKS as COMPUTE_OUT_STRIDE_RANKS
 from impls.triton.compute_out import (
     c_rows,
     cb_matrix,
@@ -196,24 +197,17 @@ def _chunk_local_and_carry(x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq
            CHUNK, HAS_INIT, HAS_SEQ, SWAP, EXP2)
 
 
+# fused_kernel's stride arguments, one tuple per tensor in its dimension order, and their count: compute_out's
+# (compute_out.STRIDE_RANKS), and the initial states s_i and the final states s_f, (batch, head, headdim, dstate)
+STRIDE_RANKS = {**COMPUTE_OUT_STRIDE_RANKS, "s_i": 4, "s_f": 4}
+
+
 @triton.jit
 def fused_kernel(
     C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, init_ptr, D_ptr, z_ptr, seq_ptr, st_ptr, slot_ptr, y_ptr, sync_ptr, cb_ptr,
     C_hd, B_hd, x_hd, y_hd,
     batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, heads_per_group,
-    s_C_b, s_C_l, s_C_g, s_C_n,
-    s_B_b, s_B_l, s_B_g, s_B_n,
-    s_x_b, s_x_l, s_x_h, s_x_p,
-    s_dt_b, s_dt_h, s_dt_c, s_dt_l,
-    s_dA_b, s_dA_h, s_dA_c, s_dA_l,
-    s_i_b, s_i_h, s_i_p, s_i_n,
-    s_st_b, s_st_c, s_st_h, s_st_p, s_st_n,
-    s_f_b, s_f_h, s_f_p, s_f_n,
-    s_D_h, s_D_p,
-    s_z_b, s_z_l, s_z_h, s_z_p,
-    s_seq_b, s_seq_l,
-    s_y_b, s_y_l, s_y_h, s_y_p,
-    s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k,
+    s_C, s_B, s_x, s_dt, s_dA, s_i, s_st, s_f, s_D, s_z, s_seq, s_y, s_cb,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_DSTATE: tl.constexpr,
     HAS_INIT: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_SEQ: tl.constexpr,
@@ -240,8 +234,7 @@ def fused_kernel(
         m0, p0, c, seqlen, headdim, dstate, CHUNK, BLOCK_M, BLOCK_P, BLOCK_DSTATE)
     C_base, B_base, x_base, dt_base, dA_base, st_base, cb_base, seq_base, z_base, y_base = program_bases(
         C_ptr, B_ptr, x_ptr, dt_ptr, dA_ptr, st_ptr, cb_ptr, seq_ptr, z_ptr, y_ptr, b, start, g, h, c,
-        s_C_b, s_C_l, s_C_g, s_B_b, s_B_l, s_B_g, s_x_b, s_x_l, s_x_h, s_dt_b, s_dt_h, s_dt_c, s_dA_b, s_dA_h, s_dA_c,
-        s_st_b, s_st_c, s_st_h, s_cb_b, s_cb_c, s_cb_g, s_seq_b, s_seq_l, s_z_b, s_z_l, s_z_h, s_y_b, s_y_l, s_y_h)
+        s_C, s_B, s_x, s_dt, s_dA, s_st, s_cb, s_seq, s_z, s_y)
     flags = sync_ptr + 1 + ((b * nheads + h) * tiles_p + pb) * (nchunks + 1)
     dtype = x_ptr.dtype.element_ty
     if HOST_DESC:  # made once on the host (tma_descriptors='host'), same boxes as below
@@ -250,10 +243,10 @@ def fused_kernel(
         x_desc = x_hd
         y_desc = y_hd
     elif TMA:
-        C_desc = rows_desc(C_ptr, batch, seqlen, ngroups, dstate, s_C_b, s_C_l, s_C_g, BLOCK_M, BLOCK_DSTATE)
-        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B_b, s_B_l, s_B_g, BLOCK_K, BLOCK_DSTATE)
-        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x_b, s_x_l, s_x_h, BLOCK_K, BLOCK_P)
-        y_desc = rows_desc(y_ptr, batch, seqlen, nheads, headdim, s_y_b, s_y_l, s_y_h, BLOCK_M, BLOCK_P)
+        C_desc = rows_desc(C_ptr, batch, seqlen, ngroups, dstate, s_C[0], s_C[1], s_C[2], BLOCK_M, BLOCK_DSTATE)
+        B_desc = rows_desc(B_ptr, batch, seqlen, ngroups, dstate, s_B[0], s_B[1], s_B[2], BLOCK_K, BLOCK_DSTATE)
+        x_desc = rows_desc(x_ptr, batch, seqlen, nheads, headdim, s_x[0], s_x[1], s_x[2], BLOCK_K, BLOCK_P)
+        y_desc = rows_desc(y_ptr, batch, seqlen, nheads, headdim, s_y[0], s_y[1], s_y[2], BLOCK_M, BLOCK_P)
     else:
         C_desc = None
         B_desc = None
@@ -263,26 +256,26 @@ def fused_kernel(
     if m0 == 0:  # the chunk's carrier: its local state first (no dependency), then the hand-off
         _chunk_local_and_carry(
             x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq_base, st_base, slot_ptr, init_ptr, seq_ptr, flags,
-            b, b32, c, h, g, start, chunk_len, seqlen, nchunks, p0, offs_p, offs_n, mask_p, mask_n, s_x_l, s_x_p,
-            s_B_l, s_B_n, s_dt_l, s_dA_l, s_seq_l, s_st_c, s_st_p, s_st_n, s_f_b, s_f_h, s_f_p, s_f_n, s_i_b, s_i_h,
-            s_i_p, s_i_n, s_seq_b, CHUNK, BLOCK_K, BLOCK_P, BLOCK_DSTATE, HAS_INIT, HAS_SEQ, SWAP, EXP2,
-            DOT_PRECISION, TMA)
+            b, b32, c, h, g, start, chunk_len, seqlen, nchunks, p0, offs_p, offs_n, mask_p, mask_n, s_x[1], s_x[3],
+            s_B[1], s_B[3], s_dt[3], s_dA[3], s_seq[1], s_st[1], s_st[3], s_st[4], s_f[0], s_f[1], s_f[2], s_f[3],
+            s_i[0], s_i[1], s_i[2], s_i[3], s_seq[0], CHUNK, BLOCK_K, BLOCK_P, BLOCK_DSTATE, HAS_INIT, HAS_SEQ, SWAP,
+            EXP2, DOT_PRECISION, TMA)
     if WHOLE_CHUNK:
         # S_c is published (the carry above waited for it): each row tile in turn, start to end of the chunk
         for m in range(0, chunk_len, BLOCK_M):
             _rows(B_base, x_base, dt_base, dA_base, C_base, cb_base, seq_base, st_base, z_base, y_base, B_desc, C_desc,
                   x_desc, y_desc, D_ptr, flags + c, b32, g, h, c, start, m, p0, chunk_len, offs_n, offs_p, mask_n,
-                  mask_p, s_C_l, s_C_n, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k, s_st_p,
-                  s_st_n, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE,
-                  HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, True)
+                  mask_p, s_C[1], s_C[3], s_B[1], s_B[3], s_x[1], s_x[3], s_dA[3], s_dt[3], s_seq[1], s_cb[3],
+                  s_cb[4], s_st[3], s_st[4], s_z[1], s_z[3], s_y[1], s_y[3], s_D[0], s_D[1], dtype, BLOCK_M, BLOCK_K,
+                  BLOCK_P, BLOCK_DSTATE, HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR,
+                  TMA, True)
     else:
         # the row tile's own tokens first, then the wait for S_c (published by the chunk's carrier, or by chunk 0's)
         _rows(B_base, x_base, dt_base, dA_base, C_base, cb_base, seq_base, st_base, z_base, y_base, B_desc, C_desc,
               x_desc, y_desc, D_ptr, flags + c, b32, g, h, c, start, m0, p0, chunk_len, offs_n, offs_p, mask_n,
-              mask_p, s_C_l, s_C_n, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k, s_st_p,
-              s_st_n, s_z_l, s_z_p, s_y_l, s_y_p, s_D_h, s_D_p, dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE,
-              HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, False)
-
+              mask_p, s_C[1], s_C[3], s_B[1], s_B[3], s_x[1], s_x[3], s_dA[3], s_dt[3], s_seq[1], s_cb[3], s_cb[4],
+              s_st[3], s_st[4], s_z[1], s_z[3], s_y[1], s_y[3], s_D[0], s_D[1], dtype, BLOCK_M, BLOCK_K, BLOCK_P,
+              BLOCK_DSTATE, HAS_D, HAS_Z, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, False)
 
 
 def fused_state_out(C, B, x, dt, dA_cumsum, initial_states, D, z, seq_idx, state_dtype, *, config, switches, empty,
@@ -319,9 +312,8 @@ def fused_state_out(C, B, x, dt, dA_cumsum, initial_states, D, z, seq_idx, state
         C, B, x, dt, dA_cumsum, init, D_arg, z_arg, seq, states, final, y, sync, cb,
         *((hd["C"], hd["B"], hd["x"], hd["y"]) if host else (None,) * 4),
         batch, seqlen, nheads, nchunks, headdim, dstate, ngroups, nheads // ngroups,
-        *C.stride(), *B.stride(), *x.stride(), *dt.stride(), *dA_cumsum.stride(), *init.stride(), *states.stride(),
-        *final.stride(), *D_strides, *z_arg.stride(), seq.stride(0), seq.stride(1), *y.stride(),
-        *(cb.stride() if shared else (0,) * 5),
+        C.stride(), B.stride(), x.stride(), dt.stride(), dA_cumsum.stride(), init.stride(), states.stride(),
+        final.stride(), D_strides, z_arg.stride(), seq.stride()[:2], y.stride(), cb.stride() if shared else (0,) * 5,
         CHUNK=chunk, BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_P=block_p, BLOCK_DSTATE=block_dstate,
         HAS_INIT=initial_states is not None, HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision,

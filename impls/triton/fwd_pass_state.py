@@ -38,7 +38,7 @@ def local_state(x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq_base, b, h
                 offs_p, offs_n, mask_p, mask_n, s_x_l, s_x_p, s_B_l, s_B_n, s_dt_l, s_dA_l, s_seq_l,
                 CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                TMA: tl.constexpr, WS: tl.constexpr = False):
+                TMA: tl.constexpr, EXP2_FTZ: tl.constexpr = True):
     """sum_t exp(dA_cs[last] - dA_cs[t])·dt_t·x_t B_tᵀ over one chunk (same-sequence tokens only), fp32:
     (BLOCK_N, BLOCK_P) with SWAP, else (BLOCK_P, BLOCK_N). With TMA, x and B tiles come through the tensor
     descriptors x_desc (batch, seqlen, nheads, headdim) and B_desc (batch, seqlen, ngroups, dstate), whose
@@ -51,12 +51,12 @@ def local_state(x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq_base, b, h
         acc = tl.zeros((BLOCK_N, BLOCK_P), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
-    for k0 in tl.range(0, chunk_len, BLOCK_K, warp_specialize=WS):
+    for k0 in tl.range(0, chunk_len, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < chunk_len
         dA_k = tl.load(dA_base + offs_k * s_dA_l, mask=mask_k, other=0.0).to(tl.float32)
         dt_k = tl.load(dt_base + offs_k * s_dt_l, mask=mask_k, other=0.0).to(tl.float32)
-        weight = _exp(dA_last - dA_k, EXP2) * dt_k  # dA_cs is non-increasing: the exponent is <= 0
+        weight = _exp(dA_last - dA_k, EXP2, EXP2_FTZ) * dt_k  # dA_cs is non-increasing: the exponent is <= 0
         keep = mask_k
         if HAS_SEQ:
             seq_k = tl.load(seq_base + offs_k * s_seq_l, mask=mask_k, other=0)
@@ -160,7 +160,7 @@ def chunk_state_kernel(
     s_o_b, s_o_c, s_o_h, s_o_p, s_o_n,
     CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    TMA: tl.constexpr, OUT_N_CONTIG: tl.constexpr, HOST_DESC: tl.constexpr, WS: tl.constexpr = False,
+    TMA: tl.constexpr, OUT_N_CONTIG: tl.constexpr, HOST_DESC: tl.constexpr, EXP2_FTZ: tl.constexpr = True,
 ):
     # flat grid (axis 0 has no 65535 limit): tile fastest, then head, then chunk, then batch
     pid = tl.program_id(0)
@@ -186,7 +186,7 @@ def chunk_state_kernel(
     acc = local_state(x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq_base, b32, h, g, start, chunk_len, p0,
                       n0,
                       offs_p, offs_n, mask_p, mask_n, s_x_l, s_x_p, s_B_l, s_B_n, s_dt_l, s_dA_l, s_seq_l,
-                      CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, WS)
+                      CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
     if TMA:
         # the fp32 scratch through a descriptor in its memory order: (…, headdim, dstate) or (…, dstate, headdim)
         if HOST_DESC:
@@ -214,11 +214,11 @@ def chunk_state_kernel(
 
 @triton.jit
 def chunk_decay(dA_last_ptr, seq_base, c, seqlen, s_seq_l, CHUNK: tl.constexpr, HAS_SEQ: tl.constexpr,
-                EXP2: tl.constexpr):
+                EXP2: tl.constexpr, EXP2_FTZ: tl.constexpr = True):
     """exp(dA_cs[c, last]) (dA_last_ptr points at it), the factor of the state carried into chunk c + 1. With
     HAS_SEQ the carry survives only if the sequence at this chunk's last token is the one at the previous chunk's
     last token (sequence 0 before the first chunk); positions·stride fit 32 bits (seqlen does)."""
-    decay = _exp(tl.load(dA_last_ptr).to(tl.float32), EXP2)
+    decay = _exp(tl.load(dA_last_ptr).to(tl.float32), EXP2, EXP2_FTZ)
     if HAS_SEQ:
         last = tl.minimum((c + 1) * CHUNK, seqlen) - 1
         current = tl.load(seq_base + last * s_seq_l)
@@ -238,7 +238,7 @@ def state_passing_kernel(
     s_dA_b, s_dA_h, s_dA_c, s_dA_l,
     s_seq_b, s_seq_l,
     CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, DSTATE_MAJOR: tl.constexpr,
-    HAS_INIT: tl.constexpr, HAS_SEQ: tl.constexpr, EXP2: tl.constexpr,
+    HAS_INIT: tl.constexpr, HAS_SEQ: tl.constexpr, EXP2: tl.constexpr, EXP2_FTZ: tl.constexpr = True,
 ):
     offs = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     h = tl.program_id(1).to(tl.int64)
@@ -263,7 +263,7 @@ def state_passing_kernel(
     seq_base = seq_ptr + b * s_seq_b
     for c in range(0, nchunks):
         tl.store(out_ptrs, state.to(out_ptr.dtype.element_ty), mask=mask)
-        decay = chunk_decay(dA_last_ptr, seq_base, c, seqlen, s_seq_l, CHUNK, HAS_SEQ, EXP2)
+        decay = chunk_decay(dA_last_ptr, seq_base, c, seqlen, s_seq_l, CHUNK, HAS_SEQ, EXP2, EXP2_FTZ)
         state = decay * state + tl.load(local_ptrs, mask=mask, other=0.0)
         local_ptrs += s_l_c
         out_ptrs += s_o_c
@@ -295,7 +295,7 @@ def serial_state_kernel(
     s_f_b, s_f_h, s_f_p, s_f_n,
     CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_INIT: tl.constexpr, HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, WS: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, HOST_DESC: tl.constexpr, EXP2_FTZ: tl.constexpr = True,
 ):
     """state_pass='serial': one program per (headdim tile, dstate tile, head, batch) walks the chunks, writing the
     state entering each chunk (state_dtype) and carrying S <- exp(dA_last)·S + local_state in registers; the final
@@ -336,8 +336,9 @@ def serial_state_kernel(
         local = local_state(x_base, B_base, x_desc, B_desc, dt_base, dA_base, seq_c, b32, h, g, start,
                             tl.minimum(CHUNK, seqlen - start), p0, n0, offs_p, offs_n, mask_p, mask_n,
                             s_x_l, s_x_p, s_B_l, s_B_n, s_dt_l, s_dA_l, s_seq_l,
-                            CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, WS)
-        decay = chunk_decay(dA_base + (CHUNK - 1) * s_dA_l, seq_b, c, seqlen, s_seq_l, CHUNK, HAS_SEQ, EXP2)
+                            CHUNK, BLOCK_P, BLOCK_N, BLOCK_K, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
+        decay = chunk_decay(dA_base + (CHUNK - 1) * s_dA_l, seq_b, c, seqlen, s_seq_l, CHUNK, HAS_SEQ, EXP2,
+                            EXP2_FTZ)
         state = decay * state + local
         out_ptrs += s_o_c
         x_base += CHUNK * s_x_l
@@ -393,9 +394,8 @@ def chunk_states(B, x, dt, dA_cumsum, seq_idx, *, config, switches, empty, dot_p
         CHUNK=chunk, BLOCK_P=config["block_headdim"], BLOCK_N=config["block_dstate"], BLOCK_K=config["block_positions"],
         HAS_SEQ=seq_idx is not None, SWAP=switches.operand_swap, EXP2=switches.exp2,
         DOT_PRECISION=dot_precision, TMA=switches.tma, OUT_N_CONTIG=local.stride(-1) == 1, HOST_DESC=host,
-        WS=switches.warp_specialize,
-        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
-        path=switches.launch_path, ws=switches.warp_specialize, what="chunk_state", config=config,
+        EXP2_FTZ=switches.exp2_ftz, num_warps=config["num_warps"], num_stages=config["num_stages"],
+        maxnreg=maxnreg(config), path=switches.launch_path,
     )
     return local
 
@@ -417,7 +417,7 @@ def pass_states(local, dA_cumsum, initial_states, seq_idx, seqlen, state_dtype, 
         seq.stride(0), seq.stride(1),
         CHUNK=chunk, BLOCK_S=config["block_state"], DSTATE_MAJOR=switches.transposed_layout,
         HAS_INIT=initial_states is not None, HAS_SEQ=seq_idx is not None, EXP2=switches.exp2,
-        num_warps=config["num_warps"], path=switches.launch_path,
+        EXP2_FTZ=switches.exp2_ftz, num_warps=config["num_warps"], path=switches.launch_path,
     )
     return states, final
 
@@ -449,10 +449,8 @@ def serial_states(B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype, *, 
         CHUNK=chunk, BLOCK_P=config["block_headdim"], BLOCK_N=config["block_dstate"], BLOCK_K=config["block_positions"],
         HAS_INIT=initial_states is not None, HAS_SEQ=seq_idx is not None, SWAP=switches.operand_swap,
         EXP2=switches.exp2, DOT_PRECISION=dot_precision, TMA=switches.tma, HOST_DESC=host,
-        WS=switches.warp_specialize,
-        num_warps=config["num_warps"], num_stages=config["num_stages"], maxnreg=maxnreg(config),
-        path=switches.launch_path, ws=switches.warp_specialize, what="fwd_pass_state (state_pass='serial')",
-        config=config,
+        EXP2_FTZ=switches.exp2_ftz, num_warps=config["num_warps"], num_stages=config["num_stages"],
+        maxnreg=maxnreg(config), path=switches.launch_path,
     )
     return states, final
 

@@ -2,14 +2,15 @@
 call, or through the kernel Triton compiled for the same arguments once it has.
 
 'triton': every launch is `JITFunction.run`: it binds and specialises every argument (a tensor's dtype and 16-byte
-alignment, an integer's width, whether it is 1 or a multiple of 16; about 44 arguments per launch in compute_out),
+alignment, an integer's width, whether it is 1 or a multiple of 16, each element of a tuple likewise; about 44
+arguments per launch in compute_out, its strides in one tuple per tensor),
 computes the cache key, finds the compiled kernel, builds the launch metadata and hands the arguments to the
 kernel's launcher, which encodes each host-built tensor descriptor (CUtensorMap) and calls the driver.
 'cached': the first launch with a given signature goes through `kernel[grid](...)` as above (so compilation,
-Triton's checks and, with warp_specialize, impls.triton.warp_spec's checks all run); the compiled kernel it returns
-is kept under a key at least as fine as Triton's specialisation (`signature`: each tensor's dtype and 16-byte
-alignment, each scalar's exact value, each descriptor's dtype, block and padding, the constexprs and launch
-options, the device), and later launches with the same key call that kernel's launcher directly. The launcher still
+Triton's checks all run); the compiled kernel it returns is kept under a key at least as fine as Triton's
+specialisation (`signature`: each tensor's dtype and 16-byte alignment, each scalar's exact value, each tuple's
+elements likewise, each descriptor's dtype, block and padding, the constexprs and launch options, the device), and
+later launches with the same key call that kernel's launcher directly. The launcher still
 encodes the descriptors from the arguments of the call (their base pointers, shapes and strides), so nothing of a
 previous call's tensors is reused. What the cached path skips is Triton's per-launch binding; two things
 `JITFunction.run` does at every launch it does not: the check that the Python globals a kernel read at compile time
@@ -25,9 +26,11 @@ from triton import knobs
 from triton.runtime import driver
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from impls.triton import warp_spec
+from impls.triton.target import interpreting
 
 PATHS = ("triton", "cached")
+EXP2_FTZ_INTERPRETED = ("switch exp2_ftz=False of backend 'triton': its kernels write ex2.approx.f32 as inline PTX, "
+                        "and the Triton interpreter (TRITON_INTERPRET=1) runs no PTX; use exp2_ftz=True there")
 MAX_ENTRIES = 512  # compiled-kernel entries kept (one per kernel, signature and launch configuration); then cleared
 
 _COMPILED: dict[tuple, tuple] = {}  # signature -> (compiled kernel, the launch arguments after the positional ones)
@@ -60,6 +63,8 @@ def _other_key(a):
         return "desc", a.base.dtype, tuple(a.block_shape), a.padding
     if kind is float or kind is bool or a is None:
         return kind, a
+    if kind is tuple:  # a kernel's stride tuple (Triton specialises each element as an argument of its own)
+        return kind, tuple([e if type(e) is int else _other_key(e) for e in a])
     if isinstance(a, torch.Tensor):  # a subclass (nn.Parameter): what Triton reads of it, as of a tensor
         return a.dtype, not a.data_ptr() & 15
     raise TypeError(f"switch launch_path='cached' of backend 'triton': no signature rule for an argument of type "
@@ -69,9 +74,9 @@ def _other_key(a):
 def signature(kernel, device: int, grid_rank: int, args: tuple, kwargs: dict) -> tuple:
     """The cache key of one launch, at least as fine as Triton's specialisation: the kernel, the active driver and
     the device, the grid's rank, each positional argument (an int by its value, a tensor by its dtype and 16-byte
-    alignment, anything else by `_other_key`), the keyword arguments (constexprs and launch options) by name, type
-    and value (True, 1 and 1.0 are three keys, 0.0 and -0.0 two, as in Triton's), and the knobs JITFunction.run
-    reads into its own key at each launch (debug, instrumentation mode)."""
+    alignment, anything else, a tuple of ints among them, by `_other_key`), the keyword arguments (constexprs and
+    launch options) by name, type and value (True, 1 and 1.0 are three keys, 0.0 and -0.0 two, as in Triton's),
+    and the knobs JITFunction.run reads into its own key at each launch (debug, instrumentation mode)."""
     return (kernel, id(driver.active), device, grid_rank,
             tuple([a if type(a) is int else (a.dtype, not a.data_ptr() & 15) if type(a) is _TENSOR
                    else _other_key(a) for a in args]),
@@ -79,10 +84,13 @@ def signature(kernel, device: int, grid_rank: int, args: tuple, kwargs: dict) ->
             knobs.runtime.debug, knobs.compilation.instrumentation_mode)
 
 
-def _through_triton(kernel, grid, args, kwargs, ws: bool, what: str, config: dict | None):
-    """One launch through `kernel[grid](...)` (descriptors of the cached path made full); the compiled kernel."""
+def _through_triton(kernel, grid, args, kwargs):
+    """One launch through `kernel[grid](...)` (descriptors of the cached path made full); the compiled kernel. A
+    kernel built with switch exp2_ftz off (inline PTX) is refused under the interpreter, which runs no PTX."""
+    if kwargs.get("EXP2_FTZ") is False and interpreting():
+        raise ValueError(EXP2_FTZ_INTERPRETED)
     args = tuple(a.full() if type(a) is HostDescriptor else a for a in args)
-    return warp_spec.launch(kernel, grid, *args, ws=ws, what=what, config=config or {}, **kwargs)
+    return kernel[grid](*args, **kwargs)
 
 
 def _tail(kernel, n_positional: int, kwargs: dict) -> tuple:
@@ -112,13 +120,11 @@ def _hooks(compiled, grid, stream, args):
     return compiled.launch_metadata(grid, stream, *args), enter, leave
 
 
-def launch(kernel, grid: tuple, *args, path: str, ws: bool = False, what: str = "", config: dict | None = None,
-           **kwargs):
+def launch(kernel, grid: tuple, *args, path: str, **kwargs):
     """Launch `kernel` over `grid` with `args` (positional, in the kernel's order) and `kwargs` (constexprs and
-    launch options) by `path` ('triton' or 'cached'); with `ws` (switch warp_specialize) the launch through Triton
-    is checked by impls.triton.warp_spec. Returns nothing."""
+    launch options) by `path` ('triton' or 'cached'). Returns nothing."""
     if path == "triton":
-        _through_triton(kernel, grid, args, kwargs, ws, what, config)
+        _through_triton(kernel, grid, args, kwargs)
         return
     if path != "cached":
         raise ValueError(f"switch launch_path of backend 'triton': {path!r} is not one of {PATHS}")
@@ -127,7 +133,7 @@ def launch(kernel, grid: tuple, *args, path: str, ws: bool = False, what: str = 
     entry = _COMPILED.get(key)
     if entry is None:
         tail = _tail(kernel, len(args), kwargs)  # before the launch: a keyword it refuses is refused unlaunched
-        compiled = _through_triton(kernel, grid, args, kwargs, ws, what, config)
+        compiled = _through_triton(kernel, grid, args, kwargs)
         if not hasattr(compiled, "packed_metadata"):
             raise ValueError(f"switch launch_path of backend 'triton': 'cached' launches the kernel Triton compiled, "
                              f"and the launch of {kernel!r} returned none to keep (the Triton interpreter compiles "

@@ -19,19 +19,6 @@ from typing import Any
 from impls.registry import switch
 from impls.tuning import MODES
 
-# What one NVIDIA H200 measured of the switch (docs/perf-notes.md, version 15 measured): 13 of the 30 GPU cases of
-# tests/gpu/test_triton.py over tolerance (relative errors up to inf in compute_out's y and 0.5 in stage 2's
-# states: operand_swap off, stage 2 serial with two heads per tile and heads_first, in-kernel descriptors with
-# decay_factor; at edge shapes, varlen, initial states and eight groups), and every gated headline point 2.0-3.0x
-# slower than without it. Triton 3.6's warp-specialised loops are therefore refused on a GPU; the CPU paths (the
-# interpreter, which runs the loops' math only, and the compile-only tools that read the kernels' machine code)
-# keep the switch.
-WARP_SPECIALIZE_GPU_REFUSAL = (
-    "switch warp_specialize of backend 'triton': refused on a GPU: with Triton 3.6 its warp-specialised kernels "
-    "computed wrong results on an NVIDIA H200 (13 of 30 GPU test cases over tolerance, up to inf) and were 2-3x "
-    "slower where right (docs/perf-notes.md, version 15 measured); it runs only where nothing is launched on a GPU "
-    "(the Triton interpreter, `python -m instruments.triton.spills`)")
-
 
 @dataclass(frozen=True)
 class TritonSwitches:
@@ -42,7 +29,10 @@ class TritonSwitches:
         True,
         "states (the entering-state tensor of fwd_pass_state, and its fp32 chunk-local scratch) are stored "
         "(batch, nchunks, nheads, dstate, headdim), i.e. dstate-major, and returned as a .transpose(-1, -2) view; "
-        "compute_out then reads the (dstate x headdim) operand of C·stateᵀ with headdim contiguous")
+        "compute_out then reads the (dstate x headdim) operand of C·stateᵀ with headdim contiguous",
+        sm90="the state tile reaches compute_out's warpgroup MMA as the (K=dstate, N=headdim) B operand in shared "
+             "memory without a transpose",
+        sm100="the same layout; the state tile is the B operand of the MMA in shared memory")
     operand_swap: bool = switch(
         True,
         "MMAs computed transposed: chunk state as Bᵀ·x (dstate on M, headdim on N) instead of xᵀ·B; output tile "
@@ -54,7 +44,22 @@ class TritonSwitches:
               "instruction (tcgen05 where it applies) and the layouts")
     exp2: bool = switch(
         True, "every exp(v) computed as exp2(v·log2 e), with log2 e folded into the dA_cumsum values as loaded "
-        "(one multiply per loaded element instead of per exponent); softplus via exp2/log2 too")
+        "(one multiply per loaded element instead of per exponent); softplus via exp2/log2 too",
+        sm90="the hardware exponential is base 2 (ex2.approx, MUFU.EX2): tl.exp costs a multiply by log2 e per "
+             "element before it; on, that multiply happens once per loaded dA_cumsum value",
+        sm100="as on sm_90 (MUFU.EX2 is base 2)")
+    exp2_ftz: bool = switch(
+        True, "the exp2 of stages 2 and 3 (stage 2's decay weights and chunk decays, stage 3's decays, state scale "
+              "and silu gate): on, tl.exp2 as Triton lowers it, subnormal inputs and results flushed to zero (a "
+              "result below 2^-126 reads 0); off, ex2.approx.f32 through inline PTX, which keeps subnormals (cuTile's "
+              "plain exp2). chunk_cumsum and the fused kernel keep tl.exp2. No effect with exp2 off: the kernels "
+              "then call tl.exp, which Triton lowers to a multiply and ex2.approx.f32 either way. Off is refused "
+              "under the Triton interpreter (it runs no PTX) and with fuse_state_out",
+        sm90="on: ex2.approx.ftz.f32, one MUFU.EX2 per exponential; off: ex2.approx.f32, which ptxas expands "
+             "around the MUFU.EX2 with a compare and two predicated multiplies (the argument scaled into the normal "
+             "range, the result scaled back)",
+        sm100="as on sm_90 (MUFU.EX2)",
+        needs={"exp2": True})
     cb_precision: str = switch(
         "tf32", "fp32 inputs: tl.dot input_precision of every MMA ('tf32' = tensor cores at tf32, 'fp32' = "
         "input_precision='ieee'); fp16/bf16 inputs are unaffected", choices=("tf32", "fp32"))
@@ -66,40 +71,25 @@ class TritonSwitches:
         False, "compute_out: source tiles wholly before the row tile use the factored decay exp(dA_m - dA_ref)·"
                "exp(dA_ref - dA_k), dA_ref at the row tile's first row (impls/README.md): the source factor times dt "
                "scales the C·Bᵀ tile's columns, the row factor the tiles' sum — no causal mask and no exp per "
-               "(row, source) pair there; off by default, as cuTile's (docs/perf-notes.md: Switch defaults)")
+               "(row, source) pair there",
+        sm90="one multiply per score element instead of a compare, select, subtract, exp2 and two multiplies on "
+             "those tiles",
+        sm100="the same per-element saving; the scaled tiles feed the MMAs")
     heads_first: bool = switch(
         False, "compute_out program order: the head blocks of one (batch, chunk, row tile, headdim tile) fastest in "
                "the flat program id, so that the programs in flight together read the same C and B tiles (one group's "
-               "heads share them); off: the (row, headdim) tiles fastest, then the head blocks (the order before the "
-               "switch)",
+               "heads share them); off: the (row, headdim) tiles fastest, then the head blocks",
         sm90="programs are dispatched in increasing program id: on, consecutive programs read one C tile and the "
              "same B tiles, from DRAM once and from L2 after; off, consecutive programs read the other row tiles "
              "of the chunk (their own C tile) and the heads come a chunk's row tiles apart",
         sm100="the same dispatch order and L2 reuse; the flat grid's order is all the switch changes")
-    persistent: bool = switch(
-        False, "compute_out launched as one program per resident slot (the occupancy field, 1 when unset, times the "
-               "SMs), each walking the flat program ids program, program + programs, ... of the default grid's order "
-               "(heads_first's included) instead of one program per tile; the tiles, the math and the rounding are "
-               "unchanged (cuTile's switch of the same name; docs/perf-notes.md, version 25)",
-        sm90="a loop around the tile program: the software pipeline Triton builds for the source loop then also "
-             "spans consecutive tiles of one program",
-        sm100="the same loop")
-    row_pairs: bool = switch(
-        False, "compute_out with one program per pair of row tiles q and nsub − 1 − q of a (batch, chunk, head "
-               "block, headdim tile) instead of one per row tile: the program runs the later tile, then the earlier "
-               "one, so that every program walks nsub + 1 source blocks (the causal work balanced) and there are "
-               "half as many programs; the tiles, the math and the rounding are unchanged (cuTile's switch of the "
-               "same name; docs/perf-notes.md, version 26)",
-        sm90="two tile programs one after the other in one kernel: the second tile's loads can be issued while the "
-             "first tile's last source blocks run, as Triton's scheduler places them",
-        sm100="the same arrangement")
     tma: bool = switch(
         False, "tensor-descriptor loads and stores (tl.make_tensor_descriptor) for the MMA stages' tiles: x and B in "
                "chunk_state (and its fp32 scratch store), C, B, x and the states in compute_out (and the y store), "
                "C, B and x in the fused kernel; off = pointer loads with masks. Needs the tensors contiguous in the "
                "last dimension, 16-byte aligned, strides 16-byte multiples (else ValueError naming the tensor). "
                "chunk_cumsum and state_passing keep pointer loads (as cuTile's chunk_cumsum, whose compiler uses no "
-               "TMA there). Off by default",
+               "TMA there)",
         sm90="in-kernel TMA descriptors (tensormap.cp_fenceproxy into a workspace from triton.set_allocator), tiles "
              "by cp.async.bulk.tensor into shared memory, out-of-bounds boxes zero-filled",
         sm100="same TMA descriptors and bulk copies")
@@ -119,9 +109,10 @@ class TritonSwitches:
                "per (chunk, batch, head, row tile, headdim tile) does its rows' intra-chunk output; the row-tile-0 "
                "program of each (chunk, batch, head, headdim tile) also computes the chunk's local state and hands "
                "the state on (flags with acquire/release, programs numbered by an atomic ticket so that waits only "
-               "point at running programs); every program adds exp(dA)·C·S_c once S_c is there. Off by default",
+               "point at running programs); every program adds exp(dA)·C·S_c once S_c is there",
         sm90="removes the chunk-local fp32 scratch (write and read-back), the state_passing launch and the "
-             "compute_out launch; the states are still written (the contract's output, read back by the row tiles)")
+             "compute_out launch; the states are still written (the contract's output, read back by the row tiles)",
+        sm100="as on sm_90")
     fused_program: str = switch(
         "row_tile", "the programs of the fused kernel (fuse_state_out): 'row_tile' = one per (chunk, batch, head, row "
                     "tile, headdim tile), the row-tile-0 program of each chunk also computing its local state and "
@@ -130,8 +121,7 @@ class TritonSwitches:
                     "of the PyTorch blog's fused SSD kernel). Needs fuse_state_out=True",
         choices=("row_tile", "chunk"),
         sm90="'chunk': a quarter of the programs (at 64-row tiles and chunk 256), each four times as long, no carrier "
-             "doing more than the others; at S1 with host descriptors the kernel takes 250 registers, no spill at "
-             "occupancy 2, spills at 3 (docs/perf-notes.md, version 21)",
+             "doing more than the others",
         sm100="the same program arrangement",
         needs={"fuse_state_out": True})
     state_pass: str = switch(
@@ -141,21 +131,6 @@ class TritonSwitches:
                           "headdim tile, dstate tile) and walk the chunks, the local states in registers (cuTile's "
                           "default arrangement; launch fields of chunk_state, tuned under their own key)",
         choices=("serial", "chunk_parallel"))
-    warp_specialize: bool = switch(
-        False, "the MMA loops (compute_out's source loop, chunk_state's and state_pass='serial''s position loop) "
-               "written tl.range(..., warp_specialize=True): Triton splits the program into a producer warpgroup "
-               "issuing the loop's TMA copies and consumer warpgroups doing the math (impls/triton/warp_spec.py). "
-               "Needs tma=True, cb_mode='inline', occupancy and state_occupancy 0, not fuse_state_out, and with "
-               "fp32 inputs cb_precision='tf32' (ValueError naming what is missing); a launch configuration the "
-               "compiler cannot build or does not specialise raises RuntimeError naming it instead of running "
-               "unspecialised. Refused on a GPU (ValueError before any kernel): Triton 3.6's warp-specialised "
-               "kernels of these loops give wrong results there (docs/perf-notes.md, version 15); the interpreter "
-               "(which runs the loop's math only) and the compile-only tools keep it. Off by default",
-        sm90="Triton 3.6's Hopper warp specialisation (experimental there: the tl.range docs say Blackwell): 12 "
-             "warps at num_warps=4 (one producer, two consumer warpgroups), setmaxnreg per warpgroup; cuTile's "
-             "compiler warp-specialises every kernel on its own",
-        sm100="the same loop attribute; on Blackwell Triton's warp specialisation is the documented path",
-        needs={"tma": True}, gpu_refused=WARP_SPECIALIZE_GPU_REFUSAL)
     launch_path: str = switch(
         "triton", "how every kernel of the backend is launched (impls/triton/launcher.py): 'triton' = "
                   "kernel[grid](...) on every call (Triton binds and specialises each argument at each launch); "
@@ -220,8 +195,7 @@ def _code_switches(switches: TritonSwitches, _types: tuple) -> tuple[tuple[str, 
     return tuple((k, v) for k, v in dataclasses.asdict(switches).items()
             if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
             # in the key only when on: records found without them keep their keys
-            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first", "warp_specialize", "persistent",
-                      "row_pairs")
-                and v)
+            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first") and v)
             or (k == "tma_descriptors" and v != "device")
+            or (k == "exp2_ftz" and not v)
             or (k == "fused_program" and v != "row_tile"))

@@ -36,8 +36,6 @@ class Resolved:
 
 STACK = ("triton", "driver")  # what a Triton record is bound to
 FUSED_ONLY = ("fuse_state_out", "fused_program")  # switches that change the fused kernel's code and no other's
-# switches that change compute_out's program arrangement and no other kernel's
-COMPUTE_OUT_ONLY = ("persistent", "row_pairs")
 
 
 def record_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict, stage: str | None = None) -> str:
@@ -50,25 +48,14 @@ def record_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: di
     code = code_switches(switches)
     if stage is not None and stage != FUSED:
         code = {k: v for k, v in code.items() if k not in FUSED_ONLY}
-    if stage is not None and stage != "compute_out":
-        code = {k: v for k, v in code.items() if k not in COMPUTE_OUT_ONLY}
     return tuning.tuning_key(shape_label, dtype, **code, **flags)
-
-
-def near_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict, stage: str) -> str | None:
-    """The record compute_out borrows (auto/record) with switch persistent or row_pairs and no record of its own:
-    that of the same switches without them (the same tile program, walked in a loop or run twice per program)."""
-    if stage == "compute_out" and (switches.persistent or switches.row_pairs):
-        return record_key(dataclasses.replace(switches, persistent=False, row_pairs=False), shape_label, dtype, flags,
-                          stage)
-    return None
 
 
 # The switch-effects table: per stage, dtype and code switch, whether the switch alone at its AWAY value changes the
 # stage's kernel launches (written by `python -m instruments.triton.switch_effects`)
 LAUNCH_EFFECTS = Path(__file__).with_name("switch_launch_effects.json")
 # each code switch's value away from its default (tma on: descriptors made in the kernel)
-AWAY = {"transposed_layout": False, "operand_swap": False, "exp2": False, "decay_factor": True,
+AWAY = {"transposed_layout": False, "operand_swap": False, "exp2": False, "exp2_ftz": False, "decay_factor": True,
         "heads_first": True, "tma": True, "cb_mode": "shared", "state_pass": "serial"}
 # the row of impls/triton/switch_launch_effects.json each tuned kernel reads (stage 2: two kernels; the fused kernel:
 # none)
@@ -101,11 +88,11 @@ def same_sass_key(switches: TritonSwitches, shape_label: str, dtype: str, flags:
 
 
 def tunable(stage: str, switches: TritonSwitches, key: str, dtype: str, dims: dict[str, int], device: torch.device,
-            launch, near: str | None = None, same_sass: str | None = None) -> tuning.Tunable:
+            launch, same_sass: str | None = None) -> tuning.Tunable:
     """The stage's choice as impls/tuning.py takes it: key (shape, dtype, code switches, call flags), the declared
     space with the pinned fields fixed and clamped, the fallback of the architecture, and the stage's launch as
     the call to time (whole stage, do_bench median; under the interpreter one configuration, the fallback, timed
-    by the wall clock); `near` and `same_sass` the records borrowed (`near_key`, `same_sass_key`)."""
+    by the wall clock); `same_sass` the record borrowed where the stage's code is the defaults' (`same_sass_key`)."""
     pins = pinned(switches, stage)
     arch_name = target.arch(device)
     fixed = fallback(arch_name, stage, dims, DTYPE_BYTES[dtype], pins)
@@ -115,8 +102,8 @@ def tunable(stage: str, switches: TritonSwitches, key: str, dtype: str, dims: di
         gpu=target.device_name(device), mode=switches.tuning, fallback=fixed,
         space={k: list(v) for k, v in SEARCH_SPACE[stage].items()},
         configs=[fixed] if interp else search_space(stage, pins, dims), run=launch,
-        pins=pins, pinned_all=set(pins) == set(STAGE_FIELDS[stage]), stack=STACK, near_key=near,
-        same_sass_key=same_sass, stage_timer=tuning.wall_ms if interp else None)
+        pins=pins, pinned_all=set(pins) == set(STAGE_FIELDS[stage]), stack=STACK, same_sass_key=same_sass,
+        stage_timer=tuning.wall_ms if interp else None)
 
 
 # How each switch enters the record key (impls/tuning.py KEY_ROLES; tests/test_tuning.py checks it against record_key
@@ -124,10 +111,10 @@ def tunable(stage: str, switches: TritonSwitches, key: str, dtype: str, dims: di
 # whose records the call's flag `state_pass` keys (backend.py).
 KEY_ROLES = {
     **dict.fromkeys(("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode", "decay_factor",
-                     "heads_first", "persistent", "row_pairs", "tma", "tma_descriptors", "fuse_state_out",
-                     "fused_program", "warp_specialize"), tuning.KEY),
+                     "heads_first", "tma", "tma_descriptors", "fuse_state_out", "fused_program", "exp2_ftz"),
+                    tuning.KEY),
     **dict.fromkeys(("block_rows", "block_positions", "block_headdim", "block_dstate", "block_heads", "block_state",
                      "num_warps", "num_stages", "heads_per_tile", "occupancy", "state_occupancy"), tuning.PIN),
     "state_pass": tuning.KERNELS,
-    **dict.fromkeys(("launch_path", "tuning"), tuning.NEITHER),
+    **dict.fromkeys(("launch_path", "tuning", "bwd_recompute_states"), tuning.NEITHER),
 }

@@ -6,12 +6,10 @@ A variant is (kernel, dtype, switches, tile config): every kernel of `aot.KERNEL
 the fixture) and with every code switch off (`impls.cutile.tune.OFF_VALUE`), in bf16 and fp32; the kernels the sm_90
 defaults change (impls/cutile/defaults.py, `best_sm90`) with those switches (tests/test_cutile_sass_same.py fails
 when sm_90's set moves away from SM90_DEFAULTS); and compute_out also with two heads per tile
-(head_mma per_head and batched), with C·Bᵀ shared (`shared_cb`) and with two math warpgroups
-(`two_warpgroups`, two heads per tile at its occupancy 2), and fwd_pass_state with two math warpgroups
-(`state_two_warpgroups`, at occupancy 2 as the S1 record), and compute_out's head loop (`head_loop` 4, one and
-two heads per step). The hash is the SHA-256 of
-`normalized(disassemble(cubin))` of instruments/sass.py (addresses, encodings and symbol names stripped); where
-nvdisasm cannot decode a cubin, of the cubin itself, marked `cubin:`.
+(head_mma per_head and batched), with C·Bᵀ shared (`shared_cb`), and compute_out's head loop (`head_loop` 4, one
+and two heads per step). The hash is the SHA-256 of `normalized(disassemble(cubin))` of instruments/sass.py
+(addresses, encodings and symbol names stripped); where nvdisasm cannot decode a cubin, of the cubin itself, marked
+`cubin:`.
 
 Run `python -m instruments.cutile.sass_hashes [--write PATH] [ID ...]` (CPU only, a few seconds per compile); with IDs,
 `--write` re-records those entries of PATH and keeps the others. tests/test_cutile_sass_same.py compares against
@@ -75,10 +73,6 @@ def variants() -> list[Variant]:
         out.append(Variant("compute_out", dtype, "hb2-per_head", {"head_mma": "per_head"}, {"heads_per_tile": 2}))
         out.append(Variant("compute_out", dtype, "hb2-batched", {"head_mma": "batched"}, {"heads_per_tile": 2}))
         out.append(Variant("compute_out", dtype, "shared_cb", {}, {"shared_cb": True}))
-        out.append(Variant("compute_out", dtype, "hb2-two_warpgroups", {"two_warpgroups": True},
-                           {"heads_per_tile": 2, "occupancy": 2}))
-        out.append(Variant("fwd_pass_state", dtype, "state_two_warpgroups", {"state_two_warpgroups": True},
-                           {"occupancy": 2}))
         out.append(Variant("compute_out", dtype, "head_loop4", {"head_loop": 4}))
         out.append(Variant("compute_out", dtype, "hb2-per_head-head_loop4", {"head_loop": 4, "head_mma": "per_head"},
                            {"heads_per_tile": 2}))

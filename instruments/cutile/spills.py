@@ -12,7 +12,7 @@ no sequence index), and its SASS is read: local loads and stores (LDL/STL: the s
 and stack bytes per thread (cuobjdump -res-usage). Printed as a table, one row per kernel. `--set` changes entries
 of the record's config and `--switch` the switches (default CutileSwitches()), to read a candidate arrangement's
 spills before it is measured (docs/perf-notes.md, version 8). What the switches pin on top of the record (`tune.pins`:
-size switches, and the occupancy of two_warpgroups) is applied as the launcher applies it.
+size switches) is applied as the launcher applies it.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ class KernelSpills:
 
 def tuned_config(stage: str, shape_name: str, dtype: str = "bfloat16", switches=None) -> dict:
     """The committed record's config for `stage` at a conf/shape/ preset: the key the switches give (default:
-    CutileSwitches()), else the records that key borrows (`tune.near_key`, then the key without the code tricks and
-    launch options) — the launcher's first two steps (impls/tuning.py, modes auto and record) — else the default
+    CutileSwitches()), else the record that key borrows (the key without the code tricks and launch options) — the
+    launcher's first two steps (impls/tuning.py, modes auto and record) — else the default
     switches' record, where the launcher would run its fallback tiles (an arrangement with no record of its own,
     state_pass or fused_program, compiles at the default arrangement's tiles: `report`). Unlike the launcher it
     ignores the tuning mode and the stack a record was searched on (a compile-only reading of the committed tiles).
@@ -64,9 +64,9 @@ def tuned_config(stage: str, shape_name: str, dtype: str = "bfloat16", switches=
 
     sw = CutileSwitches() if switches is None else switches
     label = load_shape(shape_name).label()
-    keys = dict.fromkeys(k for k in (tune.record_key(stage, sw, label, dtype), tune.near_key(stage, sw, label, dtype),
-                                     tune.record_key(stage, sw, label, dtype, code_tricks=False),
-                                     tune.record_key(stage, CutileSwitches(), label, dtype)) if k)
+    keys = dict.fromkeys((tune.record_key(stage, sw, label, dtype),
+                          tune.record_key(stage, sw, label, dtype, code_tricks=False),
+                          tune.record_key(stage, CutileSwitches(), label, dtype)))
     for key in keys:
         record = tuning.lookup("cutile", stage, GPU, key)
         if record is not None:
@@ -76,7 +76,7 @@ def tuned_config(stage: str, shape_name: str, dtype: str = "bfloat16", switches=
 
 def resolved_config(stage: str, shape_name: str, dtype: str = "bfloat16", switches=None) -> dict:
     """`tuned_config` with what the switches pin on top of any record (`tune.pins`: size switches, compute_out's
-    cb_mode, and its occupancy with two_warpgroups), as the launcher resolves it."""
+    cb_mode), as the launcher resolves it."""
     from impls.cutile import tune
     from impls.cutile.switches import CutileSwitches
 

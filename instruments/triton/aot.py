@@ -10,8 +10,8 @@ call this module in a subprocess:
 It prints one line per kernel variant: name, switches, shared-memory bytes, whether the PTX has bulk tensor copies
 (cp.async.bulk.tensor: TMA; a variant built with TMA must have them, one without must not), whether it builds
 descriptors in the kernel (tensormap.cp_fenceproxy: with TMA, the in-kernel descriptors must, the host-built ones
-of tma_descriptors='host' must not), whether it is warp-specialised (setmaxnreg: the variants of switch
-warp_specialize must be, every other must not) and, for the fused kernel, whether its PTX hands the state on as
+of tma_descriptors='host' must not), whether it is warp-specialised (setmaxnreg: none of the backend's kernels
+asks for it, so none may be) and, for the fused kernel, whether its PTX hands the state on as
 impls/triton/fused.py says (`handoff`: one thread's ticket, acquire spin and release after a CTA barrier, the
 published data read after the acquire); exit status 1 if any failed.
 """
@@ -81,13 +81,16 @@ def handoff(ptx: str) -> str:
     return "ok"
 
 
-def compile_variant(kernel, pointers: dict[str, str], constexprs: dict, arch: int, num_warps: int, num_stages: int):
-    """`triton.compile` of one variant for sm_<arch> (the compiled kernel: .asm["ptx"], .metadata, ...)."""
+def compile_variant(kernel, pointers: dict[str, str | tuple[str, ...]], constexprs: dict, arch: int, num_warps: int,
+                    num_stages: int):
+    """`triton.compile` of one variant for sm_<arch> (the compiled kernel: .asm["ptx"], .metadata, ...). `pointers`:
+    the types of the parameters that are not 32-bit integers (pointers, descriptors, and a tuple of types for a
+    stride tuple: `stride_types`)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     names = kernel.arg_names
-    # constexpr parameters left out take their defaults, as a launch does (WS, switch warp_specialize)
+    # constexpr parameters left out take their defaults, as a launch does
     constexprs = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constexprs}
     signature = {}
     for name in names:
@@ -102,6 +105,12 @@ def compile_variant(kernel, pointers: dict[str, str], constexprs: dict, arch: in
     source = ASTSource(kernel, signature, constexprs={(names.index(k),): v for k, v in constexprs.items()})
     return triton.compile(source, target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def stride_types(ranks: dict[str, int]) -> dict[str, tuple[str, ...]]:
+    """The signature types of a kernel's stride tuples (`STRIDE_RANKS`: name -> strides in it), 32-bit integers each
+    as the other integer parameters, so that the PTX is the one of the same strides passed one by one."""
+    return {name: ("i32",) * rank for name, rank in ranks.items()}
 
 
 def _desc(dtype: str, box: tuple[int, ...]) -> str:
@@ -123,8 +132,9 @@ def variants(dtype: str, all_variants: bool):
     at the defaults, the tensor-descriptor builds and the fused kernel), or for every combination of the code
     switches and features when `all_variants`."""
     from impls.triton.chunk_cumsum import chunk_cumsum_kernel
-    from impls.triton.compute_out import CB_BLOCK, cb_kernel, compute_out_kernel
+    from impls.triton.compute_out import CB_BLOCK, STRIDE_RANKS, cb_kernel, compute_out_kernel
     from impls.triton.fallbacks import fallback
+    from impls.triton.fused import STRIDE_RANKS as FUSED_STRIDE_RANKS
     from impls.triton.fused import fused_kernel
     from impls.triton.fwd_pass_state import chunk_state_kernel, serial_state_kernel, state_passing_kernel
     from impls.triton.smem import DTYPE_BYTES
@@ -171,7 +181,8 @@ def variants(dtype: str, all_variants: bool):
                      (1, 1, 1) + ((hp, dstate) if not swap else (dstate, hp))), (p,) * 5, host)
                 yield ("compute_out", compute_out_kernel,
                        {"C_ptr": p, "B_ptr": p, "x_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "st_ptr": p,
-                        "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "cb_ptr": "*fp32", "y_ptr": p, **types},
+                        "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "cb_ptr": "*fp32", "y_ptr": p, **types,
+                        **stride_types(STRIDE_RANKS)},
                        dict(CHUNK=256, BLOCK_M=m, BLOCK_K=k, BLOCK_P=hp, BLOCK_DSTATE=dstate, HAS_D=feature,
                             HAS_Z=feature, HAS_SEQ=feature, SWAP=swap, EXP2=exp2, DOT_PRECISION=precision,
                             SHARED_CB=feature, DECAY_FACTOR=feature, TMA=tma, ST_N_CONTIG=not swap, HB=hb,
@@ -186,7 +197,8 @@ def variants(dtype: str, all_variants: bool):
                 yield ("fused_state_out" + ("_chunk" if whole_chunk else ""), fused_kernel,
                        {"C_ptr": p, "B_ptr": p, "x_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32",
                         "init_ptr": "*fp32", "D_ptr": "*fp32", "z_ptr": p, "seq_ptr": "*i32", "st_ptr": p,
-                        "slot_ptr": "*fp32", "y_ptr": p, "sync_ptr": "*i32", "cb_ptr": "*fp32", **types},
+                        "slot_ptr": "*fp32", "y_ptr": p, "sync_ptr": "*i32", "cb_ptr": "*fp32", **types,
+                        **stride_types(FUSED_STRIDE_RANKS)},
                        dict(CHUNK=256, BLOCK_M=m, BLOCK_K=k, BLOCK_P=hp, BLOCK_DSTATE=128, HAS_INIT=feature,
                             HAS_D=feature, HAS_Z=feature, HAS_SEQ=feature, SWAP=swap, EXP2=exp2,
                             DOT_PRECISION=precision, DECAY_FACTOR=feature, TMA=tma, WHOLE_CHUNK=whole_chunk,
@@ -219,30 +231,6 @@ def variants(dtype: str, all_variants: bool):
                    c["num_warps"], c["num_stages"])
 
 
-def warp_specialized_variants(dtype: str):
-    """The kernels of switch warp_specialize (WS) at the defaults with host-built descriptors, at the fallback
-    tiles: compute_out, chunk_state and state_pass='serial''s kernel (operand_swap off, as the switch needs)."""
-    for name, kernel, pointers, constexprs, warps, stages in variants(dtype, False):
-        if name in ("compute_out", "chunk_state") and constexprs.get("HOST_DESC") and \
-                constexprs.get("BLOCK_DSTATE", 128) == 128 and constexprs.get("HB", 1) == 1:
-            # with C·Bᵀ inline (cb_mode='shared' reads it through pointers in the loop: refused with the switch)
-            shared_cb = {"SHARED_CB": False} if name == "compute_out" else {}
-            yield name, kernel, pointers, {**constexprs, **shared_cb, "WS": True}, warps, stages
-    from impls.triton.fallbacks import fallback
-    from impls.triton.fwd_pass_state import serial_state_kernel
-
-    p = POINTER[dtype]
-    c = fallback("sm90", "chunk_state", {"nheads": 80, "chunk": 256, "headdim": 64, "dstate": 128}, 2, {})
-    types, hd = host_descriptors(("x_hd", "B_hd"), ((1, c["block_positions"], 1, c["block_headdim"]),
-                                                    (1, c["block_positions"], 1, c["block_dstate"])), (p, p), True)
-    yield ("serial_state", serial_state_kernel,
-           {"x_ptr": p, "B_ptr": p, "dt_ptr": "*fp32", "dA_ptr": "*fp32", "seq_ptr": "*i32", "init_ptr": "*fp32",
-            "out_ptr": p, "final_ptr": "*fp32", **types},
-           dict(CHUNK=256, BLOCK_P=c["block_headdim"], BLOCK_N=c["block_dstate"], BLOCK_K=c["block_positions"],
-                HAS_INIT=False, HAS_SEQ=False, SWAP=False, EXP2=True, DOT_PRECISION="tf32", TMA=True, **hd, WS=True),
-           c["num_warps"], c["num_stages"])
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90)
@@ -253,8 +241,7 @@ def main(argv=None) -> int:
         print("TRITON_INTERPRET is set: unset it to compile for a GPU", file=sys.stderr)
         return 2
     failed = 0
-    every = itertools.chain(variants(args.dtype, args.all_variants), warp_specialized_variants(args.dtype))
-    for name, kernel, pointers, constexprs, warps, stages in every:
+    for name, kernel, pointers, constexprs, warps, stages in variants(args.dtype, args.all_variants):
         label = f"{name} sm_{args.arch} {args.dtype} " + " ".join(f"{k}={v}" for k, v in constexprs.items())
         try:
             shared, uses_tma, makes_desc, ws, hand = _compile(kernel, pointers, constexprs, args.arch, warps,
@@ -267,7 +254,7 @@ def main(argv=None) -> int:
         tma = bool(constexprs.get("TMA", False))
         # descriptor loads compile to bulk tensor copies; descriptors are made in the kernel unless built on the host
         tma_ok = uses_tma == tma and makes_desc == (tma and not constexprs.get("HOST_DESC", False))
-        ws_ok = ws == bool(constexprs.get("WS", False))  # warp-specialised exactly when built with WS
+        ws_ok = not ws  # no kernel of the backend asks for warp specialisation
         hand_ok = hand in (None, "ok")  # the fused kernel's flags: handoff()
         failed += not (fits and tma_ok and ws_ok and hand_ok)
         status = next((s for s, ok in (("SMEM", fits), ("TMA?", tma_ok), ("WS? ", ws_ok), ("SYNC", hand_ok))

@@ -17,7 +17,8 @@ without a GPU (`python -m instruments.triton.expressible`), each printing what t
 And what Triton 3.6 can express only in part: warp specialisation (cuTile's compiler gives every kernel a producer
 warpgroup for the copies and math warpgroups, unasked). `tl.range(..., warp_specialize=True)` does it on sm_90 for a
 loop of descriptor loads at num_warps=4 (12 warps: setmaxnreg in the PTX), silently not at num_warps=8, and not at
-all for pointer loads (the pass pipeline fails); the backend's switch `warp_specialize` (impls/triton/warp_spec.py).
+all for pointer loads (the pass pipeline fails). The backend's kernels do not ask for it (its switch
+`warp_specialize` was retired: docs/perf-notes.md, "Retired variants").
 
 The output is what docs/triton-switches.md quotes; tests/test_triton_interp.py runs it and checks each line.
 """

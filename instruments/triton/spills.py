@@ -11,7 +11,7 @@ launch configuration is resolved as on an NVIDIA H200 (`--tuning fallback`: the 
 shape; `record`: the committed record where its stack matches this one). Launch switches pin fields as usual
 (`--switch block_dstate=128 heads_per_tile=2 occupancy=3`). For each kernel launched, one row: registers per thread
 and local-memory loads/stores in the SASS (cuobjdump: LDL/STL, the spill traffic), warps per program, shared memory,
-whether it is warp-specialised (setmaxnreg in the PTX; switch warp_specialize) and the writes onto the register
+whether it is warp-specialised (setmaxnreg in the PTX) and the writes onto the register
 operand of a warpgroup MMA that may still be running (MMA; `mma_operand_hazards`, 0 in a correct kernel). The
 process must not run under the interpreter (TRITON_INTERPRET unset); `compile_only` (instruments/intercept.py) puts
 Triton's driver, the kernels' caches and the backend's device answers back when it ends. docs/perf-notes.md

@@ -8,8 +8,8 @@ So a stage whose launches are the same with and without the switch — the same 
 options and argument types, shapes and strides, at the fallback configuration — runs the same code either way:
 "no-op on sm_90 (same launches)". Nothing is compiled or run: the launches are recorded on CPU tensors
 (`launcher.launch` replaced while the stage runs), in seconds. Switches that change only the host path
-(launch_path) or whole arrangements (fuse_state_out, fused_program) and the one refused on a GPU (warp_specialize)
-are left out, so the analysis never calls their timing differences noise.
+(launch_path) or whole arrangements (fuse_state_out, fused_program) are left out, so the analysis never calls their
+timing differences noise.
 Run: `python -m instruments.triton.switch_effects` (tests/test_switch_effects.py checks that the file is current).
 """
 
@@ -54,8 +54,8 @@ def recorded_launches(into: list):
     """Within: the backend's launches recorded into `into` instead of run, as (kernel, grid, arguments, constexprs
     and launch options); the host path (`path`) and the labels (`what`) are left out: they do not change the code."""
 
-    def record(kernel, grid, *args, path, ws=False, what="", config=None, **kwargs):
-        into.append((_kernel_name(kernel), tuple(grid), _arg_key(args), _arg_key(kwargs), ws, _arg_key(config)))
+    def record(kernel, grid, *args, path, **kwargs):
+        into.append((_kernel_name(kernel), tuple(grid), _arg_key(args), _arg_key(kwargs)))
 
     return backend_launches("triton", record)
 

@@ -32,25 +32,15 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # (skip_first) alone, with the swap (transposed accumulator), with 2 heads per tile and 32 headdim columns (the
 # arrangement without spills in the loop at occupancy 3), with the factored decay and all off, with heads_first;
 # stage 2 chunk-parallel (state_pass: local states at once, then the pass across chunks), with the swap and all off;
-# compute_out with two math warpgroups (two_warpgroups: occupancy pinned to 2) alone, with 2 heads per tile per head,
-# with the shared C·Bᵀ, the factored decay and skip_first, 2 heads batched with the swap, 4 heads, and all off;
-# stage 2's MMA kernels with two math warpgroups (state_two_warpgroups) alone, with the swap and the row-major
-# layout (the state tile transposed before each store), with 32 dstate columns (four state blocks per head), with
-# all off, chunk-parallel (local-state kernel) alone and with all off;
 # stage 2's own kernel at the 32-wide blocks its search takes (docs/perf-notes.md, version 23): 32 dstate columns,
 # with the swap and the row-major layout, and 32 headdim by 32 dstate columns under version 13's switches;
 # compute_out's head loop (head_loop: a program walks up to N heads of a group, heads_per_tile per step) with one head
 # per step (the fallback tiles), 2 heads per step per head and batched, with the swap, the factored decay and
-# skip_first, the shared C·Bᵀ, heads_first with pdl, two math warpgroups and all off; loops of 4, 8 and 16 over
+# skip_first, the shared C·Bᵀ, heads_first with pdl, and all off; loops of 4, 8 and 16 over
 # groups of 2, 4 and 80 heads: one shorter block where the loop is longer than a group (and, below, a loop that does
 # not divide a group of 12);
 # stages 2 and 3 as programmatic dependent launches (pdl) alone, with the shared C·Bᵀ (its kernel launched normally in
-# between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level;
-# compute_out persistent (one program per resident slot walking the tiles) alone, under version 20's arrangement
-# (2 heads per head lane, C·Bᵀ shared, heads_first, skip_first, pdl), with the swap and the factored decay, and with
-# 32 headdim columns and all off (several headdim blocks: the loop's tile index covers the third grid axis);
-# compute_out's row pairs likewise (128-row tiles all off: at a chunk of two row tiles or one, the chunk's only tile
-# run alone)
+# between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
@@ -74,15 +64,6 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "skip_first-decay_factor-all-off": {**OFF, "decay_factor": True, "skip_first": True},
             "skip_first-heads_first-heads2-batched": {"skip_first": True, "heads_first": True, "heads_per_tile": 2,
                                                       "head_mma": "batched"},
-            "two_warpgroups": {"two_warpgroups": True},
-            "two_warpgroups-heads2-per_head": {**PER_HEAD, "two_warpgroups": True},
-            "two_warpgroups-heads2-per_head-cb-shared": {**PER_HEAD, "two_warpgroups": True, "cb_mode": "shared"},
-            "two_warpgroups-heads2-per_head-decay_factor-skip_first": {**PER_HEAD, "two_warpgroups": True,
-                                                                       "decay_factor": True, "skip_first": True},
-            "two_warpgroups-heads2-batched-swap": {"two_warpgroups": True, "heads_per_tile": 2, "head_mma": "batched",
-                                                   "operand_swap": True},
-            "two_warpgroups-heads4-per_head": {**PER_HEAD, "heads_per_tile": 4, "two_warpgroups": True},
-            "two_warpgroups-heads2-per_head-all-off": {**OFF, **PER_HEAD, "two_warpgroups": True},
             "head_loop4": {"head_loop": 4},
             "head_loop8-heads2-per_head": {**PER_HEAD, "head_loop": 8},
             "head_loop4-heads2-batched": {"head_loop": 4, "heads_per_tile": 2, "head_mma": "batched"},
@@ -91,33 +72,11 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
                                                                    "skip_first": True},
             "head_loop16-cb-shared": {"head_loop": 16, "cb_mode": "shared"},
             "head_loop4-heads_first-pdl": {"head_loop": 4, "heads_first": True, "pdl": True},
-            "head_loop4-heads2-per_head-two_warpgroups": {**PER_HEAD, "head_loop": 4, "two_warpgroups": True},
             "head_loop4-all-off": {**OFF, "head_loop": 4},
-            "persistent": {"persistent": True},
-            "persistent-heads2-per_head-cb-shared-heads_first-skip_first-pdl": {
-                **PER_HEAD, "persistent": True, "cb_mode": "shared", "heads_first": True, "skip_first": True,
-                "pdl": True},
-            "persistent-swap-decay_factor": {"persistent": True, "operand_swap": True, "decay_factor": True},
-            "persistent-headdim32-all-off": {**OFF, "persistent": True, "block_headdim": 32},
-            "row_pairs": {"row_pairs": True},
-            "row_pairs-heads2-per_head-cb-shared-heads_first-skip_first-pdl": {
-                **PER_HEAD, "row_pairs": True, "cb_mode": "shared", "heads_first": True, "skip_first": True,
-                "pdl": True},
-            "row_pairs-swap-decay_factor": {"row_pairs": True, "operand_swap": True, "decay_factor": True},
-            "row_pairs-rows128-all-off": {**OFF, "row_pairs": True, "block_rows": 128},
-            # num_ctas 2 misaligned in every small case on an H200: refused there (test_num_ctas_is_refused_on_the_gpu)
-            "state_two_warpgroups": {"state_two_warpgroups": True},
-            "state_two_warpgroups-swap-rowmajor": {"state_two_warpgroups": True, "operand_swap": True,
-                                                   "transposed_layout": False},
-            "state_two_warpgroups-dstate32": {"state_two_warpgroups": True, "block_dstate": 32},
             "dstate32": {"block_dstate": 32}, "dstate32-swap-rowmajor": {"block_dstate": 32, "operand_swap": True,
                                                                       "transposed_layout": False},
             "headdim32-dstate32-heads_first-skip_first-pdl": {"block_headdim": 32, "block_dstate": 32,
                                                               "heads_first": True, "skip_first": True, "pdl": True},
-            "state_two_warpgroups-all-off": {**OFF, "state_two_warpgroups": True},
-            "state_two_warpgroups-chunk_parallel": {"state_two_warpgroups": True, "state_pass": "chunk_parallel"},
-            "state_two_warpgroups-chunk_parallel-all-off": {**OFF, "state_two_warpgroups": True,
-                                                            "state_pass": "chunk_parallel"},
             "state_pass-chunk_parallel": {"state_pass": "chunk_parallel"},
             "state_pass-chunk_parallel-swap": {"state_pass": "chunk_parallel", "operand_swap": True},
             "state_pass-chunk_parallel-all-off": {"state_pass": "chunk_parallel", **OFF},
@@ -126,8 +85,8 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "pdl-heads2-per_head": {**PER_HEAD, "pdl": True},
             **{f"opt_level{v}": {"opt_level": v} for v in (0, 1, 2)}}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
-FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "two_warpgroups-heads2-per_head",
-                 "state_two_warpgroups", "state_two_warpgroups-chunk_parallel", "head_loop8-heads2-per_head")
+FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "state_pass-chunk_parallel",
+                 "head_loop8-heads2-per_head")
 
 
 def _skip(case: str, variant: str) -> bool:
@@ -135,8 +94,7 @@ def _skip(case: str, variant: str) -> bool:
     of a group."""
     if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head",
                                         "heads_first-heads2-per_head", "skip_first-heads2-per_head-headdim32",
-                                        "state_pass-chunk_parallel", "two_warpgroups-heads2-per_head",
-                                        "state_two_warpgroups", "head_loop8-heads2-per_head"):
+                                        "state_pass-chunk_parallel", "head_loop8-heads2-per_head"):
         return True
     shape = CASES[case].shape
     return (shape.nheads // shape.ngroups) % VARIANTS[variant].get("heads_per_tile", 1) != 0
@@ -161,32 +119,6 @@ def test_cutile_matches_float64(case, variant, dtype, request):
     backend = CutileBackend(**VARIANTS[variant])
     assert_matches_float64(backend, CASES[case], dtype, f"cutile {case} {variant} {dtype}",
                            fused_views=case.startswith("Dhead-noncontig"))
-
-
-@pytest.mark.parametrize("call", ["ssd_forward", "compute_out"])
-def test_num_ctas_is_refused_on_the_gpu(call):
-    """With cuda-tile 1.7.0 the two-CTA compute_out misaligned in every small case on an NVIDIA H200 (losing the
-    CUDA context): the switch raises on a GPU, naming itself, before any kernel runs (the outputs stay untouched)."""
-    import torch
-
-    import impls
-    from impls.cutile import CutileBackend
-    from impls.inputs import make_inputs
-
-    ok, reason = CutileBackend.available()
-    if not ok:
-        pytest.skip(reason)
-    inputs = make_inputs(CASES["seqlen1000-chunk256"], device="cuda", seed=3, dtype=torch.bfloat16)
-    kw = inputs.forward_kwargs()
-    plain, refused = CutileBackend(), CutileBackend(num_ctas=2)
-    dt, dA = plain.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"], kw["dt_softplus"], kw["dt_limit"])
-    states, _ = plain.fwd_pass_state(kw["B"], kw["x"], dt, dA, None, None, None)
-    calls = {"ssd_forward": lambda: impls.ssd_forward(**kw, backend=refused),
-             "compute_out": lambda: refused.compute_out(kw["C"], kw["B"], kw["x"], dt, dA, states, kw["D"], None,
-                                                        None)}
-    with pytest.raises(ValueError, match="num_ctas of backend 'cutile': refused on a GPU"):
-        calls[call]()
-    torch.cuda.synchronize()  # the context is intact: nothing was launched
 
 
 # 12 heads in one group (and 6 in each of two) with a loop of 8: blocks of 8 and 4 heads (of 6: one shorter block);

@@ -3,7 +3,7 @@ plus the 1,048,576-token problem checked on sampled chunks and its final state.
 
 Variants: the defaults, each code switch off alone (cb_precision "fp32" is its "off"), all off, and the switches that
 are off by default turned on (cb_mode shared, decay_factor, tma (descriptors made in the kernel or on the host),
-fuse_state_out, heads_per_tile 2, heads_first, persistent, row_pairs, occupancy, warp_specialize, some together), and
+fuse_state_out, heads_per_tile 2, heads_first, occupancy, some together), and
 stage 2 as one serial kernel (state_pass serial). Cases: the headline S1 shape and shapes covering the contract
 (seqlen not a multiple of chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens, initial states + z + per-channel D +
 fp32 states, per-head D with x and z as strided views of one fused projection, headdim/dstate not powers of two).
@@ -71,14 +71,6 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "heads2-tma-occupancy3": {"heads_per_tile": 2, "tma": True, "occupancy": 3},
             "heads_first": {"heads_first": True}, "heads_first-heads2": {"heads_first": True, "heads_per_tile": 2},
             "heads_first-tma-no-swap": {"heads_first": True, "tma": True, "operand_swap": False},
-            "persistent": {"persistent": True},
-            "persistent-heads_first-heads2-tma-host": {"persistent": True, "heads_first": True, "heads_per_tile": 2,
-                                                        "tma": True, "tma_descriptors": "host"},
-            "persistent-cb-shared-no-swap": {"persistent": True, "cb_mode": "shared", "operand_swap": False},
-            "row_pairs": {"row_pairs": True},
-            "row_pairs-heads_first-heads2-tma-host": {"row_pairs": True, "heads_first": True, "heads_per_tile": 2,
-                                                       "tma": True, "tma_descriptors": "host"},
-            "row_pairs-cb-shared-no-swap": {"row_pairs": True, "cb_mode": "shared", "operand_swap": False},
             "state_pass-serial": {"state_pass": "serial"},
             "state_pass-serial-all-off": {"state_pass": "serial", **OFF},
             "state_pass-serial-tma": {"state_pass": "serial", "tma": True},
@@ -91,8 +83,6 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "launch-cached": {"launch_path": "cached"},
             "launch-cached-tma-host-serial": {"launch_path": "cached", "tma": True, "tma_descriptors": "host",
                                               "state_pass": "serial"},
-            # warp_specialize is refused on a GPU (13 of these 30 cases were over tolerance with it on one NVIDIA
-            # H200: docs/perf-notes.md, version 15 measured): test_warp_specialize_is_refused_on_the_gpu
             }
 
 
@@ -130,23 +120,6 @@ def test_triton_matches_float64(case, variant, dtype, request):
     backend = _backend(**VARIANTS[variant])
     assert_matches_float64(backend, CASES[case], dtype, f"triton {case} {variant} {dtype}",
                            fused_views=case.startswith("Dhead-noncontig"))
-
-
-@pytest.mark.parametrize("call", ["ssd_forward", "fwd_pass_state", "compute_out"])
-def test_warp_specialize_is_refused_on_the_gpu(call):
-    """With Triton 3.6 the warp-specialised kernels computed wrong results on an NVIDIA H200: the switch raises on a
-    GPU, naming itself, before any kernel runs (the outputs stay untouched)."""
-    inputs = make_inputs(Problem(SMALL), device="cuda", seed=3, dtype=torch.bfloat16)
-    backend = _backend(tma=True, tma_descriptors="host", warp_specialize=True)
-    kw = inputs.forward_kwargs()
-    plain = _backend(tma=True, tma_descriptors="host")
-    dt, dA = plain.chunk_cumsum(kw["dt"], kw["A"], kw["chunk_size"], kw["dt_bias"], kw["dt_softplus"], kw["dt_limit"])
-    states, _ = plain.fwd_pass_state(kw["B"], kw["x"], dt, dA, None, None, None)
-    calls = {"ssd_forward": lambda: impls.ssd_forward(**kw, backend=backend),
-             "fwd_pass_state": lambda: backend.fwd_pass_state(kw["B"], kw["x"], dt, dA, None, None, None),
-             "compute_out": lambda: backend.compute_out(kw["C"], kw["B"], kw["x"], dt, dA, states, kw["D"], None, None)}
-    with pytest.raises(ValueError, match="warp_specialize of backend 'triton': refused on a GPU"):
-        calls[call]()
 
 
 @pytest.mark.parametrize("switches", [{}, {"tma": True, "tma_descriptors": "host", "state_pass": "serial"},
