@@ -10,8 +10,19 @@ from __future__ import annotations
 import math
 
 import cuda.tile as ct
+import torch
 
-from impls.cutile.backward.common import Hints, chunk_length, gated_dy, kernel_call, per_position, rows, state_tile
+from impls.cutile.backward.common import (
+    Hints,
+    chunk_length,
+    gated_dy,
+    kernel_call,
+    or_stand_in,
+    per_position,
+    rows,
+    state_storage,
+    state_tile,
+)
 from impls.cutile.common import KernelCall, next_pow2
 from impls.cutile.fwd_pass_state import seq_ends
 
@@ -159,3 +170,34 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, d_mode: int, transpose
             4 if sw.latency_hints else 0)
     grid = ((chunk_size // bs) * nheads * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_chunk_kernel, grid, args, config, sw.opt_level)
+
+
+def chunk_grads(x, B, C, dt, dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, extra_dx, *, sw, config,
+                tf32: bool, submit=None):
+    """-> (dx in x's dtype, dz in z's dtype or None, ddt's part outside Λ, dΛ's own terms (both fp32 (batch,
+    nheads, nchunks, chunk), written inside the sequence only), T's row-sum partials (batch, nheads, nchunks, source
+    tiles, chunk) fp32, dD partials (batch, nchunks, source tiles, nheads, headdim) fp32 or None)."""
+    from impls.cutile import common
+
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    nchunks, chunk = dt.shape[2], dt.shape[3]
+    bs = blocks(chunk, headdim, dstate, config)[0]
+    tiles, dev, f32 = chunk // bs, x.device, torch.float32
+    storage, transposed = state_storage(states)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    dz = torch.empty(z.shape, dtype=z.dtype, device=dev) if z is not None else None
+    ddt = torch.empty((batch, nheads, nchunks, chunk), dtype=f32, device=dev)
+    dl = torch.empty((batch, nheads, nchunks, chunk), dtype=f32, device=dev)
+    row = torch.empty((batch, nheads, nchunks, tiles, chunk), dtype=f32, device=dev)
+    dD = torch.empty((batch, nchunks, tiles, nheads, headdim), dtype=f32, device=dev) if D is not None else None
+    d_mode = 0 if D is None else D.dim()
+    arrays = (x, B, C, dt, dA_cumsum, or_stand_in(seq_idx, dev, torch.int32, 2), storage, ds, dy,
+              or_stand_in(z, dev, dy.dtype, 4), or_stand_in(yhat, dev, dy.dtype, 4), or_stand_in(D, dev, f32, 1),
+              or_stand_in(extra_dx, dev, f32, 4), dx, or_stand_in(dz, dev, dy.dtype, 4), ddt, dl, row,
+              or_stand_in(dD, dev, f32, 5))
+    flags = {"seq": seq_idx is not None, "z": z is not None, "xv": extra_dx is not None}
+    call = make_call(arrays, (batch, seqlen, nheads, headdim, ngroups, dstate), chunk, flags, d_mode, transposed, tf32,
+                     sw, config)
+    (submit or common.launch)(call)
+    return dx, dz, ddt, dl, row, dD

@@ -96,3 +96,26 @@ def kernel_call(pyfunc, grid, args, config: dict, opt_level: int) -> KernelCall:
 def _kernel(pyfunc, occupancy: int, worker_warps: int, int64_arrays: tuple[str, ...], opt_level: int):
     fn = _with_int64_index(pyfunc, int64_arrays) if int64_arrays else pyfunc
     return ct.kernel(fn, occupancy=occupancy or None, opt_level=opt_level, num_worker_warps=worker_warps or None)
+
+
+def state_storage(states: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(the 5-d storage a kernel reads, whether it is (…, dstate, headdim)) of the states' logical (batch, nchunks,
+    heads, headdim, dstate) view: the forward's transposed_layout hands back a transposed view of a dstate-major
+    storage; a copy only where neither last dimension is contiguous."""
+    if states.stride(-1) != 1 and states.stride(-2) == 1:
+        return states.transpose(-1, -2), True
+    return (states if states.stride(-1) == 1 else states.contiguous()), False
+
+
+def unit_last(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself where its last dimension is contiguous, else a contiguous copy (an incoming gradient from autograd
+    may be an expanded or strided view)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def or_stand_in(t: torch.Tensor | None, device, dtype: torch.dtype, ndim: int) -> torch.Tensor:
+    """`t`, or for an absent optional tensor the shared 1-element stand-in of its dtype and rank (the kernel neither
+    reads nor writes it: a constant says so)."""
+    from impls.cutile.common import dummy
+
+    return t if t is not None else dummy(device, dtype, ndim)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 
 import cuda.tile as ct
+import torch
 
-from impls.cutile.backward.common import Hints, chunk_length, kernel_call
+from impls.cutile.backward.common import Hints, chunk_length, kernel_call, or_stand_in
 from impls.cutile.chunk_cumsum import SOFTPLUS_THRESHOLD, _softplus, block_heads
 from impls.cutile.common import KernelCall, next_pow2
 
@@ -86,3 +87,23 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, dt_limit, row_tile: in
             bool(flags["softplus"]), has_limit, bool(flags["v"]), sw.exp2, sw.tma)
     grid = (batch * nchunks, math.ceil(nheads / bh), 1)
     return kernel_call(bwd_cumsum_kernel, grid, args, config, sw.opt_level)
+
+
+def cumsum_grads(dt_raw, A, dt_bias, dt_softplus, dt_limit, dt, dl, ddt1, row, row_tile: int, lasts, extra_dl,
+                 extra_ddt, *, sw, config, submit=None):
+    """-> (ddt in dt_raw's dtype (batch, seqlen, nheads), dA partials, ddt_bias partials (both fp32 (batch,
+    nheads, nchunks)))."""
+    from impls.cutile import common
+
+    batch, seqlen, nheads = dt_raw.shape
+    nchunks, chunk = dt.shape[2], dt.shape[3]
+    dev, f32 = dt_raw.device, torch.float32
+    ddt = torch.empty(dt_raw.shape, dtype=dt_raw.dtype, device=dev)
+    dA_part = torch.empty((batch, nheads, nchunks), dtype=f32, device=dev)
+    bias_part = torch.empty((batch, nheads, nchunks), dtype=f32, device=dev)
+    arrays = (dt_raw, or_stand_in(dt_bias, dev, f32, 1), A, dt, dl, ddt1, row, lasts,
+              or_stand_in(extra_dl, dev, f32, 4), or_stand_in(extra_ddt, dev, f32, 4), ddt, dA_part, bias_part)
+    flags = {"bias": dt_bias is not None, "softplus": dt_softplus, "v": extra_dl is not None}
+    call = make_call(arrays, (batch, seqlen, nheads), chunk, flags, dt_limit, row_tile, lasts.shape[3], sw, config)
+    (submit or common.launch)(call)
+    return ddt, dA_part, bias_part

@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 
 import cuda.tile as ct
+import torch
 
-from impls.cutile.backward.common import Hints, chunk_length, kernel_call, per_position, rows
+from impls.cutile.backward.common import Hints, chunk_length, kernel_call, or_stand_in, per_position, rows
 from impls.cutile.common import KernelCall, next_pow2
 from impls.cutile.fwd_pass_state import seq_ends
 
@@ -77,3 +78,20 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, tf32: bool, sw, config
             bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
     grid = ((chunk_size // bt) * ngroups * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_db_kernel, grid, args, config, sw.opt_level)
+
+
+def db_grads(x, B, C, dt, dA_cumsum, seq_idx, ds, dG, extra_dB, *, sw, config, tf32: bool,
+             submit=None):
+    """-> dB in B's dtype."""
+    from impls.cutile import common
+
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    chunk, dev = dt.shape[3], x.device
+    dB = torch.empty(B.shape, dtype=B.dtype, device=dev)
+    arrays = (x, C, dt, dA_cumsum, or_stand_in(seq_idx, dev, torch.int32, 2), ds, dG,
+              or_stand_in(extra_dB, dev, torch.float32, 4), dB)
+    flags = {"seq": seq_idx is not None, "bv": extra_dB is not None}
+    call = make_call(arrays, (batch, seqlen, nheads, headdim, ngroups, dstate), chunk, flags, tf32, sw, config)
+    (submit or common.launch)(call)
+    return dB

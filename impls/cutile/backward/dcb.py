@@ -9,8 +9,19 @@ from __future__ import annotations
 import math
 
 import cuda.tile as ct
+import torch
 
-from impls.cutile.backward.common import Hints, chunk_length, gated_dy, kernel_call, per_position, rows, state_tile
+from impls.cutile.backward.common import (
+    Hints,
+    chunk_length,
+    gated_dy,
+    kernel_call,
+    or_stand_in,
+    per_position,
+    rows,
+    state_storage,
+    state_tile,
+)
 from impls.cutile.common import KernelCall, next_pow2
 
 ZERO = ct.PaddingMode.ZERO
@@ -92,3 +103,24 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32
             bool(transposed), bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
     grid = ((chunk_size // bt) * ngroups * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_dcb_kernel, grid, args, config, sw.opt_level)
+
+
+def dcb_grads(x, B, C, dt, dA_cumsum, seq_idx, states, dy, z, *, sw, config, tf32: bool,
+              submit=None):
+    """-> (dC in C's dtype, d(C·Bᵀ) per group (batch, nchunks, ngroups, chunk, chunk) fp32: its causal part)."""
+    from impls.cutile import common
+
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    nchunks, chunk = dt.shape[2], dt.shape[3]
+    dev = x.device
+    storage, transposed = state_storage(states)
+    dG = torch.empty((batch, nchunks, ngroups, chunk, chunk), dtype=torch.float32, device=dev)
+    dC = torch.empty(C.shape, dtype=C.dtype, device=dev)
+    arrays = (x, B, dt, dA_cumsum, or_stand_in(seq_idx, dev, torch.int32, 2), storage, dy,
+              or_stand_in(z, dev, dy.dtype, 4), dG, dC)
+    flags = {"seq": seq_idx is not None, "z": z is not None}
+    call = make_call(arrays, (batch, seqlen, nheads, headdim, ngroups, dstate), chunk, flags, transposed, tf32, sw,
+                     config)
+    (submit or common.launch)(call)
+    return dC, dG

@@ -9,8 +9,18 @@ from __future__ import annotations
 import math
 
 import cuda.tile as ct
+import torch
 
-from impls.cutile.backward.common import Hints, gated_dy, kernel_call, per_position, state_tile
+from impls.cutile.backward.common import (
+    Hints,
+    gated_dy,
+    kernel_call,
+    or_stand_in,
+    per_position,
+    state_storage,
+    state_tile,
+    unit_last,
+)
 from impls.cutile.common import KernelCall, next_pow2
 from impls.cutile.fwd_pass_state import seq_ends
 
@@ -94,3 +104,29 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32
             4 if sw.latency_hints else 0)
     grid = (batch * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
     return kernel_call(bwd_state_pass_kernel, grid, args, config, sw.opt_level)
+
+
+def state_pass(C, dA_cumsum, seq_idx, states, final, dfinal, dy, z, extra_states, has_init, *, sw, config, tf32: bool,
+               submit=None):
+    """-> (R (batch, nchunks, nheads, headdim, dstate) in C's dtype: the gradient of the state each chunk leaves,
+    dΛ_last partials (batch, nheads, nchunks, state tiles) fp32, the initial states' gradient fp32 or None)."""
+    from impls.cutile import common
+
+    batch, seqlen, nheads, headdim = dy.shape
+    ngroups, dstate = C.shape[2], C.shape[3]
+    nchunks, chunk = dA_cumsum.shape[2], dA_cumsum.shape[3]
+    dev, f32 = C.device, torch.float32
+    storage, transposed = state_storage(states)
+    ds = torch.empty((batch, nchunks, nheads, headdim, dstate), dtype=C.dtype, device=dev)
+    lasts = torch.empty((batch, nheads, nchunks, tiles(headdim, dstate, config)), dtype=f32, device=dev)
+    dinit = torch.empty((batch, nheads, headdim, dstate), dtype=f32, device=dev) if has_init else None
+    dfin = unit_last(dfinal.to(f32)) if dfinal is not None else None
+    arrays = (C, dA_cumsum, or_stand_in(seq_idx, dev, torch.int32, 2), storage, final, or_stand_in(dfin, dev, f32, 4),
+              dy, or_stand_in(z, dev, dy.dtype, 4), or_stand_in(extra_states, dev, f32, 5), ds, lasts,
+              or_stand_in(dinit, dev, f32, 4))
+    flags = {"dfinal": dfinal is not None, "seq": seq_idx is not None, "z": z is not None,
+             "ext": extra_states is not None, "init": has_init}
+    call = make_call(arrays, (batch, seqlen, nheads, headdim, ngroups, dstate), chunk, flags, transposed, tf32, sw,
+                     config)
+    (submit or common.launch)(call)
+    return ds, lasts, dinit
