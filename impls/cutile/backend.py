@@ -30,14 +30,14 @@ class CutileBackend(Backend):
     TUNED = True
     DEFAULTS = CUTILE_DEFAULTS  # per target (impls/cutile/defaults.py)
     TILE_PROTOCOL = None  # per stage, in describe()["stages"] (impls/tuning.py Resolution)
-    BACKWARD = ("cuTile kernels (impls/cutile/backward/), compiled for sm_90 but not yet run on a GPU (the gradient "
-                "gate has not judged them): the forward keeps stage 1's dt and dA_cumsum, the final states and the "
-                "states entering every chunk (switch bwd_recompute_states, or fuse_state_out's serial program: none, "
-                "stage 2 runs again); the backward walks the chunks in reverse carrying the state gradient, then "
-                "per-head chunk, per-group d(C·Bᵀ)/dC and dB, and chunk_cumsum's backward kernels, every reduction "
-                "by partials summed in a fixed order (no atomics); with z, compute_out runs again without it (ŷ, for "
-                "dz); with cu_seqlens, the per-sequence states' gradient goes back through the forward's PyTorch "
-                "varlen_states by autograd")
+    BACKWARD = ("cuTile kernels (impls/cutile/backward/), not yet run on a GPU (compiled for sm_90 and sm_100, and "
+                "through the gradient gate on CPU with torch standing in for cuda.tile; the GPU's gate pending): the "
+                "forward keeps stage 1's dt and dA_cumsum, the final states and the states entering every chunk "
+                "(switch bwd_recompute_states, or fuse_state_out's serial program: none, stage 2 runs again); the "
+                "backward walks the chunks in reverse carrying the state gradient, then per-head chunk, per-group "
+                "d(C·Bᵀ)/dC and dB, and chunk_cumsum's backward kernels, every reduction by partials summed in a fixed "
+                "order (no atomics); with z, compute_out runs again without it (ŷ, for dz); with cu_seqlens, the "
+                "per-sequence states' gradient goes back through the forward's PyTorch varlen_states by autograd")
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)

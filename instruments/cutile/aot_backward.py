@@ -24,12 +24,12 @@ EVERYTHING = {"seq": True, "z": True, "init": True, "varlen": True, "d_mode": 2,
 
 def build_call(kernel: str, dtype: torch.dtype, switches, dims: dict | None = None, config: dict | None = None,
                optional: dict | None = None, wide: bool = False, transposed: bool | None = None) -> KernelCall:
-    """`kernel`'s KernelCall for `dtype` inputs with placeholders at `dims` (S1's by default), the config given (else
-    the sm_90 fallback), the optional inputs of `optional` (HEADLINE's by default), states stored (…, dstate,
-    headdim) when `transposed` (default: switch transposed_layout) and int64-indexed arrays when `wide`."""
+    """`kernel`'s KernelCall for `dtype` inputs with placeholders at `dims` (S1's by default), the config given over
+    the sm_90 fallback for `dtype`, the optional inputs of `optional` (HEADLINE's by default), states stored (…,
+    dstate, headdim) when `transposed` (default: switch transposed_layout) and int64-indexed arrays when `wide`."""
     d = dict(S1, **(dims or {}))
     on = dict(HEADLINE, **(optional or {}))
-    config = dict(tune.FALLBACK[9][kernel], **(config or {}))
+    config = dict(tune.fallback(kernel, 9, str(dtype).replace("torch.", "")), **(config or {}))
     trans = switches.transposed_layout if transposed is None else transposed
     f32, i32 = torch.float32, torch.int32
     tf32 = dtype == f32 and switches.cb_precision == "tf32"

@@ -44,9 +44,9 @@ def _skip_grads(D, x_s, dyh_s, h, BP, D_MODE, k):
 
 def _gate_grad(dy, z, yhat, b, sb, h, BS, BP, k):
     """dz = dy ⊙ ŷ ⊙ σ(z)(1 + z(1 − σ(z))) for y = ŷ ⊙ silu(z), fp32 (BS, BP)."""
-    zz = rows(z, b, sb, h, BS, BP, k).astype(ct.float32)
+    zz = rows(z, b, sb, h, 0, BS, BP, k).astype(ct.float32)
     sig = 1.0 / (1.0 + k.exp(-zz * k.base()))
-    g = rows(dy, b, sb, h, BS, BP, k).astype(ct.float32) * rows(yhat, b, sb, h, BS, BP, k).astype(ct.float32)
+    g = rows(dy, b, sb, h, 0, BS, BP, k).astype(ct.float32) * rows(yhat, b, sb, h, 0, BS, BP, k).astype(ct.float32)
     return g * sig * (1.0 + zz * (1.0 - sig))
 
 
@@ -85,10 +85,10 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
     dA_s = per_position(dA, b, h, c, t, BS, k) * k.base()
     dA_last = ct.gather(dA, (b, h, c, CHUNK - 1)) * k.base()
     dt_s = per_position(dt, b, h, c, t, BS, k)
-    x_s = rows(x, b, sb, h, BS, BP, k)
-    B_s = rows(B, b, sb, g, BS, BN, k)
-    C_s = rows(C, b, sb, g, BS, BN, k)
-    dyh_s = gated_dy(dy, z, b, sb, h, BS, BP, HAS_Z, k)
+    x_s = rows(x, b, sb, h, 0, BS, BP, k)
+    B_s = rows(B, b, sb, g, 0, BS, BN, k)
+    C_s = rows(C, b, sb, g, 0, BS, BN, k)
+    dyh_s = gated_dy(dy, z, b, sb, h, 0, BS, BP, HAS_Z, k)
     own = mask_s  # the tokens the chunk's local state counts: those of the sequence at its last token
     enter = mask_s  # the tokens that read the entering state: those of the sequence active before the chunk
     seq_s = offs_s
@@ -125,8 +125,8 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
     for j in range((t * BS) // BL, (chunk_len + BL - 1) // BL):
         lb = c * (CHUNK // BL) + j
         offs_l = _positions(j * BL, BL)
-        C_l = rows(C, b, lb, g, BL, BN, k)
-        dyh_l = gated_dy(dy, z, b, lb, h, BL, BP, HAS_Z, k).astype(x.dtype)
+        C_l = rows(C, b, lb, g, 0, BL, BN, k)
+        dyh_l = gated_dy(dy, z, b, lb, h, 0, BL, BP, HAS_Z, k).astype(x.dtype)
         dA_l = per_position(dA, b, h, c, j, BL, k) * k.base()
         keep = ((offs_l.reshape((BL, 1)) >= offs_s.reshape((1, BS))) & (offs_l < chunk_len).reshape((BL, 1))
                 & mask_s.reshape((1, BS)))
@@ -146,7 +146,7 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
     ddt_s = ddt_s + U
     dl_s = dl_s - col
     if HAS_XV:  # the per-sequence states' gradient (cu_seqlens), from autograd
-        dxa = dxa + rows(xv, b, sb, h, BS, BP, k)
+        dxa = dxa + rows(xv, b, sb, h, 0, BS, BP, k)
     ct.store(dx, (b, sb, h, 0), dxa.astype(dx.dtype).reshape((1, BS, 1, BP)), allow_tma=k.tma())
     ct.store(ddt, (b, h, c, t), ddt_s.reshape((1, 1, 1, BS)))
     ct.store(dl, (b, h, c, t), dl_s.reshape((1, 1, 1, BS)))

@@ -41,10 +41,10 @@ class Hints(CopyHints):
         return ct.mma(a, b, acc)
 
 
-def rows(t, b, block, col, BL, BC, k):
-    """The (BL, BC) tile of rows block·BL … of a (batch, seqlen, heads or groups, channels) tensor at head or group
-    `col`, as stored; rows past seqlen read as zero."""
-    tile = ct.load(t, (b, block, col, 0), (1, BL, 1, BC), padding_mode=ZERO, allow_tma=k.tma(), latency=k.lat())
+def rows(t, b, block, hg, cb, BL, BC, k):
+    """The (BL, BC) tile of rows block·BL … and channels cb·BC … of a (batch, seqlen, heads or groups, channels)
+    tensor at head or group `hg`, as stored; rows past seqlen and channels past the last read as zero."""
+    tile = ct.load(t, (b, block, hg, cb), (1, BL, 1, BC), padding_mode=ZERO, allow_tma=k.tma(), latency=k.lat())
     return tile.reshape((BL, BC))
 
 
@@ -53,11 +53,11 @@ def per_position(t, b, h, c, block, BL, k):
     return ct.load(t, (b, h, c, block), (1, 1, 1, BL), allow_tma=k.tma()).reshape((BL,))
 
 
-def gated_dy(dy, z, b, block, h, BL, BP, HAS_Z, k):
-    """dŷ = dy ⊙ silu(z) (dy without z) as an fp32 (BL, BP) tile."""
-    g = rows(dy, b, block, h, BL, BP, k).astype(ct.float32)
+def gated_dy(dy, z, b, block, h, pb, BL, BP, HAS_Z, k):
+    """dŷ = dy ⊙ silu(z) (dy without z) as an fp32 (BL, BP) tile of `rows` (headdim block pb)."""
+    g = rows(dy, b, block, h, pb, BL, BP, k).astype(ct.float32)
     if HAS_Z:
-        zz = rows(z, b, block, h, BL, BP, k).astype(ct.float32)
+        zz = rows(z, b, block, h, pb, BL, BP, k).astype(ct.float32)
         g = g * zz / (1.0 + k.exp(-zz * k.base()))
     return g
 

@@ -46,7 +46,7 @@ def _source_tile(x, C, dt, dA, seq, ds, dG, bv, dB, seqlen, heads_per_group, b, 
                   & mask_s.reshape((1, BT)))
         dGt = ct.load(dG, (b, c, g, i, j), (1, 1, 1, BT, BT), allow_tma=k.tma()).reshape((BT, BT))
         dGt = ct.where(causal, dGt, 0.0)  # (l, s)
-        acc = k.mma(ct.transpose(dGt).astype(x.dtype), rows(C, b, c * (CHUNK // BT) + i, g, BT, BN, k), acc)
+        acc = k.mma(ct.transpose(dGt).astype(x.dtype), rows(C, b, c * (CHUNK // BT) + i, g, 0, BT, BN, k), acc)
     own = mask_s
     if HAS_SEQ:
         seq_s = ct.load(seq, (b, sb), (1, BT), padding_mode=ZERO, allow_tma=k.tma()).reshape((BT,))
@@ -57,11 +57,11 @@ def _source_tile(x, C, dt, dA, seq, ds, dG, bv, dB, seqlen, heads_per_group, b, 
         dA_s = per_position(dA, b, h, c, j, BT, k) * k.base()
         dA_last = ct.gather(dA, (b, h, c, CHUNK - 1)) * k.base()
         w = ct.where(own, k.exp(dA_last - dA_s), 0.0) * per_position(dt, b, h, c, j, BT, k)
-        xw = rows(x, b, sb, h, BT, BP, k).astype(ct.float32) * w.reshape((BT, 1))
+        xw = rows(x, b, sb, h, 0, BT, BP, k).astype(ct.float32) * w.reshape((BT, 1))
         R = ct.load(ds, (b, c, h, 0, 0), (1, 1, 1, BP, BN), padding_mode=ZERO, allow_tma=k.tma(), latency=k.lat())
         acc = k.mma(xw.astype(x.dtype), R.reshape((BP, BN)), acc)
     if HAS_BV:  # the per-sequence states' gradient (cu_seqlens), from autograd
-        acc = acc + rows(bv, b, sb, g, BT, BN, k)
+        acc = acc + rows(bv, b, sb, g, 0, BT, BN, k)
     ct.store(dB, (b, sb, g, 0), acc.astype(dB.dtype).reshape((1, BT, 1, BN)), allow_tma=k.tma())
 
 

@@ -68,8 +68,8 @@ def _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group,
         dGt = ct.zeros((BT, BT), ct.float32)
         for hh in range(heads_per_group):
             h = h0 + hh
-            dyh_l = gated_dy(dy, z, b, lb, h, BT, BP, HAS_Z, k).astype(x.dtype)
-            x_s = rows(x, b, sb, h, BT, BP, k)
+            dyh_l = gated_dy(dy, z, b, lb, h, 0, BT, BP, HAS_Z, k).astype(x.dtype)
+            x_s = rows(x, b, sb, h, 0, BT, BP, k)
             dA_l = per_position(dA, b, h, c, i, BT, k) * k.base()
             dA_s = per_position(dA, b, h, c, j, BT, k) * k.base()
             dt_s = per_position(dt, b, h, c, j, BT, k)
@@ -78,12 +78,12 @@ def _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group,
             dGt = dGt + dM * L * dt_s.reshape((1, BT))
         # whole tiles: the dB kernel reads the causal part of what is here
         ct.store(dG, (b, c, g, i, j), dGt.reshape((1, 1, 1, BT, BT)))
-        acc = k.mma(dGt.astype(x.dtype), rows(B, b, sb, g, BT, BN, k), acc)
+        acc = k.mma(dGt.astype(x.dtype), rows(B, b, sb, g, 0, BT, BN, k), acc)
     for hh in range(heads_per_group):
         h = h0 + hh
         dA_l = per_position(dA, b, h, c, i, BT, k) * k.base()
         scale = ct.where(enter, k.exp(dA_l), 0.0).reshape((BT, 1))
-        dyh_l = gated_dy(dy, z, b, lb, h, BT, BP, HAS_Z, k)
+        dyh_l = gated_dy(dy, z, b, lb, h, 0, BT, BP, HAS_Z, k)
         S = state_tile(states, b, c, h, 0, 0, BP, BN, TRANS, k).astype(x.dtype)
         acc = k.mma((dyh_l * scale).astype(x.dtype), S, acc)
     ct.store(dC, (b, lb, g, 0), acc.astype(dC.dtype).reshape((1, BT, 1, BN)), allow_tma=k.tma())

@@ -17,6 +17,7 @@ from impls.cutile.backward.common import (
     kernel_call,
     or_stand_in,
     per_position,
+    rows,
     state_storage,
     state_tile,
     unit_last,
@@ -67,9 +68,9 @@ def bwd_state_pass_kernel(C, dA, seq, states, final, dfinal, dy, z, ext, ds, las
             s_last, s_prev = seq_ends(seq, seqlen, b, c, CHUNK)
             scale = ct.where(s_t == s_prev, scale, 0.0)
             decay = ct.where(s_last == s_prev, decay, 0.0)
-        dyw = gated_dy(dy, z, b, c, h, CHUNK, BP, HAS_Z, k) * scale.reshape((CHUNK, 1))
-        Ct = ct.load(C, (b, c, g, nb), (1, CHUNK, 1, BN), padding_mode=ZERO, allow_tma=k.tma(), latency=k.lat())
-        R = k.mma(ct.transpose(dyw.astype(C.dtype)), Ct.reshape((CHUNK, BN)), R * decay.reshape((1, 1)))
+        dyw = gated_dy(dy, z, b, c, h, pb, CHUNK, BP, HAS_Z, k) * scale.reshape((CHUNK, 1))
+        Ct = rows(C, b, c, g, nb, CHUNK, BN, k)
+        R = k.mma(ct.transpose(dyw.astype(C.dtype)), Ct, R * decay.reshape((1, 1)))
         if HAS_EXT:
             R = R + _ext_tile(ext, b, c, h, pb, nb, BP, BN, k)
         S_next = state_tile(states, b, c, h, pb, nb, BP, BN, TRANS, k).astype(ct.float32)  # S_c: S_{c+1} of c − 1

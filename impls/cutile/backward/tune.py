@@ -31,6 +31,9 @@ FALLBACK = {
         CUMSUM: {"block_heads": 8, "occupancy": 0}},
 }
 FALLBACK[10] = FALLBACK[9]  # sm_100: unmeasured
+# fp32 inputs (tf32 MMAs) at the chunk kernel's 64 × 64 tiles with two warpgroups: tileiras fails (exit status 5)
+# with every optional input; 32 rows compile (6 local loads and stores)
+FP32_FALLBACK = {CHUNK: {"block_rows": 32}}
 SPACE: dict[str, dict[str, list]] = {
     STATE_PASS: {"block_headdim": [64, 32], "block_dstate": [64, 32, 128], "occupancy": [0, 2],
                  "worker_warps": [0, 8]},
@@ -43,9 +46,17 @@ CODE_SWITCHES = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")  #
 STACK = ("cuda-tile", "tileiras", "driver")  # what a cuTile record is bound to
 
 
-def fallback(stage: str, device) -> dict:
-    major = torch.cuda.get_device_capability(device)[0] if torch.cuda.is_available() else 9
-    return dict(FALLBACK.get(major, FALLBACK[9])[stage])
+def fallback(stage: str, major: int, dtype: str) -> dict:
+    """The fixed config of `stage` on a GPU of compute capability `major` (sm_90's elsewhere) for `dtype` inputs."""
+    config = dict(FALLBACK.get(major, FALLBACK[9])[stage])
+    if dtype == "float32":
+        config.update(FP32_FALLBACK.get(stage, {}))
+    return config
+
+
+def device_major(device) -> int:
+    """The compute capability major of `device` (9 without a GPU: the sm_90 fallback, as compiled ahead of time)."""
+    return torch.cuda.get_device_capability(device)[0] if torch.cuda.is_available() else 9
 
 
 def configs(stage: str) -> list[dict]:
@@ -71,8 +82,8 @@ def resolve(backend, stage: str, shape_label: str, dtype: str, flags: dict, devi
         gpu = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "cpu"
         resolution = tuning.resolve(tuning.Tunable(
             backend="cutile", stage=stage, key=key, gpu=gpu, mode=backend.switches.tuning,
-            fallback=fallback(stage, device), space=SPACE[stage], configs=configs(stage), run=launch,
-            timer=forward_tune.kernel_timer(make_call), stack=STACK))
+            fallback=fallback(stage, device_major(device), dtype), space=SPACE[stage], configs=configs(stage),
+            run=launch, timer=forward_tune.kernel_timer(make_call), stack=STACK))
         backend._resolved[(stage, key)] = resolution
     backend._sources[stage] = resolution.as_dict()
     return dict(resolution.config)
