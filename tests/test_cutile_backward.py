@@ -45,8 +45,8 @@ ALL_OFF = CutileSwitches(**{k: OFF_VALUE.get(k, False) for k in CODE_SWITCHES})
 WARPGROUP_MMA = {tune.STATE_PASS, tune.CHUNK, tune.DB}  # dcb's 32-row tiles lower to mma.sync (HMMA)
 
 
-def _facts(kernel, dtype=torch.bfloat16, switches=None, dims=None, optional=None, arch="sm_90"):
-    cubin = export(build_call(kernel, dtype, switches or CutileSwitches(), dims, optional=optional), arch)
+def _facts(kernel, dtype=torch.bfloat16, switches=None, dims=None, optional=None, arch="sm_90", wide=False):
+    cubin = export(build_call(kernel, dtype, switches or CutileSwitches(), dims, optional=optional, wide=wide), arch)
     f = cubin_facts(cubin)
     ops = opcodes(f.sass)
     found = {**facts(f.sass), "HMMA": sum(n for op, n in ops.items() if op.startswith("HMMA")),
@@ -81,10 +81,13 @@ def test_compiles_for_sm100(kernel):
 @pytest.mark.slow
 @needs_cuobjdump
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("dtype, switches", [(torch.bfloat16, ALL_OFF), (torch.float32, None), (torch.float16, None)],
-                         ids=["bf16-all-off", "fp32", "fp16"])
-def test_compiles_with_other_switches_and_dtypes(kernel, dtype, switches):
-    assert _facts(kernel, dtype, switches, optional=EVERYTHING)["instructions"] > 100
+@pytest.mark.parametrize("dtype, switches, wide", [(torch.bfloat16, ALL_OFF, False), (torch.float32, None, False),
+                                                   (torch.float16, None, False), (torch.bfloat16, None, True)],
+                         ids=["bf16-all-off", "fp32", "fp16", "bf16-int64-offsets"])
+def test_compiles_with_other_switches_and_dtypes(kernel, dtype, switches, wide):
+    """Every optional input; int64 offsets: the build for arrays past 2^31 elements (2^20 tokens at S1's heads)."""
+    dims = {"batch": 1, "seqlen": 2**20} if wide else None
+    assert _facts(kernel, dtype, switches, dims, EVERYTHING, wide=wide)["instructions"] > 100
 
 
 # --- the host side, launches intercepted -------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import torch
 from impls.chunked_backward import Saved, cast, partial_sums, recompute_states, varlen_extra
 from impls.cutile.backward import tune
 from impls.cutile.backward.chunk import chunk_grads
+from impls.cutile.backward.common import unit_last
 from impls.cutile.backward.cumsum import cumsum_grads
 from impls.cutile.backward.db import db_grads
 from impls.cutile.backward.dcb import dcb_grads
@@ -61,7 +62,7 @@ class CutileBackward:
         x, B, C, D, z, seq_idx = a["x"], a["B"], a["C"], a["D"], a["z"], a["seq_idx"]
         dy = grads.get("y")
         dy = torch.zeros_like(self.outputs.y) if dy is None else dy.to(x.dtype)
-        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
+        dy = unit_last(dy)
         states = sv.states if sv.states is not None else recompute_states(self.backend, a, sv)
         extra = varlen_extra(a, sv, grads.get("varlen_states"), states)
         ext = {name: None if t is None else t.contiguous() for name, t in vars(extra).items()}

@@ -79,6 +79,7 @@ def bwd_state_pass_kernel(C, dA, seq, states, final, dfinal, dy, z, ext, ds, las
 
 
 def _ext_tile(ext, b, c, h, pb, nb, BP, BN, k):
+    """The (BP, BN) tile of the per-sequence states' gradient of S_c, (b, nchunks, h, headdim, dstate) fp32."""
     st = ct.load(ext, (b, c, h, pb, nb), (1, 1, 1, BP, BN), padding_mode=ZERO, allow_tma=k.tma())
     return st.reshape((BP, BN))
 
