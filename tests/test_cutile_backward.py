@@ -119,6 +119,7 @@ def _intercepted_backward(problem: Problem, **switches):
     return launches, dict(zip(leaves, found)), leaves
 
 
+@pytest.mark.quick
 def test_the_backward_launches_its_five_kernels_with_these_grids_and_buffers():
     """ngroups 2, z, D per channel, seq_idx, initial states, seqlen 1000 (4 chunks of 256): after the forward,
     compute_out again without z (ŷ, for dz), then the five kernels; every gradient in its input's shape and dtype."""
@@ -208,7 +209,7 @@ HEADLINE = Problem(Shape(2, 40, 4, 32, 1, 32, 16), dtype="float32")  # softplus,
 RICH = Problem(Shape(1, 70, 4, 32, 2, 32, 32), dtype="float32", has_z=True, D_per_channel=True,
                has_initial_states=True, nseqs=3)  # seq_idx, 70 = 2 chunks + 6
 CASES = [
-    pytest.param(HEADLINE, SMALL, {}, id="headline-g1"),
+    pytest.param(HEADLINE, SMALL, {}, id="headline-g1", marks=pytest.mark.quick),  # the quick tier
     pytest.param(RICH, ROWS_LONGER, {}, id="z-Dchannel-init-seq_idx-g2"),
     pytest.param(dataclasses.replace(RICH, dtype="bfloat16"), SMALL, {}, id="bf16-z-Dchannel-init-seq_idx-g2"),
     pytest.param(Problem(Shape(1, 70, 4, 32, 4, 32, 32), dtype="float32", has_z=True, has_initial_states=True,
