@@ -80,16 +80,19 @@ def availability(name: str) -> tuple[type[Backend] | None, bool, str]:
 def cmd_backends(args) -> int:
     for name, decl in declarations().items():
         packages, reason = declared_packages(decl)
+        cls = None
         if reason:
             status = "unavailable: " + reason
         elif args.check:
-            _, ok, why = availability(name)
+            cls, ok, why = availability(name)
             status = "available" if ok else "unavailable: " + why
         else:
             status = "declared packages installed (not imported; --check asks the backend)"
         print(f"{name}: {status}")
         print(f"  stages: {', '.join(decl.stages)}")
         print(f"  requires: {'; '.join(packages)}")
+        if cls is not None:  # what its backward is (impls.ssd), or why it has none
+            print(f"  backward: {cls.BACKWARD or 'none: ' + cls.NO_BACKWARD}")
     return 0
 
 

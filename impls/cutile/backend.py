@@ -30,6 +30,14 @@ class CutileBackend(Backend):
     TUNED = True
     DEFAULTS = CUTILE_DEFAULTS  # per target (impls/cutile/defaults.py)
     TILE_PROTOCOL = None  # per stage, in describe()["stages"] (impls/tuning.py Resolution)
+    BACKWARD = ("cuTile kernels (impls/cutile/backward/), not yet run on a GPU (compiled for sm_90 and sm_100, and "
+                "through the gradient gate on CPU with torch standing in for cuda.tile; the GPU's gate pending): the "
+                "forward keeps stage 1's dt and dA_cumsum, the final states and the states entering every chunk "
+                "(switch bwd_recompute_states, or fuse_state_out's serial program: none, stage 2 runs again); the "
+                "backward walks the chunks in reverse carrying the state gradient, then per-head chunk, per-group "
+                "d(C·Bᵀ)/dC and dB, and chunk_cumsum's backward kernels, every reduction by partials summed in a fixed "
+                "order (no atomics); with z, compute_out runs again without it (ŷ, for dz); with cu_seqlens, the "
+                "per-sequence states' gradient goes back through the forward's PyTorch varlen_states by autograd")
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)
@@ -208,6 +216,11 @@ class CutileBackend(Backend):
         dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
         return {"fused_state_out": lambda: self.fused_state_out(C, B, x, dt_out, dA_cumsum, initial_states, D, z,
                                                                 state_dtype)}
+
+    def forward_for_backward(self, args, needs):
+        from impls.cutile.backward.run import forward_for_backward
+
+        return forward_for_backward(self, args, needs)
 
     def _tf32(self, x) -> bool:
         return x.dtype == torch.float32 and self.switches.cb_precision == "tf32"

@@ -193,6 +193,12 @@ class CutileSwitches:
     tuning: str = switch(
         "auto", "where tile sizes/occupancy come from (impls/tuning.py modes)",
         choices=tuning.MODES)
+    bwd_recompute_states: bool = switch(
+        False, "the backward (impls.ssd): off = the forward keeps the states entering every chunk (its `states`, "
+               "batch·nchunks·nheads·headdim·dstate elements in state_dtype) until the backward reads them; on = it "
+               "keeps none and the backward recomputes them with stage 2 (one fwd_pass_state more), as it always "
+               "does after fuse_state_out's serial program, which makes none; the forward's kernels are unchanged "
+               "either way (impls/cutile/backward/)")
 
     def __post_init__(self):
         if self.fused_program != FUSED_PROGRAMS[0] and not self.fuse_state_out:

@@ -253,5 +253,6 @@ KEY_ROLES = {
     **dict.fromkeys(("cb_mode", "block_heads", "block_rows", "block_headdim", "block_dstate", "heads_per_tile",
                      "occupancy"), tuning.PIN),
     "fuse_state_out": tuning.KERNELS,
+    "bwd_recompute_states": tuning.KERNELS,  # stage 2 once more in the backward, on its own records
     "tuning": tuning.NEITHER,
 }

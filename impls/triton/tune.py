@@ -116,5 +116,6 @@ KEY_ROLES = {
     **dict.fromkeys(("block_rows", "block_positions", "block_headdim", "block_dstate", "block_heads", "block_state",
                      "num_warps", "num_stages", "heads_per_tile", "occupancy", "state_occupancy"), tuning.PIN),
     "state_pass": tuning.KERNELS,
-    **dict.fromkeys(("launch_path", "tuning", "bwd_recompute_states"), tuning.NEITHER),
+    "bwd_recompute_states": tuning.KERNELS,  # stage 2 once more in the backward, on its own records
+    **dict.fromkeys(("launch_path", "tuning"), tuning.NEITHER),
 }

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from impls.chunked_backward import Saved, cast, partial_sums, recompute_states, varlen_extra
 from impls.problem import Shape, dtype_name
 from impls.registry import ForwardResult
 from impls.triton.backward import tune
@@ -16,29 +17,6 @@ from impls.triton.backward.cumsum import cumsum_grads
 from impls.triton.backward.db import db_grads
 from impls.triton.backward.dcb import dcb_grads
 from impls.triton.backward.state_pass import state_pass
-
-
-@dataclass(frozen=True)
-class Saved:
-    """What the forward keeps besides the inputs: stage 1's outputs (fp32, 2 × batch·nheads·seqlen padded to
-    whole chunks), the final states (the forward's output) and the states entering every chunk (None with switch
-    bwd_recompute_states)."""
-
-    dt: torch.Tensor
-    dA_cumsum: torch.Tensor
-    final_states: torch.Tensor
-    states: torch.Tensor | None
-
-
-@dataclass(frozen=True)
-class Extra:
-    """The gradients the per-sequence states (cu_seqlens) send into the chunked quantities, fp32; None without."""
-
-    dx: torch.Tensor | None = None
-    dB: torch.Tensor | None = None
-    ddt: torch.Tensor | None = None  # the processed dt's
-    dA_cumsum: torch.Tensor | None = None
-    states: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -79,8 +57,8 @@ class TritonBackward:
         x, B, C, D, z, seq_idx = a["x"], a["B"], a["C"], a["D"], a["z"], a["seq_idx"]
         dy = grads.get("y")
         dy = torch.zeros_like(self.outputs.y) if dy is None else dy
-        states = sv.states if sv.states is not None else self._recompute_states()
-        extra = self._varlen_extra(grads.get("varlen_states"), states)
+        states = sv.states if sv.states is not None else recompute_states(self.backend, a, sv)
+        extra = varlen_extra(a, sv, grads.get("varlen_states"), states)
         yhat = None
         if z is not None:  # ŷ = y before the gate, for dz: compute_out without z
             yhat = self.backend.compute_out(C, B, x, sv.dt, sv.dA_cumsum, states, D, None, seq_idx)
@@ -109,50 +87,8 @@ class TritonBackward:
             a["dt"], a["A"], a["dt_bias"], a["dt_softplus"], a["dt_limit"], sv.dt, dl, ddt1, row,
             chunk_config["block_sources"], lasts, extra.dA_cumsum, extra.ddt, config=cfg, **go.kw))
         found = {"x": dx, "dt": ddt, "B": dB, "C": dC, "z": dz, "initial_states": dinit}
-        found.update(self._sums(dA_part, bias_part, dD_part))
+        found.update(partial_sums(a, dA_part, bias_part, dD_part))
         return {name: cast(found.get(name), a[name]) for name, wanted in self.needs.items() if wanted}
-
-    def _sums(self, dA_part, bias_part, dD_part) -> dict:
-        """dA, ddt_bias and dD from their partials (per batch row and chunk; per source tile too for dD), summed in
-        float64 in a fixed order: a few numbers per head."""
-        a = self.args
-        out = {"A": dA_part.sum(dim=(0, 2), dtype=torch.float64)}
-        if a["dt_bias"] is not None:
-            out["dt_bias"] = bias_part.sum(dim=(0, 2), dtype=torch.float64)
-        if a["D"] is not None:
-            dD = dD_part.sum(dim=(0, 1, 2), dtype=torch.float64)
-            out["D"] = dD.sum(dim=-1) if a["D"].dim() == 1 else dD
-        return out
-
-    def _recompute_states(self) -> torch.Tensor:
-        """Switch bwd_recompute_states: the states entering every chunk, from stage 2 again."""
-        a, sv = self.args, self.saved
-        states, _ = self.backend.fwd_pass_state(a["B"], a["x"], sv.dt, sv.dA_cumsum, a["initial_states"],
-                                                a["seq_idx"], a["state_dtype"])
-        return states
-
-    def _varlen_extra(self, dvarlen, states) -> Extra:
-        """With cu_seqlens and a gradient flowing into the per-sequence states: that gradient taken back to x, B,
-        dt, dA_cumsum and the entering states by autograd through the PyTorch varlen_states the forward runs
-        (fp32 leaves: nothing rounded on the way)."""
-        a, sv = self.args, self.saved
-        if a["cu_seqlens"] is None or dvarlen is None:
-            return Extra()
-        from impls.reference.varlen import varlen_states
-
-        names = ("B", "x", "dt", "dA_cumsum", "states")  # varlen_states' arguments, in order
-        leaves = [t.detach().to(torch.float32).requires_grad_() for t in (a["B"], a["x"], sv.dt, sv.dA_cumsum,
-                                                                           states)]
-        with torch.enable_grad():
-            out = varlen_states(*leaves, a["cu_seqlens"])
-            found = torch.autograd.grad(out, leaves, dvarlen.to(out.dtype), allow_unused=True)
-        return Extra(**{("d" + n if n in ("B", "x", "dt") else n): torch.zeros_like(t) if g is None else g
-                        for n, t, g in zip(names, leaves, found)})
-
-
-def cast(grad: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | None:
-    """A gradient in its input's dtype (None where either is absent)."""
-    return None if grad is None or like is None else grad.to(like.dtype)
 
 
 def forward_for_backward(backend, args: dict, needs: dict) -> TritonBackward:

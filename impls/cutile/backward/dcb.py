@@ -1,0 +1,126 @@
+"""Backward stage in cuTile: d(C·Bᵀ) per group, and dC. One tile program per (row tile, group, batch·chunk) forms,
+for each source tile s up to its rows, dG = Σ_{h in the group} dM^h ∘ L^h ∘ dt^h_s (one MMA per head), stores it
+for the dB kernel and adds dG B_s to dC; then the entering states' term Σ_h e^{Λ^h_l} dŷ^h_l S^h_c
+(impls/README.md, "The chunked backward", step 4). The heads of a group are summed in a fixed order on chip: no
+atomics. A row tile past the end of a short last chunk has no rows and does nothing."""
+
+from __future__ import annotations
+
+import math
+
+import cuda.tile as ct
+import torch
+
+from impls.cutile.backward.common import (
+    Hints,
+    chunk_length,
+    gated_dy,
+    kernel_call,
+    or_stand_in,
+    per_position,
+    rows,
+    state_storage,
+    state_tile,
+)
+from impls.cutile.common import KernelCall, next_pow2
+
+ZERO = ct.PaddingMode.ZERO
+
+
+def bwd_dcb_kernel(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group,
+                   CHUNK: ct.Constant[int], BT: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
+                   HAS_SEQ: ct.Constant[bool], HAS_Z: ct.Constant[bool], TRANS: ct.Constant[bool],
+                   TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int]):
+    """dG (b, nchunks, g, chunk, chunk) fp32, tiles (row tile i, source tile j ≤ i) of BT × BT; dC in C's dtype."""
+    k = Hints(TMA, LAT, EXP2, TF32)
+    # one flat grid axis: row tile fastest, then group, chunk, batch
+    pid = ct.bid(0)
+    tiles, ngroups, nchunks = CHUNK // BT, B.shape[2], dA.shape[2]
+    i, g = pid % tiles, (pid // tiles) % ngroups
+    c, b = (pid // (tiles * ngroups)) % nchunks, pid // (tiles * ngroups * nchunks)
+    chunk_len = chunk_length(seqlen, c, CHUNK)
+    if i * BT < chunk_len:
+        _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group, b, c, g, i, chunk_len, CHUNK, BT,
+                  BP, BN, HAS_SEQ, HAS_Z, TRANS, k)
+
+
+def _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group, b, c, g, i, chunk_len, CHUNK, BT, BP,
+              BN, HAS_SEQ, HAS_Z, TRANS, k):
+    lb = c * (CHUNK // BT) + i
+    offs_l = i * BT + ct.arange(BT, dtype=ct.int32)
+    mask_l = offs_l < chunk_len
+    enter = mask_l
+    seq_l = offs_l
+    if HAS_SEQ:
+        seq_l = ct.load(seq, (b, lb), (1, BT), padding_mode=ZERO, allow_tma=k.tma()).reshape((BT,))
+        s_prev = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
+        enter = enter & (seq_l == s_prev)
+    h0 = g * heads_per_group
+    acc = ct.zeros((BT, BN), ct.float32)
+    for j in range(i + 1):  # every source tile j ≤ i starts inside the chunk (the row tile does)
+        sb = c * (CHUNK // BT) + j
+        offs_s = j * BT + ct.arange(BT, dtype=ct.int32)
+        keep = (offs_l.reshape((BT, 1)) >= offs_s.reshape((1, BT))) & mask_l.reshape((BT, 1))
+        keep = keep & (offs_s < chunk_len).reshape((1, BT))
+        if HAS_SEQ:
+            seq_s = ct.load(seq, (b, sb), (1, BT), padding_mode=ZERO, allow_tma=k.tma()).reshape((1, BT))
+            keep = keep & (seq_l.reshape((BT, 1)) == seq_s)
+        dGt = ct.zeros((BT, BT), ct.float32)
+        for hh in range(heads_per_group):
+            h = h0 + hh
+            dyh_l = gated_dy(dy, z, b, lb, h, 0, BT, BP, HAS_Z, k).astype(x.dtype)
+            x_s = rows(x, b, sb, h, 0, BT, BP, k)
+            dA_l = per_position(dA, b, h, c, i, BT, k) * k.base()
+            dA_s = per_position(dA, b, h, c, j, BT, k) * k.base()
+            dt_s = per_position(dt, b, h, c, j, BT, k)
+            L = k.exp(ct.where(keep, dA_l.reshape((BT, 1)) - dA_s.reshape((1, BT)), -math.inf))
+            dM = k.mma(dyh_l, ct.transpose(x_s), ct.zeros((BT, BT), ct.float32))
+            dGt = dGt + dM * L * dt_s.reshape((1, BT))
+        # whole tiles: the dB kernel reads the causal part of what is here
+        ct.store(dG, (b, c, g, i, j), dGt.reshape((1, 1, 1, BT, BT)))
+        acc = k.mma(dGt.astype(x.dtype), rows(B, b, sb, g, 0, BT, BN, k), acc)
+    for hh in range(heads_per_group):
+        h = h0 + hh
+        dA_l = per_position(dA, b, h, c, i, BT, k) * k.base()
+        scale = ct.where(enter, k.exp(dA_l), 0.0).reshape((BT, 1))
+        dyh_l = gated_dy(dy, z, b, lb, h, 0, BT, BP, HAS_Z, k)
+        S = state_tile(states, b, c, h, 0, 0, BP, BN, TRANS, k).astype(x.dtype)
+        acc = k.mma((dyh_l * scale).astype(x.dtype), S, acc)
+    ct.store(dC, (b, lb, g, 0), acc.astype(dC.dtype).reshape((1, BT, 1, BN)), allow_tma=k.tma())
+
+
+def blocks(chunk: int, headdim: int, dstate: int, config: dict) -> tuple[int, int, int]:
+    """(row and source tile, headdim, dstate)."""
+    return min(config.get("block") or 64, chunk), next_pow2(headdim), next_pow2(dstate)
+
+
+def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32: bool, sw, config) -> KernelCall:
+    """arrays = (x, B, dt, dA, seq, states storage, dy, z, dG, dC): tensors, or ArraySpec for AOT compiles; flags:
+    seq, z."""
+    batch, seqlen, nheads, headdim, ngroups, dstate = dims
+    bt, bp, bn = blocks(chunk_size, headdim, dstate, config)
+    args = (*arrays, seqlen, nheads // ngroups, chunk_size, bt, bp, bn, bool(flags["seq"]), bool(flags["z"]),
+            bool(transposed), bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
+    grid = ((chunk_size // bt) * ngroups * math.ceil(seqlen / chunk_size) * batch, 1, 1)
+    return kernel_call(bwd_dcb_kernel, grid, args, config, sw.opt_level)
+
+
+def dcb_grads(x, B, C, dt, dA_cumsum, seq_idx, states, dy, z, *, sw, config, tf32: bool,
+              submit=None):
+    """-> (dC in C's dtype, d(C·Bᵀ) per group (batch, nchunks, ngroups, chunk, chunk) fp32: its causal part)."""
+    from impls.cutile import common
+
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    nchunks, chunk = dt.shape[2], dt.shape[3]
+    dev = x.device
+    storage, transposed = state_storage(states)
+    dG = torch.empty((batch, nchunks, ngroups, chunk, chunk), dtype=torch.float32, device=dev)
+    dC = torch.empty(C.shape, dtype=C.dtype, device=dev)
+    arrays = (x, B, dt, dA_cumsum, or_stand_in(seq_idx, dev, torch.int32, 2), storage, dy,
+              or_stand_in(z, dev, dy.dtype, 4), dG, dC)
+    flags = {"seq": seq_idx is not None, "z": z is not None}
+    call = make_call(arrays, (batch, seqlen, nheads, headdim, ngroups, dstate), chunk, flags, transposed, tf32, sw,
+                     config)
+    (submit or common.launch)(call)
+    return dC, dG

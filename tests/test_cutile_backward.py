@@ -1,0 +1,261 @@
+"""The cuTile backward (impls/cutile/backward/) without a GPU.
+
+- Every kernel compiles ahead of time for sm_90 at S1's sizes in bf16 (the headline's inputs, ngroups 1) and at
+  ngroups 8 with every optional input, with the fallback tiles and no local-memory spill (registers and spills
+  printed), and for sm_100; all switches off and fp32/fp16 under `slow`.
+- The host side, its launches intercepted (instruments/intercept.py): which kernels run in which order, their grids
+  and the shapes of what they write, on a shape of the contract; the states recomputed with bwd_recompute_states and
+  after the fused forward, which keeps none.
+- The kernels themselves, run on CPU with torch standing in for cuda.tile (instruments/cutile/emulate.py) behind the
+  reference's forward stages, through the gradient gate (harness/gradient_gate.py: float64 autograd as the truth,
+  NaN-poisoned allocations) at tiny shapes covering the contract, with tiles small enough that every kernel walks
+  several tiles; fp32 with exact fp32 MMAs (cb_precision fp32), and bf16. The emulator checks the kernels' indexing,
+  masks and arithmetic, not cuTile's compiler: the GPU test is tests/gpu/test_cutile_backward.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+import torch
+
+pytest.importorskip("cuda.tile")
+
+import impls  # noqa: E402
+from harness.calls import forward_arguments  # noqa: E402
+from harness.gradient_gate import check_gradients, output_gradients  # noqa: E402
+from impls.api import GRAD_INPUTS  # noqa: E402
+from impls.cutile.backend import CutileBackend  # noqa: E402
+from impls.cutile.backward import tune  # noqa: E402
+from impls.cutile.switches import CODE_SWITCHES, CutileSwitches  # noqa: E402
+from impls.cutile.tune import OFF_VALUE  # noqa: E402
+from impls.inputs import make_inputs  # noqa: E402
+from impls.problem import Problem, Shape  # noqa: E402
+from impls.registry import get_backend  # noqa: E402
+from instruments.cutile.aot import export  # noqa: E402
+from instruments.cutile.aot_backward import EVERYTHING, KERNELS, build_call  # noqa: E402
+from instruments.cutile.emulate import emulated_launches  # noqa: E402
+from instruments.intercept import backend_launches, device_answered  # noqa: E402
+from instruments.sass import cubin_facts, cuobjdump_path, facts, opcodes  # noqa: E402
+
+needs_cuobjdump = pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
+ALL_OFF = CutileSwitches(**{k: OFF_VALUE.get(k, False) for k in CODE_SWITCHES})
+WARPGROUP_MMA = {tune.STATE_PASS, tune.CHUNK, tune.DB}  # dcb's 32-row tiles lower to mma.sync (HMMA)
+
+
+def _facts(kernel, dtype=torch.bfloat16, switches=None, dims=None, optional=None, arch="sm_90", wide=False):
+    cubin = export(build_call(kernel, dtype, switches or CutileSwitches(), dims, optional=optional, wide=wide), arch)
+    f = cubin_facts(cubin)
+    ops = opcodes(f.sass)
+    found = {**facts(f.sass), "HMMA": sum(n for op, n in ops.items() if op.startswith("HMMA")),
+             "registers": f.registers, "LDL": f.ldl, "STL": f.stl, "stack": f.stack_bytes}
+    print(kernel, arch, dims or "S1", "every optional input" if optional else "headline", found)
+    return found
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_compiles_for_sm90_at_s1_without_spills(kernel):
+    """S1 (the headline's inputs) and ngroups 8 with every optional input (z, D per channel, seq_idx, initial
+    states, cu_seqlens' extra terms, dt_limit), bf16, the fallback tiles."""
+    for dims, optional in (({}, None), ({"ngroups": 8}, EVERYTHING)):
+        f = _facts(kernel, dims=dims, optional=optional)
+        assert f["LDL"] + f["STL"] == 0, f
+        if kernel in WARPGROUP_MMA:
+            assert f["HGMMA"] > 0, f
+        elif kernel == tune.DCB:
+            assert f["HMMA"] > 0, f
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_compiles_for_sm100(kernel):
+    f = _facts(kernel, arch="sm_100")
+    assert f["instructions"] > 100 and f["HGMMA"] == 0
+    if kernel != tune.CUMSUM:
+        assert f["UTCMMA"] + f["HMMA"] > 0, f
+
+
+@pytest.mark.slow
+@needs_cuobjdump
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("dtype, switches, wide", [(torch.bfloat16, ALL_OFF, False), (torch.float32, None, False),
+                                                   (torch.float16, None, False), (torch.bfloat16, None, True)],
+                         ids=["bf16-all-off", "fp32", "fp16", "bf16-int64-offsets"])
+def test_compiles_with_other_switches_and_dtypes(kernel, dtype, switches, wide):
+    """Every optional input; int64 offsets: the build for arrays past 2^31 elements (2^20 tokens at S1's heads)."""
+    dims = {"batch": 1, "seqlen": 2**20} if wide else None
+    assert _facts(kernel, dtype, switches, dims, EVERYTHING, wide=wide)["instructions"] > 100
+
+
+# --- the host side, launches intercepted -------------------------------------------------------------------------
+CONTRACT = Problem(Shape(2, 1000, 8, 64, 2, 128, 256), dtype="bfloat16", has_z=True, D_per_channel=True,
+                   has_initial_states=True, nseqs=3)  # seq_idx; 1000 = 3 chunks + 232
+BACKWARD_KERNELS = ["bwd_state_pass_kernel", "bwd_chunk_kernel", "bwd_dcb_kernel", "bwd_db_kernel",
+                    "bwd_cumsum_kernel"]
+
+
+def _leaves(kw: dict) -> dict:
+    return {name: kw[name].detach().clone().requires_grad_() for name in GRAD_INPUTS if kw.get(name) is not None}
+
+
+def _intercepted_backward(problem: Problem, **switches):
+    """(the launches of a forward and its backward, by kernel name with their arguments by parameter name; the
+    gradients; the leaves), every launch recorded instead of run."""
+    kw = forward_arguments(make_inputs(problem, seed=0))
+    leaves = _leaves(kw)
+    calls = []
+    with device_answered("cutile"), backend_launches("cutile", calls.append):
+        out = impls.ssd(**{**kw, **leaves}, backend=get_backend("cutile", tuning="fallback", **switches))
+        grads_in = output_gradients(make_inputs(problem, seed=0))
+        found = torch.autograd.grad([out.y, out.final_states], list(leaves.values()),
+                                    [grads_in["y"].to(out.y.dtype), grads_in["final_states"].float()])
+    launches = []
+    for call in calls:
+        fn = call.kernel._pyfunc
+        launches.append((fn.__name__, call.grid, dict(zip(inspect.signature(fn).parameters, call.args))))
+    return launches, dict(zip(leaves, found)), leaves
+
+
+@pytest.mark.quick
+def test_the_backward_launches_its_five_kernels_with_these_grids_and_buffers():
+    """ngroups 2, z, D per channel, seq_idx, initial states, seqlen 1000 (4 chunks of 256): after the forward,
+    compute_out again without z (ŷ, for dz), then the five kernels; every gradient in its input's shape and dtype."""
+    launches, grads, leaves = _intercepted_backward(CONTRACT)
+    names = [name for name, _, _ in launches]
+    assert names[:3] == ["chunk_cumsum_kernel", "fwd_pass_state_kernel", "compute_out_kernel"]
+    assert names[3:] == ["compute_out_kernel", *BACKWARD_KERNELS]
+    by_name = {name: (grid, args) for name, grid, args in launches[4:]}
+    b, nchunks, h, g, p, n, chunk = 2, 4, 8, 2, 64, 128, 256
+    sp, ck, dcb, db, cs = (tune.FALLBACK[9][s] for s in tune.STAGES)
+    bs, bt_dcb, bt_db = ck["block_sources"], dcb["block"], db["block"]
+    state_tiles = (p // sp["block_headdim"], n // sp["block_dstate"])
+    assert by_name["bwd_state_pass_kernel"][0] == (b * h, *state_tiles)
+    assert by_name["bwd_chunk_kernel"][0] == ((chunk // bs) * h * nchunks * b, 1, 1)
+    assert by_name["bwd_dcb_kernel"][0] == ((chunk // bt_dcb) * g * nchunks * b, 1, 1)
+    assert by_name["bwd_db_kernel"][0] == ((chunk // bt_db) * g * nchunks * b, 1, 1)
+    assert by_name["bwd_cumsum_kernel"][0] == (b * nchunks, h // cs["block_heads"], 1)
+    shapes = {name: {k: (tuple(v.shape), v.dtype) for k, v in args.items() if isinstance(v, torch.Tensor)}
+              for name, (_, args) in by_name.items()}
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert shapes["bwd_state_pass_kernel"]["ds"] == ((b, nchunks, h, p, n), bf16)
+    assert shapes["bwd_state_pass_kernel"]["lasts"] == ((b, h, nchunks, state_tiles[0] * state_tiles[1]), f32)
+    assert shapes["bwd_state_pass_kernel"]["dinit"] == ((b, h, p, n), f32)
+    assert shapes["bwd_state_pass_kernel"]["states"] == ((b, nchunks, h, n, p), bf16)  # transposed_layout, as stored
+    assert shapes["bwd_chunk_kernel"]["row"] == ((b, h, nchunks, chunk // bs, chunk), f32)
+    assert shapes["bwd_chunk_kernel"]["dD"] == ((b, nchunks, chunk // bs, h, p), f32)
+    assert shapes["bwd_chunk_kernel"]["dz"] == ((b, 1000, h, p), bf16)
+    assert shapes["bwd_dcb_kernel"]["dG"] == ((b, nchunks, g, chunk, chunk), f32)
+    assert shapes["bwd_cumsum_kernel"]["dA_part"] == ((b, h, nchunks), f32)
+    for name, grad in grads.items():
+        assert (grad.shape, grad.dtype) == (leaves[name].shape, leaves[name].dtype), name
+
+
+@pytest.mark.parametrize("switches, forward", [
+    pytest.param({"bwd_recompute_states": True}, ["chunk_cumsum_kernel", "fwd_pass_state_kernel",
+                                                  "compute_out_kernel"], id="bwd_recompute_states"),
+    pytest.param({"fuse_state_out": True}, ["chunk_cumsum_kernel", "fused_kernel"], id="fused-forward-keeps-none"),
+])
+def test_the_backward_recomputes_the_states_where_the_forward_keeps_none(switches, forward):
+    problem = dataclasses.replace(CONTRACT, nseqs=1, has_z=False)  # the fused forward takes no seq_idx
+    names = [name for name, _, _ in _intercepted_backward(problem, **switches)[0]]
+    assert names == [*forward, "fwd_pass_state_kernel", *BACKWARD_KERNELS]
+
+
+def test_python_m_impls_backends_says_the_backward_has_not_run_on_a_gpu(capsys, monkeypatch):
+    from impls import cli
+
+    every = cli.declarations()
+    monkeypatch.setattr(cli, "declarations", lambda: {"cutile": every["cutile"]})
+    cli.main(["backends", "--check"])
+    assert "backward: cuTile kernels (impls/cutile/backward/), not yet run on a GPU" in capsys.readouterr().out
+
+
+# --- the kernels, emulated on CPU, through the gradient gate ------------------------------------------------------
+class EmulatedForward(CutileBackend):
+    """The cuTile backend with the reference's forward stages (the forward's own kernels are not emulated), its
+    states handed on as the cuTile forward stores them (dstate-major with transposed_layout), on any device."""
+
+    @classmethod
+    def available(cls):
+        return True, ""
+
+    def check_device(self, device):
+        return True, ""
+
+    def chunk_cumsum(self, *args):
+        return get_backend("reference").chunk_cumsum(*args)
+
+    def fwd_pass_state(self, B, x, dt, dA_cumsum, initial_states, seq_idx, state_dtype):
+        states, final = get_backend("reference").fwd_pass_state(B, x, dt, dA_cumsum, initial_states, seq_idx,
+                                                                 state_dtype)
+        if self.switches.transposed_layout:
+            states = states.transpose(-1, -2).contiguous().transpose(-1, -2)
+        return states, final
+
+    def compute_out(self, *args):
+        return get_backend("reference").compute_out(*args)
+
+
+# tiles small enough that every kernel walks several: 2 × 2 state tiles in the state pass (its dΛ_last partials), row
+# tiles shorter or longer than the source tiles in the chunk kernel, dcb and db on different tiles, 2 head blocks
+SMALL = {tune.STATE_PASS: {"block_headdim": 16, "block_dstate": 16}, tune.CHUNK: {"block_sources": 16, "block_rows": 8},
+         tune.DCB: {"block": 8}, tune.DB: {"block": 16}, tune.CUMSUM: {"block_heads": 2}}
+ROWS_LONGER = {**SMALL, tune.CHUNK: {"block_sources": 8, "block_rows": 16}, tune.DCB: {"block": 16},
+               tune.DB: {"block": 8}}
+HEADLINE = Problem(Shape(2, 40, 4, 32, 1, 32, 16), dtype="float32")  # softplus, dt_bias, D per head; 3 chunks
+RICH = Problem(Shape(1, 70, 4, 32, 2, 32, 32), dtype="float32", has_z=True, D_per_channel=True,
+               has_initial_states=True, nseqs=3)  # seq_idx, 70 = 2 chunks + 6
+CASES = [
+    pytest.param(HEADLINE, SMALL, {}, id="headline-g1", marks=pytest.mark.quick),  # the quick tier
+    pytest.param(RICH, ROWS_LONGER, {}, id="z-Dchannel-init-seq_idx-g2"),
+    pytest.param(dataclasses.replace(RICH, dtype="bfloat16"), SMALL, {}, id="bf16-z-Dchannel-init-seq_idx-g2"),
+    pytest.param(Problem(Shape(1, 70, 4, 32, 4, 32, 32), dtype="float32", has_z=True, has_initial_states=True,
+                         nseqs=3, varlen=True), SMALL, {}, id="cu_seqlens-init-z-g4", marks=pytest.mark.slow),
+    pytest.param(Problem(Shape(2, 50, 4, 32, 2, 32, 16), dtype="float32", has_initial_states=True, nseqs=3), SMALL,
+                 {"transposed_layout": False}, id="seq_idx-per-row-init-headdim-major", marks=pytest.mark.slow),
+    pytest.param(Problem(Shape(1, 40, 4, 32, 2, 32, 16), dtype="float32", dt_softplus=False, has_D=False,
+                         dt_limit=(0.005, 0.05)), SMALL, {}, id="limit-no-softplus-no-D", marks=pytest.mark.slow),
+    pytest.param(Problem(Shape(1, 37, 3, 40, 1, 48, 16), dtype="float32", has_z=True, D_per_channel=True), SMALL, {},
+                 id="dims-not-pow2", marks=pytest.mark.slow),
+    pytest.param(Problem(Shape(1, 40, 4, 32, 2, 32, 16), dtype="float32", state_dtype="float32",
+                         has_initial_states=True, has_dt_bias=False), SMALL, {}, id="fp32-states-no-bias",
+                 marks=pytest.mark.slow),
+]
+
+
+def _emulated(monkeypatch, tiles: dict, **switches) -> EmulatedForward:
+    monkeypatch.setattr(tune, "fallback", lambda stage, major, dtype: dict(tiles[stage]))
+    return EmulatedForward(cb_precision="fp32", tuning="fallback", **switches)
+
+
+@pytest.mark.parametrize("problem, tiles, switches", CASES)
+def test_every_gradient_passes_the_gate_under_emulation(monkeypatch, problem, tiles, switches):
+    backend = _emulated(monkeypatch, tiles, **switches)
+    with emulated_launches():
+        report = check_gradients(backend, make_inputs(problem, seed=2), problem.torch_dtype, seed=2)
+    print({name: round(r["bound_ratio"], 3) for name, r in report.items()})
+    names = {"dx", "ddt", "dA", "dB", "dC"} | {f"d{n}" for n, on in (
+        ("D", problem.has_D), ("z", problem.has_z), ("dt_bias", problem.has_dt_bias),
+        ("initial_states", problem.has_initial_states)) if on}
+    assert set(report) == names, report
+    failing = {name: (round(r["bound_ratio"], 3), r["where"]) for name, r in report.items() if not r["ok"]}
+    assert not failing, failing
+
+
+def test_saved_and_recomputed_states_give_the_same_bits_under_emulation(monkeypatch):
+    inputs = make_inputs(RICH, seed=5)
+    grads_in = output_gradients(inputs, 5)
+    kw = forward_arguments(inputs)
+    found = []
+    for recompute in (False, True):
+        leaves = _leaves(kw)
+        with emulated_launches():
+            out = impls.ssd(**{**kw, **leaves}, backend=_emulated(monkeypatch, SMALL, bwd_recompute_states=recompute))
+            grads = torch.autograd.grad([out.y, out.final_states], list(leaves.values()),
+                                        [grads_in["y"].to(out.y.dtype), grads_in["final_states"].float()])
+        found.append(dict(zip(leaves, grads)))
+    for name, grad in found[0].items():
+        assert torch.equal(grad, found[1][name]), name
