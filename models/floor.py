@@ -132,6 +132,8 @@ def layer_floor(config: Mamba2Config, batch: int, seqlen: int, rates: Rates, dty
             raise ValueError(f"{arg}: expected an int >= 1, got {value!r}")
     if direction not in DIRECTIONS:
         raise ValueError(f"direction: expected one of {list(DIRECTIONS)}, got {direction!r}")
+    if not isinstance(rates, Rates):
+        raise ValueError(f"rates: expected a Rates, got {type(rates).__name__}")
     for arg in ("matmul_flops_per_s", "dram_bytes_per_s"):
         value = getattr(rates, arg)
         if not isinstance(value, (int, float)) or not 0 < value < float("inf"):

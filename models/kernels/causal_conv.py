@@ -180,12 +180,12 @@ def _strides(t: torch.Tensor | None, n: int) -> tuple[int, ...]:
 
 
 def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, context: torch.Tensor | None,
-                 seq_idx: torch.Tensor | None, tile: tuple[int, int, int] = FWD_TILE) -> torch.Tensor:
+                 seq_idx: torch.Tensor | None, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """silu(causal conv(x)) (module docstring) -> (batch, seqlen, channels) contiguous, x's dtype. weight
-    (channels, width) or (channels, 1, width)."""
+    (channels, width) or (channels, 1, width); tile (BLOCK_L, BLOCK_C, num_warps), FWD_TILE by default."""
     batch, seqlen, channels = x.shape
     w = weight.reshape(channels, -1)
-    block_l, block_c, num_warps = tile
+    block_l, block_c, num_warps = tile or FWD_TILE
     out = torch.empty(batch, seqlen, channels, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(seqlen, block_l), triton.cdiv(channels, block_c), batch)
     conv_fwd_kernel[grid](
@@ -198,14 +198,15 @@ def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def conv_backward(x, weight, bias, context, seq_idx, dout, want_dcontext: bool,
-                  tile: tuple[int, int, int] = BWD_TILE, rows_per_program: int = BWD_ROWS_PER_PROGRAM):
+                  tile: tuple[int, int, int] | None = None, rows_per_program: int | None = None):
     """-> (dx (batch, seqlen, channels) contiguous, dweight (weight's shape and dtype), dbias or None, dcontext or
-    None) of the forward's output gradient `dout`."""
+    None) of the forward's output gradient `dout`. tile and rows_per_program: BWD_TILE, BWD_ROWS_PER_PROGRAM by
+    default."""
     batch, seqlen, channels = x.shape
     w = weight.reshape(channels, -1)
     width = w.shape[1]
-    block_l, block_c, num_warps = tile
-    rows = max(block_l, rows_per_program // block_l * block_l)
+    block_l, block_c, num_warps = tile or BWD_TILE
+    rows = max(block_l, (rows_per_program or BWD_ROWS_PER_PROGRAM) // block_l * block_l)
     splits = triton.cdiv(seqlen + width - 1, rows)
     work = work_dtype(x.dtype)
     dx = torch.empty(batch, seqlen, channels, dtype=x.dtype, device=x.device)

@@ -120,12 +120,13 @@ def norm_forward(y, z, weight, eps: float, group_size: int, norm_before_gate: bo
     return out, rstd
 
 
-def norm_backward(y, z, weight, rstd, dout, group_size: int, norm_before_gate: bool, programs: int = BWD_PROGRAMS):
-    """-> (dy in y's dtype, dz in z's dtype, dweight in weight's dtype) of the forward's output gradient `dout`."""
+def norm_backward(y, z, weight, rstd, dout, group_size: int, norm_before_gate: bool, programs: int | None = None):
+    """-> (dy in y's dtype, dz in z's dtype, dweight in weight's dtype) of the forward's output gradient `dout`;
+    `programs` row blocks (BWD_PROGRAMS by default)."""
     rows, width = y.shape
     ngroups = width // group_size
     block_n = triton.next_power_of_2(group_size)
-    rows_per_program = triton.cdiv(rows, min(rows, programs))
+    rows_per_program = triton.cdiv(rows, min(rows, programs or BWD_PROGRAMS))
     blocks = triton.cdiv(rows, rows_per_program)
     dy = torch.empty(rows, width, dtype=y.dtype, device=y.device)
     dz = torch.empty(rows, width, dtype=z.dtype, device=z.device)
