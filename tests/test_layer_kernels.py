@@ -173,6 +173,24 @@ LAYER = Mamba2Config(d_model=32, d_state=16, headdim=16, ngroups=2, chunk_size=3
 LAYER_SEQ_IDX = [[0] * 37 + [1] * 27 + [2] * 36, [1] * 5 + [2] * 66 + [3] * 29]
 
 
+@pytest.fixture
+def kernel_calls(monkeypatch) -> list[str]:
+    """The names of the kernels' host functions as the test calls them (what ran, not what describe() says)."""
+    calls = []
+
+    def counting(name: str, fn):
+        def counted(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+
+        return counted
+
+    for module, name in ((causal_conv, "conv_forward"), (causal_conv, "conv_backward"),
+                         (gated_norm, "norm_forward"), (gated_norm, "norm_backward")):
+        monkeypatch.setattr(module, name, counting(name, getattr(module, name)))
+    return calls
+
+
 def build(dtype, glue="triton", seed=0, **config) -> Mamba2:
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -205,7 +223,7 @@ LAYER_CASES = [
 
 
 @pytest.mark.parametrize("dtype_name, packed, initial_states, config", LAYER_CASES)
-def test_layer_on_triton_glue_matches_float64(dtype_name, packed, initial_states, config):
+def test_layer_on_triton_glue_matches_float64(dtype_name, packed, initial_states, config, kernel_calls):
     dtype = DTYPES[dtype_name]
     layer = build(dtype, **config)
     args = layer_arguments(layer, dtype, packed, initial_states)
@@ -217,6 +235,7 @@ def test_layer_on_triton_glue_matches_float64(dtype_name, packed, initial_states
     assert "out" in errors and all(err <= tol for err in errors.values()), f"over {tol}: {errors}"
     assert (got.conv_final_states is None) == bool(packed)
     assert layer.describe()["last_call"]["conv"].startswith("triton causal_conv")
+    assert kernel_calls == ["conv_forward", "norm_forward"]
 
 
 def _layer_gradients(layer: Mamba2, args: dict):
@@ -232,7 +251,7 @@ def _layer_gradients(layer: Mamba2, args: dict):
     return {n: rel_err(g, e) for n, g, e in zip(names, got, expected)}, expected
 
 
-def test_layer_gradients_through_triton_glue_match_float64():
+def test_layer_gradients_through_triton_glue_match_float64(kernel_calls):
     """Every parameter's gradient and the input's and the conv context's, through both kernels' backward inside
     the layer (the gradients of z and xBC meeting in in_proj's), packed sequences, float64."""
     layer = build(torch.float64, bias=True)
@@ -241,6 +260,7 @@ def test_layer_gradients_through_triton_glue_match_float64():
         errors, expected = _layer_gradients(layer, args)
     assert all(e.abs().sum() > 0 for e in expected)
     assert all(err <= tolerance(torch.float64) for err in errors.values()), errors
+    assert sorted(kernel_calls) == ["conv_backward", "conv_forward", "norm_backward", "norm_forward"]
 
 
 def test_layer_on_compile_glue_matches_float64():
@@ -253,7 +273,7 @@ def test_layer_on_compile_glue_matches_float64():
     assert layer.describe()["last_call"]["conv"].startswith("torch.compile")
 
 
-def test_the_language_model_runs_on_triton_glue():
+def test_the_language_model_runs_on_triton_glue(kernel_calls):
     from models.mamba2_lm import Mamba2LM, Mamba2LMConfig, lm_float64, next_token_loss
 
     config = Mamba2LMConfig(vocab_size=50, n_layer=2, layer=LAYER)
@@ -266,16 +286,19 @@ def test_the_language_model_runs_on_triton_glue():
     assert max(rel_err(g, e) for g, e in zip(got, expected)) < 1e-4
     assert model.describe()["glue"]["name"] == "triton"
     assert all(block.mixer.glue.NAME == "triton" for block in model.layers)
+    assert kernel_calls.count("conv_backward") == kernel_calls.count("norm_backward") == 2
 
 
-def test_the_default_glue_is_torch_and_describe_says_which_ran():
+def test_the_default_glue_is_torch_and_describe_says_which_ran(kernel_calls):
     torch_layer, triton_layer = build(torch.float32, glue="torch"), build(torch.float32)
     assert Mamba2(LAYER).glue.NAME == "torch"
     u = torch.randn(1, 40, LAYER.d_model)
     with torch.no_grad():
-        same = rel_err(triton_layer(u), torch_layer(u))
+        eager = torch_layer(u)
         torch_layer(u, seq_idx=torch.zeros(1, 40, dtype=torch.int32))
-    assert same <= tolerance(torch.float32)
+        assert not kernel_calls
+        same = rel_err(triton_layer(u), eager)
+    assert same <= tolerance(torch.float32) and kernel_calls == ["conv_forward", "norm_forward"]
     assert torch_layer.describe()["glue"]["name"] == "torch"
     assert torch_layer.describe()["last_call"]["conv"].startswith("masked taps")
     assert triton_layer.describe()["glue"]["norm"].startswith("triton")
