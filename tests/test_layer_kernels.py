@@ -44,10 +44,10 @@ def conv_float64(x, weight, bias, context, seq_idx):
     sequence (the context is sequence 0) zeroed."""
     batch, seqlen, channels = x.shape
     width = weight.shape[-1]
-    left = torch.zeros(batch, channels, width - 1, dtype=torch.float64) if context is None else context
+    left = x.new_zeros(batch, channels, width - 1) if context is None else context
     windows = torch.cat([left, x.transpose(1, 2)], dim=-1).unfold(-1, width, 1)  # (batch, channels, seqlen, W)
     if seq_idx is not None:
-        seq = torch.cat([torch.zeros(batch, width - 1, dtype=seq_idx.dtype), seq_idx], dim=-1).unfold(-1, width, 1)
+        seq = torch.cat([seq_idx.new_zeros(batch, width - 1), seq_idx], dim=-1).unfold(-1, width, 1)
         windows = windows * (seq == seq_idx[..., None]).to(torch.float64)[:, None]
     a = torch.einsum("bclk,ck->blc", windows, weight.reshape(channels, width))
     if bias is not None:
