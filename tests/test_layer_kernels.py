@@ -11,6 +11,10 @@ its gradients, the language model on it; the refusals; the floor's counts at the
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,6 +67,7 @@ class ConvCase:
     bias: bool = True
     strided: bool = False  # x a view of a wider tensor, as the layer's is of in_proj's output
     small_tiles: bool = False  # several programs over positions, channels and backward row ranges
+    seqlen: int = 37
 
 
 CONV_CASES = [
@@ -73,18 +78,19 @@ CONV_CASES = [
     pytest.param(ConvCase(context=True, seq_idx=True, small_tiles=True), "fp16", id="W4-seq_idx-context-tiles-fp16"),
     pytest.param(ConvCase(context=True, bias=False, strided=True), "bf16", id="W4-context-no-bias-strided-bf16"),
     pytest.param(ConvCase(width=1, context=True), "fp32", id="W1-empty-context-fp32"),
+    pytest.param(ConvCase(context=True, seq_idx=True, seqlen=2), "fp32", id="W4-seqlen-2-context-seq_idx-fp32"),
 ]
 
 
 def conv_inputs(case: ConvCase, dtype, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    batch, seqlen, channels = 2, 37, 40
+    batch, seqlen, channels = 2, case.seqlen, 40
     x = _random(batch, seqlen, channels + 9, gen=gen, dtype=dtype)
     x = x[..., 3:3 + channels] if case.strided else x[..., :channels].contiguous()
     weight = _random(channels, 1, case.width, gen=gen, dtype=dtype, scale=0.5)
     bias = _random(channels, gen=gen, dtype=dtype) if case.bias else None
     context = _random(batch, channels, case.width - 1, gen=gen, dtype=dtype) if case.context else None
-    seq_idx = torch.tensor(SEQ_IDX, dtype=torch.int32) if case.seq_idx else None
+    seq_idx = torch.tensor(SEQ_IDX, dtype=torch.int32)[:, :seqlen] if case.seq_idx else None
     dout = _random(batch, seqlen, channels, gen=gen, dtype=torch.float64)
     return x, weight, bias, context, seq_idx, dout
 
@@ -123,6 +129,17 @@ def test_conv_final_states_are_the_last_inputs():
     _, final = causal_conv.causal_conv_silu(x, weight, None, context)
     assert torch.equal(final, x[:, -3:].transpose(1, 2))
     assert causal_conv.causal_conv_silu(x, weight, None, context, torch.zeros(2, 9, dtype=torch.int32))[1] is None
+
+
+def test_the_kernels_compile_for_sm90_without_spills():
+    """Every variant the layer launches at the 2.7B layer's size in bf16, through ptxas for sm_90 (the interpreter
+    accepts programs the compiler rejects): no spills (instruments/triton/layer_kernels.py, in a process that does not
+    interpret)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "instruments.triton.layer_kernels"], capture_output=True, text=True,
+                            env=env, cwd=Path(__file__).resolve().parent.parent, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("ok  ") == 12, result.stdout
 
 
 # --- the gated norm -------------------------------------------------------------------------------------------------

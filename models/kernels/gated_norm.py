@@ -64,10 +64,10 @@ def norm_bwd_kernel(
     ngroups = tl.num_programs(1)
     offs = group * group_size + tl.arange(0, BLOCK_N)
     mask = tl.arange(0, BLOCK_N) < group_size
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(ACC)
     dw = tl.zeros((BLOCK_N,), dtype=ACC)
     first = pid * rows_per_program
     for row in range(first, tl.minimum(first + rows_per_program, rows)):
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(ACC)  # per row: a cache hit, fewer live registers
         y = _row(y_ptr, row, offs, mask, s_y_r, s_y_c, ACC)
         z = _row(z_ptr, row, offs, mask, s_z_r, s_z_c, ACC)
         dout = _row(dout_ptr, row, offs, mask, s_do_r, s_do_c, ACC)
