@@ -102,8 +102,15 @@ def _rates():
     return best
 
 
+# candidates printed beside the defaults (causal_conv.FWD_TILE, BWD_TILE; gated_norm.BWD_PROGRAMS)
+FWD_TILES = [(16, 128, 4), (32, 128, 4), (8, 256, 4), (32, 64, 4), (16, 256, 8)]
+BWD_TILES = [(8, 64, 4), (16, 64, 4), (16, 128, 8), (32, 64, 8), (8, 128, 4)]
+NORM_BWD_PROGRAMS = [512, 1024, 2048, 4096]
+
+
 def test_kernel_times_beside_their_bytes():
-    """Each kernel at the 2.7B layer's 8 × 4096 tokens: its time and the bandwidth its least bytes imply."""
+    """Each kernel at the 2.7B layer's 8 × 4096 tokens: its time and the bandwidth its least bytes imply, for the
+    default tiles and the candidates (each first checked against the defaults' result)."""
     from models.floor import measure_rates
 
     bandwidth = measure_rates(gemm=(1024, 1024, 1024)).dram_bytes_per_s
@@ -115,20 +122,32 @@ def test_kernel_times_beside_their_bytes():
     y, w = torch.randn(tokens, D_INNER, device="cuda").to(BF16), torch.ones(D_INNER, device="cuda").to(BF16)
     dnorm = torch.randn(tokens, D_INNER, device="cuda").to(BF16)
     _, rstd = gated_norm.norm_forward(y, z, w, 1e-5, D_INNER, False)
-    cases = {
-        "conv forward": (lambda: causal_conv.conv_forward(x, weight, bias, None, None), 2 * tokens * CONV_DIM * e),
-        "conv backward": (lambda: causal_conv.conv_backward(x, weight, bias, None, None, dconv, False),
-                          3 * tokens * CONV_DIM * e),
-        "norm forward": (lambda: gated_norm.norm_forward(y, z, w, 1e-5, D_INNER, False), 3 * tokens * D_INNER * e),
-        "norm backward": (lambda: gated_norm.norm_backward(y, z, w, rstd, dnorm, D_INNER, False),
-                          5 * tokens * D_INNER * e),
-    }
-    for name, (fn, moved) in cases.items():
-        ms = _ms(fn)
-        floor_ms = moved / bandwidth * 1e3
-        print(f"[{name}] {ms:.3f} ms, floor {floor_ms:.3f} ms ({ms / floor_ms:.2f}x), "
-              f"{moved / ms / 1e6:.0f} GB/s of {bandwidth / 1e9:.0f}")
-        assert ms > 0
+    conv_bytes, norm_bytes = tokens * CONV_DIM * e, tokens * D_INNER * e
+    cases = {"conv forward": [(f"tile {t}", lambda t=t: causal_conv.conv_forward(x, weight, bias, None, None, t),
+                               2 * conv_bytes) for t in [None, *FWD_TILES]],
+             "conv backward": [(f"tile {t}", lambda t=t: causal_conv.conv_backward(x, weight, bias, None, None, dconv,
+                                                                                   False, t), 3 * conv_bytes)
+                               for t in [None, *BWD_TILES]],
+             "norm forward": [("", lambda: gated_norm.norm_forward(y, z, w, 1e-5, D_INNER, False), 3 * norm_bytes)],
+             "norm backward": [(f"programs {p}", lambda p=p: gated_norm.norm_backward(y, z, w, rstd, dnorm, D_INNER,
+                                                                                      False, p), 5 * norm_bytes)
+                               for p in [None, *NORM_BWD_PROGRAMS]]}
+    for name, candidates in cases.items():
+        default = _flat(candidates[0][1]())
+        for label, fn, moved in candidates:
+            err = rel_err(_flat(fn()), default)
+            assert err <= tolerance(BF16), f"{name} {label}: {err} against the defaults"
+            ms = _ms(fn)
+            floor_ms = moved / bandwidth * 1e3
+            print(f"[{name} {label or 'default'}{' (default)' if label.endswith('None') else ''}] {ms:.3f} ms, "
+                  f"floor {floor_ms:.3f} ms ({ms / floor_ms:.2f}x), {moved / ms / 1e6:.0f} GB/s of "
+                  f"{bandwidth / 1e9:.0f}")
+
+
+def _flat(result) -> torch.Tensor:
+    """A kernel's outputs as one float64 vector (for comparing a candidate's against the defaults')."""
+    parts = result if isinstance(result, tuple) else (result,)
+    return torch.cat([p.double().flatten() for p in parts if p is not None])
 
 
 def _layer(glue: str):
