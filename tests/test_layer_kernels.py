@@ -71,7 +71,7 @@ class ConvCase:
 
 
 CONV_CASES = [
-    pytest.param(ConvCase(), "fp32", id="W4-fp32"),
+    pytest.param(ConvCase(), "fp32", id="W4-fp32", marks=pytest.mark.quick),
     pytest.param(ConvCase(width=2, context=True), "fp32", id="W2-context-fp32"),
     pytest.param(ConvCase(width=3, seq_idx=True, context=True, strided=True, small_tiles=True), "fp32",
                  id="W3-seq_idx-context-strided-small-tiles-fp32"),
@@ -118,6 +118,7 @@ def test_conv_kernels_match_float64(case, dtype_name, monkeypatch):
     assert all(err <= tol for err in errors.values()), f"over {tol}: {errors}"
 
 
+@pytest.mark.quick
 def test_conv_final_states_are_the_last_inputs():
     """The next call's context: the last W − 1 inputs, reaching into the context when seqlen < W − 1."""
     gen = torch.Generator().manual_seed(3)
@@ -153,7 +154,7 @@ def norm_float64(y, z, weight, eps, group_size, norm_before_gate):
 
 
 NORM_CASES = [
-    pytest.param(False, 1, "fp32", id="gate-then-norm-1-group-fp32"),
+    pytest.param(False, 1, "fp32", id="gate-then-norm-1-group-fp32", marks=pytest.mark.quick),
     pytest.param(False, 2, "fp16", id="gate-then-norm-2-groups-fp16"),
     pytest.param(True, 2, "fp32", id="norm-then-gate-2-groups-fp32"),
     pytest.param(True, 1, "bf16", id="norm-then-gate-1-group-bf16"),
@@ -322,6 +323,7 @@ def test_the_default_glue_is_torch_and_describe_says_which_ran(kernel_calls):
     assert "glue='triton'" in repr(triton_layer)
 
 
+@pytest.mark.quick
 def test_an_unknown_or_unavailable_glue_raises_naming_the_argument(monkeypatch):
     with pytest.raises(ValueError, match="^glue: expected one of \\['compile', 'torch', 'triton'\\]"):
         build(torch.float32, glue="cuda")
@@ -332,6 +334,7 @@ def test_an_unknown_or_unavailable_glue_raises_naming_the_argument(monkeypatch):
         build(torch.float32)
 
 
+@pytest.mark.quick
 def test_triton_glue_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
     layer = build(torch.float32)
     monkeypatch.setattr(common, "interpreting", lambda: False)
@@ -341,6 +344,7 @@ def test_triton_glue_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
 
 # --- the floor ------------------------------------------------------------------------------------------------------
 
+@pytest.mark.quick
 def test_the_floor_of_the_2p7b_layer():
     """The counts of models/floor.py at Mamba2-2.7B's layer (d_model 2560, d_inner 5120, 80 heads, d_state 128,
     conv_dim 5376, in_proj width 10576) over 8 × 4096 tokens in bf16, priced at round rates."""
@@ -364,6 +368,7 @@ def test_the_floor_of_the_2p7b_layer():
     assert layer_floor(config, 8, 4096, rates, dtype=torch.float32).bytes == pytest.approx(2 * floor.bytes)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("change, arg", [({"batch": 0}, "batch"), ({"direction": "fwd"}, "direction"),
                                          ({"rates": "fast"}, "rates")], ids=["batch-0", "direction", "rates"])
 def test_the_floor_refuses_bad_arguments(change, arg):
@@ -374,6 +379,7 @@ def test_the_floor_refuses_bad_arguments(change, arg):
         layer_floor(**kwargs)
 
 
+@pytest.mark.quick
 def test_measuring_the_rates_needs_cuda():
     from models.floor import measure_rates
 
