@@ -1,8 +1,10 @@
 """The layer's Triton kernels (models/kernels/) compiled on the GPU, and the layer's non-SSD part beside its floor.
 
 Correctness: each kernel's forward and gradients against torch ops in float64 (tests/test_layer_kernels.py's) at a
-real size in bf16, outputs NaN-poisoned. Timing (printed, never asserted): the card's matmul rate and DRAM bandwidth
-(models.floor.measure_rates), each kernel's time beside its bytes at that bandwidth, and the Mamba2-2.7B layer at
+real size in bf16, outputs NaN-poisoned; the gradients bitwise the same in a second run (no atomics).
+
+Timing (printed, never asserted): the card's matmul rate and DRAM bandwidth (models.floor.measure_rates); each
+kernel's time beside its bytes at that bandwidth, for the default tiles and candidates; the Mamba2-2.7B layer at
 8 × 4096 in bf16 with glue "torch", "triton" and "compile" (its SSD on our Triton backend), each first checked
 against glue "torch" on the same inputs: the layer, the SSD call alone, the non-SSD part (the calls before and
 after the SSD: `ssd_call` and `finish`) and its ratio to the floor; then the training direction (forward and
@@ -58,6 +60,8 @@ def test_conv_kernels_match_float64_at_the_2p7b_width(packed):
                                                        expected_grads)})
     print(f"[conv bf16 {'seq_idx' if packed else 'plain'}] {errors}")
     assert all(err <= tolerance(BF16) for err in errors.values()), errors
+    _, again = _grads(lambda *t: causal_conv.CausalConvSiLU.apply(*t, seq_idx), inputs, dout)
+    assert all(torch.equal(a, b) for a, b in zip(grads, again)), "the gradients differ between two runs"
 
 
 @pytest.mark.parametrize("ngroups, norm_before_gate", [(1, False), (8, False), (1, True)],
@@ -79,6 +83,8 @@ def test_gated_norm_kernels_match_float64_at_the_2p7b_width(ngroups, norm_before
     errors.update({n: rel_err(g, e) for n, g, e in zip(("dy", "dz", "dweight"), grads, expected_grads)})
     print(f"[norm bf16 ngroups {ngroups} norm_before_gate {norm_before_gate}] {errors}")
     assert all(err <= tolerance(BF16) for err in errors.values()), errors
+    _, again = _grads(lambda *t: gated_norm.gated_rms_norm(*t, 1e-5, group, norm_before_gate), [y, z, weight], dout)
+    assert all(torch.equal(a, b) for a, b in zip(grads, again)), "the gradients differ between two runs"
 
 
 # --- timing (printed) ----------------------------------------------------------------------------------------------
