@@ -10,4 +10,8 @@ because every folder under `impls/` is a backend (impls/declaration.py); these m
     from models.mamba2_lm import Mamba2LM, preset     # the language model on that layer, released sizes by name
     model = Mamba2LM(preset("mamba2_130m"), backend="triton", device="cuda", dtype=torch.bfloat16)
     loss = model.loss(input_ids)                      # next-token cross-entropy; loss.backward() trains
+
+The parts around the SSD (the conv + SiLU, the gated norm) run as `glue` says (models/glue.py): "torch" (default),
+"triton" (our kernels, models/kernels/) or "compile"; `Mamba2(..., glue="triton")`, `Mamba2LM(..., glue="triton")`.
+Their floor at a size and a card's rates: models/floor.py.
 """

@@ -19,6 +19,10 @@ Packed sequences (`seq_idx`, or `cu_seqlens` with batch 1): the SSD resets its s
 does the conv here: a tap never reads a token of another sequence (the left context, `conv_initial_states`, counts
 as sequence 0, as the SSD's initial state does). Without packed sequences the conv is one F.conv1d; with them it is
 a sum of d_conv masked taps.
+
+`glue` selects how the conv + SiLU and the gated RMSNorm run (models/glue.py): "torch" (these functions, the
+default), "triton" (our fused kernels, models/kernels/) or "compile" (torch.compile of the same math); one that
+cannot run raises, naming the argument.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from torch import nn
 import impls
 from impls import validate as check
 from impls.registry import Backend, get_backend
+from models.glue import get_glue
 
 
 def _positive_int(arg: str, value) -> None:
@@ -155,7 +160,7 @@ class SSDCall:
     kwargs: dict
     z: torch.Tensor
     conv_final_states: torch.Tensor | None
-    conv: str  # how the conv ran: "F.conv1d" or "masked taps (packed sequences)"
+    conv: str  # how the conv ran (the glue's label): "F.conv1d", "masked taps (packed sequences)", ...
 
 
 def causal_conv_silu(xBC: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -213,7 +218,7 @@ class Mamba2(nn.Module):
     contract's dtypes for them."""
 
     def __init__(self, config: Mamba2Config, backend: str | Backend = "reference", switches=None, *, device=None,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, glue: str = "torch"):
         super().__init__()
         if not isinstance(config, Mamba2Config):
             check.fail("config", "a Mamba2Config", type(config).__name__)
@@ -221,6 +226,7 @@ class Mamba2(nn.Module):
             check.fail("dtype", f"None or one of {[str(d) for d in LAYER_DTYPES]}", repr(dtype))
         self.config = config
         self.backend = get_backend(backend, switches)
+        self.glue = get_glue(glue, config.d_conv)
         kw = {"device": device, "dtype": dtype}
         ssd_kw = {"device": device, "dtype": torch.float64 if dtype == torch.float64 else torch.float32}
         c = config
@@ -264,12 +270,12 @@ class Mamba2(nn.Module):
         conv_seq = seq_idx
         if conv_seq is None and cu_seqlens is not None:
             conv_seq = impls.seq_idx_from_cu_seqlens(cu_seqlens, u.shape[1])
-        xBC, conv_final = causal_conv_silu(xBC, self.conv1d.weight, self.conv1d.bias, conv_initial_states, conv_seq)
+        xBC, conv_final = self.glue.conv(xBC, self.conv1d.weight, self.conv1d.bias, conv_initial_states, conv_seq)
         x, B, C = torch.split(xBC, c.xbc_sizes, dim=-1)
         kwargs = self.ssd_kwargs(x.unflatten(-1, (c.nheads, c.headdim)), dt, B.unflatten(-1, (c.ngroups, c.d_state)),
                                  C.unflatten(-1, (c.ngroups, c.d_state)), initial_states=initial_states,
                                  seq_idx=seq_idx, cu_seqlens=cu_seqlens)
-        conv = "F.conv1d" if conv_seq is None else "masked taps (packed sequences)"
+        conv = self.glue.conv_label(conv_seq is not None)
         return SSDCall(kwargs, z, conv_final, conv)
 
     def ssd_kwargs(self, x, dt, B, C, *, initial_states=None, seq_idx=None, cu_seqlens=None) -> dict:
@@ -286,7 +292,7 @@ class Mamba2(nn.Module):
     def finish(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Everything after the SSD: y (batch, seqlen, nheads, headdim) -> gated RMSNorm with z -> out_proj."""
         c = self.config
-        normed = gated_rms_norm(y.flatten(-2), z, self.norm_weight, c.norm_eps, c.norm_group_size,
+        normed = self.glue.norm(y.flatten(-2), z, self.norm_weight, c.norm_eps, c.norm_group_size,
                                 c.norm_before_gate)
         return self.out_proj(normed)
 
@@ -299,6 +305,7 @@ class Mamba2(nn.Module):
         batch, seqlen, _ = u.shape
         if batch < 1 or seqlen < 1:
             check.fail("u", "batch >= 1 and seqlen >= 1", tuple(u.shape))
+        self.glue.check_device(u.device)
         check.seq_idx(seq_idx, batch, seqlen, u.device)
         check.cu_seqlens(cu_seqlens, batch, u.device)
         check.optional("conv_initial_states", conv_initial_states, shape=(batch, c.conv_dim, c.d_conv - 1),
@@ -306,21 +313,23 @@ class Mamba2(nn.Module):
 
     # --- what ran ---------------------------------------------------------------------------------------------
     def describe(self) -> dict:
-        """The config, the parameters' dtype, the SSD backend with its switches (and what it resolved), the SSD
-        call's options and what the last call passed."""
+        """The config, the parameters' dtype, the SSD backend with its switches (and what it resolved), the glue
+        (how the conv and the norm run), the SSD call's options and what the last call passed."""
         c = self.config
         return {
             "module": "models.mamba2.Mamba2",
             "config": dataclasses.asdict(c),
             "param_dtype": str(self.in_proj.weight.dtype).replace("torch.", ""),
             "ssd": self.backend.describe(),
+            "glue": self.glue.describe(),
             "ssd_call": {"chunk_size": c.chunk_size, "dt_softplus": True, "dt_limit": c.dt_limit,
                          "D": "per channel" if c.D_per_channel else "per head", "z": "none (gated in the norm)"},
             "last_call": dict(self.last_call),
         }
 
     def extra_repr(self) -> str:
-        return f"backend={self.backend.name!r}, nheads={self.config.nheads}, headdim={self.config.headdim}"
+        c = self.config
+        return f"backend={self.backend.name!r}, glue={self.glue.NAME!r}, nheads={c.nheads}, headdim={c.headdim}"
 
 
 def _initial_dt_bias(c: Mamba2Config, device=None, dtype=None) -> torch.Tensor:

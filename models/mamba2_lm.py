@@ -96,10 +96,10 @@ class RMSNorm(nn.Module):
 class Block(nn.Module):
     """One pre-norm residual block: residual + mixer(norm(residual))."""
 
-    def __init__(self, config: Mamba2LMConfig, backend, switches, *, device=None, dtype=None):
+    def __init__(self, config: Mamba2LMConfig, backend, switches, *, device=None, dtype=None, glue: str = "torch"):
         super().__init__()
         self.norm = RMSNorm(config.d_model, config.norm_eps, device=device, dtype=dtype)
-        self.mixer = Mamba2(config.layer, backend, switches, device=device, dtype=dtype)
+        self.mixer = Mamba2(config.layer, backend, switches, device=device, dtype=dtype, glue=glue)
 
     def forward(self, residual: torch.Tensor, dtype: torch.dtype, **packed) -> torch.Tensor:
         return residual + self.mixer(self.norm(residual, dtype), **packed).to(residual.dtype)
@@ -107,10 +107,11 @@ class Block(nn.Module):
 
 class Mamba2LM(nn.Module):
     """The language model (module docstring). `backend` (a registered name or a built `impls.Backend`, `switches`
-    with a name) runs every layer's SSD; parameters in `dtype` (the layers' SSD parameters as the layer keeps them)."""
+    with a name) runs every layer's SSD; parameters in `dtype` (the layers' SSD parameters as the layer keeps them);
+    `glue` how every layer runs its conv and norm (models/glue.py: "torch", "triton" or "compile")."""
 
     def __init__(self, config: Mamba2LMConfig, backend: str | Backend = "reference", switches=None, *, device=None,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, glue: str = "torch"):
         super().__init__()
         if not isinstance(config, Mamba2LMConfig):
             check.fail("config", "a Mamba2LMConfig", type(config).__name__)
@@ -119,7 +120,7 @@ class Mamba2LM(nn.Module):
         self.config = config
         kw = {"device": device, "dtype": dtype}
         self.embedding = nn.Embedding(config.padded_vocab_size, config.d_model, **kw)
-        self.layers = nn.ModuleList(Block(config, backend, switches, **kw) for _ in range(config.n_layer))
+        self.layers = nn.ModuleList(Block(config, backend, switches, glue=glue, **kw) for _ in range(config.n_layer))
         self.norm_f = RMSNorm(config.d_model, config.norm_eps, **kw)
         self.lm_head = nn.Linear(config.d_model, config.padded_vocab_size, bias=False, **kw)
         self.lm_head.weight = self.embedding.weight  # tied
@@ -162,12 +163,12 @@ class Mamba2LM(nn.Module):
             check.fail("input_ids", f"token ids in [0, {self.config.vocab_size})", f"ids in [{low}, {high}]")
 
     def describe(self) -> dict:
-        """The config, the parameters' dtype and count, and what the first layer's SSD ran (every layer runs the
-        same backend)."""
+        """The config, the parameters' dtype and count, and what the first layer's SSD and glue ran (every layer runs
+        the same)."""
         return {"module": "models.mamba2_lm.Mamba2LM", "config": dataclasses.asdict(self.config),
                 "param_dtype": str(self.dtype).replace("torch.", ""),
                 "parameters": sum(p.numel() for p in self.parameters()),
-                "ssd": self.layers[0].mixer.backend.describe()}
+                "ssd": self.layers[0].mixer.backend.describe(), "glue": self.layers[0].mixer.glue.describe()}
 
 
 def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
