@@ -414,7 +414,7 @@ def operand_args(x, dt, D, z, seq_idx):
 
 
 # compute_out_kernel's stride arguments: one tuple per tensor, its strides in its dimension order, and their count
-# (what an ahead-of-time signature declares for each, impls/triton/aot.py): C, B (batch, position, group, dstate);
+# (what an ahead-of-time signature declares for each, instruments/triton/aot.py): C, B (batch, position, group, dstate);
 # x, z, y (batch, position, head, headdim); dt, dA (batch, head, chunk, position); the states (batch, chunk, head,
 # headdim, dstate); D (head, headdim); seq_idx (batch, position); C·Bᵀ (batch, chunk, group, row, source)
 STRIDE_RANKS = {"s_C": 4, "s_B": 4, "s_x": 4, "s_dt": 4, "s_dA": 4, "s_st": 5, "s_D": 2, "s_z": 4, "s_seq": 2,
