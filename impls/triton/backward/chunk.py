@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from impls.triton import launcher
-from impls.triton.backward.common import decay, gated_dy, log_decay, log_decay_at, rows, sequence_ends
+from impls.triton.backward.common import chunk_program, decay, gated_dy, log_decay, log_decay_at, rows, sequence_ends
 from impls.triton.clamp import pow2_at_least_16
 
 
@@ -43,17 +43,10 @@ def bwd_chunk_kernel(
 ):
     # flat grid: source tile fastest, then head, chunk, batch
     TILES: tl.constexpr = CHUNK // BLOCK_S
-    pid = tl.program_id(0)
-    t = pid % TILES
-    h = ((pid // TILES) % nheads).to(tl.int64)
-    bc = pid // (TILES * nheads)
-    c = bc % nchunks
-    b = (bc // nchunks).to(tl.int64)
+    t, h, b, c, start, chunk_len = chunk_program(tl.program_id(0), nheads, nchunks, seqlen, TILES, CHUNK)
     g = h // heads_per_group
     c64 = c.to(tl.int64)
-    start = c * CHUNK
     start64 = start.to(tl.int64)
-    chunk_len = tl.minimum(CHUNK, seqlen - start)
     s0 = t * BLOCK_S
     offs_s = s0 + tl.arange(0, BLOCK_S)
     mask_s = offs_s < chunk_len

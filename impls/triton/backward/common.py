@@ -10,6 +10,19 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def chunk_program(pid, per_chunk, nchunks, seqlen, TILES: tl.constexpr, CHUNK: tl.constexpr):
+    """Program `pid` of a flat grid whose tiles run fastest, then `per_chunk` (the heads or the groups), the chunks,
+    the batch rows -> (tile, head or group (int64), batch row (int64), chunk, its first position, its length)."""
+    t = pid % TILES
+    i = ((pid // TILES) % per_chunk).to(tl.int64)
+    bc = pid // (TILES * per_chunk)
+    c = bc % nchunks
+    b = (bc // nchunks).to(tl.int64)
+    start = c * CHUNK
+    return t, i, b, c, start, tl.minimum(CHUNK, seqlen - start)
+
+
+@triton.jit
 def decay(v, EXP2: tl.constexpr):
     """exp of `v`, already in the exponential's base (log2 e folded in by `log_decay` when EXP2)."""
     if EXP2:

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from impls.triton import launcher
-from impls.triton.backward.common import decay, log_decay, log_decay_at, rows, sequence_ends
+from impls.triton.backward.common import chunk_program, decay, log_decay, log_decay_at, rows, sequence_ends
 from impls.triton.clamp import pow2_at_least_16
 
 
@@ -31,16 +31,9 @@ def bwd_db_kernel(
 ):
     # flat grid: source tile fastest, then group, chunk, batch
     TILES: tl.constexpr = CHUNK // BLOCK_S
-    pid = tl.program_id(0)
-    t = pid % TILES
-    g = ((pid // TILES) % ngroups).to(tl.int64)
-    bc = pid // (TILES * ngroups)
-    c = bc % nchunks
-    b = (bc // nchunks).to(tl.int64)
+    t, g, b, c, start, chunk_len = chunk_program(tl.program_id(0), ngroups, nchunks, seqlen, TILES, CHUNK)
     c64 = c.to(tl.int64)
-    start = c * CHUNK
     start64 = start.to(tl.int64)
-    chunk_len = tl.minimum(CHUNK, seqlen - start)
     s0 = t * BLOCK_S
     offs_s = s0 + tl.arange(0, BLOCK_S)
     mask_s = offs_s < chunk_len

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from impls.triton import launcher
-from impls.triton.backward.common import decay, gated_dy, log_decay, rows, sequence_ends
+from impls.triton.backward.common import chunk_program, decay, gated_dy, log_decay, rows, sequence_ends
 from impls.triton.clamp import pow2_at_least_16
 
 
@@ -34,16 +34,9 @@ def bwd_dcb_kernel(
 ):
     # flat grid: row tile fastest, then group, chunk, batch
     TILES: tl.constexpr = CHUNK // BLOCK_L
-    pid = tl.program_id(0)
-    t = pid % TILES
-    g = ((pid // TILES) % ngroups).to(tl.int64)
-    bc = pid // (TILES * ngroups)
-    c = bc % nchunks
-    b = (bc // nchunks).to(tl.int64)
+    t, g, b, c, start, chunk_len = chunk_program(tl.program_id(0), ngroups, nchunks, seqlen, TILES, CHUNK)
     c64 = c.to(tl.int64)
-    start = c * CHUNK
     start64 = start.to(tl.int64)
-    chunk_len = tl.minimum(CHUNK, seqlen - start)
     l0 = t * BLOCK_L
     offs_l = l0 + tl.arange(0, BLOCK_L)
     mask_l = offs_l < chunk_len
