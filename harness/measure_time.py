@@ -85,6 +85,8 @@ def stage_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
             times = timing.cpu_times(fn, bench.cpu_warmup, bench.cpu_reps, bench.quantiles)
         out += [(stage, key, value) for key, value in times.items()]
         out += token_rate(plan, stage, times)
+        if stage == "forward" and plan.workload.tokens is not None:  # an end-to-end model's prefill: its memory too
+            out.append((stage, "peak_mem_bytes", peak_memory(fn, device)))
         if stage not in costs:  # parts of a forward have no cost-model entry of their own
             continue
         derived = cost_model.derived(costs[stage], times["median_ms"], ceilings.get("matmul_tflops"),

@@ -40,6 +40,7 @@ def test_both_directions_store_gated_rows_with_tokens_per_second(direction, tmp_
         32, 2, 512, "torch", 2)
     timed = df.set_index(["stage", "metric"])["value"]
     assert timed[(direction, "tokens_per_s")] * timed[(direction, "median_ms")] * 1e-3 == pytest.approx(2 * 96)
+    assert (direction, "peak_mem_bytes") in timed.index  # measured on the GPU; NaN with its reason on the CPU
     if direction == "train_step":
         gated = set(df.query("metric == 'bound_ratio'")["stage"])
         assert {"forward", "train_step", "grad:dembedding.weight", "grad:dlayers.1.mixer.A_log",
@@ -87,6 +88,7 @@ def test_a_planted_fault_fails_the_gate_and_nothing_is_timed(plant, direction, f
     assert not df["metric"].str.endswith("_ms").any()
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("options, named", [
     pytest.param({"n_layer": 0}, r"^workload.options.n_layer: expected null or an int >= 1", id="n_layer-zero"),
     pytest.param({"vocab_size": "big"}, r"^workload.options.vocab_size", id="vocab_size-not-int"),
@@ -125,6 +127,7 @@ def test_the_config_composes_and_refuses_a_direction_the_workload_lacks():
                                                        "direction=train_step"]))
 
 
+@pytest.mark.quick
 def test_a_stepped_direction_needs_a_step_declared():
     args = dict(stages=(), forward=Stage("forward", ("y",), lambda b, kw, got: (kw["x"],)), inputs=None,
                 arguments=dict, reference=None, backward=Backward(leaves=dict, call=None, incoming=None))
