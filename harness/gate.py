@@ -2,8 +2,9 @@
 (harness/workloads/): its ground truth (the SSD's: float64, fp32-chunked or sampled, harness.correctness),
 tuning resolved in one plain pass, each of its stages and its whole forward checked (whole-tensor and block-wise),
 its rule where it declares one (the SSD's mamba-ssm x2 rule), and for the backward directions every gradient
-(harness/gradient_gate.py); the first call of each stage timed (compile_s). With bench.check off, the stages
-are only run once (their first calls still timed). A failed gate is a report with `failures`, never an exception:
+(harness/gradient_gate.py), for a step of the workload's own (train_step) that step's check too; the first call
+of each stage timed (compile_s). With bench.check off, the stages are only run once (their first calls still
+timed). A failed gate is a report with `failures`, never an exception:
 the runner records it and times nothing."""
 
 from __future__ import annotations
@@ -64,4 +65,6 @@ def run(plan: Plan) -> GateReport:
     rule = workload.rule(plan, truth, report) if workload.rule is not None else None
     if point.direction != "forward":  # the gradients too, against float64 autograd (harness/gradient_gate.py)
         report.update(gradient_gate.gate(plan))
+    if point.direction in workload.steps:  # a step of the workload's own (train_step): its own check too
+        report.update(workload.steps[point.direction].check(plan))
     return GateReport(reference=truth.kind, stages=report, rule=rule, first_call=first_call)

@@ -2,7 +2,8 @@
 workload (harness/workloads/). Ceilings (GPU: a matmul and a copy in the same run), each of its stages chained on
 the backend's own outputs and its whole forward (the SSD's through the public entry) (harness/timing.py:
 do_bench medians and quantiles on the GPU, wall-clock on the CPU), the derived metrics of its cost model
-(harness/cost_model.py for the SSD), the backward directions through its differentiable forward, and with
+(harness/cost_model.py for the SSD; tokens_per_s where it counts tokens), the backward directions through its
+differentiable forward, a step of its own (train_step: harness.workloads.Step), and with
 bench.api_overhead the public call's overhead (harness/api_overhead.py)."""
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ def run(plan: Plan, gate: GateReport) -> Timings:
     if gate.failures:
         raise GateFailure("; ".join(gate.failures))
     bench, device, out = plan.point.bench, plan.point.device, []
-    if bench.time and plan.point.direction != "forward":
+    if bench.time and plan.point.direction in plan.workload.steps:
+        out += step_times(plan)
+    elif bench.time and plan.point.direction != "forward":
         out += backward_times(plan)
     elif bench.time:
         out += stage_times(plan)
@@ -81,11 +84,41 @@ def stage_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
         else:
             times = timing.cpu_times(fn, bench.cpu_warmup, bench.cpu_reps, bench.quantiles)
         out += [(stage, key, value) for key, value in times.items()]
+        out += token_rate(plan, stage, times)
+        if stage == "forward" and plan.workload.tokens is not None:  # an end-to-end model's prefill: its memory too
+            out.append((stage, "peak_mem_bytes", peak_memory(fn, device)))
         if stage not in costs:  # parts of a forward have no cost-model entry of their own
             continue
         derived = cost_model.derived(costs[stage], times["median_ms"], ceilings.get("matmul_tflops"),
                                      ceilings.get("copy_gbps"))
         out += [(stage, key, value) for key, value in derived.items()]
+    return out
+
+
+def token_rate(plan: Plan, stage: str, times: dict) -> list[tuple[str, str, float | timing.Missing]]:
+    """tokens_per_s of a timed stage of a workload that counts its tokens (`Workload.tokens`: the language model's
+    batch·seqlen per call) over its median; nothing for a part of a forward or a workload that counts none."""
+    if plan.workload.tokens is None or stage.startswith("part:"):
+        return []
+    median = times["median_ms"]
+    if isinstance(median, timing.Missing) or not median > 0:
+        return [(stage, "tokens_per_s", timing.Missing(f"no median of {stage} to divide by"))]
+    return [(stage, "tokens_per_s", plan.workload.tokens(plan.point.problem) / (median * 1e-3))]
+
+
+def step_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
+    """A stepped direction's timings (harness.workloads.Step: train_step), each of its calls as a stage with its
+    tokens_per_s and its peak memory; no CUDA-graph replay (autograd's graph and the optimizer are not captured)."""
+    bench, device, out = plan.point.bench, plan.point.device, []
+    calls = plan.workload.steps[plan.point.direction].calls(plan.backend, plan.inputs, plan.point.seed)
+    for stage, fn in calls.items():
+        if device.type == "cuda":
+            times = timing.gpu_times(fn, bench.warmup_ms, bench.rep_ms, False, bench.quantiles)
+        else:
+            times = timing.cpu_times(fn, bench.cpu_warmup, bench.cpu_reps, bench.quantiles)
+        out += [(stage, key, value) for key, value in times.items()]
+        out += token_rate(plan, stage, times)
+        out.append((stage, "peak_mem_bytes", peak_memory(fn, device)))
     return out
 
 

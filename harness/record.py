@@ -29,7 +29,8 @@ UNITS = {"median_ms": "ms", "p20_ms": "ms", "p80_ms": "ms", "graph_median_ms": "
          "rel_err": "1", "tol": "1", "ok": "1", "flops": "flop", "bytes": "byte", "bytes_fused": "byte",
          "tflops": "TFLOP/s", "gbps": "GB/s", "frac_floor": "1", "frac_floor_fused": "1",
          "matmul_tflops": "TFLOP/s", "copy_gbps": "GB/s", "block_err": "1", "bound_ratio": "1",
-         "peak_mem_bytes": "byte", "deterministic": "1", "mamba_ssm_rel_err": "1", "mamba_ssm_rule": "1"}
+         "peak_mem_bytes": "byte", "deterministic": "1", "mamba_ssm_rel_err": "1", "mamba_ssm_rule": "1",
+         "tokens_per_s": "token/s"}
 
 
 def unit(metric: str) -> str:

@@ -16,12 +16,12 @@ import pyarrow.parquet as pq
 
 from impls.declaration import version_columns
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Columns added after version 1, with the version that added them: files written before read them as null.
 # Version 4 leaves `tf32` null (it was a config flag, not what ran): `precision` says what each stage ran.
 ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4, "gate": 4,
             "run_group": 5, "round": 5, "workload": 5, "direction": 5, "tile_protocol": 5,
-            "d_model": 6, "expand": 6, "d_conv": 6}
+            "d_model": 6, "expand": 6, "d_conv": 6, "n_layer": 7, "vocab_size": 7, "glue": 7}
 
 # The v_<key> columns: those of schema version 4 (every committed file has them, so they stay) and then any other
 # package a backend declares (impls/<name>/__init__.py PACKAGES, impls/declaration.py), read as null from files
@@ -53,20 +53,22 @@ COLUMNS: dict[str, tuple[str, str]] = {
                            "config_hash and code_key both match"),
     "status": ("string", "ok | failed (correctness gate, unavailable backend, exception)"),
     "workload": ("string", "what was measured (harness/workloads/): ssd (the SSD of impls/; null before version "
-                           "5: ssd) | mamba2_layer (the Mamba-2 block of models/mamba2.py, its SSD on the backend)"),
-    "direction": ("string", "forward | backward | forward_backward (null before version 5: forward): the backward "
+                           "5: ssd) | mamba2_layer (the Mamba-2 block of models/mamba2.py, its SSD on the backend) | "
+                           "mamba2_lm (the language model of models/mamba2_lm.py)"),
+    "direction": ("string", "forward | backward | forward_backward | train_step (null before version 5: forward): "
+                            "train_step is a forward, backward and AdamW step (workload mamba2_lm); the backward "
                             "is torch.autograd.grad of impls.ssd after a forward under autograd, timed alone"),
     "error": ("string", "why the point failed (null when ok)"),
     "stage": ("string", "the workload's stages (ssd: chunk_cumsum | fwd_pass_state | compute_out; mamba2_layer: "
-                        "in_proj_conv | ssd | norm_out_proj) | forward | backward | forward_backward | "
+                        "in_proj_conv | ssd | norm_out_proj) | forward | backward | forward_backward | train_step | "
                         "grad:d<input> (the gradient gate's, per gradient) | ceiling | point"),
     "metric": ("string", "see README: median_ms, p20_ms, p80_ms, graph_median_ms, compile_s, rel_err, "
                          "block_err, bound_ratio, mamba_ssm_rel_err, mamba_ssm_rule, tol, "
                          "flops, bytes, bytes_fused, tflops, gbps, frac_floor, frac_floor_fused, matmul_tflops, "
-                         "copy_gbps, peak_mem_bytes, deterministic, ok"),
+                         "copy_gbps, peak_mem_bytes, deterministic, tokens_per_s, ok"),
     "value": ("float64", "the metric's value"),
     "note": ("string", "why the value is missing or what qualifies it (e.g. a CUDA-graph capture's failure)"),
-    "unit": ("string", "ms, s, 1, flop, byte, TFLOP/s, GB/s"),
+    "unit": ("string", "ms, s, 1, flop, byte, TFLOP/s, GB/s, token/s"),
     "backend": ("string", "backend name"),
     "switches": ("string", "JSON: the backend's full resolved switches"),
     "ablation": ("string", "ablation applied on top of the switches"),
@@ -83,7 +85,12 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "d_model": ("Int64", "the layer's model width, nheads·headdim / expand (workload mamba2_layer; null otherwise and "
                          "before version 6)"),
     "expand": ("Int64", "the layer's d_inner / d_model (workload mamba2_layer's option)"),
-    "d_conv": ("Int64", "the layer's causal conv width (workload mamba2_layer's option)"),
+    "d_conv": ("Int64", "the layer's causal conv width (workload mamba2_layer's option; mamba2_lm's too)"),
+    "n_layer": ("Int64", "the language model's number of blocks (workload mamba2_lm; null otherwise and before "
+                         "version 7)"),
+    "vocab_size": ("Int64", "the language model's vocabulary before padding (workload mamba2_lm)"),
+    "glue": ("string", "how the model's conv and gated norm ran (models/glue.py: torch | triton | compile; workload "
+                       "mamba2_lm)"),
     "problem_name": ("string", "problem preset name"),
     "problem": ("string", "JSON: impls.problem.Problem fields"),
     "dtype": ("string", "input dtype"),

@@ -68,6 +68,12 @@ COVERING = {
     ("mamba2_layer", "forward_backward"): {
         "plain-fp32": Case(Problem(Shape(1, 24, 2, 16, 2, 16, 16), dtype="float32")),
     },
+    ("mamba2_lm", "forward"): {
+        "plain-fp32": Case(Problem(Shape(1, 40, 2, 16, 2, 16, 16), dtype="float32")),
+    },
+    ("mamba2_lm", "train_step"): {
+        "D-per-channel-fp32": Case(Problem(Shape(1, 24, 2, 16, 1, 16, 16), dtype="float32", D_per_channel=True)),
+    },
 }
 
 

@@ -21,6 +21,9 @@ from impls.stages import Stage
 # the forward (its stages and the whole), the backward alone (after one forward under autograd), a forward and its
 # backward together
 DIRECTIONS = ("forward", "backward", "forward_backward")
+# Directions a workload runs through a `Step` of its own (its `steps`), gated as its backward is plus the step's own
+# check: a training step (forward, backward and an optimizer step: the language model's AdamW step)
+STEPPED = ("train_step",)
 HERE = Path(__file__).resolve().parent
 
 # (chunk_size, ndim) -> (the block's extent per dimension (None: the whole dimension), the dimensions' names)
@@ -70,6 +73,20 @@ class Backward:
     tolerance: Callable[[Any], float] | None = None
 
 
+@dataclass(frozen=True)
+class Step:
+    """A direction a workload runs as a whole step of its own (train_step: forward, backward and an optimizer
+    step), beside its gradients' gate (its `Backward`):
+
+    - `calls(backend, inputs, seed)`: zero-argument calls to time, by stage name (e.g. {"train_step": one step});
+      they run after the gate and may advance the inputs (a training loop's steps go on training);
+    - `check(plan)`: the step's own gate as stage reports (harness/gradient_gate.py `stage_reports`' form, e.g. the
+      parameters after one step against the same step on float64 gradients), beside the gradients'."""
+
+    calls: Callable[[Any, Any, int], dict[str, Callable[[], Any]]]
+    check: Callable[[Any], dict[str, dict]]
+
+
 def _same_backend(backend, inputs):
     return backend
 
@@ -102,7 +119,10 @@ class Workload:
       bench.reference asks for (`references`: the kinds it has; auto takes the first that fits).
     - `outputs`: the gate's outputs (forward and gradients) by name, with their blocks; another is judged whole.
     - `shape`, `options` (its own settings, conf/workload/<name>.yaml `options`, with their defaults), `refuses`
-      (why it cannot run a problem of the config, or None), `directions`, `backward`.
+      (why it cannot run a problem of the config, or None), `directions`, `backward`, `steps` (a `Step` per
+      direction of STEPPED it declares).
+    - `tokens(problem)`: the tokens one call processes (a language model's batch·seqlen), where it counts them:
+      every timed stage's rows then carry tokens_per_s.
     - `arrange(backend, inputs)`: the backend that runs these inputs (an arrangement, checked values);
       `precision(backend, dtype, device)`: each stage's matmul precision; `chained(backend)`: whether the backend
       runs the chain stage by stage (a forward-only peer does not); `parts(backend, kw)`: pieces of the forward
@@ -129,17 +149,24 @@ class Workload:
     cost: Callable[[Problem, Mapping], dict[str, dict[str, float]]] = _no_costs
     cost_model: str | None = None
     rule: Callable[[Any, Any, dict], dict] | None = None
+    steps: Mapping[str, Step] = field(default_factory=dict)
+    tokens: Callable[[Problem], int] | None = None
 
     def __post_init__(self):
-        unknown = [d for d in self.directions if d not in DIRECTIONS]
+        unknown = [d for d in self.directions if d not in (*DIRECTIONS, *STEPPED)]
         if "forward" not in self.directions or unknown:
-            raise ValueError(f"workload {self.name!r}: directions must include forward and be some of {DIRECTIONS}, "
+            raise ValueError(f"workload {self.name!r}: directions must include forward and be some of "
+                             f"{(*DIRECTIONS, *STEPPED)}, "
                              f"got {self.directions}")
         if self.forward.name != "forward":
             raise ValueError(f"workload {self.name!r}: its whole forward is the stage named 'forward', got "
                              f"{self.forward.name!r}")
         if set(self.directions) - {"forward"} and self.backward is None:
             raise ValueError(f"workload {self.name!r}: directions {self.directions} need a Backward declaration")
+        unstepped = [d for d in self.directions if d in STEPPED and d not in self.steps]
+        if unstepped or set(self.steps) - set(self.directions):
+            raise ValueError(f"workload {self.name!r}: directions {unstepped or self.directions} need a Step each in "
+                             f"`steps` (and `steps` {sorted(self.steps)} only directions it declares)")
 
     @property
     def stage_names(self) -> tuple[str, ...]:

@@ -1,0 +1,269 @@
+"""The Mamba-2 language model as a workload: models/mamba2_lm.py with every layer's SSD on the point's backend,
+prefill (direction forward: the logits of input_ids) and a training step (direction train_step: forward, backward
+and one AdamW step), gated against the float64 model (`lm_float64`) and timed as tokens per second.
+
+Its sizes come from the shape as the layer's do (d_model = nheads·headdim / expand, d_state = dstate, headdim,
+ngroups, chunk_size, batch, seqlen) and from its options (conf/workload/mamba2_lm.yaml): n_layer and vocab_size
+(DEFAULT_N_LAYER, DEFAULT_VOCAB_SIZE), or `size` a released model's name (models.mamba2_lm.PRESETS: its n_layer and
+vocabulary, its d_model required of the shape), glue (models/glue.py), expand and d_conv. Parameters are drawn on
+the CPU from the point's seed, the token ids from the seed + 1. The gate: the logits per (batch, chunk) block, the
+gradient of the mean next-token loss w.r.t. every parameter (float64 autograd of `lm_float64`'s loss), and the
+parameters after one AdamW step (ADAMW) against the same step applied to those float64 gradients, each within the
+flat tolerance of the dtype (tf32's where the backend or torch runs tf32 matmuls); a gradient orders below the
+rest relative to its share of the model's gradient norm (`_check_gradients`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.correctness import FlatTruth, _stage_report, flat_judge
+from harness.gradient_gate import _entry, autograd_gradients
+from harness.workloads import Backward, ShapeSchema, Step, Workload, register
+from harness.workloads.mamba2_layer import _precision as layer_precision
+from harness.workloads.mamba2_layer import _refuses as layer_refuses
+from harness.workloads.mamba2_layer import layer_config
+from impls import tolerance as tolerances
+from impls.problem import Problem, Shape
+from impls.stages import Stage
+from impls.tolerance import poisoned_allocations
+from models.glue import GLUES
+from models.mamba2_lm import PRESETS, Mamba2LM, Mamba2LMConfig, lm_float64, next_token_loss
+from models.mamba2_reference import layer_tolerance
+
+DEFAULT_N_LAYER = 2  # a sweep's model: two blocks show the residual stream and the tied head at a layer's cost
+DEFAULT_VOCAB_SIZE = 512
+PRESET_VOCAB_SIZE = 50277  # the released models' (GPT-NeoX's tokenizer), as models.mamba2_lm.preset has it
+OPTIONS = {"size": None, "n_layer": None, "vocab_size": None, "glue": "torch", "expand": 2, "d_conv": 4}
+# The training step's optimizer: torch.optim.AdamW on the parameters in their own dtype, these settings
+ADAMW = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+
+
+@dataclass(frozen=True)
+class LMInputs:
+    """The model (parameters drawn from the seed, its SSDs on the backend) and its token ids (batch, seqlen)."""
+
+    model: Mamba2LM
+    input_ids: torch.Tensor
+
+
+def _positive_int(options: dict, name: str, default: int) -> int:
+    value = options[name]
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"workload.options.{name}: expected null or an int >= 1, got {value!r}")
+    return value
+
+
+def lm_config(problem: Problem, options: dict) -> Mamba2LMConfig:
+    """The model whose layers' SSD has the problem's sizes; ValueError naming the shape or option that does not
+    fit."""
+    layer = layer_config(problem, options)
+    size = options["size"]
+    if size is not None and size not in PRESETS:
+        raise ValueError(f"workload.options.size: expected null or one of {sorted(PRESETS)}, got {size!r}")
+    if options["glue"] not in GLUES:
+        raise ValueError(f"workload.options.glue: expected one of {sorted(GLUES)}, got {options['glue']!r}")
+    if size is None:
+        return Mamba2LMConfig(vocab_size=_positive_int(options, "vocab_size", DEFAULT_VOCAB_SIZE),
+                              n_layer=_positive_int(options, "n_layer", DEFAULT_N_LAYER), layer=layer)
+    given = [name for name in ("n_layer", "vocab_size") if options[name] is not None]
+    if given:
+        raise ValueError(f"workload.options.{given[0]}: set by workload.options.size={size!r}; give one or the other")
+    d_model, n_layer = PRESETS[size]
+    if layer.d_model != d_model:
+        raise ValueError(f"shape: workload.options.size={size!r} has d_model {d_model}, the shape gives "
+                         f"nheads·headdim / expand = {layer.d_model}")
+    return Mamba2LMConfig(vocab_size=PRESET_VOCAB_SIZE, n_layer=n_layer, layer=layer)
+
+
+def _check_shape(shape: Shape, options: dict) -> None:
+    lm_config(Problem(shape), options)
+
+
+def _columns(shape: Shape, options: dict) -> dict:
+    config = lm_config(Problem(shape), options)
+    return {"d_model": config.d_model, "expand": options["expand"], "d_conv": options["d_conv"],
+            "n_layer": config.n_layer, "vocab_size": config.vocab_size, "glue": options["glue"]}
+
+
+def _inputs(point, backend) -> LMInputs:
+    config = lm_config(point.problem, point.workload_options)
+    s = point.problem.shape
+    with torch.random.fork_rng(devices=[]):  # parameters drawn on the CPU: one seed, the same on every machine
+        torch.manual_seed(point.seed)
+        model = Mamba2LM(config, backend, device="cpu", dtype=point.problem.torch_dtype,
+                         glue=point.workload_options["glue"])
+    gen = torch.Generator().manual_seed(point.seed + 1)
+    ids = torch.randint(0, config.vocab_size, (s.batch, s.seqlen), generator=gen)
+    return LMInputs(model.to(point.device), ids.to(point.device))
+
+
+def _arguments(inputs: LMInputs) -> dict:
+    return {"model": inputs.model, "input_ids": inputs.input_ids}
+
+
+def _forward(backend, kw: dict, got: dict) -> tuple:
+    with torch.inference_mode():
+        return (kw["model"](kw["input_ids"]),)
+
+
+def _tolerance(model: Mamba2LM, dtype: torch.dtype, device) -> float:
+    return layer_tolerance(model.layers[0].mixer, dtype, device)
+
+
+def _precision(backend, dtype: torch.dtype, device: torch.device) -> dict[str, str]:
+    forward = layer_precision(backend, dtype, device)["forward"]
+    return {"forward": forward, "train_step": forward}
+
+
+def _reference(plan, requested: str) -> FlatTruth:
+    inputs = plan.inputs
+    with torch.no_grad():
+        logits = lm_float64(inputs.model, inputs.input_ids)
+    tol = _tolerance(inputs.model, plan.dtype, plan.point.device)
+    return FlatTruth("float64", {"logits": logits}, {"forward": tol}, plan.precision, plan.workload,
+                     plan.point.problem.shape.chunk_size)
+
+
+def _leaves(kw: dict) -> dict[str, torch.Tensor]:
+    """Every parameter of the model (the tied embedding and head once, as embedding.weight)."""
+    return dict(kw["model"].named_parameters())
+
+
+def _loss(backend, kw: dict, leaves: dict) -> dict:
+    return {"loss": kw["model"].loss(kw["input_ids"])}
+
+
+def _incoming(inputs: LMInputs, seed: int) -> dict[str, torch.Tensor]:
+    """d loss = 1: the gradients are those of the loss itself."""
+    return {"loss": torch.ones((), dtype=torch.float64, device=inputs.input_ids.device)}
+
+
+def float64_twin(model: Mamba2LM) -> Mamba2LM:
+    """A float64 copy of `model` (its parameters as they stand), on the model's device."""
+    with torch.random.fork_rng(devices=[]):  # its own initialisation is overwritten: leave the generator as it was
+        twin = Mamba2LM(model.config, "reference", device="cpu", dtype=torch.float64)
+    twin.load_state_dict({k: v.detach().double().cpu() for k, v in model.state_dict().items()})
+    return twin.to(model.embedding.weight.device)
+
+
+def float64_gradients(model: Mamba2LM, input_ids: torch.Tensor) -> tuple[dict[str, torch.Tensor], Mamba2LM]:
+    """Float64 autograd of the mean next-token loss of `lm_float64` on a float64 copy of `model`: parameter name ->
+    gradient, and the copy (its parameters carry them in .grad)."""
+    twin = float64_twin(model)
+    params = dict(twin.named_parameters())
+    loss = next_token_loss(lm_float64(twin, input_ids), input_ids)
+    loss.backward()
+    return {name: p.grad for name, p in params.items()}, twin
+
+
+def _reference_gradients(inputs: LMInputs, grads_in: dict) -> dict[str, torch.Tensor]:
+    grads, _ = float64_gradients(inputs.model, inputs.input_ids)
+    scale = grads_in["loss"]
+    return {f"d{name}": g * scale for name, g in grads.items()}
+
+
+def share_judge(actual: torch.Tensor, expected: torch.Tensor, share: float, tol: float) -> tolerances.Judged:
+    """One parameter's gradient: ‖Δ‖ / max(‖expected‖, `share`) within `tol` (NaN or inf anywhere: inf)."""
+    diff = actual.detach().to(torch.float64) - expected
+    norm = torch.linalg.vector_norm(expected).item()
+    near_zero = norm < share
+    err = torch.linalg.vector_norm(diff).item() / max(norm, share, 1e-300)
+    if not bool(torch.isfinite(diff).all()):
+        err = float("inf")
+    where = (0,) * expected.dim()
+    return tolerances.Judged(err, tol, tolerances.BlockErr(err, where, near_zero),
+                             tolerances.BlockErr(err / tol, where, near_zero))
+
+
+def _check_gradients(plan) -> dict[str, dict]:
+    """The gradient of the loss w.r.t. every parameter (the backend's, allocations poisoned) against float64
+    autograd of `lm_float64`'s loss, within the flat tolerance of the dtype relative to the larger of the
+    gradient's norm and its share of the whole model's gradient norm, ‖g‖·sqrt(numel_p / numel): a parameter whose
+    gradient is orders below the rest (A_log, dt_bias: sums over every token that nearly cancel) is held to the
+    model gradient's scale, as the near-zero blocks of impls.tolerance are to their tensor's."""
+    workload, inputs = plan.workload, plan.inputs
+    kw = workload.arguments(inputs)
+    grads_in = _incoming(inputs, plan.point.seed)
+    truth = _reference_gradients(inputs, grads_in)
+    leaves = _leaves(kw)
+    with poisoned_allocations():
+        got = autograd_gradients(_loss(plan.backend, kw, leaves), leaves, grads_in)
+    tol = _tolerance(inputs.model, plan.dtype, plan.point.device)
+    total = sum(g.square().sum() for g in truth.values()).sqrt().item()
+    count = sum(g.numel() for g in truth.values())
+    how = f"flat: the dtype's tolerance ({tol:g}) of the larger of the gradient's norm and its share of the model's"
+    precision = plan.precision.get("train_step", "none")
+    report = {}
+    for name, expected in truth.items():
+        actual = got.get(name)
+        judged = None if actual is None else share_judge(actual, expected, total * (expected.numel() / count) ** 0.5,
+                                                         tol)
+        report[name] = _entry(judged, ("",) * expected.dim(), how, precision)
+    return report
+
+
+def adamw_step(model: Mamba2LM, input_ids: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+    """One training step: the loss's gradients (set afresh), then the optimizer's step."""
+    optimizer.zero_grad(set_to_none=True)
+    model.loss(input_ids).backward()
+    optimizer.step()
+
+
+def _step_calls(backend, inputs: LMInputs, seed: int) -> dict:
+    """train_step: one forward, backward and AdamW step; repeated calls go on training (the optimizer's state
+    carried over), as a training loop's steps do."""
+    optimizer = torch.optim.AdamW(inputs.model.parameters(), **ADAMW)
+    return {"train_step": lambda: adamw_step(inputs.model, inputs.input_ids, optimizer)}
+
+
+def _check_step(plan) -> dict[str, dict]:
+    """Stage train_step: every parameter after one AdamW step from the point's parameters against the same step
+    applied to the float64 gradients of a float64 copy, within the flat tolerance; the model is left as it was."""
+    model, ids = plan.inputs.model, plan.inputs.input_ids
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    try:
+        adamw_step(model, ids, torch.optim.AdamW(model.parameters(), **ADAMW))
+        after = {name: p.detach().clone() for name, p in model.named_parameters()}
+    finally:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(before[name])
+                p.grad = None
+    _, twin = float64_gradients(model, ids)
+    torch.optim.AdamW(twin.parameters(), **ADAMW).step()
+    expected = dict(twin.named_parameters())
+    tol = _tolerance(model, plan.dtype, plan.point.device)
+    judged = {name: flat_judge(after[name], expected[name].detach(), tol, (None,) * expected[name].dim())
+              for name in after}
+    bound = f"flat: the dtype's tolerance ({tol:g}) on the parameters after one AdamW step {ADAMW}"
+    report = _stage_report("train_step", judged, plan.precision.get("train_step", "none"), bound,
+                           lambda name: ("",) * expected[name].dim())
+    return {"train_step": report}
+
+
+def _tokens(problem: Problem) -> int:
+    return problem.shape.batch * problem.shape.seqlen
+
+
+MAMBA2_LM = register(Workload(
+    name="mamba2_lm",
+    stages=(),
+    forward=Stage("forward", ("logits",), _forward),
+    directions=("forward", "train_step"),
+    inputs=_inputs,
+    arguments=_arguments,
+    reference=_reference,
+    outputs={"logits": lambda q, n: ((1, q, None), ("batch", "chunk", ""))},
+    shape=ShapeSchema(check=_check_shape, columns=_columns),
+    options=OPTIONS,
+    refuses=layer_refuses,
+    backward=Backward(leaves=_leaves, call=_loss, incoming=_incoming, reference=_reference_gradients,
+                      check=_check_gradients),
+    precision=_precision,
+    steps={"train_step": Step(calls=_step_calls, check=_check_step)},
+    tokens=_tokens,
+))

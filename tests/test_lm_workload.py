@@ -1,0 +1,138 @@
+"""Workload mamba2_lm (harness/workloads/mamba2_lm.py): the language model's prefill and training step through the
+pipeline, gated against lm_float64; planted faults fail the gate; bad options are refused naming the option."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments import bench
+from harness import plan, store, workloads
+from harness.workloads import Backward, Step, Workload
+from harness.workloads import mamba2_lm as lm_workload
+from impls.problem import Problem, Shape
+from impls.stages import Stage
+from models.mamba2_lm import Mamba2LM
+
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "conf" / "config.yaml").is_file())
+TINY = Shape(2, 96, 4, 16, 2, 16, 32)  # conf/shape/tiny.yaml
+FP32 = Problem(TINY, dtype="float32")
+QUICK = plan.BenchSettings(stages=("forward",), cpu_warmup=0, cpu_reps=1)
+
+
+def _measure(direction: str, problem: Problem = FP32, **options):
+    return bench.measure(plan.point("reference", problem, workload="mamba2_lm", direction=direction, bench=QUICK,
+                                    workload_options=options or None))
+
+
+@pytest.mark.parametrize("direction", ["forward", "train_step"])
+def test_both_directions_store_gated_rows_with_tokens_per_second(direction, tmp_path):
+    rows = _measure(direction, Problem(TINY, dtype="bfloat16"))
+    assert rows.status == "ok", rows.error
+    store.write_rows(list(rows.rows), tmp_path, "lm")
+    df = store.load(tmp_path)
+    assert (df.query("metric == 'ok'")["value"] == 1).all() and set(df["reference"]) == {"float64"}
+    assert set(df["workload"]) == {"mamba2_lm"} and set(df["direction"]) == {direction}
+    point = df.iloc[0]
+    assert (point["d_model"], point["n_layer"], point["vocab_size"], point["glue"], point["expand"]) == (
+        32, 2, 512, "torch", 2)
+    timed = df.set_index(["stage", "metric"])["value"]
+    assert timed[(direction, "tokens_per_s")] * timed[(direction, "median_ms")] * 1e-3 == pytest.approx(2 * 96)
+    assert (direction, "peak_mem_bytes") in timed.index  # measured on the GPU; NaN with its reason on the CPU
+    if direction == "train_step":
+        gated = set(df.query("metric == 'bound_ratio'")["stage"])
+        assert {"forward", "train_step", "grad:dembedding.weight", "grad:dlayers.1.mixer.A_log",
+                "grad:dnorm_f.weight"} <= gated
+
+
+def _scaled_logits(monkeypatch):
+    forward = Mamba2LM.forward
+    monkeypatch.setattr(Mamba2LM, "forward", lambda self, ids, **kw: forward(self, ids, **kw) * 1.001)
+
+
+def _scaled_loss(monkeypatch):
+    loss = Mamba2LM.loss
+    monkeypatch.setattr(Mamba2LM, "loss", lambda self, ids, **kw: loss(self, ids, **kw) * 1.001)
+
+
+def _one_update_skipped(monkeypatch):
+    """A train step that leaves layers.0.norm.weight as it was."""
+    step = lm_workload.adamw_step
+
+    def skipping(model, ids, optimizer):
+        kept = model.layers[0].norm.weight.detach().clone()
+        step(model, ids, optimizer)
+        with torch.no_grad():
+            model.layers[0].norm.weight.copy_(kept)
+
+    monkeypatch.setattr(lm_workload, "adamw_step", skipping)
+
+
+@pytest.mark.parametrize("plant, direction, failed", [
+    pytest.param(_scaled_logits, "forward", {"forward"}, id="logits-scaled"),
+    pytest.param(_scaled_loss, "train_step", {"grad:dembedding.weight", "grad:dlayers.1.mixer.in_proj.weight"},
+                 id="loss-scaled"),
+    pytest.param(_one_update_skipped, "train_step", {"train_step"}, id="one-parameter-not-updated"),
+])
+def test_a_planted_fault_fails_the_gate_and_nothing_is_timed(plant, direction, failed, monkeypatch):
+    plant(monkeypatch)
+    rows = _measure(direction)
+    df = rows.frame()
+    assert rows.status == "failed" and "GateFailure" in rows.error
+    bad = set(df.query("metric == 'ok' and value == 0")["stage"]) - {"point"}
+    assert failed <= bad
+    if plant is _one_update_skipped:
+        assert bad == {"train_step"}, bad  # the gradients are right: only the step is wrong
+    assert not df["metric"].str.endswith("_ms").any()
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("options, named", [
+    pytest.param({"n_layer": 0}, r"^workload.options.n_layer: expected null or an int >= 1", id="n_layer-zero"),
+    pytest.param({"vocab_size": "big"}, r"^workload.options.vocab_size", id="vocab_size-not-int"),
+    pytest.param({"size": "mamba2_9b"}, r"^workload.options.size: expected null or one of", id="size-unknown"),
+    pytest.param({"size": "mamba2_130m"}, r"^shape: workload.options.size='mamba2_130m' has d_model 768",
+                 id="size-not-the-shapes"),
+    pytest.param({"glue": "cuda"}, r"^workload.options.glue: expected one of", id="glue-unknown"),
+    pytest.param({"layers": 3}, r"workload.options: \['layers'\]", id="unknown-option"),
+    pytest.param({"expand": 3}, r"^shape: nheads·headdim", id="expand-not-dividing"),
+])
+def test_bad_options_are_refused_naming_the_option(options, named):
+    with pytest.raises(ValueError, match=named):
+        plan.point("reference", FP32, workload="mamba2_lm", workload_options=options)
+
+
+def test_a_size_sets_the_depth_and_vocabulary_and_refuses_them_given_too():
+    shape = Shape(1, 256, 24, 64, 1, 128, 256)  # mamba2_130m's layer: d_model 768
+    config = lm_workload.lm_config(Problem(shape), {**lm_workload.OPTIONS, "size": "mamba2_130m"})
+    assert (config.d_model, config.n_layer, config.vocab_size) == (768, 24, 50277)
+    with pytest.raises(ValueError, match="^workload.options.n_layer: set by workload.options.size"):
+        lm_workload.lm_config(Problem(shape), {**lm_workload.OPTIONS, "size": "mamba2_130m", "n_layer": 4})
+
+
+def test_the_config_composes_and_refuses_a_direction_the_workload_lacks():
+    from hydra import compose, initialize_config_dir
+
+    from harness import config as conf
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose("config", overrides=["workload=mamba2_lm", "shape=tiny", "direction=train_step"])
+        assert list(cfg.bench.stages) == ["forward"]
+        conf.validate(cfg)
+        with pytest.raises(conf.ConfigError, match="direction: workload 'mamba2_lm' has"):
+            conf.validate(compose("config", overrides=["workload=mamba2_lm", "shape=tiny", "direction=backward"]))
+        with pytest.raises(conf.ConfigError, match="direction: workload 'mamba2_layer' has"):
+            conf.validate(compose("config", overrides=["workload=mamba2_layer", "shape=tiny",
+                                                       "direction=train_step"]))
+
+
+@pytest.mark.quick
+def test_a_stepped_direction_needs_a_step_declared():
+    args = dict(stages=(), forward=Stage("forward", ("y",), lambda b, kw, got: (kw["x"],)), inputs=None,
+                arguments=dict, reference=None, backward=Backward(leaves=dict, call=None, incoming=None))
+    with pytest.raises(ValueError, match="need a Step each in `steps`"):
+        Workload(name="stepless", directions=("forward", "train_step"), **args)
+    with pytest.raises(ValueError, match="need a Step each in `steps`"):
+        Workload(name="undeclared", directions=("forward",), steps={"train_step": Step(dict, dict)}, **args)
+    assert "train_step" not in workloads.DIRECTIONS and "train_step" in workloads.STEPPED
