@@ -633,7 +633,7 @@ def test_kernels_compile_for_sm90():
 
 
 EXP2_FTZ_PTX = """
-from impls.triton.aot import compile_variant, variants
+from instruments.triton.aot import compile_variant, variants
 for name, kernel, pointers, constexprs, warps, stages in variants("bfloat16", all_variants=False):
     if (name in ("compute_out", "serial_state") and constexprs.get("EXP2") and constexprs.get("HOST_DESC")
             and constexprs.get("BLOCK_DSTATE", 128) == 128 and constexprs.get("HB", 1) == 1):
@@ -647,7 +647,7 @@ def test_exp2_ftz_picks_the_ex2_instruction():
     """Switch exp2_ftz: on (the default), every exp2 of stage 2's serial kernel and compute_out (sm_90's defaults,
     host descriptors) is Triton's ex2.approx.ftz.f32; off, the same count of ex2.approx.f32 (subnormals kept). The
     stage calls pass it to the kernels they launch."""
-    from impls.triton.switch_effects import stage_launches
+    from instruments.triton.switch_effects import stage_launches
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
     result = subprocess.run([sys.executable, "-c", EXP2_FTZ_PTX], capture_output=True, text=True, env=env,
