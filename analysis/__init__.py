@@ -1,5 +1,5 @@
 """Analysis of benchmark results: load the store into one tidy frame, then tables and figures that answer the
-study's questions. Notebooks, `python -m analysis.report` and tests/test_analysis.py all call these functions,
+study's questions. Notebooks, `python -m analysis.report` and tests/analysis/test_analysis.py all call these functions,
 so the same numbers come out of each.
 
 Modules: load (local Parquet / W&B -> long and wide frames), switches (switch metadata and the "no-op on this

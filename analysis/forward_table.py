@@ -9,7 +9,7 @@ in the order of their timestamps, separated by " · ". Only points that passed t
 
 `--out PATH` writes the table with a first line naming the command that made it (relative paths from the
 repository root); `--check PATH` regenerates PATH from the command its first line names and exits 1 if it differs
-(tests/test_results_index.py checks every `results/*/forward*.md` this way).
+(tests/analysis/test_results_index.py checks every `results/*/forward*.md` this way).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ Per shape (S1-S4) and stage:
   and each language at its defaults and with every trick off;
 - *trick*: each trick's effect in each language, time without it / time with it - 1 (positive: the trick helps):
   for a trick on by default the ablation point "<trick>" against the defaults, for one off by default the
-  defaults against the point "<trick>:True" (tests/test_language_vs_trick.py checks both on synthetic rows); for a
-  switch with values, not on/off (state_pass), the point "<switch>:<other value>" against the defaults, so a
+  defaults against the point "<trick>:True" (tests/analysis/test_language_vs_trick.py checks both on synthetic rows);
+  for a switch with values, not on/off (state_pass), the point "<switch>:<other value>" against the defaults, so a
   positive figure says the language's default arrangement is the faster (cuTile's default is serial, Triton's
   chunk_parallel); Triton's host-built TMA descriptors (tma and tma_descriptors=host,
   conf/lvt/triton_tma_host.yaml) against its point tma:True, whose descriptors are made in the kernel; a trick

@@ -102,7 +102,7 @@ def join_protocols(protocols) -> str:
 
 # --- how each switch enters the record key ---------------------------------------------------------------------------
 # Every switch of a tuned backend has one of these roles in its backend's KEY_ROLES (<backend>/tune.py), so that no new
-# switch leaves the key by omission: tests/test_tuning.py fails on a switch without a role, and checks each role
+# switch leaves the key by omission: tests/harness/test_tuning.py fails on a switch without a role, and checks each role
 # against the backend's record key and pins (adding a switch: docs/add-a-switch.md).
 KEY, PIN, KERNELS, NEITHER = "key", "pin", "kernels", "neither"
 KEY_ROLES = {

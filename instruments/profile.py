@@ -35,8 +35,8 @@ from pathlib import Path
 
 # ncu metric -> (our name, unit, how launches add up over a forward). Names as Nsight Compute (2025.x) spells them
 # on sm_90, each checked against `ncu --query-metrics --chip gh100` on the H200 machine (2026-12-04; the names are
-# in tests/fixtures/ncu_metrics_gh100.txt.gz, tests/test_profile.py) except the launch__ attributes, which that
-# query does not list and which the 2026-12-03 profile read; where each comes from:
+# in tests/fixtures/ncu_metrics_gh100.txt.gz, tests/instruments/test_profile.py) except the launch__ attributes, which
+# that query does not list and which the 2026-12-03 profile read; where each comes from:
 # - time, DRAM bytes, occupancy, registers: the GPU Speed Of Light, Occupancy and Launch Statistics sections of
 #   ncu (`sections/*.section`, shipped with Nsight Compute);
 # - local-memory (spill) requests: `l1tex__t_requests_pipe_lsu_mem_local_op_{ld,st}.sum`, the metrics the Nsight

@@ -1,7 +1,8 @@
 """Planted faults: stand-in backends that wrap the reference and break one small region of an output (one token
 per row, one chunk of one head, two heads swapped, the last partial chunk) or one rule of packed sequences
 (reading row 0's seq_idx for every row, keeping the initial state of a row whose seq_idx starts above 0).
-The gate must fail each (tests/test_planted_faults.py on CPU, tests/gpu/test_planted_faults.py at full size)."""
+The gate must fail each (tests/correctness/test_planted_faults.py on CPU, tests/gpu/test_planted_faults.py at full
+size)."""
 
 from __future__ import annotations
 
@@ -206,8 +207,8 @@ SUBTLE_FAULTS = {
 }
 
 
-# --- gradient faults (tests/test_gradients.py): a correct bf16 backward (autograd through the same-precision
-# reference) with one gradient spoiled
+# --- gradient faults (tests/correctness/test_gradients.py): a correct bf16 backward (autograd through the
+# same-precision reference) with one gradient spoiled
 class _SpoilsGradients(SamePrecisionReference):
     def __init__(self):
         super().__init__({"fwd_pass_state": "bfloat16", "compute_out": "bfloat16"})

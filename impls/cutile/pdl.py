@@ -1,5 +1,5 @@
 """The start of a kernel launched as a programmatic dependent launch (switch pdl); why the kernels so launched stay
-correct is in impls/cutile/common.py, and tests/test_cutile_aot.py checks the order in their SASS."""
+correct is in impls/cutile/common.py, and tests/backends/test_cutile_aot.py checks the order in their SASS."""
 
 from __future__ import annotations
 

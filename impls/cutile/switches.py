@@ -247,11 +247,11 @@ def per_head_refusal(sw: CutileSwitches, hb: int) -> str | None:
 CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "exp2_ftz", "decay_factor",
                  "cb_precision", "head_mma", "heads_first", "skip_first", "head_loop")
 # fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in
-# tests/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
+# tests/backends/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
 # default reads the config); its ablation points are cb_mode:inline and cb_mode:shared. state_pass picks stage 2's
 # kernels (fwd_pass_state, or fwd_pass_state_local + fwd_pass_state_pass: aot.STATE_PASS_KERNELS), as cb_mode does
 # fused_program picks the fused kernel (fused_kernel or fused_chunk_kernel: aot.FUSED_PROGRAM_KERNELS) as state_pass
 # does stage 2's.
 # pdl and opt_level change the code of the kernels they reach but stay out of CODE_SWITCHES (the switch-effects
-# table and the factorials): tests/test_cutile_aot.py shows the PDL instructions in the SASS with pdl on and none
-# with it off, and compiles every opt_level.
+# table and the factorials): tests/backends/test_cutile_aot.py shows the PDL instructions in the SASS with pdl on and
+# none with it off, and compiles every opt_level.

@@ -243,9 +243,9 @@ def device_arch(device) -> str | None:
     return f"sm_{major}{minor}"
 
 
-# How each switch enters the record key (impls/tuning.py KEY_ROLES; tests/test_tuning.py checks it against record_key
-# and pins): a size switch and cb_mode fix config fields (and, fixed, key the record too: `explicit`); fuse_state_out
-# runs the fused kernel, whose stage ("fused") has records of its own.
+# How each switch enters the record key (impls/tuning.py KEY_ROLES; tests/harness/test_tuning.py checks it against
+# record_key and pins): a size switch and cb_mode fix config fields (and, fixed, key the record too: `explicit`);
+# fuse_state_out runs the fused kernel, whose stage ("fused") has records of its own.
 KEY_ROLES = {
     **dict.fromkeys(("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "heads_first",
                      "skip_first", "head_loop", "exp2_ftz", "cb_precision", "head_mma", "fused_program", "state_pass",

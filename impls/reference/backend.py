@@ -14,7 +14,8 @@ class ReferenceBackend(Backend):
     """PyTorch, any device and dtype; float64 inputs compute in float64 (the ground truth)."""
 
     name = "reference"
-    # plain torch ops throughout; tests/test_mamba2_layer.py checks the gradients against the sequential definition
+    # plain torch ops throughout; tests/models/test_mamba2_layer.py checks the gradients against the sequential
+    # definition
     DIFFERENTIABLE = True
     NO_PER_SEQUENCE_INITIAL_STATES = ""
     BACKWARD = "torch autograd through the chunked stages in the inputs' dtype (the forward keeps its graph)"

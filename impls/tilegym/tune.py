@@ -144,6 +144,6 @@ def config_key(stage, shape, dtype, variant, state_dtype=None) -> str:
     return tuning.tuning_key(shape.label(), dtype, **extra)
 
 
-# How each switch enters the record key (impls/tuning.py KEY_ROLES; tests/test_tuning.py checks it against
+# How each switch enters the record key (impls/tuning.py KEY_ROLES; tests/harness/test_tuning.py checks it against
 # config_key): the SWAP and BHT variants key fwd_pass_state's records.
 KEY_ROLES = {"swap": tuning.KEY, "bht": tuning.KEY, "precompile_workers": tuning.NEITHER, "tuning": tuning.NEITHER}

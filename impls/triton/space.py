@@ -16,7 +16,7 @@ from impls.triton.stages import FUSED
 # The declared search spaces (cartesian products; duplicates after clamping are tried once), sized so that a
 # Triton search times as many configurations per stage as cuTile's (impls/cutile/tune.py SPACE, with the default
 # switches on the headline shapes S1-S4: chunk_cumsum 6, fwd_pass_state 18, compute_out 48, fused 2;
-# tests/test_triton_search_space.py checks it). The rule, in order:
+# tests/backends/test_triton_search_space.py checks it). The rule, in order:
 #   1. an axis cuTile searches takes cuTile's values where Triton has the same knob (block_heads, block_headdim,
 #      block_dstate, block_rows, heads_per_tile, occupancy -- Triton's as the maxnreg register cap);
 #   2. the launch knobs only Triton has (num_warps, num_stages, block_positions) stay at the sm_90 fallback's value;
@@ -44,7 +44,7 @@ CUTILE_STAGE = {"chunk_cumsum": "chunk_cumsum", "chunk_state": "fwd_pass_state",
                 "compute_out": "compute_out", FUSED: "fused"}
 
 # Configurations per stage before pinning and clamping (the product of SEARCH_SPACE's value counts; a test checks
-# it; tests/test_triton_search_space.py checks the sums per cuTile stage against cuTile's search).
+# it; tests/backends/test_triton_search_space.py checks the sums per cuTile stage against cuTile's search).
 SPACE_SIZE: dict[str, int] = {"chunk_cumsum": 6, "chunk_state": 12, "state_passing": 6, "compute_out": 48, FUSED: 2}
 
 # Code switches a search may vary besides the launch fields, per kernel they change (values to try, the default

@@ -106,9 +106,9 @@ def tunable(stage: str, switches: TritonSwitches, key: str, dtype: str, dims: di
         stage_timer=tuning.wall_ms if interp else None)
 
 
-# How each switch enters the record key (impls/tuning.py KEY_ROLES; tests/test_tuning.py checks it against record_key
-# and `pinned`): the size switches fix config fields without keying the record; state_pass picks stage 2's kernels,
-# whose records the call's flag `state_pass` keys (backend.py).
+# How each switch enters the record key (impls/tuning.py KEY_ROLES; tests/harness/test_tuning.py checks it against
+# record_key and `pinned`): the size switches fix config fields without keying the record; state_pass picks stage 2's
+# kernels, whose records the call's flag `state_pass` keys (backend.py).
 KEY_ROLES = {
     **dict.fromkeys(("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode", "decay_factor",
                      "heads_first", "tma", "tma_descriptors", "fuse_state_out", "fused_program", "exp2_ftz"),

@@ -1,6 +1,6 @@
 """Stand-in for vLLM's `ops/mamba_ssm.py`, which ssd_chunk_state.py imports for `softplus` alone (the real file
 imports vLLM's custom ops, env and logger). The same expression as vLLM 0.33.0's Triton-3 branch;
-tests/test_vllm.py compares the two functions' syntax trees."""
+tests/backends/test_vllm.py compares the two functions' syntax trees."""
 
 import triton
 import triton.language as tl

@@ -4,16 +4,16 @@ machine code as it was.
 A variant is (kernel, dtype, switches, tile config): every kernel of `aot.KERNELS` at the declared values
 (`CutileSwitches()`, named "defaults": a fixed set, so that a target's defaults can be re-decided without moving
 the fixture) and with every code switch off (`impls.cutile.tune.OFF_VALUE`), in bf16 and fp32; the kernels the sm_90
-defaults change (impls/cutile/defaults.py, `best_sm90`) with those switches (tests/test_cutile_sass_same.py fails
-when sm_90's set moves away from SM90_DEFAULTS); and compute_out also with two heads per tile
+defaults change (impls/cutile/defaults.py, `best_sm90`) with those switches (tests/backends/test_cutile_sass_same.py
+fails when sm_90's set moves away from SM90_DEFAULTS); and compute_out also with two heads per tile
 (head_mma per_head and batched), with C·Bᵀ shared (`shared_cb`), and compute_out's head loop (`head_loop` 4, one
 and two heads per step). The hash is the SHA-256 of `normalized(disassemble(cubin))` of instruments/sass.py
 (addresses, encodings and symbol names stripped); where nvdisasm cannot decode a cubin, of the cubin itself, marked
 `cubin:`.
 
 Run `python -m instruments.cutile.sass_hashes [--write PATH] [ID ...]` (CPU only, a few seconds per compile); with IDs,
-`--write` re-records those entries of PATH and keeps the others. tests/test_cutile_sass_same.py compares against
-tests/fixtures/cutile_sass_before.json and, where they differ, fails naming the command that re-records them.
+`--write` re-records those entries of PATH and keeps the others. tests/backends/test_cutile_sass_same.py compares
+against tests/fixtures/cutile_sass_before.json and, where they differ, fails naming the command that re-records them.
 """
 
 from __future__ import annotations

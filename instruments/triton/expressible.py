@@ -20,7 +20,7 @@ loop of descriptor loads at num_warps=4 (12 warps: setmaxnreg in the PTX), silen
 all for pointer loads (the pass pipeline fails). The backend's kernels do not ask for it (its switch
 `warp_specialize` was retired: docs/perf-notes.md, "Retired variants").
 
-The output is what docs/triton-switches.md quotes; tests/test_triton_interp.py runs it and checks each line.
+The output is what docs/triton-switches.md quotes; tests/backends/test_triton_interp.py runs it and checks each line.
 """
 
 from __future__ import annotations

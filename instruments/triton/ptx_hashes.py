@@ -9,7 +9,7 @@ directives, comments and debug-range labels (they name source files and lines, w
 
 Run `python -m instruments.triton.ptx_hashes [--dtype bf16|fp32] [--write PATH]` without TRITON_INTERPRET (CPU only;
 on a busy 2-core machine bf16 takes about two minutes cold, fp32 about four, seconds from Triton's cache); with
---dtype, `--write` re-records that dtype's entries of PATH and keeps the others. tests/test_triton_ptx_same.py
+--dtype, `--write` re-records that dtype's entries of PATH and keeps the others. tests/backends/test_triton_ptx_same.py
 compares against tests/fixtures/triton_ptx_before.json and, where they differ, fails naming the command that
 re-records them.
 """

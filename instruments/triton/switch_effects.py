@@ -10,7 +10,8 @@ options and argument types, shapes and strides, at the fallback configuration â€
 (`launcher.launch` replaced while the stage runs), in seconds. Switches that change only the host path
 (launch_path) or whole arrangements (fuse_state_out, fused_program) are left out, so the analysis never calls their
 timing differences noise.
-Run: `python -m instruments.triton.switch_effects` (tests/test_switch_effects.py checks that the file is current).
+Run: `python -m instruments.triton.switch_effects` (tests/instruments/test_switch_effects.py checks that the file is
+current).
 """
 
 from __future__ import annotations

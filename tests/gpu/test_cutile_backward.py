@@ -4,7 +4,7 @@ medium shape with S1's blocks (chunk 256, headdim 64, dstate 128; the peers' tes
 covering more of the contract (ngroups 2, z, per-channel D, seq_idx, initial states, seqlen not a multiple of the
 chunk); the per-sequence states' gradient (cu_seqlens); two backward calls giving the same bits; and the gradients of
 our Triton backward on the same inputs. The CPU checks (AOT compiles, the kernels under emulation) are
-tests/test_cutile_backward.py."""
+tests/backends/test_cutile_backward.py."""
 
 from __future__ import annotations
 

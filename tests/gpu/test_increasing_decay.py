@@ -1,8 +1,8 @@
 """Inputs whose dA_cumsum increases inside a chunk (A > 0, or a negative dt without softplus or dt_limit), which the
 contract allows (impls/README.md): every backend computes them within tolerance of the float64 reference, or says
 why it cannot (Backend.NON_INCREASING_DECAY, switch decay_factor) and refuses them under check_values. On the CPU
-only mamba-ssm's, vLLM's and our Triton kernels could be checked (tests/test_hostile.py); cuTile's, TileGym's and
-FLA's are checked here."""
+only mamba-ssm's, vLLM's and our Triton kernels could be checked (tests/interface/test_hostile.py); cuTile's,
+TileGym's and FLA's are checked here."""
 
 from __future__ import annotations
 

