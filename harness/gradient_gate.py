@@ -54,32 +54,18 @@ def gradient_blocks(name: str, chunk_size: int, ndim: int) -> tuple[tuple[int | 
 def output_gradients(inputs: Inputs, seed: int = 0, on_device: bool = False) -> dict[str, torch.Tensor]:
     """Random, everywhere non-zero gradients flowing into y, the final states and (with cu_seqlens) the
     per-sequence states, in float64 on the inputs' device; with `on_device`, drawn there in the inputs' dtype (the
-    2^20-token problem's dy would be 43 GB in float64)."""
-    if on_device:
-        return _device_output_gradients(inputs, seed)
-    gen = torch.Generator(device="cpu").manual_seed(10_000 + seed)
+    2^20-token problem's dy would be 43 GB in float64; another stream, the same law)."""
     b, length, h, p = inputs.x.shape
     n = inputs.B.shape[-1]
     shapes = {"y": (b, length, h, p), "final_states": (b, h, p, n)}
     if inputs.cu_seqlens is not None:
         shapes["varlen_states"] = (inputs.cu_seqlens.shape[0] - 1, h, p, n)
-    grads = {}
-    for name, shape in shapes.items():
-        g = torch.randn(*shape, generator=gen, dtype=torch.float64)
-        grads[name] = (g + torch.where(g >= 0, 0.05, -0.05)).to(inputs.x.device)  # never zero
-    return grads
-
-
-def _device_output_gradients(inputs: Inputs, seed: int) -> dict[str, torch.Tensor]:
-    """`output_gradients` drawn on the inputs' device in their dtype (another stream, the same law)."""
-    device = inputs.x.device
+    device, dtype = (inputs.x.device, inputs.x.dtype) if on_device else (torch.device("cpu"), torch.float64)
     gen = torch.Generator(device=device).manual_seed(10_000 + seed)
-    b, length, h, p = inputs.x.shape
-    shapes = {"y": (b, length, h, p), "final_states": (b, h, p, inputs.B.shape[-1])}
     grads = {}
     for name, shape in shapes.items():
-        g = torch.randn(*shape, generator=gen, dtype=inputs.x.dtype, device=device)
-        grads[name] = g.add_(torch.where(g >= 0, 0.05, -0.05).to(g.dtype))
+        g = torch.randn(*shape, generator=gen, dtype=dtype, device=device)
+        grads[name] = (g + torch.where(g >= 0, 0.05, -0.05).to(dtype)).to(inputs.x.device)  # never zero
     return grads
 
 
