@@ -41,6 +41,21 @@ def recompute_states(backend, args: dict, saved: Saved) -> torch.Tensor:
     return states
 
 
+def backward_inputs(backend, args: dict, saved: Saved, y: torch.Tensor, grads: dict):
+    """What both backwards read before their kernels: dy (zeros where no gradient flows into y), the states entering
+    every chunk (saved, or recomputed), the per-sequence states' terms (`varlen_extra`) and ŷ, y before the gate
+    (compute_out without z, for dz; None without z)."""
+    dy = grads.get("y")
+    dy = torch.zeros_like(y) if dy is None else dy
+    states = saved.states if saved.states is not None else recompute_states(backend, args, saved)
+    extra = varlen_extra(args, saved, grads.get("varlen_states"), states)
+    yhat = None
+    if args["z"] is not None:
+        yhat = backend.compute_out(args["C"], args["B"], args["x"], saved.dt, saved.dA_cumsum, states, args["D"],
+                                   None, args["seq_idx"])
+    return dy, states, extra, yhat
+
+
 def varlen_extra(args: dict, saved: Saved, dvarlen: torch.Tensor | None, states: torch.Tensor) -> Extra:
     """With cu_seqlens and a gradient flowing into the per-sequence states: that gradient taken back to x, B, dt,
     dA_cumsum and the entering states by autograd through the PyTorch varlen_states the forward runs (fp32 leaves:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from impls.chunked_backward import Saved, cast, partial_sums, recompute_states, varlen_extra
+from impls.chunked_backward import Saved, backward_inputs, cast, partial_sums
 from impls.cutile.backward import tune
 from impls.cutile.backward.chunk import chunk_grads
 from impls.cutile.backward.common import unit_last
@@ -60,15 +60,9 @@ class CutileBackward:
         """{output name: incoming gradient (None: none)} -> {input name: gradient}, for the inputs `needs` asks."""
         a, sv = self.args, self.saved
         x, B, C, D, z, seq_idx = a["x"], a["B"], a["C"], a["D"], a["z"], a["seq_idx"]
-        dy = grads.get("y")
-        dy = torch.zeros_like(self.outputs.y) if dy is None else dy.to(x.dtype)
-        dy = unit_last(dy)
-        states = sv.states if sv.states is not None else recompute_states(self.backend, a, sv)
-        extra = varlen_extra(a, sv, grads.get("varlen_states"), states)
+        dy, states, extra, yhat = backward_inputs(self.backend, a, sv, self.outputs.y, grads)
+        dy = unit_last(dy.to(x.dtype))
         ext = {name: None if t is None else t.contiguous() for name, t in vars(extra).items()}
-        yhat = None
-        if z is not None:  # ŷ = y before the gate, for dz: compute_out without z
-            yhat = self.backend.compute_out(C, B, x, sv.dt, sv.dA_cumsum, states, D, None, seq_idx)
         go = Launches(self.backend, Shape(*x.shape, *B.shape[2:], sv.dt.shape[3]).label(), dtype_name(x.dtype),
                       x.device, x.dtype == torch.float32 and self.backend.switches.cb_precision == "tf32")
         sw, tf32 = self.backend.switches, go.tf32

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from impls.chunked_backward import Saved, cast, partial_sums, recompute_states, varlen_extra
+from impls.chunked_backward import Saved, backward_inputs, cast, partial_sums
 from impls.problem import Shape, dtype_name
 from impls.registry import ForwardResult
 from impls.triton.backward import tune
@@ -55,13 +55,7 @@ class TritonBackward:
         """{output name: incoming gradient (None: none)} -> {input name: gradient}, for the inputs `needs` asks."""
         a, sv = self.args, self.saved
         x, B, C, D, z, seq_idx = a["x"], a["B"], a["C"], a["D"], a["z"], a["seq_idx"]
-        dy = grads.get("y")
-        dy = torch.zeros_like(self.outputs.y) if dy is None else dy
-        states = sv.states if sv.states is not None else recompute_states(self.backend, a, sv)
-        extra = varlen_extra(a, sv, grads.get("varlen_states"), states)
-        yhat = None
-        if z is not None:  # ŷ = y before the gate, for dz: compute_out without z
-            yhat = self.backend.compute_out(C, B, x, sv.dt, sv.dA_cumsum, states, D, None, seq_idx)
+        dy, states, extra, yhat = backward_inputs(self.backend, a, sv, self.outputs.y, grads)
         go = Launches(self.backend, Shape(*x.shape, *B.shape[2:], sv.dt.shape[3]), dtype_name(x.dtype), x.device,
                       self.backend._dot_precision(x))
         dots = {**go.kw, "dot_precision": go.precision}
