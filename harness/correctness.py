@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -194,6 +195,9 @@ class FlatTruth:
     precisions: dict[str, str]  # stage -> matmul precision
     workload: Any  # its blocks per output
     chunk_size: int
+    # the part of an actual output the truth covers (e.g. a causal prefix of the batch's first row), else the whole
+    select: Callable[[str, torch.Tensor], torch.Tensor] | None = None
+    scope: str = ""  # what of the outputs the truth covers, said in the bound ("" : all of them)
 
     def holds(self, name: str) -> bool:
         return self.expected.get(name) is not None
@@ -201,6 +205,8 @@ class FlatTruth:
     def judge(self, stage: str, name: str, actual) -> tolerances.Judged:
         expected = self.expected[name]
         block, _ = self.workload.blocks(name, self.chunk_size, expected.dim())
+        if self.select is not None and actual is not None:
+            actual = self.select(name, actual)
         return flat_judge(actual, expected, self.tolerances[stage], block)
 
     def dims(self, name: str) -> tuple[str, ...]:
@@ -208,7 +214,7 @@ class FlatTruth:
         return self.workload.blocks(name, self.chunk_size, expected.dim())[1]
 
     def bound(self, stage: str) -> str:
-        return f"flat: the dtype's tolerance ({self.tolerances[stage]:g})"
+        return f"flat: the dtype's tolerance ({self.tolerances[stage]:g})" + (f", {self.scope}" if self.scope else "")
 
     def precision(self, stage: str) -> str:
         return self.precisions.get(stage, "none")

@@ -35,7 +35,8 @@ from models.mamba2_reference import layer_tolerance
 DEFAULT_N_LAYER = 2  # a sweep's model: two blocks show the residual stream and the tied head at a layer's cost
 DEFAULT_VOCAB_SIZE = 512
 PRESET_VOCAB_SIZE = 50277  # the released models' (GPT-NeoX's tokenizer), as models.mamba2_lm.preset has it
-OPTIONS = {"size": None, "n_layer": None, "vocab_size": None, "glue": "torch", "expand": 2, "d_conv": 4}
+OPTIONS = {"size": None, "n_layer": None, "vocab_size": None, "glue": "torch", "expand": 2, "d_conv": 4,
+           "gate_tokens": None}
 # The training step's optimizer: torch.optim.AdamW on the parameters in their own dtype, these settings
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 
@@ -81,6 +82,33 @@ def lm_config(problem: Problem, options: dict) -> Mamba2LMConfig:
 
 def _check_shape(shape: Shape, options: dict) -> None:
     lm_config(Problem(shape), options)
+    gate_tokens(shape, options)
+
+
+def gate_tokens(shape: Shape, options: dict) -> int | None:
+    """How many tokens of the batch's first row the gate runs on (None: the whole batch). The model is causal, so
+    the logits of a row's first N tokens are those of that prefix alone: at a released size, whose float64 twin of the
+    whole batch would not fit the card, the timed prefill's own logits are judged on that prefix, and the gradients
+    and the training step are checked on it (the same code at a smaller size); ValueError naming the option."""
+    value = options["gate_tokens"]
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= shape.seqlen:
+        raise ValueError(f"workload.options.gate_tokens: expected null or an int in [1, seqlen={shape.seqlen}], "
+                         f"got {value!r}")
+    return value
+
+
+def gate_ids(plan) -> torch.Tensor:
+    """The token ids the gate runs on: all of them, or the first row's prefix `gate_tokens` long."""
+    n = gate_tokens(plan.point.problem.shape, plan.point.workload_options)
+    ids = plan.inputs.input_ids
+    return ids if n is None else ids[:1, :n]
+
+
+def _scope(plan) -> str:
+    n = gate_tokens(plan.point.problem.shape, plan.point.workload_options)
+    return "" if n is None else f"on the first row's first {n} tokens (workload.options.gate_tokens)"
 
 
 def _columns(shape: Shape, options: dict) -> dict:
@@ -120,12 +148,17 @@ def _precision(backend, dtype: torch.dtype, device: torch.device) -> dict[str, s
 
 
 def _reference(plan, requested: str) -> FlatTruth:
-    inputs = plan.inputs
+    inputs, ids = plan.inputs, gate_ids(plan)
     with torch.no_grad():
-        logits = lm_float64(inputs.model, inputs.input_ids)
+        logits = lm_float64(inputs.model, ids)
     tol = _tolerance(inputs.model, plan.dtype, plan.point.device)
+    rows, tokens = ids.shape
+
+    def prefix(name: str, actual: torch.Tensor) -> torch.Tensor:
+        return actual[:rows, :tokens]
+
     return FlatTruth("float64", {"logits": logits}, {"forward": tol}, plan.precision, plan.workload,
-                     plan.point.problem.shape.chunk_size)
+                     plan.point.problem.shape.chunk_size, select=prefix, scope=_scope(plan))
 
 
 def _leaves(kw: dict) -> dict[str, torch.Tensor]:
@@ -186,6 +219,7 @@ def _check_gradients(plan) -> dict[str, dict]:
     gradient is orders below the rest (A_log, dt_bias: sums over every token that nearly cancel) is held to the
     model gradient's scale, as the near-zero blocks of impls.tolerance are to their tensor's."""
     workload, inputs = plan.workload, plan.inputs
+    inputs = LMInputs(inputs.model, gate_ids(plan))
     kw = workload.arguments(inputs)
     grads_in = _incoming(inputs, plan.point.seed)
     truth = _reference_gradients(inputs, grads_in)
@@ -196,6 +230,7 @@ def _check_gradients(plan) -> dict[str, dict]:
     total = sum(g.square().sum() for g in truth.values()).sqrt().item()
     count = sum(g.numel() for g in truth.values())
     how = f"flat: the dtype's tolerance ({tol:g}) of the larger of the gradient's norm and its share of the model's"
+    how += f", {_scope(plan)}" if _scope(plan) else ""
     precision = plan.precision.get("train_step", "none")
     report = {}
     for name, expected in truth.items():
@@ -223,7 +258,7 @@ def _step_calls(backend, inputs: LMInputs, seed: int) -> dict:
 def _check_step(plan) -> dict[str, dict]:
     """Stage train_step: every parameter after one AdamW step from the point's parameters against the same step
     applied to the float64 gradients of a float64 copy, within the flat tolerance; the model is left as it was."""
-    model, ids = plan.inputs.model, plan.inputs.input_ids
+    model, ids = plan.inputs.model, gate_ids(plan)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     try:
         adamw_step(model, ids, torch.optim.AdamW(model.parameters(), **ADAMW))
@@ -240,6 +275,7 @@ def _check_step(plan) -> dict[str, dict]:
     judged = {name: flat_judge(after[name], expected[name].detach(), tol, (None,) * expected[name].dim())
               for name in after}
     bound = f"flat: the dtype's tolerance ({tol:g}) on the parameters after one AdamW step {ADAMW}"
+    bound += f", {_scope(plan)}" if _scope(plan) else ""
     report = _stage_report("train_step", judged, plan.precision.get("train_step", "none"), bound,
                            lambda name: ("",) * expected[name].dim())
     return {"train_step": report}

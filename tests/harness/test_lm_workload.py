@@ -98,10 +98,29 @@ def test_a_planted_fault_fails_the_gate_and_nothing_is_timed(plant, direction, f
     pytest.param({"glue": "cuda"}, r"^workload.options.glue: expected one of", id="glue-unknown"),
     pytest.param({"layers": 3}, r"workload.options: \['layers'\]", id="unknown-option"),
     pytest.param({"expand": 3}, r"^shape: nheads·headdim", id="expand-not-dividing"),
+    pytest.param({"gate_tokens": 0}, r"^workload.options.gate_tokens: expected null or an int in \[1, seqlen=96\]",
+                 id="gate_tokens-zero"),
+    pytest.param({"gate_tokens": 97}, r"^workload.options.gate_tokens", id="gate_tokens-past-seqlen"),
 ])
 def test_bad_options_are_refused_naming_the_option(options, named):
     with pytest.raises(ValueError, match=named):
         plan.point("reference", FP32, workload="mamba2_lm", workload_options=options)
+
+
+@pytest.mark.parametrize("plant, direction, failed", [
+    pytest.param(_scaled_logits, "forward", {"forward"}, id="logits-scaled"),
+    pytest.param(_scaled_loss, "train_step", {"grad:dembedding.weight"}, id="loss-scaled"),
+])
+def test_the_prefix_gate_judges_the_first_rows_prefix_and_says_so(plant, direction, failed, monkeypatch, tmp_path):
+    rows = _measure(direction, gate_tokens=40)
+    assert rows.status == "ok", rows.error
+    df = rows.frame()
+    gated = df.query("metric == 'ok' and stage != 'point'")
+    assert gated["gate"].str.contains("first row's first 40 tokens").all(), set(gated["gate"])
+    plant(monkeypatch)
+    rows = _measure(direction, gate_tokens=40)
+    assert rows.status == "failed"
+    assert failed <= set(rows.frame().query("metric == 'ok' and value == 0")["stage"])
 
 
 def test_a_size_sets_the_depth_and_vocabulary_and_refuses_them_given_too():
