@@ -569,11 +569,27 @@ def cb_matrix(C, B, chunk, tf32, sw, config) -> torch.Tensor:
     the main kernels load the pairs j <= i)."""
     from impls.cutile.common import launch
 
+    cb, call = cb_launch(C, B, chunk, tf32, sw, config)
+    launch(call)
+    return cb
+
+
+def cb_launch(C, B, chunk, tf32, sw, config) -> tuple[torch.Tensor, KernelCall]:
+    """cb_kernel's output, (b, c, g, chunk, chunk) fp32, allocated, and its launch on it (not run)."""
     batch, seqlen, ngroups, dstate = B.shape
     nchunks = math.ceil(seqlen / chunk)
     cb = torch.empty(batch, nchunks, ngroups, chunk, chunk, device=B.device, dtype=torch.float32)
-    launch(make_cb_call((C, B, cb), (batch, seqlen, 0, 0, ngroups, dstate), chunk, tf32, sw, config))
-    return cb
+    return cb, make_cb_call((C, B, cb), (batch, seqlen, 0, 0, ngroups, dstate), chunk, tf32, sw, config)
+
+
+def search_calls(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, y, sw, config) -> tuple[KernelCall, ...]:
+    """The stage's launches as the tile search times them, in order: cb_kernel's when shared_cb (on an output of
+    its own), then the main kernel's (on a C·Bᵀ computed once here)."""
+    main = stage_call(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, y, sw, config)
+    if not shared_cb(sw, config):
+        return (main,)
+    tf32 = x.dtype == torch.float32 and sw.cb_precision == "tf32"
+    return cb_launch(C, B, dt.shape[3], tf32, sw, config)[1], main
 
 
 def stage_arrays(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, y, tf32, sw, config) -> tuple:

@@ -137,3 +137,20 @@ def test_the_cb_kernel_switches_key_compute_out_and_borrow_the_tiles_without_the
         tune.record_key("compute_out", DEFAULTS, "S", "bfloat16", code_tricks=False)
     for stage in ("chunk_cumsum", "fwd_pass_state"):
         assert tune.record_key(stage, sw, "S", "bfloat16") == tune.record_key(stage, DEFAULTS, "S", "bfloat16")
+
+
+# --- what the tile search times --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shared", [False, True], ids=["inline", "shared"])
+def test_the_search_times_the_cb_kernel_with_shared_cb(shared):
+    """The search's calls for one config: the C·Bᵀ kernel (on its own output) before the main kernel where the
+    config shares C·Bᵀ, the main kernel alone where it does not."""
+    C, B, x, dt, dA, states = _small_inputs()
+    sw = dataclasses.replace(DEFAULTS, cb_lower_triangle=True)
+    config = {"block_rows": 32, "shared_cb": shared}
+    with emulated_launches():
+        calls = compute_out.search_calls(C, B, x, dt, dA, states, None, None, None, torch.empty_like(x), sw, config)
+    names = [call.kernel._pyfunc.__name__ for call in calls]
+    assert names == (["cb_kernel", "compute_out_kernel"] if shared else ["compute_out_kernel"])
+    if shared:
+        assert calls[0].grid == (2 * 10, 2)  # 2 chunks x 10 lower pairs, 2 groups
+        assert calls[0].args[2] is not calls[1].args[9]  # its own output, not the one the main kernel reads
