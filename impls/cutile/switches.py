@@ -204,8 +204,8 @@ class CutileSwitches:
            "cb_mode shared, or cb_mode tuned with a config whose shared_cb is true; the row's config says which), "
            "CTAs per SM; 0 = no hint, the compiler's choice. Not with cb_mode inline",
         choices=(0, 2, 4),
-        sm90="tileiras caps the kernel's registers so that this many CTAs fit an SM; without the hint it compiles "
-             "to one CTA per SM's worth (docs/perf-notes.md has the SASS of each value)",
+        sm90="tileiras caps the kernel's registers per thread so that this many CTAs fit an SM's 64 K registers; 0 "
+             "leaves the count to it (docs/perf-notes.md has the SASS of each value)",
         sm100="as on sm_90 (64 K registers per SM)")
     cb_lower_triangle: bool = switch(
         False, "stage 3's C·Bᵀ kernel (where C·Bᵀ is shared, as for cb_occupancy) launches one program per (row "
