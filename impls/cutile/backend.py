@@ -149,10 +149,10 @@ class CutileBackend(Backend):
         mod = _stage("compute_out")
         label = _label(x, B, dt.shape[-1])
 
-        def make(cfg):  # for the search: cb_kernel runs here when the config shares C·Bᵀ; the search times the
-            # main kernel only, so its best configs are confirmed as whole stages by `run`
-            return mod.stage_call(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, torch.empty_like(x),
-                                  self.switches, cfg)
+        def make(cfg):  # for the search: the stage's kernels (cb_kernel first when the config shares C·Bᵀ), each
+            # timed alone; its best configs are confirmed as whole stages by `run`
+            return mod.search_calls(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, torch.empty_like(x),
+                                    self.switches, cfg)
 
         def run(cfg):  # the whole stage (cb_kernel included with shared_cb), for the search's confirmation
             return mod.run(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, self.switches, cfg)

@@ -19,7 +19,8 @@ With `shared_cb` (a tuning choice, or the `cb_mode` switch) C·Bᵀ is computed 
 small kernel of its own (`cb_kernel`, fp32, every (row block, source block) pair) and read by the heads of the group
 from memory (L2 at the headline shapes: 33.5 MB at S1) instead of being recomputed for every head: at S1 (80 heads,
 one group) that removes 53 % of the stage's matmul work. The numbers are the same either way (the tile is fp32 in
-both, from the same operands).
+both, from the same operands). Switches of that kernel alone: cb_occupancy (its `ct.kernel(occupancy=)` hint; 0 =
+none) and cb_lower_triangle (programs for the pairs on or below the diagonal only, the only ones read).
 
 Switch head_loop = N runs `compute_out_head_loop_kernel` instead: one program per (batch, chunk, row block, block of
 up to N heads of one group, headdim block) that loads C_l once and walks its heads HB at a time in a runtime loop,
@@ -86,21 +87,45 @@ def _per_head(t, b, hb, c, blk, HB, BL, tma):
 
 
 def cb_kernel(C, B, cb, CHUNK: ct.Constant[int], BL: ct.Constant[int], BN: ct.Constant[int],
-              TF32: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int]):
-    """cb[b, c, g, rows of block i, sources of block j] = C_i·B_jᵀ in fp32, for every pair (i, j) of a chunk."""
+              TF32: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int], LOWER: ct.Constant[bool]):
+    """cb[b, c, g, rows of block i, sources of block j] = C_i·B_jᵀ in fp32, for every pair (i, j) of a chunk; with
+    LOWER (switch cb_lower_triangle) for the pairs j <= i only, one program each, the pairs above the diagonal left
+    unwritten (the main kernels read j <= i only)."""
     pid, g = ct.bid(0), ct.bid(1)
     nsub = CHUNK // BL
     nchunks = cb.shape[1]
-    j = pid % nsub
-    i = (pid // nsub) % nsub
-    c = (pid // (nsub * nsub)) % nchunks
-    b = pid // (nsub * nsub * nchunks)
+    if LOWER:
+        pairs = nsub * (nsub + 1) // 2
+        i, j = _lower_pair(pid % pairs, nsub)
+        c = (pid // pairs) % nchunks
+        b = pid // (pairs * nchunks)
+    else:
+        j = pid % nsub
+        i = (pid // nsub) % nsub
+        c = (pid // (nsub * nsub)) % nchunks
+        b = pid // (nsub * nsub * nchunks)
     tma = None if TMA else False
     lat = LAT if LAT > 0 else None
     c_l = _load_rows(C, b, c * nsub + i, g, 0, BL, BN, tma, lat)
     b_s = _load_rows(B, b, c * nsub + j, g, 0, BL, BN, tma, lat)
     out = _mma(c_l, ct.transpose(b_s), ct.zeros((BL, BL), ct.float32), TF32)
     ct.store(cb, (b, c, g, i, j), out.reshape((1, 1, 1, BL, BL)), allow_tma=tma)
+
+
+def _lower_pair(t, NSUB):
+    """(i, j) of the t-th pair on or below the diagonal of NSUB × NSUB blocks, row by row: t = i(i + 1)/2 + j,
+    0 <= j <= i (i found by comparing t with each row's first pair, unrolled at compile time)."""
+    i = 0
+    for r in ct.static_iter(range(1, NSUB)):
+        if t >= r * (r + 1) // 2:
+            i = r
+    return i, t - i * (i + 1) // 2
+
+
+def cb_pairs(nsub: int, lower: bool) -> int:
+    """cb_kernel's programs per (batch, chunk, group): every (row block, source block) pair, or with lower
+    (switch cb_lower_triangle) those on or below the diagonal."""
+    return nsub * (nsub + 1) // 2 if lower else nsub * nsub
 
 
 @dataclass(frozen=True)
@@ -528,24 +553,43 @@ def make_head_loop_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, 
 
 
 def make_cb_call(arrays, dims, chunk_size, tf32, sw, config) -> KernelCall:
-    """arrays = (C, B, cb): cb_kernel's launch, with the main kernel's row block as its tile."""
+    """arrays = (C, B, cb): cb_kernel's launch, with the main kernel's row block as its tile; its occupancy hint
+    is switch cb_occupancy's (0: none), its programs those of `cb_pairs` (switch cb_lower_triangle)."""
     batch, seqlen, _nheads, headdim, ngroups, dstate = dims
     nchunks = math.ceil(seqlen / chunk_size)
     bl, _bp, bn = blocks(chunk_size, headdim, dstate, config)
-    nsub = chunk_size // bl
-    args = (*arrays, chunk_size, bl, bn, bool(tf32), sw.tma, 4 if sw.latency_hints else 0)
-    return kernel_call(cb_kernel, (batch * nchunks * nsub * nsub, ngroups), args, opt_level=sw.opt_level)
+    pairs = cb_pairs(chunk_size // bl, sw.cb_lower_triangle)
+    args = (*arrays, chunk_size, bl, bn, bool(tf32), sw.tma, 4 if sw.latency_hints else 0, sw.cb_lower_triangle)
+    return kernel_call(cb_kernel, (batch * nchunks * pairs, ngroups), args, sw.cb_occupancy, sw.opt_level)
 
 
 def cb_matrix(C, B, chunk, tf32, sw, config) -> torch.Tensor:
-    """C·Bᵀ of every chunk and group, (b, c, g, chunk, chunk) fp32, by cb_kernel (written everywhere)."""
+    """C·Bᵀ of every chunk and group, (b, c, g, chunk, chunk) fp32, by cb_kernel: written everywhere, or with
+    cb_lower_triangle in the (row block, source block) pairs on or below the diagonal only (the rest is never read:
+    the main kernels load the pairs j <= i)."""
     from impls.cutile.common import launch
 
+    cb, call = cb_launch(C, B, chunk, tf32, sw, config)
+    launch(call)
+    return cb
+
+
+def cb_launch(C, B, chunk, tf32, sw, config) -> tuple[torch.Tensor, KernelCall]:
+    """cb_kernel's output, (b, c, g, chunk, chunk) fp32, allocated, and its launch on it (not run)."""
     batch, seqlen, ngroups, dstate = B.shape
     nchunks = math.ceil(seqlen / chunk)
     cb = torch.empty(batch, nchunks, ngroups, chunk, chunk, device=B.device, dtype=torch.float32)
-    launch(make_cb_call((C, B, cb), (batch, seqlen, 0, 0, ngroups, dstate), chunk, tf32, sw, config))
-    return cb
+    return cb, make_cb_call((C, B, cb), (batch, seqlen, 0, 0, ngroups, dstate), chunk, tf32, sw, config)
+
+
+def search_calls(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, y, sw, config) -> tuple[KernelCall, ...]:
+    """The stage's launches as the tile search times them, in order: cb_kernel's when shared_cb (on an output of
+    its own), then the main kernel's (on a C·Bᵀ computed once here)."""
+    main = stage_call(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, y, sw, config)
+    if not shared_cb(sw, config):
+        return (main,)
+    tf32 = x.dtype == torch.float32 and sw.cb_precision == "tf32"
+    return cb_launch(C, B, dt.shape[3], tf32, sw, config)[1], main
 
 
 def stage_arrays(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, y, tf32, sw, config) -> tuple:

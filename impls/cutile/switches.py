@@ -199,8 +199,31 @@ class CutileSwitches:
                "keeps none and the backward recomputes them with stage 2 (one fwd_pass_state more), as it always "
                "does after fuse_state_out's serial program, which makes none; the forward's kernels are unchanged "
                "either way (impls/cutile/backward/)")
+    cb_occupancy: int = switch(
+        0, "the `ct.kernel(occupancy=)` hint of stage 3's C·Bᵀ kernel (cb_kernel, which runs where C·Bᵀ is shared: "
+           "cb_mode shared, or cb_mode tuned with a config whose shared_cb is true; the row's config says which), "
+           "CTAs per SM; 0 = no hint, the compiler's choice. Not with cb_mode inline",
+        choices=(0, 2, 4),
+        sm90="tileiras caps the kernel's registers per thread so that this many CTAs fit an SM's 64 K registers; 0 "
+             "leaves the count to it (docs/perf-notes.md has the SASS of each value)",
+        sm100="as on sm_90 (64 K registers per SM)")
+    cb_lower_triangle: bool = switch(
+        False, "stage 3's C·Bᵀ kernel (where C·Bᵀ is shared, as for cb_occupancy) launches one program per (row "
+               "block, source block) pair on or below the diagonal, n(n + 1)/2 of a chunk's n × n, the pair's "
+               "indices computed from the program id; the pairs above it, which compute_out never reads (causal: "
+               "sources j <= row block i), stay unwritten. Off: every pair computed and written. Not with cb_mode "
+               "inline",
+        sm90="the same per-program code (two TMA loads, the warpgroup MMA, one TMA store) with a few integer "
+             "instructions more for the pair's indices; 10 programs instead of 16 per chunk at 64-row blocks of a "
+             "256 chunk",
+        sm100="as on sm_90")
 
     def __post_init__(self):
+        cb_set = {name: getattr(self, name) for name in CB_KERNEL_SWITCHES if getattr(self, name) != _CB_DEFAULTS[name]}
+        if cb_set and self.cb_mode == "inline":
+            raise ValueError(f"switches {cb_set} of backend 'cutile' set stage 3's C·Bᵀ kernel, which cb_mode='inline' "
+                             "never launches (C·Bᵀ computed in the main kernel): use cb_mode 'shared' or 'tuned', or "
+                             "leave them at their defaults")
         if self.fused_program != FUSED_PROGRAMS[0] and not self.fuse_state_out:
             raise ValueError(f"switch fused_program={self.fused_program!r} of backend 'cutile': it arranges the "
                              "programs of the fused kernel, which runs only with fuse_state_out=True (set it, or "
@@ -221,8 +244,12 @@ class CutileSwitches:
 FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level", "fused_program")
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
-                     "heads_per_tile", "heads_first", "skip_first", "head_loop", "state_pass", "pdl", "exp2_ftz")
+                     "heads_per_tile", "heads_first", "skip_first", "head_loop", "state_pass", "pdl", "exp2_ftz",
+                     "cb_occupancy", "cb_lower_triangle")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
+# the switches of stage 3's C·Bᵀ kernel alone (cb_kernel): refused with cb_mode inline, which never launches it
+CB_KERNEL_SWITCHES = ("cb_occupancy", "cb_lower_triangle")
+_CB_DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in CB_KERNEL_SWITCHES}
 
 
 PER_HEAD_BLOCKS = (2, 4)  # heads_per_tile values the per-head lowering (head_mma per_head) is built and tested for
@@ -255,3 +282,7 @@ CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "e
 # pdl and opt_level change the code of the kernels they reach but stay out of CODE_SWITCHES (the switch-effects
 # table and the factorials): tests/backends/test_cutile_aot.py shows the PDL instructions in the SASS with pdl on and
 # none with it off, and compiles every opt_level.
+# cb_occupancy and cb_lower_triangle change only the C·Bᵀ kernel (compute_out_cb), which the switch-effects table
+# does not compile (its compute_out row is the main kernel, where both are no-ops): in CODE_SWITCHES they would read
+# "no-op on sm_90" and borrow the defaults' record as the same code. tests/backends/test_cutile_aot.py shows their
+# effect on compute_out_cb's SASS.

@@ -94,6 +94,10 @@ class TritonBackend(Backend):
         if sw.fuse_state_out and not sw.exp2_ftz:
             return ("switch exp2_ftz=False of backend 'triton': the fused kernel (fuse_state_out) is written with "
                     "tl.exp2 only; leave exp2_ftz at True or turn fuse_state_out off")
+        if sw.cb_lower_triangle and (sw.cb_mode != "shared" or sw.fuse_state_out):
+            return ("switch cb_lower_triangle of backend 'triton': it arranges compute_out's C·Bᵀ kernel, which runs "
+                    f"with cb_mode='shared' and without fuse_state_out only (got cb_mode={sw.cb_mode!r}, "
+                    f"fuse_state_out={sw.fuse_state_out})")
         if sw.tma_descriptors == "host" and not sw.tma:
             return ("switch tma_descriptors='host' of backend 'triton': it says where tma's descriptors are made; "
                     "with tma=False there are none (set tma=True, or leave tma_descriptors='device')")

@@ -48,18 +48,31 @@ def _decay(v, EXP2: tl.constexpr, FTZ: tl.constexpr = True):
 def cb_kernel(C_ptr, B_ptr, cb_ptr, seqlen, nchunks, ngroups,
               s_C_b, s_C_l, s_C_g, s_C_n, s_B_b, s_B_l, s_B_g, s_B_n, s_cb_b, s_cb_c, s_cb_g, s_cb_m, s_cb_k,
               dstate, CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_DSTATE: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
-    """cb[b, c, g, m, k] = C_m·B_kᵀ (fp32) for one (BLOCK x BLOCK) tile of one chunk."""
+              DOT_PRECISION: tl.constexpr, LOWER: tl.constexpr = False):
+    """cb[b, c, g, m, k] = C_m·B_kᵀ (fp32) for one (BLOCK x BLOCK) tile of one chunk; with LOWER (switch
+    cb_lower_triangle) the programs cover the tiles on or below the diagonal only, the others left unwritten."""
     # flat grid (axis 0 has no 65535 limit): tile fastest, then group, chunk, batch
     tiles = CHUNK // BLOCK
     pid = tl.program_id(0)
-    t = pid % (tiles * tiles)
-    g = ((pid // (tiles * tiles)) % ngroups).to(tl.int64)
-    bc = pid // (tiles * tiles * ngroups)
+    if LOWER:
+        pairs = tiles * (tiles + 1) // 2
+        t = pid % pairs
+        ti = 0
+        for r in tl.static_range(1, tiles):  # the row of pair t: t = ti(ti + 1)/2 + tj, 0 <= tj <= ti
+            ti = tl.where(t >= r * (r + 1) // 2, r, ti)
+        tj = t - ti * (ti + 1) // 2
+        g = ((pid // pairs) % ngroups).to(tl.int64)
+        bc = pid // (pairs * ngroups)
+    else:
+        t = pid % (tiles * tiles)
+        ti = t // tiles
+        tj = t % tiles
+        g = ((pid // (tiles * tiles)) % ngroups).to(tl.int64)
+        bc = pid // (tiles * tiles * ngroups)
     c = bc % nchunks
     b = (bc // nchunks).to(tl.int64)
-    offs_m = (t // tiles) * BLOCK + tl.arange(0, BLOCK)
-    offs_k = (t % tiles) * BLOCK + tl.arange(0, BLOCK)
+    offs_m = ti * BLOCK + tl.arange(0, BLOCK)
+    offs_k = tj * BLOCK + tl.arange(0, BLOCK)
     offs_n = tl.arange(0, BLOCK_DSTATE)
     start64 = (c * CHUNK).to(tl.int64)
     chunk_len = tl.minimum(CHUNK, seqlen - c * CHUNK)
@@ -85,11 +98,22 @@ def _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2: tl.const
 @triton.jit
 def _cb_tile(cb_base, B_base, B_desc, CmT, b, g, row0, offs_m, offs_k, offs_n, mask_m, mask_k, mask_n, s_cb_m, s_cb_k,
              s_B_l, s_B_n, dtype, BLOCK_K: tl.constexpr, BLOCK_DSTATE: tl.constexpr, SWAP: tl.constexpr,
-             SHARED_CB: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+             SHARED_CB: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, CB_LOWER: tl.constexpr = False):
     """C·Bᵀ for (rows offs_m, sources offs_k) in fp32: (rows, k), or (k, rows) with SWAP (CmT is then Cᵀ). With TMA
-    the B tile (positions row0 .. row0 + BLOCK_K of group g, batch b) comes through B_desc."""
+    the B tile (positions row0 .. row0 + BLOCK_K of group g, batch b) comes through B_desc. CB_LOWER (switch
+    cb_lower_triangle): the shared C·Bᵀ holds only its tiles on or below the diagonal, so only the causal
+    elements (source <= row, written there) are loaded, the rest read as 0 (masked by causality anyway)."""
     if SHARED_CB:
-        if SWAP:
+        if CB_LOWER:
+            if SWAP:
+                cb = tl.load(cb_base + offs_k[:, None] * s_cb_k + offs_m[None, :] * s_cb_m,
+                             mask=mask_k[:, None] & mask_m[None, :] & (offs_k[:, None] <= offs_m[None, :]),
+                             other=0.0)
+            else:
+                cb = tl.load(cb_base + offs_m[:, None] * s_cb_m + offs_k[None, :] * s_cb_k,
+                             mask=mask_m[:, None] & mask_k[None, :] & (offs_k[None, :] <= offs_m[:, None]),
+                             other=0.0)
+        elif SWAP:
             cb = tl.load(cb_base + offs_k[:, None] * s_cb_k + offs_m[None, :] * s_cb_m,
                          mask=mask_k[:, None] & mask_m[None, :], other=0.0)
         else:
@@ -266,7 +290,7 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr,
                 HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, HB: tl.constexpr,
-                EXP2_FTZ: tl.constexpr = True):
+                EXP2_FTZ: tl.constexpr = True, CB_LOWER: tl.constexpr = False):
     """(acc, acc1) + the chunk's own tokens' term for the row tile starting at m0, up to its causal edge: for head h
     into acc, and with HB = 2 for head h + 1 (same group) into acc1 (its x_base1, dA_base1, dt_base1, dA_m1),
     C·Bᵀ computed once per source tile for both. With HB = 1 acc1 is returned as given."""
@@ -288,7 +312,7 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
                 seq_k = tl.load(seq_base + offs_k * s_seq_l, mask=mask_k, other=0)
             cb = _cb_tile(cb_base, B_base, B_desc, CmT, b, g, start + k0, offs_m, offs_k, offs_n, mask_m, mask_k,
                           mask_n, s_cb_m, s_cb_k, s_B_l, s_B_n, dtype, BLOCK_K, BLOCK_DSTATE, SWAP, SHARED_CB,
-                          DOT_PRECISION, TMA)
+                          DOT_PRECISION, TMA, CB_LOWER)
             off = _factored_step(cb, off, dA_ref, dA_base, dt_base, x_base, x_desc, seq_m, seq_k, b, h, start + k0,
                                  p0, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K,
                                  BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
@@ -307,7 +331,7 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
             seq_k = tl.load(seq_base + offs_k * s_seq_l, mask=mask_k, other=0)
         cb = _cb_tile(cb_base, B_base, B_desc, CmT, b, g, start + k0, offs_m, offs_k, offs_n, mask_m, mask_k,
                       mask_n, s_cb_m, s_cb_k, s_B_l, s_B_n, dtype, BLOCK_K, BLOCK_DSTATE, SWAP, SHARED_CB,
-                      DOT_PRECISION, TMA)
+                      DOT_PRECISION, TMA, CB_LOWER)
         acc = _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, b, h, start + k0, p0,
                            offs_m, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K,
                            BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
@@ -435,6 +459,7 @@ def compute_out_kernel(
     HEADS_FIRST: tl.constexpr,
     HOST_DESC: tl.constexpr,
     EXP2_FTZ: tl.constexpr = True,
+    CB_LOWER: tl.constexpr = False,
 ):
     # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head block (HB heads of one
     # group: h and, with HB = 2, h + 1), chunk, batch; HEADS_FIRST (switch heads_first): the head block fastest.
@@ -501,7 +526,8 @@ def compute_out_kernel(
                             seq_base, B_desc, x_desc, CmT, dA_m, dA_m1, seq_m, b32, g, h, start, m0, p0, chunk_len,
                             offs_m, offs_n, offs_p, mask_m, mask_n, mask_p, s_B[1], s_B[3], s_x[1], s_x[3], s_dA[3],
                             s_dt[3], s_seq[1], s_cb[3], s_cb[4], dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE,
-                            HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, HB, EXP2_FTZ)
+                            HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, HB, EXP2_FTZ,
+                            CB_LOWER)
     # 3. D skip, z gate, store
     epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b32, h, start + m0, p0, offs_m, offs_p, mask_m, mask_p,
              s_x[1], s_x[3], s_z[1], s_z[3], s_y[1], s_y[3], s_D[0], s_D[1], BLOCK_M, BLOCK_P, HAS_D, HAS_Z, SWAP,
@@ -532,7 +558,8 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         descriptors.require({"C": C, "B": B, "x": x, "states": descriptors.memory_order(states), "y": y})
     shared = switches.cb_mode == "shared"
     # never read unless shared
-    cb = cb_matrix(C, B, chunk, empty, dot_precision, switches.launch_path) if shared else dt
+    lower = shared and switches.cb_lower_triangle
+    cb = cb_matrix(C, B, chunk, empty, dot_precision, switches.launch_path, lower) if shared else dt
     cb_strides = cb.stride() if shared else (0,) * 5
     hb = config.get("heads_per_tile", 1)
     if (nheads // ngroups) % hb:
@@ -549,7 +576,8 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
-        HEADS_FIRST=switches.heads_first, HOST_DESC=host, EXP2_FTZ=switches.exp2_ftz, num_warps=config["num_warps"],
+        HEADS_FIRST=switches.heads_first, HOST_DESC=host, EXP2_FTZ=switches.exp2_ftz,
+        **({"CB_LOWER": True} if lower else {}), num_warps=config["num_warps"],
         num_stages=config["num_stages"], maxnreg=maxnreg(config), path=switches.launch_path,
     )
     return y
@@ -558,14 +586,17 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
 CB_BLOCK = 64  # cb_kernel's tile (or the whole chunk when shorter)
 
 
-def cb_matrix(C, B, chunk, empty, dot_precision, launch_path):
-    """C·Bᵀ of every chunk and group, (batch, nchunks, ngroups, chunk, chunk) fp32, every element written."""
+def cb_matrix(C, B, chunk, empty, dot_precision, launch_path, lower: bool = False):
+    """C·Bᵀ of every chunk and group, (batch, nchunks, ngroups, chunk, chunk) fp32: every element written, or with
+    `lower` (switch cb_lower_triangle) the CB_BLOCK tiles on or below the diagonal only (compute_out then loads the
+    causal elements only, all inside them)."""
     batch, seqlen, ngroups, dstate = B.shape
     nchunks = cdiv(seqlen, chunk)
     cb = empty((batch, nchunks, ngroups, chunk, chunk), torch.float32, B.device)
     block = min(CB_BLOCK, chunk)
-    grid = ((chunk // block) ** 2 * ngroups * nchunks * batch,)
+    tiles = chunk // block
+    grid = ((tiles * (tiles + 1) // 2 if lower else tiles * tiles) * ngroups * nchunks * batch,)
     launcher.launch(cb_kernel, grid, C, B, cb, seqlen, nchunks, ngroups, *C.stride(), *B.stride(), *cb.stride(),
                     dstate, CHUNK=chunk, BLOCK=block, BLOCK_DSTATE=max(16, next_pow2(dstate)),
-                    DOT_PRECISION=dot_precision, num_warps=4, path=launch_path)
+                    DOT_PRECISION=dot_precision, **({"LOWER": True} if lower else {}), num_warps=4, path=launch_path)
     return cb

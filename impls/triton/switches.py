@@ -181,6 +181,16 @@ class TritonSwitches:
                "batch·nchunks·nheads·headdim·dstate elements in state_dtype) until the backward reads them; on = it "
                "keeps none and the backward recomputes them with stage 2 (one fwd_pass_state more); the forward's "
                "kernels are unchanged either way (impls/triton/backward/)")
+    cb_lower_triangle: bool = switch(
+        False, "cb_mode shared's C·Bᵀ kernel (cb_kernel, 64 × 64 tiles) launches one program per tile on or below "
+               "the chunk's diagonal, n(n + 1)/2 of n × n, the tile's indices computed from the program id; the tiles "
+               "above it stay unwritten and compute_out loads only the causal elements of C·Bᵀ (source <= row, "
+               "all inside the written tiles; the others read as 0, as causality masks them). Off: every tile "
+               "written, loads masked by the chunk's length only. Needs cb_mode shared; not with fuse_state_out",
+        sm90="10 programs instead of 16 per chunk of 256; compute_out's C·Bᵀ loads take the causal compare in "
+             "their mask",
+        sm100="as on sm_90",
+        needs={"cb_mode": "shared"})
 
 
 def code_switches(switches: TritonSwitches) -> dict[str, Any]:
@@ -198,4 +208,5 @@ def _code_switches(switches: TritonSwitches, _types: tuple) -> tuple[tuple[str, 
             or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first") and v)
             or (k == "tma_descriptors" and v != "device")
             or (k == "exp2_ftz" and not v)
-            or (k == "fused_program" and v != "row_tile"))
+            or (k == "fused_program" and v != "row_tile")
+            or (k == "cb_lower_triangle" and v))

@@ -119,6 +119,10 @@ def mma(a, b, acc):
     return acc + a.to(torch.float32) @ b.to(torch.float32)
 
 
+def broadcast_to(x, shape):
+    return _tensor(x).expand(tuple(shape))
+
+
 def transpose(x, axis0=None, axis1=None):
     if axis0 is None:
         return x.transpose(-1, -2)
@@ -167,7 +171,8 @@ def stand_in() -> types.SimpleNamespace:
         astype=astype, mma=mma, transpose=transpose, extract=extract, where=where, minimum=minimum, maximum=maximum,
         sum=sum, cumsum=cumsum, exp=_unary(torch.exp), exp2=_unary(torch.exp2), log=_unary(torch.log),
         log2=_unary(torch.log2), PaddingMode=PaddingMode, float32=torch.float32, float16=torch.float16,
-        bfloat16=torch.bfloat16, int32=torch.int32, int64=torch.int64, tfloat32=TFLOAT32)
+        bfloat16=torch.bfloat16, int32=torch.int32, int64=torch.int64, tfloat32=TFLOAT32,
+        static_iter=iter, permute=torch.permute, broadcast_to=broadcast_to)
 
 
 class Emulation:

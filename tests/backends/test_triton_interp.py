@@ -190,6 +190,53 @@ def test_shared_cb(problem, swap, dtype):
     assert not failures(errors, dtype), errors
 
 
+# switch cb_lower_triangle: chunks of 128 (2 x 2 C·Bᵀ tiles, the one above the diagonal left NaN in the poisoned
+# buffer); 128-row programs span both tile rows, so their loads cover the unwritten tile unless masked
+CB_LOWER_CASES = [
+    pytest.param({"block_rows": 128, "block_positions": 32}, {}, id="rows128"),
+    pytest.param({"block_rows": 128, "block_positions": 64}, {"operand_swap": True}, id="rows128-swap"),
+    pytest.param({"block_rows": 64, "block_positions": 32}, {"decay_factor": True}, id="rows64-decay_factor"),
+    pytest.param({"block_rows": 128, "block_positions": 32, "heads_per_tile": 2}, {"decay_factor": True},
+                 id="rows128-heads2-decay_factor"),
+]
+
+
+@pytest.mark.parametrize("sizes, switches", CB_LOWER_CASES)
+def test_shared_cb_lower_triangle_reads_only_the_written_tiles(sizes, switches):
+    """The C·Bᵀ tiles above the diagonal stay unwritten (poisoned): each stage still matches float64."""
+    backend = get_backend("triton", cb_mode="shared", cb_lower_triangle=True, **sizes, **switches)
+    inputs = make_inputs(Problem(Shape(1, 200, 2, 16, 1, 16, 128), has_z=True), seed=6, dtype=torch.float32)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, torch.float32), errors
+
+
+@pytest.mark.parametrize("lower", [False, True], ids=["full", "lower"])
+def test_cb_matrix_writes_the_tiles_it_launches(lower):
+    from impls.triton.compute_out import cb_matrix
+
+    g = torch.Generator().manual_seed(3)
+    C, B = (torch.randn(1, 256, 1, 16, generator=g) for _ in range(2))
+    with poisoned_allocations():
+        cb = cb_matrix(C, B, 256, lambda shape, dtype, device: torch.empty(shape, dtype=dtype, device=device),
+                       "ieee", "triton", lower)
+    want = C[0, :, 0].double() @ B[0, :, 0].double().T
+    for i, j in itertools.product(range(4), repeat=2):
+        tile = cb[0, 0, 0, 64 * i:64 * (i + 1), 64 * j:64 * (j + 1)]
+        if lower and j > i:
+            assert torch.isnan(tile).all(), (i, j)
+        else:
+            torch.testing.assert_close(tile.double(), want[64 * i:64 * (i + 1), 64 * j:64 * (j + 1)], rtol=1e-5,
+                                       atol=1e-4)
+
+
+@pytest.mark.parametrize("switches", [{"cb_lower_triangle": True},
+                                      {"cb_lower_triangle": True, "cb_mode": "shared", "fuse_state_out": True,
+                                       "fused_program": "chunk"}], ids=["inline", "fused"])
+def test_cb_lower_triangle_refused_where_compute_outs_cb_kernel_does_not_run(switches):
+    with pytest.raises(ValueError, match="cb_lower_triangle"):
+        get_backend("triton", **switches)
+
+
 DECAY_FACTOR_CASES = [
     pytest.param(RICH, {}, id="rich"),  # seq_idx with 3 sequences: the sequence mask on factored tiles
     pytest.param(Problem(SMALL, varlen=True, nseqs=3, has_z=True), {}, id="cu_seqlens-3-seqs"),

@@ -42,6 +42,21 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # stages 2 and 3 as programmatic dependent launches (pdl) alone, with the shared C·Bᵀ (its kernel launched normally in
 # between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
+# the C·Bᵀ kernel's switches (cb_occupancy, cb_lower_triangle), C·Bᵀ shared: each alone, together, the lower triangle
+# with the factored decay and the swap (transposed reads of the pairs), with 32-row blocks (36 of 64 pairs of a chunk
+# of 256), with the head loop and two heads per tile per head, and with all off; the pairs above the diagonal are
+# left unwritten in a poisoned buffer, so a read of one shows as NaN
+CB_SHARED = {"cb_mode": "shared"}
+CB_KERNEL_VARIANTS = {
+    "cb-occupancy4": {**CB_SHARED, "cb_occupancy": 4}, "cb-occupancy2": {**CB_SHARED, "cb_occupancy": 2},
+    "cb-lower": {**CB_SHARED, "cb_lower_triangle": True},
+    "cb-lower-occupancy4": {**CB_SHARED, "cb_lower_triangle": True, "cb_occupancy": 4},
+    "cb-lower-decay_factor-swap": {**CB_SHARED, "cb_lower_triangle": True, "decay_factor": True,
+                                   "operand_swap": True},
+    "cb-lower-rows32": {**CB_SHARED, "cb_lower_triangle": True, "block_rows": 32},
+    "cb-lower-head_loop4-heads2-per_head": {**CB_SHARED, **PER_HEAD, "cb_lower_triangle": True, "head_loop": 4},
+    "cb-lower-occupancy4-all-off": {**OFF, **CB_SHARED, "cb_lower_triangle": True, "cb_occupancy": 4},
+}
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
             **{f"no-{k}": {k: OFF[k]} for k in ("latency_hints", "tma", "exp2", "cb_precision")},
@@ -83,10 +98,11 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "pdl": {"pdl": True}, "pdl-cb-shared": {"pdl": True, "cb_mode": "shared"},
             "pdl-state_pass-chunk_parallel": {"pdl": True, "state_pass": "chunk_parallel"},
             "pdl-heads2-per_head": {**PER_HEAD, "pdl": True},
-            **{f"opt_level{v}": {"opt_level": v} for v in (0, 1, 2)}}
+            **{f"opt_level{v}": {"opt_level": v} for v in (0, 1, 2)},
+            **CB_KERNEL_VARIANTS}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
 FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "state_pass-chunk_parallel",
-                 "head_loop8-heads2-per_head")
+                 "head_loop8-heads2-per_head", "cb-lower-occupancy4")
 
 
 def _skip(case: str, variant: str) -> bool:
@@ -94,7 +110,8 @@ def _skip(case: str, variant: str) -> bool:
     of a group."""
     if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head",
                                         "heads_first-heads2-per_head", "skip_first-heads2-per_head-headdim32",
-                                        "state_pass-chunk_parallel", "head_loop8-heads2-per_head"):
+                                        "state_pass-chunk_parallel", "head_loop8-heads2-per_head",
+                                        "cb-lower-occupancy4"):
         return True
     shape = CASES[case].shape
     return (shape.nheads // shape.ngroups) % VARIANTS[variant].get("heads_per_tile", 1) != 0

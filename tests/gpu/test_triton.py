@@ -83,6 +83,13 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "launch-cached": {"launch_path": "cached"},
             "launch-cached-tma-host-serial": {"launch_path": "cached", "tma": True, "tma_descriptors": "host",
                                               "state_pass": "serial"},
+            # the C·Bᵀ tiles above the diagonal left unwritten (poisoned): 128-row programs span two tile rows
+            "cb-shared-lower": {"cb_mode": "shared", "cb_lower_triangle": True},
+            "cb-shared-lower-rows128": {"cb_mode": "shared", "cb_lower_triangle": True, "block_rows": 128,
+                                        "block_positions": 64},
+            "cb-shared-lower-no-swap-decay_factor-heads2": {"cb_mode": "shared", "cb_lower_triangle": True,
+                                                            "operand_swap": False, "decay_factor": True,
+                                                            "heads_per_tile": 2},
             }
 
 

@@ -652,6 +652,30 @@ def test_cutile_kernel_timer_times_one_config_with_cuda_tile_tune(monkeypatch):
     assert seen == [([0], (4, 1, 1), "kernel", ("x",), True)]
 
 
+def test_cutile_kernel_timer_times_each_kernel_of_a_config_and_adds_them(monkeypatch):
+    """compute_out with shared C·Bᵀ: the C·Bᵀ kernel, then the main kernel, each timed alone; the record keeps the
+    sums of their means and of their error margins."""
+    import types
+
+    import cuda.tile.tune
+
+    from impls.cutile import tune
+
+    seen = []
+
+    def fake_search(space, stream, grid_fn, kernel_fn, args_fn, quiet):
+        seen.append(kernel_fn(space[0]))
+        us = {"cb": 20.0, "main": 500.0}[kernel_fn(space[0])]
+        return types.SimpleNamespace(best=types.SimpleNamespace(mean_us=us, error_margin_us=0.5))
+
+    monkeypatch.setattr(cuda.tile.tune, "exhaustive_search", fake_search)
+    monkeypatch.setattr(tune.torch.cuda, "current_stream", lambda: "stream")
+    calls = tuple(types.SimpleNamespace(grid=(4, 1, 1), kernel=k, args=()) for k in ("cb", "main"))
+    assert tune.kernel_timer(lambda cfg: calls)({"shared_cb": True}) == {"us": 520.0, "mean_us": 520.0,
+                                                                           "error_margin_us": 1.0}
+    assert seen == ["cb", "main"]
+
+
 def test_triton_record_key_of_equal_switches_of_other_types_does_not_depend_on_order():
     """tma=1 equals tma=True (and hashes alike), yet the key's text differs: one must not get the other's key. (The
     backends refuse tma=1, impls.registry.make_switches; the dataclass built directly still takes it.)"""
