@@ -15,6 +15,8 @@ carry reset in the pass).
 
 Switches: operand_swap computes the local state as Bᵀ·(w x) (dstate × headdim); transposed_layout stores the
 entering states (b, c, h, dstate, headdim). When the two disagree the tile is transposed before each store.
+state_subblock forms the local state (in both arrangements) as a main loop over sub-blocks of the chunk's positions,
+one MMA per sub-block (`carry_subblocks`), instead of one MMA over the whole chunk.
 """
 
 from __future__ import annotations
