@@ -8,7 +8,7 @@ import math
 import torch
 
 from impls.cutile.defaults import DEFAULTS as CUTILE_DEFAULTS
-from impls.cutile.switches import NOT_READ_BY_FUSED, CutileSwitches
+from impls.cutile.switches import NOT_READ_BY_FUSED, CutileSwitches, subblock_refusal
 from impls.problem import Problem
 from impls.registry import Backend, ForwardResult, cuda_only, register
 
@@ -73,6 +73,9 @@ class CutileBackend(Backend):
             return False, f"ngroups {s.ngroups} does not divide nheads {s.nheads}"
         if s.chunk_size & (s.chunk_size - 1) or not 16 <= s.chunk_size <= 256:
             return False, f"chunk_size {s.chunk_size}: the kernels take powers of two 16..256"
+        sub = self.switches.state_subblock
+        if sub and s.chunk_size % sub:
+            return False, subblock_refusal(sub, s.chunk_size)
         if self.switches.fuse_state_out and problem.has_seq_idx:
             return False, FUSED_NO_SEQ
         return True, ""

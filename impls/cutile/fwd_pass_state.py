@@ -15,6 +15,8 @@ carry reset in the pass).
 
 Switches: operand_swap computes the local state as Bᵀ·(w x) (dstate × headdim); transposed_layout stores the
 entering states (b, c, h, dstate, headdim). When the two disagree the tile is transposed before each store.
+state_subblock forms the local state (in both arrangements) as a main loop over sub-blocks of the chunk's positions,
+one MMA per sub-block (`carry_subblocks`), instead of one MMA over the whole chunk.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 
 from impls.cutile.common import LOG2E, CopyHints, KernelCall, kernel_call, next_pow2
 from impls.cutile.pdl import start_as_dependent
+from impls.cutile.switches import subblock_refusal
 
 ZERO = ct.PaddingMode.ZERO
 
@@ -55,6 +58,7 @@ class StateConsts(CopyHints):
     TMA: bool  # switch tma: TMA bulk copies allowed
     LAT: int  # latency hint of the x and B loads; 0 = none
     EXP2_FTZ: bool = False  # switch exp2_ftz: the exp2 flush subnormal inputs and results to zero
+    SUB: int = 0  # switch state_subblock: positions per step of the local state's main loop; 0 = the whole chunk
 
 
 def _store_state(states, b, c, h, pb, nb, st, k):
@@ -96,7 +100,10 @@ def carry(st, x, B, dt, dA, seq, seqlen, b, c, h, g, pb, nb, k):
     """The state leaving chunk c from the state st entering it: exp(dA_last)·st + the chunk's local state
     (w x)ᵀ·B with w_t = exp(dA_last − dA_t)·dt_t, on the tensor cores; st is (BN, BP) when SWAP else (BP, BN).
     seq_idx (HAS_SEQ; seq is None otherwise): tokens of another sequence than the chunk's last token get w = 0, and
-    the carry is zeroed when the sequence at the chunk's last token differs from the previous chunk's."""
+    the carry is zeroed when the sequence at the chunk's last token differs from the previous chunk's. With SUB
+    (switch state_subblock) the chunk's positions are walked in sub-blocks: `carry_subblocks`."""
+    if k.SUB:
+        return carry_subblocks(st, x, B, dt, dA, seq, seqlen, b, c, h, g, pb, nb, k)
     CHUNK, BP, BN, tma, lat = k.CHUNK, k.BP, k.BN, k.tma(), k.lat()
     dA_t = ct.load(dA, (b, h, c, 0), (1, 1, 1, CHUNK), allow_tma=tma).reshape((CHUNK,))
     dt_t = ct.load(dt, (b, h, c, 0), (1, 1, 1, CHUNK), allow_tma=tma).reshape((CHUNK,))
@@ -123,15 +130,51 @@ def carry(st, x, B, dt, dA, seq, seqlen, b, c, h, g, pb, nb, k):
     return _mma(ct.transpose(xw), bt, st * decay.reshape((1, 1)), k.TF32)
 
 
+def carry_subblocks(st, x, B, dt, dA, seq, seqlen, b, c, h, g, pb, nb, k):
+    """`carry` as a GEMM main loop over the chunk's positions (K): SUB positions per step, each step's weighted x
+    and B tiles (SUB × BP, SUB × BN) MMA'd onto one accumulator that starts at exp(dA_last)·st, so that a step's
+    tiles, not the whole chunk's, are held in shared memory and the compiler can pipeline the steps. The same terms
+    as `carry`; the MMA adds them in SUB-position groups."""
+    CHUNK, SUB, BP, BN, tma, lat = k.CHUNK, k.SUB, k.BP, k.BN, k.tma(), k.lat()
+    nsub = CHUNK // SUB
+    last = ct.gather(dA, (b, h, c, CHUNK - 1))
+    decay = ct.exp2(last * LOG2E, flush_to_zero=k.EXP2_FTZ) if k.EXP2 else ct.exp(last)
+    if k.HAS_SEQ:
+        s_last, s_prev = seq_ends(seq, seqlen, b, c, CHUNK)
+        decay = ct.where(s_last == s_prev, decay, 0.0)
+    acc = st * decay.reshape((1, 1))
+    for j in range(nsub):
+        dA_t = ct.load(dA, (b, h, c, j), (1, 1, 1, SUB), allow_tma=tma).reshape((SUB,))
+        dt_t = ct.load(dt, (b, h, c, j), (1, 1, 1, SUB), allow_tma=tma).reshape((SUB,))
+        if k.EXP2:
+            w = ct.exp2((last - dA_t) * LOG2E, flush_to_zero=k.EXP2_FTZ) * dt_t
+        else:
+            w = ct.exp(last - dA_t) * dt_t
+        row = c * nsub + j  # the step's position block, in units of SUB positions
+        if k.HAS_SEQ:
+            s_t = ct.load(seq, (b, row), (1, SUB), padding_mode=ZERO, allow_tma=tma).reshape((SUB,))
+            w = ct.where(s_t == s_last, w, 0.0)
+        xt = ct.load(x, (b, row, h, pb), (1, SUB, 1, BP), padding_mode=ZERO, allow_tma=tma, latency=lat)
+        bt = ct.load(B, (b, row, g, nb), (1, SUB, 1, BN), padding_mode=ZERO, allow_tma=tma, latency=lat)
+        xt = xt.reshape((SUB, BP))
+        bt = bt.reshape((SUB, BN))
+        xw = (xt.astype(ct.float32) * w.reshape((SUB, 1))).astype(xt.dtype)
+        if k.SWAP:
+            acc = _mma(ct.transpose(bt), xw, acc, k.TF32)
+        else:
+            acc = _mma(ct.transpose(xw), bt, acc, k.TF32)
+    return acc
+
+
 def fwd_pass_state_kernel(x, B, dt, dA, init, seq, states, final, seqlen, heads_per_group,
                           CHUNK: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                           HAS_INIT: ct.Constant[bool], HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool],
                           TRANS: ct.Constant[bool], TF32: ct.Constant[bool], EXP2: ct.Constant[bool],
                           TMA: ct.Constant[bool], LAT: ct.Constant[int], PDL: ct.Constant[bool],
-                          EXP2_FTZ: ct.Constant[bool]):
+                          EXP2_FTZ: ct.Constant[bool], SUB: ct.Constant[int]):
     if PDL:  # launched as a programmatic dependent launch: nothing before the wait
         start_as_dependent()
-    k = StateConsts(CHUNK, BP, BN, HAS_INIT, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, EXP2_FTZ)
+    k = StateConsts(CHUNK, BP, BN, HAS_INIT, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, EXP2_FTZ, SUB)
     bh, pb, nb = ct.bid(0), ct.bid(1), ct.bid(2)
     nheads = x.shape[2]
     nchunks = dA.shape[2]
@@ -158,12 +201,13 @@ def local_state_kernel(x, B, dt, dA, seq, local, seqlen, heads_per_group,
                        CHUNK: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                        HAS_SEQ: ct.Constant[bool], SWAP: ct.Constant[bool], TRANS: ct.Constant[bool],
                        TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
-                       LAT: ct.Constant[int], PDL: ct.Constant[bool], EXP2_FTZ: ct.Constant[bool]):
+                       LAT: ct.Constant[int], PDL: ct.Constant[bool], EXP2_FTZ: ct.Constant[bool],
+                       SUB: ct.Constant[int]):
     """local[b, c, h] = the state chunk c builds from zero (fp32, the states' memory layout); heads fastest in the
     grid's first axis, so neighbouring programs share the chunk's B tile."""
     if PDL:  # launched as a programmatic dependent launch: nothing before the wait
         start_as_dependent()
-    k = StateConsts(CHUNK, BP, BN, False, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, EXP2_FTZ)
+    k = StateConsts(CHUNK, BP, BN, False, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, EXP2_FTZ, SUB)
     bch, pb, nb = ct.bid(0), ct.bid(1), ct.bid(2)
     nheads = x.shape[2]
     nchunks = dA.shape[2]
@@ -259,7 +303,8 @@ def make_local_call(arrays, dims, chunk_size, has_seq, tf32, sw, config) -> Kern
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     bp, bn = blocks(headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bp, bn, bool(has_seq), sw.operand_swap,
-            sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl, sw.exp2_ftz)
+            sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl, sw.exp2_ftz,
+            subblock(sw, chunk_size))
     grid = (batch * math.ceil(seqlen / chunk_size) * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
     return kernel_call(local_state_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 
@@ -274,6 +319,15 @@ def make_pass_call(arrays, dims, chunk_size, has_init, has_seq, sw) -> KernelCal
                        pdl=sw.pdl)
 
 
+def subblock(sw, chunk_size: int) -> int:
+    """Switch state_subblock as the kernels' SUB: 0 (the whole chunk at once), or positions per main-loop step, which
+    must divide the chunk (else ValueError naming both)."""
+    sub = sw.state_subblock
+    if sub and chunk_size % sub:
+        raise ValueError(subblock_refusal(sub, chunk_size))
+    return sub
+
+
 def blocks(headdim: int, dstate: int, config: dict) -> tuple[int, int]:
     bp = config.get("block_headdim") or min(64, next_pow2(headdim))
     bn = config.get("block_dstate") or min(128, next_pow2(dstate))
@@ -286,7 +340,7 @@ def make_call(arrays, dims, chunk_size, has_init, has_seq, tf32, sw, config) -> 
     bp, bn = blocks(headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bp, bn, bool(has_init), bool(has_seq),
             sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.pdl,
-            sw.exp2_ftz)
+            sw.exp2_ftz, subblock(sw, chunk_size))
     grid = (batch * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
     return kernel_call(fwd_pass_state_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 

@@ -17,6 +17,7 @@ from impls.registry import switch
 STATE_PASS = ("serial", "chunk_parallel")  # stage 2's arrangements (switch state_pass), the default first
 FUSED_PROGRAMS = ("serial", "chunk")  # the fused kernel's program arrangements (switch fused_program), default first
 OPT_LEVELS = (3, 2, 1, 0)  # what `ct.kernel(opt_level=)` accepts in cuda-tile 1.7 (0..3), its default first
+STATE_SUBBLOCKS = (0, 64, 128)  # stage 2's positions per main-loop step (switch state_subblock); 0 = the whole chunk
 
 
 
@@ -217,6 +218,17 @@ class CutileSwitches:
              "instructions more for the pair's indices; 10 programs instead of 16 per chunk at 64-row blocks of a "
              "256 chunk",
         sm100="as on sm_90")
+    state_subblock: int = switch(
+        0, "stage 2's local state (serial kernel, or state_pass chunk_parallel's local-state kernel) as a GEMM main "
+           "loop over the chunk's positions: this many positions per step, each step's x and B tiles MMA'd onto one "
+           "accumulator, instead of the whole chunk's x and B loaded as one tile and one MMA; must divide "
+           "chunk_size. 0 = the whole chunk at once. Not with fuse_state_out (the fused kernels' carry takes the "
+           "whole chunk)",
+        choices=STATE_SUBBLOCKS,
+        sm90="a loop of chunk_size / state_subblock steps of TMA loads and warpgroup MMAs per chunk, whose step's "
+             "tiles (not the chunk's) are staged in shared memory: the shared memory and registers per CTA the "
+             "whole-chunk tiles take leave room for more CTAs per SM",
+        sm100="the same loop; its tcgen05 lowering is the compiler's")
 
     def __post_init__(self):
         cb_set = {name: getattr(self, name) for name in CB_KERNEL_SWITCHES if getattr(self, name) != _CB_DEFAULTS[name]}
@@ -245,11 +257,19 @@ FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level", "fus
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
                      "heads_per_tile", "heads_first", "skip_first", "head_loop", "state_pass", "pdl", "exp2_ftz",
-                     "cb_occupancy", "cb_lower_triangle")
+                     "cb_occupancy", "cb_lower_triangle", "state_subblock")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 # the switches of stage 3's C·Bᵀ kernel alone (cb_kernel): refused with cb_mode inline, which never launches it
 CB_KERNEL_SWITCHES = ("cb_occupancy", "cb_lower_triangle")
 _CB_DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in CB_KERNEL_SWITCHES}
+
+
+def subblock_refusal(sub: int, chunk_size: int) -> str:
+    """Why stage 2 cannot step through a chunk of chunk_size positions in sub-blocks of `sub` (switch
+    state_subblock): the backend's supports() and the stage's launch say it."""
+    return (f"switch state_subblock={sub} of backend 'cutile': stage 2's main loop steps through the chunk in "
+            f"{sub}-position sub-blocks, which must divide chunk_size={chunk_size} (use a chunk of at least {sub} "
+            "positions, a smaller sub-block, or 0 for the whole chunk)")
 
 
 PER_HEAD_BLOCKS = (2, 4)  # heads_per_tile values the per-head lowering (head_mma per_head) is built and tested for
@@ -272,7 +292,7 @@ def per_head_refusal(sw: CutileSwitches, hb: int) -> str | None:
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
 CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "exp2_ftz", "decay_factor",
-                 "cb_precision", "head_mma", "heads_first", "skip_first", "head_loop")
+                 "cb_precision", "head_mma", "heads_first", "skip_first", "head_loop", "state_subblock")
 # fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in
 # tests/backends/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
 # default reads the config); its ablation points are cb_mode:inline and cb_mode:shared. state_pass picks stage 2's

@@ -136,6 +136,9 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
         extra.update({k: getattr(sw, k) for k in CB_KERNEL_SWITCHES if getattr(sw, k) != getattr(DEFAULTS, k)})
     if code_tricks and stage in EXP2_FTZ_STAGES and sw.exp2_ftz:  # borrows the tiles of the key without it
         extra["exp2_ftz"] = True
+    # stage 2's sub-block main loop (state_subblock) borrows the tiles of the key without it
+    if code_tricks and stage == "fwd_pass_state" and sw.state_subblock:
+        extra["state_subblock"] = sw.state_subblock
     if stage == "compute_out" and sw.head_mma != DEFAULT_HEAD_MMA and sw.heads_per_tile != 1:  # 1: the same kernel
         extra["head_mma"] = sw.head_mma
     extra.update(explicit(stage, sw))
@@ -202,7 +205,7 @@ SASS_EFFECTS = Path(__file__).with_name("switch_sass_effects.json")
 # the value away from the default of each non-bool code switch; every other code switch is a bool whose "off" is False
 OFF_VALUE = {"cb_precision": "fp32", "head_mma": "batched"}
 # the value a default-off (0) int code switch is turned on to; "all off" (sass_hashes.ALL_OFF) leaves it at 0
-ON_VALUE = {"head_loop": 4}
+ON_VALUE = {"head_loop": 4, "state_subblock": 64}
 
 
 def off(name: str) -> CutileSwitches:
@@ -266,4 +269,5 @@ KEY_ROLES = {
     # the C·Bᵀ kernel's code (its occupancy hint is a compile option, not a searched field: the search's
     # kernel-only timer does not time that kernel), keyed away from the default and borrowing the tiles without it
     **dict.fromkeys(("cb_occupancy", "cb_lower_triangle"), tuning.KEY),
+    "state_subblock": tuning.KEY,  # stage 2's code: keyed when set, borrowing the tiles of the key without it
 }

@@ -40,7 +40,9 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # groups of 2, 4 and 80 heads: one shorter block where the loop is longer than a group (and, below, a loop that does
 # not divide a group of 12);
 # stages 2 and 3 as programmatic dependent launches (pdl) alone, with the shared C·Bᵀ (its kernel launched normally in
-# between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level
+# between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level;
+# stage 2's local state as a main loop over 64- and 128-position sub-blocks (state_subblock) alone, under sm_90's
+# defaults, chunk-parallel with the swap, and all off (on the cases whose chunk the sub-block divides)
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
 # the C·Bᵀ kernel's switches (cb_occupancy, cb_lower_triangle), C·Bᵀ shared: each alone, together, the lower triangle
 # with the factored decay and the swap (transposed reads of the pairs), with 32-row blocks (36 of 64 pairs of a chunk
@@ -99,21 +101,29 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "pdl-state_pass-chunk_parallel": {"pdl": True, "state_pass": "chunk_parallel"},
             "pdl-heads2-per_head": {**PER_HEAD, "pdl": True},
             **{f"opt_level{v}": {"opt_level": v} for v in (0, 1, 2)},
-            **CB_KERNEL_VARIANTS}
+            **CB_KERNEL_VARIANTS,
+            "state_subblock64": {"state_subblock": 64}, "state_subblock128": {"state_subblock": 128},
+            "state_subblock64-sm90": {"state_subblock": 64, "heads_first": True, "skip_first": True, "pdl": True},
+            "state_subblock64-chunk_parallel-swap": {"state_subblock": 64, "state_pass": "chunk_parallel",
+                                                     "operand_swap": True},
+            "state_subblock128-rowmajor-all-off": {**OFF, "state_subblock": 128}}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
 FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "state_pass-chunk_parallel",
-                 "head_loop8-heads2-per_head", "cb-lower-occupancy4")
+                 "head_loop8-heads2-per_head", "cb-lower-occupancy4", "state_subblock64")
 
 
 def _skip(case: str, variant: str) -> bool:
     """The big shape: a few variants only (its float64 reference is heavy); heads_per_tile must divide the heads
-    of a group."""
+    of a group, and state_subblock the chunk."""
     if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head",
                                         "heads_first-heads2-per_head", "skip_first-heads2-per_head-headdim32",
                                         "state_pass-chunk_parallel", "head_loop8-heads2-per_head",
-                                        "cb-lower-occupancy4"):
+                                        "cb-lower-occupancy4", "state_subblock64-sm90"):
         return True
     shape = CASES[case].shape
+    sub = VARIANTS[variant].get("state_subblock", 0)
+    if sub and shape.chunk_size % sub:
+        return True
     return (shape.nheads // shape.ngroups) % VARIANTS[variant].get("heads_per_tile", 1) != 0
 
 
