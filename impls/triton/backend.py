@@ -94,6 +94,9 @@ class TritonBackend(Backend):
         if sw.fuse_state_out and not sw.exp2_ftz:
             return ("switch exp2_ftz=False of backend 'triton': the fused kernel (fuse_state_out) is written with "
                     "tl.exp2 only; leave exp2_ftz at True or turn fuse_state_out off")
+        if sw.fuse_state_out and sw.exp_fold:
+            return ("switch exp_fold of backend 'triton': the fused kernel (fuse_state_out) multiplies by dt per "
+                    "score; turn exp_fold or fuse_state_out off")
         if sw.tma_descriptors == "host" and not sw.tma:
             return ("switch tma_descriptors='host' of backend 'triton': it says where tma's descriptors are made; "
                     "with tma=False there are none (set tma=True, or leave tma_descriptors='device')")

@@ -40,7 +40,10 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # groups of 2, 4 and 80 heads: one shorter block where the loop is longer than a group (and, below, a loop that does
 # not divide a group of 12);
 # stages 2 and 3 as programmatic dependent launches (pdl) alone, with the shared C·Bᵀ (its kernel launched normally in
-# between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level
+# between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level;
+# the exponent fold (exp_fold: fold_kernel's q read in dt's place) alone, with the swap, with exp2_ftz and 2 heads per
+# tile per head (S1's record), with the factored decay and the shared C·Bᵀ, with the head loop and pdl (fold_kernel
+# launched normally before the dependent main kernel), and all off (q in base e)
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
@@ -83,9 +86,14 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "pdl": {"pdl": True}, "pdl-cb-shared": {"pdl": True, "cb_mode": "shared"},
             "pdl-state_pass-chunk_parallel": {"pdl": True, "state_pass": "chunk_parallel"},
             "pdl-heads2-per_head": {**PER_HEAD, "pdl": True},
-            **{f"opt_level{v}": {"opt_level": v} for v in (0, 1, 2)}}
+            **{f"opt_level{v}": {"opt_level": v} for v in (0, 1, 2)},
+            "exp_fold": {"exp_fold": True}, "exp_fold-swap": {"exp_fold": True, "operand_swap": True},
+            "exp_fold-ftz-heads2-per_head": {**PER_HEAD, "exp_fold": True, "exp2_ftz": True},
+            "exp_fold-decay_factor-cb-shared": {"exp_fold": True, "decay_factor": True, "cb_mode": "shared"},
+            "exp_fold-head_loop4-pdl": {"exp_fold": True, "head_loop": 4, "pdl": True},
+            "exp_fold-all-off": {**OFF, "exp_fold": True}}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
-FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "state_pass-chunk_parallel",
+FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "state_pass-chunk_parallel", "exp_fold",
                  "head_loop8-heads2-per_head")
 
 
@@ -94,7 +102,8 @@ def _skip(case: str, variant: str) -> bool:
     of a group."""
     if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head",
                                         "heads_first-heads2-per_head", "skip_first-heads2-per_head-headdim32",
-                                        "state_pass-chunk_parallel", "head_loop8-heads2-per_head"):
+                                        "state_pass-chunk_parallel", "head_loop8-heads2-per_head",
+                                        "exp_fold-ftz-heads2-per_head"):
         return True
     shape = CASES[case].shape
     return (shape.nheads // shape.ngroups) % VARIANTS[variant].get("heads_per_tile", 1) != 0
