@@ -684,13 +684,21 @@ def _zero_dt(inputs):
     return inputs
 
 
+def _positive_A(inputs):
+    """A > 0 on one head: dA_cumsum increases there, which the fold takes (it needs dt >= 0 only)."""
+    inputs.A = inputs.A.clone()
+    inputs.A[1] = 0.5
+    return inputs
+
+
 def _exp_fold_params():
     cases = [({}, RICH, None, DTYPES, "defaults"),
              ({"exp2": False, "operand_swap": False}, RICH, None, DTYPES[:1], "no-exp2-no-swap"),
              ({"decay_factor": True, "heads_per_tile": 2, "block_rows": 32, "block_positions": 16},
               Problem(Shape(1, 100, 4, 32, 1, 32, 64), nseqs=2), None, DTYPES[:1], "decay_factor-heads2"),
              ({"cb_mode": "shared"}, Problem(FOLD_SHAPE, dt_softplus=False, has_dt_bias=False), _zero_dt, DTYPES[:1],
-              "dt-zero-shared-cb")]
+              "dt-zero-shared-cb"),
+             ({}, Problem(FOLD_SHAPE), _positive_A, DTYPES[:1], "A-positive")]
     return [pytest.param(switches, problem, edit, dtype.values[0], id=f"{name}-{dtype.id}")
             for switches, problem, edit, dtypes, name in cases for dtype in dtypes]
 
@@ -706,12 +714,12 @@ QUIET_LOG = pytest.mark.filterwarnings("ignore:divide by zero encountered in log
 def test_exp_fold(switches, problem, edit, dtype):
     """dt folded into the exponent (q = dA_cumsum·log2(e) − log2(dt) read in dt's place): each stage and the forward
     against the float64 reference, with the swap, without exp2, with the factored decay and two heads per program,
-    and with dt = 0 at a third of the positions (q = +inf: a zero term, not NaN)."""
+    with dt = 0 at a third of the positions (q = +inf: a zero term, not NaN), and with A > 0 on one head."""
     inputs = make_inputs(problem, seed=17, dtype=dtype)
     if edit is not None:
         inputs = edit(inputs)
     ref = float64_forward(inputs)
-    if edit is not None:
+    if edit is _zero_dt:
         assert bool((ref.dt == 0).any()), "the case must hand compute_out a dt of 0"
     errors = forward_errors(get_backend("triton", exp_fold=True, **switches), inputs, ref)
     assert not failures(errors, dtype), errors
