@@ -191,6 +191,15 @@ def decay_factor_inputs(A, dt, dt_bias, dt_softplus: bool, dt_limit, why: str = 
     non_negative_dt(dt, dt_bias, dt_softplus, dt_limit, why)
 
 
+EXP_FOLD = "switch exp_fold (q = dA_cumsum·log2(e) − log2(dt) has no value for a negative dt)"
+
+
+def non_negative_processed_dt(dt, why: str = EXP_FOLD) -> None:
+    """compute_out's dt (stage 1's output, already processed) >= 0, what the kernels `why` names assume."""
+    if bool((dt < 0).any()):
+        fail("dt", f"values >= 0 with {why}", "a negative entry")
+
+
 def non_negative_dt(dt, dt_bias, dt_softplus: bool, dt_limit, why: str) -> None:
     """dt >= 0 after processing: softplus or a dt_limit clamp make it so; without them dt + dt_bias must be."""
     if dt_softplus or tuple(float(v) for v in dt_limit) != (0.0, math.inf):

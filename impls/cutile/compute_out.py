@@ -27,6 +27,12 @@ up to N heads of one group, headdim block) that loads C_l once and walks its hea
 each step the default kernel's head block (`_head_block`, the same helper), so that C_l is read once per N heads and
 only one step's accumulators are live (docs/perf-notes.md, version 14).
 
+Switch exp_fold folds dt into the exponent: `fold_kernel` first writes q = dA_cumsum·log2(e) − log2(dt) per (batch,
+head, chunk, position), the main kernel reads it in dt's place (its `dt` argument) and takes each score as
+cb ∘ exp2(dA_l·log2(e) − q_j): no multiply by dt and no dA_j load per source block (dt = 0: q = +inf, a zero term).
+q is computed by a kernel of its own because cuTile 1.7 has no approximate log2: in the loop, ct.log2 lowers to a
+polynomial of ~24 instructions per source value of each thread (docs/perf-notes.md).
+
 Switches: operand_swap accumulates yᵀ (headdim × rows): state·C_lᵀ and x_jᵀ·scoresᵀ; transposed_layout reads the
 states stored (dstate, headdim) by stage 2.
 """
@@ -128,6 +134,22 @@ def cb_pairs(nsub: int, lower: bool) -> int:
     return nsub * (nsub + 1) // 2 if lower else nsub * nsub
 
 
+def fold_kernel(dt, dA, q, CHUNK: ct.Constant[int], EXP2: ct.Constant[bool], TMA: ct.Constant[bool]):
+    """Switch exp_fold: q = dA_cumsum·log2(e) − log2(dt) (dA_cumsum − ln(dt) with EXP2 off) of one (batch, head,
+    chunk) row of stage 1's (batch, nheads, nchunks, chunk) outputs, fp32; dt = 0 gives q = +inf."""
+    bc, h = ct.bid(0), ct.bid(1)
+    nchunks = q.shape[2]
+    b, c = bc // nchunks, bc % nchunks
+    tma = None if TMA else False
+    dt_row = ct.load(dt, (b, h, c, 0), (1, 1, 1, CHUNK), allow_tma=tma).astype(ct.float32)
+    dA_row = ct.load(dA, (b, h, c, 0), (1, 1, 1, CHUNK), allow_tma=tma).astype(ct.float32)
+    if EXP2:
+        out = dA_row * LOG2E - ct.log2(dt_row)
+    else:
+        out = dA_row - ct.log(dt_row)
+    ct.store(q, (b, h, c, 0), out, allow_tma=tma)
+
+
 @dataclass(frozen=True)
 class OutConsts(CopyHints):
     """The compile-time constants of a stage-3 tile program, built once in the kernel (compute_out_kernel, and
@@ -158,6 +180,7 @@ class OutConsts(CopyHints):
     HAS_Z: bool  # gate by silu(z)
     SKIP_FIRST: bool = False  # switch skip_first: D∘x added to the accumulator before the source loop, not after
     EXP2_FTZ: bool = False  # switch exp2_ftz: the exp2 flush subnormal inputs and results to zero
+    EXP_FOLD: bool = False  # switch exp_fold: dt folded into the scores' exponent (q = dA·log2(e) − log2(dt))
 
 
 def _by_source(v, HB, BL, SWAP):
@@ -224,24 +247,33 @@ def _source_mask(seq, s_l, rows, b, src_block, j, k, FACTORED):
 
 def _lane_loads(x, dt, dA, b, c, h, pb, j, src_block, k):
     """The source block's per-head operands of the HL heads of lane block h: x_j (HL, BL, BP), dA_j (scaled by
-    log2(e) with EXP2) and dt_j, (HL, BL) each."""
+    log2(e) with EXP2) and dt_j, (HL, BL) each. EXP_FOLD (switch exp_fold): the kernel's dt argument holds
+    q = dA_cumsum − log(dt) in the exponent's base (`fold_kernel`), loaded as q_j in dA_j's place; dt_j is None."""
     x_s = _load_heads(x, b, src_block, h, pb, k.BL, k.HL, k.BP, k.tma(), k.lat())
+    if k.EXP_FOLD:
+        return x_s, _per_head(dt, b, h, c, j, k.HL, k.BL, k.tma()), None
     dA_s = _per_head(dA, b, h, c, j, k.HL, k.BL, k.tma()) * (LOG2E if k.EXP2 else 1.0)
     dt_s = _per_head(dt, b, h, c, j, k.HL, k.BL, k.tma())
     return x_s, dA_s, dt_s
 
 
 def _masked_scores(cb, keep, dA_s, dt_s, dA_l, k):
-    """(HL, BL, BL) scores of one lane: cb ∘ exp(dA_l − dA_j) ∘ dt_j where keep, else 0 (transposed with SWAP)."""
+    """(HL, BL, BL) scores of one lane: cb ∘ exp(dA_l − dA_j) ∘ dt_j where keep, else 0 (transposed with SWAP);
+    with EXP_FOLD dA_s is q_j (`_lane_loads`) and the scores cb ∘ exp(dA_l − q_j), no multiply by dt."""
     HL, BL, SWAP = k.HL, k.BL, k.SWAP
     diff = ct.where(keep, _by_row(dA_l, HL, BL, SWAP) - _by_source(dA_s, HL, BL, SWAP), -math.inf)
+    if k.EXP_FOLD:
+        return cb.reshape((1, BL, BL)) * _exp(diff, k.EXP2, k.EXP2_FTZ)
     return cb.reshape((1, BL, BL)) * _exp(diff, k.EXP2, k.EXP2_FTZ) * _by_source(dt_s, HL, BL, SWAP)
 
 
 def _factored_scores(cb, dA_s, dt_s, dA_ref, k):
     """(HL, BL, BL) scores of one lane off the diagonal (decay_factor): cb ∘ exp(dA_ref − dA_j)·dt_j per source,
-    the source factor of the decay only (the caller applies the row factor exp(dA_l − dA_ref) to the block sum)."""
-    w = _exp(dA_ref - dA_s, k.EXP2, k.EXP2_FTZ) * dt_s  # (HL, BL) per source
+    the source factor of the decay only (the caller applies the row factor exp(dA_l − dA_ref) to the block sum);
+    with EXP_FOLD dA_s is q_j and the factor exp(dA_ref − q_j)."""
+    w = _exp(dA_ref - dA_s, k.EXP2, k.EXP2_FTZ)  # (HL, BL) per source
+    if not k.EXP_FOLD:
+        w = w * dt_s
     return cb.reshape((1, k.BL, k.BL)) * _by_source(w, k.HL, k.BL, k.SWAP)
 
 
@@ -345,7 +377,7 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
                        TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
                        LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool],
                        PER_HEAD: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool], SKIP_FIRST: ct.Constant[bool],
-                       PDL: ct.Constant[bool], EXP2_FTZ: ct.Constant[bool]):
+                       PDL: ct.Constant[bool], EXP2_FTZ: ct.Constant[bool], EXP_FOLD: ct.Constant[bool]):
     """One (batch, chunk, row block i, head block hb of HB heads, headdim block pb) tile. The heads run as NL lanes
     of HL heads: switch head_mma "batched" = one lane of HB heads (rank-3 MMAs when HB > 1), "per_head" (PER_HEAD)
     = HB lanes of one head (2-D MMAs). Per-lane values (accumulator, dA rows, decay reference) are tuples unrolled
@@ -357,7 +389,7 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     NL = HB if PER_HEAD else 1
     HL = HB // NL
     k = OutConsts(CHUNK, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE, HAS_Z,
-                  SKIP_FIRST, EXP2_FTZ)
+                  SKIP_FIRST, EXP2_FTZ, EXP_FOLD)
     pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
     if HEADS_FIRST:
         head_blocks = x.shape[2] // HB
@@ -438,7 +470,7 @@ def compute_out_head_loop_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, hea
                                  SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool],
                                  PER_HEAD: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool],
                                  SKIP_FIRST: ct.Constant[bool], PDL: ct.Constant[bool],
-                                 EXP2_FTZ: ct.Constant[bool]):
+                                 EXP2_FTZ: ct.Constant[bool], EXP_FOLD: ct.Constant[bool]):
     """Switch head_loop: one (batch, chunk, row block i, block of up to HLOOP heads of one group, headdim block pb)
     program that walks its heads HB at a time in a runtime loop (HB = heads_per_tile heads per step, lanes as in
     compute_out_kernel; HB divides HLOOP and heads_per_group), so that only one step's accumulators are live. The
@@ -456,7 +488,7 @@ def compute_out_head_loop_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, hea
         pid, hb = ct.bid(0) // head_blocks, ct.bid(0) % head_blocks
     NL = HB if PER_HEAD else 1
     k = OutConsts(CHUNK, BL, BP, BN, NL, HB // NL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE,
-                  HAS_Z, SKIP_FIRST, EXP2_FTZ)
+                  HAS_Z, SKIP_FIRST, EXP2_FTZ, EXP_FOLD)
     nsub = CHUNK // BL
     nchunks = dA.shape[2]
     i = pid % nsub
@@ -526,7 +558,7 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
     args = (*arrays, nheads // ngroups, chunk_size, bl, bp, bn, hb, int(d_mode), bool(has_z), bool(has_seq),
             sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0,
             shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb), sw.heads_first,
-            sw.skip_first, sw.pdl, sw.exp2_ftz)
+            sw.skip_first, sw.pdl, sw.exp2_ftz, sw.exp_fold)
     grid = grid_of(batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp), sw.heads_first)
     return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 
@@ -546,7 +578,7 @@ def make_head_loop_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, 
     args = (*arrays, heads_per_group, chunk_size, bl, bp, bn, hb, sw.head_loop, int(d_mode), bool(has_z),
             bool(has_seq), sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma,
             4 if sw.latency_hints else 0, shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb), sw.heads_first,
-            sw.skip_first, sw.pdl, sw.exp2_ftz)
+            sw.skip_first, sw.pdl, sw.exp2_ftz, sw.exp_fold)
     head_blocks = ngroups * math.ceil(heads_per_group / sw.head_loop)
     grid = grid_of(batch * nchunks * (chunk_size // bl), head_blocks, math.ceil(headdim / bp), sw.heads_first)
     return kernel_call(compute_out_head_loop_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
@@ -561,6 +593,25 @@ def make_cb_call(arrays, dims, chunk_size, tf32, sw, config) -> KernelCall:
     pairs = cb_pairs(chunk_size // bl, sw.cb_lower_triangle)
     args = (*arrays, chunk_size, bl, bn, bool(tf32), sw.tma, 4 if sw.latency_hints else 0, sw.cb_lower_triangle)
     return kernel_call(cb_kernel, (batch * nchunks * pairs, ngroups), args, sw.cb_occupancy, sw.opt_level)
+
+
+def make_fold_call(arrays, dims, chunk_size, sw) -> KernelCall:
+    """arrays = (dt, dA_cumsum, q): fold_kernel's launch (switch exp_fold), one program per (batch, chunk, head);
+    dims = (batch, nheads, nchunks)."""
+    batch, nheads, nchunks = dims
+    args = (*arrays, chunk_size, sw.exp2, sw.tma)
+    return kernel_call(fold_kernel, (batch * nchunks, nheads, 1), args, opt_level=sw.opt_level)
+
+
+def folded_exponent(dt, dA_cumsum, sw) -> torch.Tensor:
+    """Switch exp_fold: q = dA_cumsum·log2(e) − log2(dt) (fold_kernel), (batch, nheads, nchunks, chunk) fp32, which
+    the main kernel reads in dt's place (and no dA_cumsum per source)."""
+    from impls.cutile.common import launch
+
+    batch, nheads, nchunks, chunk = dt.shape
+    q = torch.empty(batch, nheads, nchunks, chunk, device=dt.device, dtype=torch.float32)
+    launch(make_fold_call((dt, dA_cumsum, q), (batch, nheads, nchunks), chunk, sw))
+    return q
 
 
 def cb_matrix(C, B, chunk, tf32, sw, config) -> torch.Tensor:
@@ -593,11 +644,14 @@ def search_calls(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, y, sw, config) -
 
 
 def stage_arrays(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, y, tf32, sw, config) -> tuple:
-    """The main kernel's array arguments (stand-ins for absent optional tensors); computes cb when shared."""
+    """The main kernel's array arguments (stand-ins for absent optional tensors); computes cb when shared, and with
+    exp_fold q (`folded_exponent`) in dt's place."""
     from impls.cutile.common import dummy
 
     chunk = dt.shape[3]
     cb = cb_matrix(C, B, chunk, tf32, sw, config) if shared_cb(sw, config) else dummy(x.device, ndim=5)
+    if sw.exp_fold:
+        dt = folded_exponent(dt, dA_cumsum, sw)
     return (C, B, x, dt, dA_cumsum, states_storage(states, sw.transposed_layout),
             D if D is not None else dummy(x.device), z if z is not None else dummy(x.device, x.dtype, ndim=4),
             seq_idx if seq_idx is not None else dummy(x.device, torch.int32, ndim=2), cb, y)

@@ -194,6 +194,17 @@ class CutileSwitches:
     tuning: str = switch(
         "auto", "where tile sizes/occupancy come from (impls/tuning.py modes)",
         choices=tuning.MODES)
+    exp_fold: bool = switch(
+        False, "stage 3: dt folded into the decay's exponent. A small kernel of the stage (fold_kernel) first writes "
+               "q = dA_cumsum·log2(e) − log2(dt) (dA_cumsum − ln(dt) with exp2 off) per (batch, head, chunk, "
+               "position), fp32; the main kernel reads q where it read dt and dA_cumsum per source block and takes "
+               "each score as cb·exp2(dA_l·log2(e) − q_s) instead of cb·exp2(dA_l·log2(e) − dA_s·log2(e))·dt_s (the "
+               "factored decay's source factor likewise); dt = 0 gives q = +inf and a zero term. Needs dt >= 0 "
+               "after processing (a negative dt gives NaN: check_values and the gate refuse it, naming dt). The "
+               "stage interface is unchanged; not with fuse_state_out",
+        sm90="one FMUL less per score element, one (HB, rows) load and its log2(e) multiply less per source block, "
+             "for one extra launch reading dt and dA_cumsum and writing q (4 bytes per (batch, head, position) each)",
+        sm100="as on sm_90")
     bwd_recompute_states: bool = switch(
         False, "the backward (impls.ssd): off = the forward keeps the states entering every chunk (its `states`, "
                "batch·nchunks·nheads·headdim·dstate elements in state_dtype) until the backward reads them; on = it "
@@ -257,7 +268,7 @@ FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level", "fus
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
                      "heads_per_tile", "heads_first", "skip_first", "head_loop", "state_pass", "pdl", "exp2_ftz",
-                     "cb_occupancy", "cb_lower_triangle", "state_subblock")
+                     "cb_occupancy", "cb_lower_triangle", "state_subblock", "exp_fold")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 # the switches of stage 3's C·Bᵀ kernel alone (cb_kernel): refused with cb_mode inline, which never launches it
 CB_KERNEL_SWITCHES = ("cb_occupancy", "cb_lower_triangle")
@@ -292,7 +303,8 @@ def per_head_refusal(sw: CutileSwitches, hb: int) -> str | None:
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
 CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "exp2_ftz", "decay_factor",
-                 "cb_precision", "head_mma", "heads_first", "skip_first", "head_loop", "state_subblock")
+                 "cb_precision", "head_mma", "heads_first", "skip_first", "head_loop", "state_subblock",
+                 "exp_fold")
 # fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in
 # tests/backends/test_cutile_aot.py). cb_mode picks between two kernels' arrangements like a tile size (its "tuned"
 # default reads the config); its ablation points are cb_mode:inline and cb_mode:shared. state_pass picks stage 2's

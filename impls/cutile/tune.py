@@ -110,14 +110,15 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     """The tuning record's key: shape, dtype, the layout/operand switches, and what else changes the winner only
     when set away from its default (so the records stored without them keep their keys): a default-on code trick
     turned off (tma, exp2, latency_hints), pdl on or another opt_level, or compute_out's heads_first or skip_first
-    on or its head_loop set, stages 2 and 3 with exp2_ftz on (borrowing like those; head_loop with the record's
+    on or its head_loop set or exp_fold on (its tiles: the same registers and no more shared memory at S1's record,
+    docs/perf-notes.md), stages 2 and 3 with exp2_ftz on (borrowing like those; head_loop with the record's
     heads_per_tile as the heads of one step), decay_factor on, stage 2's chunk-parallel arrangement (state_pass),
     the fused kernel's one program per chunk (fused_program), a lowering of several heads per tile other than the
     default, and everything `explicit` fixes by hand: size switches and compute_out's C·Bᵀ arrangement (a search
     with block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False:
     the key without the tricks turned off, pdl, opt_level (and without heads_first, skip_first, head_loop,
-    exp2_ftz), whose record impls/tuning.py borrows when the tricks' own key has none. compute_out's C·Bᵀ kernel
-    switches (cb_occupancy, cb_lower_triangle) key and borrow as heads_first does."""
+    exp2_ftz, exp_fold), whose record impls/tuning.py borrows when the tricks' own key has none. compute_out's C·Bᵀ
+    kernel switches (cb_occupancy, cb_lower_triangle) key and borrow as heads_first does."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
     if code_tricks:
         extra.update({k: False for k in CODE_TRICKS if not getattr(sw, k)})
@@ -129,7 +130,7 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     if stage == "compute_out" and sw.decay_factor:
         extra["decay_factor"] = True
     if code_tricks and stage == "compute_out":  # arrangements that borrow the tiles of the key without them
-        extra.update({k: True for k in ("heads_first", "skip_first") if getattr(sw, k)})
+        extra.update({k: True for k in ("heads_first", "skip_first", "exp_fold") if getattr(sw, k)})
         if sw.head_loop:
             extra["head_loop"] = sw.head_loop
     if code_tricks and stage == "compute_out":  # the C·Bᵀ kernel's own switches, borrowing like those
@@ -260,7 +261,7 @@ def device_arch(device) -> str | None:
 KEY_ROLES = {
     **dict.fromkeys(("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "heads_first",
                      "skip_first", "head_loop", "exp2_ftz", "cb_precision", "head_mma", "fused_program", "state_pass",
-                     "pdl", "opt_level"), tuning.KEY),
+                     "pdl", "opt_level", "exp_fold"), tuning.KEY),
     **dict.fromkeys(("cb_mode", "block_heads", "block_rows", "block_headdim", "block_dstate", "heads_per_tile",
                      "occupancy"), tuning.PIN),
     "fuse_state_out": tuning.KERNELS,

@@ -98,6 +98,9 @@ class TritonBackend(Backend):
             return ("switch cb_lower_triangle of backend 'triton': it arranges compute_out's C·Bᵀ kernel, which runs "
                     f"with cb_mode='shared' and without fuse_state_out only (got cb_mode={sw.cb_mode!r}, "
                     f"fuse_state_out={sw.fuse_state_out})")
+        if sw.fuse_state_out and sw.exp_fold:
+            return ("switch exp_fold of backend 'triton': the fused kernel (fuse_state_out) multiplies by dt per "
+                    "score; turn exp_fold or fuse_state_out off")
         if sw.tma_descriptors == "host" and not sw.tma:
             return ("switch tma_descriptors='host' of backend 'triton': it says where tma's descriptors are made; "
                     "with tma=False there are none (set tma=True, or leave tma_descriptors='device')")

@@ -86,13 +86,33 @@ def cb_kernel(C_ptr, B_ptr, cb_ptr, seqlen, nchunks, ngroups,
 
 
 @triton.jit
-def _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2: tl.constexpr):
-    """dA_cumsum (in the exp's base) and dt at the source positions offs_k."""
+def _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2: tl.constexpr, EXP_FOLD: tl.constexpr = False):
+    """dA_cumsum (in the exp's base) and dt at the source positions offs_k. EXP_FOLD (switch exp_fold): dt_base
+    points at q = dA_cumsum − log(dt) in the exp's base (`fold_kernel`), returned in dA_cumsum's place (dt = 0 gave
+    +inf, whose exp is 0), and the second value is that same q, read by no one."""
+    if EXP_FOLD:
+        q_k = tl.load(dt_base + offs_k * s_dt_l, mask=mask_k, other=0.0)
+        return q_k, q_k
     dA_k = tl.load(dA_base + offs_k * s_dA_l, mask=mask_k, other=0.0).to(tl.float32)
     if EXP2:
         dA_k = dA_k * 1.4426950408889634
     dt_k = tl.load(dt_base + offs_k * s_dt_l, mask=mask_k, other=0.0).to(tl.float32)
     return dA_k, dt_k
+
+
+@triton.jit
+def fold_kernel(dt_ptr, dA_ptr, q_ptr, n, EXP2: tl.constexpr, BLOCK: tl.constexpr):
+    """Switch exp_fold: q = dA_cumsum − log(dt) in the exp's base (dA_cumsum·log2(e) − log2(dt) with EXP2) over n
+    contiguous fp32 elements of stage 1's (batch, nheads, nchunks, chunk) outputs; dt = 0 gives q = +inf."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    dt = tl.load(dt_ptr + offs, mask=mask, other=1.0)
+    dA = tl.load(dA_ptr + offs, mask=mask, other=0.0)
+    if EXP2:
+        q = dA * 1.4426950408889634 - tl.log2(dt)
+    else:
+        q = dA - tl.log(dt)
+    tl.store(q_ptr + offs, q, mask=mask)
 
 
 @triton.jit
@@ -223,23 +243,30 @@ def state_term(st_base, st_desc, CmT, state_scale, b, c, h, p0, offs_n, offs_p, 
 def _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, b, h, row0, p0, offs_m, offs_k,
                  offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K: tl.constexpr,
                  BLOCK_P: tl.constexpr, HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, EXP2_FTZ: tl.constexpr = True):
+                 DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, EXP2_FTZ: tl.constexpr = True,
+                 EXP_FOLD: tl.constexpr = False):
     """acc + one head's term of a source tile reaching the diagonal: C·Bᵀ (cb) masked causally (and by sequence),
-    times exp(dA_m − dA_k)·dt_k, then the MMA with x_k."""
-    dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
+    times exp(dA_m − dA_k)·dt_k (EXP_FOLD: exp(dA_m − q_k), `_per_source`), then the MMA with x_k."""
+    dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2, EXP_FOLD)
     if SWAP:
         keep = (offs_k[:, None] <= offs_m[None, :]) & mask_k[:, None]
         if HAS_SEQ:
             keep = keep & (seq_k[:, None] == seq_m[None, :])
         # mask the exponent, not the exp: above the diagonal it is positive and may overflow
         decay = _decay(tl.where(keep, dA_m[None, :] - dA_k[:, None], float("-inf")), EXP2, EXP2_FTZ)
-        scores = cb * decay * dt_k[:, None]
+        if EXP_FOLD:
+            scores = cb * decay
+        else:
+            scores = cb * decay * dt_k[:, None]
     else:
         keep = (offs_m[:, None] >= offs_k[None, :]) & mask_k[None, :]
         if HAS_SEQ:
             keep = keep & (seq_m[:, None] == seq_k[None, :])
         decay = _decay(tl.where(keep, dA_m[:, None] - dA_k[None, :], float("-inf")), EXP2, EXP2_FTZ)
-        scores = cb * decay * dt_k[None, :]
+        if EXP_FOLD:
+            scores = cb * decay
+        else:
+            scores = cb * decay * dt_k[None, :]
     return _scores_x(x_base, x_desc, scores, acc, b, h, row0, p0, offs_k, offs_p, mask_k, mask_p, s_x_l, s_x_p,
                      dtype, BLOCK_K, BLOCK_P, SWAP, DOT_PRECISION, TMA)
 
@@ -248,11 +275,13 @@ def _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, 
 def _factored_step(cb, off, dA_ref, dA_base, dt_base, x_base, x_desc, seq_m, seq_k, b, h, row0, p0, offs_k, offs_p,
                    mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
                    HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   TMA: tl.constexpr, EXP2_FTZ: tl.constexpr = True):
+                   TMA: tl.constexpr, EXP2_FTZ: tl.constexpr = True, EXP_FOLD: tl.constexpr = False):
     """off + one head's term of a source tile wholly before the row tile, with the factored decay: C·Bᵀ (cb) times
-    exp(dA_ref − dA_k)·dt_k per source column (no causal mask), then the MMA with x_k."""
-    dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2)
-    w = _decay(dA_ref - dA_k, EXP2, EXP2_FTZ) * dt_k
+    exp(dA_ref − dA_k)·dt_k (EXP_FOLD: exp(dA_ref − q_k)) per source column (no causal mask), then the MMA with x_k."""
+    dA_k, dt_k = _per_source(dA_base, dt_base, offs_k, mask_k, s_dA_l, s_dt_l, EXP2, EXP_FOLD)
+    w = _decay(dA_ref - dA_k, EXP2, EXP2_FTZ)
+    if not EXP_FOLD:
+        w = w * dt_k
     if SWAP:
         scores = cb * w[:, None]
     else:
@@ -290,7 +319,7 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr,
                 HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, HB: tl.constexpr,
-                EXP2_FTZ: tl.constexpr = True, CB_LOWER: tl.constexpr = False):
+                EXP2_FTZ: tl.constexpr = True, CB_LOWER: tl.constexpr = False, EXP_FOLD: tl.constexpr = False):
     """(acc, acc1) + the chunk's own tokens' term for the row tile starting at m0, up to its causal edge: for head h
     into acc, and with HB = 2 for head h + 1 (same group) into acc1 (its x_base1, dA_base1, dt_base1, dA_m1),
     C·Bᵀ computed once per source tile for both. With HB = 1 acc1 is returned as given."""
@@ -315,11 +344,12 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
                           DOT_PRECISION, TMA, CB_LOWER)
             off = _factored_step(cb, off, dA_ref, dA_base, dt_base, x_base, x_desc, seq_m, seq_k, b, h, start + k0,
                                  p0, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K,
-                                 BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
+                                 BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ, EXP_FOLD)
             if HB == 2:
                 off1 = _factored_step(cb, off1, dA_ref1, dA_base1, dt_base1, x_base1, x_desc, seq_m, seq_k, b, h + 1,
                                       start + k0, p0, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p,
-                                      dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
+                                      dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ,
+                                      EXP_FOLD)
         acc = _scale_rows(acc, off, _decay(dA_m - dA_ref, EXP2, EXP2_FTZ), SWAP)
         if HB == 2:
             acc1 = _scale_rows(acc1, off1, _decay(dA_m1 - dA_ref1, EXP2, EXP2_FTZ), SWAP)
@@ -334,11 +364,11 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
                       DOT_PRECISION, TMA, CB_LOWER)
         acc = _masked_step(cb, acc, dA_base, dt_base, x_base, x_desc, dA_m, seq_m, seq_k, b, h, start + k0, p0,
                            offs_m, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p, dtype, BLOCK_K,
-                           BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
+                           BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ, EXP_FOLD)
         if HB == 2:
             acc1 = _masked_step(cb, acc1, dA_base1, dt_base1, x_base1, x_desc, dA_m1, seq_m, seq_k, b, h + 1,
                                 start + k0, p0, offs_m, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p,
-                                dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ)
+                                dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ, EXP_FOLD)
     return acc, acc1
 
 
@@ -460,6 +490,7 @@ def compute_out_kernel(
     HOST_DESC: tl.constexpr,
     EXP2_FTZ: tl.constexpr = True,
     CB_LOWER: tl.constexpr = False,
+    EXP_FOLD: tl.constexpr = False,
 ):
     # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head block (HB heads of one
     # group: h and, with HB = 2, h + 1), chunk, batch; HEADS_FIRST (switch heads_first): the head block fastest.
@@ -527,7 +558,7 @@ def compute_out_kernel(
                             offs_m, offs_n, offs_p, mask_m, mask_n, mask_p, s_B[1], s_B[3], s_x[1], s_x[3], s_dA[3],
                             s_dt[3], s_seq[1], s_cb[3], s_cb[4], dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE,
                             HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, HB, EXP2_FTZ,
-                            CB_LOWER)
+                            CB_LOWER, EXP_FOLD)
     # 3. D skip, z gate, store
     epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b32, h, start + m0, p0, offs_m, offs_p, mask_m, mask_p,
              s_x[1], s_x[3], s_z[1], s_z[3], s_y[1], s_y[3], s_D[0], s_D[1], BLOCK_M, BLOCK_P, HAS_D, HAS_Z, SWAP,
@@ -556,6 +587,8 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
                               switches.launch_path)
     elif switches.tma:
         descriptors.require({"C": C, "B": B, "x": x, "states": descriptors.memory_order(states), "y": y})
+    if switches.exp_fold:  # the kernel reads q = dA_cumsum − log(dt) where it read dt (and no dA_cumsum per source)
+        dt = folded_exponent(dt, dA_cumsum, switches.exp2, empty, switches.launch_path)
     shared = switches.cb_mode == "shared"
     # never read unless shared
     lower = shared and switches.cb_lower_triangle
@@ -576,7 +609,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         HAS_D=D is not None, HAS_Z=z is not None, HAS_SEQ=seq_idx is not None,
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
-        HEADS_FIRST=switches.heads_first, HOST_DESC=host, EXP2_FTZ=switches.exp2_ftz,
+        HEADS_FIRST=switches.heads_first, HOST_DESC=host, EXP2_FTZ=switches.exp2_ftz, EXP_FOLD=switches.exp_fold,
         **({"CB_LOWER": True} if lower else {}), num_warps=config["num_warps"],
         num_stages=config["num_stages"], maxnreg=maxnreg(config), path=switches.launch_path,
     )
@@ -600,3 +633,17 @@ def cb_matrix(C, B, chunk, empty, dot_precision, launch_path, lower: bool = Fals
                     dstate, CHUNK=chunk, BLOCK=block, BLOCK_DSTATE=max(16, next_pow2(dstate)),
                     DOT_PRECISION=dot_precision, **({"LOWER": True} if lower else {}), num_warps=4, path=launch_path)
     return cb
+
+
+FOLD_BLOCK = 1024  # fold_kernel's elements per program
+
+
+def folded_exponent(dt, dA_cumsum, exp2, empty, launch_path):
+    """Switch exp_fold: q = dA_cumsum − log(dt) in the exp's base (fold_kernel), (batch, nheads, nchunks, chunk)
+    fp32 contiguous, read by compute_out_kernel in dt's place."""
+    dt, dA_cumsum = dt.float().contiguous(), dA_cumsum.float().contiguous()
+    q = empty(tuple(dt.shape), torch.float32, dt.device)
+    n = dt.numel()
+    launcher.launch(fold_kernel, (cdiv(n, FOLD_BLOCK),), dt, dA_cumsum, q, n, EXP2=exp2, BLOCK=FOLD_BLOCK,
+                    num_warps=4, path=launch_path)
+    return q

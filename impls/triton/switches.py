@@ -176,6 +176,17 @@ class TritonSwitches:
            "kernel, or state_pass='serial''s kernel) occupancy to N over the `occupancy` switch, as cuTile's "
            "records tune occupancy per stage; 0 = stage 2 takes `occupancy` (or tuning) like the other MMA kernels",
         choices=(0, 1, 2, 3, 4))
+    exp_fold: bool = switch(
+        False, "compute_out: dt folded into the decay's exponent. A small kernel (fold_kernel) first writes q = "
+               "dA_cumsum·log2(e) − log2(dt) (dA_cumsum − ln(dt) with exp2 off) per (batch, head, chunk, position), "
+               "fp32; the main kernel reads q where it read dt and dA_cumsum per source and takes each score as "
+               "cb·exp2(dA_m·log2(e) − q_k) instead of cb·exp2(dA_m·log2(e) − dA_k·log2(e))·dt_k (the factored "
+               "decay's source factor likewise); dt = 0 gives q = +inf and a zero term. Needs dt >= 0 after "
+               "processing (a negative dt gives NaN: check_values and the gate refuse it, naming dt). The stage "
+               "interface is unchanged; not with fuse_state_out",
+        sm90="one multiply less per score element and one per-source load less in the source loop, for one extra "
+             "launch reading dt and dA_cumsum and writing q (4 bytes per (batch, head, position) each)",
+        sm100="as on sm_90")
     bwd_recompute_states: bool = switch(
         False, "the backward (impls.ssd): off = the forward keeps the states entering every chunk (its `states`, "
                "batch·nchunks·nheads·headdim·dstate elements in state_dtype) until the backward reads them; on = it "
@@ -205,7 +216,7 @@ def _code_switches(switches: TritonSwitches, _types: tuple) -> tuple[tuple[str, 
     return tuple((k, v) for k, v in dataclasses.asdict(switches).items()
             if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
             # in the key only when on: records found without them keep their keys
-            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first") and v)
+            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first", "exp_fold") and v)
             or (k == "tma_descriptors" and v != "device")
             or (k == "exp2_ftz" and not v)
             or (k == "fused_program" and v != "row_tile")

@@ -24,6 +24,8 @@ KERNELS = (*STAGES, "compute_out_cb", "fused")
 STATE_PASS_KERNELS = ("fwd_pass_state_local", "fwd_pass_state_pass")
 # the fused kernel with fused_program='chunk' (impls/cutile/fused_chunk.py; not in the SASS fixture)
 FUSED_PROGRAM_KERNELS = ("fused_chunk",)
+# compute_out's q = dA_cumsum·log2(e) − log2(dt) kernel, launched with switch exp_fold (not in the SASS fixture)
+FOLD_KERNELS = ("compute_out_fold",)
 # A small problem with every optional piece present: the shape does not enter the code (all sizes are runtime
 # values), only the tile sizes derived from it do.
 AOT_DIMS = dict(batch=2, seqlen=512, nheads=8, headdim=64, ngroups=2, dstate=128, chunk=128)
@@ -121,6 +123,11 @@ def build_call(stage: str, dtype: torch.dtype, switches, dims: dict | None = Non
 
         return mod.make_cb_call((spec(dtype, 4), spec(dtype, 4), spec(f32, 5)), dims6, d["chunk"], tf32, switches,
                                 config)
+    if stage == "compute_out_fold":
+        from impls.cutile import compute_out as mod
+
+        return mod.make_fold_call((spec(f32, 4), spec(f32, 4), spec(f32, 4)),
+                                  (d["batch"], d["nheads"], -(-d["seqlen"] // d["chunk"])), d["chunk"], switches)
     if stage == "fused":
         from impls.cutile import fused as mod
 
@@ -133,7 +140,8 @@ def build_call(stage: str, dtype: torch.dtype, switches, dims: dict | None = Non
         arrays = (spec(dtype, 4), spec(dtype, 4), spec(dtype, 4), spec(f32, 4), spec(f32, 4), spec(f32, 4),
                   d_spec, spec(dtype, 4), spec(dtype, 4), spec(dtype, 5), spec(f32, 4), spec(i32, 1))
         return mod.make_call(arrays, dims6, d["chunk"], optional, d_mode, optional, tf32, switches, config)
-    raise ValueError(f"stage: expected one of {KERNELS + STATE_PASS_KERNELS + FUSED_PROGRAM_KERNELS}, got {stage!r}")
+    raise ValueError(f"stage: expected one of {KERNELS + STATE_PASS_KERNELS + FUSED_PROGRAM_KERNELS + FOLD_KERNELS}, "
+                     f"got {stage!r}")
 
 
 def main(argv=None) -> int:  # pragma: no cover - a convenience for looking at one variant
@@ -143,7 +151,7 @@ def main(argv=None) -> int:  # pragma: no cover - a convenience for looking at o
     from instruments.sass import disassemble, facts, opcodes, resource_usage
 
     p = argparse.ArgumentParser(description="AOT-compile one cuTile stage and print its SASS facts")
-    p.add_argument("stage", choices=KERNELS + STATE_PASS_KERNELS + FUSED_PROGRAM_KERNELS)
+    p.add_argument("stage", choices=KERNELS + STATE_PASS_KERNELS + FUSED_PROGRAM_KERNELS + FOLD_KERNELS)
     p.add_argument("--config", default="{}", help="JSON tile config, e.g. '{\"shared_cb\": true}'")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--arch", default="sm_90")

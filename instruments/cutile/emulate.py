@@ -1,5 +1,6 @@
 """cuTile kernels run on CPU tensors, one tile program at a time, with torch standing in for `cuda.tile` (the subset
-the backward's kernels use: loads and stores in tile-space units, gathers, MMAs, reductions, scans, elementwise math).
+the backward's kernels and the forward's compute_out use: loads and stores in tile-space units, gathers, MMAs,
+permutes and broadcasts, reductions, scans, elementwise math, compile-time unrolled loops).
 A check of a kernel's indexing, masks and arithmetic where no GPU is: not of cuTile's compiler, of its code
 generation or of its rounding (an MMA is fp32 over its operands as given, tf32 operands rounded to tf32).
 
@@ -129,6 +130,14 @@ def transpose(x, axis0=None, axis1=None):
     return x.transpose(axis0, axis1)
 
 
+def permute(x, axes):
+    return x.permute(*axes)
+
+
+def static_iter(iterable):
+    return iterable
+
+
 def extract(x, index, shape):
     return x[tuple(slice(int(i) * n, (int(i) + 1) * n) for i, n in zip(index, shape))]
 
@@ -168,11 +177,11 @@ def stand_in() -> types.SimpleNamespace:
     """The `ct` the kernels see under emulation."""
     return types.SimpleNamespace(
         bid=bid, num_blocks=num_blocks, load=load, store=store, gather=gather, zeros=zeros, full=full, arange=arange,
-        astype=astype, mma=mma, transpose=transpose, extract=extract, where=where, minimum=minimum, maximum=maximum,
+        astype=astype, mma=mma, transpose=transpose, permute=permute, broadcast_to=broadcast_to,
+        static_iter=static_iter, extract=extract, where=where, minimum=minimum, maximum=maximum,
         sum=sum, cumsum=cumsum, exp=_unary(torch.exp), exp2=_unary(torch.exp2), log=_unary(torch.log),
         log2=_unary(torch.log2), PaddingMode=PaddingMode, float32=torch.float32, float16=torch.float16,
-        bfloat16=torch.bfloat16, int32=torch.int32, int64=torch.int64, tfloat32=TFLOAT32,
-        static_iter=iter, permute=torch.permute, broadcast_to=broadcast_to)
+        bfloat16=torch.bfloat16, int32=torch.int32, int64=torch.int64, tfloat32=TFLOAT32)
 
 
 class Emulation:

@@ -3,7 +3,8 @@ away from its default alone changes the sm_90 machine code (SASS, addresses and 
 with the defaults.
 
 "no-op on sm_90" means the SASS is identical: such a switch must never be reported as having a measured effect
-on the H200. Run: `python -m instruments.cutile.switch_effects` (CPU only, about 2-3 minutes on 2 cores).
+on the H200. Run: `python -m instruments.cutile.switch_effects` (CPU only, about 2-3 minutes on 2 cores);
+`--switch NAME ...` recompiles only those switches' rows and keeps the others of the committed file.
 """
 
 from __future__ import annotations
@@ -50,9 +51,13 @@ def effect(stage: str, dtype: str, name: str, arch: str = "sm_90", cache: dict |
             "default": facts(base), "off": facts(changed)}
 
 
-def build() -> list[dict]:
+def build(names=CODE_SWITCHES, old: list[dict] | None = None) -> list[dict]:
+    """Every row, in stage x dtype x CODE_SWITCHES order: those of `names` compiled, the others taken from `old`
+    (the committed rows)."""
     cache: dict = {}
-    return [effect(stage, dtype, name, cache=cache) for stage in STAGES for dtype in DTYPES for name in CODE_SWITCHES]
+    kept = {(r["stage"], r["dtype"], r["switch"]): r for r in old or ()}
+    return [effect(stage, dtype, name, cache=cache) if name in names else kept[(stage, dtype, name)]
+            for stage in STAGES for dtype in DTYPES for name in CODE_SWITCHES]
 
 
 def main(argv=None) -> int:
@@ -60,8 +65,11 @@ def main(argv=None) -> int:
                                      description="Compiles every stage for sm_90 with each code switch turned away "
                                                  f"from its default and rewrites {PATH.name} (about 2-3 minutes on "
                                                  "2 cores).")
-    parser.parse_args(argv)
-    rows = build()
+    parser.add_argument("--switch", nargs="+", default=list(CODE_SWITCHES), choices=CODE_SWITCHES,
+                        help="recompile only these switches' rows (the others are kept from the committed file)")
+    args = parser.parse_args(argv)
+    old = json.loads(PATH.read_text())["rows"] if set(args.switch) != set(CODE_SWITCHES) else None
+    rows = build(args.switch, old)
     PATH.write_text(json.dumps({"generated_by": "python -m instruments.cutile.switch_effects", "rows": rows}, indent=1))
     for r in rows:
         print(f"{r['stage']:15s} {r['dtype']:9s} {r['switch']:18s} {r['effect']}")

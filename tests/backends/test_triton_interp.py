@@ -721,6 +721,123 @@ def test_exp2_ftz_off_is_refused_under_the_interpreter_and_with_the_fused_kernel
         get_backend("triton", exp2_ftz=False, fuse_state_out=True)
 
 
+# --- the exponent fold (switch exp_fold) ---------------------------------------------------------------------------
+FOLD_SHAPE = Shape(1, 100, 2, 32, 1, 32, 64)
+
+
+def _zero_dt(inputs):
+    """dt = 0 at every third position (no softplus, no bias, no dt_limit: stage 1 passes it through as 0)."""
+    inputs.dt[:, ::3] = 0.0
+    return inputs
+
+
+def _positive_A(inputs):
+    """A > 0 on one head: dA_cumsum increases there, which the fold takes (it needs dt >= 0 only)."""
+    inputs.A = inputs.A.clone()
+    inputs.A[1] = 0.5
+    return inputs
+
+
+def _exp_fold_params():
+    cases = [({}, RICH, None, DTYPES, "defaults"),
+             ({"exp2": False, "operand_swap": False}, RICH, None, DTYPES[:1], "no-exp2-no-swap"),
+             ({"decay_factor": True, "heads_per_tile": 2, "block_rows": 32, "block_positions": 16},
+              Problem(Shape(1, 100, 4, 32, 1, 32, 64), nseqs=2), None, DTYPES[:1], "decay_factor-heads2"),
+             ({"cb_mode": "shared"}, Problem(FOLD_SHAPE, dt_softplus=False, has_dt_bias=False), _zero_dt, DTYPES[:1],
+              "dt-zero-shared-cb"),
+             ({}, Problem(FOLD_SHAPE), _positive_A, DTYPES[:1], "A-positive")]
+    return [pytest.param(switches, problem, edit, dtype.values[0], id=f"{name}-{dtype.id}")
+            for switches, problem, edit, dtypes, name in cases for dtype in dtypes]
+
+
+# numpy's log2 of 0 (q = +inf, by design) and of a negative dt (the NaN the last test asks for) warn under the
+# interpreter
+QUIET_LOG = pytest.mark.filterwarnings("ignore:divide by zero encountered in log",
+                                       "ignore:invalid value encountered in log")
+
+
+@QUIET_LOG
+@pytest.mark.parametrize("switches,problem,edit,dtype", _exp_fold_params())
+def test_exp_fold(switches, problem, edit, dtype):
+    """dt folded into the exponent (q = dA_cumsum·log2(e) − log2(dt) read in dt's place): each stage and the forward
+    against the float64 reference, with the swap, without exp2, with the factored decay and two heads per program,
+    with dt = 0 at a third of the positions (q = +inf: a zero term, not NaN), and with A > 0 on one head."""
+    inputs = make_inputs(problem, seed=17, dtype=dtype)
+    if edit is not None:
+        inputs = edit(inputs)
+    ref = float64_forward(inputs)
+    if edit is _zero_dt:
+        assert bool((ref.dt == 0).any()), "the case must hand compute_out a dt of 0"
+    errors = forward_errors(get_backend("triton", exp_fold=True, **switches), inputs, ref)
+    assert not failures(errors, dtype), errors
+
+
+def test_exp_fold_launches_the_fold_kernel_then_reads_q_in_dt_s_place():
+    from instruments.triton.switch_effects import stage_launches
+
+    launches = stage_launches("compute_out", "float32", exp_fold=True)
+    names = [name.rsplit(".", 1)[-1] for name, _, _, _ in launches]
+    assert names == ["fold_kernel", "compute_out_kernel"], names
+    assert dict(launches[-1][3])["EXP_FOLD"] is True
+    assert [name.rsplit(".", 1)[-1] for name, _, _, _ in stage_launches("compute_out", "float32")] == \
+        ["compute_out_kernel"]
+
+
+@QUIET_LOG
+def test_exp_fold_refuses_a_negative_dt_and_the_fused_kernel():
+    """A negative dt (no softplus, no dt_limit: the contract lets dt + dt_bias be negative) has no log2: with
+    check_values the forward and compute_out refuse it naming dt, and so does the gate; unchecked, the fold's output
+    is NaN rather than a wrong number. The default switches take it. The fused kernel multiplies by dt: refused."""
+    from harness.correctness import refuse_unsafe_inputs
+
+    backend = get_backend("triton", exp_fold=True)
+    inputs = make_inputs(Problem(FOLD_SHAPE, dt_softplus=False, has_dt_bias=False), seed=5, dtype=torch.float32)
+    inputs.dt[:, 7] = -0.01
+    with pytest.raises(ValueError, match=r"^dt: .*exp_fold"):
+        impls.ssd_forward(**inputs.forward_kwargs(), backend=backend, check_values=True)
+    with pytest.raises(ValueError, match=r"^dt: .*exp_fold"):
+        refuse_unsafe_inputs(backend, inputs)
+    ref = float64_forward(inputs)
+    with pytest.raises(ValueError, match=r"^dt: .*exp_fold"):
+        impls.compute_out(inputs.C, inputs.B, inputs.x, ref.dt.float(), ref.dA_cumsum.float(), ref.states.float(),
+                          inputs.D, inputs.z, inputs.seq_idx, backend=backend, check_values=True)
+    with poisoned_allocations():
+        assert bool(impls.ssd_forward(**inputs.forward_kwargs(), backend=backend).y.isnan().any())
+    refuse_unsafe_inputs(get_backend("triton"), inputs)  # the default switches need no sign
+    with pytest.raises(ValueError, match=r"exp_fold of backend 'triton'.*fuse_state_out"):
+        get_backend("triton", exp_fold=True, fuse_state_out=True)
+
+
+EXP_FOLD_PTX = """
+from instruments.triton.aot import compile_variant, variants
+from impls.triton.compute_out import fold_kernel
+for name, kernel, pointers, constexprs, warps, stages in variants("bfloat16", all_variants=False):
+    if (name == "compute_out" and constexprs.get("EXP2") and not constexprs.get("TMA")
+            and constexprs.get("BLOCK_DSTATE", 128) == 128 and constexprs.get("HB", 1) == 1):
+        for fold in (False, True):
+            ptx = compile_variant(kernel, pointers, {**constexprs, "EXP_FOLD": fold}, 90, warps, stages).asm["ptx"]
+            print(name, fold, sum(ptx.count(op) for op in ("mul.f32", "mul.rn.f32", "mul.ftz.f32")),
+                  ptx.count("st.global"))
+        break
+ptx = compile_variant(fold_kernel, {"dt_ptr": "*fp32", "dA_ptr": "*fp32", "q_ptr": "*fp32"},
+                      {"EXP2": True, "BLOCK": 1024}, 90, 4, 1).asm["ptx"]
+print("fold_kernel", True, 0, ptx.count("st.global"))
+"""
+
+
+def test_exp_fold_ptx_drops_the_dt_multiply():
+    """sm_90 PTX (bf16, pointer loads): compute_out with exp_fold has fewer fp32 multiplies than without (dt's per
+    score, log2(e)'s per source); fold_kernel compiles and stores q."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
+    result = subprocess.run([sys.executable, "-c", EXP_FOLD_PTX], capture_output=True, text=True, env=env,
+                            cwd=Path(__file__).resolve().parents[2], timeout=1200)
+    assert result.returncode == 0, result.stdout + result.stderr
+    counts = {(name, fold == "True"): (int(muls), int(stores))
+              for name, fold, muls, stores in map(str.split, result.stdout.splitlines())}
+    assert counts[("compute_out", True)][0] < counts[("compute_out", False)][0], counts
+    assert counts[("fold_kernel", True)][1] > 0, counts
+
+
 HANDOFF_PTX = """
 \t@%p9 atom.global.gpu.acq_rel.add.u32 %r1, [ %rd1 + 0 ], %r2;
 \tbar.sync 0;

@@ -43,6 +43,9 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # between), with stage 2 chunk-parallel (two dependent kernels) and with 2 heads per tile; each other opt_level;
 # stage 2's local state as a main loop over 64- and 128-position sub-blocks (state_subblock) alone, under sm_90's
 # defaults, chunk-parallel with the swap, and all off (on the cases whose chunk the sub-block divides)
+# the exponent fold (exp_fold: fold_kernel's q read in dt's place) alone, with the swap, with exp2_ftz and 2 heads per
+# tile per head (S1's record), with the factored decay and the shared C·Bᵀ, with the head loop and pdl (fold_kernel
+# launched normally before the dependent main kernel), and all off (q in base e)
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
 # the C·Bᵀ kernel's switches (cb_occupancy, cb_lower_triangle), C·Bᵀ shared: each alone, together, the lower triangle
 # with the factored decay and the swap (transposed reads of the pairs), with 32-row blocks (36 of 64 pairs of a chunk
@@ -106,9 +109,14 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "state_subblock64-sm90": {"state_subblock": 64, "heads_first": True, "skip_first": True, "pdl": True},
             "state_subblock64-chunk_parallel-swap": {"state_subblock": 64, "state_pass": "chunk_parallel",
                                                      "operand_swap": True},
-            "state_subblock128-rowmajor-all-off": {**OFF, "state_subblock": 128}}
+            "state_subblock128-rowmajor-all-off": {**OFF, "state_subblock": 128},
+            "exp_fold": {"exp_fold": True}, "exp_fold-swap": {"exp_fold": True, "operand_swap": True},
+            "exp_fold-ftz-heads2-per_head": {**PER_HEAD, "exp_fold": True, "exp2_ftz": True},
+            "exp_fold-decay_factor-cb-shared": {"exp_fold": True, "decay_factor": True, "cb_mode": "shared"},
+            "exp_fold-head_loop4-pdl": {"exp_fold": True, "head_loop": 4, "pdl": True},
+            "exp_fold-all-off": {**OFF, "exp_fold": True}}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
-FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "state_pass-chunk_parallel",
+FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "state_pass-chunk_parallel", "exp_fold",
                  "head_loop8-heads2-per_head", "cb-lower-occupancy4", "state_subblock64")
 
 
@@ -118,7 +126,8 @@ def _skip(case: str, variant: str) -> bool:
     if case == "S1" and variant not in ("defaults", "all-off", "cb-shared", "decay_factor", "heads2-per_head",
                                         "heads_first-heads2-per_head", "skip_first-heads2-per_head-headdim32",
                                         "state_pass-chunk_parallel", "head_loop8-heads2-per_head",
-                                        "cb-lower-occupancy4", "state_subblock64-sm90"):
+                                        "cb-lower-occupancy4", "state_subblock64-sm90",
+                                        "exp_fold-ftz-heads2-per_head"):
         return True
     shape = CASES[case].shape
     sub = VARIANTS[variant].get("state_subblock", 0)

@@ -3,7 +3,7 @@ plus the 1,048,576-token problem checked on sampled chunks and its final state.
 
 Variants: the defaults, each code switch off alone (cb_precision "fp32" is its "off"), all off, and the switches that
 are off by default turned on (cb_mode shared, decay_factor, tma (descriptors made in the kernel or on the host),
-fuse_state_out, heads_per_tile 2, heads_first, occupancy, some together), and
+fuse_state_out, heads_per_tile 2, heads_first, occupancy, exp_fold, some together), and
 stage 2 as one serial kernel (state_pass serial). Cases: the headline S1 shape and shapes covering the contract
 (seqlen not a multiple of chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens, initial states + z + per-channel D +
 fp32 states, per-head D with x and z as strided views of one fused projection, headdim/dstate not powers of two).
@@ -90,6 +90,10 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "cb-shared-lower-no-swap-decay_factor-heads2": {"cb_mode": "shared", "cb_lower_triangle": True,
                                                             "operand_swap": False, "decay_factor": True,
                                                             "heads_per_tile": 2},
+            "exp_fold": {"exp_fold": True}, "exp_fold-all-off": {**OFF, "exp_fold": True},
+            "exp_fold-tma-host-heads2-decay_factor": {"exp_fold": True, "tma": True, "tma_descriptors": "host",
+                                                      "heads_per_tile": 2, "decay_factor": True},
+            "exp_fold-no-ftz-cb-shared": {"exp_fold": True, "exp2_ftz": False, "cb_mode": "shared"},
             }
 
 
