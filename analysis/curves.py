@@ -171,3 +171,31 @@ def figure(rows: pd.DataFrame, b: Band, verdicts: list[Verdict], window: int = S
     ax.set_title(title(rows), fontsize=9)
     ax.legend(fontsize=7)
     return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m analysis.curves <rows file or folder> [--out <folder>]`: one line per backend's verdict, the
+    figure saved as loss_curves.png/.svg under --out (default: beside the rows); exit status 1 when any fails."""
+    import argparse
+
+    from analysis.figures import save
+
+    parser = argparse.ArgumentParser(prog="python -m analysis.curves", description=main.__doc__)
+    parser.add_argument("source")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    rows = one_run(load_curves(args.source), "loss-curve band")
+    b = band(rows)
+    verdicts = check(rows, b)
+    for v in verdicts:
+        print(f"{v.backend} seeds {list(v.seeds)}: {'inside' if v.ok else 'FAILS'}, accuracy {v.accuracy:.4f} "
+              f"(band {b.accuracy[0]:.4f} … {b.accuracy[1]:.4f}){'; ' + v.reason if v.reason else ''}")
+    source = Path(args.source)
+    folder = Path(args.out) if args.out else (source if source.is_dir() else source.parent)
+    for path in save(figure(rows, b, verdicts), folder, "loss_curves"):
+        print(f"wrote {path}")
+    return 0 if all(v.ok for v in verdicts) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

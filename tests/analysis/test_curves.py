@@ -103,3 +103,14 @@ def test_the_figure_names_card_date_and_rows():
     assert "NVIDIA H100 80GB HBM3" in title and "2026-12-06" in title and "reference_seed0.curves.parquet" in title
     gids = {line.get_gid() for line in fig.axes[0].get_lines()}
     assert {"backend:reference", "backend:triton"} <= gids
+
+
+def test_the_command_prints_verdicts_saves_the_figure_and_fails_on_a_curve_outside(tmp_path, capsys):
+    inside = _with(_run("triton", 0, _decay(1.1, 0), 0.55))
+    for (backend, seed), run in inside.groupby(["backend", "seed"]):
+        run.drop(columns="source").to_parquet(tmp_path / f"{backend}_seed{seed}.curves.parquet")
+    assert curves.main([str(tmp_path)]) == 0
+    assert (tmp_path / "loss_curves.png").is_file() and "triton seeds [0]: inside" in capsys.readouterr().out
+    _run("cutile", 0, _decay(1.1, 0) + 2.0, 0.55).drop(columns="source").to_parquet(tmp_path / "c.curves.parquet")
+    assert curves.main([str(tmp_path), "--out", str(tmp_path / "fig")]) == 1
+    assert "cutile seeds [0]: FAILS" in capsys.readouterr().out
