@@ -1,7 +1,8 @@
 """A synthetic task with learnable structure for short training runs: multi-query associative recall, drawn from a
 seeded generator (nothing is downloaded).
 
-One sequence: `n_pairs` key-value pairs (distinct keys), then `n_queries` of those keys each followed by its value:
+One sequence: `n_pairs` key-value pairs (distinct keys), then `n_queries` of those keys (distinct ones while
+n_queries <= n_pairs, else drawn with repetition), each followed by its value:
 
     k₁ v₁ k₂ v₂ … k_n v_n  q₁ v(q₁) q₂ v(q₂) …      keys in [0, n_keys), values in [n_keys, n_keys + n_values)
 
@@ -23,13 +24,13 @@ IGNORE = -100  # the target of a position that predicts nothing (F.cross_entropy
 
 @dataclass(frozen=True)
 class RecallTask:
-    """The task's sizes: pairs per sequence, queries per sequence (at most n_pairs: each query asks a distinct
-    key), the key and value vocabularies (n_keys >= n_pairs: keys of a sequence are distinct)."""
+    """The task's sizes: pairs per sequence, queries per sequence (distinct keys up to n_pairs of them, with
+    repetition beyond), the key and value vocabularies (n_keys >= n_pairs: keys of a sequence are distinct)."""
 
-    n_pairs: int = 64
-    n_queries: int = 64
-    n_keys: int = 128
-    n_values: int = 128
+    n_pairs: int = 8
+    n_queries: int = 24
+    n_keys: int = 16
+    n_values: int = 16
 
     def __post_init__(self):
         for arg in ("n_pairs", "n_queries", "n_keys", "n_values"):
@@ -38,9 +39,6 @@ class RecallTask:
                 check.fail(arg, "an int >= 1", repr(value))
         if self.n_keys < self.n_pairs:
             check.fail("n_keys", f">= n_pairs = {self.n_pairs} (a sequence's keys are distinct)", self.n_keys)
-        if self.n_queries > self.n_pairs:
-            check.fail("n_queries", f"<= n_pairs = {self.n_pairs} (each query asks a distinct key)",
-                       self.n_queries)
 
     @property
     def vocab_size(self) -> int:
@@ -77,7 +75,10 @@ def recall_batch(task: RecallTask, batch: int, generator: torch.Generator) -> Re
     batch on every machine)."""
     keys = _first_columns(torch.rand(batch, task.n_keys, generator=generator), task.n_pairs)
     values = task.n_keys + torch.randint(0, task.n_values, (batch, task.n_pairs), generator=generator)
-    asked = _first_columns(torch.rand(batch, task.n_pairs, generator=generator), task.n_queries)
+    if task.n_queries <= task.n_pairs:
+        asked = _first_columns(torch.rand(batch, task.n_pairs, generator=generator), task.n_queries)
+    else:
+        asked = torch.randint(0, task.n_pairs, (batch, task.n_queries), generator=generator)
     query_keys, answers = keys.gather(1, asked), values.gather(1, asked)
     context = torch.stack([keys, values], dim=-1).flatten(1)
     queries = torch.stack([query_keys, answers], dim=-1).flatten(1)

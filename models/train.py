@@ -33,10 +33,10 @@ class ModelSizes:
 
     n_layer: int = 2
     d_model: int = 128
-    d_state: int = 64
-    headdim: int = 32
+    d_state: int = 32
+    headdim: int = 16
     ngroups: int = 1
-    chunk_size: int = 64
+    chunk_size: int = 32
     glue: str = "torch"
 
 

@@ -33,6 +33,15 @@ def test_each_target_is_the_value_paired_with_the_query_key():
         assert all(targets[i] == pairs[ids[i]] == ids[i + 1] for i in asked)
 
 
+def test_more_queries_than_pairs_ask_keys_again():
+    task = RecallTask(n_pairs=3, n_queries=12, n_keys=5, n_values=4)
+    b = recall_batch(task, 4, torch.Generator().manual_seed(1))
+    for ids, targets in zip(b.input_ids.tolist(), b.targets.tolist()):
+        pairs = dict(zip(ids[0:6:2], ids[1:6:2]))
+        asked = [i for i, t in enumerate(targets) if t != IGNORE]
+        assert len(asked) == 12 and all(targets[i] == pairs[ids[i]] for i in asked)
+
+
 def test_a_seed_gives_the_same_run():
     a, b = train(TINY, "reference", 3, "cpu"), train(TINY, "reference", 3, "cpu")
     assert a.losses == b.losses and a.accuracy == b.accuracy and len(a.losses) == 4
@@ -77,6 +86,7 @@ def test_the_config_file_composes_to_the_settings(tmp_path):
         assert settings.train.optim.steps == 7 and settings.train.torch_dtype == torch.bfloat16
         assert settings.train.task.seqlen <= 1024 and settings.train.model.n_layer <= 4
         assert settings.results_dir == tmp_path / "results/scratch/train_curves"
+        assert settings_from_config(compose("train_curves"), tmp_path).train == TrainConfig()  # one set of defaults
         bad = compose("train_curves", overrides=["+train.optim.step=7"])
         with pytest.raises(TypeError, match="step"):
             settings_from_config(bad, tmp_path)
