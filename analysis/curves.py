@@ -1,5 +1,6 @@
 """Loss curves per backend against the band of the reference backend's seeds (rows of experiments/train_curves.py):
-the band, the check of every backend against it, and its figure.
+the band, the check of every backend against it, and its figure; `python -m analysis.curves <rows folder>` prints
+each backend's verdict and saves the figure (`main`).
 
 Band: each run's loss smoothed by a trailing mean over SMOOTH_STEPS steps; at each step the min and max over the
 reference backend's seeds (at least MIN_SEEDS of them). A backend is inside when the mean over its seeds of its
