@@ -2,6 +2,7 @@
 seed (models/train.py: a small Mamba-2 language model on associative recall), written as curve rows.
 
     python -m experiments.train_curves backends=[reference,triton,cutile,mamba_ssm] seeds=[0,1,2]
+    python -m experiments.train_curves backends=[triton] world_size=2   # each run under DDP on 2 GPUs (or CPU ranks)
 
 Config: conf/train_curves.yaml. Each (backend, seed) run writes one file `<backend>_seed<seed>_<run id>.curves.parquet`
 under results_dir (a table of its own, CURVE_COLUMNS, which the results store skips: harness/store.py OTHER_TABLES):
@@ -32,6 +33,7 @@ import pandas as pd  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from harness import provenance, secrets, store  # noqa: E402
+from models.ddp import train_ddp  # noqa: E402
 from models.train import Curve, TrainConfig, as_dict, train  # noqa: E402
 
 CURVES_SCHEMA_VERSION = 1
@@ -49,6 +51,7 @@ CURVE_COLUMNS: dict[str, tuple[str, str]] = {
     "loss": ("float64", "the mean recall cross-entropy of the step's batch, before its update"),
     "accuracy": ("float64", "recall accuracy on the held-out batch after the last step (last step's row; else null)"),
     "train_s": ("float64", "wall seconds of the run's training steps (last step's row; else null)"),
+    "world_size": ("Int64", "processes the run was data-parallel over (1: none; else DDP, models/ddp.py)"),
     "dtype": ("string", "the parameters' dtype"),
     "device": ("string", "cuda or cpu"),
     "device_name": ("string", "the GPU's name, or cpu:<processor>"),
@@ -68,6 +71,7 @@ class CurvesSettings:
     results_dir: Path
     train: TrainConfig
     run_group: str
+    world_size: int = 1
 
 
 def resolve_device(name: str) -> torch.device:
@@ -86,9 +90,12 @@ def settings_from_config(cfg: DictConfig, base_dir: Path) -> CurvesSettings:
         raise ValueError(f"backends and seeds: expected at least one of each, got {list(backends)}, {list(seeds)}")
     results_dir = Path(cfg.results_dir)
     group = os.environ.get("SSD_RUN_GROUP") or f"curves-{_dt.datetime.now(_dt.UTC):%Y%m%d-%H%M%S}"
+    world_size = cfg.world_size
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
     return CurvesSettings(backends, seeds, resolve_device(cfg.device),
                           results_dir if results_dir.is_absolute() else base_dir / results_dir,
-                          TrainConfig.from_dict(OmegaConf.to_container(cfg.train, resolve=True)), group)
+                          TrainConfig.from_dict(OmegaConf.to_container(cfg.train, resolve=True)), group, world_size)
 
 
 def curve_rows(curve: Curve, settings: CurvesSettings, run_id: str, timestamp: str) -> list[dict]:
@@ -100,7 +107,8 @@ def curve_rows(curve: Curve, settings: CurvesSettings, run_id: str, timestamp: s
     common = {"schema_version": CURVES_SCHEMA_VERSION, "run_id": run_id, "run_group": settings.run_group,
               "timestamp": timestamp, "backend": curve.backend,
               "switches": json.dumps(ssd.get("switches", {}), sort_keys=True, default=str), "seed": curve.seed,
-              "dtype": settings.train.dtype, "device": device.type, "device_name": name,
+              "world_size": settings.world_size, "dtype": settings.train.dtype, "device": device.type,
+              "device_name": name,
               "config": json.dumps(as_dict(settings.train), default=str),
               "describe": secrets.redact(json.dumps(curve.describe, default=str)),
               "code_key": provenance.code_key(prov, curve.backend, prov.get("gpu_name") or name), **prov}
@@ -130,9 +138,13 @@ def run_one(settings: CurvesSettings, backend: str, seed: int) -> Path:
         if step % every == 0 or step == settings.train.optim.steps:
             print(f"[curves] {backend} seed {seed} step {step}: loss {loss:.4f}", flush=True)
 
-    curve = train(settings.train, backend, seed, settings.device, on_step=progress)
+    if settings.world_size == 1:
+        curve = train(settings.train, backend, seed, settings.device, on_step=progress)
+    else:
+        curve = train_ddp(settings.train, backend, seed, settings.world_size, settings.device.type)
     print(f"[curves] {backend} seed {seed}: accuracy {curve.accuracy:.4f} in {curve.seconds:.1f} s", flush=True)
-    path = settings.results_dir / f"{backend}_seed{seed}_{run_id[:12]}{SUFFIX}"
+    ranks = "" if settings.world_size == 1 else f"_ddp{settings.world_size}"
+    path = settings.results_dir / f"{backend}_seed{seed}{ranks}_{run_id[:12]}{SUFFIX}"
     return store.write_atomic(curve_frame(curve_rows(curve, settings, run_id, timestamp)), path)
 
 

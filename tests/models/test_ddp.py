@@ -1,15 +1,27 @@
 """The training step under DistributedDataParallel (models/ddp.py): two gloo processes on the halves of a batch end
-one AdamW step with the gradients and parameters of one process on the whole batch."""
+one AdamW step with the gradients and parameters of one process on the whole batch; a whole run on two ranks is the
+single process's."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from models.ddp import ddp_train_step, free_port, process_group, process_group_backend, rank_share, wrap
+from models.ddp import (
+    ddp_train_step,
+    free_port,
+    process_group,
+    process_group_backend,
+    rank_device,
+    rank_share,
+    train_ddp,
+    wrap,
+)
 from models.recall import RecallTask, recall_batch
-from models.train import ModelSizes, OptimSettings, TrainConfig, build_model, make_optimizer, train_step
+from models.train import ModelSizes, OptimSettings, TrainConfig, build_model, make_optimizer, train, train_step
 
 # no clipping: a clipped gradient hides a wrongly scaled one (as AdamW's first step nearly does)
 TINY = TrainConfig(task=RecallTask(n_pairs=4, n_queries=3, n_keys=8, n_values=8),
@@ -67,8 +79,21 @@ def test_the_process_group_backend_follows_the_device():
     assert process_group_backend(torch.device("cuda", 1)) == "nccl"
     with pytest.raises(ValueError, match="device"):
         process_group_backend(torch.device("meta"))
+    assert rank_device(1, WORLD, "cpu") == torch.device("cpu")
+    if torch.cuda.device_count() < WORLD:
+        with pytest.raises(ValueError, match="world_size"):
+            rank_device(0, WORLD, "cuda")
 
 
 def test_a_batch_that_does_not_split_evenly_is_refused():
     with pytest.raises(ValueError, match="world_size"):
         rank_share(recall_batch(TINY.task, 3, torch.Generator().manual_seed(0)), 0, WORLD)
+
+
+@pytest.mark.slow
+def test_a_run_on_two_gloo_ranks_is_the_single_process_run():
+    config = dataclasses.replace(TINY, optim=dataclasses.replace(TINY.optim, steps=3, eval_batch=4))
+    alone, ranked = train(config, "reference", 1, "cpu"), train_ddp(config, "reference", 1, WORLD, "cpu")
+    assert max(abs(a - b) for a, b in zip(alone.losses, ranked.losses)) < 1e-5 and len(ranked.losses) == 3
+    assert ranked.accuracy == pytest.approx(alone.accuracy)
+    assert ranked.describe["data_parallel"] == {"world_size": 2, "process_group": "gloo"}

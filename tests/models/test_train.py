@@ -61,6 +61,7 @@ def test_rows_are_written_per_step_with_provenance_and_fall_in_their_own_band(tm
     assert rows["code_key"].str.startswith("tree:").all() and rows["v_torch"].notna().all()
     last = rows[rows["step"] == 4]
     assert last["accuracy"].between(0, 1).all() and rows[rows["step"] < 4]["accuracy"].isna().all()
+    assert (rows["world_size"] == 1).all()
     b = curves.band(rows, window=2)
     (v,) = curves.check(rows, b, from_step=2, window=2)
     assert v.backend == "reference" and v.ok, v.reason
@@ -90,6 +91,9 @@ def test_the_config_file_composes_to_the_settings(tmp_path):
         bad = compose("train_curves", overrides=["+train.optim.step=7"])
         with pytest.raises(TypeError, match="step"):
             settings_from_config(bad, tmp_path)
+        assert settings_from_config(compose("train_curves", overrides=["world_size=2"]), tmp_path).world_size == 2
+        with pytest.raises(ValueError, match="world_size"):
+            settings_from_config(compose("train_curves", overrides=["world_size=0"]), tmp_path)
 
 
 def test_the_results_store_skips_curve_rows(tmp_path):
