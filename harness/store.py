@@ -172,9 +172,10 @@ def write_rows(rows: list[dict], results_dir: Path, name: str) -> Path:
     return write_atomic(frame(rows), Path(results_dir) / f"{name}.parquet")
 
 
-# Parquet files of another table that may sit beside results (instruments/profile.py's Nsight Compute rows):
+# Parquet files of another table that may sit beside results (instruments/profile.py's Nsight Compute rows,
+# experiments/train_curves.py's loss curves):
 # never read as result rows
-OTHER_TABLES = (".ncu.parquet",)
+OTHER_TABLES = (".ncu.parquet", ".curves.parquet")
 
 
 def parquet_files(root: Path) -> list[Path]:

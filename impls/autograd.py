@@ -22,14 +22,24 @@ class _SSD(torch.autograd.Function):
     def forward(ctx, impl, args, names, *tensors):
         needs = dict(zip(names, ctx.needs_input_grad[3:]))
         run = impl.forward_for_backward({**args, **dict(zip(names, tensors))}, needs)
-        ctx.run, ctx.names = run, names
         out = run.outputs
+        # The returned tensors become this node's outputs (their grad_fn is the node): kept in ctx through `run`
+        # they would make a reference cycle through C++ that the garbage collector cannot free, and every step's
+        # graph would stay alive. They are saved as outputs instead and handed back to `run` for its backward.
+        run.outputs = None
+        ctx.save_for_backward(out.y, out.final_states, out.varlen_states)
+        ctx.run, ctx.names = run, names
         return out.y, out.final_states, out.varlen_states
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy, dfinal, dvarlen):
-        grads = ctx.run.backward(dict(zip(OUTPUTS, (dy, dfinal, dvarlen))))
+        run = ctx.run
+        run.outputs = ForwardResult(*ctx.saved_tensors)
+        try:
+            grads = run.backward(dict(zip(OUTPUTS, (dy, dfinal, dvarlen))))
+        finally:
+            run.outputs = None  # no cycle after the backward either (a retained graph is walked again)
         return (None, None, None, *(grads.get(name) for name in ctx.names))
 
 

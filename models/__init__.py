@@ -14,4 +14,7 @@ because every folder under `impls/` is a backend (impls/declaration.py); these m
 The parts around the SSD (the conv + SiLU, the gated norm) run as `glue` says (models/glue.py): "torch" (default),
 "triton" (our kernels, models/kernels/) or "compile"; `Mamba2(..., glue="triton")`, `Mamba2LM(..., glue="triton")`.
 Their floor at a size and a card's rates: models/floor.py.
+
+A short training run on associative recall (loss curves per backend): models/recall.py, models/train.py; the same
+step under DistributedDataParallel (gloo on the CPU, NCCL on CUDA): models/ddp.py.
 """

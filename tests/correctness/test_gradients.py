@@ -5,6 +5,8 @@ gate (harness/gradient_gate.py) passing correct backwards and failing planted gr
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import pytest
 import torch
@@ -79,6 +81,18 @@ def test_ssd_without_gradients_is_ssd_forward_and_keeps_nothing():
         out = impls.ssd(**kw)
     assert out.y.grad_fn is None and out.final_states.grad_fn is None
     assert torch.equal(out.y, impls.ssd_forward(**_kwargs(inputs, requires_grad=False)).y)
+
+
+def test_a_backwarded_graph_is_freed():
+    """The autograd node keeps its outputs as saved tensors, not in ctx: kept there they formed a cycle through C++
+    that gc cannot free, and a training loop kept every step's graph (and its activations) alive."""
+    kw = _kwargs(make_inputs(TINY, seed=1))
+    out = impls.ssd(**kw)
+    run = weakref.ref(out.y.grad_fn.run)
+    (out.y.sum() + out.final_states.sum()).backward()
+    del out
+    gc.collect()
+    assert run() is None
 
 
 class _ForwardOnly(ReferenceBackend):

@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("impls", "experiments", "harness", "instruments", "analysis", "models", "scripts")
-HYDRA = {"experiments/bench.py": "Hydra's own entry: `python -m experiments.bench --help` is Hydra's help"}
+HYDRA = {"experiments/bench.py": "Hydra's own entry: `python -m experiments.bench --help` is Hydra's help",
+         "experiments/train_curves.py": "Hydra's own entry: `python -m experiments.train_curves --help` is Hydra's"}
 # the command a runnable module is run by, where it is not `python -m <its module>`
 COMMANDS = {"impls/cli.py": "python -m impls"}  # impls/__main__.py runs it
 
