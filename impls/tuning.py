@@ -11,9 +11,11 @@ here, the same for every backend:
    record's "versions" the software stack it was searched on. A record is *usable* when that stack matches today's
    (`Tunable.stack`: cuda-tile, tileiras, triton, tilegym, driver major, whichever the backend depends on); a record
    whose versions could not be established (`versions_unverified`) is used and says so.
-   `Tunable.same_sass_key`, then `Tunable.base_key`: the records borrowed, in that order (modes auto/record), when
-   the key has none of its own (the baseline's record where the backend's switch-effects data says the stage's code
-   is the baseline's; a default code trick turned off runs on the default code's tiles).
+   `Tunable.same_sass_key`, `Tunable.near_key`, then `Tunable.base_key`: the records borrowed, in that order (modes
+   auto/record), when the key has none of its own (the baseline's record where the backend's switch-effects data says
+   the stage's code is the baseline's; the record of the same switch set without the tricks that borrow tiles, so an
+   ablation arm on top of a target's defaults runs on those defaults' tiles; a default code trick turned off runs on
+   the default code's tiles).
 3. the mode (`MODES`):
    - "auto":     a usable record, else the fallback; the resolution says why it fell back;
    - "record":   a usable record, else an error naming the file and the reason;
@@ -301,7 +303,10 @@ class Tunable:
     candidates: Callable[[list[dict]], list[dict]] | None = None  # extra configs to confirm, from the ranking
     pins: dict = field(default_factory=dict)  # fields the switches fix; they win over any chosen config
     pinned_all: bool = False  # the pins fix every tuned field: no record, no search (source "switches")
-    base_key: str | None = None  # record borrowed in auto/record when `key` (and `same_sass_key`) has none
+    base_key: str | None = None  # record borrowed in auto/record when `key` (and the two below) has none
+    # the same switch set without the tricks that borrow their tiles (the arm's baseline, e.g. a target's defaults):
+    # borrowed after `same_sass_key`, before `base_key`
+    near_key: str | None = None
     # the baseline's key where the stage's code is the baseline's (the backend's switch-effects data, or the same
     # key): its record is borrowed first in auto/record, protocol SAME_SASS
     same_sass_key: str | None = None
@@ -431,10 +436,10 @@ def space_gaps(searched: Any, declared: Any, whose: str = "") -> list[str]:
 
 def _usable_record(t: Tunable, today: dict) -> tuple[dict | None, str, str]:
     """(record, its key, why it cannot be used or ""): the key's own record, else (auto/record) the same-SASS key's,
-    then the base key's; a record holding a field the stage does not read raises (`check_fields`)."""
+    the near key's, then the base key's; a record holding a field the stage does not read raises (`check_fields`)."""
     record = lookup(t.backend, t.stage, t.gpu, t.key)
     key = t.key
-    for borrowed in (t.same_sass_key, t.base_key):
+    for borrowed in (t.same_sass_key, t.near_key, t.base_key):
         if record is None and borrowed and t.mode in ("auto", "record"):
             record, key = lookup(t.backend, t.stage, t.gpu, borrowed), borrowed
     if record is None:

@@ -196,8 +196,25 @@ def tunable(stage: str, sw, device, shape_label: str, dtype: str, make_call, hea
         run=run_config, timer=kernel_timer(make_call), candidates=candidates if stage == "compute_out" else None,
         pins=fixed, pinned_all=bool(fixed) and set(fixed) >= set(SPACE[stage]),
         base_key=record_key(stage, sw, shape_label, dtype, code_tricks=False), stack=STACK, output=output,
+        near_key=near_key(stage, sw, shape_label, dtype),
         same_sass_key=same_sass_key(stage, sw, shape_label, dtype, device_arch(device)),
         baseline_space=search_space(stage, dataclasses.replace(CutileSwitches(), tuning=sw.tuning), heads_per_group))
+
+
+# the tricks that run on the tiles of the switch set without them (each keys its own record when set, and borrows)
+BORROWING_TRICKS = {"exp2_ftz": False, "exp_fold": False, "cb_occupancy": 0, "cb_lower_triangle": False,
+                    "state_subblock": 0}
+
+
+def near_key(stage: str, sw, shape_label: str, dtype: str) -> str | None:
+    """The record key of `sw` without its BORROWING_TRICKS (None where it has none set, or where that is the key
+    itself): an arm that adds such a trick to a target's defaults (heads_first, skip_first, pdl on sm_90) borrows
+    those defaults' tiles, not the declared values' that `base_key` (code_tricks=False) drops to."""
+    bare = dataclasses.replace(sw, **BORROWING_TRICKS)
+    if bare == sw:
+        return None
+    key = record_key(stage, bare, shape_label, dtype)
+    return None if key == record_key(stage, sw, shape_label, dtype) else key
 
 
 # The switch-effects table: per stage, dtype and code switch, whether the switch alone away from its default

@@ -560,6 +560,29 @@ def test_cutile_compute_out_arrangement_borrows_the_default_record(switches):
     assert (res.config, res.source) == (config, "record")
 
 
+@pytest.mark.parametrize("trick", [pytest.param({"exp2_ftz": True}, id="exp2_ftz"),
+                                   pytest.param({"exp_fold": True}, id="exp_fold"),
+                                   pytest.param({"cb_mode": "shared", "cb_occupancy": 4}, id="cb_occupancy")])
+def test_cutile_trick_on_a_targets_defaults_borrows_those_defaults_tiles(trick):
+    """An ablation arm adding a tile-borrowing trick to sm_90's defaults (heads_first, skip_first, pdl) runs on
+    those defaults' record (the near key), not the declared values' (the base key), which would change the tiles
+    between the arms; without the defaults' record it still falls back to the base key's."""
+    from impls.cutile import tune
+    from impls.cutile.switches import CutileSwitches
+
+    sm90 = {"heads_first": True, "skip_first": True, "pdl": True, **{k: v for k, v in trick.items() if k == "cb_mode"}}
+    t = tune.tunable("compute_out", CutileSwitches(**{**sm90, **trick}), None, "S", "bfloat16", make_call=None)
+    assert t.near_key == tune.record_key("compute_out", CutileSwitches(**sm90), "S", "bfloat16") != t.base_key
+    stack = {n: STACK.get(n) for n in tune.STACK}
+    declared = {"block_rows": 64, "block_headdim": 32, "heads_per_tile": 2, "occupancy": 3, "shared_cb": False}
+    tuning.store("cutile", "compute_out", t.gpu, t.base_key, declared, {}, stack)
+    assert tuning.resolve(t).config == {**declared, **t.pins}  # cb_mode shared pins shared_cb
+    defaults = {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 2, "occupancy": 3, "shared_cb": True}
+    tuning.store("cutile", "compute_out", t.gpu, t.near_key, defaults, {}, stack)
+    res = tuning.resolve(t)
+    assert (res.config, res.key, res.protocol) == (defaults, t.near_key, tuning.PINNED)
+
+
 # --- Triton under the interpreter: a one-config space (the fallback), searched, confirmed, stored, bound ---------
 def _triton_cumsum(backend):
     import math
