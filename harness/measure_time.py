@@ -70,12 +70,9 @@ def run(plan: Plan, gate: GateReport) -> Timings:
 
 
 def stage_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
-    bench, device, out = plan.point.bench, plan.point.device, []
+    bench, device = plan.point.bench, plan.point.device
     costs = plan.workload.cost(plan.point.problem, plan.point.workload_options)
-    ceilings = {}
-    if device.type == "cuda" and bench.ceilings:
-        ceilings = timing.ceilings(device, plan.dtype, bench.rep_ms)
-        out += [("ceiling", key, value) for key, value in ceilings.items()]
+    ceilings, out = measured_ceilings(plan)
     for stage, fn in stage_callables(plan.backend, plan.inputs, plan.workload).items():
         if stage not in bench.stages and not stage.startswith("part:"):
             continue
@@ -89,10 +86,27 @@ def stage_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
             out.append((stage, "peak_mem_bytes", peak_memory(fn, device)))
         if stage not in costs:  # parts of a forward have no cost-model entry of their own
             continue
-        derived = cost_model.derived(costs[stage], times["median_ms"], ceilings.get("matmul_tflops"),
-                                     ceilings.get("copy_gbps"))
-        out += [(stage, key, value) for key, value in derived.items()]
+        out += derived_metrics(stage, costs[stage], times, ceilings)
     return out
+
+
+def measured_ceilings(plan: Plan) -> tuple[dict, list[tuple[str, str, float]]]:
+    """The matmul and copy ceilings measured on the point's GPU with bench.ceilings ({} elsewhere), and their
+    "ceiling" rows."""
+    bench, device = plan.point.bench, plan.point.device
+    if device.type != "cuda" or not bench.ceilings:
+        return {}, []
+    ceilings = timing.ceilings(device, plan.dtype, bench.rep_ms)
+    return ceilings, [("ceiling", key, value) for key, value in ceilings.items()]
+
+
+def derived_metrics(stage: str, cost: dict, times: dict, ceilings: dict) -> list[tuple[str, str, float]]:
+    """The cost model's derived metrics of a timed stage (harness/cost_model.py `derived`); none without a median."""
+    median = times["median_ms"]
+    if isinstance(median, timing.Missing) or not median > 0:
+        return []
+    derived = cost_model.derived(cost, median, ceilings.get("matmul_tflops"), ceilings.get("copy_gbps"))
+    return [(stage, key, value) for key, value in derived.items()]
 
 
 def token_rate(plan: Plan, stage: str, times: dict) -> list[tuple[str, str, float | timing.Missing]]:
@@ -158,9 +172,12 @@ def peak_memory(fn, device: torch.device) -> float | timing.Missing:
 
 def backward_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
     """The backward directions' timings: "backward" for both, "forward_backward" and its peak memory for
-    forward_backward; no CUDA-graph replay (autograd's graph is not captured here); and whether two backward calls
-    agree bit for bit ("deterministic" at stage backward: 1 or 0)."""
-    bench, device, out = plan.point.bench, plan.point.device, []
+    forward_backward, each with its cost model's derived metrics where the workload has a cost for it (the
+    ceilings measured as for the forward); no CUDA-graph replay (autograd's graph is not captured here); and
+    whether two backward calls agree bit for bit ("deterministic" at stage backward: 1 or 0)."""
+    bench, device = plan.point.bench, plan.point.device
+    costs = plan.workload.cost(plan.point.problem, plan.point.workload_options)
+    ceilings, out = measured_ceilings(plan)
     calls = backward_callables(plan.backend, plan.inputs, plan.point.seed, plan.workload)
     wanted = ("backward",) if plan.point.direction == "backward" else ("backward", "forward_backward")
     for stage in wanted:
@@ -169,6 +186,8 @@ def backward_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
         else:
             times = timing.cpu_times(calls[stage], bench.cpu_warmup, bench.cpu_reps, bench.quantiles)
         out += [(stage, key, value) for key, value in times.items()]
+        if stage in costs:
+            out += derived_metrics(stage, costs[stage], times, ceilings)
     if plan.point.direction == "forward_backward":
         out.append(("forward_backward", "peak_mem_bytes", peak_memory(calls["forward_backward"], device)))
     out.append(("backward", "deterministic", 1.0 if bitwise_repeatable(calls["backward"]) else 0.0))

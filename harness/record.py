@@ -28,6 +28,8 @@ TIMED_ONE_STAGE = FORWARD_STAGE_NAMES  # a row of one stage reads its kernels' p
 UNITS = {"median_ms": "ms", "p20_ms": "ms", "p80_ms": "ms", "graph_median_ms": "ms", "compile_s": "s",
          "rel_err": "1", "tol": "1", "ok": "1", "flops": "flop", "bytes": "byte", "bytes_fused": "byte",
          "tflops": "TFLOP/s", "gbps": "GB/s", "frac_floor": "1", "frac_floor_fused": "1",
+         "flops_recompute": "flop", "bytes_recompute": "byte", "bytes_fused_recompute": "byte",
+         "frac_floor_recompute": "1", "frac_floor_fused_recompute": "1",
          "matmul_tflops": "TFLOP/s", "copy_gbps": "GB/s", "block_err": "1", "bound_ratio": "1",
          "peak_mem_bytes": "byte", "deterministic": "1", "mamba_ssm_rel_err": "1", "mamba_ssm_rule": "1",
          "tokens_per_s": "token/s"}
@@ -88,7 +90,24 @@ def workload_columns(point: Point) -> dict:
     unknown = sorted(set(columns) - set(store.COLUMNS))
     if unknown:
         raise ValueError(f"workload {workload.name!r}: columns {unknown} are not in harness.store.COLUMNS")
-    return {**columns, "cost_model": workload.cost_model}
+    return {**columns, "cost_model": cost_model_version(workload, point.direction)}
+
+
+def cost_model_version(workload, direction: str) -> str | None:
+    """The `cost_model` column: the versions of the cost entries a point's rows carry (`cost_entries`): the
+    forward's model alone on a forward point, "<forward's>+<backward's>" on another where the workload has both."""
+    if direction == "forward" or not workload.backward_cost_model:
+        return workload.cost_model
+    return f"{workload.cost_model}+{workload.backward_cost_model}"
+
+
+def cost_entries(workload, point: Point) -> dict[str, dict[str, float]]:
+    """The workload's cost entries a point's rows carry: on a forward point only its forward's (the chain's stages
+    and "forward"), on another every entry (a backward's too)."""
+    costs = workload.cost(point.problem, point.workload_options)
+    if point.direction == "forward":
+        return {stage: cost for stage, cost in costs.items() if stage in workload.stage_names}
+    return costs
 
 
 def base_row(point: Point) -> dict:
@@ -132,7 +151,7 @@ def rows(point: Point, plan: Plan | None, gate: GateReport | None, timings: Timi
     precision = plan.precision if plan is not None else {}
     metrics = []
     if plan is not None:
-        costs = workload_registry.get(point.workload).cost(point.problem, point.workload_options)
+        costs = cost_entries(workload_registry.get(point.workload), point)
         metrics += [(stage, key, value) for stage, cost in costs.items() for key, value in cost.items()]
     metrics += gate.metrics() if gate is not None else []
     metrics += list(timings.metrics) if timings is not None else []

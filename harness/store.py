@@ -64,7 +64,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
                         "grad:d<input> (the gradient gate's, per gradient) | ceiling | point"),
     "metric": ("string", "see README: median_ms, p20_ms, p80_ms, graph_median_ms, compile_s, rel_err, "
                          "block_err, bound_ratio, mamba_ssm_rel_err, mamba_ssm_rule, tol, "
-                         "flops, bytes, bytes_fused, tflops, gbps, frac_floor, frac_floor_fused, matmul_tflops, "
+                         "flops, bytes, bytes_fused, tflops, gbps, frac_floor, frac_floor_fused, (the backward's, "
+                         "states recomputed:) flops_recompute, bytes_recompute, bytes_fused_recompute, "
+                         "frac_floor_recompute, frac_floor_fused_recompute, matmul_tflops, "
                          "copy_gbps, peak_mem_bytes, deterministic, tokens_per_s, ok"),
     "value": ("float64", "the metric's value"),
     "note": ("string", "why the value is missing or what qualifies it (e.g. a CUDA-graph capture's failure)"),
@@ -112,7 +114,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "warmup": ("float64", "do_bench warm-up budget (ms) or CPU warm-up calls"),
     "reps": ("float64", "do_bench repetition budget (ms) or CPU repetitions"),
     "flush_l2": ("boolean", "L2 flushed before each repetition"),
-    "cost_model": ("string", "harness.cost_model.MODEL_VERSION"),
+    "cost_model": ("string", "harness.cost_model.MODEL_VERSION; on backward and forward_backward points "
+                             "'<MODEL_VERSION>+<BACKWARD_MODEL_VERSION>' (from ssd-bwd-cost-v1)"),
     "logger": ("string", "wandb | local: where the point was logged besides Parquet"),
     "wandb_run": ("string", "W&B run path/id (null when local)"),
     "hydra_choices": ("string", "JSON: Hydra's runtime choices (group -> option)"),

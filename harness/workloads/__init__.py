@@ -126,7 +126,8 @@ class Workload:
     - `arrange(backend, inputs)`: the backend that runs these inputs (an arrangement, checked values);
       `precision(backend, dtype, device)`: each stage's matmul precision; `chained(backend)`: whether the backend
       runs the chain stage by stage (a forward-only peer does not); `parts(backend, kw)`: pieces of the forward
-      timed apart ("part:<name>"); `cost(problem, options)` per stage, under the model `cost_model`; `rule(plan,
+      timed apart ("part:<name>"); `cost(problem, options)` per stage, under the model `cost_model` (and the
+      entries of a backward, on backward points only, under `backward_cost_model`); `rule(plan,
       truth, report)`: a verdict beside the stages' (the SSD's mamba-ssm x2 rule)."""
 
     name: str
@@ -148,6 +149,7 @@ class Workload:
     parts: Callable[[Any, dict], dict] = _no_parts
     cost: Callable[[Problem, Mapping], dict[str, dict[str, float]]] = _no_costs
     cost_model: str | None = None
+    backward_cost_model: str | None = None
     rule: Callable[[Any, Any, dict], dict] | None = None
     steps: Mapping[str, Step] = field(default_factory=dict)
     tokens: Callable[[Problem], int] | None = None

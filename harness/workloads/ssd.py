@@ -89,5 +89,6 @@ SSD = register(Workload(
     parts=_parts,
     cost=_costs,
     cost_model=cost_model.MODEL_VERSION,
+    backward_cost_model=cost_model.BACKWARD_MODEL_VERSION,
     rule=_mamba_ssm_rule,
 ))

@@ -41,6 +41,8 @@ def test_a_plan_built_in_python_is_measured_into_rows(point, tmp_path):
         assert {(stage, m) for m in ("median_ms", "p20_ms", "p80_ms", "rel_err", "block_err", "tol", "ok",
                                      "compile_s", "gbps", "bytes")} <= metrics, stage
     assert ("point", "ok") in metrics and df.query("metric == 'rel_err'")["value"].max() < 1e-5
+    assert {s for s, m in metrics if m == "flops"} == set(STAGES)  # a forward point: the forward's costs only
+    assert set(df["cost_model"]) == {"ssd-cost-v1"}
     assert set(df["config_hash"]) == {point.identity.config_hash} and set(df["code_key"]) == {point.identity.code_key}
     assert set(df["timer"]) == {"cpu-wall"} and set(df["reference"]) == {"float64"} and set(df["tuning"]) == {"none"}
     assert set(df["sweep_name"]) == {"pipeline"} and set(df["shape_name"]) == {"tiny32"} and df["run_id"].nunique() == 1
@@ -158,6 +160,10 @@ def test_a_backward_direction_is_gated_on_every_gradient_and_timed(direction):
     assert df.query("stage == 'backward' and metric == 'deterministic'")["value"].item() == 1.0
     timed = set(df.query("metric == 'median_ms'")["stage"])
     assert timed == ({"backward"} if direction == "backward" else {"backward", "forward_backward"})
+    metrics = set(zip(df["stage"], df["metric"]))  # the cost model's entries, and its rates of each timed stage
+    assert {(s, m) for s in timed for m in ("gbps", "tflops", "bytes_fused", "bytes_fused_recompute")} <= metrics
+    assert {("bwd_chunk", "flops"), ("forward", "bytes"), ("forward_backward", "flops")} <= metrics
+    assert set(df["cost_model"]) == {"ssd-cost-v1+ssd-bwd-cost-v1"}
     if direction == "forward_backward":  # measured on the GPU only: NaN here, with the reason
         peak = df.query("metric == 'peak_mem_bytes'")
         assert peak["value"].isna().all() and peak["note"].str.contains("GPU only").all()
