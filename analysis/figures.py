@@ -71,7 +71,7 @@ def _finish(fig, what: str, source: Source | None, bottom: float = 0.0):
     legend); returns the figure."""
     _title(fig, what, source)
     height = fig.get_figheight()
-    fig.tight_layout(rect=(0, bottom / height, 1, 1))  # tight_layout keeps the suptitle's room itself
+    fig.tight_layout(rect=(0, bottom / height, 1, 1 - 0.08 / height))  # it keeps the suptitle's room itself
     return fig
 
 
@@ -175,9 +175,12 @@ def speedup_bars(table: pd.DataFrame, stage: str = "forward", source: Source | N
 
 
 def _panel_note(d: pd.DataFrame) -> list[tuple[str, dict]]:
-    """The text beside each bar of an ablation panel, with its style: the effect, or why there is none."""
+    """The text beside each bar of an ablation panel, with its style: the effect (and, for a comparison apart, where
+    the two points' tiles came from: protocol, else tuning sources, "<point> / <default>"), or why there is none."""
     notes = []
-    for value, noop, quiet, status in zip(d["shown"], d["noop"], d["quiet"], d["status"]):
+    sources = d["tile_sources"].fillna("") if "tile_sources" in d else pd.Series("", index=d.index)
+    for value, noop, quiet, status, apart, tiles, src in zip(d["shown"], d["noop"], d["quiet"], d["status"],
+                                                             d["apart"], d["tiles"].fillna(""), sources):
         if noop:
             notes.append(("no-op on this arch", {"style": "italic"}))
         elif quiet:
@@ -185,8 +188,12 @@ def _panel_note(d: pd.DataFrame) -> list[tuple[str, dict]]:
         elif status == "not measured" or not np.isfinite(value):
             notes.append(("not measured", {"color": "grey"}))
         else:
-            notes.append((f"{value:+.1f} %", {}))
+            where = (src if tiles == "unknown" and src else tiles) if apart else ""
+            notes.append((f"{value:+.1f} %" + (f" (tiles {where})" if where else ""), {}))
     return notes
+
+
+NOTE_CHAR_IN = 6.5 / 72 * 0.58  # the width of a 6.5-point character, about
 
 
 def _ablation_frame(table: pd.DataFrame) -> pd.DataFrame:
@@ -199,6 +206,14 @@ def _ablation_frame(table: pd.DataFrame) -> pd.DataFrame:
                         apart=table["status"].str.startswith("apart").to_numpy())
 
 
+def _tiles_named(rows: pd.DataFrame) -> list[str]:
+    """Where each row's compared points' tiles came from: its protocols, and its tuning sources where the rows
+    recorded no protocol ("no protocol recorded, tuning record / fallback": the point's / the default's)."""
+    sources = rows["tile_sources"] if "tile_sources" in rows else pd.Series("", index=rows.index)
+    return [f"no protocol recorded, tuning {src}" if tiles == "unknown" and src else str(tiles)
+            for tiles, src in zip(rows["tiles"].fillna("unknown"), sources.fillna(""))]
+
+
 def ablation_bars(table: pd.DataFrame, source: Source | None = None):
     """Effect of each switch on top of the others (percent of the time without it), in the backend's color: per
     backend one row of panels per two (shape, dtype), sharing the switch names (wrapped) on the left, each bar valued
@@ -207,23 +222,29 @@ def ablation_bars(table: pd.DataFrame, source: Source | None = None):
     no panel of a backend measured are named under its panels instead of drawn."""
     if table.empty:
         return _empty("ablation", source)
-    t = _ablation_frame(table)
+    t = _ablation_frame(table).fillna({"tiles": "", "status": "not measured"})
     backends = list(dict.fromkeys(t["backend"]))
+    longest = max(len(note) for _, g in t.groupby(["backend", "shape_name", "dtype"]) for note, _ in _panel_note(g))
+    cols = 2 if longest <= 16 else 1  # notes that name tiles need the docs' whole width
     layout = []  # (backend, switches drawn, [(shape, dtype), ...] per row, switches not measured)
     for backend in backends:
         mine = t[t["backend"] == backend]
         drawn = mine.groupby("switch", sort=False)["status"].apply(lambda st: (st != "not measured").any())
         switches = [sw for sw in dict.fromkeys(mine["switch"]) if drawn[sw]]
         groups = list(dict.fromkeys(zip(mine["shape_name"], mine["dtype"])))
-        for i in range(0, len(groups), 2):
-            layout.append((backend, switches, groups[i:i + 2], [sw for sw in drawn.index if not drawn[sw]]))
+        for i in range(0, len(groups), cols):
+            layout.append((backend, switches, groups[i:i + cols], [sw for sw in drawn.index if not drawn[sw]]))
+    last_row = {backend: groups for backend, _, groups, _ in layout}  # the backend's last row names what it lacks
     heights = [sum(0.13 * (_wrap(x, 24).count("\n") + 1) + 0.12 for x in sw) + 0.8 for _, sw, _, _ in layout]
-    fig, axes = plt.subplots(len(layout), 2, figsize=(DOC_WIDTH_IN, sum(heights) + 0.9), squeeze=False,
+    fig, axes = plt.subplots(len(layout), cols, figsize=(DOC_WIDTH_IN, sum(heights) + 0.9), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
     for row, (backend, switches, groups, unmeasured) in zip(axes, layout):
         panels = [t[(t["backend"] == backend) & (t["shape_name"] == s) & (t["dtype"] == dt)]
                   .set_index("switch").reindex(switches) for s, dt in groups]
         span = max([float(np.nanmax(np.abs(p["shown"]))) for p in panels if p["shown"].notna().any()] + [1.0])
+        negative = any((p["shown"] < 0).any() for p in panels)
+        axis_in = (DOC_WIDTH_IN - 1.7) / cols - (0.3 if cols > 1 else 0)
+        share = min(0.03 + longest * NOTE_CHAR_IN / axis_in, 0.7)  # of the axis width, for the notes
         for col, (ax, (shape, dtype)) in enumerate(zip(row, groups)):
             d = panels[col].assign(status=lambda x: x["status"].fillna("not measured"),
                                    noop=lambda x: x["noop"].fillna(False).astype(bool),
@@ -234,26 +255,26 @@ def ablation_bars(table: pd.DataFrame, source: Source | None = None):
             bars = ax.barh(y, np.nan_to_num(shown), color=palette.color(backend), edgecolor="white",
                            hatch=[palette.VARIANT_HATCH if a else "" for a in d["apart"]])
             _tag(bars.patches, backend)
-            for yi, value, (note, kw) in zip(y, np.nan_to_num(shown), _panel_note(d)):
-                right = value >= 0
-                ax.text(value + (0.03 if right else -0.03) * span, yi, note, va="center",
-                        ha="left" if right else "right", fontsize=6.5, **kw)
+            for yi, value, (note, kw) in zip(y, np.nan_to_num(shown), _panel_note(d)):  # right of the bar or of 0
+                ax.text(max(value, 0) + 0.03 * span, yi, note, va="center", ha="left", fontsize=6.5, **kw)
             ax.set_yticks(y, [_wrap(s, 24) for s in d.index] if col == 0 else [""] * len(y), fontsize=6.5)
             ax.set_ylim(len(y) - 0.5, -0.5)
             ax.axvline(0, color="k", lw=0.8)
-            ax.set_xlim(-1.7 * span, 1.7 * span)  # one scale across a backend's panels
+            left = -1.1 * span if negative else -0.05 * span  # one scale across a backend's panels
+            ax.set_xlim(left, (span - share * left) / (1 - share))  # the longest note fits right of the longest bar
             ax.tick_params(axis="x", labelsize=6.5)
             ax.set_title(f"{backend}, {palette.shape_caption(shape)}, {dtype}", fontsize=7)
-            if unmeasured and col == 0:
+            if unmeasured and col == 0 and groups is last_row[backend]:
                 ax.set_xlabel(_wrap("not measured here: " + ", ".join(unmeasured), 60), fontsize=6, color="grey")
         for ax in row[len(groups):]:
             ax.axis("off")
-    apart_tiles = sorted(set(t.loc[t["apart"], "tiles"].fillna("unknown")))
+    apart_tiles = sorted(set(_tiles_named(t[t["apart"]])))
     what = (f"Switch effects at the {', '.join(dict.fromkeys(t['stage']))}, on top of the others: a switch's row, "
             "the time it saves (negative: it costs); a row 'name=value', the time the default saves over that "
             "setting (negative: the setting is faster)")
     if apart_tiles:
-        what += f". Hatched: the compared points' tiles not both searched for their code ({', '.join(apart_tiles)})"
+        what += (". Hatched: the compared points' tiles not both searched for their own code "
+                 f"({'; '.join(apart_tiles)}; a bar's note: the point's / the default's)")
     return _finish(fig, what, source)
 
 

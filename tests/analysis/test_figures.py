@@ -166,6 +166,8 @@ def test_legend_says_tuned_only_over_tiles_searched_for_the_point(rendered):
     plain = [p for p in fig.findobj(lambda a: str(a.get_gid() or "") == "backend:cutile")
              if not p.get_hatch() and np.isfinite(p.get_height())]
     assert len(plain) == 4  # S2, S3, S4 and their geomean
+    notes = [t.get_text() for ax in rendered["front-page-h100/ablation"].axes for t in ax.texts]
+    assert sum("(tiles record / fallback)" in t for t in notes) == 3  # version 13's set on records, the default not
 
 
 @pytest.mark.parametrize("protocol,tuning,tuned", [
