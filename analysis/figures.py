@@ -171,7 +171,8 @@ def speedup_bars(table: pd.DataFrame, stage: str = "forward", source: Source | N
     ax.set_ylabel(f"speedup over {t['baseline'].iloc[0]}")
     _backend_legend(ax, labels, tiles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     return _finish(fig, f"{stage}: speedup over {t['baseline'].iloc[0]} (higher is faster; error bars p20–p80 of "
-                   "one run; above a geomean bar, the number of shapes it covers)", source)
+                   "one run; above a geomean bar, the number of shapes it covers; points of ablation sweeps left "
+                   "out)", source)
 
 
 def _panel_note(d: pd.DataFrame) -> list[tuple[str, dict]]:
@@ -374,7 +375,8 @@ def roofline(table: pd.DataFrame, source: Source | None = None):
     handles.append(Line2D([], [], color="k", ls="--", label="ceilings measured on the card"))
     fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=len(handles), bbox_to_anchor=(0.5, 0))
     flopless = sorted(set(table.loc[table["flops"].fillna(0) == 0, "stage"])) if "flops" in table else []
-    return _finish(fig, "Roofline: achieved rate against the cost model's intensity, per shape"
+    return _finish(fig, "Roofline: achieved rate against the cost model's intensity, per shape (points of "
+                   "ablation sweeps left out)"
                    + (f" ({', '.join(flopless)}: no matmul flops, not drawn)" if flopless else ""), source, bottom=0.35)
 
 
