@@ -6,7 +6,9 @@ captioned with their model; legends never show raw point labels. Each artist dra
 "backend:<name>" (tests check the colors through it). Error bars are the p20–p80 of one run; points pooled from
 several runs get none. The tables come from one run's rows (analysis.load.one_run), so no figure mixes runs; every
 figure's title names that run's card, dates and rows (`Source`). Figures are sized for the docs' display width
-(DOC_WIDTH_IN at the saved DPI: about 900 pixels), and every point, bar or line is named on the figure itself."""
+(DOC_WIDTH_IN at the saved DPI: about 900 pixels); the roofline names each point and ceiling beside it, the ablation
+each bar on its tick and its effect at its end, and legends say where tiles came from ("tuned" only for tiles searched
+for the point: analysis.palette.is_tuned)."""
 
 from __future__ import annotations
 
