@@ -19,7 +19,9 @@ run's (analysis.load.one_run).
 Column `tiles`: where the compared points' tiles came from (the rows' `tile_protocol`, impls/tuning.py
 TILE_PROTOCOLS; "<point> / <default>", one word where both agree, "unknown" for rows written before the column). An
 effect is the switch's only where both are retuned or same-sass; any other comparison keeps its figures but its
-status reads "apart: <tiles>" (pinned: the point borrowed its baseline's tiles), never "measured".
+status reads "apart: <tiles>" (pinned: the point borrowed its baseline's tiles), never "measured". Column
+`tile_sources`: the two points' `tuning` sources the same way (record, search, fallback), for rows that say no
+protocol; figures name them, printed tables leave them out (`printable`).
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ import json
 import numpy as np
 import pandas as pd
 
+from analysis import palette
 from analysis.load import one_run, timed, wide
 from analysis.noise import relative_noise, shown_effect
 from analysis.switches import meaning, noop_table, switch_meta
 from impls.tuning import COMPARABLE, join_protocols
 
-COLUMNS = ["backend", "stage", "shape_name", "dtype", "gpu_name", "arch", "switch", "status", "tiles", "t_default_ms",
+COLUMNS = ["backend", "stage", "shape_name", "dtype", "gpu_name", "arch", "switch", "status", "tiles", "tile_sources",
+           "t_default_ms",
            "t_without_ms", "effect_on_top", "effect_on_top_lo", "effect_on_top_hi", "t_all_off_ms", "t_alone_ms",
            "effect_alone", "effect_alone_lo", "effect_alone_hi", "on_top", "alone", "meaning"]
 # the numeric effects: a printed table shows `on_top` and `alone` instead (`printable`)
@@ -53,10 +57,21 @@ def _summaries(g: pd.DataFrame) -> dict[str, dict]:
             lo = p["p20_ms"].iloc[0] if pd.notna(p["p20_ms"].iloc[0]) else med[0]
             hi = p["p80_ms"].iloc[0] if pd.notna(p["p80_ms"].iloc[0]) else med[0]
         found = p["tile_protocol"].dropna() if "tile_protocol" in p else []
+        tuning = p["tuning"] if "tuning" in p else pd.Series(None, index=p.index)
+        sources = sorted({s for t in tuning for s in palette.tile_sources(None, t)})
         out[key] = {"time": float(np.median(med)), "lo": float(lo), "hi": float(hi), "noise": relative_noise(p),
                     "ablation": set(p["ablation"].fillna("none")), "switches": p["switch_dict"].iloc[0],
-                    "tiles": join_protocols(found) if len(found) else "unknown"}
+                    "tiles": join_protocols(found) if len(found) else "unknown",
+                    "sources": "/".join(sources) or "none"}
     return out
+
+
+def _sources(point, default) -> str:
+    """"<point's tuning sources> / <default's>" (record, fallback, search; one where both agree); "" where either
+    point is missing: what a figure names where `tiles` is unknown (rows written before tile_protocol)."""
+    if point is None or default is None:
+        return ""
+    return point["sources"] if point["sources"] == default["sources"] else f"{point['sources']} / {default['sources']}"
 
 
 def _tiles(point, default) -> str:
@@ -98,8 +113,8 @@ def _shown(effect: tuple, *points) -> str:
 
 def printable(table: pd.DataFrame) -> pd.DataFrame:
     """The table as a page prints it: the effects as `on_top` and `alone` (within noise or a percentage), without
-    the numeric effect columns and the switch's meaning."""
-    return table.drop(columns=[*EFFECT_COLUMNS, "meaning"])
+    the numeric effect columns, the switch's meaning and the tuning sources (figures read those)."""
+    return table.drop(columns=[*EFFECT_COLUMNS, "meaning", "tile_sources"])
 
 
 def _noop_status(arch: str, reason: str) -> str:
@@ -148,6 +163,7 @@ def ablation_table(results, backend: str, stage: str = "forward", noop_switches=
                 status = "measured"
             tiles = _tiles(without, base) or _tiles(alone, all_off)
             out.append({**common, "switch": s, "status": _apart(status, tiles), "tiles": tiles,
+                        "tile_sources": _sources(without, base) or _sources(alone, all_off),
                         "t_without_ms": without["time"] if without else np.nan,
                         "t_alone_ms": alone["time"] if alone else np.nan,
                         "effect_on_top": top[0], "effect_on_top_lo": top[1], "effect_on_top_hi": top[2],
@@ -167,6 +183,7 @@ def ablation_table(results, backend: str, stage: str = "forward", noop_switches=
             what = "; ".join(f"default {D.get(k)!r} vs {p['switches'].get(k)!r}: " + meaning(backend, k, arch)
                              for k in diff)
             out.append({**common, "switch": label, "status": _apart(status, _tiles(p, base)), "tiles": _tiles(p, base),
+                        "tile_sources": _sources(p, base),
                         "t_without_ms": p["time"], "t_alone_ms": np.nan, "effect_on_top": top[0],
                         "effect_on_top_lo": top[1], "effect_on_top_hi": top[2], "effect_alone": np.nan,
                         "effect_alone_lo": np.nan, "effect_alone_hi": np.nan, "on_top": _shown(top, base, p),
@@ -175,6 +192,7 @@ def ablation_table(results, backend: str, stage: str = "forward", noop_switches=
             eff = _effect(base, all_off)
             tiles = _tiles(all_off, base)
             out.append({**common, "switch": "all (default vs all off)", "tiles": tiles,
+                        "tile_sources": _sources(all_off, base),
                         "status": _apart("measured", tiles) if all_off else "not measured",
                         "t_without_ms": common["t_all_off_ms"],
                         "t_alone_ms": np.nan, "effect_on_top": eff[0], "effect_on_top_lo": eff[1],

@@ -56,6 +56,7 @@ BEGIN, END = "<!-- language_vs_trick:begin -->", "<!-- language_vs_trick:end -->
 MATCHED, PARTS = "language_vs_trick", {"cutile": "language_vs_trick_cutile", "triton": "language_vs_trick_triton"}
 EXPERIMENTS = (MATCHED, *PARTS.values())
 MACHINES = ("", "_h100")  # index-entry suffixes: "" the H200's rows, "_h100" an H100's
+FALLBACK_HATCH = "xx"  # cuTile's bars on tiles not searched for the point (fallback, pinned, ...)
 
 
 def markers(suffix: str = "") -> tuple[str, str]:
@@ -516,35 +517,60 @@ def write_section(doc: Path, section: str, suffix: str = "", text: str | None = 
     return f"{head}{begin}\n{section}\n{end}{tail}"
 
 
-def figure(lang: pd.DataFrame):
-    """Bars per shape and stage: cuTile tuned and Triton at cuTile's tiles (median ms), the languages' colors."""
+def figure(lang: pd.DataFrame, source=None):
+    """Bars per shape and stage: cuTile and Triton at cuTile's tiles (median ms), the languages' colors; cuTile's
+    legend and hatch read where its tiles came from (the table's "cuTile's tiles": "tuned" only for a record or a
+    search for the point, else "fallback tiles" and so on, analysis.palette.tile_words); shapes the run lacks are
+    named in the title, not drawn. `source`: analysis.figures.Source, the card, dates and rows in the title."""
     import numpy as np
+    from matplotlib.patches import Patch
 
     from analysis import palette
-    from analysis.figures import plt
+    from analysis.figures import DOC_WIDTH_IN, _finish, plt
 
-    fig, axes = plt.subplots(1, len(STAGES), figsize=(4 * len(STAGES), 3.2))
-    for ax, stage in zip(axes, STAGES):
-        rows = lang[lang["stage"] == stage]
-        x = np.arange(len(rows))
-        for offset, (column, backend, hatch) in enumerate((("cuTile tuned ms", "cutile", ""),
-                                                           ("Triton at cuTile's tiles ms", "triton",
-                                                            palette.VARIANT_HATCH))):
-            ax.bar(x + (offset - 0.5) * 0.4, rows[column], width=0.4, color=palette.color(backend), hatch=hatch,
-                   label="cuTile (tuned)" if backend == "cutile" else "Triton (cuTile's arrangement and tiles)",
-                   gid=f"backend:{backend}")
-        ax.set_xticks(x, rows["shape"])
-        ax.set_title(stage)
-        ax.set_ylabel("median ms")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    drawn = lang.dropna(subset=["cuTile tuned ms", "Triton at cuTile's tiles ms"], how="all")
+    shapes = [s for s in SHAPES if s in set(drawn["shape"])]
+    if not shapes:
+        fig, ax = plt.subplots(figsize=(DOC_WIDTH_IN, 1.6))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "No point of the matched part (cuTile, and Triton at cuTile's tiles) in the run these "
+                "tables read:\nnothing to draw.", ha="center", va="center", fontsize=8)
+        return _finish(fig, "The language at the same arrangement and tiles", source)
+    words = {s: palette.tile_words(palette.tile_sources(None, t)) or "tiles not recorded"
+             for s, t in zip(drawn["shape"], drawn["cuTile's tiles"].fillna(""))}
+    fig, axes = plt.subplots(2, 2, figsize=(DOC_WIDTH_IN, 5.2), squeeze=False)
+    for ax, stage in zip(axes.flat, STAGES):
+        rows = drawn[drawn["stage"] == stage].set_index("shape").reindex(shapes)
+        x = np.arange(len(shapes))
+        tuned = [palette.is_tuned(None, t) for t in rows["cuTile's tiles"].fillna("")]
+        ax.bar(x - 0.2, rows["cuTile tuned ms"], width=0.4, color=palette.color("cutile"),
+               hatch=["" if t else FALLBACK_HATCH for t in tuned], edgecolor="white", gid="backend:cutile")
+        ax.bar(x + 0.2, rows["Triton at cuTile's tiles ms"], width=0.4, color=palette.color("triton"),
+               hatch=palette.VARIANT_HATCH, edgecolor="white", gid="backend:triton")
+        ax.set_xticks(x, shapes, fontsize=7)
+        ax.set_title(stage, fontsize=8)
+        ax.set_ylabel("median ms", fontsize=7)
+        ax.tick_params(axis="y", labelsize=7)
+    handles = [Patch(facecolor=palette.color("cutile"), edgecolor="white",
+                     hatch="" if palette.is_tuned(None, t) else FALLBACK_HATCH,
+                     label=f"cuTile, {w} ({', '.join(s for s in shapes if words[s] == w)})")
+               for w, t in {w: t for s, t, w in zip(drawn["shape"], drawn["cuTile's tiles"].fillna(""),
+                                                     drawn["shape"].map(words))}.items()]
+    handles.append(Patch(facecolor=palette.color("triton"), hatch=palette.VARIANT_HATCH, edgecolor="white",
+                         label="Triton in cuTile's arrangement, pinned to cuTile's record tiles"))
+    fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=2, bbox_to_anchor=(0.5, 0))
+    absent = [s for s in SHAPES if s not in shapes]
+    what = "The language at the same arrangement and tiles: median ms per stage" + (
+        f" ({', '.join(absent)}: not in this run)" if absent else "")
+    return _finish(fig, what, source, bottom=0.25 + 0.17 * len(handles) / 2)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m analysis.language_vs_trick", description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="exit 1 if the committed doc differs from the rows")
     a = p.parse_args(argv)
+    from analysis import figures
+
     root = repo_root()
     index = results_index(root)
     doc = root / DOC
@@ -556,15 +582,14 @@ def main(argv=None) -> int:
         sources = ", ".join(f"`results/{index[n + suffix]}`" for n in EXPERIMENTS if n + suffix in index)
         section = render(w, sources, tuple(missing_entries(root, suffix)), left_out, lowering_entries(root, suffix))
         text = write_section(doc, section, suffix, text)
-        tables[suffix] = language_table(w)
+        tables[suffix] = (language_table(w), figures.source_of(w, sources.replace("`", "")))
     if a.check:
         same = doc.read_text() == text
         print(f"[language_vs_trick] {doc} " + ("matches the rows" if same else "differs: regenerate it"))
         return 0 if same else 1
     doc.write_text(text)
-    from analysis.figures import save
-
-    paths = [p for suffix, lang in tables.items() for p in save(figure(lang), root / FIGURE_DIR, FIGURE + suffix)]
+    paths = [p for suffix, (lang, source) in tables.items()
+             for p in figures.save(figure(lang, source), root / FIGURE_DIR, FIGURE + suffix)]
     print(f"[language_vs_trick] {doc}, {', '.join(map(str, paths))}")
     return 0
 

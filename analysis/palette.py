@@ -8,6 +8,7 @@ Point labels (analysis.load.point_label, analysis.speedup.tuned_label) read "bac
 from __future__ import annotations
 
 import functools
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,3 +103,68 @@ def shape_caption(shape_name: str, shape: str | None = None) -> str:
         return f"{shape_name}: {dims['h']} heads, {dims['b']}×{dims['l']}"
     like = "" if (dims.get("g"), dims.get("n"), dims.get("c")) == ("1", "128", "256") else "-like"
     return f"{shape_name}: {model}{like}, {dims['b']}×{dims['l']}"
+
+
+# Where a point's tiles came from, in the words a legend uses: the rows' `tile_protocol` (impls/tuning.py
+# TILE_PROTOCOLS), else, in rows written before that column, their `tuning` sources (a record looked up by the
+# point's own key, a search now, the fallback tiles). "tuned" only for tiles searched for the point itself.
+TILE_WORDS: dict[str, str] = {
+    "retuned": "tuned", "retuned-narrower": "tuned (narrower space)", "record": "tuned (record)",
+    "search": "tuned (searched)", "same-sass": "baseline's tiles (same code)", "pinned": "pinned (borrowed tiles)",
+    "fallback": "fallback tiles", "switches": "tiles set by switches", "peer-autotune": "its own autotuner",
+    "untuned": "no tiles to choose", "none": "its own configs (not chosen by this study)",
+}
+TUNED_SOURCES = ("retuned", "retuned-narrower")  # the protocols of tiles searched under the point's own switch set
+
+
+def _protocols(protocol) -> tuple[str, ...]:
+    if isinstance(protocol, str) and protocol and protocol != "unknown":
+        return tuple(sorted(set(protocol.split("+"))))
+    return ()
+
+
+def _tuning(tuning) -> tuple[str, ...]:
+    if not isinstance(tuning, str) or not tuning:
+        return ()
+    try:
+        parsed = json.loads(tuning) if tuning.startswith("{") else tuning
+    except ValueError:
+        parsed = tuning
+    values = parsed.values() if isinstance(parsed, dict) else [parsed]
+    return tuple(sorted({str(v) for v in values}))
+
+
+def tile_sources(protocol, tuning) -> tuple[str, ...]:
+    """The distinct tile sources of one row: its `tile_protocol` ("+"-joined), else its `tuning` (a JSON dict of
+    stage -> source, or one word); () when the row says neither."""
+    return _protocols(protocol) or _tuning(tuning)
+
+
+def tile_words(sources) -> str:
+    """A legend's words for a row's tile sources (`tile_sources`): "tuned", "fallback tiles", "pinned (borrowed
+    tiles)", joined with " + " where the stages differ; "" for none."""
+    return " + ".join(dict.fromkeys(TILE_WORDS.get(s, s) for s in sources))
+
+
+def is_tuned(protocol, tuning) -> bool:
+    """Whether every stage's tiles were searched for the point itself: its `tuning` sources all a stored record or
+    a search now, and its `tile_protocol` (where the row has one) retuned for the point's own switch set, not
+    pinned (borrowed) nor the baseline's (same-sass)."""
+    sources = _tuning(tuning)
+    protocols = _protocols(protocol)
+    return (bool(sources) and all(s in ("record", "search") for s in sources)
+            and all(p in TUNED_SOURCES[:2] for p in protocols))
+
+# A marker and a line style per backend as well as its color: lines that coincide (equal errors) stay told apart.
+BACKEND_MARKERS: dict[str, str] = {"cutile": "o", "triton": "s", "mamba_ssm": "^", "tilegym": "D", "fla": "v",
+                                   "vllm": "P", "reference": "x"}
+BACKEND_LINESTYLES: dict[str, str | tuple] = {"cutile": "-", "triton": "--", "mamba_ssm": "-.", "tilegym": ":",
+                                              "fla": (0, (5, 1, 1, 1)), "vllm": (0, (1, 1)), "reference": "-"}
+
+
+def backend_marker(backend_or_label: str) -> str:
+    return BACKEND_MARKERS.get(parse_label(backend_or_label).backend, "D")
+
+
+def backend_linestyle(backend_or_label: str):
+    return BACKEND_LINESTYLES.get(parse_label(backend_or_label).backend, "-")

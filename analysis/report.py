@@ -57,13 +57,15 @@ def write_report(results, out_dir: str | Path, baseline: str = "mamba_ssm", noop
     long = load_results(results)
     w = wide(long)
     t = tables(w, baseline, noop_switches)
+    source = figures.source_of(w, "DataFrame" if isinstance(results, pd.DataFrame) else str(resolve_results(results)))
     figs = {
-        "speedup_forward": figures.speedup_bars(t["speedup"], "forward") if "speedup" in t["speedup"] else None,
-        "ablation": figures.ablation_bars(t["ablation"]),
-        "roofline": figures.roofline(t["roofline"]),
-        "seqlen_scaling": figures.seqlen_scaling(t["seqlen"]),
-        "accuracy": figures.accuracy(t["accuracy"]),
-        "compile_cost": figures.compile_cost(t["compile"]),
+        "speedup_forward": figures.speedup_bars(t["speedup"], "forward", source=source) if "speedup" in t["speedup"]
+        else None,
+        "ablation": figures.ablation_bars(t["ablation"], source),
+        "roofline": figures.roofline(t["roofline"], source),
+        "seqlen_scaling": figures.seqlen_scaling(t["seqlen"], source),
+        "accuracy": figures.accuracy(t["accuracy"], source=source),
+        "compile_cost": figures.compile_cost(t["compile"], source),
     }
     for name, fig in figs.items():
         if fig is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis import palette
 from analysis.load import TIMED_STAGES, gpu_key, one_run, timed, wide
 
 # problem_name: the same shape under another problem (with initial states, z, seq_idx) is another workload
@@ -36,15 +37,28 @@ def time_summary(w: pd.DataFrame, stages=TIMED_STAGES) -> pd.DataFrame:
             hi = float(g["p80_ms"].iloc[0]) if pd.notna(g["p80_ms"].iloc[0]) else med[0]
             spread = "p20-p80"
         out.append({**dict(zip(("label", "backend", "ablation", *KEYS), key)), "time_ms": float(np.median(med)),
-                    "time_lo": float(lo), "time_hi": float(hi), "spread": spread, "n_runs": n})
+                    "time_lo": float(lo), "time_hi": float(hi), "spread": spread, "n_runs": n, "tiles": _tiles(g)})
     return pd.DataFrame(out, columns=["label", "backend", "ablation", *KEYS, "time_ms", "time_lo", "time_hi",
-                                      "spread", "n_runs"])
+                                      "spread", "n_runs", "tiles"])
+
+
+def _tiles(g: pd.DataFrame) -> str:
+    """Where a point's tiles came from, in a legend's words (analysis.palette.tile_words) over its rows."""
+    protocols = g["tile_protocol"] if "tile_protocol" in g else pd.Series(None, index=g.index)
+    tuning = g["tuning"] if "tuning" in g else pd.Series(None, index=g.index)
+    found = {s for p, t in zip(protocols, tuning) for s in palette.tile_sources(p, t)}
+    return palette.tile_words(sorted(found))
 
 
 def tuned_label(w: pd.DataFrame) -> pd.Series:
-    """backend, or "<backend>[tuned]" where the row's `tuning` sources include a search or a stored record."""
-    tuning = w["tuning"].fillna("none").astype(str) if "tuning" in w else pd.Series("none", index=w.index)
-    tuned = tuning.str.contains('"search"|"record"', regex=True) | tuning.isin(["search", "record"])
+    """backend, or "<backend>[tuned]" where every stage's tiles were searched for the point itself: its `tuning`
+    sources all a search or a stored record and, where the row has a `tile_protocol`, that protocol retuned (or
+    retuned-narrower) (analysis.palette.is_tuned). Fallback, pinned (borrowed) and same-sass tiles are not tuned for
+    the point: they keep the plain label."""
+    protocols = w["tile_protocol"] if "tile_protocol" in w else pd.Series(None, index=w.index)
+    tuning = w["tuning"] if "tuning" in w else pd.Series(None, index=w.index)
+    tuned = pd.Series([palette.is_tuned(p, t) for p, t in zip(protocols, tuning)],
+                      index=w.index, dtype=bool)
     return w["backend"].where(~tuned, w["backend"] + "[tuned]")
 
 
@@ -105,7 +119,8 @@ def speedup_table(results, baseline: str = "mamba_ssm", stages=TIMED_STAGES, wit
     m["_g"] = (m["shape_name"] == "geomean").astype(int)
     m = m.sort_values(["_s", "_g", "case", "backend"], kind="stable").drop(columns=["_s", "_g"])
     cols = ["stage", "case", "shape_name", "shape", "problem_name", "dtype", "gpu_name", "backend", "baseline",
-            "time_ms", "time_lo", "time_hi", "baseline_ms", "speedup", "speedup_lo", "speedup_hi", "spread", "n_runs"]
+            "time_ms", "time_lo", "time_hi", "baseline_ms", "speedup", "speedup_lo", "speedup_hi", "spread", "n_runs",
+            "tiles"]
     return m[cols].reset_index(drop=True)
 
 

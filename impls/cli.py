@@ -5,7 +5,8 @@ it declares, with those installed. It imports no backend: one whose declared pac
 version is reported unavailable from the installed metadata alone; `backends --check` imports the others and asks
 each whether it can run in this process (or why not), which imports cuda.tile, mamba_ssm, fla where they are.
 `switches` prints which preset of a backend's switches is the default on each target (impls/defaults.py), the
-presets, and its switch table (impls.registry.switch_table); `supports` says whether a backend can
+committed rows that measured it on each card (results/<folder>/<file>, and whether they compared it with other
+sets), the presets, and its switch table (impls.registry.switch_table); `supports` says whether a backend can
 run a problem of a shape from conf/shape/ (ok, or the backend's reason).
 """
 
@@ -124,7 +125,8 @@ def cmd_switches(args) -> int:
 
 
 def _print_defaults(cls: type[Backend]) -> dict:
-    """Prints which preset is the default on each target (then the next ones, for inputs the first refuses) and
+    """Prints which preset is the default on each target (then the next ones, for inputs the first refuses), the
+    committed rows that measured it on each card (Preset.chosen_by: card, rows, how many sets they compared), and
     every preset's values; returns each target's first switches."""
     print(f"{cls.name}: defaults per target (impls/defaults.py; get_backend(..., preset=<name>) or "
           "backend.preset=<name> runs one preset instead):")
@@ -134,6 +136,11 @@ def _print_defaults(cls: type[Backend]) -> dict:
         names = [a.preset for a in resolved.arrangements]
         then = f" (then, for inputs it refuses: {', '.join(names[1:])})" if names[1:] else ""
         print(f"  {target}: {names[0]}{then}")
+        chosen = cls.DEFAULTS.preset(names[0]).chosen_by
+        for rows in chosen:
+            print(f"    {rows.describe()}")
+        if not chosen and names[0] != DECLARED:
+            print("    no committed rows measured it on a card of this target")
         firsts[target] = resolved.first.switches
     others = [t for t in TARGETS if t not in firsts]
     if others:

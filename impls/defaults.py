@@ -30,15 +30,37 @@ DECLARED = "declared"  # the preset of no values: the Switches dataclass as decl
 
 
 @dataclass(frozen=True)
+class Chosen:
+    """Committed rows that measured a preset on one card: the card (gpu_name, as the rows record it), the rows file
+    (results/<folder>/<file>) and how many sets of the backend's switches those rows ran at S1–S4 (forward). With
+    several, the preset is the set of the fastest forward geomean over S1–S4 among them; with one, the rows show the
+    preset's times but chose it against no other set. tests/analysis/test_switch_defaults.py checks both against the
+    rows."""
+
+    card: str
+    rows: str
+    sets: int
+    note: str = ""  # what a reader should know of the comparison (tiles that differ, rounds)
+
+    def describe(self) -> str:
+        how = (f"the fastest forward geomean at S1–S4 of the {self.sets} sets of its switches these rows ran"
+               if self.sets > 1 else "the only set of its switches these rows ran at S1–S4 (its times; chosen "
+                                     "there against no other set)")
+        return f"on {self.card}: {self.rows}: {how}" + (f"; {self.note}" if self.note else "")
+
+
+@dataclass(frozen=True)
 class Preset:
-    """A named set of switch values, and where they come from (the committed rows, a document)."""
+    """A named set of switch values, where they come from (the committed rows, a document), and the committed rows
+    that measured it per card (`chosen_by`)."""
 
     values: tuple[tuple[str, Any], ...]
     source: str
+    chosen_by: tuple[Chosen, ...] = ()
 
     @classmethod
-    def of(cls, source: str, **values) -> Preset:
-        return cls(tuple(values.items()), source)
+    def of(cls, source: str, chosen_by: tuple[Chosen, ...] = (), **values) -> Preset:
+        return cls(tuple(values.items()), source, tuple(chosen_by))
 
 
 @dataclass(frozen=True)

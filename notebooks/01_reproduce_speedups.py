@@ -26,17 +26,19 @@ from IPython.display import Markdown, display
 
 import analysis
 from analysis import figures
+from analysis.load import resolve_results
 from analysis.markdown import table
 from analysis.notebooks import start
 
 w = start(RESULTS)  # the wide table; says where the points come from, and flags the synthetic fixture
+source = figures.source_of(w, resolve_results(RESULTS))  # the figures' titles: card, date, rows
 
 # %%
 sp = analysis.speedup_table(w, baseline=BASELINE, shape_names=["S1", "S2", "S3", "S4"])
 display(Markdown(table(analysis.speedup.speedup_matrix(sp, "forward"), index=True)))
 
 # %%
-figures.speedup_bars(sp, "forward")
+figures.speedup_bars(sp, "forward", source=source)
 
 # %%
 for stage in ("chunk_cumsum", "fwd_pass_state", "compute_out"):

@@ -29,10 +29,12 @@ from IPython.display import Markdown, display
 import analysis
 from analysis import figures
 from analysis.ablation import printable
+from analysis.load import resolve_results
 from analysis.markdown import table
 from analysis.notebooks import start
 
 w = start(RESULTS)  # the wide table; says where the points come from, and flags the synthetic fixture
+source = figures.source_of(w, resolve_results(RESULTS))  # the figures' titles: card, date, rows
 
 # %%
 backends = sorted(w.loc[w["ablation"].fillna("none") != "none", "backend"].unique())
@@ -41,4 +43,4 @@ abl = pd.concat([analysis.ablation_table(w, b) for b in backends], ignore_index=
 display(Markdown(table(printable(abl))))
 
 # %%
-figures.ablation_bars(abl)
+figures.ablation_bars(abl, source)

@@ -26,17 +26,19 @@ from IPython.display import Markdown, display
 
 import analysis
 from analysis import figures
+from analysis.load import resolve_results
 from analysis.markdown import table
 from analysis.notebooks import start
 
 w = start(RESULTS)  # the wide table; says where the points come from, and flags the synthetic fixture
+source = figures.source_of(w, resolve_results(RESULTS))  # the figures' titles: card, date, rows
 
 # %%
 acc = analysis.accuracy_table(w)
 display(Markdown(table(analysis.scaling.accuracy_matrix(acc, "forward"), index=True)))
 
 # %%
-figures.accuracy(acc, "forward")
+figures.accuracy(acc, "forward", source=source)
 
 # %%
 worst = acc.sort_values("err_over_tol", ascending=False).head(10)

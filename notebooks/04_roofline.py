@@ -25,21 +25,23 @@ from IPython.display import Markdown, display
 
 import analysis
 from analysis import figures
+from analysis.load import resolve_results
 from analysis.markdown import table
 from analysis.notebooks import start
 
 w = start(RESULTS)  # the wide table; says where the points come from, and flags the synthetic fixture
+source = figures.source_of(w, resolve_results(RESULTS))  # the figures' titles: card, date, rows
 
 # %%
 roof = analysis.roofline_table(w)
 display(Markdown(table(roof[roof["stage"] != "chunk_cumsum"])))
 
 # %%
-figures.roofline(roof)
+figures.roofline(roof, source)
 
 # %%
 sl = analysis.seqlen_table(w)
-figures.seqlen_scaling(sl)
+figures.seqlen_scaling(sl, source)
 
 # %%
 comp = analysis.compile_table(w)

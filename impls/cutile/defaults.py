@@ -21,7 +21,18 @@ configuration"); operand_swap went off by default once the H200 measured it 49 %
 
 from __future__ import annotations
 
-from impls.defaults import Defaults, Preset
+from impls.defaults import Chosen, Defaults, Preset
+
+H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+CHOSEN_SM90 = (
+    Chosen(H200, "results/2026-12-05-h200-fair-fight-rounds/headline.parquet", 2,
+           "both sets on the H200's tuning records"),
+    Chosen(H100, "results/2026-12-06-h100-rounds-row-pairs/headline_fair_fight_one_round.parquet", 2,
+           "one round; the declared values on fallback tiles at S2–S4 (no H100 record for them), this set on its "
+           "records"),
+    Chosen(H100, "results/2026-12-06-h100-rounds-row-pairs/headline_cutile_targets.parquet", 1,
+           "three interleaved rounds"),
+)
 
 DEFAULTS = Defaults(
     presets={
@@ -32,7 +43,7 @@ DEFAULTS = Defaults(
         "best_sm90": Preset.of(
             "results/2026-12-05-h200-fair-fight-rounds/headline.parquet (H200), "
             "results/2026-12-06-h100-rounds-row-pairs/headline_cutile_targets.parquet (H100): version 13's switches",
-            heads_first=True, skip_first=True, pdl=True),
+            chosen_by=CHOSEN_SM90, heads_first=True, skip_first=True, pdl=True),
     },
     targets={"sm_90": ("best_sm90",), "sm_100": ("published",)},
 )

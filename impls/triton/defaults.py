@@ -1,6 +1,7 @@
 """The Triton backend's switch defaults per target (impls/defaults.py): which named sets of its switches run where.
 
-- sm_90 (Hopper): "best_sm90", the set of the fastest committed rows of our Triton at S1–S4: tensor-descriptor loads
+- sm_90 (Hopper): "best_sm90", the set composed from the fastest single-switch comparisons of our Triton (the
+  rows per card: `chosen_by`, printed by `python -m impls switches triton`): tensor-descriptor loads
   with the descriptors built on the host, stage 2 as one kernel walking the chunks, and the cached launch path
   (results/2026-12-05-h200-rounds-language-vs-trick/headline.parquet, the three interleaved rounds on an H200;
   results/2026-12-05-h100-lvt-v23-rounds/headline.parquet on an H100; results/2026-12-06-h100-rounds-row-pairs and
@@ -15,11 +16,22 @@
 
 from __future__ import annotations
 
-from impls.defaults import Defaults, Preset
+from impls.defaults import Chosen, Defaults, Preset
 
 ROWS = ("results/2026-12-05-h200-rounds-language-vs-trick/headline.parquet (H200), "
-        "results/2026-12-05-h100-lvt-v23-rounds/headline.parquet (H100): the fastest committed rows of our Triton "
-        "at S1-S4")
+        "results/2026-12-05-h100-lvt-v23-rounds/headline.parquet (H100): the set these rows ran our Triton at, S1-S4 "
+        "(composed from single-switch comparisons; chosen_by names the rows per card)")
+CHOSEN_SM90 = (
+    Chosen("NVIDIA H200", "results/2026-12-05-h200-rounds-language-vs-trick/headline.parquet", 1,
+           "three interleaved rounds; its tma, descriptors and state_pass were chosen in single-switch comparisons: "
+           "tma with host-built descriptors the fastest of 4 sets at S1–S4 in "
+           "results/2026-12-05-h200-ablations-search-clusters/ablate_triton.parquet, state_pass=serial the fastest of "
+           "14 points at S1 in results/2026-12-05-h200-rounds-language-vs-trick/language_vs_trick_triton.parquet"),
+    Chosen("NVIDIA H100 80GB HBM3", "results/2026-12-05-h100-lvt-v23-rounds/headline.parquet", 1,
+           "three interleaved rounds"),
+    Chosen("NVIDIA H100 80GB HBM3", "results/2026-12-06-h100-rounds-row-pairs/headline_fair_fight_one_round.parquet", 1,
+           "one round, the H100 front page's rows"),
+)
 BEST_SM90 = dict(tma=True, tma_descriptors="host", state_pass="serial", launch_path="cached")
 NO_TMA = dict(tma=False, tma_descriptors="device")
 INTERPRETER_REFUSES = ("launch_path",)  # impls/triton/backend.py: the interpreter compiles no kernel to launch
@@ -32,7 +44,7 @@ def _without(values: dict, names) -> dict:
 DEFAULTS = Defaults(
     presets={
         "published": Preset.of("the published tricks on: the declared values (docs/triton-switches.md)"),
-        "best_sm90": Preset.of(ROWS, **BEST_SM90),
+        "best_sm90": Preset.of(ROWS, chosen_by=CHOSEN_SM90, **BEST_SM90),
         "best_sm90_no_tma": Preset.of(f"best_sm90 with pointer loads, for inputs TMA refuses; {ROWS}",
                                       **{**BEST_SM90, **NO_TMA}),
         "best_interpreter": Preset.of("best_sm90 less what the Triton interpreter cannot run (launch_path)",

@@ -380,3 +380,20 @@ def test_every_arm_validates_at_every_headline_shape():
                 cfg = compose("config", overrides=["experiment=language_vs_trick", f"+lvt={arm}", f"shape={shape}"])
                 _, sw = conf.validate(cfg)
                 assert sw is not None and cfg.backend.name.name == arm.partition("_")[0], (arm, shape)
+
+
+def test_figure_legend_reads_where_cutiles_tiles_came_from(synthetic):
+    """A shape whose cuTile point ran on fallback tiles (no record on that card) is drawn and named so, never
+    "tuned"; the title names the card, date and rows."""
+    from analysis import figures
+
+    w = lvt.load(synthetic)
+    lang = lvt.language_table(w)
+    lang.loc[lang["shape"] == "S2", "cuTile's tiles"] = "fallback"
+    fig = lvt.figure(lang, figures.source_of(w, "results/x/language_vs_trick.parquet"))
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "cuTile, fallback tiles (S2)" in texts and not any("tuned" in t and "S2" in t for t in texts)
+    s2 = [p for ax in fig.axes for p in ax.patches if p.get_gid() == "backend:cutile" and abs(p.get_x() - 0.6) < 1e-9]
+    assert s2 and all(p.get_hatch() == lvt.FALLBACK_HATCH for p in s2)
+    title = fig._suptitle.get_text().replace("\n", " ")
+    assert "results/x/language_vs_trick.parquet" in title and all(g in title for g in set(w["gpu_name"].dropna()))
