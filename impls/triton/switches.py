@@ -193,8 +193,8 @@ class TritonSwitches:
                "keeps none and the backward recomputes them with stage 2 (one fwd_pass_state more); the forward's "
                "kernels are unchanged either way (impls/triton/backward/)")
     bwd_cb: str = switch(
-        "inline", "the backward's C·Bᵀ (impls/triton/backward/chunk.py): 'inline' = bwd_chunk forms G = C_l·B_sᵀ with a "
-                  "tl.dot in every (source tile, head) program, once per head although it depends on the group "
+        "inline", "the backward's C·Bᵀ (impls/triton/backward/chunk.py): 'inline' = bwd_chunk forms G = C_l·B_sᵀ with "
+                  "a tl.dot in every (source tile, head) program, once per head although it depends on the group "
                   "only; 'shared' = compute_out's cb_kernel forms it once per (batch, chunk, group) into a (batch, "
                   "nchunks, ngroups, chunk, chunk) fp32 buffer (the tiles on or below the diagonal, 4·chunk² bytes "
                   "per (batch, chunk, group) allocated) and bwd_chunk loads its causal elements instead (two tl.dot "
