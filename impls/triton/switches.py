@@ -192,6 +192,18 @@ class TritonSwitches:
                "batch·nchunks·nheads·headdim·dstate elements in state_dtype) until the backward reads them; on = it "
                "keeps none and the backward recomputes them with stage 2 (one fwd_pass_state more); the forward's "
                "kernels are unchanged either way (impls/triton/backward/)")
+    bwd_cb: str = switch(
+        "inline", "the backward's C·Bᵀ (impls/triton/backward/chunk.py): 'inline' = bwd_chunk forms G = C_l·B_sᵀ with "
+                  "a tl.dot in every (source tile, head) program, once per head although it depends on the group "
+                  "only; 'shared' = compute_out's cb_kernel forms it once per (batch, chunk, group) into a (batch, "
+                  "nchunks, ngroups, chunk, chunk) fp32 buffer (the tiles on or below the diagonal, 4·chunk² bytes "
+                  "per (batch, chunk, group) allocated) and bwd_chunk loads its causal elements instead (two tl.dot "
+                  "per row tile instead of three). bwd_dcb and bwd_db form no C·Bᵀ",
+        choices=("inline", "shared"),
+        sm90="'shared': one launch more (64 × 64 tiles, one warpgroup MMA each); bwd_chunk's loop reads an fp32 "
+             "(rows × sources) tile from L2 where it read a (rows × dstate) tile of C in the input dtype, the same "
+             "bytes at 64 sources and dstate 128 in bf16",
+        sm100="as on sm_90")
     cb_lower_triangle: bool = switch(
         False, "cb_mode shared's C·Bᵀ kernel (cb_kernel, 64 × 64 tiles) launches one program per tile on or below "
                "the chunk's diagonal, n(n + 1)/2 of n × n, the tile's indices computed from the program id; the tiles "

@@ -121,4 +121,5 @@ KEY_ROLES = {
     "bwd_recompute_states": tuning.KERNELS,  # stage 2 once more in the backward, on its own records
     **dict.fromkeys(("launch_path", "tuning"), tuning.NEITHER),
     "cb_lower_triangle": tuning.KEY,  # the C·Bᵀ kernel's grid and compute_out's loads (code_switches, when on)
+    "bwd_cb": tuning.KEY,  # bwd_chunk's code: in its record key (impls/triton/backward/tune.py), when 'shared'
 }

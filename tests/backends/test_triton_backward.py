@@ -96,6 +96,60 @@ def test_switches_keep_the_gradients_in_the_gate(switches):
     assert_gate(get_backend("triton", **switches), RICH, 2)
 
 
+BWD_CB_CASES = [
+    pytest.param(RICH, 2, id="z-Dchannel-init-seq_idx-g2"),
+    pytest.param(dataclasses.replace(RICH, dtype="float16"), 1, id="fp16-z-Dchannel-init-seq_idx-g2"),
+    pytest.param(Problem(Shape(2, 40, 8, 16, 2, 16, 16), dtype="float16", has_z=True, has_initial_states=True), 2,
+                 id="fp16-z-init-g2-4-heads-per-group"),
+]
+
+
+@pytest.mark.parametrize("problem, seed", BWD_CB_CASES)
+def test_bwd_cb_shared_keeps_the_gradients_in_the_gate(problem, seed, monkeypatch):
+    """Switch bwd_cb='shared': bwd_chunk loads the groups' C·Bᵀ from cb_kernel's buffer instead of forming it per
+    head. Here the buffer's tiles are 16 × 16 and bwd_chunk's row tiles 32 high, so that at chunk 32 the first row
+    tile of source tile 1 covers the tile above the diagonal, which stays unwritten (NaN under the gate's poisoned
+    allocations): only its causal elements may be read."""
+    from impls.triton import compute_out
+    from impls.triton.backward import tune
+
+    monkeypatch.setattr(compute_out, "CB_BLOCK", 16)
+    monkeypatch.setitem(tune.FALLBACK["interpreter"], tune.CHUNK,
+                        {**tune.FALLBACK["interpreter"][tune.CHUNK], "block_rows": 32})
+    calls = []
+    cb_matrix = compute_out.cb_matrix
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("lower"))
+        return cb_matrix(*args, **kwargs)
+
+    monkeypatch.setattr("impls.triton.backward.chunk.cb_matrix", counted)
+    assert_gate(get_backend("triton", bwd_cb="shared"), problem, seed)
+    assert calls == [True], calls  # once per backward, the lower triangle only
+
+
+def test_bwd_cb_shared_reads_the_buffer(monkeypatch):
+    """The same backward with the shared C·Bᵀ scaled by 1.01 fails the gate at dx: bwd_chunk reads it."""
+    from impls.triton.backward import chunk
+
+    cb_matrix = chunk.cb_matrix
+    monkeypatch.setattr(chunk, "cb_matrix", lambda *a, **k: cb_matrix(*a, **k) * 1.01)
+    report = check_gradients(get_backend("triton", bwd_cb="shared"), make_inputs(RICH, seed=2), torch.float32,
+                             seed=2)
+    assert not report["dx"]["ok"], report
+
+
+def test_bwd_cb_enters_the_chunk_kernels_record_key_only():
+    """'shared' changes bwd_chunk's code only: its record key, not the other kernels' (whose records it keeps)."""
+    from impls.triton.backward import tune
+
+    shape = Shape(1, 256, 4, 16, 1, 16, 64)
+    keys = {v: {s: tune.record_key(get_backend("triton", bwd_cb=v).switches, shape, "float32", {}, s)
+                for s in tune.STAGES} for v in ("inline", "shared")}
+    assert [s for s in tune.STAGES if keys["inline"][s] != keys["shared"][s]] == [tune.CHUNK]
+    assert "bwd_cb" not in keys["inline"][tune.CHUNK] and "shared" in keys["shared"][tune.CHUNK]
+
+
 def _leaves(kw: dict) -> dict:
     return {name: kw[name].detach().clone().requires_grad_() for name in GRAD_INPUTS if kw.get(name) is not None}
 
@@ -203,4 +257,4 @@ def test_the_backward_kernels_compile_for_sm90():
     result = subprocess.run([sys.executable, "-m", "tests.backends.triton_backward_sm90"], capture_output=True,
                             text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("ok  ") == 5, result.stdout
+    assert result.stdout.count("ok  ") == 6, result.stdout  # bwd_chunk with bwd_cb 'inline' and 'shared'

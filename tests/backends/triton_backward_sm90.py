@@ -1,6 +1,7 @@
 """Compiles the Triton backward's kernels for sm_90 without a GPU (triton.compile through ptxas) at S1's sizes in
 bf16, with the GPU fallback tiles: one line per kernel (shared memory, registers, spills); exit status 1 if any
-fails to compile or needs more shared memory than a block may have. Run it with TRITON_INTERPRET unset (the CPU test
+fails to compile or needs more shared memory than a block may have; bwd_chunk twice, with switch bwd_cb 'inline'
+and 'shared'. Run it with TRITON_INTERPRET unset (the CPU test
 tests/backends/test_triton_backward.py runs it in a subprocess): `python -m tests.backends.triton_backward_sm90`."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ SHARED_MEMORY_LIMIT = 232448  # bytes of dynamic shared memory per block on sm_9
 CHUNK, HEADDIM, DSTATE = 256, 64, 128  # S1's blocks
 FP32 = ("dt_ptr", "dA_ptr", "fin_ptr", "dfin_ptr", "ext_ptr", "last_ptr", "dinit_ptr", "ddt_ptr", "dl_ptr",
         "row_ptr", "dD_ptr", "D_ptr", "dG_ptr", "xv_ptr", "bv_ptr", "A_ptr", "bias_ptr", "ddt1_ptr", "dlv_ptr",
-        "ddtv_ptr", "dA_part_ptr", "bias_part_ptr")
+        "ddtv_ptr", "dA_part_ptr", "bias_part_ptr", "cb_ptr")
 
 
 def signature(kernel, dtype: str, constexprs: dict) -> dict[str, str]:
@@ -51,9 +52,10 @@ def variants(dtype: str):
                                   "BLOCK_N": fb[tune.STATE_PASS]["block_dstate"],
                                   "BLOCK_K": fb[tune.STATE_PASS]["block_positions"], "HAS_DFINAL": True,
                                   "HAS_Z": True, "HAS_EXT": True, "HAS_INIT": True}, fb[tune.STATE_PASS]
-    yield bwd_chunk_kernel, {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.CHUNK]["block_sources"],
-                             "BLOCK_L": fb[tune.CHUNK]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE,
-                             "HAS_Z": True, "HAS_D": True, "HAS_XV": True}, fb[tune.CHUNK]
+    chunk = {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.CHUNK]["block_sources"],
+             "BLOCK_L": fb[tune.CHUNK]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE, "HAS_Z": True,
+             "HAS_D": True, "HAS_XV": True}
+    yield bwd_chunk_kernel, {**chunk, "SHARED_CB": False, "cb_ptr": None}, fb[tune.CHUNK]  # switch bwd_cb='inline'
     yield bwd_dcb_kernel, {**common, **dots, "CHUNK": CHUNK, "BLOCK_L": fb[tune.DCB]["block_rows"],
                            "BLOCK_S": fb[tune.DCB]["block_sources"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE,
                            "HAS_Z": True}, fb[tune.DCB]
@@ -63,6 +65,7 @@ def variants(dtype: str):
     yield bwd_cumsum_kernel, {"EXP2": True, "CHUNK": CHUNK, "BLOCK_H": fb[tune.CUMSUM]["block_heads"],
                               "ROW_TILE": fb[tune.CHUNK]["block_sources"], "HAS_BIAS": True, "SOFTPLUS": True,
                               "HAS_LIMIT": True, "HAS_V": True}, fb[tune.CUMSUM]
+    yield bwd_chunk_kernel, {**chunk, "SHARED_CB": True}, fb[tune.CHUNK]  # switch bwd_cb='shared'
 
 
 def main(dtype: str = "bf16") -> int:

@@ -2,7 +2,9 @@
 (harness/gradient_gate.py: float64 autograd through the reference as the truth, NaN-poisoned allocations) in bf16
 at a medium shape with S1's blocks (chunk 256, headdim 64, dstate 128; the peers' test_backward.py shape) and at one
 covering more of the contract (ngroups 2, z, per-channel D, seq_idx, initial states, seqlen not a multiple of the
-chunk); the per-sequence states' gradient (cu_seqlens); and two backward calls giving the same bits."""
+chunk); the per-sequence states' gradient (cu_seqlens); and two backward calls giving the same bits. Switch
+bwd_cb='shared' (the groups' C·Bᵀ formed once by cb_kernel, loaded by bwd_chunk) through the same gate at the first
+two shapes, and its two calls the same bits too."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from harness.gradient_gate import check_gradients, output_gradients
 from impls.api import GRAD_INPUTS
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
+from impls.registry import get_backend
 
 MEDIUM = Problem(Shape(2, 1024, 16, 64, 1, 128, 256), dtype="bfloat16", has_initial_states=True)
 CASES = [
@@ -35,15 +38,27 @@ def test_every_gradient_passes_the_gate(problem):
     assert all(r["ok"] for r in report.values()), report
 
 
-def test_two_backward_calls_give_the_same_bits():
+@pytest.mark.parametrize("problem", CASES[:2])
+def test_bwd_cb_shared_passes_the_gate(problem):
+    backend = get_backend("triton", bwd_cb="shared")
+    report = check_gradients(backend, make_inputs(problem, device="cuda", seed=3), torch.bfloat16,
+                             torch.device("cuda"), seed=3)
+    print("[triton bwd_cb=shared]", {name: round(r["bound_ratio"], 3) for name, r in report.items()})
+    assert all(r["ok"] for r in report.values()), report
+
+
+@pytest.mark.parametrize("switches", [pytest.param({}, id="defaults"),
+                                      pytest.param({"bwd_cb": "shared"}, id="bwd_cb-shared")])
+def test_two_backward_calls_give_the_same_bits(switches):
     """Every reduction is per-head/chunk partials summed in a fixed order: no float atomics."""
     inputs = make_inputs(MEDIUM, device="cuda", seed=4)
     grads_in = output_gradients(inputs, 4)
     kw = forward_arguments(inputs)
+    backend = get_backend("triton", **switches)
     runs = []
     for _ in range(2):
         leaves = {n: kw[n].detach().clone().requires_grad_() for n in GRAD_INPUTS if kw.get(n) is not None}
-        out = impls.ssd(**{**kw, **leaves}, backend="triton")
+        out = impls.ssd(**{**kw, **leaves}, backend=backend)
         found = torch.autograd.grad([out.y, out.final_states], list(leaves.values()),
                                     [grads_in["y"].to(out.y.dtype), grads_in["final_states"].float()])
         runs.append(dict(zip(leaves, found)))

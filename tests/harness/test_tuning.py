@@ -809,11 +809,15 @@ def _cutile_keys(sw):
 
 
 def _triton_keys(sw):
+    from impls.problem import Shape
     from impls.triton import tune
+    from impls.triton.backward import tune as bwd_tune
     from impls.triton.clamp import pinned
     from impls.triton.stages import STAGE_FIELDS  # the fused kernel's stage too
 
-    return {s: (tune.record_key(sw, "b1-l256", "bfloat16", {}, s), pinned(sw, s)) for s in STAGE_FIELDS}
+    keys = {s: (tune.record_key(sw, "b1-l256", "bfloat16", {}, s), pinned(sw, s)) for s in STAGE_FIELDS}
+    shape = Shape(1, 256, 4, 16, 1, 16, 128)  # the backward's kernels: keyed by their own record_key, no pins
+    return {**keys, **{s: (bwd_tune.record_key(sw, shape, "bfloat16", {}, s), {}) for s in bwd_tune.STAGES}}
 
 
 def _tilegym_keys(sw):

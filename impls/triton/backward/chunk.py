@@ -2,7 +2,10 @@
 of its BLOCK_S source positions s (impls/README.md, "The chunked backward", step 3): dx_s, the part of ddt_s that
 does not go through Λ, dΛ_s's own terms, dz_s and its tile's share of dD; walking the row tiles l ≥ s of the chunk
 it forms G = C_l B_sᵀ, dM = dŷ_l x_sᵀ and M = G ∘ L ∘ dt_s (three tl.dot per row tile, with dx_s += Mᵀ dŷ_l) and
-writes the row sums of T = dM ∘ M, which its rows' owners do not see, as one partial per source tile."""
+writes the row sums of T = dM ∘ M, which its rows' owners do not see, as one partial per source tile. G depends on
+the group only: switch bwd_cb='shared' forms it once per (batch, chunk, group) with the forward's cb_kernel
+(impls/triton/compute_out.py, the tiles on or below the diagonal) and every head's programs load its causal
+elements instead of the tl.dot (two tl.dot per row tile)."""
 
 from __future__ import annotations
 
@@ -13,12 +16,13 @@ import triton.language as tl
 from impls.triton import launcher
 from impls.triton.backward.common import chunk_program, decay, gated_dy, log_decay, log_decay_at, rows, sequence_ends
 from impls.triton.clamp import pow2_at_least_16
+from impls.triton.compute_out import cb_matrix
 
 
 @triton.jit
 def bwd_chunk_kernel(
     x_ptr, B_ptr, C_ptr, dt_ptr, dA_ptr, seq_ptr, st_ptr, ds_ptr, dy_ptr, z_ptr, yh_ptr, D_ptr, xv_ptr,
-    dx_ptr, dz_ptr, ddt_ptr, dl_ptr, row_ptr, dD_ptr,
+    dx_ptr, dz_ptr, ddt_ptr, dl_ptr, row_ptr, dD_ptr, cb_ptr,
     seqlen, nheads, nchunks, headdim, dstate, heads_per_group,
     s_x_b, s_x_l, s_x_h, s_x_p,
     s_B_b, s_B_l, s_B_g, s_B_n,
@@ -39,7 +43,7 @@ def bwd_chunk_kernel(
     s_dD_b, s_dD_c, s_dD_t, s_dD_h,
     CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_XV: tl.constexpr,
-    EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr,
 ):
     # flat grid: source tile fastest, then head, chunk, batch
     TILES: tl.constexpr = CHUNK // BLOCK_S
@@ -115,10 +119,13 @@ def bwd_chunk_kernel(
     U = tl.zeros((BLOCK_S,), dtype=tl.float32)  # Σ_l dM_ls G_ls L_ls
     col = tl.zeros((BLOCK_S,), dtype=tl.float32)  # Σ_l T_ls
     row_c = row_ptr + b * s_r_b + h * s_r_h + c64 * s_r_c + t * s_r_t
+    if SHARED_CB:  # the group's (chunk, chunk) C·Bᵀ, contiguous (batch, nchunks, ngroups, chunk, chunk) fp32
+        cb_c = cb_ptr + ((b * nchunks + c64) * (nheads // heads_per_group) + g) * (CHUNK * CHUNK)
     for l0 in range((s0 // BLOCK_L) * BLOCK_L, chunk_len, BLOCK_L):
         offs_l = l0 + tl.arange(0, BLOCK_L)
         mask_l = offs_l < chunk_len
-        C_l = rows(C_c, offs_l, offs_n, mask_l, mask_n, s_C_l, s_C_n).to(dtype)
+        if not SHARED_CB:
+            C_l = rows(C_c, offs_l, offs_n, mask_l, mask_n, s_C_l, s_C_n).to(dtype)
         dyh_l = gated_dy(dy_c, z_c, offs_l, offs_p, mask_l, mask_p, s_dy_l, s_dy_p, s_z_l, s_z_p, HAS_Z).to(dtype)
         dA_l = log_decay(dA_c + offs_l * s_dA_l, mask_l, EXP2)
         keep = (offs_l[:, None] >= offs_s[None, :]) & mask_l[:, None] & mask_s[None, :]
@@ -126,7 +133,10 @@ def bwd_chunk_kernel(
             seq_l = tl.load(seq_b + (start64 + offs_l) * s_seq_l, mask=mask_l, other=0)
             keep = keep & (seq_l[:, None] == seq_s[None, :])
         L = decay(tl.where(keep, dA_l[:, None] - dA_s[None, :], float("-inf")), EXP2)
-        G = tl.dot(C_l, tl.trans(B_s), input_precision=DOT_PRECISION)  # (l, s)
+        if SHARED_CB:  # its causal elements only: the tiles above the diagonal are not written
+            G = tl.load(cb_c + offs_l[:, None] * CHUNK + offs_s[None, :], mask=keep, other=0.0)  # (l, s)
+        else:
+            G = tl.dot(C_l, tl.trans(B_s), input_precision=DOT_PRECISION)  # (l, s)
         dM = tl.dot(dyh_l, tl.trans(x_s), input_precision=DOT_PRECISION)  # (l, s)
         GL = G * L
         M = GL * dt_s[None, :]
@@ -147,11 +157,12 @@ def bwd_chunk_kernel(
     tl.store(dl_ptr + q, dl)
 
 
-def chunk_grads(x, B, C, dt, dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, extra_dx, *, config, switches, empty,
-                dot_precision):
+def chunk_grads(x, B, C, dt, dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, extra_dx, cb, *, config, switches,
+                empty, dot_precision):
     """-> (dx in x's dtype, dz in z's dtype or None, ddt's part outside Λ, dΛ's own terms (both fp32 (batch,
     nheads, nchunks, chunk)), T's row-sum partials (batch, nheads, nchunks, source tiles, chunk) fp32, dD partials
-    (batch, nchunks, source tiles, nheads, headdim) fp32 or None)."""
+    (batch, nchunks, source tiles, nheads, headdim) fp32 or None). `cb`: None (G formed per head), or the groups'
+    C·Bᵀ from `shared_cb` (switch bwd_cb='shared')."""
     batch, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2], B.shape[3]
     nchunks, chunk = dt.shape[2], dt.shape[3]
@@ -170,7 +181,7 @@ def chunk_grads(x, B, C, dt, dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, ext
     xv = extra_dx if extra_dx is not None else x  # never read without HAS_XV
     launcher.launch(
         bwd_chunk_kernel, (tiles * nheads * nchunks * batch,), x, B, C, dt, dA_cumsum, seq, states, ds, dy, zz, yh,
-        D_arg, xv, dx, dz, ddt, dl, row, dD,
+        D_arg, xv, dx, dz, ddt, dl, row, dD, cb,
         seqlen, nheads, nchunks, headdim, dstate, nheads // ngroups,
         *x.stride(), *B.stride(), *C.stride(), *dt.stride(), *dA_cumsum.stride(), seq.stride(0), seq.stride(1),
         *states.stride(), *ds.stride(), *dy.stride(), *zz.stride(), *yh.stride(), *D_strides, *xv.stride(),
@@ -178,7 +189,16 @@ def chunk_grads(x, B, C, dt, dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, ext
         CHUNK=chunk, BLOCK_S=block_s, BLOCK_L=config["block_rows"], BLOCK_P=pow2_at_least_16(headdim),
         BLOCK_N=pow2_at_least_16(dstate),
         HAS_SEQ=seq_idx is not None, HAS_Z=z is not None, HAS_D=D is not None, HAS_XV=extra_dx is not None,
-        EXP2=switches.exp2, DOT_PRECISION=dot_precision,
+        EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=cb is not None,
         num_warps=config["num_warps"], num_stages=config["num_stages"], path=switches.launch_path,
     )
     return dx, (dz if z is not None else None), ddt, dl, row, (dD if D is not None else None)
+
+
+def shared_cb(C, B, chunk, *, switches, empty, dot_precision):
+    """Switch bwd_cb='shared': C·Bᵀ once per (batch, chunk, group), (batch, nchunks, ngroups, chunk, chunk) fp32
+    contiguous, by the forward's cb_kernel over the tiles on or below the diagonal (the chunk kernel loads only
+    source <= row, all inside them); None with bwd_cb='inline'."""
+    if switches.bwd_cb != "shared":
+        return None
+    return cb_matrix(C, B, chunk, empty, dot_precision, switches.launch_path, lower=True)

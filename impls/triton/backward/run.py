@@ -12,7 +12,7 @@ from impls.chunked_backward import Saved, backward_inputs, cast, partial_sums
 from impls.problem import Shape, dtype_name
 from impls.registry import ForwardResult
 from impls.triton.backward import tune
-from impls.triton.backward.chunk import chunk_grads
+from impls.triton.backward.chunk import chunk_grads, shared_cb
 from impls.triton.backward.cumsum import cumsum_grads
 from impls.triton.backward.db import db_grads
 from impls.triton.backward.dcb import dcb_grads
@@ -65,9 +65,11 @@ class TritonBackward:
             C, sv.dA_cumsum, seq_idx, states, sv.final_states, grads.get("final_states"), dy, z, extra.states,
             has_init, config=cfg, **dots))
 
+        cb = shared_cb(C, B, sv.dt.shape[3], **dots)  # None unless switch bwd_cb='shared'
+
         def chunk(cfg):
-            return chunk_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, extra.dx, config=cfg,
-                               **dots)
+            return chunk_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, extra.dx, cb,
+                               config=cfg, **dots)
 
         chunk_config = go.config(tune.CHUNK, {**flags, "D": "none" if D is None else D.dim()}, chunk)
         dx, dz, ddt1, dl, row, dD_part = chunk(chunk_config)

@@ -13,6 +13,7 @@ from impls import tuning
 from impls.problem import Shape
 from impls.triton import target
 from impls.triton.clamp import pow2_at_least_16, triton_next_pow2
+from impls.triton.switches import TritonSwitches
 from impls.triton.tune import STACK, Resolved
 
 STATE_PASS, CHUNK, DCB, DB, CUMSUM = "bwd_state_pass", "bwd_chunk", "bwd_dcb", "bwd_db", "bwd_cumsum"
@@ -45,6 +46,9 @@ FALLBACK: dict[str, dict[str, dict[str, int]]] = {
     },
 }
 CODE_SWITCHES = ("exp2", "cb_precision")  # the switches that change the backward kernels' code
+# switches that change one kernel's code only, in that kernel's key when away from their default (so that records
+# found without them keep their keys, and the other kernels keep their records)
+KERNEL_SWITCHES = {CHUNK: ("bwd_cb",)}
 
 
 def clamp(config: dict[str, int], shape: Shape) -> dict[str, int]:
@@ -74,8 +78,13 @@ def space_size(stage: str) -> int:
     return math.prod(len(v) for v in SEARCH_SPACE[stage].values())
 
 
-def record_key(switches, shape: Shape, dtype: str, flags: dict) -> str:
+def record_key(switches, shape: Shape, dtype: str, flags: dict, stage: str) -> str:
+    """`stage`'s record key: shape, dtype, CODE_SWITCHES, the stage's own KERNEL_SWITCHES away from their default,
+    the call's flags."""
     code = {name: getattr(switches, name) for name in CODE_SWITCHES}
+    defaults = TritonSwitches()
+    code.update({name: getattr(switches, name) for name in KERNEL_SWITCHES.get(stage, ())
+                 if getattr(switches, name) != getattr(defaults, name)})
     return tuning.tuning_key(shape.label(), dtype, **code, **flags)
 
 
@@ -83,7 +92,7 @@ def resolve(backend, stage: str, shape: Shape, dtype: str, flags: dict, device,
             launch: Callable[[dict], Any]) -> dict[str, int]:
     """The configuration `stage` runs with on this call: resolved once per record key on `backend` (its mode:
     switch `tuning`), recorded in `backend.last_tuning` (describe() reports it)."""
-    key = record_key(backend.switches, shape, dtype, flags)
+    key = record_key(backend.switches, shape, dtype, flags, stage)
     resolved = backend._resolved.get((stage, key))
     if resolved is None:
         arch = target.arch(device)
