@@ -584,14 +584,16 @@ def make_head_loop_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, 
     return kernel_call(compute_out_head_loop_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 
 
-def make_cb_call(arrays, dims, chunk_size, tf32, sw, config) -> KernelCall:
+def make_cb_call(arrays, dims, chunk_size, tf32, sw, config, lower: bool | None = None) -> KernelCall:
     """arrays = (C, B, cb): cb_kernel's launch, with the main kernel's row block as its tile; its occupancy hint
-    is switch cb_occupancy's (0: none), its programs those of `cb_pairs` (switch cb_lower_triangle)."""
+    is switch cb_occupancy's (0: none), its programs those of `cb_pairs` (`lower`, default switch
+    cb_lower_triangle; the backward's switch bwd_cb='shared' asks for the lower triangle whatever the forward's)."""
     batch, seqlen, _nheads, headdim, ngroups, dstate = dims
     nchunks = math.ceil(seqlen / chunk_size)
     bl, _bp, bn = blocks(chunk_size, headdim, dstate, config)
-    pairs = cb_pairs(chunk_size // bl, sw.cb_lower_triangle)
-    args = (*arrays, chunk_size, bl, bn, bool(tf32), sw.tma, 4 if sw.latency_hints else 0, sw.cb_lower_triangle)
+    lower = sw.cb_lower_triangle if lower is None else bool(lower)
+    pairs = cb_pairs(chunk_size // bl, lower)
+    args = (*arrays, chunk_size, bl, bn, bool(tf32), sw.tma, 4 if sw.latency_hints else 0, lower)
     return kernel_call(cb_kernel, (batch * nchunks * pairs, ngroups), args, sw.cb_occupancy, sw.opt_level)
 
 
@@ -625,12 +627,13 @@ def cb_matrix(C, B, chunk, tf32, sw, config) -> torch.Tensor:
     return cb
 
 
-def cb_launch(C, B, chunk, tf32, sw, config) -> tuple[torch.Tensor, KernelCall]:
-    """cb_kernel's output, (b, c, g, chunk, chunk) fp32, allocated, and its launch on it (not run)."""
+def cb_launch(C, B, chunk, tf32, sw, config, lower: bool | None = None) -> tuple[torch.Tensor, KernelCall]:
+    """cb_kernel's output, (b, c, g, chunk, chunk) fp32, allocated, and its launch on it (not run); `lower` as in
+    `make_cb_call`."""
     batch, seqlen, ngroups, dstate = B.shape
     nchunks = math.ceil(seqlen / chunk)
     cb = torch.empty(batch, nchunks, ngroups, chunk, chunk, device=B.device, dtype=torch.float32)
-    return cb, make_cb_call((C, B, cb), (batch, seqlen, 0, 0, ngroups, dstate), chunk, tf32, sw, config)
+    return cb, make_cb_call((C, B, cb), (batch, seqlen, 0, 0, ngroups, dstate), chunk, tf32, sw, config, lower)
 
 
 def search_calls(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, y, sw, config) -> tuple[KernelCall, ...]:

@@ -240,6 +240,19 @@ class CutileSwitches:
              "tiles (not the chunk's) are staged in shared memory: the shared memory and registers per CTA the "
              "whole-chunk tiles take leave room for more CTAs per SM",
         sm100="the same loop; its tcgen05 lowering is the compiler's")
+    bwd_cb: str = switch(
+        "inline", "the backward's C·Bᵀ (impls/cutile/backward/chunk.py): 'inline' = bwd_chunk forms G = C_l·B_sᵀ with "
+                  "an MMA in every (source tile, head) program, once per head although it depends on the group only; "
+                  "'shared' = compute_out's cb_kernel (its lower-triangle grid, 64 × 64 tiles) forms it once per "
+                  "(batch, chunk, group) into a (batch, nchunks, ngroups, chunk, chunk) fp32 buffer (4·chunk² bytes "
+                  "per (batch, chunk, group) allocated, the tiles above the diagonal unwritten) and bwd_chunk loads "
+                  "its (rows × sources) tile, keeping the causal elements, instead (two MMAs per row tile instead of "
+                  "three, no C_l load). bwd_dcb and bwd_db form no C·Bᵀ; the forward's kernels are unchanged",
+        choices=("inline", "shared"),
+        sm90="'shared': one launch more (cb_kernel: two TMA loads, a warpgroup MMA, a TMA store per tile); "
+             "bwd_chunk's loop reads an fp32 (rows × sources) tile where it read a (rows × dstate) tile of C in the "
+             "input dtype (the same bytes at 64 sources and dstate 128 in bf16) and drops an HGMMA",
+        sm100="as on sm_90")
 
     def __post_init__(self):
         cb_set = {name: getattr(self, name) for name in CB_KERNEL_SWITCHES if getattr(self, name) != _CB_DEFAULTS[name]}
@@ -314,6 +327,9 @@ CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "e
 # pdl and opt_level change the code of the kernels they reach but stay out of CODE_SWITCHES (the switch-effects
 # table and the factorials): tests/backends/test_cutile_aot.py shows the PDL instructions in the SASS with pdl on and
 # none with it off, and compiles every opt_level.
+# bwd_cb changes the backward's bwd_chunk kernel only, which the forward's switch-effects table does not compile: it
+# keys bwd_chunk's record (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py
+# compiles both values.
 # cb_occupancy and cb_lower_triangle change only the C·Bᵀ kernel (compute_out_cb), which the switch-effects table
 # does not compile (its compute_out row is the main kernel, where both are no-ops): in CODE_SWITCHES they would read
 # "no-op on sm_90" and borrow the defaults' record as the same code. tests/backends/test_cutile_aot.py shows their

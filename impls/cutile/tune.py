@@ -288,4 +288,5 @@ KEY_ROLES = {
     # kernel-only timer does not time that kernel), keyed away from the default and borrowing the tiles without it
     **dict.fromkeys(("cb_occupancy", "cb_lower_triangle"), tuning.KEY),
     "state_subblock": tuning.KEY,  # stage 2's code: keyed when set, borrowing the tiles of the key without it
+    "bwd_cb": tuning.KEY,  # bwd_chunk's code: in its record key (impls/cutile/backward/tune.py), when 'shared'
 }

@@ -47,7 +47,7 @@ def build_call(kernel: str, dtype: torch.dtype, switches, dims: dict | None = No
     if kernel == tune.CHUNK:
         flags = {"seq": on["seq"], "z": on["z"], "xv": on["varlen"]}
         D = a(f32, 1 if on["d_mode"] == 1 else 2)
-        arrays = (X, BC, BC, Q, Q, seq, S5, S5, X, X, X, D, Q, X, X, Q, Q, a(f32, 5), a(f32, 5))
+        arrays = (X, BC, BC, Q, Q, seq, S5, S5, X, X, X, D, Q, X, X, Q, Q, a(f32, 5), a(f32, 5), a(f32, 5))
         return chunk.make_call(arrays, dims6, d["chunk"], flags, on["d_mode"], trans, tf32, switches, config)
     if kernel == tune.DCB:
         arrays = (X, BC, Q, Q, seq, S5, X, X, a(f32, 5), BC)

@@ -90,6 +90,31 @@ def test_compiles_with_other_switches_and_dtypes(kernel, dtype, switches, wide):
     assert _facts(kernel, dtype, switches, dims, EVERYTHING, wide=wide)["instructions"] > 100
 
 
+@needs_cuobjdump
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+def test_bwd_cb_shared_chunk_kernel_compiles_with_fewer_mmas(arch):
+    """Switch bwd_cb='shared': the chunk kernel at S1 in bf16 with the fallback tiles loads G instead of forming it:
+    fewer warpgroup (sm_90) or tcgen05 (sm_100) MMAs than 'inline'; on sm_90 no local-memory spill, also at ngroups 8
+    with every optional input."""
+    mma = "HGMMA" if arch == "sm_90" else "UTCMMA"
+    inline = _facts(tune.CHUNK, arch=arch)
+    shared = _facts(tune.CHUNK, switches=CutileSwitches(bwd_cb="shared"), arch=arch)
+    assert 0 < shared[mma] < inline[mma], (inline, shared)
+    if arch == "sm_90":
+        everything = _facts(tune.CHUNK, switches=CutileSwitches(bwd_cb="shared"), dims={"ngroups": 8},
+                            optional=EVERYTHING)
+        assert shared["LDL"] + shared["STL"] + everything["LDL"] + everything["STL"] == 0, (shared, everything)
+
+
+@pytest.mark.slow
+@needs_cuobjdump
+@pytest.mark.parametrize("dtype, wide", [(torch.float32, False), (torch.bfloat16, True)],
+                         ids=["fp32", "bf16-int64-offsets"])
+def test_bwd_cb_shared_chunk_kernel_compiles_for_other_dtypes(dtype, wide):
+    dims = {"batch": 1, "seqlen": 2**20} if wide else None
+    assert _facts(tune.CHUNK, dtype, CutileSwitches(bwd_cb="shared"), dims, EVERYTHING, wide=wide)["HGMMA"] > 0
+
+
 # --- the host side, launches intercepted -------------------------------------------------------------------------
 CONTRACT = Problem(Shape(2, 1000, 8, 64, 2, 128, 256), dtype="bfloat16", has_z=True, D_per_channel=True,
                    has_initial_states=True, nseqs=3)  # seq_idx; 1000 = 3 chunks + 232
@@ -259,3 +284,81 @@ def test_saved_and_recomputed_states_give_the_same_bits_under_emulation(monkeypa
         found.append(dict(zip(leaves, grads)))
     for name, grad in found[0].items():
         assert torch.equal(grad, found[1][name]), name
+
+
+# --- switch bwd_cb='shared': the groups' C·Bᵀ by cb_kernel, loaded by the chunk kernel ---------------------------
+BWD_CB_CASES = [
+    pytest.param(RICH, SMALL, id="z-Dchannel-init-seq_idx-g2"),
+    pytest.param(Problem(Shape(1, 50, 8, 32, 2, 32, 32), dtype="float32", has_z=True, has_initial_states=True,
+                         nseqs=2), ROWS_LONGER, id="z-init-seq_idx-g2-4-heads-per-group"),
+]
+
+
+def _poisoned_cb_launches(monkeypatch) -> list:
+    """Every cb_kernel launch's `lower` flag, its output filled with NaN before the kernel writes it (the tiles it
+    leaves unwritten stay NaN), its tiles 8 × 8 (chunk.CB_TILE) so that a chunk of 32 has 6 unwritten of 16."""
+    from impls.cutile import compute_out
+    from impls.cutile.backward import chunk
+
+    monkeypatch.setattr(chunk, "CB_TILE", 8)
+    calls, cb_launch = [], compute_out.cb_launch
+
+    def poisoned(*args, **kwargs):
+        cb, call = cb_launch(*args, **kwargs)
+        calls.append((kwargs.get("lower"), call.grid))
+        return cb.fill_(float("nan")), call
+
+    monkeypatch.setattr(compute_out, "cb_launch", poisoned)
+    return calls
+
+
+@pytest.mark.parametrize("problem, tiles", BWD_CB_CASES)
+def test_bwd_cb_shared_passes_the_gate_under_emulation(monkeypatch, problem, tiles):
+    """Switch bwd_cb='shared': the chunk kernel's (rows × sources) tiles straddle cb_kernel's unwritten tiles above
+    the diagonal (SMALL: sources 16..31 × rows 16..23 reach source block 3 of row block 2; ROWS_LONGER: rows 0..15 ×
+    sources 8..15 reach block (0, 1)), NaN here: only the causal elements may be kept. One cb_kernel launch per
+    backward, lower triangle, 10 programs per (batch, chunk) of 4 × 4 blocks."""
+    calls = _poisoned_cb_launches(monkeypatch)
+    backend = _emulated(monkeypatch, tiles, bwd_cb="shared")
+    with emulated_launches():
+        report = check_gradients(backend, make_inputs(problem, seed=2), problem.torch_dtype, seed=2)
+    failing = {name: (round(r["bound_ratio"], 3), r["where"]) for name, r in report.items() if not r["ok"]}
+    assert not failing, failing
+    nchunks = -(-problem.shape.seqlen // problem.shape.chunk_size)
+    assert calls == [(True, (problem.shape.batch * nchunks * 10, problem.shape.ngroups))], calls
+
+
+def test_bwd_cb_shared_reads_the_buffer_under_emulation(monkeypatch):
+    """The same backward with the groups' C·Bᵀ scaled by 1.01 fails the gate at dx: the chunk kernel reads it."""
+    from impls.cutile.backward import chunk
+
+    shared_cb = chunk.shared_cb
+    monkeypatch.setattr("impls.cutile.backward.run.shared_cb", lambda *a, **k: shared_cb(*a, **k) * 1.01)
+    backend = _emulated(monkeypatch, SMALL, bwd_cb="shared")
+    with emulated_launches():
+        report = check_gradients(backend, make_inputs(RICH, seed=2), torch.float32, seed=2)
+    assert not report["dx"]["ok"], report
+
+
+def test_bwd_cb_enters_the_chunk_kernels_record_key_only():
+    """'shared' changes bwd_chunk's code only: its record key, not the other kernels' (whose records it keeps)."""
+    keys = {v: {s: tune.record_key(CutileSwitches(bwd_cb=v), "b1-l256", "bfloat16", {}, s) for s in tune.STAGES}
+            for v in ("inline", "shared")}
+    assert [s for s in tune.STAGES if keys["inline"][s] != keys["shared"][s]] == [tune.CHUNK]
+    assert "bwd_cb" not in keys["inline"][tune.CHUNK] and "shared" in keys["shared"][tune.CHUNK]
+
+
+@pytest.mark.quick
+def test_bwd_cb_shared_launches_cb_kernel_before_the_chunk_kernel():
+    """On the contract's shape (ngroups 2, seq_idx, seqlen 1000 = 3 chunks + 232): cb_kernel's lower triangle at
+    64 × 64 tiles, 10 programs per (batch, chunk), one per group, its (b, c, g, chunk, chunk) fp32 output the chunk
+    kernel's cbm; every other kernel as with 'inline'."""
+    launches = _intercepted_backward(CONTRACT, bwd_cb="shared")[0]
+    names = [name for name, _, _ in launches]
+    assert names[4:] == ["bwd_state_pass_kernel", "cb_kernel", *BACKWARD_KERNELS[1:]]
+    by_name = {name: (grid, args) for name, grid, args in launches[4:]}
+    grid, args = by_name["cb_kernel"]
+    assert grid == (2 * 4 * 10, 2) and args["LOWER"] is True and args["BL"] == 64
+    assert args["cb"] is by_name["bwd_chunk_kernel"][1]["cbm"]
+    assert (tuple(args["cb"].shape), args["cb"].dtype) == ((2, 4, 2, 256, 256), torch.float32)
+    assert by_name["bwd_chunk_kernel"][1]["SHARED_CB"] is True

@@ -3,8 +3,9 @@
 medium shape with S1's blocks (chunk 256, headdim 64, dstate 128; the peers' test_backward.py shape) and at one
 covering more of the contract (ngroups 2, z, per-channel D, seq_idx, initial states, seqlen not a multiple of the
 chunk); the per-sequence states' gradient (cu_seqlens); two backward calls giving the same bits; and the gradients of
-our Triton backward on the same inputs. The CPU checks (AOT compiles, the kernels under emulation) are
-tests/backends/test_cutile_backward.py."""
+our Triton backward on the same inputs. Switch bwd_cb='shared' (the groups' C·Bᵀ formed once by cb_kernel, loaded by
+the chunk kernel) through the same gate at the first two shapes, and its two calls the same bits too. The CPU checks
+(AOT compiles, the kernels under emulation) are tests/backends/test_cutile_backward.py."""
 
 from __future__ import annotations
 
@@ -67,6 +68,22 @@ def test_two_backward_calls_and_recomputed_states_give_the_same_bits():
     for name, grad in first.items():
         assert torch.equal(grad, again[name]), name
         assert torch.equal(grad, recomputed[name]), name
+
+
+@pytest.mark.parametrize("problem", CASES[:2])
+def test_bwd_cb_shared_passes_the_gate(problem):
+    backend = get_backend("cutile", bwd_cb="shared")
+    report = check_gradients(backend, make_inputs(problem, device="cuda", seed=3), torch.bfloat16,
+                             torch.device("cuda"), seed=3)
+    print("[cutile bwd_cb=shared]", {name: round(r["bound_ratio"], 3) for name, r in report.items()})
+    assert {"dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias", "dinitial_states"} <= set(report)
+    assert all(r["ok"] for r in report.values()), report
+
+
+def test_bwd_cb_shared_two_backward_calls_give_the_same_bits():
+    first, again = _gradients("cutile", MEDIUM, 4, bwd_cb="shared"), _gradients("cutile", MEDIUM, 4, bwd_cb="shared")
+    for name, grad in first.items():
+        assert torch.equal(grad, again[name]), name
 
 
 # gradients of one element each (not sums over the batch and time, whose cancellation the gate allows for by its sum

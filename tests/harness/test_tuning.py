@@ -804,8 +804,11 @@ def test_every_committed_record_holds_only_fields_its_stage_reads():
 # --- every switch of a tuned backend has a role for the record key (impls/tuning.py KEY_ROLES) ---------------------
 def _cutile_keys(sw):
     from impls.cutile import tune
+    from impls.cutile.backward import tune as bwd_tune
 
-    return {s: (tune.record_key(s, sw, "b1-l256", "bfloat16"), tune.pins(s, sw)) for s in tune.STAGE_KEYS}
+    keys = {s: (tune.record_key(s, sw, "b1-l256", "bfloat16"), tune.pins(s, sw)) for s in tune.STAGE_KEYS}
+    # the backward's kernels: keyed by their own record_key, no pins
+    return {**keys, **{s: (bwd_tune.record_key(sw, "b1-l256", "bfloat16", {}, s), {}) for s in bwd_tune.STAGES}}
 
 
 def _triton_keys(sw):

@@ -3,7 +3,10 @@ the gradients of its BS source positions s (impls/README.md, "The chunked backwa
 that does not go through Λ, dΛ_s's own terms, dz_s and its tile's share of dD; walking the row tiles l ≥ s of the
 chunk it forms G = C_l B_sᵀ, dM = dŷ_l x_sᵀ and M = G ∘ L ∘ dt_s (three MMAs per row tile, with dx_s += Mᵀ dŷ_l) and
 writes the row sums of T = dM ∘ M, which its rows' owners do not see, as one partial per source tile. A source tile
-past the end of a short last chunk writes only its (zero) dD partial: no load lies wholly outside an array."""
+past the end of a short last chunk writes only its (zero) dD partial: no load lies wholly outside an array. G depends
+on the group only: switch bwd_cb='shared' forms it once per (batch, chunk, group) with the forward's cb_kernel
+(impls/cutile/compute_out.py, the tiles on or below the diagonal) and every head's programs load their (rows ×
+sources) tile of it, keeping its causal elements, instead of the MMA (two MMAs per row tile)."""
 
 from __future__ import annotations
 
@@ -56,10 +59,12 @@ def bwd_chunk_kernel(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, d
                      BN: ct.Constant[int], HAS_SEQ: ct.Constant[bool], HAS_Z: ct.Constant[bool],
                      D_MODE: ct.Constant[int], HAS_XV: ct.Constant[bool], TRANS: ct.Constant[bool],
                      TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
-                     LAT: ct.Constant[int]):
+                     LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], cbm):
     """dx, dz (x's and z's dtype); ddt, dl (b, h, nchunks, chunk) fp32 at the tile's positions; row (b, h, nchunks,
     source tiles, chunk) fp32 at rows l ≥ the tile's first row tile; dD (b, nchunks, source tiles, h, BP) fp32.
-    D_MODE: 0 no D, 1 per head, 2 per channel."""
+    D_MODE: 0 no D, 1 per head, 2 per channel. SHARED_CB (switch bwd_cb='shared'): G read from cbm, the groups' C·Bᵀ
+    (b, nchunks, ngroups, chunk, chunk) fp32 written on and below the diagonal (last: the default build's other
+    parameters keep their places)."""
     k = Hints(TMA, LAT, EXP2, TF32)
     # one flat grid axis (batch·nchunks passes the 65535 of the others at 2^20 tokens): source tile fastest, then
     # head, chunk, batch, so that the programs in flight share their chunk's B and C tiles
@@ -72,13 +77,13 @@ def bwd_chunk_kernel(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, d
     s0 = t * BS
     if s0 < chunk_len:
         _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, ddt, dl, row, dD, seqlen, b, c, h,
-                     g, t, chunk_len, CHUNK, BS, BL, BP, BN, HAS_SEQ, HAS_Z, D_MODE, HAS_XV, TRANS, k)
+                     g, t, chunk_len, CHUNK, BS, BL, BP, BN, HAS_SEQ, HAS_Z, D_MODE, HAS_XV, TRANS, k, SHARED_CB, cbm)
     elif D_MODE > 0:  # the host sums every tile's partial
         ct.store(dD, (b, c, t, h, 0), ct.zeros((1, 1, 1, 1, BP), ct.float32))
 
 
 def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, ddt, dl, row, dD, seqlen, b, c, h, g,
-                 t, chunk_len, CHUNK, BS, BL, BP, BN, HAS_SEQ, HAS_Z, D_MODE, HAS_XV, TRANS, k):
+                 t, chunk_len, CHUNK, BS, BL, BP, BN, HAS_SEQ, HAS_Z, D_MODE, HAS_XV, TRANS, k, SHARED_CB, cbm):
     sb = c * (CHUNK // BS) + t  # the tile's rows, in BS-row blocks of (batch, seqlen, …) tensors
     offs_s = _positions(t * BS, BS)
     mask_s = offs_s < chunk_len
@@ -125,7 +130,8 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
     for j in range((t * BS) // BL, (chunk_len + BL - 1) // BL):
         lb = c * (CHUNK // BL) + j
         offs_l = _positions(j * BL, BL)
-        C_l = rows(C, b, lb, g, 0, BL, BN, k)
+        if not SHARED_CB:
+            C_l = rows(C, b, lb, g, 0, BL, BN, k)
         dyh_l = gated_dy(dy, z, b, lb, h, 0, BL, BP, HAS_Z, k).astype(x.dtype)
         dA_l = per_position(dA, b, h, c, j, BL, k) * k.base()
         keep = ((offs_l.reshape((BL, 1)) >= offs_s.reshape((1, BS))) & (offs_l < chunk_len).reshape((BL, 1))
@@ -134,7 +140,11 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
             seq_l = ct.load(seq, (b, lb), (1, BL), padding_mode=ZERO, allow_tma=k.tma()).reshape((BL, 1))
             keep = keep & (seq_l == seq_s.reshape((1, BS)))
         L = k.exp(ct.where(keep, dA_l.reshape((BL, 1)) - dA_s.reshape((1, BS)), -math.inf))
-        G = k.mma(C_l, ct.transpose(B_s), ct.zeros((BL, BS), ct.float32))
+        if SHARED_CB:  # its causal elements only: the tiles above the diagonal are not written
+            G = ct.load(cbm, (b, c, g, j, t), (1, 1, 1, BL, BS), allow_tma=k.tma(), latency=k.lat())
+            G = ct.where(keep, G.reshape((BL, BS)), 0.0)
+        else:
+            G = k.mma(C_l, ct.transpose(B_s), ct.zeros((BL, BS), ct.float32))
         dM = k.mma(dyh_l, ct.transpose(x_s), ct.zeros((BL, BS), ct.float32))
         GL = G * L
         M = GL * dt_s.reshape((1, BS))
@@ -161,22 +171,28 @@ def blocks(chunk: int, headdim: int, dstate: int, config: dict) -> tuple[int, in
 
 def make_call(arrays, dims, chunk_size: int, flags: dict, d_mode: int, transposed: bool, tf32: bool, sw,
               config) -> KernelCall:
-    """arrays = (x, B, C, dt, dA, seq, states storage, ds, dy, z, yhat, D, xv, dx, dz, ddt, dl, row, dD): tensors,
-    or ArraySpec for AOT compiles; flags: seq, z, xv; d_mode 0 (no D), 1 (per head), 2 (per channel)."""
+    """arrays = (x, B, C, dt, dA, seq, states storage, ds, dy, z, yhat, D, xv, dx, dz, ddt, dl, row, dD, cb): tensors,
+    or ArraySpec for AOT compiles (cb: the groups' C·Bᵀ with switch bwd_cb='shared', else a 5-d stand-in); flags:
+    seq, z, xv; d_mode 0 (no D), 1 (per head), 2 (per channel)."""
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     bs, bl, bp, bn = blocks(chunk_size, headdim, dstate, config)
+    *arrays, cb = arrays
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bs, bl, bp, bn, bool(flags["seq"]), bool(flags["z"]),
             int(d_mode), bool(flags["xv"]), bool(transposed), bool(tf32), sw.exp2, sw.tma,
-            4 if sw.latency_hints else 0)
+            4 if sw.latency_hints else 0, sw.bwd_cb == "shared", cb)
     grid = ((chunk_size // bs) * nheads * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_chunk_kernel, grid, args, config, sw.opt_level)
 
 
-def chunk_grads(x, B, C, dt, dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, extra_dx, *, sw, config,
+def chunk_grads(x, B, C, dt, dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, extra_dx, cb, *, sw, config,
                 tf32: bool, submit=None):
     """-> (dx in x's dtype, dz in z's dtype or None, ddt's part outside Λ, dΛ's own terms (both fp32 (batch,
     nheads, nchunks, chunk), written inside the sequence only), T's row-sum partials (batch, nheads, nchunks, source
-    tiles, chunk) fp32, dD partials (batch, nchunks, source tiles, nheads, headdim) fp32 or None)."""
+    tiles, chunk) fp32, dD partials (batch, nchunks, source tiles, nheads, headdim) fp32 or None). `cb`: None (G
+    formed per head, switch bwd_cb='inline'), or the groups' C·Bᵀ from `shared_cb` (bwd_cb='shared')."""
+    if (cb is not None) != (sw.bwd_cb == "shared"):
+        raise ValueError(f"switch bwd_cb={sw.bwd_cb!r} of backend 'cutile': bwd_chunk takes the groups' C·Bᵀ "
+                         "(shared_cb's buffer) with 'shared' and none with 'inline'")
     from impls.cutile import common
 
     batch, seqlen, nheads, headdim = x.shape
@@ -195,9 +211,27 @@ def chunk_grads(x, B, C, dt, dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, ext
     arrays = (x, B, C, dt, dA_cumsum, or_stand_in(seq_idx, dev, torch.int32, 2), storage, ds, dy,
               or_stand_in(z, dev, dy.dtype, 4), or_stand_in(yhat, dev, dy.dtype, 4), or_stand_in(D, dev, f32, 1),
               or_stand_in(extra_dx, dev, f32, 4), dx, or_stand_in(dz, dev, dy.dtype, 4), ddt, dl, row,
-              or_stand_in(dD, dev, f32, 5))
+              or_stand_in(dD, dev, f32, 5), or_stand_in(cb, dev, f32, 5))
     flags = {"seq": seq_idx is not None, "z": z is not None, "xv": extra_dx is not None}
     call = make_call(arrays, (batch, seqlen, nheads, headdim, ngroups, dstate), chunk, flags, d_mode, transposed, tf32,
                      sw, config)
     (submit or common.launch)(call)
     return dx, dz, ddt, dl, row, dD
+
+
+CB_TILE = 64  # cb_kernel's (rows, sources) tile for the backward's shared C·Bᵀ (at most the chunk)
+
+
+def shared_cb(C, B, chunk: int, *, sw, tf32: bool) -> torch.Tensor | None:
+    """Switch bwd_cb='shared': C·Bᵀ once per (batch, chunk, group), (batch, nchunks, ngroups, chunk, chunk) fp32
+    contiguous, by the forward's cb_kernel over the tiles on or below the diagonal (whatever switch
+    cb_lower_triangle says: the chunk kernel keeps source <= row only, all inside them), launched here; None with
+    bwd_cb='inline'."""
+    from impls.cutile import common
+    from impls.cutile.compute_out import cb_launch
+
+    if sw.bwd_cb != "shared":
+        return None
+    cb, call = cb_launch(C, B, chunk, tf32, sw, {"block_rows": min(CB_TILE, chunk)}, lower=True)
+    common.launch(call)
+    return cb

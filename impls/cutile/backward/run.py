@@ -11,7 +11,7 @@ import torch
 
 from impls.chunked_backward import Saved, backward_inputs, cast, partial_sums
 from impls.cutile.backward import tune
-from impls.cutile.backward.chunk import chunk_grads
+from impls.cutile.backward.chunk import chunk_grads, shared_cb
 from impls.cutile.backward.common import unit_last
 from impls.cutile.backward.cumsum import cumsum_grads
 from impls.cutile.backward.db import db_grads
@@ -71,9 +71,10 @@ class CutileBackward:
         (ds, lasts, dinit) = go.run(tune.STATE_PASS, {**flags, "init": has_init}, lambda cfg, submit: state_pass(
             C, sv.dA_cumsum, seq_idx, states, sv.final_states, grads.get("final_states"), dy, z, ext["states"],
             has_init, sw=sw, config=cfg, tf32=tf32, submit=submit))
+        cb = shared_cb(C, B, sv.dt.shape[3], sw=sw, tf32=tf32)  # None unless switch bwd_cb='shared'
         (dx, dz, ddt1, dl, row, dD_part) = go.run(
             tune.CHUNK, {**flags, "D": "none" if D is None else D.dim()}, lambda cfg, submit: chunk_grads(
-                x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, ext["dx"], sw=sw, config=cfg,
+                x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, ext["dx"], cb, sw=sw, config=cfg,
                 tf32=tf32, submit=submit))
         (dC, dG) = go.run(tune.DCB, flags, lambda cfg, submit: dcb_grads(
             x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, dy, z, sw=sw, config=cfg, tf32=tf32, submit=submit))

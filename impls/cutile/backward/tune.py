@@ -43,6 +43,9 @@ SPACE: dict[str, dict[str, list]] = {
     CUMSUM: {"block_heads": [8, 4, 16], "occupancy": [0, 4]},
 }
 CODE_SWITCHES = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")  # what the kernels read of the switches
+# switches that change one kernel's code only, in that kernel's key when away from their default (so that records
+# found without them keep their keys, and the other kernels keep their records)
+KERNEL_SWITCHES = {CHUNK: ("bwd_cb",)}
 STACK = ("cuda-tile", "tileiras", "driver")  # what a cuTile record is bound to
 
 
@@ -64,8 +67,15 @@ def configs(stage: str) -> list[dict]:
     return [dict(zip(space, values)) for values in itertools.product(*space.values())]
 
 
-def record_key(switches, shape_label: str, dtype: str, flags: dict) -> str:
+def record_key(switches, shape_label: str, dtype: str, flags: dict, stage: str) -> str:
+    """`stage`'s record key: shape, dtype, CODE_SWITCHES, the stage's own KERNEL_SWITCHES away from their default,
+    the call's flags."""
+    from impls.cutile.switches import CutileSwitches
+
     code = {name: getattr(switches, name) for name in CODE_SWITCHES}
+    defaults = CutileSwitches()
+    code.update({name: getattr(switches, name) for name in KERNEL_SWITCHES.get(stage, ())
+                 if getattr(switches, name) != getattr(defaults, name)})
     return tuning.tuning_key(shape_label, dtype, **code, **flags)
 
 
@@ -76,7 +86,7 @@ def resolve(backend, stage: str, shape_label: str, dtype: str, flags: dict, devi
     `launch(config)` runs it (the confirmation)."""
     from impls.cutile import tune as forward_tune
 
-    key = record_key(backend.switches, shape_label, dtype, flags)
+    key = record_key(backend.switches, shape_label, dtype, flags, stage)
     resolution = backend._resolved.get((stage, key))
     if resolution is None:
         gpu = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "cpu"
