@@ -12,26 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import impls
-from harness.calls import forward_arguments
-from harness.gradient_gate import check_gradients, output_gradients
-from impls.api import GRAD_INPUTS
-from impls.inputs import make_inputs
-from impls.problem import Problem, Shape
 from impls.registry import get_backend
 from impls.tolerance import rel_err, tolerance
+from tests.gpu.backward_cases import CASES, CONTRACT, MEDIUM, assert_every_gradient_passes
+from tests.gpu.backward_cases import gradients as _gradients
 
 pytestmark = pytest.mark.gpu
-
-MEDIUM = Problem(Shape(2, 1024, 16, 64, 1, 128, 256), dtype="bfloat16", has_initial_states=True)
-CONTRACT = Problem(Shape(2, 1000, 8, 64, 2, 128, 256), dtype="bfloat16", has_z=True, D_per_channel=True,
-                   has_initial_states=True, nseqs=3)
-CASES = [
-    pytest.param(MEDIUM, id="medium-S1-blocks-init"),
-    pytest.param(CONTRACT, id="g2-z-Dchannel-seq_idx-init-seqlen1000"),
-    pytest.param(Problem(Shape(1, 900, 8, 64, 2, 64, 128), dtype="bfloat16", varlen=True, nseqs=4,
-                         has_initial_states=True), id="cu_seqlens-4-seqs-init"),
-]
 
 
 @pytest.fixture(autouse=True)
@@ -41,23 +27,7 @@ def _needs_cuda_tile():
 
 @pytest.mark.parametrize("problem", CASES)
 def test_every_gradient_passes_the_gate(problem):
-    report = check_gradients("cutile", make_inputs(problem, device="cuda", seed=3), torch.bfloat16,
-                             torch.device("cuda"), seed=3)
-    print("[cutile]", {name: round(r["bound_ratio"], 3) for name, r in report.items()})
-    assert {"dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias", "dinitial_states"} <= set(report)
-    assert all(r["ok"] for r in report.values()), report
-
-
-def _gradients(backend: str, problem: Problem, seed: int, **switches) -> dict:
-    inputs = make_inputs(problem, device="cuda", seed=seed)
-    grads_in = output_gradients(inputs, seed)
-    kw = forward_arguments(inputs)
-    leaves = {n: kw[n].detach().clone().requires_grad_() for n in GRAD_INPUTS if kw.get(n) is not None}
-    impl = get_backend(backend, **switches) if switches else backend
-    out = impls.ssd(**{**kw, **leaves}, backend=impl)
-    found = torch.autograd.grad([out.y, out.final_states], list(leaves.values()),
-                                [grads_in["y"].to(out.y.dtype), grads_in["final_states"].float()])
-    return dict(zip(leaves, found))
+    assert_every_gradient_passes("cutile", problem, "cutile")
 
 
 def test_two_backward_calls_and_recomputed_states_give_the_same_bits():
@@ -72,12 +42,7 @@ def test_two_backward_calls_and_recomputed_states_give_the_same_bits():
 
 @pytest.mark.parametrize("problem", CASES[:2])
 def test_bwd_cb_shared_passes_the_gate(problem):
-    backend = get_backend("cutile", bwd_cb="shared")
-    report = check_gradients(backend, make_inputs(problem, device="cuda", seed=3), torch.bfloat16,
-                             torch.device("cuda"), seed=3)
-    print("[cutile bwd_cb=shared]", {name: round(r["bound_ratio"], 3) for name, r in report.items()})
-    assert {"dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias", "dinitial_states"} <= set(report)
-    assert all(r["ok"] for r in report.values()), report
+    assert_every_gradient_passes(get_backend("cutile", bwd_cb="shared"), problem, "cutile bwd_cb=shared")
 
 
 def test_bwd_cb_shared_two_backward_calls_give_the_same_bits():
