@@ -17,4 +17,6 @@ Their floor at a size and a card's rates: models/floor.py.
 
 A short training run on associative recall (loss curves per backend): models/recall.py, models/train.py; the same
 step under DistributedDataParallel (gloo on the CPU, NCCL on CUDA): models/ddp.py.
+Upstream's `MambaLMHeadModel` (mamba-ssm) with a Mamba2LM's config and weights, to compare against:
+models/upstream.py (`upstream_from(model)`).
 """
