@@ -143,6 +143,16 @@ def tuning_key(shape_label: str, dtype: str, **extra) -> str:
     return "|".join(parts)
 
 
+def switches_key(shape_label: str, dtype: str, switches, always: tuple[str, ...], away: tuple[str, ...],
+                 flags: dict) -> str:
+    """A record key of the switches `always` names, of those `away` names where they differ from their declared
+    values (`type(switches)()`: records stored before such a switch existed keep their keys), and the call's flags."""
+    declared = type(switches)()
+    keyed = {name: getattr(switches, name) for name in always}
+    keyed.update({name: getattr(switches, name) for name in away if getattr(switches, name) != getattr(declared, name)})
+    return tuning_key(shape_label, dtype, **keyed, **flags)
+
+
 def record_path(backend: str, stage: str, gpu_name: str) -> Path:
     return tuning_dir() / gpu_slug(gpu_name) / f"{backend}_{stage}.json"
 

@@ -70,13 +70,7 @@ def configs(stage: str) -> list[dict]:
 def record_key(switches, shape_label: str, dtype: str, flags: dict, stage: str) -> str:
     """`stage`'s record key: shape, dtype, CODE_SWITCHES, the stage's own KERNEL_SWITCHES away from their default,
     the call's flags."""
-    from impls.cutile.switches import CutileSwitches
-
-    code = {name: getattr(switches, name) for name in CODE_SWITCHES}
-    defaults = CutileSwitches()
-    code.update({name: getattr(switches, name) for name in KERNEL_SWITCHES.get(stage, ())
-                 if getattr(switches, name) != getattr(defaults, name)})
-    return tuning.tuning_key(shape_label, dtype, **code, **flags)
+    return tuning.switches_key(shape_label, dtype, switches, CODE_SWITCHES, KERNEL_SWITCHES.get(stage, ()), flags)
 
 
 def resolve(backend, stage: str, shape_label: str, dtype: str, flags: dict, device,

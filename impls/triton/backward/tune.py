@@ -13,7 +13,6 @@ from impls import tuning
 from impls.problem import Shape
 from impls.triton import target
 from impls.triton.clamp import pow2_at_least_16, triton_next_pow2
-from impls.triton.switches import TritonSwitches
 from impls.triton.tune import STACK, Resolved
 
 STATE_PASS, CHUNK, DCB, DB, CUMSUM = "bwd_state_pass", "bwd_chunk", "bwd_dcb", "bwd_db", "bwd_cumsum"
@@ -81,11 +80,7 @@ def space_size(stage: str) -> int:
 def record_key(switches, shape: Shape, dtype: str, flags: dict, stage: str) -> str:
     """`stage`'s record key: shape, dtype, CODE_SWITCHES, the stage's own KERNEL_SWITCHES away from their default,
     the call's flags."""
-    code = {name: getattr(switches, name) for name in CODE_SWITCHES}
-    defaults = TritonSwitches()
-    code.update({name: getattr(switches, name) for name in KERNEL_SWITCHES.get(stage, ())
-                 if getattr(switches, name) != getattr(defaults, name)})
-    return tuning.tuning_key(shape.label(), dtype, **code, **flags)
+    return tuning.switches_key(shape.label(), dtype, switches, CODE_SWITCHES, KERNEL_SWITCHES.get(stage, ()), flags)
 
 
 def resolve(backend, stage: str, shape: Shape, dtype: str, flags: dict, device,
