@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -105,24 +106,20 @@ def lm_step(backend: str, shape_name: str, direction: str, *, seqlen: int | None
             n_layer: int | None = None, dtype: str = "bfloat16", device: str | None = None, seed: int = 0):
     """A model of the shape's sizes (conf/shape/<name>.yaml) on `backend` and a zero-argument call of one step of
     `direction`, as the mamba2_lm workload builds and times them (harness/workloads/mamba2_lm.py)."""
-    from omegaconf import OmegaConf
-
     from harness.workloads.mamba2_lm import ADAMW, OPTIONS, adamw_step, lm_config
-    from impls.problem import Problem, Shape
+    from impls.cli import load_shape
+    from impls.problem import Problem
     from models.mamba2_lm import Mamba2LM
 
     if direction not in DIRECTIONS:
         raise ValueError(f"direction: expected one of {DIRECTIONS}, got {direction!r}")
-    path = Path(__file__).resolve().parents[1] / "conf" / "shape" / f"{shape_name}.yaml"
-    if not path.exists():
-        raise ValueError(f"shape: no conf/shape/{shape_name}.yaml")
-    cfg = OmegaConf.to_container(OmegaConf.load(path))
-    cfg.update({k: v for k, v in (("seqlen", seqlen), ("batch", batch)) if v is not None})
-    shape = Shape(**{f: cfg[f] for f in ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")})
-    config = lm_config(Problem(shape, dtype=dtype), {**OPTIONS, "n_layer": n_layer})
+    shape = load_shape(shape_name)
+    shape = dataclasses.replace(shape, **{k: v for k, v in (("seqlen", seqlen), ("batch", batch)) if v is not None})
+    problem = Problem(shape, dtype=dtype)
+    config = lm_config(problem, {**OPTIONS, "n_layer": n_layer})
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(seed)
-    model = Mamba2LM(config, backend, device=str(dev), dtype=Problem(shape, dtype=dtype).torch_dtype)
+    model = Mamba2LM(config, backend, device=str(dev), dtype=problem.torch_dtype)
     ids = torch.randint(0, config.vocab_size, (shape.batch, shape.seqlen), device=dev)
     if direction == "forward":
         def step():
