@@ -111,6 +111,12 @@ def _scope(plan) -> str:
     return "" if n is None else f"on the first row's first {n} tokens (workload.options.gate_tokens)"
 
 
+def _scoped(bound: str, plan) -> str:
+    """`bound` with what of the outputs the gate covered, where not all of them."""
+    scope = _scope(plan)
+    return f"{bound}, {scope}" if scope else bound
+
+
 def _columns(shape: Shape, options: dict) -> dict:
     config = lm_config(Problem(shape), options)
     return {"d_model": config.d_model, "expand": options["expand"], "d_conv": options["d_conv"],
@@ -229,8 +235,8 @@ def _check_gradients(plan) -> dict[str, dict]:
     tol = _tolerance(inputs.model, plan.dtype, plan.point.device)
     total = sum(g.square().sum() for g in truth.values()).sqrt().item()
     count = sum(g.numel() for g in truth.values())
-    how = f"flat: the dtype's tolerance ({tol:g}) of the larger of the gradient's norm and its share of the model's"
-    how += f", {_scope(plan)}" if _scope(plan) else ""
+    how = _scoped(f"flat: the dtype's tolerance ({tol:g}) of the larger of the gradient's norm and its share of the "
+                  "model's", plan)
     precision = plan.precision.get("train_step", "none")
     report = {}
     for name, expected in truth.items():
@@ -274,8 +280,7 @@ def _check_step(plan) -> dict[str, dict]:
     tol = _tolerance(model, plan.dtype, plan.point.device)
     judged = {name: flat_judge(after[name], expected[name].detach(), tol, (None,) * expected[name].dim())
               for name in after}
-    bound = f"flat: the dtype's tolerance ({tol:g}) on the parameters after one AdamW step {ADAMW}"
-    bound += f", {_scope(plan)}" if _scope(plan) else ""
+    bound = _scoped(f"flat: the dtype's tolerance ({tol:g}) on the parameters after one AdamW step {ADAMW}", plan)
     report = _stage_report("train_step", judged, plan.precision.get("train_step", "none"), bound,
                            lambda name: ("",) * expected[name].dim())
     return {"train_step": report}
