@@ -16,12 +16,13 @@ import pyarrow.parquet as pq
 
 from impls.declaration import version_columns
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Columns added after version 1, with the version that added them: files written before read them as null.
 # Version 4 leaves `tf32` null (it was a config flag, not what ran): `precision` says what each stage ran.
 ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4, "gate": 4,
             "run_group": 5, "round": 5, "workload": 5, "direction": 5, "tile_protocol": 5,
-            "d_model": 6, "expand": 6, "d_conv": 6, "n_layer": 7, "vocab_size": 7, "glue": 7}
+            "d_model": 6, "expand": 6, "d_conv": 6, "n_layer": 7, "vocab_size": 7, "glue": 7,
+            "compile": 8}
 
 # The v_<key> columns: those of schema version 4 (every committed file has them, so they stay) and then any other
 # package a backend declares (impls/<name>/__init__.py PACKAGES, impls/declaration.py), read as null from files
@@ -93,6 +94,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "vocab_size": ("Int64", "the language model's vocabulary before padding (workload mamba2_lm)"),
     "glue": ("string", "how the model's conv and gated norm ran (models/glue.py: torch | triton | compile; workload "
                        "mamba2_lm)"),
+    "compile": ("string", "the torch.compile mode the language model's call ran under (workload mamba2_lm option "
+                          "compile: default | max-autotune-no-cudagraphs); null: eager, and before version 8"),
     "problem_name": ("string", "problem preset name"),
     "problem": ("string", "JSON: impls.problem.Problem fields"),
     "dtype": ("string", "input dtype"),

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 REL_TOL: dict[torch.dtype, float] = {
     torch.float64: 1e-10,
@@ -214,9 +215,12 @@ def describe_block(where: tuple[int, ...], dims: tuple[str, ...]) -> str:
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
-    """Fills a float tensor with NaN (ints with their minimum), so reads of unwritten memory show."""
-    if t.is_floating_point():
+    """Fills a float tensor with NaN (ints with their minimum, bools with True), so reads of unwritten memory
+    show."""
+    if t.is_floating_point() or t.is_complex():
         return t.fill_(float("nan"))
+    if t.dtype == torch.bool:
+        return t.fill_(True)
     return t.fill_(torch.iinfo(t.dtype).min)
 
 
@@ -224,14 +228,15 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
 def poisoned_allocations():
     """Within the block, torch.empty / empty_like / empty_strided / Tensor.new_empty return poisoned tensors
     (NaN for floats, the minimum for integers), so a kernel that leaves part of its (internally allocated)
-    output unwritten shows it instead of passing on stale memory."""
+    output unwritten shows it instead of passing on stale memory. Tensors without storage (a compiler's fake or
+    meta tensors, traced inside the block) are left as they are."""
     originals = {name: getattr(torch, name) for name in ("empty", "empty_like", "empty_strided")}
     new_empty = torch.Tensor.new_empty
 
     def poisoning(fn):
         def allocate(*args, **kwargs):
             t = fn(*args, **kwargs)
-            if t.numel():
+            if t.numel() and t.device.type != "meta" and not isinstance(t, FakeTensor):
                 poison_(t)
             return t
 

@@ -36,7 +36,11 @@ DEFAULT_N_LAYER = 2  # a sweep's model: two blocks show the residual stream and 
 DEFAULT_VOCAB_SIZE = 512
 PRESET_VOCAB_SIZE = 50277  # the released models' (GPT-NeoX's tokenizer), as models.mamba2_lm.preset has it
 OPTIONS = {"size": None, "n_layer": None, "vocab_size": None, "glue": "torch", "expand": 2, "d_conv": 4,
-           "gate_tokens": None}
+           "gate_tokens": None, "compile": None}
+# torch.compile modes the model may run under (option compile). "reduce-overhead" is left out: it captures CUDA
+# graphs, which the timing's own graph replay (bench.cuda_graph) measures apart, and the training step's optimizer
+# is outside the compiled call.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 # The training step's optimizer: torch.optim.AdamW on the parameters in their own dtype, these settings
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 
@@ -83,6 +87,16 @@ def lm_config(problem: Problem, options: dict) -> Mamba2LMConfig:
 def _check_shape(shape: Shape, options: dict) -> None:
     lm_config(Problem(shape), options)
     gate_tokens(shape, options)
+    compile_mode(options)
+
+
+def compile_mode(options: dict) -> str | None:
+    """The torch.compile mode of the model's call (None: eager); ValueError naming the option."""
+    mode = options["compile"]
+    if mode is not None and mode not in COMPILE_MODES:
+        raise ValueError(f"workload.options.compile: expected null (eager) or one of {list(COMPILE_MODES)}, "
+                         f"got {mode!r}")
+    return mode
 
 
 def gate_tokens(shape: Shape, options: dict) -> int | None:
@@ -120,7 +134,8 @@ def _scoped(bound: str, plan) -> str:
 def _columns(shape: Shape, options: dict) -> dict:
     config = lm_config(Problem(shape), options)
     return {"d_model": config.d_model, "expand": options["expand"], "d_conv": options["d_conv"],
-            "n_layer": config.n_layer, "vocab_size": config.vocab_size, "glue": options["glue"]}
+            "n_layer": config.n_layer, "vocab_size": config.vocab_size, "glue": options["glue"],
+            "compile": compile_mode(options)}
 
 
 def _inputs(point, backend) -> LMInputs:
@@ -132,7 +147,11 @@ def _inputs(point, backend) -> LMInputs:
                          glue=point.workload_options["glue"])
     gen = torch.Generator().manual_seed(point.seed + 1)
     ids = torch.randint(0, config.vocab_size, (s.batch, s.seqlen), generator=gen)
-    return LMInputs(model.to(point.device), ids.to(point.device))
+    model = model.to(point.device)
+    mode = compile_mode(point.workload_options)
+    if mode is not None:  # the module's call compiled in place: prefill, the loss's forward and the gate go through it
+        model.compile(mode=mode)
+    return LMInputs(model, ids.to(point.device))
 
 
 def _arguments(inputs: LMInputs) -> dict:

@@ -150,3 +150,24 @@ def test_slabs_change_nothing_and_inputs_stay_untouched(monkeypatch):
     monkeypatch.setattr(tolerance, "SLAB_ELEMENTS", 1000)
     assert blockwise_err(out, ref, output_blocks("y", 64)[0]) == whole and whole.where[:3] == (1, 10, 3)
     assert torch.equal(out, kept[0]) and torch.equal(ref, kept[1])
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("dtype, poison", [
+    pytest.param(torch.float32, "nan", id="float"),
+    pytest.param(torch.int32, -2**31, id="int"),
+    pytest.param(torch.bool, True, id="bool"),
+])
+def test_poisoned_allocations_poison_every_dtype_and_leave_fake_tensors(dtype, poison):
+    """Every real allocation in the block is poisoned (a bool as True: iinfo has no bool); a compiler's fake tensors,
+    traced inside the block (torch.compile of a gated model), are not touched."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from impls.tolerance import poisoned_allocations
+
+    with poisoned_allocations():
+        t = torch.empty(4, dtype=dtype)
+        with FakeTensorMode():
+            fake = torch.empty(4, dtype=dtype)
+    assert t.isnan().all() if poison == "nan" else (t == poison).all()
+    assert fake.shape == (4,)

@@ -101,6 +101,8 @@ def test_a_planted_fault_fails_the_gate_and_nothing_is_timed(plant, direction, f
     pytest.param({"gate_tokens": 0}, r"^workload.options.gate_tokens: expected null or an int in \[1, seqlen=96\]",
                  id="gate_tokens-zero"),
     pytest.param({"gate_tokens": 97}, r"^workload.options.gate_tokens", id="gate_tokens-past-seqlen"),
+    pytest.param({"compile": "reduce-overhead"}, r"^workload.options.compile: expected null \(eager\) or one of",
+                 id="compile-mode-unknown"),
 ])
 def test_bad_options_are_refused_naming_the_option(options, named):
     with pytest.raises(ValueError, match=named):
@@ -155,3 +157,18 @@ def test_a_stepped_direction_needs_a_step_declared():
     with pytest.raises(ValueError, match="need a Step each in `steps`"):
         Workload(name="undeclared", directions=("forward",), steps={"train_step": Step(dict, dict)}, **args)
     assert "train_step" not in workloads.DIRECTIONS and "train_step" in workloads.STEPPED
+
+
+def test_a_compiled_model_is_gated_and_timed_compiled_and_its_rows_say_so():
+    """workload.options.compile: the module's call compiled in place, so the timed prefill and the gate run the
+    compiled graphs (dynamo's frame counter moves), and the rows name the mode."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    rows = _measure("forward", compile="default")
+    assert rows.status == "ok", rows.error
+    assert counters["stats"]["unique_graphs"] > before
+    df = rows.frame()
+    assert set(df["compile"]) == {"default"}
+    assert (df.query("metric == 'ok'")["value"] == 1).all()
