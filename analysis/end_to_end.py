@@ -46,3 +46,63 @@ def explained(step_ms_base: float, step_ms_new: float, share_base: float, ssd_ms
         ratio = gain_measured / gain_predicted
         within = abs(ratio - 1.0) <= tolerance
     return EndToEnd(measured, predicted, ratio, within)
+
+
+# --- tables over the language model's rows and the step profile -------------------------------------------------
+# What makes two language-model rows the same configuration apart from the backend
+LM_CONFIG = ("direction", "shape", "n_layer", "vocab_size", "glue", "compile", "dtype")
+
+
+def lm_table(w, base: str = "mamba_ssm"):
+    """Tokens per second per backend and configuration (LM_CONFIG) from the wide rows of one run of workload
+    mamba2_lm (analysis.load.wide), with the median and its p20/p80 in ms, the peak memory in GiB and each row's
+    speedup over `base` in the same configuration (NaN where the run has no `base` row there). MixedRuns where the
+    rows come from several runs."""
+    import pandas as pd
+
+    from analysis.load import one_run, timed
+
+    rows = one_run(timed(w, workload="mamba2_lm"), "language-model table")
+    rows = rows[rows["stage"] == rows["direction"]].copy()
+    for column in LM_CONFIG:
+        if column not in rows:
+            rows[column] = None
+    config = list(LM_CONFIG)
+    rows[config] = rows[config].astype(object).where(rows[config].notna(), "—")
+    out = pd.DataFrame({**{c: rows[c] for c in (*config, "backend")},
+                        "tokens_per_s": rows["tokens_per_s"], "median_ms": rows["median_ms"],
+                        "p20_ms": rows["p20_ms"], "p80_ms": rows["p80_ms"],
+                        "peak_gib": rows.get("peak_mem_bytes", pd.Series(float("nan"), index=rows.index)) / 2**30})
+    ref = out[out["backend"] == base].set_index(config)["median_ms"]
+    ref = ref[~ref.index.duplicated()]
+    keys = pd.MultiIndex.from_frame(out[config])
+    out[f"speedup_vs_{base}"] = ref.reindex(keys).to_numpy() / out["median_ms"].to_numpy()
+    return out.sort_values([*config, "median_ms"], kind="stable").reset_index(drop=True)
+
+
+def share_table(profile, lm, base: str = "mamba_ssm", tolerance: float = 0.20):
+    """Each backend's measured step speedup over `base` (lm_table's rows) beside the one `base`'s SSD share predicts
+    (the step profile's rows, instruments/step_profile.py, of the same card: share and the SSD's time per step
+    of each backend), per direction: measured, predicted, their gains' ratio and whether it is `within` tolerance.
+    Rows without a profile of both backends are left out: the table says nothing it did not measure."""
+    import pandas as pd
+
+    cards = set(profile["gpu_name"].dropna()) if "gpu_name" in profile else set()
+    if len(cards) > 1:
+        raise ValueError(f"profile: rows of several cards ({sorted(cards)}); one card per table")
+    ssd = profile.assign(ssd_ms=profile["ssd_forward_ms"] + profile["ssd_backward_ms"]).set_index(
+        ["direction", "backend"])
+    out = []
+    for row in lm[lm["backend"] != base].itertuples(index=False):
+        base_row = lm[(lm["backend"] == base) & (lm["direction"] == row.direction) & (lm["shape"] == row.shape)]
+        keys = [(row.direction, base), (row.direction, row.backend)]
+        if base_row.empty or not all(k in ssd.index for k in keys):
+            continue
+        b, n = ssd.loc[keys[0]], ssd.loc[keys[1]]
+        e = explained(float(base_row["median_ms"].iloc[0]), row.median_ms, float(b["share"]), float(b["ssd_ms"]),
+                      float(n["ssd_ms"]), tolerance)
+        out.append({"direction": row.direction, "shape": row.shape, "backend": row.backend, "base": base,
+                    "share_base": float(b["share"]), "ssd_speedup": float(b["ssd_ms"]) / float(n["ssd_ms"]),
+                    "measured": e.measured, "predicted": e.predicted, "gain_ratio": e.ratio, "within": e.within})
+    return pd.DataFrame(out, columns=["direction", "shape", "backend", "base", "share_base", "ssd_speedup",
+                                      "measured", "predicted", "gain_ratio", "within"])

@@ -4,7 +4,8 @@ models/mamba2_lm.py, split into the SSD's forward (a profiler range around every
 end-to-end speedup a faster SSD gives.
 
     python -m instruments.step_profile --backends triton,mamba_ssm --shape mamba2_130m --seqlen 512 \
-        --directions forward,train_step [--n-layer 2] [--batch 1] [--steps 5] [--out step_profile.parquet]
+        --directions forward,train_step [--n-layer 2] [--batch 1] [--steps 5] [--glue torch] [--compile default] \
+        [--out step_profile.parquet]
 
 On CUDA the times are the kernels' device time (every kernel the profiler saw, per step); on the CPU they are the
 ranges' host time, which includes the Python between kernels. One row per (backend, direction), with the card and the
@@ -103,10 +104,12 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int = 
 
 
 def lm_step(backend: str, shape_name: str, direction: str, *, seqlen: int | None = None, batch: int | None = None,
-            n_layer: int | None = None, dtype: str = "bfloat16", device: str | None = None, seed: int = 0):
+            n_layer: int | None = None, dtype: str = "bfloat16", device: str | None = None, seed: int = 0,
+            glue: str = "torch", compile: str | None = None):
     """A model of the shape's sizes (conf/shape/<name>.yaml) on `backend` and a zero-argument call of one step of
-    `direction`, as the mamba2_lm workload builds and times them (harness/workloads/mamba2_lm.py)."""
-    from harness.workloads.mamba2_lm import ADAMW, OPTIONS, adamw_step, lm_config
+    `direction`, as the mamba2_lm workload builds and times them (harness/workloads/mamba2_lm.py: its options
+    `glue` and `compile`, checked as it checks them)."""
+    from harness.workloads.mamba2_lm import ADAMW, OPTIONS, adamw_step, compile_mode, lm_config
     from impls.cli import load_shape
     from impls.problem import Problem
     from models.mamba2_lm import Mamba2LM
@@ -116,10 +119,14 @@ def lm_step(backend: str, shape_name: str, direction: str, *, seqlen: int | None
     shape = load_shape(shape_name)
     shape = dataclasses.replace(shape, **{k: v for k, v in (("seqlen", seqlen), ("batch", batch)) if v is not None})
     problem = Problem(shape, dtype=dtype)
-    config = lm_config(problem, {**OPTIONS, "n_layer": n_layer})
+    options = {**OPTIONS, "n_layer": n_layer, "glue": glue, "compile": compile}
+    config = lm_config(problem, options)
+    mode = compile_mode(options)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(seed)
-    model = Mamba2LM(config, backend, device=str(dev), dtype=problem.torch_dtype)
+    model = Mamba2LM(config, backend, device=str(dev), dtype=problem.torch_dtype, glue=glue)
+    if mode is not None:
+        model.compile(mode=mode)
     ids = torch.randint(0, config.vocab_size, (shape.batch, shape.seqlen), device=dev)
     if direction == "forward":
         def step():
@@ -143,18 +150,20 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--directions", default="forward,train_step")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--glue", default="torch", help="the conv's and norm's form (models/glue.py)")
+    parser.add_argument("--compile", default=None, help="a torch.compile mode for the model's call (default: eager)")
     parser.add_argument("--out", default=None, help="a Parquet file for the rows")
     args = parser.parse_args(argv)
     rows = []
     for backend in args.backends.split(","):
         for direction in args.directions.split(","):
             step, dev, shape = lm_step(backend, args.shape, direction, seqlen=args.seqlen, batch=args.batch,
-                                       n_layer=args.n_layer, dtype=args.dtype)
+                                       n_layer=args.n_layer, dtype=args.dtype, glue=args.glue, compile=args.compile)
             result = profile_step(step, dev, steps=args.steps)
             row = {"backend": backend, "direction": direction, "shape": args.shape, "dtype": args.dtype,
                    **{f: getattr(shape, f) for f in ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate",
                                                      "chunk_size")},
-                   "n_layer": args.n_layer, **asdict(result)}
+                   "n_layer": args.n_layer, "glue": args.glue, "compile": args.compile, **asdict(result)}
             print(", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                   flush=True)
             rows.append(row)

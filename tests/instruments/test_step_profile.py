@@ -45,6 +45,8 @@ def test_bad_arguments_name_themselves():
         lm_step("reference", "tiny", "backward")
     with pytest.raises(ValueError, match="shape"):
         lm_step("reference", "no_such_shape", "forward")
+    with pytest.raises(ValueError, match="^workload.options.compile"):
+        lm_step("reference", "tiny", "forward", compile="fastest")
     with pytest.raises(ValueError, match="share"):
         predicted_speedup(1.5, 2.0)
     with pytest.raises(ValueError, match="ssd_speedup"):
@@ -61,3 +63,53 @@ def test_a_measured_speedup_far_from_the_prediction_is_not_explained():
     # SSD 10 % of the step, 2x faster: 1/(0.9 + 0.05) = 1.0526 predicted
     assert explained(10.0, 10.0 / 1.0526, 0.10, 1.0, 0.5).within
     assert not explained(10.0, 10.0 / 1.10, 0.10, 1.0, 0.5).within  # a 10 % gain where 5.3 % was predicted
+
+
+def _lm_rows(tmp_path):
+    """Real rows of the language model's prefill on the CPU (the reference backend), and the same rows relabelled
+    as a second backend 1.25 times slower: one run, two backends."""
+    import pandas as pd
+
+    from analysis.load import wide
+    from experiments import bench
+    from harness import plan
+    from impls.problem import Problem, Shape
+
+    point = plan.point("reference", Problem(Shape(2, 96, 4, 16, 2, 16, 32), dtype="float32"), workload="mamba2_lm",
+                       direction="forward", bench=plan.BenchSettings(stages=("forward",), cpu_warmup=0, cpu_reps=1))
+    rows = bench.measure(point)
+    assert rows.status == "ok", rows.error
+    ours = rows.frame()
+    slower = ours.assign(backend="mamba_ssm", run_id=ours["run_id"] + "-b")
+    timing = slower["metric"].isin(["median_ms", "p20_ms", "p80_ms"])
+    slower.loc[timing, "value"] *= 1.25
+    slower.loc[slower["metric"] == "tokens_per_s", "value"] /= 1.25
+    return wide(pd.concat([ours, slower], ignore_index=True))
+
+
+def test_the_language_model_table_gives_tokens_per_second_and_the_speedup_over_the_base(tmp_path):
+    from analysis.end_to_end import lm_table
+
+    table = lm_table(_lm_rows(tmp_path)).set_index("backend")
+    assert table.loc["reference", "speedup_vs_mamba_ssm"] == pytest.approx(1.25)
+    assert table.loc["mamba_ssm", "speedup_vs_mamba_ssm"] == pytest.approx(1.0)
+    tokens_per_ms = 2 * 96 / table.loc["reference", "median_ms"]
+    assert table.loc["reference", "tokens_per_s"] == pytest.approx(tokens_per_ms * 1e3)
+
+
+def test_the_share_table_sets_the_measured_speedup_beside_the_predicted_one(tmp_path):
+    import pandas as pd
+
+    from analysis.end_to_end import lm_table, share_table
+
+    lm = lm_table(_lm_rows(tmp_path))
+    # base: the SSD half the step; the other backend's SSD twice as fast -> 1 / (0.5 + 0.25) = 1.333 predicted
+    profile = pd.DataFrame([
+        {"backend": "mamba_ssm", "direction": "forward", "share": 0.5, "ssd_forward_ms": 2.0, "ssd_backward_ms": 0.0},
+        {"backend": "reference", "direction": "forward", "share": 0.4, "ssd_forward_ms": 1.0, "ssd_backward_ms": 0.0},
+    ])
+    got = share_table(profile, lm).iloc[0]
+    assert (got["backend"], got["ssd_speedup"]) == ("reference", 2.0)
+    assert got["measured"] == pytest.approx(1.25) and got["predicted"] == pytest.approx(4 / 3)
+    assert got["gain_ratio"] == pytest.approx(0.25 / (1 / 3)) and not got["within"]
+    assert share_table(profile[profile["backend"] == "reference"], lm).empty  # no base profile: no row
