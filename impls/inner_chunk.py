@@ -30,10 +30,12 @@ def stage_chunk(inner: int, chunk_size: int, backend: str) -> int:
 
 def caller_dt(dt: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """Stage 1's dt (batch, nheads, inner nchunks, inner chunk) laid out per the caller's chunk (batch, nheads,
-    nchunks, chunk_size): the same positions, the padded tail dt = 0."""
+    nchunks, chunk_size): the same positions, the padded tail dt = 0 (a view where no padding is added)."""
     batch, nheads, nchunks, inner = dt.shape
     padded = -(-nchunks * inner // chunk_size) * chunk_size
-    flat = F.pad(dt.reshape(batch, nheads, nchunks * inner), (0, padded - nchunks * inner))
+    flat = dt.reshape(batch, nheads, nchunks * inner)
+    if padded > nchunks * inner:
+        flat = F.pad(flat, (0, padded - nchunks * inner))
     return flat.reshape(batch, nheads, padded // chunk_size, chunk_size)
 
 
@@ -52,13 +54,9 @@ def caller_dA_cumsum(dA_cumsum: torch.Tensor, chunk_size: int) -> torch.Tensor:
 
 def caller_states(states: torch.Tensor | None, ratio: int) -> torch.Tensor | None:
     """The states entering every inner chunk (batch, inner nchunks, nheads, headdim, dstate) -> those entering every
-    caller chunk: every `ratio`-th, copied in the same memory order (dstate-major where the inner ones are, as
-    transposed_layout stores them). None stays None (a fused forward that stores none)."""
-    if states is None:
-        return None
-    if states.stride(-2) == 1 and states.stride(-1) != 1:  # dstate-major in memory: a transposed view
-        return states.transpose(-1, -2)[:, ::ratio].contiguous().transpose(-1, -2)
-    return states[:, ::ratio].contiguous()
+    caller chunk: every `ratio`-th, as a view (the contract's strides are free: no copy, and the inner states' memory
+    held while the view lives). None stays None (a fused forward that stores none)."""
+    return None if states is None else states[:, ::ratio]
 
 
 def to_caller_chunk(result: ForwardResult, chunk_size: int) -> ForwardResult:

@@ -266,9 +266,10 @@ class CutileSwitches:
            "(impls.ssd) runs at the caller's chunk on the converted intermediates. Tiles: the records of the shape at "
            "the inner chunk (describe()'s inner_chunk and inner_<stage> entries say which ran)",
         choices=INNER_CHUNKS,
-        sm90="no kernel changes: stage 3's quadratic part costs chunk/2 score elements per token instead of "
-             "chunk_size/2, for chunk_size/inner_chunk times the states stage 2 writes and stage 3 reads, and the "
-             "returned states copied out of them",
+        sm90="no kernel changes: stage 3's quadratic part costs inner_chunk/2 score elements per token "
+             "instead of chunk_size/2, for chunk_size/inner_chunk times the states stage 2 writes and stage 3 "
+             "reads; the returned states are a view of every chunk_size/inner_chunk-th (no copy, the inner "
+             "ones' memory held)",
         sm100="as on sm_90")
 
     def __post_init__(self):
