@@ -46,7 +46,9 @@ def caller_dA_cumsum(dA_cumsum: torch.Tensor, chunk_size: int) -> torch.Tensor:
     batch, nheads, nchunks, inner = dA_cumsum.shape
     ratio = chunk_size // inner
     caller = -(-nchunks // ratio)
-    blocks = F.pad(dA_cumsum, (0, 0, 0, caller * ratio - nchunks)).reshape(batch, nheads, caller, ratio, inner)
+    if caller * ratio > nchunks:
+        dA_cumsum = F.pad(dA_cumsum, (0, 0, 0, caller * ratio - nchunks))
+    blocks = dA_cumsum.reshape(batch, nheads, caller, ratio, inner)
     before = torch.cumsum(blocks[..., :-1, -1], dim=-1)  # the decay of the inner chunks before each one
     offsets = F.pad(before, (1, 0))[..., None]
     return (blocks + offsets).reshape(batch, nheads, caller, chunk_size)
