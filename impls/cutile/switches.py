@@ -264,7 +264,8 @@ class CutileSwitches:
            "0 = off; at a chunk_size no larger than it, nothing changes (the stages already run at most at it). The "
            "stage entries (chunk_cumsum, fwd_pass_state, compute_out) keep the chunk they are given; the backward "
            "(impls.ssd) runs at the caller's chunk on the converted intermediates. Tiles: the records of the shape at "
-           "the inner chunk (describe()'s inner_chunk and inner_<stage> entries say which ran)",
+           "the inner chunk (describe()'s inner_chunk and inner_<stage> entries say which ran). A state_subblock "
+           "longer than it is refused",
         choices=INNER_CHUNKS,
         sm90="no kernel changes: stage 3's quadratic part costs inner_chunk/2 score elements per token "
              "instead of chunk_size/2, for chunk_size/inner_chunk times the states stage 2 writes and stage 3 "
@@ -278,6 +279,11 @@ class CutileSwitches:
             raise ValueError(f"switches {cb_set} of backend 'cutile' set stage 3's C·Bᵀ kernel, which cb_mode='inline' "
                              "never launches (C·Bᵀ computed in the main kernel): use cb_mode 'shared' or 'tuned', or "
                              "leave them at their defaults")
+        if self.inner_chunk and self.state_subblock > self.inner_chunk:
+            raise ValueError(f"switches inner_chunk={self.inner_chunk} and state_subblock={self.state_subblock} of "
+                             f"backend 'cutile': the forward's stage 2 runs at {self.inner_chunk}-token chunks, which "
+                             f"{self.state_subblock}-position sub-blocks cannot step through (use a state_subblock of "
+                             "at most inner_chunk, or 0)")
         if self.fused_program != FUSED_PROGRAMS[0] and not self.fuse_state_out:
             raise ValueError(f"switch fused_program={self.fused_program!r} of backend 'cutile': it arranges the "
                              "programs of the fused kernel, which runs only with fuse_state_out=True (set it, or "

@@ -217,3 +217,12 @@ def test_cutile_backward_reads_the_converted_intermediates_under_emulation(monke
         grads.append({n: t.grad for n, t in leaves.items()})
     errors = {n: rel_err(grads[1][n], grads[0][n]) for n in grads[0]}
     assert max(errors.values()) < 1e-5, errors
+
+
+def test_cutile_refuses_a_sub_block_longer_than_the_inner_chunk():
+    pytest.importorskip("cuda.tile")
+    from impls.cutile.switches import CutileSwitches
+
+    with pytest.raises(ValueError, match=r"inner_chunk=64 and state_subblock=128 of backend 'cutile'"):
+        CutileSwitches(inner_chunk=64, state_subblock=128)
+    CutileSwitches(inner_chunk=128, state_subblock=128)
