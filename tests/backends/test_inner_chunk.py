@@ -99,6 +99,20 @@ def test_triton_forward_at_the_inner_chunk(problem):
 
 
 @interpreted
+def test_triton_fused_forward_at_the_inner_chunk():
+    """With fuse_state_out the fused kernel runs at the inner chunk; its parts are the fused kernel's and the
+    conversion."""
+    backend = get_backend("triton", inner_chunk=64, fuse_state_out=True, tma=False)
+    inputs = make_inputs(SEQ, seed=7, dtype=torch.float32)
+    with poisoned_allocations():
+        out = impls.ssd_forward(**inputs.forward_kwargs(), backend=backend)
+    errors = _errors(out, float64_forward(inputs))
+    assert not failures(errors, torch.float32), errors
+    assert "inner_fused_state_out" in backend.describe()["tuning_sources"]
+    assert list(backend.forward_parts(**inputs.forward_kwargs())) == ["inner_fused_state_out", "to_caller_chunk"]
+
+
+@interpreted
 def test_triton_inner_chunk_no_larger_than_the_chunk_changes_nothing():
     inputs = make_inputs(dataclasses.replace(PLAIN, shape=dataclasses.replace(PLAIN.shape, chunk_size=64)), seed=2,
                          dtype=torch.float32)
