@@ -169,6 +169,32 @@ def switch_variant_params(cases, variants, heavy=("S1",), skip=lambda case, vari
     return out
 
 
+# switch inner_chunk (cuTile, Triton) on the GPU: chunk 256, seqlen not a multiple of it; packed sequences with
+# cu_seqlens (a boundary inside an inner chunk), initial states and z
+INNER_CHUNK_CASES = {
+    "seqlen1000-chunk256": Problem(GPU_SMALL),
+    "cu_seqlens-3-seqs-init-z": Problem(dataclasses.replace(GPU_SMALL, batch=1, seqlen=900), varlen=True, nseqs=3,
+                                        has_initial_states=True, has_z=True),
+}
+
+
+def assert_inner_chunk_matches_float64(backend, problem: Problem, dtype_name: str, label: str):
+    """The forward with switch inner_chunk: every output of its ForwardResult, the per-chunk ones at the caller's
+    chunk, against the float64 reference's (outputs poisoned), at the tolerance of compute_out's matmul precision."""
+    dtype = getattr(torch, dtype_name)
+    inputs = make_inputs(problem, device="cuda", seed=1, dtype=dtype)
+    ref = float64_forward(inputs)
+    with poisoned_allocations():
+        out = impls.ssd_forward(**inputs.forward_kwargs(), backend=backend)
+    names = [n for n in ("y", "final_states", "varlen_states", "dt", "dA_cumsum", "states")
+             if getattr(ref, n) is not None and getattr(out, n) is not None]
+    errors = {n: judged(n, getattr(out, n), getattr(ref, n), inputs.chunk_size) for n in names}
+    tol = tolerance(dtype, backend.precision("compute_out", dtype, "cuda") == "tf32")
+    bad = {n: e for n, e in errors.items() if not max(e) <= tol}
+    assert not bad, f"{label}: {bad} over {tol}"
+    assert backend.describe()["inner_chunk"]["chunk"] == backend.switches.inner_chunk
+
+
 def assert_matches_float64(backend, problem: Problem, dtype_name: str, label: str, fused_views: bool = False):
     """One GPU switch-variant check: fresh inputs, every stage and the forward against float64 (outputs
     poisoned), at the tolerance of each stage's reported matmul precision."""

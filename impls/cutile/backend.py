@@ -9,6 +9,7 @@ import torch
 
 from impls.cutile.defaults import DEFAULTS as CUTILE_DEFAULTS
 from impls.cutile.switches import NOT_READ_BY_FUSED, CutileSwitches, subblock_refusal
+from impls.inner_chunk import InnerRuns, stage_chunk
 from impls.problem import Problem
 from impls.registry import Backend, ForwardResult, cuda_only, register
 
@@ -44,6 +45,7 @@ class CutileBackend(Backend):
         self._sources: dict[str, dict] = {}
         self._resolved: dict = {}  # (stage, record key) -> tuning.Resolution
         self._keys: dict = {}  # (stage, shape label, dtype) -> record key (the switches are fixed per instance)
+        self._inner = InnerRuns(self._sources)  # the forward at the inner chunk (switch inner_chunk)
 
     # --- capability -------------------------------------------------------------------------------------
     @classmethod
@@ -200,6 +202,16 @@ class CutileBackend(Backend):
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                     dt_softplus, dt_limit, state_dtype):
+        args = dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
+                    initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
+                    dt_limit=dt_limit, state_dtype=state_dtype)
+        inner = stage_chunk(self.switches.inner_chunk, chunk_size, self.name)
+        if inner != chunk_size:  # switch inner_chunk: the stages at the inner chunk, the result at the caller's
+            return self._inner.forward(self._forward, args, inner)
+        return self._forward(**args)
+
+    def _forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                 dt_softplus, dt_limit, state_dtype):
         if not self.switches.fuse_state_out:
             return super().ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                                        cu_seqlens, dt_softplus, dt_limit, state_dtype)
@@ -213,7 +225,18 @@ class CutileBackend(Backend):
 
     def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                       dt_softplus, dt_limit, state_dtype):
-        """With fuse_state_out, the fused kernel on ready stage-1 outputs, timed apart as "part:fused_state_out"."""
+        """With fuse_state_out, the fused kernel on ready stage-1 outputs, timed apart as "part:fused_state_out";
+        with inner_chunk, the pieces at the inner chunk and the conversion (impls/inner_chunk.py InnerRuns.parts)."""
+        args = dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
+                    initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
+                    dt_limit=dt_limit, state_dtype=state_dtype)
+        inner = stage_chunk(self.switches.inner_chunk, chunk_size, self.name)
+        if inner != chunk_size:
+            return self._inner.parts(self, self._forward, self._own_parts, args, inner)
+        return self._own_parts(**args)
+
+    def _own_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                   dt_softplus, dt_limit, state_dtype):
         if not self.switches.fuse_state_out:
             return {}
         dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
@@ -234,6 +257,7 @@ class CutileBackend(Backend):
     def describe(self) -> dict:
         out = super().describe()
         out["stages"] = {k: dict(v) for k, v in self._sources.items()}  # which config source ran per stage
+        out.update(self._inner.describe())  # switch inner_chunk: what ran at the inner chunk
         if self.switches.fuse_state_out:  # the fused forward does not read them (refused away from defaults)
             out["switches"].update({name: "n/a" for name in NOT_READ_BY_FUSED})
         return out

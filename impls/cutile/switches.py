@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from impls import tuning
 from impls.cutile.common import DEFAULT_OPT_LEVEL
+from impls.inner_chunk import INNER_CHUNKS
 from impls.registry import switch
 
 STATE_PASS = ("serial", "chunk_parallel")  # stage 2's arrangements (switch state_pass), the default first
@@ -254,12 +255,35 @@ class CutileSwitches:
              "input dtype (the same bytes at 64 sources and dstate 128 in bf16) and drops an HGMMA",
         sm100="as on sm_90")
 
+    inner_chunk: int = switch(
+        0, "the forward (ssd_forward, impls.ssd's forward, the parts the harness times) runs its stages at chunks of "
+           "this many tokens behind the caller's chunk_size, which it must divide (ValueError naming both), and "
+           "returns the ForwardResult at the caller's chunk: y, the final and per-sequence states as they come, the "
+           "states entering every caller chunk (every chunk_size/inner_chunk-th inner state), dt and dA_cumsum laid "
+           "out and re-based per caller chunk (impls/inner_chunk.py; impls/README.md, \"An internal chunk\"). "
+           "0 = off; at a chunk_size no larger than it, nothing changes (the stages already run at most at it). The "
+           "stage entries (chunk_cumsum, fwd_pass_state, compute_out) keep the chunk they are given; the backward "
+           "(impls.ssd) runs at the caller's chunk on the converted intermediates. Tiles: the records of the shape at "
+           "the inner chunk (describe()'s inner_chunk and inner_<stage> entries say which ran). A state_subblock "
+           "longer than it is refused",
+        choices=INNER_CHUNKS,
+        sm90="no kernel changes: stage 3's quadratic part costs inner_chunk/2 score elements per token "
+             "instead of chunk_size/2, for chunk_size/inner_chunk times the states stage 2 writes and stage 3 "
+             "reads; the returned states are a view of every chunk_size/inner_chunk-th (no copy, the inner "
+             "ones' memory held)",
+        sm100="as on sm_90")
+
     def __post_init__(self):
         cb_set = {name: getattr(self, name) for name in CB_KERNEL_SWITCHES if getattr(self, name) != _CB_DEFAULTS[name]}
         if cb_set and self.cb_mode == "inline":
             raise ValueError(f"switches {cb_set} of backend 'cutile' set stage 3's C·Bᵀ kernel, which cb_mode='inline' "
                              "never launches (C·Bᵀ computed in the main kernel): use cb_mode 'shared' or 'tuned', or "
                              "leave them at their defaults")
+        if self.inner_chunk and self.state_subblock > self.inner_chunk:
+            raise ValueError(f"switches inner_chunk={self.inner_chunk} and state_subblock={self.state_subblock} of "
+                             f"backend 'cutile': the forward's stage 2 runs at {self.inner_chunk}-token chunks, which "
+                             f"{self.state_subblock}-position sub-blocks cannot step through (use a state_subblock of "
+                             "at most inner_chunk, or 0)")
         if self.fused_program != FUSED_PROGRAMS[0] and not self.fuse_state_out:
             raise ValueError(f"switch fused_program={self.fused_program!r} of backend 'cutile': it arranges the "
                              "programs of the fused kernel, which runs only with fuse_state_out=True (set it, or "

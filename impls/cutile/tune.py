@@ -284,6 +284,9 @@ KEY_ROLES = {
     "fuse_state_out": tuning.KERNELS,
     "bwd_recompute_states": tuning.KERNELS,  # stage 2 once more in the backward, on its own records
     "tuning": tuning.NEITHER,
+    # the stages run at the inner chunk: the records of the shape at that chunk (its label), under the keys of the
+    # same switches; no kernel's code and no config field changes
+    "inner_chunk": tuning.NEITHER,
     # the C·Bᵀ kernel's code (its occupancy hint is a compile option, not a searched field: the search's
     # kernel-only timer does not time that kernel), keyed away from the default and borrowing the tiles without it
     **dict.fromkeys(("cb_occupancy", "cb_lower_triangle"), tuning.KEY),

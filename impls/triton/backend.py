@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from impls import defaults, interpreter, tuning
+from impls.inner_chunk import InnerRuns, stage_chunk
 from impls.problem import Problem, Shape, dtype_name
 from impls.registry import Backend, ForwardResult, register
 from impls.triton import descriptors, target, tune
@@ -67,6 +68,7 @@ class TritonBackend(Backend):
         self._keys: dict[tuple, str] = {}  # (stage, shape, dtype, flags) -> record key (switches fixed per instance)
         self._layouts: dict[tuple, str | None] = {}  # input_refusal's answers for aligned inputs, per layout
         self.last_tuning: dict[str, dict[str, Any]] = {}
+        self._inner = InnerRuns(self.last_tuning)  # the forward at the inner chunk (switch inner_chunk)
 
     @classmethod
     def switch_refusal(cls, switches: TritonSwitches) -> str | None:
@@ -273,6 +275,16 @@ class TritonBackend(Backend):
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                     dt_softplus, dt_limit, state_dtype):
+        args = dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
+                    initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
+                    dt_limit=dt_limit, state_dtype=state_dtype)
+        inner = stage_chunk(self.switches.inner_chunk, chunk_size, self.name)
+        if inner != chunk_size:  # switch inner_chunk: the stages at the inner chunk, the result at the caller's
+            return self._inner.forward(self._forward, args, inner)
+        return self._forward(**args)
+
+    def _forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                 dt_softplus, dt_limit, state_dtype):
         if not self.switches.fuse_state_out:
             return super().ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                                        cu_seqlens, dt_softplus, dt_limit, state_dtype)
@@ -286,7 +298,18 @@ class TritonBackend(Backend):
 
     def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                       dt_softplus, dt_limit, state_dtype):
-        """With fuse_state_out, the fused kernel on ready stage-1 outputs, timed apart as "part:fused_state_out"."""
+        """With fuse_state_out, the fused kernel on ready stage-1 outputs, timed apart as "part:fused_state_out";
+        with inner_chunk, the pieces at the inner chunk and the conversion (impls/inner_chunk.py InnerRuns.parts)."""
+        args = dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
+                    initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
+                    dt_limit=dt_limit, state_dtype=state_dtype)
+        inner = stage_chunk(self.switches.inner_chunk, chunk_size, self.name)
+        if inner != chunk_size:
+            return self._inner.parts(self, self._forward, self._own_parts, args, inner)
+        return self._own_parts(**args)
+
+    def _own_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                   dt_softplus, dt_limit, state_dtype):
         if not self.switches.fuse_state_out:
             return {}
         dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
@@ -302,6 +325,7 @@ class TritonBackend(Backend):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["stages"] = {stage: dict(info) for stage, info in self.last_tuning.items()}
+        out.update(self._inner.describe())  # switch inner_chunk: what ran at the inner chunk
         out["tuning_mode"] = self.switches.tuning
         return out
 

@@ -16,6 +16,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from impls.inner_chunk import INNER_CHUNKS
 from impls.registry import switch
 from impls.tuning import MODES
 
@@ -215,6 +216,22 @@ class TritonSwitches:
         sm100="as on sm_90",
         needs={"cb_mode": "shared"})
 
+    inner_chunk: int = switch(
+        0, "the forward (ssd_forward, impls.ssd's forward, the parts the harness times) runs its stages at chunks of "
+           "this many tokens behind the caller's chunk_size, which it must divide (ValueError naming both), and "
+           "returns the ForwardResult at the caller's chunk: y, the final and per-sequence states as they come, the "
+           "states entering every caller chunk (every chunk_size/inner_chunk-th inner state), dt and dA_cumsum laid "
+           "out and re-based per caller chunk (impls/inner_chunk.py; impls/README.md, \"An internal chunk\"). "
+           "0 = off; at a chunk_size no larger than it, nothing changes (the stages already run at most at it). The "
+           "stage entries (chunk_cumsum, fwd_pass_state, compute_out) keep the chunk they are given; the backward "
+           "(impls.ssd) runs at the caller's chunk on the converted intermediates. Tiles: the records of the shape at "
+           "the inner chunk (describe()'s inner_chunk and inner_<stage> entries say which ran)",
+        choices=INNER_CHUNKS,
+        sm90="no kernel changes: compute_out's quadratic part costs inner_chunk/2 score elements per token "
+             "instead of chunk_size/2, for chunk_size/inner_chunk times the states stage 2 writes and compute_out "
+             "reads; the returned states are a view of every chunk_size/inner_chunk-th (no copy, the inner "
+             "ones' memory held)",
+        sm100="as on sm_90")
 
 def code_switches(switches: TritonSwitches) -> dict[str, Any]:
     """The switches that change the kernels' code (part of the tuning key)."""

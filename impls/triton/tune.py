@@ -64,7 +64,9 @@ EFFECTS_STAGE = {"chunk_cumsum": "chunk_cumsum", "chunk_state": "fwd_pass_state"
                  "compute_out": "compute_out"}
 
 
-NOT_CODE = ("tuning", "launch_path")  # switches that change no kernel's code: the tuning mode, the host path
+# switches that change no kernel's code: the tuning mode, the host path, the chunk the stages run at (inner_chunk:
+# the records of the shape at that chunk, its label, under the keys of the same switches)
+NOT_CODE = ("tuning", "launch_path", "inner_chunk")
 
 
 def same_sass_key(switches: TritonSwitches, shape_label: str, dtype: str, flags: dict, stage: str) -> str | None:
@@ -119,7 +121,7 @@ KEY_ROLES = {
                      "num_warps", "num_stages", "heads_per_tile", "occupancy", "state_occupancy"), tuning.PIN),
     "state_pass": tuning.KERNELS,
     "bwd_recompute_states": tuning.KERNELS,  # stage 2 once more in the backward, on its own records
-    **dict.fromkeys(("launch_path", "tuning"), tuning.NEITHER),
+    **dict.fromkeys(("launch_path", "tuning", "inner_chunk"), tuning.NEITHER),
     "cb_lower_triangle": tuning.KEY,  # the C·Bᵀ kernel's grid and compute_out's loads (code_switches, when on)
     "bwd_cb": tuning.KEY,  # bwd_chunk's code: in its record key (impls/triton/backward/tune.py), when 'shared'
 }

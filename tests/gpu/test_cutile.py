@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.common import GPU_CONTRACT_CASES, assert_matches_float64, switch_variant_params
+from tests.common import (
+    GPU_CONTRACT_CASES,
+    INNER_CHUNK_CASES,
+    assert_inner_chunk_matches_float64,
+    assert_matches_float64,
+    switch_variant_params,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +51,9 @@ OFF = {"transposed_layout": False, "operand_swap": False, "latency_hints": False
 # defaults, chunk-parallel with the swap, and all off (on the cases whose chunk the sub-block divides)
 # the exponent fold (exp_fold: fold_kernel's q read in dt's place) alone, with the swap, with exp2_ftz and 2 heads per
 # tile per head (S1's record), with the factored decay and the shared C·Bᵀ, with the head loop and pdl (fold_kernel
-# launched normally before the dependent main kernel), and all off (q in base e)
+# launched normally before the dependent main kernel), and all off (q in base e);
+# the forward's stages at an internal chunk of 128 and 64 (inner_chunk; the stage calls keep the case's chunk), under
+# sm_90's defaults, and chunk-parallel with the swap (on the cases whose chunk is larger than the inner one)
 PER_HEAD = {"heads_per_tile": 2, "head_mma": "per_head"}
 # the C·Bᵀ kernel's switches (cb_occupancy, cb_lower_triangle), C·Bᵀ shared: each alone, together, the lower triangle
 # with the factored decay and the swap (transposed reads of the pairs), with 32-row blocks (36 of 64 pairs of a chunk
@@ -114,7 +122,11 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "exp_fold-ftz-heads2-per_head": {**PER_HEAD, "exp_fold": True, "exp2_ftz": True},
             "exp_fold-decay_factor-cb-shared": {"exp_fold": True, "decay_factor": True, "cb_mode": "shared"},
             "exp_fold-head_loop4-pdl": {"exp_fold": True, "head_loop": 4, "pdl": True},
-            "exp_fold-all-off": {**OFF, "exp_fold": True}}
+            "exp_fold-all-off": {**OFF, "exp_fold": True},
+            "inner-chunk128": {"inner_chunk": 128}, "inner-chunk64": {"inner_chunk": 64},
+            "inner-chunk128-sm90": {"inner_chunk": 128, "heads_first": True, "skip_first": True, "pdl": True},
+            "inner-chunk64-chunk_parallel-swap": {"inner_chunk": 64, "state_pass": "chunk_parallel",
+                                                  "operand_swap": True}}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
 FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "state_pass-chunk_parallel", "exp_fold",
                  "head_loop8-heads2-per_head", "cb-lower-occupancy4", "state_subblock64")
@@ -127,9 +139,11 @@ def _skip(case: str, variant: str) -> bool:
                                         "heads_first-heads2-per_head", "skip_first-heads2-per_head-headdim32",
                                         "state_pass-chunk_parallel", "head_loop8-heads2-per_head",
                                         "cb-lower-occupancy4", "state_subblock64-sm90",
-                                        "exp_fold-ftz-heads2-per_head"):
+                                        "exp_fold-ftz-heads2-per_head", "inner-chunk128"):
         return True
     shape = CASES[case].shape
+    if shape.chunk_size <= VARIANTS[variant].get("inner_chunk", shape.chunk_size):  # the switch changes nothing
+        return True
     sub = VARIANTS[variant].get("state_subblock", 0)
     if sub and shape.chunk_size % sub:
         return True
@@ -155,6 +169,20 @@ def test_cutile_matches_float64(case, variant, dtype, request):
     backend = CutileBackend(**VARIANTS[variant])
     assert_matches_float64(backend, CASES[case], dtype, f"cutile {case} {variant} {dtype}",
                            fused_views=case.startswith("Dhead-noncontig"))
+
+
+@pytest.mark.parametrize("case", list(INNER_CHUNK_CASES))
+@pytest.mark.parametrize("inner", [64, 128])
+def test_cutile_inner_chunk_returns_the_callers_chunk(case, inner):
+    """inner_chunk: the whole ForwardResult (y, final and per-sequence states, and dt, dA_cumsum, states converted to
+    the caller's chunk) against the float64 reference at the caller's chunk."""
+    from impls.cutile import CutileBackend
+
+    ok, reason = CutileBackend.available()
+    if not ok:
+        pytest.skip(reason)
+    assert_inner_chunk_matches_float64(CutileBackend(inner_chunk=inner), INNER_CHUNK_CASES[case], "bfloat16",
+                                       f"cutile inner_chunk={inner} {case}")
 
 
 # 12 heads in one group (and 6 in each of two) with a loop of 8: blocks of 8 and 4 heads (of 6: one shorter block);

@@ -35,6 +35,8 @@ from impls.tolerance import rel_err, tolerance
 from tests.common import (
     GPU_CONTRACT_CASES,
     GPU_SMALL,
+    INNER_CHUNK_CASES,
+    assert_inner_chunk_matches_float64,
     assert_matches_float64,
     float64_forward,
     switch_variant_params,
@@ -94,6 +96,11 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "exp_fold-tma-host-heads2-decay_factor": {"exp_fold": True, "tma": True, "tma_descriptors": "host",
                                                       "heads_per_tile": 2, "decay_factor": True},
             "exp_fold-no-ftz-cb-shared": {"exp_fold": True, "exp2_ftz": False, "cb_mode": "shared"},
+            # the forward's stages at an internal chunk (inner_chunk; the stage calls keep the case's chunk)
+            "inner-chunk128": {"inner_chunk": 128}, "inner-chunk64": {"inner_chunk": 64},
+            "inner-chunk128-tma-host-serial": {"inner_chunk": 128, "tma": True, "tma_descriptors": "host",
+                                               "state_pass": "serial"},
+            "inner-chunk64-fused": {"inner_chunk": 64, "fuse_state_out": True},
             }
 
 
@@ -118,12 +125,16 @@ def _skip(case, variant):
     # (refused with the tensor's name, tested on CPU); every other case's strides are 16-byte multiples.
     if "tma" in variant and case.startswith("Dhead-noncontig"):
         return True
+    chunk = CASES[case].shape.chunk_size
+    if chunk <= VARIANTS[variant].get("inner_chunk", chunk):  # the switch changes nothing there
+        return True
     return (case == "S1" or case.startswith("p256")) and variant not in ("defaults", "all-off", "cb-shared",
                                                                                   "decay_factor", "tma", "fused",
                                                                                   "fused-tma", "fused-chunk",
                                                                                   "fused-chunk-tma-host", "heads2",
                                                                                   "heads_first-heads2",
-                                                                                  "state_pass-serial", "tma-host")
+                                                                                  "state_pass-serial", "tma-host",
+                                                                                  "inner-chunk128")
 
 
 @pytest.mark.parametrize("case,variant,dtype", switch_variant_params(CASES, VARIANTS, skip=_skip))
@@ -131,6 +142,18 @@ def test_triton_matches_float64(case, variant, dtype, request):
     backend = _backend(**VARIANTS[variant])
     assert_matches_float64(backend, CASES[case], dtype, f"triton {case} {variant} {dtype}",
                            fused_views=case.startswith("Dhead-noncontig"))
+
+
+@pytest.mark.parametrize("case", list(INNER_CHUNK_CASES))
+@pytest.mark.parametrize("switches", [pytest.param({"inner_chunk": 64}, id="inner-chunk64"),
+                                      pytest.param({"inner_chunk": 128}, id="inner-chunk128"),
+                                      pytest.param({"inner_chunk": 64, "fuse_state_out": True},
+                                                   id="inner-chunk64-fused")])
+def test_triton_inner_chunk_returns_the_callers_chunk(case, switches):
+    """inner_chunk: the whole ForwardResult (y, final and per-sequence states, and dt, dA_cumsum, states converted to
+    the caller's chunk) against the float64 reference at the caller's chunk."""
+    assert_inner_chunk_matches_float64(_backend(**switches), INNER_CHUNK_CASES[case], "bfloat16",
+                                       f"triton {switches} {case}")
 
 
 @pytest.mark.parametrize("switches", [{}, {"tma": True, "tma_descriptors": "host", "state_pass": "serial"},
