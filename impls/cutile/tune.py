@@ -227,13 +227,19 @@ OFF_VALUE = {"cb_precision": "fp32", "head_mma": "batched"}
 ON_VALUE = {"head_loop": 4, "state_subblock": 64}
 
 
+def baseline(name: str) -> CutileSwitches:
+    """What `off(name)` is compared with: the defaults with the switches `name` needs set as it needs them (the
+    declared values themselves for every switch but decay_single, whose baseline has decay_factor on)."""
+    return dataclasses.replace(CutileSwitches(), **CutileSwitches.__dataclass_fields__[name].metadata.get("needs", {}))
+
+
 def off(name: str) -> CutileSwitches:
-    """The defaults with `name` turned away from its default: off for a default-on trick, on for a default-off
+    """`baseline(name)` with `name` turned away from its default: off for a default-on trick, on for a default-off
     one (operand_swap), the other precision for cb_precision, the batched (rank-3) lowering for head_mma, the head
     loop over 4 heads for head_loop."""
     default = getattr(CutileSwitches(), name)
     value = (not default) if isinstance(default, bool) else OFF_VALUE[name] if name in OFF_VALUE else ON_VALUE[name]
-    return dataclasses.replace(CutileSwitches(), **{name: value})
+    return dataclasses.replace(baseline(name), **{name: value})
 
 
 # switches whose switch-effects row compiles one tile config, where both settings happen to be one kernel: head_mma
