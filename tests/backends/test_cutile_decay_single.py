@@ -1,5 +1,5 @@
 """CPU tests of the cuTile factored decay in one accumulator (switch decay_single): compute_out run under emulation
-against the float64 reference (instruments/cutile/emulate.py), its kernels compiled for sm_90, its key and refusal."""
+against the float64 reference (instruments/cutile/emulate.py), its kernel compiled for sm_90, its key and refusal."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from impls.cutile.switches import CutileSwitches  # noqa: E402
 from impls.inputs import make_inputs  # noqa: E402
 from impls.problem import Problem, Shape  # noqa: E402
 from impls.tolerance import poisoned_allocations, rel_err, tolerance  # noqa: E402
+from instruments.cutile.aot import build_call, export  # noqa: E402
 from instruments.cutile.emulate import emulated_launches  # noqa: E402
+from instruments.cutile.spills import shape_dims  # noqa: E402
+from instruments.sass import cubin_facts, cuobjdump_path, mma_loops  # noqa: E402
 from tests.common import float64_forward  # noqa: E402
 
 # two chunks of four 16-row blocks, the last chunk short (36 rows: its last block partly past the end); two groups
@@ -84,3 +87,23 @@ def test_record_key_keys_decay_single_and_borrows_the_tiles_of_decay_factor():
                                                                                       "bfloat16")
     for other in ("chunk_cumsum", "fwd_pass_state"):
         assert tune.record_key(other, single, "S1", "bfloat16") == tune.record_key(other, factor, "S1", "bfloat16")
+
+
+@pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
+def test_one_accumulator_compiles_without_spills_at_one_head_per_tile():
+    """bf16 compute_out at S1's sizes and the sm_90 record's 64 × 64 tiles, occupancy 3, C·Bᵀ shared, one head per
+    tile, under sm_90's defaults with the fold and the flush: the factored decay in two accumulators spills
+    (decay_factor), in one it does not, keeps 80 registers and warp specialisation, and its source loop is shorter."""
+    config = {"block_rows": 64, "block_headdim": 64, "heads_per_tile": 1, "occupancy": 3, "shared_cb": True}
+    base = {"heads_first": True, "skip_first": True, "pdl": True, "exp_fold": True, "exp2_ftz": True,
+            "decay_factor": True}
+    built = {}
+    for name, sw in (("two", CutileSwitches(**base)), ("one", CutileSwitches(**base, decay_single=True))):
+        call = build_call("compute_out", torch.bfloat16, sw, dims=shape_dims("S1"), config=config, optional=False,
+                          d_mode=1)
+        built[name] = cubin_facts(export(call, "sm_90"))
+    two, one = built["two"], built["one"]
+    assert two.ldl + two.stl > 0 and one.ldl + one.stl == 0, (two.ldl, two.stl, one.ldl, one.stl)
+    assert one.registers == two.registers == 80 and one.warp_specialized
+    (loop_two,), (loop_one,) = mma_loops(two.sass), mma_loops(one.sass)
+    assert loop_one.instructions < loop_two.instructions and loop_one.ex2 == loop_two.ex2 > 0
