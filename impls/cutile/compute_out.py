@@ -431,7 +431,7 @@ def _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, b, c, g, hb, pb, i
     rows = i * BL + ct.arange(BL, dtype=ct.int32)
 
     # off-chunk term: C_l · stateᵀ, scaled by exp(dA_l) (zero for rows of a sequence that began in this chunk);
-    # with DECAY_SINGLE by exp(dA_ref) only, the row factor exp(dA_l − dA_ref) applied with the factored blocks'
+    # with DECAY_SINGLE by exp(dA_ref), its row factor exp(dA_l − dA_ref) coming with the factored blocks'
     dA_refs = None
     if k.DECAY_SINGLE:
         dA_refs = _decay_refs(dA, b, c, hb, i, scale, k)
@@ -468,8 +468,7 @@ def _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, b, c, g, hb, pb, i
     elif DECAY_FACTOR:
         # blocks j < i: exp(dA_l - dA_s) = exp(dA_l - dA_ref) * exp(dA_ref - dA_s), dA_ref = dA at the block's first
         # row; the source factor (times dt) scales the C·Bᵀ tile's source side, the row factor the sum afterwards
-        dA_refs = tuple(ct.load(dA, (b, _lane_block(hb, l, NL), c, i * BL), (1, HL, 1, 1), allow_tma=tma)
-                        .reshape((HL, 1)) * scale for l in ct.static_iter(range(NL)))
+        dA_refs = _decay_refs(dA, b, c, hb, i, scale, k)
         offs = tuple(ct.zeros(accs[l].shape, ct.float32) for l in ct.static_iter(range(NL)))
         for j in range(i):
             offs = _source_lanes(B, x, dt, dA, seq, cbm, offs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, j,
