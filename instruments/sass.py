@@ -159,6 +159,33 @@ def tma_loops(sass_text: str) -> list[TmaLoop]:
     return sorted(out, key=lambda loop: loop.start)
 
 
+@dataclasses.dataclass(frozen=True)
+class MmaLoop:
+    start: int  # address of the loop's first instruction (its back-edge's target)
+    end: int  # address of the back-edge
+    instructions: int  # in [start, end]: one iteration's static count
+    mmas: int  # HGMMA and HMMA instructions in [start, end]
+    ex2: int  # MUFU.EX2 instructions in [start, end]
+
+
+def mma_loops(sass_text: str) -> list[MmaLoop]:
+    """The loops of a listing that issue MMAs (HGMMA, HMMA): every backward branch before the kernel's last EXIT
+    whose range holds one, in address order, with its static instruction count (the math warps' source-block loop
+    of stage 3, whose length per iteration docs/perf-notes.md compares between switches)."""
+    code = sass_instructions(sass_text)
+    last_exit = max(ins.addr for ins in code if ins.base == "EXIT")
+    out = []
+    for ins in code:
+        if ins.base != "BRA" or ins.addr >= last_exit:
+            continue
+        target = int(ins.args.split(",")[-1].strip(), 16)
+        body = [i for i in code if target <= i.addr <= ins.addr]
+        mmas = sum(1 for i in body if i.base in ("HGMMA", "HMMA"))
+        if target < ins.addr and mmas:
+            out.append(MmaLoop(target, ins.addr, len(body), mmas, sum(1 for i in body if i.op.startswith("MUFU.EX2"))))
+    return sorted(out, key=lambda loop: loop.start)
+
+
 def normalized(sass_text: str) -> str:
     """SASS without addresses/encodings/symbol names, for 'identical code' comparisons."""
     lines = []

@@ -181,6 +181,7 @@ class OutConsts(CopyHints):
     SKIP_FIRST: bool = False  # switch skip_first: D∘x added to the accumulator before the source loop, not after
     EXP2_FTZ: bool = False  # switch exp2_ftz: the exp2 flush subnormal inputs and results to zero
     EXP_FOLD: bool = False  # switch exp_fold: dt folded into the scores' exponent (q = dA·log2(e) − log2(dt))
+    DECAY_SINGLE: bool = False  # switch decay_single: the factored decay summed into the one accumulator
 
 
 def _by_source(v, HB, BL, SWAP):
@@ -336,6 +337,13 @@ def _off_chunk(states, c_l, state_scale, b, c, h, pb, k):
     return acc
 
 
+def _decay_refs(dA, b, c, hb, i, scale, k):
+    """Per lane, dA_cumsum at the first row of row block i, (HL, 1), times `scale` (log2(e) with EXP2): the factored
+    decay's reference point dA_ref."""
+    return tuple(ct.load(dA, (b, _lane_block(hb, l, k.NL), c, i * k.BL), (1, k.HL, 1, 1), allow_tma=k.tma())
+                 .reshape((k.HL, 1)) * scale for l in ct.static_iter(range(k.NL)))
+
+
 def _skip_term(x, D, b, row_block, h, pb, k):
     """D ∘ x on the (HL, BL, BP) tile of the HL heads of lane block h (D per head or per channel; D_MODE > 0),
     transposed to the accumulator's (HL, BP, BL) with SWAP."""
@@ -377,7 +385,8 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
                        TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
                        LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool],
                        PER_HEAD: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool], SKIP_FIRST: ct.Constant[bool],
-                       PDL: ct.Constant[bool], EXP2_FTZ: ct.Constant[bool], EXP_FOLD: ct.Constant[bool]):
+                       PDL: ct.Constant[bool], EXP2_FTZ: ct.Constant[bool], EXP_FOLD: ct.Constant[bool],
+                       DECAY_SINGLE: ct.Constant[bool]):
     """One (batch, chunk, row block i, head block hb of HB heads, headdim block pb) tile. The heads run as NL lanes
     of HL heads: switch head_mma "batched" = one lane of HB heads (rank-3 MMAs when HB > 1), "per_head" (PER_HEAD)
     = HB lanes of one head (2-D MMAs). Per-lane values (accumulator, dA rows, decay reference) are tuples unrolled
@@ -389,7 +398,7 @@ def compute_out_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, heads_per_gro
     NL = HB if PER_HEAD else 1
     HL = HB // NL
     k = OutConsts(CHUNK, BL, BP, BN, NL, HL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE, HAS_Z,
-                  SKIP_FIRST, EXP2_FTZ, EXP_FOLD)
+                  SKIP_FIRST, EXP2_FTZ, EXP_FOLD, DECAY_SINGLE)
     pid, hb, pb = ct.bid(0), ct.bid(1), ct.bid(2)
     if HEADS_FIRST:
         head_blocks = x.shape[2] // HB
@@ -421,8 +430,14 @@ def _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, b, c, g, hb, pb, i
                   for l in ct.static_iter(range(NL)))
     rows = i * BL + ct.arange(BL, dtype=ct.int32)
 
-    # off-chunk term: C_l · stateᵀ, scaled by exp(dA_l) (zero for rows of a sequence that began in this chunk)
-    state_scales = tuple(_exp(dA_ls[l], EXP2, FTZ) for l in ct.static_iter(range(NL)))
+    # off-chunk term: C_l · stateᵀ, scaled by exp(dA_l) (zero for rows of a sequence that began in this chunk);
+    # with DECAY_SINGLE by exp(dA_ref), its row factor exp(dA_l − dA_ref) coming with the factored blocks'
+    dA_refs = None
+    if k.DECAY_SINGLE:
+        dA_refs = _decay_refs(dA, b, c, hb, i, scale, k)
+        state_scales = tuple(ct.broadcast_to(_exp(dA_refs[l], EXP2, FTZ), (HL, BL)) for l in ct.static_iter(range(NL)))
+    else:
+        state_scales = tuple(_exp(dA_ls[l], EXP2, FTZ) for l in ct.static_iter(range(NL)))
     s_l = None  # the rows' seq_idx, read only with HAS_SEQ
     if k.HAS_SEQ:
         s_l = ct.load(seq, (b, row_block), (1, BL), padding_mode=ZERO, allow_tma=tma).reshape((BL,))
@@ -432,16 +447,28 @@ def _head_block(B, x, dt, dA, states, D, z, y, seq, cbm, c_l, b, c, g, hb, pb, i
     accs = tuple(_off_chunk(states, c_l, state_scales[l], b, c, _lane_block(hb, l, NL), pb, k)
                  for l in ct.static_iter(range(NL)))
 
-    if k.SKIP_FIRST and k.D_MODE > 0:  # D ∘ x now: its head indices and D values need not live across the loop
+    if k.SKIP_FIRST and k.D_MODE > 0 and not k.DECAY_SINGLE:  # D ∘ x now: its indices and values need not live
         accs = tuple(accs[l] + _skip_term(x, D, b, row_block, _lane_block(hb, l, NL), pb, k)
                      for l in ct.static_iter(range(NL)))
 
     # in-chunk term, causal over source blocks j <= i
-    if DECAY_FACTOR:
+    if DECAY_FACTOR and k.DECAY_SINGLE:
+        # one accumulator: the off-chunk term (scaled by exp(dA_ref)) and blocks j < i (source factors relative to
+        # dA_ref) summed in it, scaled once per row by exp(dA_l - dA_ref), then the skip term and the diagonal block
+        for j in range(i):
+            accs = _source_lanes(B, x, dt, dA, seq, cbm, accs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, j,
+                                 k, True)
+        accs = tuple(accs[l] * _by_row(_exp(dA_ls[l] - dA_refs[l], EXP2, FTZ), HL, BL, SWAP)
+                     for l in ct.static_iter(range(NL)))
+        if k.SKIP_FIRST and k.D_MODE > 0:
+            accs = tuple(accs[l] + _skip_term(x, D, b, row_block, _lane_block(hb, l, NL), pb, k)
+                         for l in ct.static_iter(range(NL)))
+        accs = _source_lanes(B, x, dt, dA, seq, cbm, accs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, i, k,
+                             False)
+    elif DECAY_FACTOR:
         # blocks j < i: exp(dA_l - dA_s) = exp(dA_l - dA_ref) * exp(dA_ref - dA_s), dA_ref = dA at the block's first
         # row; the source factor (times dt) scales the C·Bᵀ tile's source side, the row factor the sum afterwards
-        dA_refs = tuple(ct.load(dA, (b, _lane_block(hb, l, NL), c, i * BL), (1, HL, 1, 1), allow_tma=tma)
-                        .reshape((HL, 1)) * scale for l in ct.static_iter(range(NL)))
+        dA_refs = _decay_refs(dA, b, c, hb, i, scale, k)
         offs = tuple(ct.zeros(accs[l].shape, ct.float32) for l in ct.static_iter(range(NL)))
         for j in range(i):
             offs = _source_lanes(B, x, dt, dA, seq, cbm, offs, c_l, dA_ls, dA_refs, s_l, rows, b, c, g, hb, pb, i, j,
@@ -470,7 +497,8 @@ def compute_out_head_loop_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, hea
                                  SHARED_CB: ct.Constant[bool], DECAY_FACTOR: ct.Constant[bool],
                                  PER_HEAD: ct.Constant[bool], HEADS_FIRST: ct.Constant[bool],
                                  SKIP_FIRST: ct.Constant[bool], PDL: ct.Constant[bool],
-                                 EXP2_FTZ: ct.Constant[bool], EXP_FOLD: ct.Constant[bool]):
+                                 EXP2_FTZ: ct.Constant[bool], EXP_FOLD: ct.Constant[bool],
+                                 DECAY_SINGLE: ct.Constant[bool]):
     """Switch head_loop: one (batch, chunk, row block i, block of up to HLOOP heads of one group, headdim block pb)
     program that walks its heads HB at a time in a runtime loop (HB = heads_per_tile heads per step, lanes as in
     compute_out_kernel; HB divides HLOOP and heads_per_group), so that only one step's accumulators are live. The
@@ -488,7 +516,7 @@ def compute_out_head_loop_kernel(C, B, x, dt, dA, states, D, z, seq, cbm, y, hea
         pid, hb = ct.bid(0) // head_blocks, ct.bid(0) % head_blocks
     NL = HB if PER_HEAD else 1
     k = OutConsts(CHUNK, BL, BP, BN, NL, HB // NL, HAS_SEQ, SWAP, TRANS, TF32, EXP2, TMA, LAT, SHARED_CB, D_MODE,
-                  HAS_Z, SKIP_FIRST, EXP2_FTZ, EXP_FOLD)
+                  HAS_Z, SKIP_FIRST, EXP2_FTZ, EXP_FOLD, DECAY_SINGLE)
     nsub = CHUNK // BL
     nchunks = dA.shape[2]
     i = pid % nsub
@@ -558,7 +586,7 @@ def make_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, sw, config
     args = (*arrays, nheads // ngroups, chunk_size, bl, bp, bn, hb, int(d_mode), bool(has_z), bool(has_seq),
             sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0,
             shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb), sw.heads_first,
-            sw.skip_first, sw.pdl, sw.exp2_ftz, sw.exp_fold)
+            sw.skip_first, sw.pdl, sw.exp2_ftz, sw.exp_fold, sw.decay_single)
     grid = grid_of(batch * nchunks * (chunk_size // bl), nheads // hb, math.ceil(headdim / bp), sw.heads_first)
     return kernel_call(compute_out_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)
 
@@ -578,7 +606,7 @@ def make_head_loop_call(arrays, dims, chunk_size, d_mode, has_z, has_seq, tf32, 
     args = (*arrays, heads_per_group, chunk_size, bl, bp, bn, hb, sw.head_loop, int(d_mode), bool(has_z),
             bool(has_seq), sw.operand_swap, sw.transposed_layout, bool(tf32), sw.exp2, sw.tma,
             4 if sw.latency_hints else 0, shared_cb(sw, config), sw.decay_factor, per_head_mma(sw, hb), sw.heads_first,
-            sw.skip_first, sw.pdl, sw.exp2_ftz, sw.exp_fold)
+            sw.skip_first, sw.pdl, sw.exp2_ftz, sw.exp_fold, sw.decay_single)
     head_blocks = ngroups * math.ceil(heads_per_group / sw.head_loop)
     grid = grid_of(batch * nchunks * (chunk_size // bl), head_blocks, math.ceil(headdim / bp), sw.heads_first)
     return kernel_call(compute_out_head_loop_kernel, grid, args, config.get("occupancy", 0), sw.opt_level, sw.pdl)

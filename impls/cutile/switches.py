@@ -74,6 +74,16 @@ class CutileSwitches:
         sm90="one multiply and a cast per score element instead of a compare, select, subtract, exp2 and two "
              "multiplies",
         sm100="the same per-element saving; the scaled tiles feed tcgen05 MMAs")
+    decay_single: bool = switch(
+        False, "stage 3 with decay_factor: the factored decay in the one accumulator. It starts from the off-chunk "
+               "term scaled by exp(dA_ref) (not exp(dA_l)), sums the factored source blocks onto it, is scaled once "
+               "per row by exp(dA_l - dA_ref) (giving the off-chunk term its exp(dA_l)), and then takes the skip "
+               "term (with skip_first) and the diagonal block in the masked form; off, decay_factor sums the "
+               "factored blocks in a second accumulator added after the loop. Every factor <= 1 (impls/README.md)",
+        sm90="one (rows × headdim) fp32 accumulator per head live through the source loop instead of two, and a "
+             "multiply per accumulator element after the loop instead of a multiply-add",
+        sm100="the same accumulators; where tcgen05 keeps them (Tensor Memory) is the compiler's",
+        needs={"decay_factor": True})
     heads_first: bool = switch(
         False, "stage 3 program order: the head blocks of one (batch, chunk, row block) tile fastest-varying in the "
                "program id, so that the programs resident at the same time share their C and B tiles (one group's "
@@ -284,6 +294,10 @@ class CutileSwitches:
                              f"backend 'cutile': the forward's stage 2 runs at {self.inner_chunk}-token chunks, which "
                              f"{self.state_subblock}-position sub-blocks cannot step through (use a state_subblock of "
                              "at most inner_chunk, or 0)")
+        if self.decay_single and not self.decay_factor:
+            raise ValueError("switch decay_single=True of backend 'cutile' sums the factored decay (decay_factor) in "
+                             "one accumulator, and decay_factor=False takes no factored decay: set decay_factor=True "
+                             "or leave decay_single off")
         if self.fused_program != FUSED_PROGRAMS[0] and not self.fuse_state_out:
             raise ValueError(f"switch fused_program={self.fused_program!r} of backend 'cutile': it arranges the "
                              "programs of the fused kernel, which runs only with fuse_state_out=True (set it, or "
@@ -305,7 +319,8 @@ FUSED_READS = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level", "fus
 FUSED_SIZES = ("block_heads", "block_rows", "block_headdim", "occupancy")
 NOT_READ_BY_FUSED = ("transposed_layout", "operand_swap", "decay_factor", "cb_mode", "head_mma", "block_dstate",
                      "heads_per_tile", "heads_first", "skip_first", "head_loop", "state_pass", "pdl", "exp2_ftz",
-                     "cb_occupancy", "cb_lower_triangle", "state_subblock", "exp_fold")
+                     "cb_occupancy", "cb_lower_triangle", "state_subblock", "exp_fold",
+                     "decay_single")
 _DEFAULTS = {f: CutileSwitches.__dataclass_fields__[f].default for f in NOT_READ_BY_FUSED}
 # the switches of stage 3's C·Bᵀ kernel alone (cb_kernel): refused with cb_mode inline, which never launches it
 CB_KERNEL_SWITCHES = ("cb_occupancy", "cb_lower_triangle")
@@ -340,6 +355,7 @@ def per_head_refusal(sw: CutileSwitches, hb: int) -> str | None:
 
 # Switches that change generated code (the rest pick sizes or where sizes come from).
 CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "exp2_ftz", "decay_factor",
+                 "decay_single",
                  "cb_precision", "head_mma", "heads_first", "skip_first", "head_loop", "state_subblock",
                  "exp_fold")
 # fuse_state_out picks the forward's arrangement of kernels, not the code of a stage (its kernel is AOT-tested in

@@ -118,7 +118,8 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     with block_rows 32 or cb_mode inline fixed must not replace the record of the full search). code_tricks=False:
     the key without the tricks turned off, pdl, opt_level (and without heads_first, skip_first, head_loop,
     exp2_ftz, exp_fold), whose record impls/tuning.py borrows when the tricks' own key has none. compute_out's C·Bᵀ
-    kernel switches (cb_occupancy, cb_lower_triangle) key and borrow as heads_first does."""
+    kernel switches (cb_occupancy, cb_lower_triangle) key and borrow as heads_first does, and so does decay_single
+    (borrowing decay_factor's tiles)."""
     extra = {k: getattr(sw, k) for k in ("transposed_layout", "operand_swap", "cb_precision")}
     if code_tricks:
         extra.update({k: False for k in CODE_TRICKS if not getattr(sw, k)})
@@ -130,7 +131,7 @@ def record_key(stage: str, sw, shape_label: str, dtype: str, code_tricks: bool =
     if stage == "compute_out" and sw.decay_factor:
         extra["decay_factor"] = True
     if code_tricks and stage == "compute_out":  # arrangements that borrow the tiles of the key without them
-        extra.update({k: True for k in ("heads_first", "skip_first", "exp_fold") if getattr(sw, k)})
+        extra.update({k: True for k in ("heads_first", "skip_first", "exp_fold", "decay_single") if getattr(sw, k)})
         if sw.head_loop:
             extra["head_loop"] = sw.head_loop
     if code_tricks and stage == "compute_out":  # the C·Bᵀ kernel's own switches, borrowing like those
@@ -203,7 +204,7 @@ def tunable(stage: str, sw, device, shape_label: str, dtype: str, make_call, hea
 
 # the tricks that run on the tiles of the switch set without them (each keys its own record when set, and borrows)
 BORROWING_TRICKS = {"exp2_ftz": False, "exp_fold": False, "cb_occupancy": 0, "cb_lower_triangle": False,
-                    "state_subblock": 0}
+                    "state_subblock": 0, "decay_single": False}
 
 
 def near_key(stage: str, sw, shape_label: str, dtype: str) -> str | None:
@@ -226,13 +227,19 @@ OFF_VALUE = {"cb_precision": "fp32", "head_mma": "batched"}
 ON_VALUE = {"head_loop": 4, "state_subblock": 64}
 
 
+def baseline(name: str) -> CutileSwitches:
+    """What `off(name)` is compared with: the defaults with the switches `name` needs set as it needs them (the
+    declared values themselves for every switch but decay_single, whose baseline has decay_factor on)."""
+    return dataclasses.replace(CutileSwitches(), **CutileSwitches.__dataclass_fields__[name].metadata.get("needs", {}))
+
+
 def off(name: str) -> CutileSwitches:
-    """The defaults with `name` turned away from its default: off for a default-on trick, on for a default-off
+    """`baseline(name)` with `name` turned away from its default: off for a default-on trick, on for a default-off
     one (operand_swap), the other precision for cb_precision, the batched (rank-3) lowering for head_mma, the head
     loop over 4 heads for head_loop."""
     default = getattr(CutileSwitches(), name)
     value = (not default) if isinstance(default, bool) else OFF_VALUE[name] if name in OFF_VALUE else ON_VALUE[name]
-    return dataclasses.replace(CutileSwitches(), **{name: value})
+    return dataclasses.replace(baseline(name), **{name: value})
 
 
 # switches whose switch-effects row compiles one tile config, where both settings happen to be one kernel: head_mma
@@ -278,7 +285,7 @@ def device_arch(device) -> str | None:
 KEY_ROLES = {
     **dict.fromkeys(("transposed_layout", "operand_swap", "latency_hints", "tma", "exp2", "decay_factor", "heads_first",
                      "skip_first", "head_loop", "exp2_ftz", "cb_precision", "head_mma", "fused_program", "state_pass",
-                     "pdl", "opt_level", "exp_fold"), tuning.KEY),
+                     "pdl", "opt_level", "exp_fold", "decay_single"), tuning.KEY),
     **dict.fromkeys(("cb_mode", "block_heads", "block_rows", "block_headdim", "block_dstate", "heads_per_tile",
                      "occupancy"), tuning.PIN),
     "fuse_state_out": tuning.KERNELS,

@@ -100,6 +100,11 @@ class TritonBackend(Backend):
             return ("switch cb_lower_triangle of backend 'triton': it arranges compute_out's C·Bᵀ kernel, which runs "
                     f"with cb_mode='shared' and without fuse_state_out only (got cb_mode={sw.cb_mode!r}, "
                     f"fuse_state_out={sw.fuse_state_out})")
+        if sw.decay_single and (not sw.decay_factor or sw.fuse_state_out):
+            return ("switch decay_single of backend 'triton': it sums compute_out's factored decay (decay_factor) in "
+                    "one accumulator, so it needs decay_factor=True and runs without fuse_state_out only (the fused "
+                    f"kernel adds the state term after the source tiles; got decay_factor={sw.decay_factor}, "
+                    f"fuse_state_out={sw.fuse_state_out})")
         if sw.fuse_state_out and sw.exp_fold:
             return ("switch exp_fold of backend 'triton': the fused kernel (fuse_state_out) multiplies by dt per "
                     "score; turn exp_fold or fuse_state_out off")

@@ -14,7 +14,8 @@ ieee. A state tensor in another dtype (state_dtype) is cast to the input dtype f
 Switches: `operand_swap` computes the transposed tile yᵀ = S_c·C_mᵀ + xᵀ·(B·Cᵀ ∘ Lᵀ), putting chunk positions
 on the MMA's N dimension and headdim on M; `exp2` turns every exp into exp2 with log2 e folded into dA_cs as
 loaded; `decay_factor` takes the source tiles wholly before the row tile with the factored decay of impls/README.md
-(no mask, no exp per (row, source) pair; the row factor scales their sum); `transposed_layout` only matters
+(no mask, no exp per (row, source) pair; the row factor scales their sum, in a second accumulator or, with
+`decay_single`, in the one that holds the state term scaled by exp(dA_ref)); `transposed_layout` only matters
 through the strides of `states` (fwd_pass_state's output): this kernel
 reads states through their strides; `tma` loads C, B, x and the states and stores y through tensor descriptors
 (impls/triton/descriptors.py), made in the kernel or, with `tma_descriptors='host'`, once on the host and passed
@@ -214,6 +215,19 @@ def row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA_l, s_seq_l, EXP2: tl.co
 
 
 @triton.jit
+def state_scale_at_ref(dA_base, seq_base, c, m0, chunk_len, seq_m, s_dA_l, s_seq_l, EXP2: tl.constexpr,
+                       HAS_SEQ: tl.constexpr, EXP2_FTZ: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Switch decay_single: the entering state's scale exp(dA_ref) per row (dA_ref at the row tile's first row; zero
+    for rows whose sequence started inside the chunk), the row factor exp(dA_m − dA_ref) coming after the factored
+    tiles (`intra_chunk`)."""
+    scale = _decay(_row_ref(dA_base, m0, chunk_len, s_dA_l, EXP2), EXP2, EXP2_FTZ) + tl.zeros([BLOCK_M], tl.float32)
+    if HAS_SEQ:
+        seq_before = tl.load(seq_base - s_seq_l, mask=c > 0, other=0)
+        scale = tl.where(seq_m == seq_before, scale, 0.0)
+    return scale
+
+
+@triton.jit
 def state_term(st_base, st_desc, CmT, state_scale, b, c, h, p0, offs_n, offs_p, mask_n, mask_p, s_st_p, s_st_n,
                dtype, BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr, SWAP: tl.constexpr,
                DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, ST_N_CONTIG: tl.constexpr, CACHE: tl.constexpr):
@@ -313,16 +327,27 @@ def _scale_rows(acc, off, row_scale, SWAP: tl.constexpr):
 
 
 @triton.jit
+def _rows_scaled(acc, row_scale, SWAP: tl.constexpr):
+    if SWAP:
+        return acc * row_scale[None, :]
+    else:
+        return acc * row_scale[:, None]
+
+
+@triton.jit
 def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, dt_base, dt_base1, seq_base, B_desc,
                 x_desc, CmT, dA_m, dA_m1, seq_m, b, g, h, start, m0, p0, chunk_len, offs_m, offs_n, offs_p, mask_m,
                 mask_n, mask_p, s_B_l, s_B_n, s_x_l, s_x_p, s_dA_l, s_dt_l, s_seq_l, s_cb_m, s_cb_k, dtype,
                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DSTATE: tl.constexpr,
                 HAS_SEQ: tl.constexpr, SWAP: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr, TMA: tl.constexpr, HB: tl.constexpr,
-                EXP2_FTZ: tl.constexpr = True, CB_LOWER: tl.constexpr = False, EXP_FOLD: tl.constexpr = False):
+                EXP2_FTZ: tl.constexpr = True, CB_LOWER: tl.constexpr = False, EXP_FOLD: tl.constexpr = False,
+                DECAY_SINGLE: tl.constexpr = False):
     """(acc, acc1) + the chunk's own tokens' term for the row tile starting at m0, up to its causal edge: for head h
     into acc, and with HB = 2 for head h + 1 (same group) into acc1 (its x_base1, dA_base1, dt_base1, dA_m1),
-    C·Bᵀ computed once per source tile for both. With HB = 1 acc1 is returned as given."""
+    C·Bᵀ computed once per source tile for both. With HB = 1 acc1 is returned as given. DECAY_SINGLE (switch
+    decay_single, with DECAY_FACTOR): acc and acc1 come scaled by exp(dA_ref) per row instead of exp(dA_m)
+    (`row_terms`), the factored tiles are summed onto them and the sum scaled by exp(dA_m − dA_ref)."""
     k_end = tl.minimum(chunk_len, m0 + BLOCK_M)
     k_masked = 0
     if DECAY_FACTOR:
@@ -331,8 +356,12 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
         k_masked = (m0 // BLOCK_K) * BLOCK_K
         dA_ref = _row_ref(dA_base, m0, chunk_len, s_dA_l, EXP2)
         dA_ref1 = _row_ref(dA_base1, m0, chunk_len, s_dA_l, EXP2)
-        off = tl.zeros(acc.shape, dtype=tl.float32)
-        off1 = tl.zeros(acc1.shape, dtype=tl.float32)
+        if DECAY_SINGLE:  # one accumulator: the factored tiles onto the state term, relative to dA_ref
+            off = acc
+            off1 = acc1
+        else:
+            off = tl.zeros(acc.shape, dtype=tl.float32)
+            off1 = tl.zeros(acc1.shape, dtype=tl.float32)
         for k0 in tl.range(0, k_masked, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < chunk_len
@@ -350,9 +379,14 @@ def intra_chunk(acc, acc1, B_base, x_base, x_base1, cb_base, dA_base, dA_base1, 
                                       start + k0, p0, offs_k, offs_p, mask_k, mask_p, s_dA_l, s_dt_l, s_x_l, s_x_p,
                                       dtype, BLOCK_K, BLOCK_P, HAS_SEQ, SWAP, EXP2, DOT_PRECISION, TMA, EXP2_FTZ,
                                       EXP_FOLD)
-        acc = _scale_rows(acc, off, _decay(dA_m - dA_ref, EXP2, EXP2_FTZ), SWAP)
-        if HB == 2:
-            acc1 = _scale_rows(acc1, off1, _decay(dA_m1 - dA_ref1, EXP2, EXP2_FTZ), SWAP)
+        if DECAY_SINGLE:
+            acc = _rows_scaled(off, _decay(dA_m - dA_ref, EXP2, EXP2_FTZ), SWAP)
+            if HB == 2:
+                acc1 = _rows_scaled(off1, _decay(dA_m1 - dA_ref1, EXP2, EXP2_FTZ), SWAP)
+        else:
+            acc = _scale_rows(acc, off, _decay(dA_m - dA_ref, EXP2, EXP2_FTZ), SWAP)
+            if HB == 2:
+                acc1 = _scale_rows(acc1, off1, _decay(dA_m1 - dA_ref1, EXP2, EXP2_FTZ), SWAP)
     for k0 in tl.range(k_masked, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < chunk_len
@@ -491,6 +525,7 @@ def compute_out_kernel(
     EXP2_FTZ: tl.constexpr = True,
     CB_LOWER: tl.constexpr = False,
     EXP_FOLD: tl.constexpr = False,
+    DECAY_SINGLE: tl.constexpr = False,
 ):
     # flat grid (axis 0 has no 65535 limit): headdim tile fastest, then row tile, head block (HB heads of one
     # group: h and, with HB = 2, h + 1), chunk, batch; HEADS_FIRST (switch heads_first): the head block fastest.
@@ -533,6 +568,9 @@ def compute_out_kernel(
 
     dA_m, state_scale, seq_m = row_terms(dA_base, seq_base, c, offs_m, mask_m, s_dA[3], s_seq[1], EXP2, HAS_SEQ,
                                          EXP2_FTZ)
+    if DECAY_SINGLE:
+        state_scale = state_scale_at_ref(dA_base, seq_base, c, m0, chunk_len, seq_m, s_dA[3], s_seq[1], EXP2, HAS_SEQ,
+                                         EXP2_FTZ, BLOCK_M)
     CmT = c_rows(C_base, C_desc, b32, g, start + m0, offs_m, offs_n, mask_m, mask_n, s_C[1], s_C[3], dtype, BLOCK_M,
                  BLOCK_DSTATE, SWAP, TMA)
     # 1. the entering state's contribution; 2. the chunk's own tokens, up to the causal edge of this row tile
@@ -544,6 +582,9 @@ def compute_out_kernel(
         dA_base1 = dA_base + s_dA[1]
         dA_m1, state_scale1, seq_m = row_terms(dA_base1, seq_base, c, offs_m, mask_m, s_dA[3], s_seq[1], EXP2,
                                                HAS_SEQ, EXP2_FTZ)
+        if DECAY_SINGLE:
+            state_scale1 = state_scale_at_ref(dA_base1, seq_base, c, m0, chunk_len, seq_m, s_dA[3], s_seq[1], EXP2,
+                                              HAS_SEQ, EXP2_FTZ, BLOCK_M)
         acc1 = state_term(st_base + s_st[2], st_desc, CmT, state_scale1, b32, c, h + 1, p0, offs_n, offs_p, mask_n,
                           mask_p, s_st[3], s_st[4], dtype, BLOCK_P, BLOCK_DSTATE, SWAP, DOT_PRECISION, TMA,
                           ST_N_CONTIG, "")
@@ -558,7 +599,7 @@ def compute_out_kernel(
                             offs_m, offs_n, offs_p, mask_m, mask_n, mask_p, s_B[1], s_B[3], s_x[1], s_x[3], s_dA[3],
                             s_dt[3], s_seq[1], s_cb[3], s_cb[4], dtype, BLOCK_M, BLOCK_K, BLOCK_P, BLOCK_DSTATE,
                             HAS_SEQ, SWAP, EXP2, DOT_PRECISION, SHARED_CB, DECAY_FACTOR, TMA, HB, EXP2_FTZ,
-                            CB_LOWER, EXP_FOLD)
+                            CB_LOWER, EXP_FOLD, DECAY_SINGLE)
     # 3. D skip, z gate, store
     epilogue(acc, x_base, z_base, y_base, y_desc, D_ptr, b32, h, start + m0, p0, offs_m, offs_p, mask_m, mask_p,
              s_x[1], s_x[3], s_z[1], s_z[3], s_y[1], s_y[3], s_D[0], s_D[1], BLOCK_M, BLOCK_P, HAS_D, HAS_Z, SWAP,
@@ -610,7 +651,8 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, *, config, switch
         SWAP=switches.operand_swap, EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=shared,
         DECAY_FACTOR=switches.decay_factor, TMA=switches.tma, ST_N_CONTIG=states.stride(-1) == 1, HB=hb,
         HEADS_FIRST=switches.heads_first, HOST_DESC=host, EXP2_FTZ=switches.exp2_ftz, EXP_FOLD=switches.exp_fold,
-        **({"CB_LOWER": True} if lower else {}), num_warps=config["num_warps"],
+        **({"CB_LOWER": True} if lower else {}), **({"DECAY_SINGLE": True} if switches.decay_single else {}),
+        num_warps=config["num_warps"],
         num_stages=config["num_stages"], maxnreg=maxnreg(config), path=switches.launch_path,
     )
     return y

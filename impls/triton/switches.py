@@ -76,6 +76,16 @@ class TritonSwitches:
         sm90="one multiply per score element instead of a compare, select, subtract, exp2 and two multiplies on "
              "those tiles",
         sm100="the same per-element saving; the scaled tiles feed the MMAs")
+    decay_single: bool = switch(
+        False, "compute_out with decay_factor: the factored decay in the one accumulator. It starts from the state "
+               "term scaled by exp(dA_ref) (not exp(dA_m)), sums the factored source tiles onto it, is scaled once "
+               "per row by exp(dA_m - dA_ref) (giving the state term its exp(dA_m)), and then takes the tiles "
+               "reaching the diagonal in the masked form; off, decay_factor sums the factored tiles in a second "
+               "accumulator added after them. Every factor <= 1 (impls/README.md). Not with fuse_state_out",
+        sm90="one (rows × headdim) fp32 accumulator per head live through the factored tiles' loop instead of two, "
+             "and a multiply per accumulator element after it instead of a multiply-add",
+        sm100="the same accumulators",
+        needs={"decay_factor": True})
     heads_first: bool = switch(
         False, "compute_out program order: the head blocks of one (batch, chunk, row tile, headdim tile) fastest in "
                "the flat program id, so that the programs in flight together read the same C and B tiles (one group's "
@@ -245,7 +255,7 @@ def _code_switches(switches: TritonSwitches, _types: tuple) -> tuple[tuple[str, 
     return tuple((k, v) for k, v in dataclasses.asdict(switches).items()
             if k in ("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode")
             # in the key only when on: records found without them keep their keys
-            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first", "exp_fold") and v)
+            or (k in ("decay_factor", "tma", "fuse_state_out", "heads_first", "exp_fold", "decay_single") and v)
             or (k == "tma_descriptors" and v != "device")
             or (k == "exp2_ftz" and not v)
             or (k == "fused_program" and v != "row_tile")

@@ -57,7 +57,7 @@ LAUNCH_EFFECTS = Path(__file__).with_name("switch_launch_effects.json")
 # each code switch's value away from its default (tma on: descriptors made in the kernel)
 AWAY = {"transposed_layout": False, "operand_swap": False, "exp2": False, "exp2_ftz": False, "decay_factor": True,
         "heads_first": True, "tma": True, "cb_mode": "shared", "state_pass": "serial",
-        "exp_fold": True}
+        "exp_fold": True, "decay_single": True}
 # the row of impls/triton/switch_launch_effects.json each tuned kernel reads (stage 2: two kernels; the fused kernel:
 # none)
 EFFECTS_STAGE = {"chunk_cumsum": "chunk_cumsum", "chunk_state": "fwd_pass_state", "state_passing": "fwd_pass_state",
@@ -115,7 +115,7 @@ def tunable(stage: str, switches: TritonSwitches, key: str, dtype: str, dims: di
 KEY_ROLES = {
     **dict.fromkeys(("transposed_layout", "operand_swap", "exp2", "cb_precision", "cb_mode", "decay_factor",
                      "heads_first", "tma", "tma_descriptors", "fuse_state_out", "fused_program", "exp2_ftz",
-                     "exp_fold"),
+                     "exp_fold", "decay_single"),
                     tuning.KEY),
     **dict.fromkeys(("block_rows", "block_positions", "block_headdim", "block_dstate", "block_heads", "block_state",
                      "num_warps", "num_stages", "heads_per_tile", "occupancy", "state_occupancy"), tuning.PIN),

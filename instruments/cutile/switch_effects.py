@@ -1,6 +1,6 @@
 """Writes impls/cutile/switch_sass_effects.json: for every stage, dtype and code switch, whether turning the switch
 away from its default alone changes the sm_90 machine code (SASS, addresses and encodings stripped) compared
-with the defaults.
+with the defaults (with the switches it needs set as it needs them: `impls.cutile.tune.baseline`).
 
 "no-op on sm_90" means the SASS is identical: such a switch must never be reported as having a measured effect
 on the H200. Run: `python -m instruments.cutile.switch_effects` (CPU only, about 2-3 minutes on 2 cores);
@@ -16,9 +16,9 @@ import sys
 
 import torch
 
-from impls.cutile.switches import CODE_SWITCHES, CutileSwitches
+from impls.cutile.switches import CODE_SWITCHES
 from impls.cutile.tune import SASS_EFFECTS as PATH
-from impls.cutile.tune import off
+from impls.cutile.tune import baseline, off
 from instruments.cutile.aot import STAGES, build_call, export
 from instruments.sass import disassemble, facts, normalized
 
@@ -39,7 +39,7 @@ def effect(stage: str, dtype: str, name: str, arch: str = "sm_90", cache: dict |
                 cache[key] = (cubin, None)
         return cache[key]
 
-    (base_bin, base), (off_bin, changed) = compiled(CutileSwitches()), compiled(off(name))
+    (base_bin, base), (off_bin, changed) = compiled(baseline(name)), compiled(off(name))
     if base is None or changed is None:  # compare the machine code itself
         same = base_bin == off_bin
         effect = "no-op on sm_90" if same else "changes sm_90 cubin (SASS not decodable by nvdisasm)"

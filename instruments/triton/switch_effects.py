@@ -102,9 +102,15 @@ def stage_launches(stage: str, dtype: str, **switches) -> list:
 
 
 def effect(stage: str, dtype: str, name: str, defaults: list | None = None) -> dict:
-    """The row of `name` at `stage`; `defaults`: the stage's launches at the default switches, if already recorded."""
-    defaults = stage_launches(stage, dtype) if defaults is None else defaults
-    same = defaults == stage_launches(stage, dtype, **{name: AWAY[name]})
+    """The row of `name` at `stage`; `defaults`: the stage's launches at the default switches, if already recorded.
+    A switch that needs others away from their defaults (decay_single: decay_factor on) is compared with them set."""
+    from impls.triton.switches import TritonSwitches
+
+    needs = {k: v for k, v in TritonSwitches.__dataclass_fields__[name].metadata.get("needs", {}).items()
+             if getattr(TritonSwitches(), k) != v}
+    if defaults is None or needs:
+        defaults = stage_launches(stage, dtype, **needs)
+    same = defaults == stage_launches(stage, dtype, **needs, **{name: AWAY[name]})
     return {"stage": stage, "dtype": dtype, "switch": name, "arch": "sm_90",
             "effect": "no-op on sm_90 (same launches)" if same else "changes the launches"}
 

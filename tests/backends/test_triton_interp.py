@@ -260,6 +260,52 @@ def test_decay_factor(problem, switches, swap, dtype):
     assert not failures(errors, dtype), errors
 
 
+def _dt_zero(inputs):
+    """dt = 0 at every third position (no softplus, no bias, no dt_limit: stage 1 passes it through as 0)."""
+    inputs.dt[:, ::3] = 0.0
+    return inputs
+
+
+# switch decay_single (with decay_factor): the state term enters the factored sum, so initial states throughout
+DECAY_SINGLE_CASES = [
+    pytest.param(RICH, {}, None, id="rich"),  # seq_idx with 3 sequences, z, D per channel, initial states
+    pytest.param(Problem(Shape(1, 100, 2, 32, 1, 32, 64), has_initial_states=True),
+                 {"block_rows": 32, "block_positions": 16}, None, id="rows32-positions16"),
+    pytest.param(Problem(Shape(1, 100, 2, 32, 1, 32, 64), has_initial_states=True),
+                 {"block_rows": 16, "block_positions": 32}, None, id="rows16-positions32"),
+    pytest.param(Problem(Shape(1, 100, 4, 32, 1, 32, 64), nseqs=2, has_initial_states=True),
+                 {"heads_per_tile": 2, "block_rows": 32, "block_positions": 16, "exp_fold": True}, None,
+                 id="heads2-exp_fold"),
+    pytest.param(Problem(Shape(1, 100, 2, 32, 1, 32, 64), has_initial_states=True, dt_softplus=False,
+                         has_dt_bias=False), {"exp_fold": True, "cb_mode": "shared", "block_rows": 32}, _dt_zero,
+                 id="dt-zero-exp_fold-shared-cb"),
+]
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero encountered in log")
+@pytest.mark.parametrize("swap", [pytest.param(True, id="swap"), pytest.param(False, id="no-swap")])
+@pytest.mark.parametrize("problem,switches,edit", DECAY_SINGLE_CASES)
+def test_decay_single(problem, switches, edit, swap):
+    """The factored decay in the one accumulator (the state term scaled by exp(dA_ref), the factored tiles summed
+    onto it, one row scale): each stage and the forward against the float64 reference, fp32: with seq_idx, z, D per
+    channel, a short last chunk, source tiles narrower and wider than the row tile, two heads per program with the
+    fold, and dt = 0 at a third of the positions with the fold and the shared C·Bᵀ."""
+    inputs = make_inputs(problem, seed=7, dtype=torch.float32)
+    if edit is not None:
+        inputs = edit(inputs)
+    backend = get_backend("triton", decay_factor=True, decay_single=True, operand_swap=swap, **switches)
+    errors = forward_errors(backend, inputs, float64_forward(inputs))
+    assert not failures(errors, torch.float32), errors
+
+
+@pytest.mark.parametrize("switches", [{"decay_single": True},
+                                      {"decay_single": True, "decay_factor": True, "fuse_state_out": True}],
+                         ids=["without-decay_factor", "fused"])
+def test_decay_single_refusals(switches):
+    with pytest.raises(ValueError, match="decay_single"):
+        get_backend("triton", **switches)
+
+
 # --- tensor-descriptor (TMA) loads and the fused arrangement ---------------------------------------------------
 TMA_CASES = [
     pytest.param({}, RICH, DTYPES, id="swap-transposed"),

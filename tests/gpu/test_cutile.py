@@ -70,6 +70,20 @@ CB_KERNEL_VARIANTS = {
     "cb-lower-head_loop4-heads2-per_head": {**CB_SHARED, **PER_HEAD, "cb_lower_triangle": True, "head_loop": 4},
     "cb-lower-occupancy4-all-off": {**OFF, **CB_SHARED, "cb_lower_triangle": True, "cb_occupancy": 4},
 }
+# the factored decay in one accumulator (decay_single, with decay_factor): alone, under sm_90's defaults with the fold
+# and the flush at one head per tile (the issue's arrangement) and at two per head, with the swap, with the shared C·Bᵀ
+# and 32-row blocks, with the head loop, and all off (exp, per-thread loads, no hints)
+SINGLE = {"decay_factor": True, "decay_single": True}
+SM90 = {"heads_first": True, "skip_first": True, "pdl": True}
+DECAY_SINGLE_VARIANTS = {
+    "decay-single": dict(SINGLE),
+    "decay-single-sm90-fold-ftz-heads1": {**SINGLE, **SM90, "exp_fold": True, "exp2_ftz": True, "heads_per_tile": 1},
+    "decay-single-sm90-fold-ftz-heads2-per_head": {**SINGLE, **SM90, **PER_HEAD, "exp_fold": True, "exp2_ftz": True},
+    "decay-single-swap": {**SINGLE, "operand_swap": True},
+    "decay-single-cb-shared-rows32": {**SINGLE, "cb_mode": "shared", "block_rows": 32},
+    "decay-single-head_loop4-skip_first": {**SINGLE, "head_loop": 4, "skip_first": True},
+    "decay-single-all-off": {**OFF, **SINGLE},
+}
 VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False},
             "operand_swap": {"operand_swap": True},
             **{f"no-{k}": {k: OFF[k]} for k in ("latency_hints", "tma", "exp2", "cb_precision")},
@@ -126,7 +140,8 @@ VARIANTS = {"defaults": {}, "no-transposed_layout": {"transposed_layout": False}
             "inner-chunk128": {"inner_chunk": 128}, "inner-chunk64": {"inner_chunk": 64},
             "inner-chunk128-sm90": {"inner_chunk": 128, "heads_first": True, "skip_first": True, "pdl": True},
             "inner-chunk64-chunk_parallel-swap": {"inner_chunk": 64, "state_pass": "chunk_parallel",
-                                                  "operand_swap": True}}
+                                                  "operand_swap": True},
+            **DECAY_SINGLE_VARIANTS}
 # variants run in fp32 (tf32 MMAs) as well as bf16, beyond the fp16/fp32 runs of switch_variant_params
 FP32_VARIANTS = ("heads2-per_head", "heads_first", "skip_first", "state_pass-chunk_parallel", "exp_fold",
                  "head_loop8-heads2-per_head", "cb-lower-occupancy4", "state_subblock64")
@@ -139,7 +154,8 @@ def _skip(case: str, variant: str) -> bool:
                                         "heads_first-heads2-per_head", "skip_first-heads2-per_head-headdim32",
                                         "state_pass-chunk_parallel", "head_loop8-heads2-per_head",
                                         "cb-lower-occupancy4", "state_subblock64-sm90",
-                                        "exp_fold-ftz-heads2-per_head", "inner-chunk128"):
+                                        "exp_fold-ftz-heads2-per_head", "inner-chunk128",
+                                        "decay-single-sm90-fold-ftz-heads1"):
         return True
     shape = CASES[case].shape
     if shape.chunk_size <= VARIANTS[variant].get("inner_chunk", shape.chunk_size):  # the switch changes nothing

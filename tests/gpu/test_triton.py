@@ -3,7 +3,7 @@ plus the 1,048,576-token problem checked on sampled chunks and its final state.
 
 Variants: the defaults, each code switch off alone (cb_precision "fp32" is its "off"), all off, and the switches that
 are off by default turned on (cb_mode shared, decay_factor, tma (descriptors made in the kernel or on the host),
-fuse_state_out, heads_per_tile 2, heads_first, occupancy, exp_fold, some together), and
+fuse_state_out, heads_per_tile 2, heads_first, occupancy, exp_fold, decay_single, some together), and
 stage 2 as one serial kernel (state_pass serial). Cases: the headline S1 shape and shapes covering the contract
 (seqlen not a multiple of chunk, ngroups 8, seq_idx with 3 sequences, cu_seqlens, initial states + z + per-channel D +
 fp32 states, per-head D with x and z as strided views of one fused projection, headdim/dstate not powers of two).
@@ -57,6 +57,13 @@ VARIANTS = {"defaults": {}, **{f"no-{k}": {k: v} for k, v in OFF.items()}, "all-
             "decay_factor": {"decay_factor": True},
             "decay_factor-no-swap": {"decay_factor": True, "operand_swap": False},
             "decay_factor-cb-shared": {"decay_factor": True, "cb_mode": "shared"},
+            # the factored decay in one accumulator (decay_single): alone, without the swap, with TMA and two heads per
+            # program, with the fold and the shared C·Bᵀ
+            "decay-single": {"decay_factor": True, "decay_single": True},
+            "decay-single-no-swap": {"decay_factor": True, "decay_single": True, "operand_swap": False},
+            "decay-single-tma-heads2": {"decay_factor": True, "decay_single": True, "tma": True, "heads_per_tile": 2},
+            "decay-single-exp_fold-cb-shared": {"decay_factor": True, "decay_single": True, "exp_fold": True,
+                                                "cb_mode": "shared"},
             "tma": {"tma": True}, "tma-no-swap": {"tma": True, "operand_swap": False},
             "tma-no-transposed": {"tma": True, "transposed_layout": False},
             "fused": {"fuse_state_out": True}, "fused-no-swap": {"fuse_state_out": True, "operand_swap": False},

@@ -562,7 +562,8 @@ def test_cutile_compute_out_arrangement_borrows_the_default_record(switches):
 
 @pytest.mark.parametrize("trick", [pytest.param({"exp2_ftz": True}, id="exp2_ftz"),
                                    pytest.param({"exp_fold": True}, id="exp_fold"),
-                                   pytest.param({"cb_mode": "shared", "cb_occupancy": 4}, id="cb_occupancy")])
+                                   pytest.param({"cb_mode": "shared", "cb_occupancy": 4}, id="cb_occupancy"),
+                                   pytest.param({"decay_factor": True, "decay_single": True}, id="decay_single")])
 def test_cutile_trick_on_a_targets_defaults_borrows_those_defaults_tiles(trick):
     """An ablation arm adding a tile-borrowing trick to sm_90's defaults (heads_first, skip_first, pdl) runs on
     those defaults' record (the near key), not the declared values' (the base key), which would change the tiles
@@ -570,7 +571,8 @@ def test_cutile_trick_on_a_targets_defaults_borrows_those_defaults_tiles(trick):
     from impls.cutile import tune
     from impls.cutile.switches import CutileSwitches
 
-    sm90 = {"heads_first": True, "skip_first": True, "pdl": True, **{k: v for k, v in trick.items() if k == "cb_mode"}}
+    needed = ("cb_mode", "decay_factor")  # what the trick needs, in the arm without it too
+    sm90 = {"heads_first": True, "skip_first": True, "pdl": True, **{k: v for k, v in trick.items() if k in needed}}
     t = tune.tunable("compute_out", CutileSwitches(**{**sm90, **trick}), None, "S", "bfloat16", make_call=None)
     assert t.near_key == tune.record_key("compute_out", CutileSwitches(**sm90), "S", "bfloat16") != t.base_key
     stack = {n: STACK.get(n) for n in tune.STACK}
