@@ -125,6 +125,22 @@ class InnerRuns:
         parts["to_caller_chunk"] = functools.partial(to_caller_chunk, result, caller)
         return parts
 
+    def ssd_forward(self, backend, args: dict) -> ForwardResult:
+        """A backend's ssd_forward on `args` (its keyword arguments): `backend._forward(**args)`, at the inner chunk
+        where the switch sets one below args' chunk_size (the result at the caller's chunk)."""
+        inner = stage_chunk(backend.switches.inner_chunk, args["chunk_size"], backend.name)
+        if inner != args["chunk_size"]:
+            return self.forward(backend._forward, args, inner)
+        return backend._forward(**args)
+
+    def forward_parts(self, backend, args: dict) -> dict[str, Callable[[], object]]:
+        """A backend's forward_parts on `args`: `backend._own_parts(**args)`, or the pieces at the inner chunk and
+        the conversion where the switch sets one (`parts`)."""
+        inner = stage_chunk(backend.switches.inner_chunk, args["chunk_size"], backend.name)
+        if inner != args["chunk_size"]:
+            return self.parts(backend, backend._forward, backend._own_parts, args, inner)
+        return backend._own_parts(**args)
+
     def describe(self) -> dict:
         """{"inner_chunk": the chunks of the last inner run, "tuning_sources": its stages' sources (read by the
         rows' tuning and tile_protocol columns)}; {} before any."""

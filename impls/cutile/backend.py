@@ -9,7 +9,7 @@ import torch
 
 from impls.cutile.defaults import DEFAULTS as CUTILE_DEFAULTS
 from impls.cutile.switches import NOT_READ_BY_FUSED, CutileSwitches, subblock_refusal
-from impls.inner_chunk import InnerRuns, stage_chunk
+from impls.inner_chunk import InnerRuns
 from impls.problem import Problem
 from impls.registry import Backend, ForwardResult, cuda_only, register
 
@@ -205,10 +205,7 @@ class CutileBackend(Backend):
         args = dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
                     initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
                     dt_limit=dt_limit, state_dtype=state_dtype)
-        inner = stage_chunk(self.switches.inner_chunk, chunk_size, self.name)
-        if inner != chunk_size:  # switch inner_chunk: the stages at the inner chunk, the result at the caller's
-            return self._inner.forward(self._forward, args, inner)
-        return self._forward(**args)
+        return self._inner.ssd_forward(self, args)  # switch inner_chunk: the stages at the inner chunk
 
     def _forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                  dt_softplus, dt_limit, state_dtype):
@@ -230,10 +227,7 @@ class CutileBackend(Backend):
         args = dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
                     initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
                     dt_limit=dt_limit, state_dtype=state_dtype)
-        inner = stage_chunk(self.switches.inner_chunk, chunk_size, self.name)
-        if inner != chunk_size:
-            return self._inner.parts(self, self._forward, self._own_parts, args, inner)
-        return self._own_parts(**args)
+        return self._inner.forward_parts(self, args)
 
     def _own_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                    dt_softplus, dt_limit, state_dtype):
