@@ -101,6 +101,10 @@ class TritonBackend(Backend):
         if sw.fuse_state_out and sw.exp_fold:
             return ("switch exp_fold of backend 'triton': the fused kernel (fuse_state_out) multiplies by dt per "
                     "score; turn exp_fold or fuse_state_out off")
+        if sw.bwd_atomics and sw.bwd_group_split == 1:
+            return ("switch bwd_atomics of backend 'triton': it accumulates the partials of bwd_group_split's k > 1 "
+                    "programs per group, and bwd_group_split=1 has one program per group (set bwd_group_split to "
+                    "2, 4 or 8, or leave bwd_atomics off)")
         if sw.tma_descriptors == "host" and not sw.tma:
             return ("switch tma_descriptors='host' of backend 'triton': it says where tma's descriptors are made; "
                     "with tma=False there are none (set tma=True, or leave tma_descriptors='device')")
