@@ -62,8 +62,8 @@ def variants(dtype: str):
     one = {"SPLIT": 1, "ATOMIC": False}  # switch bwd_group_split 1
     dcb = {**common, **dots, "CHUNK": CHUNK, "BLOCK_L": fb[tune.DCB]["block_rows"],
            "BLOCK_S": fb[tune.DCB]["block_sources"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE, "HAS_Z": True}
-    db = {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.DB]["block_sources"], "BLOCK_L": fb[tune.DB]["block_rows"],
-          "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE}
+    db = {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.DB]["block_sources"],
+          "BLOCK_L": fb[tune.DB]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE}
     yield bwd_dcb_kernel, {**dcb, **one}, fb[tune.DCB]
     yield bwd_db_kernel, {**db, **one, "HAS_BV": True}, fb[tune.DB]
     yield bwd_cumsum_kernel, {"EXP2": True, "CHUNK": CHUNK, "BLOCK_H": fb[tune.CUMSUM]["block_heads"],
