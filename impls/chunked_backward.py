@@ -102,19 +102,16 @@ def group_output(like: torch.Tensor, split: int, atomics: bool, empty) -> torch.
 
 
 def sum_partials(parts: torch.Tensor, ngroups: int, extra: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """`group_output`'s buffer as the gradient in `dtype`: the partials of each group summed p = 0, 1, … in turn in
-    fp32 (elementwise adds, each rounded as IEEE says: the same bits on every call and device), then `extra` (the
-    per-sequence states' term of dB, fp32) added, then cast. One partial per group (bwd_group_split 1, or summed by
-    atomics) is taken as it is."""
+    """`group_output`'s buffer as the gradient in `dtype`: the k partials of each group summed by one torch.sum over
+    the split axis in fp32 (a reduction without atomics: the same bits on every call on one device), then `extra`
+    (the per-sequence states' term of dB, fp32) added, then cast. One partial per group (bwd_group_split 1, or
+    summed by atomics) is taken as it is."""
     k = parts.shape[2] // ngroups
     if k == 1 and extra is None:
         return parts if parts.dtype == dtype else parts.to(dtype)
-    view = parts.unflatten(2, (ngroups, k))
-    total = view[:, :, :, 0].clone()
-    for p in range(1, k):
-        total += view[:, :, :, p]
+    total = parts.unflatten(2, (ngroups, k)).sum(dim=3, dtype=torch.float32) if k > 1 else parts.float()
     if extra is not None:
-        total += extra
+        total = total + extra
     return total.to(dtype)
 
 

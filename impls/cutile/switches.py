@@ -259,9 +259,9 @@ class CutileSwitches:
            "group; k > 1 = k programs per group, program p taking heads [p·H/k, (p+1)·H/k) of the group's H (floor "
            "division: shares differ by at most one head, some empty where k > H) in order into fp32 partials. "
            "d(C·Bᵀ)'s partial p is read by bwd_db's program p (dB is linear in d(C·Bᵀ): no partial of it is ever "
-           "summed); the dC and dB partials, (batch, seqlen, ngroups·k, dstate) fp32, are summed p = 0, 1, … in "
-           "turn by torch on the host, then cast: the same bits on every call. Memory: k d(C·Bᵀ) buffers and the "
-           "two partial buffers",
+           "summed); the dC and dB partials, (batch, seqlen, ngroups·k, dstate) fp32, are summed by one "
+           "torch.sum over the split axis on the host (no atomics), then cast: the same bits on every call. "
+           "Memory: k d(C·Bᵀ) buffers and the two partial buffers",
         choices=(1, 2, 4, 8),
         sm90="k times the programs of bwd_dcb and bwd_db (one per group at ngroups 1 with 1); each forms its own "
              "partial's d(C·Bᵀ)·B (bwd_dcb) and d(C·Bᵀ)ᵀ·C (bwd_db) MMAs, k of them where one program formed one",
@@ -269,7 +269,7 @@ class CutileSwitches:
     bwd_atomics: bool = switch(
         False, "with bwd_group_split k > 1: the k programs of a group add their dC and dB partials into one zeroed "
                "fp32 buffer each by float atomic adds (ct.atomic_add, relaxed) instead of storing k partial planes "
-               "summed in turn: the order of the adds is the hardware's, so two calls may differ in the last bits "
+               "summed on the host: the order of the adds is the hardware's, so two calls may differ in the last bits "
                "(not deterministic). d(C·Bᵀ)'s partials stay one per program. Refused with bwd_group_split=1 (one "
                "program per group, nothing to accumulate)",
         sm90="an fp32 atomic reduction per element of each program's (rows × dstate) tile, no partial planes "

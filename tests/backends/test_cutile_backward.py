@@ -426,7 +426,7 @@ def test_bwd_group_split_passes_the_gate_under_emulation(monkeypatch, problem, s
 
 
 def test_two_calls_under_bwd_group_split_give_the_same_bits_under_emulation(monkeypatch):
-    """The split's partials summed in a fixed order (not so under bwd_atomics on a GPU:
+    """The split's partials summed without atomics (not so under bwd_atomics on a GPU:
     tests/gpu/test_cutile_backward.py)."""
     inputs = make_inputs(RICH, seed=5)
     grads_in = output_gradients(inputs, 5)

@@ -150,7 +150,8 @@ def test_bwd_cb_enters_the_chunk_kernels_record_key_only():
     assert "bwd_cb" not in keys["inline"][tune.CHUNK] and "shared" in keys["shared"][tune.CHUNK]
 
 
-# switch bwd_group_split: each group's heads over k programs (partials summed in turn); bwd_atomics: added atomically
+# switch bwd_group_split: each group's heads over k programs (partials summed without atomics); bwd_atomics: their
+# dC and dB added atomically
 GROUP_SPLIT_CASES = [
     pytest.param(HEADLINE, 2, {"bwd_group_split": 2}, id="group-split-2-of-4-heads"),
     pytest.param(Problem(Shape(1, 37, 3, 12, 1, 10, 16), dtype="float32", has_z=True), 1, {"bwd_group_split": 2},
@@ -288,7 +289,7 @@ def test_a_gradient_from_the_final_states_alone():
 
 
 def test_two_calls_under_bwd_group_split_give_the_same_bits():
-    """The split's partials are summed in a fixed order: two calls give the same bits (not so under bwd_atomics,
+    """The split's partials are summed without atomics: two calls give the same bits (not so under bwd_atomics,
     whose order of adds is the GPU's: tests/gpu/test_triton_backward.py)."""
     inputs = make_inputs(RICH, seed=5)
     grads_in = output_gradients(inputs, 5)

@@ -28,7 +28,7 @@ CASES = [
                          has_initial_states=True), id="cu_seqlens-4-seqs-init"),
 ]
 GATED = {"dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias", "dinitial_states"}
-# switch bwd_group_split (each group's heads over k programs, fp32 partials summed in turn) and bwd_atomics (the
+# switch bwd_group_split (each group's heads over k programs, fp32 partials summed without atomics) and bwd_atomics (the
 # partials of dC and dB added atomically instead): 4 heads per program at MEDIUM, 1 at CONTRACT
 GROUP_SPLIT = [pytest.param({"bwd_group_split": 4}, id="group-split-4"),
                pytest.param({"bwd_group_split": 4, "bwd_atomics": True}, id="group-split-4-atomics")]

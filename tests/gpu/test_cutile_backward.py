@@ -68,7 +68,8 @@ def test_bwd_group_split_passes_the_gate(problem, switches):
 
 @pytest.mark.parametrize("switches", GROUP_SPLIT)
 def test_bwd_group_split_two_backward_calls_agree(switches):
-    """The same bits with the partials summed in turn; within bf16's tolerance under bwd_atomics (not bitwise)."""
+    """The same bits with the partials summed without atomics; within bf16's tolerance under bwd_atomics (not
+    bitwise)."""
     first, again = _gradients("cutile", MEDIUM, 4, **switches), _gradients("cutile", MEDIUM, 4, **switches)
     assert_two_calls_agree(first, again, switches)
 
