@@ -208,14 +208,15 @@ class TritonSwitches:
         1, "the backward's sums over a group's heads (bwd_dcb: d(C·Bᵀ) and dC; bwd_db: dB; "
            "impls/triton/backward/): 1 = one program per (tile, group, chunk, batch) walks every head of the group; "
            "k > 1 = k programs per group, program p taking heads [p·H/k, (p+1)·H/k) of the group's H (floor "
-           "division: shares differ by at most one head, some empty where k > H) in order into fp32 partials. "
-           "d(C·Bᵀ)'s partial p is read by bwd_db's program p (dB is linear in d(C·Bᵀ): no partial of it is ever "
-           "summed); the dC and dB partials, (batch, seqlen, ngroups·k, dstate) fp32, are summed by one "
+           "division: shares differ by at most one head, some empty where k > H) in order into fp32 partials; "
+           "bwd_db's program p also takes a share of the row tiles, where it adds the k partials of d(C·Bᵀ) in "
+           "order as it loads them (d(C·Bᵀ) complete before its use); the dC and dB partials, (batch, seqlen, ngroups·k, dstate) fp32, are summed by one "
            "torch.sum over the split axis on the host (no atomics), then cast: the same bits on every call. "
            "Memory: k d(C·Bᵀ) buffers and the two partial buffers",
         choices=(1, 2, 4, 8),
-        sm90="k times the programs of bwd_dcb and bwd_db (one per group at ngroups 1 with 1); each forms its own "
-             "partial's d(C·Bᵀ)·B (bwd_dcb) and d(C·Bᵀ)ᵀ·C (bwd_db) MMAs, k of them where one program formed one",
+        sm90="k times the programs of bwd_dcb and bwd_db; each bwd_dcb program forms its own partial's "
+             "d(C·Bᵀ)·B MMAs (k of them where one program formed one), each bwd_db program loads k d(C·Bᵀ) tiles "
+             "per row tile of its share",
         sm100="as on sm_90")
     bwd_atomics: bool = switch(
         False, "with bwd_group_split k > 1: the k programs of a group add their dC and dB partials into one zeroed "

@@ -2,9 +2,9 @@
 Σ_l d(C·Bᵀ)_lsᵀ C_l over the row tiles l ≥ s (the dcb kernel's d(C·Bᵀ), its causal part), plus the local states' term
 Σ_h (w^h_s x^h_s) R^h_c over the heads of the group in a fixed order (impls/README.md, "The chunked backward", step
 4). A source tile past the end of a short last chunk has no rows and does nothing. Switch bwd_group_split k > 1: k
-programs per group, program p reading d(C·Bᵀ)'s partial p and its share of the heads into an fp32 partial of dB (or
-adding it into one fp32 buffer by atomic adds: bwd_atomics); the per-sequence states' term is then added on the
-host."""
+programs per group, program p taking its share of the row tiles (d(C·Bᵀ) completed there, the dcb kernel's k
+partials added in order as loaded) and of the heads into an fp32 partial of dB (or adding it into one fp32 buffer by
+atomic adds: bwd_atomics); the per-sequence states' term is then added on the host."""
 
 from __future__ import annotations
 
@@ -58,11 +58,15 @@ def _source_tile(x, C, dt, dA, seq, ds, dG, bv, dB, seqlen, heads_per_group, b, 
     offs_s = j * BT + ct.arange(BT, dtype=ct.int32)
     mask_s = offs_s < chunk_len
     acc = ct.zeros((BT, BN), ct.float32)
-    for i in range(j, (chunk_len + BT - 1) // BT):
+    last = (chunk_len + BT - 1) // BT
+    part = gp % SPLIT  # this program's share of the row tiles i ≥ j (all of them with SPLIT 1)
+    for i in range(j + part * (last - j) // SPLIT, j + (part + 1) * (last - j) // SPLIT):
         offs_l = i * BT + ct.arange(BT, dtype=ct.int32)
         causal = ((offs_l.reshape((BT, 1)) >= offs_s.reshape((1, BT))) & (offs_l < chunk_len).reshape((BT, 1))
                   & mask_s.reshape((1, BT)))
-        dGt = ct.load(dG, (b, c, gp, i, j), (1, 1, 1, BT, BT), allow_tma=k.tma()).reshape((BT, BT))
+        dGt = ct.load(dG, (b, c, g * SPLIT, i, j), (1, 1, 1, BT, BT), allow_tma=k.tma()).reshape((BT, BT))
+        for q in ct.static_iter(range(1, SPLIT)):  # d(C·Bᵀ) complete: the group's partials added q = 1 … SPLIT − 1
+            dGt = dGt + ct.load(dG, (b, c, g * SPLIT + q, i, j), (1, 1, 1, BT, BT), allow_tma=k.tma()).reshape((BT, BT))
         dGt = ct.where(causal, dGt, 0.0)  # (l, s)
         acc = k.mma(ct.transpose(dGt).astype(x.dtype), rows(C, b, c * (CHUNK // BT) + i, g, 0, BT, BN, k), acc)
     own = mask_s

@@ -1,8 +1,9 @@
 """Backward stage: dB per group. One program per (source tile, group, chunk, batch): dB_s = Σ_l d(C·Bᵀ)_lsᵀ C_l over
 the row tiles l ≥ s (the dcb kernel's d(C·Bᵀ)), plus the local states' term Σ_h (w^h_s x^h_s) R^h_c over the heads of
 the group in a fixed order (impls/README.md, "The chunked backward", step 4). Switch bwd_group_split k > 1: k
-programs per group, program p reading d(C·Bᵀ)'s partial p and its share of the heads into an fp32 partial of dB (or
-adding it into one fp32 buffer: bwd_atomics); the per-sequence states' term is then added on the host."""
+programs per group, program p taking its share of the row tiles (d(C·Bᵀ) completed there, the dcb kernel's k
+partials added in order as loaded) and of the heads into an fp32 partial of dB (or adding it into one fp32 buffer:
+bwd_atomics); the per-sequence states' term is then added on the host."""
 
 from __future__ import annotations
 
@@ -47,13 +48,23 @@ def bwd_db_kernel(
     mask_n = offs_n < dstate
     dtype = x_ptr.dtype.element_ty
     C_c = C_ptr + b * s_C_b + start64 * s_C_l + g * s_C_g
-    G_c = dG_ptr + b * s_G_b + c64 * s_G_c + gp * s_G_g
+    G_c = dG_ptr + b * s_G_b + c64 * s_G_c + g * SPLIT * s_G_g  # the group's first partial
     acc = tl.zeros((BLOCK_S, BLOCK_N), dtype=tl.float32)
-    for l0 in range((s0 // BLOCK_L) * BLOCK_L, chunk_len, BLOCK_L):
+    first = (s0 // BLOCK_L) * BLOCK_L
+    end = chunk_len
+    if SPLIT > 1:  # this program's share of the row tiles l ≥ s
+        n = tl.cdiv(chunk_len - first, BLOCK_L)
+        part = (gp - g * SPLIT).to(tl.int32)
+        end = tl.minimum(first + (part + 1) * n // SPLIT * BLOCK_L, chunk_len)
+        first = first + part * n // SPLIT * BLOCK_L
+    for l0 in range(first, end, BLOCK_L):
         offs_l = l0 + tl.arange(0, BLOCK_L)
         mask_l = offs_l < chunk_len
         causal = (offs_l[None, :] >= offs_s[:, None]) & mask_l[None, :] & mask_s[:, None]
         dGt = tl.load(G_c + offs_s[:, None] * s_G_s + offs_l[None, :] * s_G_l, mask=causal, other=0.0)  # (s, l)
+        for q in tl.static_range(1, SPLIT):  # d(C·Bᵀ) complete: the group's partials added q = 1 … SPLIT − 1
+            dGt += tl.load(G_c + q * s_G_g + offs_s[:, None] * s_G_s + offs_l[None, :] * s_G_l, mask=causal,
+                           other=0.0)
         C_l = rows(C_c, offs_l, offs_n, mask_l, mask_n, s_C_l, s_C_n).to(dtype)
         acc = tl.dot(dGt.to(dtype), C_l, acc, input_precision=DOT_PRECISION)
     seq_b = seq_ptr + b * s_seq_b
