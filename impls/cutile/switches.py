@@ -259,8 +259,9 @@ class CutileSwitches:
            "group; k > 1 = k programs per group, program p taking heads [p·H/k, (p+1)·H/k) of the group's H (floor "
            "division: shares differ by at most one head, some empty where k > H) in order into fp32 partials; "
            "bwd_db's program p also takes a share of the row tiles, where it adds the k partials of d(C·Bᵀ) in "
-           "order as it loads them (d(C·Bᵀ) complete before its use); the dC and dB partials, (batch, seqlen, ngroups·k, dstate) fp32, are summed by one "
-           "torch.sum over the split axis on the host (no atomics), then cast: the same bits on every call. "
+           "order as it loads them (d(C·Bᵀ) complete before its use); the dC and dB partials, (batch, seqlen, "
+           "ngroups·k, dstate) fp32, are summed by one torch.sum over the split axis on the host (no atomics), "
+           "then cast: the same bits on every call. "
            "Memory: k d(C·Bᵀ) buffers and the two partial buffers",
         choices=(1, 2, 4, 8),
         sm90="k times the programs of bwd_dcb and bwd_db; each bwd_dcb program forms its own partial's "
