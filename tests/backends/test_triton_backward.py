@@ -184,17 +184,16 @@ def test_bwd_group_split_launches_k_programs_per_group_into_partials(monkeypatch
         return launch(kernel, grid, *args, **kwargs)
 
     monkeypatch.setattr(launcher, "launch", recorded)
-    inputs = make_inputs(RICH, seed=2)
+    inputs = make_inputs(Problem(Shape(1, 32, 4, 16, 2, 16, 32), dtype="float32"), seed=2)  # one chunk, 2 groups
     for switches in ({}, {"bwd_group_split": 4}, {"bwd_group_split": 4, "bwd_atomics": True}):
         _triton_gradients(get_backend("triton", **switches), inputs, output_gradients(inputs, 2))
-    tiles, groups = (32 // 16) * 2 * 3, 2  # 2 row or source tiles of 16 per chunk of 32, 2 groups, 3 chunks
-    f32 = torch.float32
-    assert seen == [("bwd_dcb_kernel", tiles, (1, 70, 2, 16), f32, 1, False),  # dC itself (fp32 inputs)
-                    ("bwd_db_kernel", tiles, (1, 70, 2, 16), f32, 1, False),
-                    ("bwd_dcb_kernel", tiles * 4, (1, 70, groups * 4, 16), f32, 4, False),
-                    ("bwd_db_kernel", tiles * 4, (1, 70, groups * 4, 16), f32, 4, False),
-                    ("bwd_dcb_kernel", tiles * 4, (1, 70, groups, 16), f32, 4, True),
-                    ("bwd_db_kernel", tiles * 4, (1, 70, groups, 16), f32, 4, True)], seen
+    programs, f32 = (32 // 16) * 2, torch.float32  # 2 row or source tiles of 16 per chunk of 32, 2 groups
+    assert seen == [("bwd_dcb_kernel", programs, (1, 32, 2, 16), f32, 1, False),  # dC itself (fp32 inputs)
+                    ("bwd_db_kernel", programs, (1, 32, 2, 16), f32, 1, False),
+                    ("bwd_dcb_kernel", programs * 4, (1, 32, 2 * 4, 16), f32, 4, False),
+                    ("bwd_db_kernel", programs * 4, (1, 32, 2 * 4, 16), f32, 4, False),
+                    ("bwd_dcb_kernel", programs * 4, (1, 32, 2, 16), f32, 4, True),
+                    ("bwd_db_kernel", programs * 4, (1, 32, 2, 16), f32, 4, True)], seen
 
 
 def test_bwd_group_split_sums_every_partial():
@@ -291,7 +290,7 @@ def test_a_gradient_from_the_final_states_alone():
 def test_two_calls_under_bwd_group_split_give_the_same_bits():
     """The split's partials are summed without atomics: two calls give the same bits (not so under bwd_atomics,
     whose order of adds is the GPU's: tests/gpu/test_triton_backward.py)."""
-    inputs = make_inputs(RICH, seed=5)
+    inputs = make_inputs(HEADLINE, seed=5)
     grads_in = output_gradients(inputs, 5)
     backend = get_backend("triton", bwd_group_split=2)
     first, again = (_triton_gradients(backend, inputs, grads_in) for _ in range(2))
