@@ -1,7 +1,8 @@
 """What our two chunked backwards (impls/triton/backward/, impls/cutile/backward/) share on the host: what the forward
 keeps for them (`Saved`), the states entering every chunk recomputed (switch bwd_recompute_states), the per-sequence
 states' gradient taken back through the forward's PyTorch varlen_states by autograd (`varlen_extra`), the fixed-order
-float64 sums of the kernels' partials (`partial_sums`) and a gradient's cast to its input's dtype. The math:
+float64 sums of the kernels' partials (`partial_sums`), the per-group gradients' buffers and sums under switch
+bwd_group_split (`group_output`, `sum_partials`) and a gradient's cast to its input's dtype. The math:
 impls/README.md, "The chunked backward"."""
 
 from __future__ import annotations
@@ -85,6 +86,33 @@ def partial_sums(args: dict, dA_part, bias_part, dD_part) -> dict:
         dD = dD_part.sum(dim=(0, 1, 2), dtype=torch.float64)
         out["D"] = dD.sum(dim=-1) if args["D"].dim() == 1 else dD
     return out
+
+
+def group_output(like: torch.Tensor, split: int, atomics: bool, empty) -> torch.Tensor:
+    """Where the per-group kernels (dcb, db) write dC or dB (`like`: C or B, (batch, seqlen, ngroups, dstate)):
+    switch bwd_group_split 1, the gradient itself in `like`'s dtype; k > 1, the k fp32 partials of each group
+    (batch, seqlen, ngroups·k, dstate), partial p of group g at g·k + p; with bwd_atomics, one zeroed fp32 buffer the
+    k programs add into. `empty(shape, dtype, device)` allocates (the backend's, poisoned under the gradient gate)."""
+    batch, seqlen, ngroups, dstate = like.shape
+    if split == 1:
+        return empty(tuple(like.shape), like.dtype, like.device)
+    if atomics:
+        return torch.zeros((batch, seqlen, ngroups, dstate), dtype=torch.float32, device=like.device)
+    return empty((batch, seqlen, ngroups * split, dstate), torch.float32, like.device)
+
+
+def sum_partials(parts: torch.Tensor, ngroups: int, extra: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """`group_output`'s buffer as the gradient in `dtype`: the k partials of each group summed by one torch.sum over
+    the split axis in fp32 (a reduction without atomics: the same bits on every call on one device), then `extra`
+    (the per-sequence states' term of dB, fp32) added, then cast. One partial per group (bwd_group_split 1, or
+    summed by atomics) is taken as it is."""
+    k = parts.shape[2] // ngroups
+    if k == 1 and extra is None:
+        return parts if parts.dtype == dtype else parts.to(dtype)
+    total = parts.unflatten(2, (ngroups, k)).sum(dim=3, dtype=torch.float32) if k > 1 else parts.float()
+    if extra is not None:
+        total = total + extra
+    return total.to(dtype)
 
 
 def cast(grad: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | None:

@@ -37,8 +37,10 @@ class CutileBackend(Backend):
                 "(switch bwd_recompute_states, or fuse_state_out's serial program: none, stage 2 runs again); the "
                 "backward walks the chunks in reverse carrying the state gradient, then per-head chunk, per-group "
                 "d(C·Bᵀ)/dC and dB, and chunk_cumsum's backward kernels, every reduction by partials summed in a fixed "
-                "order (no atomics); with z, compute_out runs again without it (ŷ, for dz); with cu_seqlens, the "
-                "per-sequence states' gradient goes back through the forward's PyTorch varlen_states by autograd")
+                "order (no atomics; switch bwd_group_split spreads a group's heads over several programs whose "
+                "partials are summed without atomics, bwd_atomics adds them atomically); with z, compute_out runs "
+                "again without it (ŷ, for dz); with cu_seqlens, the per-sequence states' gradient goes back through "
+                "the forward's PyTorch varlen_states by autograd")
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)

@@ -264,6 +264,31 @@ class CutileSwitches:
              "bwd_chunk's loop reads an fp32 (rows × sources) tile where it read a (rows × dstate) tile of C in the "
              "input dtype (the same bytes at 64 sources and dstate 128 in bf16) and drops an HGMMA",
         sm100="as on sm_90")
+    bwd_group_split: int = switch(
+        1, "the backward's sums over a group's heads (bwd_dcb: d(C·Bᵀ) and dC; bwd_db: dB; "
+           "impls/cutile/backward/): 1 = one tile program per (tile, group, chunk, batch) walks every head of the "
+           "group; k > 1 = k programs per group, program p taking heads [p·H/k, (p+1)·H/k) of the group's H (floor "
+           "division: shares differ by at most one head, some empty where k > H) in order into fp32 partials; "
+           "bwd_db's program p also takes a share of the row tiles, where it adds the k partials of d(C·Bᵀ) in "
+           "order as it loads them (d(C·Bᵀ) complete before its use); the dC and dB partials, (batch, seqlen, "
+           "ngroups·k, dstate) fp32, are summed by one torch.sum over the split axis on the host (no atomics), "
+           "then cast: the same bits on every call. "
+           "Memory: k d(C·Bᵀ) buffers and the two partial buffers",
+        choices=(1, 2, 4, 8),
+        sm90="k times the programs of bwd_dcb and bwd_db; each bwd_dcb program forms its own partial's "
+             "d(C·Bᵀ)·B MMAs (k of them where one program formed one), each bwd_db program loads k d(C·Bᵀ) tiles "
+             "per row tile of its share",
+        sm100="as on sm_90")
+    bwd_atomics: bool = switch(
+        False, "with bwd_group_split k > 1: the k programs of a group add their dC and dB partials into one zeroed "
+               "fp32 buffer each by float atomic adds (ct.atomic_add, relaxed) instead of storing k partial planes "
+               "summed on the host: the order of the adds is the hardware's, so two calls may differ in the last bits "
+               "(not deterministic). d(C·Bᵀ)'s partials stay one per program. Refused with bwd_group_split=1 (one "
+               "program per group, nothing to accumulate)",
+        sm90="an fp32 atomic reduction per element of each program's (rows × dstate) tile, no partial planes "
+             "written or read back",
+        sm100="as on sm_90",
+        needs={"bwd_group_split": 4})
 
     inner_chunk: int = switch(
         0, "the forward (ssd_forward, impls.ssd's forward, the parts the harness times) runs its stages at chunks of "
@@ -284,6 +309,10 @@ class CutileSwitches:
         sm100="as on sm_90")
 
     def __post_init__(self):
+        if self.bwd_atomics and self.bwd_group_split == 1:
+            raise ValueError("switch bwd_atomics of backend 'cutile': it accumulates the partials of "
+                             "bwd_group_split's k > 1 programs per group, and bwd_group_split=1 has one program per "
+                             "group (set bwd_group_split to 2, 4 or 8, or leave bwd_atomics off)")
         cb_set = {name: getattr(self, name) for name in CB_KERNEL_SWITCHES if getattr(self, name) != _CB_DEFAULTS[name]}
         if cb_set and self.cb_mode == "inline":
             raise ValueError(f"switches {cb_set} of backend 'cutile' set stage 3's C·Bᵀ kernel, which cb_mode='inline' "
@@ -367,6 +396,8 @@ CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "e
 # pdl and opt_level change the code of the kernels they reach but stay out of CODE_SWITCHES (the switch-effects
 # table and the factorials): tests/backends/test_cutile_aot.py shows the PDL instructions in the SASS with pdl on and
 # none with it off, and compiles every opt_level.
+# bwd_group_split and bwd_atomics change the backward's bwd_dcb and bwd_db kernels only: they key those kernels'
+# records (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py compiles them.
 # bwd_cb changes the backward's bwd_chunk kernel only, which the forward's switch-effects table does not compile: it
 # keys bwd_chunk's record (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py
 # compiles both values.

@@ -51,9 +51,10 @@ class TritonBackend(Backend):
                 "states and the states entering every chunk (switch bwd_recompute_states: none, stage 2 runs again); "
                 "the backward walks the chunks in reverse carrying the state gradient, then per-head chunk, "
                 "per-group d(C·Bᵀ)/dC and dB, and chunk_cumsum's backward kernels, every reduction by partials "
-                "summed in a fixed order (no atomics); with z, compute_out runs again without it (ŷ, for dz); with "
-                "cu_seqlens, the per-sequence states' gradient goes back through the forward's PyTorch varlen_states "
-                "by autograd")
+                "summed in a fixed order (no atomics; switch bwd_group_split spreads a group's heads over several "
+                "programs whose partials are summed without atomics, bwd_atomics adds them atomically); with z, "
+                "compute_out runs again without it (ŷ, for dz); with cu_seqlens, the per-sequence states' gradient "
+                "goes back through the forward's PyTorch varlen_states by autograd")
 
     def __init__(self, switches=None, **overrides):
         super().__init__(switches, **overrides)
@@ -108,6 +109,10 @@ class TritonBackend(Backend):
         if sw.fuse_state_out and sw.exp_fold:
             return ("switch exp_fold of backend 'triton': the fused kernel (fuse_state_out) multiplies by dt per "
                     "score; turn exp_fold or fuse_state_out off")
+        if sw.bwd_atomics and sw.bwd_group_split == 1:
+            return ("switch bwd_atomics of backend 'triton': it accumulates the partials of bwd_group_split's k > 1 "
+                    "programs per group, and bwd_group_split=1 has one program per group (set bwd_group_split to "
+                    "2, 4 or 8, or leave bwd_atomics off)")
         if sw.tma_descriptors == "host" and not sw.tma:
             return ("switch tma_descriptors='host' of backend 'triton': it says where tma's descriptors are made; "
                     "with tma=False there are none (set tma=True, or leave tma_descriptors='device')")

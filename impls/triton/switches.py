@@ -215,6 +215,31 @@ class TritonSwitches:
              "(rows × sources) tile from L2 where it read a (rows × dstate) tile of C in the input dtype, the same "
              "bytes at 64 sources and dstate 128 in bf16",
         sm100="as on sm_90")
+    bwd_group_split: int = switch(
+        1, "the backward's sums over a group's heads (bwd_dcb: d(C·Bᵀ) and dC; bwd_db: dB; "
+           "impls/triton/backward/): 1 = one program per (tile, group, chunk, batch) walks every head of the group; "
+           "k > 1 = k programs per group, program p taking heads [p·H/k, (p+1)·H/k) of the group's H (floor "
+           "division: shares differ by at most one head, some empty where k > H) in order into fp32 partials; "
+           "bwd_db's program p also takes a share of the row tiles, where it adds the k partials of d(C·Bᵀ) in "
+           "order as it loads them (d(C·Bᵀ) complete before its use); the dC and dB partials, (batch, seqlen, "
+           "ngroups·k, dstate) fp32, are summed by one torch.sum over the split axis on the host (no atomics), "
+           "then cast: the same bits on every call. "
+           "Memory: k d(C·Bᵀ) buffers and the two partial buffers",
+        choices=(1, 2, 4, 8),
+        sm90="k times the programs of bwd_dcb and bwd_db; each bwd_dcb program forms its own partial's "
+             "d(C·Bᵀ)·B MMAs (k of them where one program formed one), each bwd_db program loads k d(C·Bᵀ) tiles "
+             "per row tile of its share",
+        sm100="as on sm_90")
+    bwd_atomics: bool = switch(
+        False, "with bwd_group_split k > 1: the k programs of a group add their dC and dB partials into one zeroed "
+               "fp32 buffer each by float atomic adds (tl.atomic_add, relaxed) instead of storing k partial planes "
+               "summed on the host: the order of the adds is the hardware's, so two calls may differ in the last bits "
+               "(not deterministic). d(C·Bᵀ)'s partials stay one per program. Refused with bwd_group_split=1 (one "
+               "program per group, nothing to accumulate)",
+        sm90="red.global.add.f32 per element of each program's (rows × dstate) tile, no partial planes written or "
+             "read back",
+        sm100="as on sm_90",
+        needs={"bwd_group_split": 4})
     cb_lower_triangle: bool = switch(
         False, "cb_mode shared's C·Bᵀ kernel (cb_kernel, 64 × 64 tiles) launches one program per tile on or below "
                "the chunk's diagonal, n(n + 1)/2 of n × n, the tile's indices computed from the program id; the tiles "

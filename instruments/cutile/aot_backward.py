@@ -49,14 +49,15 @@ def build_call(kernel: str, dtype: torch.dtype, switches, dims: dict | None = No
         D = a(f32, 1 if on["d_mode"] == 1 else 2)
         arrays = (X, BC, BC, Q, Q, seq, S5, S5, X, X, X, D, Q, X, X, Q, Q, a(f32, 5), a(f32, 5), a(f32, 5))
         return chunk.make_call(arrays, dims6, d["chunk"], flags, on["d_mode"], trans, tf32, switches, config)
+    out = a(f32, 4) if switches.bwd_group_split > 1 else BC  # dC's, dB's fp32 partials (or atomic buffer)
     if kernel == tune.DCB:
-        arrays = (X, BC, Q, Q, seq, S5, X, X, a(f32, 5), BC)
+        arrays = (X, BC, Q, Q, seq, S5, X, X, a(f32, 5), out)
         return dcb.make_call(arrays, dims6, d["chunk"], {"seq": on["seq"], "z": on["z"]}, trans, tf32, switches,
                              config)
     if kernel == tune.DB:
-        arrays = (X, BC, Q, Q, seq, S5, a(f32, 5), a(f32, 4), BC)
-        return db.make_call(arrays, dims6, d["chunk"], {"seq": on["seq"], "bv": on["varlen"]}, tf32, switches,
-                            config)
+        arrays = (X, BC, Q, Q, seq, S5, a(f32, 5), a(f32, 4), out)
+        bv = on["varlen"] and switches.bwd_group_split == 1  # with partials, added to their sum on the host
+        return db.make_call(arrays, dims6, d["chunk"], {"seq": on["seq"], "bv": bv}, tf32, switches, config)
     if kernel == tune.CUMSUM:
         v = a(f32, 1)
         arrays = (a(dtype, 3), v, v, Q, Q, Q, a(f32, 5), Q, Q, Q, a(dtype, 3), a(f32, 3), a(f32, 3))

@@ -8,7 +8,7 @@ generation or of its rounding (an MMA is fp32 over its operands as given, tf32 o
 the stand-in in place of `ct` in the impls.cutile modules. Faithful where it matters for the checks: a load's index is
 in units of the tile's shape, elements past an array's end read zero with `padding_mode=ZERO` and NaN without (where
 cuTile leaves them undetermined), a store drops the elements past the end, a gather returns its padding value where
-masked or out of bounds."""
+masked or out of bounds, an atomic add drops the elements out of bounds."""
 
 from __future__ import annotations
 
@@ -86,6 +86,22 @@ def gather(array, indices, *, mask=None, padding_value=0, **_hints):
     idx = tuple(int(i) for i in indices)
     inside = all(0 <= i < n for i, n in zip(idx, array.shape)) and (mask is None or bool(mask))
     return array[idx].clone() if inside else torch.tensor(padding_value, dtype=array.dtype)
+
+
+def atomic_add(array, indices, update, *, check_bounds=True, **_order):
+    """Adds `update` at the broadcast `indices` (a tuple of scalars and index tiles), those out of bounds dropped;
+    in the emulator's one order (a GPU's is its own)."""
+    idx = torch.broadcast_tensors(*(_tensor(i).to(torch.int64) for i in indices))
+    vals = _tensor(update).to(array.dtype).expand(idx[0].shape)
+    inside = torch.ones(idx[0].shape, dtype=torch.bool)
+    for i, n in zip(idx, array.shape):
+        inside &= (i >= 0) & (i < n)
+    array.index_put_(tuple(i[inside] for i in idx), vals[inside], accumulate=True)
+
+
+class MemoryOrder:
+    RELAXED = "relaxed"
+    ACQ_REL = "acq_rel"
 
 
 def zeros(shape, dtype):
@@ -176,7 +192,8 @@ def _unary(fn):
 def stand_in() -> types.SimpleNamespace:
     """The `ct` the kernels see under emulation."""
     return types.SimpleNamespace(
-        bid=bid, num_blocks=num_blocks, load=load, store=store, gather=gather, zeros=zeros, full=full, arange=arange,
+        bid=bid, num_blocks=num_blocks, load=load, store=store, gather=gather, atomic_add=atomic_add,
+        MemoryOrder=MemoryOrder, zeros=zeros, full=full, arange=arange,
         astype=astype, mma=mma, transpose=transpose, permute=permute, broadcast_to=broadcast_to,
         static_iter=static_iter, extract=extract, where=where, minimum=minimum, maximum=maximum,
         sum=sum, cumsum=cumsum, exp=_unary(torch.exp), exp2=_unary(torch.exp2), log=_unary(torch.log),

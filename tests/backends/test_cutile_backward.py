@@ -362,3 +362,98 @@ def test_bwd_cb_shared_launches_cb_kernel_before_the_chunk_kernel():
     assert args["cb"] is by_name["bwd_chunk_kernel"][1]["cbm"]
     assert (tuple(args["cb"].shape), args["cb"].dtype) == ((2, 4, 2, 256, 256), torch.float32)
     assert by_name["bwd_chunk_kernel"][1]["SHARED_CB"] is True
+
+
+# --- switch bwd_group_split: each group's heads over k programs; bwd_atomics: their dC, dB added atomically --------
+@pytest.mark.slow
+@needs_cuobjdump
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+@pytest.mark.parametrize("kernel", [tune.DCB, tune.DB])
+@pytest.mark.parametrize("atomics", [False, True], ids=["partials", "atomics"])
+def test_bwd_group_split_kernels_compile(kernel, arch, atomics):
+    """bwd_group_split 4 at S1's blocks, ngroups 8, every optional input, bf16, the fallback tiles: no local-memory
+    spill on sm_90; float atomic reductions (REDG…ADD.F32) with bwd_atomics, none without."""
+    f = _facts(kernel, switches=CutileSwitches(bwd_group_split=4, bwd_atomics=atomics), dims={"ngroups": 8},
+               optional=EVERYTHING, arch=arch)
+    cubin = export(build_call(kernel, torch.bfloat16, CutileSwitches(bwd_group_split=4, bwd_atomics=atomics),
+                              {"ngroups": 8}, optional=EVERYTHING), arch)
+    reds = sum(n for op, n in opcodes(cubin_facts(cubin).sass).items() if op.startswith("RED") and "ADD.F32" in op)
+    assert (reds > 0) == atomics, reds
+    if arch == "sm_90":
+        assert f["LDL"] + f["STL"] == 0, f
+
+
+@pytest.mark.quick
+def test_bwd_group_split_launches_k_programs_per_group_into_partials():
+    """On the contract's shape (ngroups 2, 4 heads per group): bwd_dcb and bwd_db launch 4 times the programs, dG
+    holds 4 partials per group and dC's and dB's buffers are fp32 partials (b, seqlen, ngroups·4, dstate); with
+    bwd_atomics one fp32 buffer per group; the per-sequence term never enters db (none here)."""
+    b, nchunks, g, n, chunk = 2, 4, 2, 128, 256
+    dcb_tile, db_tile = tune.FALLBACK[9][tune.DCB]["block"], tune.FALLBACK[9][tune.DB]["block"]
+    for atomics, planes in ((False, g * 4), (True, g)):
+        launches = _intercepted_backward(CONTRACT, bwd_group_split=4, bwd_atomics=atomics)[0]
+        by_name = {name: (grid, args) for name, grid, args in launches[4:]}
+        (dcb_grid, dcb_args), (db_grid, db_args) = by_name["bwd_dcb_kernel"], by_name["bwd_db_kernel"]
+        assert dcb_grid == ((chunk // dcb_tile) * g * 4 * nchunks * b, 1, 1)
+        assert db_grid == ((chunk // db_tile) * g * 4 * nchunks * b, 1, 1)
+        assert (tuple(dcb_args["dG"].shape), dcb_args["dG"] is db_args["dG"]) == ((b, nchunks, g * 4, chunk, chunk),
+                                                                                  True)
+        for out in (dcb_args["dC"], db_args["dB"]):
+            assert (tuple(out.shape), out.dtype) == ((b, 1000, planes, n), torch.float32)
+        assert (dcb_args["SPLIT"], dcb_args["ATOMIC"], db_args["SPLIT"], db_args["ATOMIC"]) == (4, atomics, 4, atomics)
+
+
+GROUP_SPLIT_CASES = [
+    pytest.param(HEADLINE, {"bwd_group_split": 2}, id="group-split-2-of-4-heads"),
+    pytest.param(Problem(Shape(1, 37, 3, 40, 1, 48, 16), dtype="float32", has_z=True), {"bwd_group_split": 2},
+                 id="group-split-2-of-3-heads-not-dividing"),
+    pytest.param(RICH, {"bwd_group_split": 2, "bwd_atomics": True}, id="group-split-2-atomics-z-seq_idx-g2"),
+    pytest.param(Problem(Shape(1, 70, 8, 32, 2, 32, 32), dtype="float32", has_initial_states=True, nseqs=3,
+                         varlen=True), {"bwd_group_split": 8}, id="group-split-8-of-4-heads-cu_seqlens",
+                 marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("problem, switches", GROUP_SPLIT_CASES)
+def test_bwd_group_split_passes_the_gate_under_emulation(monkeypatch, problem, switches):
+    """k programs per group, heads [p·H/k, (p+1)·H/k) each: shares of 2 + 2, of 1 + 2 (3 heads), atomic adds, and
+    shares of 0 or 1 head (8 programs for 4 heads, the per-sequence states' term of dB added to the partials' sum)."""
+    backend = _emulated(monkeypatch, SMALL, **switches)
+    with emulated_launches():
+        report = check_gradients(backend, make_inputs(problem, seed=2), problem.torch_dtype, seed=2)
+    failing = {name: (round(r["bound_ratio"], 3), r["where"]) for name, r in report.items() if not r["ok"]}
+    assert not failing, failing
+
+
+def test_two_calls_under_bwd_group_split_give_the_same_bits_under_emulation(monkeypatch):
+    """The split's partials summed without atomics (not so under bwd_atomics on a GPU:
+    tests/gpu/test_cutile_backward.py)."""
+    inputs = make_inputs(RICH, seed=5)
+    grads_in = output_gradients(inputs, 5)
+    kw = forward_arguments(inputs)
+    found = []
+    for _ in range(2):
+        leaves = _leaves(kw)
+        with emulated_launches():
+            out = impls.ssd(**{**kw, **leaves}, backend=_emulated(monkeypatch, SMALL, bwd_group_split=2))
+            grads = torch.autograd.grad([out.y, out.final_states], list(leaves.values()),
+                                        [grads_in["y"].to(out.y.dtype), grads_in["final_states"].float()])
+        found.append(dict(zip(leaves, grads)))
+    for name, grad in found[0].items():
+        assert torch.equal(grad, found[1][name]), name
+
+
+def test_bwd_atomics_without_a_split_is_refused_naming_both_switches():
+    with pytest.raises(ValueError, match="bwd_atomics.*bwd_group_split=1"):
+        CutileSwitches(bwd_atomics=True)
+
+
+def test_bwd_group_split_enters_the_per_group_kernels_record_keys_only():
+    """bwd_group_split and bwd_atomics change bwd_dcb's and bwd_db's code: their record keys, not the other kernels'
+    (whose records they keep); the defaults' keys name neither."""
+    keys = [{s: tune.record_key(CutileSwitches(**sw), "b1-l256", "bfloat16", {}, s) for s in tune.STAGES}
+            for sw in ({}, {"bwd_group_split": 4}, {"bwd_group_split": 4, "bwd_atomics": True})]
+    for away in keys[1:]:
+        assert [s for s in tune.STAGES if keys[0][s] != away[s]] == [tune.DCB, tune.DB]
+    assert len({k[tune.DCB] for k in keys}) == 3
+    assert not any("bwd_group_split" in key or "bwd_atomics" in key for key in keys[0].values())

@@ -150,6 +150,88 @@ def test_bwd_cb_enters_the_chunk_kernels_record_key_only():
     assert "bwd_cb" not in keys["inline"][tune.CHUNK] and "shared" in keys["shared"][tune.CHUNK]
 
 
+# switch bwd_group_split: each group's heads over k programs (partials summed without atomics); bwd_atomics: their
+# dC and dB added atomically
+GROUP_SPLIT_CASES = [
+    pytest.param(HEADLINE, 2, {"bwd_group_split": 2}, id="group-split-2-of-4-heads"),
+    pytest.param(Problem(Shape(1, 37, 3, 12, 1, 10, 16), dtype="float32", has_z=True), 1, {"bwd_group_split": 2},
+                 id="group-split-2-of-3-heads-not-dividing"),
+    pytest.param(Problem(Shape(1, 70, 8, 16, 2, 16, 32), dtype="float32", has_initial_states=True, nseqs=3,
+                         varlen=True), 2, {"bwd_group_split": 8}, id="group-split-8-of-4-heads-cu_seqlens"),
+    pytest.param(RICH, 2, {"bwd_group_split": 2, "bwd_atomics": True}, id="group-split-2-atomics-z-seq_idx-g2"),
+]
+
+
+@pytest.mark.parametrize("problem, seed, switches", GROUP_SPLIT_CASES)
+def test_bwd_group_split_keeps_the_gradients_in_the_gate(problem, seed, switches):
+    """k programs per group, heads [p·H/k, (p+1)·H/k) each: shares of 2 + 2, of 1 + 2 (3 heads), of 0 or 1 head
+    (8 programs for 4 heads, the per-sequence states' term of dB added to the partials' sum), and atomic adds."""
+    assert_gate(get_backend("triton", **switches), problem, seed)
+
+
+def test_bwd_group_split_launches_k_programs_per_group_into_partials(monkeypatch):
+    """bwd_dcb and bwd_db launch k times the programs and write k fp32 partials per group (the partial buffers the
+    host sums); under bwd_atomics one fp32 buffer per group, zeroed."""
+    from impls.triton import launcher
+
+    seen = []
+    launch = launcher.launch
+
+    def recorded(kernel, grid, *args, **kwargs):
+        if kernel.fn.__name__ in ("bwd_dcb_kernel", "bwd_db_kernel"):
+            out = args[9] if kernel.fn.__name__ == "bwd_dcb_kernel" else args[8]
+            seen.append((kernel.fn.__name__, grid[0], tuple(out.shape), out.dtype, kwargs["SPLIT"], kwargs["ATOMIC"]))
+        return launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(launcher, "launch", recorded)
+    inputs = make_inputs(Problem(Shape(1, 32, 4, 16, 2, 16, 32), dtype="float32"), seed=2)  # one chunk, 2 groups
+    for switches in ({}, {"bwd_group_split": 4}, {"bwd_group_split": 4, "bwd_atomics": True}):
+        _triton_gradients(get_backend("triton", **switches), inputs, output_gradients(inputs, 2))
+    programs, f32 = (32 // 16) * 2, torch.float32  # 2 row or source tiles of 16 per chunk of 32, 2 groups
+    assert seen == [("bwd_dcb_kernel", programs, (1, 32, 2, 16), f32, 1, False),  # dC itself (fp32 inputs)
+                    ("bwd_db_kernel", programs, (1, 32, 2, 16), f32, 1, False),
+                    ("bwd_dcb_kernel", programs * 4, (1, 32, 2 * 4, 16), f32, 4, False),
+                    ("bwd_db_kernel", programs * 4, (1, 32, 2 * 4, 16), f32, 4, False),
+                    ("bwd_dcb_kernel", programs * 4, (1, 32, 2, 16), f32, 4, True),
+                    ("bwd_db_kernel", programs * 4, (1, 32, 2, 16), f32, 4, True)], seen
+
+
+def test_bwd_group_split_sums_every_partial():
+    """The same backward with the last partial of each group dropped from the sum fails the gate at dC and dB."""
+    from impls import chunked_backward
+
+    def dropping(parts, ngroups, extra, dtype):
+        kept = parts.unflatten(2, (ngroups, -1))[:, :, :, :-1].flatten(2, 3)
+        return sum_partials(kept, ngroups, extra, dtype)
+
+    sum_partials = chunked_backward.sum_partials
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("impls.triton.backward.dcb.sum_partials", dropping)
+        mp.setattr("impls.triton.backward.db.sum_partials", dropping)
+        report = check_gradients(get_backend("triton", bwd_group_split=2), make_inputs(RICH, seed=2), torch.float32,
+                                 seed=2)
+    assert not report["dC"]["ok"] and not report["dB"]["ok"], report
+
+
+def test_bwd_atomics_without_a_split_is_refused_naming_both_switches():
+    with pytest.raises(ValueError, match="bwd_atomics.*bwd_group_split=1"):
+        get_backend("triton", bwd_atomics=True)
+
+
+def test_bwd_group_split_enters_the_per_group_kernels_record_keys_only():
+    """bwd_group_split and bwd_atomics change bwd_dcb's and bwd_db's code: their record keys, not the other kernels'
+    (whose records they keep); the defaults' keys name neither."""
+    from impls.triton.backward import tune
+
+    shape = Shape(1, 256, 4, 16, 1, 16, 64)
+    keys = [{s: tune.record_key(get_backend("triton", **sw).switches, shape, "float32", {}, s) for s in tune.STAGES}
+            for sw in ({}, {"bwd_group_split": 4}, {"bwd_group_split": 4, "bwd_atomics": True})]
+    for away in keys[1:]:
+        assert [s for s in tune.STAGES if keys[0][s] != away[s]] == [tune.DCB, tune.DB]
+    assert len({k[tune.DCB] for k in keys}) == 3
+    assert not any("bwd_group_split" in key or "bwd_atomics" in key for key in keys[0].values())
+
+
 def _leaves(kw: dict) -> dict:
     return {name: kw[name].detach().clone().requires_grad_() for name in GRAD_INPUTS if kw.get(name) is not None}
 
@@ -205,6 +287,17 @@ def test_a_gradient_from_the_final_states_alone():
     assert rel_err(dx, expected) < 1e-5
 
 
+def test_two_calls_under_bwd_group_split_give_the_same_bits():
+    """The split's partials are summed without atomics: two calls give the same bits (not so under bwd_atomics,
+    whose order of adds is the GPU's: tests/gpu/test_triton_backward.py)."""
+    inputs = make_inputs(HEADLINE, seed=5)
+    grads_in = output_gradients(inputs, 5)
+    backend = get_backend("triton", bwd_group_split=2)
+    first, again = (_triton_gradients(backend, inputs, grads_in) for _ in range(2))
+    for name, grad in first.items():
+        assert torch.equal(grad, again[name]), name
+
+
 def test_two_calls_and_saved_or_recomputed_states_give_the_same_bits():
     """Every reduction is partials summed in a fixed order; switch bwd_recompute_states recomputes with the same
     stage-2 kernel the forward ran, so the gradients are the same bits."""
@@ -257,4 +350,5 @@ def test_the_backward_kernels_compile_for_sm90():
     result = subprocess.run([sys.executable, "-m", "tests.backends.triton_backward_sm90"], capture_output=True,
                             text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("ok  ") == 6, result.stdout  # bwd_chunk with bwd_cb 'inline' and 'shared'
+    # bwd_chunk with bwd_cb 'inline' and 'shared', bwd_dcb and bwd_db with bwd_group_split 1 and 4
+    assert result.stdout.count("ok  ") == 8, result.stdout

@@ -1,7 +1,8 @@
 """Compiles the Triton backward's kernels for sm_90 without a GPU (triton.compile through ptxas) at S1's sizes in
 bf16, with the GPU fallback tiles: one line per kernel (shared memory, registers, spills); exit status 1 if any
 fails to compile or needs more shared memory than a block may have; bwd_chunk twice, with switch bwd_cb 'inline'
-and 'shared'. Run it with TRITON_INTERPRET unset (the CPU test
+and 'shared'; bwd_dcb and bwd_db again with switch bwd_group_split 4 (dcb's fp32 partials, db's atomic adds:
+bwd_atomics). Run it with TRITON_INTERPRET unset (the CPU test
 tests/backends/test_triton_backward.py runs it in a subprocess): `python -m tests.backends.triton_backward_sm90`."""
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ FP32 = ("dt_ptr", "dA_ptr", "fin_ptr", "dfin_ptr", "ext_ptr", "last_ptr", "dinit
 
 
 def signature(kernel, dtype: str, constexprs: dict) -> dict[str, str]:
-    """Pointers in `dtype` (fp32 where the backward keeps fp32, int32 seq_idx), the bounds fp32, integers i32."""
+    """Pointers in `dtype` (fp32 where the backward keeps fp32, and dC's and dB's partials with SPLIT > 1; int32
+    seq_idx), the bounds fp32, integers i32."""
+    fp32 = FP32 + (("dC_ptr", "dB_ptr") if constexprs.get("SPLIT", 1) > 1 else ())
     out = {}
     for name in kernel.arg_names:
         if name in constexprs:
@@ -35,7 +38,7 @@ def signature(kernel, dtype: str, constexprs: dict) -> dict[str, str]:
         elif name == "seq_ptr":
             out[name] = "*i32"
         elif name.endswith("_ptr"):
-            out[name] = "*fp32" if name in FP32 else f"*{dtype}"
+            out[name] = "*fp32" if name in fp32 else f"*{dtype}"
         elif name in ("dt_min", "dt_max"):
             out[name] = "fp32"
         else:
@@ -56,16 +59,20 @@ def variants(dtype: str):
              "BLOCK_L": fb[tune.CHUNK]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE, "HAS_Z": True,
              "HAS_D": True, "HAS_XV": True}
     yield bwd_chunk_kernel, {**chunk, "SHARED_CB": False, "cb_ptr": None}, fb[tune.CHUNK]  # switch bwd_cb='inline'
-    yield bwd_dcb_kernel, {**common, **dots, "CHUNK": CHUNK, "BLOCK_L": fb[tune.DCB]["block_rows"],
-                           "BLOCK_S": fb[tune.DCB]["block_sources"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE,
-                           "HAS_Z": True}, fb[tune.DCB]
-    yield bwd_db_kernel, {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.DB]["block_sources"],
-                          "BLOCK_L": fb[tune.DB]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE,
-                          "HAS_BV": True}, fb[tune.DB]
+    one = {"SPLIT": 1, "ATOMIC": False}  # switch bwd_group_split 1
+    dcb = {**common, **dots, "CHUNK": CHUNK, "BLOCK_L": fb[tune.DCB]["block_rows"],
+           "BLOCK_S": fb[tune.DCB]["block_sources"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE, "HAS_Z": True}
+    db = {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.DB]["block_sources"],
+          "BLOCK_L": fb[tune.DB]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE}
+    yield bwd_dcb_kernel, {**dcb, **one}, fb[tune.DCB]
+    yield bwd_db_kernel, {**db, **one, "HAS_BV": True}, fb[tune.DB]
     yield bwd_cumsum_kernel, {"EXP2": True, "CHUNK": CHUNK, "BLOCK_H": fb[tune.CUMSUM]["block_heads"],
                               "ROW_TILE": fb[tune.CHUNK]["block_sources"], "HAS_BIAS": True, "SOFTPLUS": True,
                               "HAS_LIMIT": True, "HAS_V": True}, fb[tune.CUMSUM]
     yield bwd_chunk_kernel, {**chunk, "SHARED_CB": True}, fb[tune.CHUNK]  # switch bwd_cb='shared'
+    # switch bwd_group_split 4: dcb's fp32 partials, db's atomic adds (bwd_atomics; the per-sequence term on the host)
+    yield bwd_dcb_kernel, {**dcb, "SPLIT": 4, "ATOMIC": False}, fb[tune.DCB]
+    yield bwd_db_kernel, {**db, "SPLIT": 4, "ATOMIC": True, "HAS_BV": False}, fb[tune.DB]
 
 
 def main(dtype: str = "bf16") -> int:

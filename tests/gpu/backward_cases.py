@@ -1,5 +1,6 @@
 """What the GPU tests of our two backwards (test_triton_backward.py, test_cutile_backward.py) share: the problems,
-the gradient gate over every gradient, and the gradients of one `impls.ssd` call."""
+the gradient gate over every gradient, the gradients of one `impls.ssd` call, and the switch variants of the per-group
+sums (bwd_group_split, bwd_atomics) with what two calls must agree to under them."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ CASES = [
                          has_initial_states=True), id="cu_seqlens-4-seqs-init"),
 ]
 GATED = {"dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias", "dinitial_states"}
+# switch bwd_group_split (each group's heads over k programs, fp32 partials summed without atomics) and bwd_atomics (the
+# partials of dC and dB added atomically instead): 4 heads per program at MEDIUM, 1 at CONTRACT
+GROUP_SPLIT = [pytest.param({"bwd_group_split": 4}, id="group-split-4"),
+               pytest.param({"bwd_group_split": 4, "bwd_atomics": True}, id="group-split-4-atomics")]
 
 
 def assert_every_gradient_passes(backend, problem: Problem, label: str) -> None:
@@ -50,3 +55,15 @@ def gradients(backend: str, problem: Problem, seed: int, **switches) -> dict:
     found = torch.autograd.grad([out.y, out.final_states], list(leaves.values()),
                                 [grads_in["y"].to(out.y.dtype), grads_in["final_states"].float()])
     return dict(zip(leaves, found))
+
+
+def assert_two_calls_agree(first: dict, again: dict, switches: dict) -> None:
+    """Two calls' gradients the same bits; under switch bwd_atomics (float atomic adds in the GPU's order, not
+    deterministic) within bf16's flat tolerance of each other instead."""
+    from impls.tolerance import rel_err, tolerance
+
+    for name, grad in first.items():
+        if switches.get("bwd_atomics"):
+            assert rel_err(grad, again[name]) <= tolerance(torch.bfloat16), name
+        else:
+            assert torch.equal(grad, again[name]), name

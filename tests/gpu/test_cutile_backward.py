@@ -4,8 +4,10 @@ medium shape with S1's blocks (chunk 256, headdim 64, dstate 128; the peers' tes
 covering more of the contract (ngroups 2, z, per-channel D, seq_idx, initial states, seqlen not a multiple of the
 chunk); the per-sequence states' gradient (cu_seqlens); two backward calls giving the same bits; and the gradients of
 our Triton backward on the same inputs. Switch bwd_cb='shared' (the groups' C·Bᵀ formed once by cb_kernel, loaded by
-the chunk kernel) through the same gate at the first two shapes, and its two calls the same bits too. The CPU checks
-(AOT compiles, the kernels under emulation) are tests/backends/test_cutile_backward.py."""
+the chunk kernel) through the same gate at the first two shapes, and its two calls the same bits too; switch
+bwd_group_split 4 (each group's heads over 4 programs) with and without bwd_atomics likewise, two calls under
+bwd_atomics within bf16's tolerance of each other (not bitwise). The CPU checks (AOT compiles, the kernels under
+emulation) are tests/backends/test_cutile_backward.py."""
 
 from __future__ import annotations
 
@@ -14,7 +16,14 @@ import torch
 
 from impls.registry import get_backend
 from impls.tolerance import rel_err, tolerance
-from tests.gpu.backward_cases import CASES, CONTRACT, MEDIUM, assert_every_gradient_passes
+from tests.gpu.backward_cases import (
+    CASES,
+    CONTRACT,
+    GROUP_SPLIT,
+    MEDIUM,
+    assert_every_gradient_passes,
+    assert_two_calls_agree,
+)
 from tests.gpu.backward_cases import gradients as _gradients
 
 pytestmark = pytest.mark.gpu
@@ -49,6 +58,20 @@ def test_bwd_cb_shared_two_backward_calls_give_the_same_bits():
     first, again = _gradients("cutile", MEDIUM, 4, bwd_cb="shared"), _gradients("cutile", MEDIUM, 4, bwd_cb="shared")
     for name, grad in first.items():
         assert torch.equal(grad, again[name]), name
+
+
+@pytest.mark.parametrize("problem", CASES[:2])
+@pytest.mark.parametrize("switches", GROUP_SPLIT)
+def test_bwd_group_split_passes_the_gate(problem, switches):
+    assert_every_gradient_passes(get_backend("cutile", **switches), problem, f"cutile {switches}")
+
+
+@pytest.mark.parametrize("switches", GROUP_SPLIT)
+def test_bwd_group_split_two_backward_calls_agree(switches):
+    """The same bits with the partials summed without atomics; within bf16's tolerance under bwd_atomics (not
+    bitwise)."""
+    first, again = _gradients("cutile", MEDIUM, 4, **switches), _gradients("cutile", MEDIUM, 4, **switches)
+    assert_two_calls_agree(first, again, switches)
 
 
 # gradients of one element each (not sums over the batch and time, whose cancellation the gate allows for by its sum

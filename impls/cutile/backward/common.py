@@ -1,6 +1,7 @@
 """Pieces the cuTile backward's kernels share: the compile-time constants every kernel takes (copy hints, the
 exponential's base, tf32), tiles of (batch, seqlen, heads or groups, channels) tensors and of the states in either
-memory order, the gated incoming gradient dŷ = dy ⊙ silu(z), and the host's stand-ins and launch options."""
+memory order, the gated incoming gradient dŷ = dy ⊙ silu(z), a group's share of heads and the atomic adds of switch
+bwd_group_split, and the host's stand-ins and launch options."""
 
 from __future__ import annotations
 
@@ -71,6 +72,26 @@ def state_tile(states, b, c, h, pb, nb, BP, BN, TRANS, k):
         return ct.transpose(st.reshape((BN, BP)))
     st = ct.load(states, (b, c, h, pb, nb), (1, 1, 1, BP, BN), padding_mode=ZERO, allow_tma=k.tma(), latency=k.lat())
     return st.reshape((BP, BN))
+
+
+def head_share(gp, heads_per_group, SPLIT):
+    """(group g, the share's heads [lo, hi) within the group) of partial `gp` = g·SPLIT + p of a per-group kernel
+    (switch bwd_group_split): heads [p·H/SPLIT, (p+1)·H/SPLIT) of H = heads_per_group; SPLIT 1: every head."""
+    part = gp % SPLIT
+    return gp // SPLIT, part * heads_per_group // SPLIT, (part + 1) * heads_per_group // SPLIT
+
+
+def add_rows(t, b, positions, hg, tile, BL, BC):
+    """Float atomic adds (relaxed) of an fp32 (BL, BC) tile into rows `positions` (BL,) and channels 0 … BC − 1 of a
+    (batch, seqlen, groups, channels) fp32 array at batch row b, group hg (switch bwd_atomics); rows past seqlen and
+    channels past the last are dropped."""
+    channels = ct.arange(BC, dtype=ct.int32).reshape((1, BC))
+    ct.atomic_add(t, (b, positions.reshape((BL, 1)), hg, channels), tile, memory_order=ct.MemoryOrder.RELAXED)
+
+
+def allocate(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """`torch.empty` in the (shape, dtype, device) form the chunked backward's host helpers take."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def chunk_length(seqlen, c, CHUNK):

@@ -2,7 +2,9 @@
 for each source tile s up to its rows, dG = Σ_{h in the group} dM^h ∘ L^h ∘ dt^h_s (one MMA per head), stores it
 for the dB kernel and adds dG B_s to dC; then the entering states' term Σ_h e^{Λ^h_l} dŷ^h_l S^h_c
 (impls/README.md, "The chunked backward", step 4). The heads of a group are summed in a fixed order on chip: no
-atomics. A row tile past the end of a short last chunk has no rows and does nothing."""
+atomics. A row tile past the end of a short last chunk has no rows and does nothing. Switch bwd_group_split k > 1:
+k programs per group, each over its share of the heads (`head_share`), writing fp32 partials of dG and dC (partial
+p of group g at g·k + p of the group axis), or adding its dC into one fp32 buffer by atomic adds (bwd_atomics)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,14 @@ import math
 import cuda.tile as ct
 import torch
 
+from impls.chunked_backward import group_output, sum_partials
 from impls.cutile.backward.common import (
     Hints,
+    add_rows,
+    allocate,
     chunk_length,
     gated_dy,
+    head_share,
     kernel_call,
     or_stand_in,
     per_position,
@@ -30,22 +36,24 @@ ZERO = ct.PaddingMode.ZERO
 def bwd_dcb_kernel(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group,
                    CHUNK: ct.Constant[int], BT: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                    HAS_SEQ: ct.Constant[bool], HAS_Z: ct.Constant[bool], TRANS: ct.Constant[bool],
-                   TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int]):
-    """dG (b, nchunks, g, chunk, chunk) fp32, tiles (row tile i, source tile j ≤ i) of BT × BT; dC in C's dtype."""
+                   TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int],
+                   SPLIT: ct.Constant[int], ATOMIC: ct.Constant[bool]):
+    """dG (b, nchunks, g·SPLIT, chunk, chunk) fp32, tiles (row tile i, source tile j ≤ i) of BT × BT; dC in C's dtype
+    (SPLIT 1), its fp32 partials (b, seqlen, g·SPLIT, dstate), or one fp32 buffer added into (ATOMIC)."""
     k = Hints(TMA, LAT, EXP2, TF32)
-    # one flat grid axis: row tile fastest, then group, chunk, batch
+    # one flat grid axis: row tile fastest, then the group's share of heads (SPLIT of them), group, chunk, batch
     pid = ct.bid(0)
-    tiles, ngroups, nchunks = CHUNK // BT, B.shape[2], dA.shape[2]
-    i, g = pid % tiles, (pid // tiles) % ngroups
+    tiles, ngroups, nchunks = CHUNK // BT, B.shape[2] * SPLIT, dA.shape[2]
+    i, gp = pid % tiles, (pid // tiles) % ngroups
     c, b = (pid // (tiles * ngroups)) % nchunks, pid // (tiles * ngroups * nchunks)
     chunk_len = chunk_length(seqlen, c, CHUNK)
     if i * BT < chunk_len:
-        _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group, b, c, g, i, chunk_len, CHUNK, BT,
-                  BP, BN, HAS_SEQ, HAS_Z, TRANS, k)
+        _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group, b, c, gp, i, chunk_len, CHUNK, BT,
+                  BP, BN, HAS_SEQ, HAS_Z, TRANS, SPLIT, ATOMIC, k)
 
 
-def _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group, b, c, g, i, chunk_len, CHUNK, BT, BP,
-              BN, HAS_SEQ, HAS_Z, TRANS, k):
+def _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group, b, c, gp, i, chunk_len, CHUNK, BT,
+              BP, BN, HAS_SEQ, HAS_Z, TRANS, SPLIT, ATOMIC, k):
     lb = c * (CHUNK // BT) + i
     offs_l = i * BT + ct.arange(BT, dtype=ct.int32)
     mask_l = offs_l < chunk_len
@@ -55,6 +63,7 @@ def _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group,
         seq_l = ct.load(seq, (b, lb), (1, BT), padding_mode=ZERO, allow_tma=k.tma()).reshape((BT,))
         s_prev = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
         enter = enter & (seq_l == s_prev)
+    g, lo, hi = head_share(gp, heads_per_group, SPLIT)
     h0 = g * heads_per_group
     acc = ct.zeros((BT, BN), ct.float32)
     for j in range(i + 1):  # every source tile j ≤ i starts inside the chunk (the row tile does)
@@ -66,7 +75,7 @@ def _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group,
             seq_s = ct.load(seq, (b, sb), (1, BT), padding_mode=ZERO, allow_tma=k.tma()).reshape((1, BT))
             keep = keep & (seq_l.reshape((BT, 1)) == seq_s)
         dGt = ct.zeros((BT, BT), ct.float32)
-        for hh in range(heads_per_group):
+        for hh in range(lo, hi):
             h = h0 + hh
             dyh_l = gated_dy(dy, z, b, lb, h, 0, BT, BP, HAS_Z, k).astype(x.dtype)
             x_s = rows(x, b, sb, h, 0, BT, BP, k)
@@ -77,16 +86,19 @@ def _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group,
             dM = k.mma(dyh_l, ct.transpose(x_s), ct.zeros((BT, BT), ct.float32))
             dGt = dGt + dM * L * dt_s.reshape((1, BT))
         # whole tiles: the dB kernel reads the causal part of what is here
-        ct.store(dG, (b, c, g, i, j), dGt.reshape((1, 1, 1, BT, BT)))
+        ct.store(dG, (b, c, gp, i, j), dGt.reshape((1, 1, 1, BT, BT)))
         acc = k.mma(dGt.astype(x.dtype), rows(B, b, sb, g, 0, BT, BN, k), acc)
-    for hh in range(heads_per_group):
+    for hh in range(lo, hi):
         h = h0 + hh
         dA_l = per_position(dA, b, h, c, i, BT, k) * k.base()
         scale = ct.where(enter, k.exp(dA_l), 0.0).reshape((BT, 1))
         dyh_l = gated_dy(dy, z, b, lb, h, 0, BT, BP, HAS_Z, k)
         S = state_tile(states, b, c, h, 0, 0, BP, BN, TRANS, k).astype(x.dtype)
         acc = k.mma((dyh_l * scale).astype(x.dtype), S, acc)
-    ct.store(dC, (b, lb, g, 0), acc.astype(dC.dtype).reshape((1, BT, 1, BN)), allow_tma=k.tma())
+    if ATOMIC:  # switch bwd_atomics: the group's one fp32 buffer
+        add_rows(dC, b, c * CHUNK + offs_l, g, acc, BT, BN)
+    else:  # dC (SPLIT 1), or this program's fp32 partial
+        ct.store(dC, (b, lb, gp, 0), acc.astype(dC.dtype).reshape((1, BT, 1, BN)), allow_tma=k.tma())
 
 
 def blocks(chunk: int, headdim: int, dstate: int, config: dict) -> tuple[int, int, int]:
@@ -100,14 +112,16 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     bt, bp, bn = blocks(chunk_size, headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bt, bp, bn, bool(flags["seq"]), bool(flags["z"]),
-            bool(transposed), bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0)
-    grid = ((chunk_size // bt) * ngroups * math.ceil(seqlen / chunk_size) * batch, 1, 1)
+            bool(transposed), bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.bwd_group_split,
+            sw.bwd_atomics)
+    grid = ((chunk_size // bt) * ngroups * sw.bwd_group_split * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_dcb_kernel, grid, args, config, sw.opt_level)
 
 
 def dcb_grads(x, B, C, dt, dA_cumsum, seq_idx, states, dy, z, *, sw, config, tf32: bool,
               submit=None):
-    """-> (dC in C's dtype, d(C·Bᵀ) per group (batch, nchunks, ngroups, chunk, chunk) fp32: its causal part)."""
+    """-> (dC in C's dtype, d(C·Bᵀ) per group (batch, nchunks, ngroups·k, chunk, chunk) fp32: its causal part, k =
+    switch bwd_group_split's partials of each group, partial p of group g at g·k + p)."""
     from impls.cutile import common
 
     batch, seqlen, nheads, headdim = x.shape
@@ -115,12 +129,12 @@ def dcb_grads(x, B, C, dt, dA_cumsum, seq_idx, states, dy, z, *, sw, config, tf3
     nchunks, chunk = dt.shape[2], dt.shape[3]
     dev = x.device
     storage, transposed = state_storage(states)
-    dG = torch.empty((batch, nchunks, ngroups, chunk, chunk), dtype=torch.float32, device=dev)
-    dC = torch.empty(C.shape, dtype=C.dtype, device=dev)
+    dG = torch.empty((batch, nchunks, ngroups * sw.bwd_group_split, chunk, chunk), dtype=torch.float32, device=dev)
+    dC = group_output(C, sw.bwd_group_split, sw.bwd_atomics, allocate)
     arrays = (x, B, dt, dA_cumsum, or_stand_in(seq_idx, dev, torch.int32, 2), storage, dy,
               or_stand_in(z, dev, dy.dtype, 4), dG, dC)
     flags = {"seq": seq_idx is not None, "z": z is not None}
     call = make_call(arrays, (batch, seqlen, nheads, headdim, ngroups, dstate), chunk, flags, transposed, tf32, sw,
                      config)
     (submit or common.launch)(call)
-    return dC, dG
+    return sum_partials(dC, ngroups, None, C.dtype), dG

@@ -45,7 +45,8 @@ SPACE: dict[str, dict[str, list]] = {
 CODE_SWITCHES = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")  # what the kernels read of the switches
 # switches that change one kernel's code only, in that kernel's key when away from their default (so that records
 # found without them keep their keys, and the other kernels keep their records)
-KERNEL_SWITCHES = {CHUNK: ("bwd_cb",)}
+GROUP_SWITCHES = ("bwd_group_split", "bwd_atomics")  # the per-group kernels' programs and stores
+KERNEL_SWITCHES = {CHUNK: ("bwd_cb",), DCB: GROUP_SWITCHES, DB: GROUP_SWITCHES}
 STACK = ("cuda-tile", "tileiras", "driver")  # what a cuTile record is bound to
 
 

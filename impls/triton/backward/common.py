@@ -23,6 +23,27 @@ def chunk_program(pid, per_chunk, nchunks, seqlen, TILES: tl.constexpr, CHUNK: t
 
 
 @triton.jit
+def split_program(pid, ngroups, nchunks, seqlen, heads_per_group, TILES: tl.constexpr, CHUNK: tl.constexpr,
+                  SPLIT: tl.constexpr):
+    """Program `pid` of a per-group kernel's flat grid whose tiles run fastest, then the SPLIT shares of a group's
+    heads (switch bwd_group_split), the groups, the chunks, the batch rows -> (tile, the partial's index g·SPLIT + p
+    (int64), batch row, chunk, its first position, its length, the group g (int64), the share's heads [lo, hi) within
+    the group: [p·H/SPLIT, (p+1)·H/SPLIT) of H = heads_per_group). SPLIT 1: `chunk_program`'s, every head."""
+    if SPLIT == 1:
+        t, g, b, c, start, chunk_len = chunk_program(pid, ngroups, nchunks, seqlen, TILES, CHUNK)
+        gp = g
+        lo = 0
+        hi = heads_per_group
+    else:
+        t, gp, b, c, start, chunk_len = chunk_program(pid, ngroups * SPLIT, nchunks, seqlen, TILES, CHUNK)
+        g = gp // SPLIT
+        part = (gp % SPLIT).to(tl.int32)
+        lo = part * heads_per_group // SPLIT
+        hi = (part + 1) * heads_per_group // SPLIT
+    return t, gp, b, c, start, chunk_len, g, lo, hi
+
+
+@triton.jit
 def decay(v, EXP2: tl.constexpr):
     """exp of `v`, already in the exponential's base (log2 e folded in by `log_decay` when EXP2)."""
     if EXP2:

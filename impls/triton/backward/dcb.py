@@ -1,7 +1,9 @@
 """Backward stage: d(C·Bᵀ) per group, and dC. One program per (row tile, group, chunk, batch) forms, for each source
 tile s up to its rows, dG = Σ_{h in the group} dM^h ∘ L^h ∘ dt^h_s (one tl.dot per head), stores it for the dB kernel
 and adds dG B_s to dC; then the entering states' term Σ_h e^{Λ^h_l} dŷ^h_l S^h_c (impls/README.md, "The chunked
-backward", step 4). The heads of a group are summed in registers in a fixed order: no atomics."""
+backward", step 4). The heads of a group are summed in registers in a fixed order: no atomics. Switch
+bwd_group_split k > 1: k programs per group, each over its share of the heads, writing fp32 partials of dG and dC
+(partial p of group g at g·k + p of the group axis), or adding its dC into one fp32 buffer (bwd_atomics)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from impls.chunked_backward import group_output, sum_partials
 from impls.triton import launcher
-from impls.triton.backward.common import chunk_program, decay, gated_dy, log_decay, rows, sequence_ends
+from impls.triton.backward.common import decay, gated_dy, log_decay, rows, sequence_ends, split_program
 from impls.triton.clamp import pow2_at_least_16
 
 
@@ -30,11 +33,12 @@ def bwd_dcb_kernel(
     s_dC_b, s_dC_l, s_dC_g, s_dC_n,
     CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, EXP2: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
 ):
-    # flat grid: row tile fastest, then group, chunk, batch
+    # flat grid: row tile fastest, then the group's share of heads (SPLIT of them), group, chunk, batch
     TILES: tl.constexpr = CHUNK // BLOCK_L
-    t, g, b, c, start, chunk_len = chunk_program(tl.program_id(0), ngroups, nchunks, seqlen, TILES, CHUNK)
+    t, gp, b, c, start, chunk_len, g, lo, hi = split_program(tl.program_id(0), ngroups, nchunks, seqlen,
+                                                            heads_per_group, TILES, CHUNK, SPLIT)
     c64 = c.to(tl.int64)
     start64 = start.to(tl.int64)
     l0 = t * BLOCK_L
@@ -55,7 +59,7 @@ def bwd_dcb_kernel(
         enter = enter & (seq_l == seq_before)
     h0 = g * heads_per_group
     acc = tl.zeros((BLOCK_L, BLOCK_N), dtype=tl.float32)
-    G_c = dG_ptr + b * s_G_b + c64 * s_G_c + g * s_G_g
+    G_c = dG_ptr + b * s_G_b + c64 * s_G_c + gp * s_G_g
     for s0 in range(0, tl.minimum(l0 + BLOCK_L, chunk_len), BLOCK_S):
         offs_s = s0 + tl.arange(0, BLOCK_S)
         mask_s = offs_s < chunk_len
@@ -64,7 +68,7 @@ def bwd_dcb_kernel(
             seq_s = tl.load(seq_b + (start64 + offs_s) * s_seq_l, mask=mask_s, other=0)
             keep = keep & (seq_l[:, None] == seq_s[None, :])
         dG = tl.zeros((BLOCK_L, BLOCK_S), dtype=tl.float32)
-        for hh in range(0, heads_per_group):
+        for hh in range(lo, hi):
             h = h0 + hh
             dA_c = dA_ptr + b * s_dA_b + h * s_dA_h + c64 * s_dA_c
             dyh_l = gated_dy(dy_ptr + b * s_dy_b + start64 * s_dy_l + h * s_dy_h,
@@ -83,7 +87,7 @@ def bwd_dcb_kernel(
         tl.store(G_c + offs_l[:, None] * s_G_l + offs_s[None, :] * s_G_s, dG)
         B_s = rows(B_c, offs_s, offs_n, mask_s, mask_n, s_B_l, s_B_n).to(dtype)
         acc = tl.dot(dG.to(dtype), B_s, acc, input_precision=DOT_PRECISION)
-    for hh in range(0, heads_per_group):
+    for hh in range(lo, hi):
         h = h0 + hh
         dA_l = log_decay(dA_ptr + b * s_dA_b + h * s_dA_h + c64 * s_dA_c + offs_l * s_dA_l, mask_l, EXP2)
         scale = tl.where(enter, decay(dA_l, EXP2), 0.0)
@@ -93,29 +97,35 @@ def bwd_dcb_kernel(
         S = tl.load(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h + offs_p[:, None] * s_st_p
                     + offs_n[None, :] * s_st_n, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)
         acc = tl.dot((dyh_l * scale[:, None]).to(dtype), S, acc, input_precision=DOT_PRECISION)
-    tl.store(dC_ptr + b * s_dC_b + (start64 + offs_l[:, None]) * s_dC_l + g * s_dC_g + offs_n[None, :] * s_dC_n,
-             acc.to(dC_ptr.dtype.element_ty), mask=mask_l[:, None] & mask_n[None, :])
+    if ATOMIC:  # switch bwd_atomics: the group's one fp32 buffer
+        tl.atomic_add(dC_ptr + b * s_dC_b + (start64 + offs_l[:, None]) * s_dC_l + g * s_dC_g
+                      + offs_n[None, :] * s_dC_n, acc, mask=mask_l[:, None] & mask_n[None, :], sem="relaxed")
+    else:  # dC (SPLIT 1), or this program's fp32 partial
+        tl.store(dC_ptr + b * s_dC_b + (start64 + offs_l[:, None]) * s_dC_l + gp * s_dC_g
+                 + offs_n[None, :] * s_dC_n, acc.to(dC_ptr.dtype.element_ty), mask=mask_l[:, None] & mask_n[None, :])
 
 
 def dcb_grads(x, B, C, dt, dA_cumsum, seq_idx, states, dy, z, *, config, switches, empty, dot_precision):
-    """-> (dC in C's dtype, d(C·Bᵀ) per group (batch, nchunks, ngroups, chunk, chunk) fp32: its causal part)."""
+    """-> (dC in C's dtype, d(C·Bᵀ) per group (batch, nchunks, ngroups·k, chunk, chunk) fp32: its causal part, k =
+    switch bwd_group_split's partials of each group, partial p of group g at g·k + p)."""
     batch, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2], B.shape[3]
     nchunks, chunk = dt.shape[2], dt.shape[3]
     block_l = config["block_rows"]
-    dG = empty((batch, nchunks, ngroups, chunk, chunk), torch.float32, x.device)
-    dC = empty(tuple(C.shape), C.dtype, x.device)
+    split = switches.bwd_group_split
+    dG = empty((batch, nchunks, ngroups * split, chunk, chunk), torch.float32, x.device)
+    dC = group_output(C, split, switches.bwd_atomics, empty)
     seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
     zz = z if z is not None else dy  # never read without HAS_Z
     launcher.launch(
-        bwd_dcb_kernel, ((chunk // block_l) * ngroups * nchunks * batch,), x, B, dt, dA_cumsum, seq, states, dy, zz,
-        dG, dC,
+        bwd_dcb_kernel, ((chunk // block_l) * ngroups * split * nchunks * batch,), x, B, dt, dA_cumsum, seq, states,
+        dy, zz, dG, dC,
         seqlen, ngroups, nchunks, headdim, dstate, nheads // ngroups,
         *x.stride(), *B.stride(), *dt.stride(), *dA_cumsum.stride(), seq.stride(0), seq.stride(1), *states.stride(),
         *dy.stride(), *zz.stride(), *dG.stride(), *dC.stride(),
         CHUNK=chunk, BLOCK_L=block_l, BLOCK_S=config["block_sources"], BLOCK_P=pow2_at_least_16(headdim),
         BLOCK_N=pow2_at_least_16(dstate), HAS_SEQ=seq_idx is not None, HAS_Z=z is not None, EXP2=switches.exp2,
-        DOT_PRECISION=dot_precision,
+        DOT_PRECISION=dot_precision, SPLIT=split, ATOMIC=switches.bwd_atomics,
         num_warps=config["num_warps"], num_stages=config["num_stages"], path=switches.launch_path,
     )
-    return dC, dG
+    return sum_partials(dC, ngroups, None, C.dtype), dG
