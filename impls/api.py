@@ -309,7 +309,7 @@ def forward_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_
     if impl.falls_back:  # another arrangement where this one refuses the tensors (impls/defaults.py)
         impl = impl.arranged_for("ssd_forward", x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                                  initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
-                                 state_dtype=state_dtype)
+                                 dt_softplus=dt_softplus, dt_limit=dt_limit, state_dtype=state_dtype)
     if cu_seqlens is not None and seq_idx is None:
         seq_idx = seq_idx_from_cu_seqlens(cu_seqlens, x.shape[1])
     why = non_increasing_decay(impl)

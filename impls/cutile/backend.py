@@ -22,6 +22,17 @@ def _stage(name: str):
     return importlib.import_module(f"impls.cutile.{name}")
 
 
+def fold_refusal(dt_softplus: bool, dt_limit) -> str | None:
+    """Why dt may be negative in a forward with these options (exp_fold cannot take it), or None: softplus makes it
+    non-negative, and so does a dt_limit clamp (applied when dt_limit is not (0, inf)) whose lower bound is at or
+    above zero."""
+    low, high = (float(v) for v in dt_limit)
+    if dt_softplus or ((low, high) != (0.0, math.inf) and low >= 0.0):
+        return None
+    return (f"exp_fold reads log2(dt), and with dt_softplus off and dt_limit={dt_limit!r} (no clamp at or above zero) "
+            "dt may be negative")
+
+
 @register
 class CutileBackend(Backend):
     """cuTile 1.7 kernels; GPU (sm_90 / sm_100) only. Switches: see impls/cutile/switches.py."""
@@ -62,6 +73,20 @@ class CutileBackend(Backend):
 
     def check_device(self, device) -> tuple[bool, str]:
         return cuda_only(device, "cuTile kernels")
+
+    def input_refusal(self, entry: str, args: dict) -> str | None:
+        """With exp_fold on, why this call's dt may be negative (fold_refusal), which the fold cannot take (it reads
+        log2 dt): sm_90's defaults then run their next arrangement, the same set without exp_fold
+        (impls/cutile/defaults.py). compute_out called on its own is given a processed dt whose sign the call cannot
+        see without reading it, so it is refused too."""
+        if not self.switches.exp_fold:
+            return None
+        if entry == "ssd_forward":
+            return fold_refusal(args["dt_softplus"], args["dt_limit"])
+        if entry == "compute_out":
+            return ("exp_fold reads log2(dt), and compute_out called on its own takes a processed dt whose sign this "
+                    "call cannot see without reading it")
+        return None
 
     def supports(self, problem: Problem) -> tuple[bool, str]:
         s = problem.shape

@@ -1,13 +1,20 @@
 """The cuTile backend's switch defaults per target (impls/defaults.py): which named sets of its switches run where.
 
-- sm_90 (Hopper): "best_sm90", the set of the fastest committed cuTile rows at S1–S4: compute_out's heads-first
-  program order, the skip term before the source loop, and programmatic dependent launch ("version 13" in
-  docs/perf-notes.md; results/2026-12-05-h200-fair-fight-rounds/headline.parquet on an H200, round 1's CUDA-graph
-  replay 0.840 / 1.892 / 0.680 / 0.224 ms against the declared values' 0.873 / 2.030 / 0.713 / 0.261 at S1–S4; the
-  three interleaved rounds of results/2026-12-06-h100-rounds-row-pairs/headline_cutile_targets.parquet on an
-  H100). Measured on the tiles of its tuning records; on model shapes without records (fallback tiles) an H100
-  measured it 3–6 % slower than the declared values (issue 44): the study run's rows decide the set finally.
-  Nothing of it refuses an input the contract accepts, so no next arrangement is declared.
+- sm_90 (Hopper): "best_sm90", then "best_sm90_no_fold". "best_sm90" is version 13's switches (compute_out's
+  heads-first program order, the skip term before the source loop, programmatic dependent launch; docs/perf-notes.md)
+  with issue 51's winners: flush-to-zero exp2 (exp2_ftz), dt folded into the scores' exponent (exp_fold) and the C·Bᵀ
+  kernel at occupancy 4 on its lower triangle (cb_occupancy, cb_lower_triangle). Chosen on three rounds of one run
+  group on an H100 (results/2026-12-07-h100-switches-backward-first/cutile_best_rounds.parquet): forward 0.827 →
+  0.753 ms at S1, 1.714 → 1.527 at S2, 0.709 → 0.654 at S3, S4 unchanged (0.252 → 0.254), all on version 13's
+  records (the four switches borrow them: impls/cutile/tune.py near_key; rows `pinned`). Version 13's switches alone
+  were chosen earlier on both cards (results/2026-12-05-h200-fair-fight-rounds/headline.parquet on an H200,
+  results/2026-12-06-h100-rounds-row-pairs/headline_cutile_targets.parquet on an H100); the H200 has not measured
+  the four switches yet, and an H100 measured version 13's set 3–6 % slower than the declared values on shapes
+  without records (issue 44): the study run's rows decide the set finally.
+  exp_fold reads log2(dt), which a negative dt (the contract allows one without softplus or a clamp at zero) has not:
+  a call whose dt may be negative (`FOLD_REFUSAL`: dt_softplus off and no dt_limit clamping at or above zero) runs
+  "best_sm90_no_fold", the same set without exp_fold (not measured as a whole: exp2_ftz alone −3.6 %, the C·Bᵀ
+  switches alone −2.4 % at S1, results/2026-12-07-h100-switches-backward-first/switches_s1_s3.parquet).
 - sm_100 (Blackwell): "published", until measured there.
 - the CPU and other GPUs: the declared values (cuTile runs on CUDA devices only; the ahead-of-time tools compile
   the declared values unless told otherwise).
@@ -23,16 +30,16 @@ from __future__ import annotations
 
 from impls.defaults import Chosen, Defaults, Preset
 
-H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+H100 = "NVIDIA H100 80GB HBM3"
 CHOSEN_SM90 = (
-    Chosen(H200, "results/2026-12-05-h200-fair-fight-rounds/headline.parquet", 2,
-           "both sets on the H200's tuning records"),
-    Chosen(H100, "results/2026-12-06-h100-rounds-row-pairs/headline_fair_fight_one_round.parquet", 2,
-           "one round; the declared values on fallback tiles at S2–S4 (no H100 record for them), this set on its "
-           "records"),
-    Chosen(H100, "results/2026-12-06-h100-rounds-row-pairs/headline_cutile_targets.parquet", 1,
-           "three interleaved rounds"),
+    Chosen(H100, "results/2026-12-07-h100-switches-backward-first/cutile_best_rounds.parquet", 4,
+           "round 1 of four sets, rounds 2 and 3 of two: version 13's switches against them with exp2_ftz, exp_fold, cb_occupancy 4 and "
+           "cb_lower_triangle, on version 13's H100 records"),
 )
+
+# version 13's switches (heads_first, skip_first, pdl) and issue 51's winners
+BEST_SM90 = dict(heads_first=True, skip_first=True, pdl=True, exp2_ftz=True, exp_fold=True, cb_occupancy=4,
+                 cb_lower_triangle=True)
 
 DEFAULTS = Defaults(
     presets={
@@ -41,9 +48,12 @@ DEFAULTS = Defaults(
             "latency_hints, tma, exp2 on", transposed_layout=True, operand_swap=True, latency_hints=True, tma=True,
             exp2=True),
         "best_sm90": Preset.of(
-            "results/2026-12-05-h200-fair-fight-rounds/headline.parquet (H200), "
-            "results/2026-12-06-h100-rounds-row-pairs/headline_cutile_targets.parquet (H100): version 13's switches",
-            chosen_by=CHOSEN_SM90, heads_first=True, skip_first=True, pdl=True),
+            "results/2026-12-07-h100-switches-backward-first/cutile_best_rounds.parquet (H100): version 13's "
+            "switches with exp2_ftz, exp_fold and the C·Bᵀ kernel at occupancy 4 on its lower triangle",
+            chosen_by=CHOSEN_SM90, **BEST_SM90),
+        "best_sm90_no_fold": Preset.of(
+            "best_sm90 without exp_fold, for calls whose dt may be negative (no softplus, no clamp at zero)",
+            **{**BEST_SM90, "exp_fold": False}),
     },
-    targets={"sm_90": ("best_sm90",), "sm_100": ("published",)},
+    targets={"sm_90": ("best_sm90", "best_sm90_no_fold"), "sm_100": ("published",)},
 )

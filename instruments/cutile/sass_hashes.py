@@ -42,9 +42,11 @@ ALL_OFF = {k: OFF_VALUE.get(k, False) for k in CODE_SWITCHES}
 # what turns the Python source into the hashed text: the front end, the compiler, the disassembler
 TOOLCHAIN = ("cuda-tile", "nvidia-cuda-tileiras", "nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm")
 # the switches the sm_90 defaults set over the declared values (impls/cutile/defaults.py, preset best_sm90), and
-# the kernels they change (heads_first, skip_first: compute_out; pdl: chunk_cumsum, fwd_pass_state, compute_out)
-SM90_DEFAULTS = {"heads_first": True, "skip_first": True, "pdl": True}
-SM90_KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out")
+# the kernels they change (heads_first, skip_first, exp_fold: compute_out; pdl: chunk_cumsum, fwd_pass_state,
+# compute_out; exp2_ftz: fwd_pass_state, compute_out; cb_occupancy, cb_lower_triangle: compute_out_cb)
+SM90_DEFAULTS = {"heads_first": True, "skip_first": True, "pdl": True, "exp2_ftz": True, "exp_fold": True,
+                 "cb_occupancy": 4, "cb_lower_triangle": True}
+SM90_KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out", "compute_out_cb")
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ def test_switches_cli_names_the_rows_per_card(backend, capsys):
     head = out.split("presets:")[0]
     for chosen in backend_class(backend).DEFAULTS.preset("best_sm90").chosen_by:
         assert f"    on {chosen.card}: {chosen.rows}: " in head
-    assert {"NVIDIA H200", "NVIDIA H100 80GB HBM3"} <= {c.card for c in
-                                                        backend_class(backend).DEFAULTS.preset("best_sm90").chosen_by}
+    cards = {c.card for c in backend_class(backend).DEFAULTS.preset("best_sm90").chosen_by}
+    # cuTile's sm_90 set moved on an H100's rows (2026-12-07); the H200 has not measured it yet
+    assert cards == ({"NVIDIA H100 80GB HBM3"} if backend == "cutile" else {"NVIDIA H200", "NVIDIA H100 80GB HBM3"})
     assert "  sm_100: published\n    no committed rows measured it" in head

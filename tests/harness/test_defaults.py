@@ -23,7 +23,8 @@ from tests.common import float64_forward
 
 TRITON_SM90 = {"tma": True, "tma_descriptors": "host", "state_pass": "serial", "launch_path": "cached"}
 TRITON_DECLARED = {"tma": False, "tma_descriptors": "device", "state_pass": "chunk_parallel", "launch_path": "triton"}
-CUTILE_SM90 = {"heads_first": True, "skip_first": True, "pdl": True, "operand_swap": False}
+CUTILE_SM90 = {"heads_first": True, "skip_first": True, "pdl": True, "operand_swap": False, "exp2_ftz": True,
+               "exp_fold": True, "cb_occupancy": 4, "cb_lower_triangle": True}
 CUTILE_PUBLISHED = {"heads_first": False, "skip_first": False, "pdl": False, "operand_swap": True, "tma": True,
                     "latency_hints": True, "exp2": True, "transposed_layout": True}
 SMALL = Shape(1, 32, 2, 16, 1, 16, 16)  # two chunks of 16, fp32: the interpreter's cheapest forward
@@ -45,7 +46,7 @@ def _presets(resolved) -> list[str]:
                  {**TRITON_SM90, "launch_path": "triton"}, id="triton-interpreter"),
     pytest.param("triton", "sm_100", ["published"], TRITON_DECLARED, id="triton-sm_100"),
     pytest.param("triton", "cpu", ["declared"], TRITON_DECLARED, id="triton-cpu"),
-    pytest.param("cutile", "sm_90", ["best_sm90"], CUTILE_SM90, id="cutile-sm_90"),
+    pytest.param("cutile", "sm_90", ["best_sm90", "best_sm90_no_fold"], CUTILE_SM90, id="cutile-sm_90"),
     pytest.param("cutile", "sm_100", ["published"], CUTILE_PUBLISHED, id="cutile-sm_100"),
     pytest.param("cutile", "cpu", ["declared"], {**CUTILE_PUBLISHED, "operand_swap": False}, id="cutile-cpu"),
 ])
@@ -60,6 +61,38 @@ def test_the_next_arrangement_differs_only_in_tma():
     first, then = resolve_switches(backend_class("triton"), "sm_90").arrangements
     assert _values(then.switches, TRITON_SM90) == {**TRITON_SM90, "tma": False, "tma_descriptors": "device"}
     assert dataclasses.replace(then.switches, tma=True, tma_descriptors="host") == first.switches
+
+
+def test_cutiles_next_arrangement_differs_only_in_exp_fold():
+    first, then = resolve_switches(backend_class("cutile"), "sm_90").arrangements
+    assert then.switches.exp_fold is False and dataclasses.replace(then.switches, exp_fold=True) == first.switches
+
+
+@pytest.mark.parametrize("dt_softplus, dt_limit, runs", [
+    pytest.param(True, (0.0, float("inf")), "best_sm90", id="softplus"),
+    pytest.param(False, (0.0, 5.0), "best_sm90", id="clamped-at-zero"),
+    pytest.param(False, (0.0, float("inf")), "best_sm90_no_fold", id="raw-dt"),
+    pytest.param(False, (-1.0, 5.0), "best_sm90_no_fold", id="clamped-below-zero"),
+])
+def test_a_cutile_forward_whose_dt_may_be_negative_runs_without_the_fold(dt_softplus, dt_limit, runs, monkeypatch):
+    """sm_90's defaults fold dt into the exponent (log2 dt); a call whose dt may be negative runs the next
+    arrangement, and says why; compute_out called on its own is refused by the fold too (its dt's sign unseen).
+    The backends are built, not called (no CUDA device here)."""
+    from impls import registry
+
+    monkeypatch.setattr(registry, "availability", lambda cls: (True, ""))
+    backend = get_backend("cutile", resolve_switches(backend_class("cutile"), "sm_90"))
+    x = torch.zeros(1, 32, 2, 16)
+    B = torch.zeros(1, 32, 1, 16)
+    args = dict(x=x, dt=torch.zeros(1, 32, 2), A=torch.zeros(2), B=B, C=B, D=None, z=None, dt_bias=None,
+                initial_states=None, seq_idx=None, cu_seqlens=None, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                state_dtype=None)
+    ran = backend.arranged_for("ssd_forward", **args)
+    assert ran.resolved.first.preset == runs
+    if runs == "best_sm90_no_fold":
+        assert "exp_fold reads log2(dt)" in str(ran.describe()["arrangement"])
+    assert backend.input_refusal("compute_out", {}) is not None
+    assert backend.input_refusal("chunk_cumsum", {}) is None
 
 
 def test_the_target_comes_from_the_device(monkeypatch):
@@ -168,7 +201,7 @@ def test_the_published_preset_resolves_by_name_and_in_hydra():
     assert _presets(cutile) == ["published"] and _values(cutile.first.switches, CUTILE_PUBLISHED) == CUTILE_PUBLISHED
     triton = resolve_switches(backend_class("triton"), "sm_90", preset="published")
     assert triton.first.switches == backend_class("triton").Switches()  # Triton's published tricks: as declared
-    with pytest.raises(ValueError, match=r"preset: expected one of \['best_sm90', 'declared', 'published'\]"):
+    with pytest.raises(ValueError, match=r"preset: expected one of \['best_sm90', 'best_sm90_no_fold', 'declared', 'published'\]"):
         resolve_switches(backend_class("cutile"), "sm_90", preset="fastest")
     from hydra import compose, initialize_config_dir
 
@@ -210,5 +243,6 @@ def test_switches_cli_says_the_default_on_each_target(capsys):
 
     assert cli.main(["switches", "cutile"]) == 0
     out = capsys.readouterr().out
-    assert "  sm_90: best_sm90\n" in out and "  sm_100: published\n" in out
+    assert "  sm_90: best_sm90 (then, for inputs it refuses: best_sm90_no_fold)\n" in out
+    assert "  sm_100: published\n" in out
     assert "pdl (default False, on sm_90 True)" in out and "operand_swap (default False, on sm_100 True)" in out
