@@ -70,6 +70,28 @@ def to_caller_chunk(result: ForwardResult, chunk_size: int) -> ForwardResult:
                          caller_states(result.states, chunk_size // inner))
 
 
+class InnerChunked:
+    """The whole-forward entries of a backend with switch inner_chunk (cuTile, Triton): `ssd_forward` and
+    `forward_parts` run its own `_forward` / `_own_parts`, at the inner chunk where the switch sets one
+    (`InnerRuns`, kept as `self._inner`). Listed before Backend in the class's bases."""
+
+    def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                    dt_softplus, dt_limit, state_dtype):
+        return self._inner.ssd_forward(self, _arguments(locals()))
+
+    def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                      dt_softplus, dt_limit, state_dtype):
+        """The backend's own parts (fuse_state_out: the fused kernel on ready stage-1 outputs, timed as
+        "part:fused_state_out"), or with inner_chunk the pieces at the inner chunk and the conversion
+        (InnerRuns.parts)."""
+        return self._inner.forward_parts(self, _arguments(locals()))
+
+
+def _arguments(scope: dict) -> dict:
+    """ssd_forward's keyword arguments from an entry's locals (self left out)."""
+    return {k: v for k, v in scope.items() if k != "self"}
+
+
 class InnerRuns:
     """Runs a backend's forward (and the parts of it the harness times apart) at the inner chunk and keeps what ran
     for describe(): the stage sources those calls record in `sources` (the backend's own per-stage dict) are moved

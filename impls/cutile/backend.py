@@ -9,7 +9,7 @@ import torch
 
 from impls.cutile.defaults import DEFAULTS as CUTILE_DEFAULTS
 from impls.cutile.switches import NOT_READ_BY_FUSED, CutileSwitches, subblock_refusal
-from impls.inner_chunk import InnerRuns
+from impls.inner_chunk import InnerChunked, InnerRuns
 from impls.problem import Problem
 from impls.registry import Backend, ForwardResult, cuda_only, register
 
@@ -34,7 +34,7 @@ def fold_refusal(dt_softplus: bool, dt_limit) -> str | None:
 
 
 @register
-class CutileBackend(Backend):
+class CutileBackend(InnerChunked, Backend):
     """cuTile 1.7 kernels; GPU (sm_90 / sm_100) only. Switches: see impls/cutile/switches.py."""
 
     name = "cutile"
@@ -227,17 +227,10 @@ class CutileBackend(Backend):
 
         return run(self._config("fused", _label(x, B, dt.shape[-1]), x.dtype, x.device, make, output=run))
 
-    def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                    dt_softplus, dt_limit, state_dtype):
-        args = dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
-                    initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
-                    dt_limit=dt_limit, state_dtype=state_dtype)
-        return self._inner.ssd_forward(self, args)  # switch inner_chunk: the stages at the inner chunk
-
     def _forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                  dt_softplus, dt_limit, state_dtype):
         if not self.switches.fuse_state_out:
-            return super().ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+            return Backend.ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                                        cu_seqlens, dt_softplus, dt_limit, state_dtype)
         if seq_idx is not None or cu_seqlens is not None:
             raise ValueError(f"seq_idx / cu_seqlens: {FUSED_NO_SEQ}")
@@ -246,15 +239,6 @@ class CutileBackend(Backend):
         # to apply to); 'chunk' writes them in state_dtype
         y, states, final = self.fused_state_out(C, B, x, dt_out, dA_cumsum, initial_states, D, z, state_dtype)
         return ForwardResult(y, final, None, dt_out, dA_cumsum, states)
-
-    def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                      dt_softplus, dt_limit, state_dtype):
-        """With fuse_state_out, the fused kernel on ready stage-1 outputs, timed apart as "part:fused_state_out";
-        with inner_chunk, the pieces at the inner chunk and the conversion (impls/inner_chunk.py InnerRuns.parts)."""
-        args = dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
-                    initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
-                    dt_limit=dt_limit, state_dtype=state_dtype)
-        return self._inner.forward_parts(self, args)
 
     def _own_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                    dt_softplus, dt_limit, state_dtype):

@@ -33,8 +33,8 @@ from impls.defaults import Chosen, Defaults, Preset
 H100 = "NVIDIA H100 80GB HBM3"
 CHOSEN_SM90 = (
     Chosen(H100, "results/2026-12-07-h100-switches-backward-first/cutile_best_rounds.parquet", 4,
-           "round 1 of four sets, rounds 2 and 3 of two: version 13's switches against them with exp2_ftz, exp_fold, cb_occupancy 4 and "
-           "cb_lower_triangle, on version 13's H100 records"),
+           "round 1 of four sets, rounds 2 and 3 of two: version 13's switches against them with exp2_ftz, "
+           "exp_fold, cb_occupancy 4 and cb_lower_triangle, on version 13's H100 records"),
 )
 
 # version 13's switches (heads_first, skip_first, pdl) and issue 51's winners

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from impls import defaults, interpreter, tuning
-from impls.inner_chunk import InnerRuns
+from impls.inner_chunk import InnerChunked, InnerRuns
 from impls.problem import Problem, Shape, dtype_name
 from impls.registry import Backend, ForwardResult, register
 from impls.triton import descriptors, target, tune
@@ -34,7 +34,7 @@ from impls.triton.target import interpreting
 
 
 @register
-class TritonBackend(Backend):
+class TritonBackend(InnerChunked, Backend):
     """Triton kernels on CUDA tensors; on CPU tensors only under the Triton interpreter (TRITON_INTERPRET=1)."""
 
     name = "triton"
@@ -283,17 +283,10 @@ class TritonBackend(Backend):
         config = self._config(FUSED, shape, dtype_name(x.dtype), flags, dims, x.device, launch)
         return launch(config)
 
-    def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                    dt_softplus, dt_limit, state_dtype):
-        args = dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
-                    initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
-                    dt_limit=dt_limit, state_dtype=state_dtype)
-        return self._inner.ssd_forward(self, args)  # switch inner_chunk: the stages at the inner chunk
-
     def _forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                  dt_softplus, dt_limit, state_dtype):
         if not self.switches.fuse_state_out:
-            return super().ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+            return Backend.ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
                                        cu_seqlens, dt_softplus, dt_limit, state_dtype)
         dt_out, dA_cumsum = self.chunk_cumsum(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
         y, states, final = self.fused_state_out(C, B, x, dt_out, dA_cumsum, initial_states, D, z, seq_idx,
@@ -302,15 +295,6 @@ class TritonBackend(Backend):
         if cu_seqlens is not None:
             varlen = self.varlen_states(B, x, dt_out, dA_cumsum, states, cu_seqlens)
         return ForwardResult(y, final, varlen, dt_out, dA_cumsum, states)
-
-    def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
-                      dt_softplus, dt_limit, state_dtype):
-        """With fuse_state_out, the fused kernel on ready stage-1 outputs, timed apart as "part:fused_state_out";
-        with inner_chunk, the pieces at the inner chunk and the conversion (impls/inner_chunk.py InnerRuns.parts)."""
-        args = dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
-                    initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
-                    dt_limit=dt_limit, state_dtype=state_dtype)
-        return self._inner.forward_parts(self, args)
 
     def _own_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                    dt_softplus, dt_limit, state_dtype):
