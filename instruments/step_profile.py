@@ -64,6 +64,21 @@ def _device_us(event) -> float:
     return float(getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)))
 
 
+def outermost(events, matches) -> list:
+    """The events that `matches` and have no ancestor (cpu_parent chain) that matches too: the autograd node can be
+    recorded twice, nested (the engine's evaluate_function and the node's own range, e.g. once torch.compile has run
+    in the process), and each must count once."""
+    def nested(event) -> bool:
+        parent = event.cpu_parent
+        while parent is not None:
+            if matches(parent):
+                return True
+            parent = parent.cpu_parent
+        return False
+
+    return [e for e in events if matches(e) and not nested(e)]
+
+
 def split(events, clock: str, steps: int, step_range: str) -> StepProfile:
     """The SSD's forward, its backward and the whole of `steps` steps from the profiler's events (not averaged).
 
@@ -76,8 +91,8 @@ def split(events, clock: str, steps: int, step_range: str) -> StepProfile:
         whole = sum(time_of(e) for e in events if e.cpu_parent is None)
     else:
         whole = sum(time_of(e) for e in events if e.name == step_range)
-    forward = sum(time_of(e) for e in events if e.name == SSD_RANGE)
-    backward = sum(time_of(e) for e in events if e.name.endswith(SSD_BACKWARD_NODE))
+    forward = sum(time_of(e) for e in outermost(events, lambda e: e.name == SSD_RANGE))
+    backward = sum(time_of(e) for e in outermost(events, lambda e: e.name.endswith(SSD_BACKWARD_NODE)))
     per = 1e-3 / steps
     share = (forward + backward) / whole if whole > 0 else float("nan")
     return StepProfile(whole * per, forward * per, backward * per, share, steps, clock)

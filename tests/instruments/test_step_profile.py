@@ -26,6 +26,14 @@ def test_split_counts_the_ssd_ranges_and_the_autograd_thread_on_the_device_clock
     assert got.share == pytest.approx(400 / 1000)
 
 
+def test_a_backward_node_recorded_twice_nested_counts_once():
+    step = _event("step", 1000.0, 0.0)
+    engine = _event(f"autograd::engine::evaluate_function: {SSD_BACKWARD_NODE}", 400.0, 0.0, parent=step)
+    got = split([step, engine, _event(SSD_BACKWARD_NODE, 390.0, 0.0, parent=engine)], "host", steps=1,
+                step_range="step")
+    assert got.ssd_backward_ms == pytest.approx(0.4) and got.share == pytest.approx(0.4)
+
+
 def test_split_on_the_host_clock_takes_the_step_ranges_as_the_whole():
     step = _event("step", 1000.0, 0.0)
     got = split([step, _event(SSD_RANGE, 250.0, 0.0, parent=step)], "host", steps=1, step_range="step")
