@@ -59,7 +59,9 @@ def cb_kernel(C_ptr, B_ptr, cb_ptr, seqlen, nchunks, ngroups,
         pairs = tiles * (tiles + 1) // 2
         t = pid % pairs
         ti = 0
-        for r in tl.static_range(1, tiles):  # the row of pair t: t = ti(ti + 1)/2 + tj, 0 <= tj <= ti
+        # the row of pair t: t = ti(ti + 1)/2 + tj, 0 <= tj <= ti (the bound from the constexprs: `tiles` is a
+        # tensor once assigned, which static_range refuses when compiled)
+        for r in tl.static_range(1, CHUNK // BLOCK):
             ti = tl.where(t >= r * (r + 1) // 2, r, ti)
         tj = t - ti * (ti + 1) // 2
         g = ((pid // pairs) % ngroups).to(tl.int64)
