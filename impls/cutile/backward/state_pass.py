@@ -54,11 +54,9 @@ def bwd_state_pass_kernel(C, dA, seq, states, final, dfinal, dy, z, ext, ds, las
         R = _state_in(dfinal, b, h, pb, nb, BP, BN, k)
     else:
         R = ct.zeros((BP, BN), ct.float32)
-    S_next = _state_in(final, b, h, pb, nb, BP, BN, k)  # the state leaving the last chunk: the final state
     for i in range(nchunks):
         c = nchunks - 1 - i
         ct.store(ds, (b, c, h, pb, nb), R.astype(ds.dtype).reshape((1, 1, 1, BP, BN)), allow_tma=k.tma())
-        ct.store(lasts, (b, h, c, tile), ct.sum(R * S_next).reshape((1, 1, 1, 1)))
         dA_t = per_position(dA, b, h, c, 0, CHUNK, k) * k.base()
         last = ct.extract(dA_t, (CHUNK - 1,), (1,))
         decay = k.exp(last)
@@ -68,12 +66,15 @@ def bwd_state_pass_kernel(C, dA, seq, states, final, dfinal, dy, z, ext, ds, las
             s_last, s_prev = seq_ends(seq, seqlen, b, c, CHUNK)
             scale = ct.where(s_t == s_prev, scale, 0.0)
             decay = ct.where(s_last == s_prev, decay, 0.0)
+        # dΛ_last's carried part d_c ⟨R, S_c⟩ (S_c the stored state entering the chunk); the local state's part the
+        # chunk kernel adds from the very terms it subtracts at the sources (they cancel exactly)
+        S_c = state_tile(states, b, c, h, pb, nb, BP, BN, TRANS, k).astype(ct.float32)
+        ct.store(lasts, (b, h, c, tile), (ct.sum(R * S_c) * decay).reshape((1, 1, 1, 1)))
         dyw = gated_dy(dy, z, b, c, h, pb, CHUNK, BP, HAS_Z, k) * scale.reshape((CHUNK, 1))
         Ct = rows(C, b, c, g, nb, CHUNK, BN, k)
         R = k.mma(ct.transpose(dyw.astype(C.dtype)), Ct, R * decay.reshape((1, 1)))
         if HAS_EXT:
             R = R + _ext_tile(ext, b, c, h, pb, nb, BP, BN, k)
-        S_next = state_tile(states, b, c, h, pb, nb, BP, BN, TRANS, k).astype(ct.float32)  # S_c: S_{c+1} of c − 1
     if HAS_INIT:
         ct.store(dinit, (b, h, pb, nb), R.reshape((1, 1, BP, BN)), allow_tma=k.tma())
 
