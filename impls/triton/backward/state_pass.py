@@ -1,8 +1,9 @@
 """Backward stage: the reverse state pass. One program per (headdim tile, dstate tile, head, batch) walks the chunks
 from last to first carrying the state gradient R = dS_{c+1} in registers (impls/README.md, "The chunked backward",
 step 2): it stores R per chunk (the gradient of the state chunk c leaves, which the chunk kernels read), the tile's
-part of dΛ_last = ⟨R, S_{c+1}⟩, then R ← d_c R + Σ_l γ_l e^{Λ_l} dŷ_l C_lᵀ (one tl.dot per BLOCK_K positions); the
-initial states' gradient is R after chunk 0."""
+part of dΛ_last's carried term d_c ⟨R, S_c⟩ (the local state's part comes from the chunk kernel), then
+R ← d_c R + Σ_l γ_l e^{Λ_l} dŷ_l C_lᵀ (one tl.dot per BLOCK_K positions); the initial states' gradient is R after
+chunk 0."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def bwd_state_pass_kernel(
     HAS_DFINAL: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, HAS_EXT: tl.constexpr,
     HAS_INIT: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    # fin_ptr (the final states) is not read: dΛ_last's carried part reads the entering S_c
     # flat grid: state tile fastest, then head, then batch
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(dstate, BLOCK_N)
