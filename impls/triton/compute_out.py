@@ -53,7 +53,7 @@ def cb_kernel(C_ptr, B_ptr, cb_ptr, seqlen, nchunks, ngroups,
     """cb[b, c, g, m, k] = C_m·B_kᵀ (fp32) for one (BLOCK x BLOCK) tile of one chunk; with LOWER (switch
     cb_lower_triangle) the programs cover the tiles on or below the diagonal only, the others left unwritten."""
     # flat grid (axis 0 has no 65535 limit): tile fastest, then group, chunk, batch
-    tiles = CHUNK // BLOCK
+    tiles: tl.constexpr = CHUNK // BLOCK  # a constexpr: LOWER's static_range ends at it
     pid = tl.program_id(0)
     if LOWER:
         pairs = tiles * (tiles + 1) // 2

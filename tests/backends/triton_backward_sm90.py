@@ -1,9 +1,10 @@
 """Compiles the Triton backward's kernels for sm_90 without a GPU (triton.compile through ptxas) at S1's sizes in
 bf16, with the GPU fallback tiles: one line per kernel (shared memory, registers, spills); exit status 1 if any
 fails to compile or needs more shared memory than a block may have; bwd_chunk twice, with switch bwd_cb 'inline'
-and 'shared'; bwd_dcb and bwd_db again with switch bwd_group_split 4 (dcb's fp32 partials, db's atomic adds:
-bwd_atomics). Run it with TRITON_INTERPRET unset (the CPU test
-tests/backends/test_triton_backward.py runs it in a subprocess): `python -m tests.backends.triton_backward_sm90`."""
+and 'shared', and the forward's cb_kernel over the tiles on or below the diagonal, which forms 'shared''s buffer;
+bwd_dcb and bwd_db again with switch bwd_group_split 4 (dcb's fp32 partials, db's atomic adds: bwd_atomics). Run it
+with TRITON_INTERPRET unset (the CPU test tests/backends/test_triton_backward.py runs it in a subprocess):
+`python -m tests.backends.triton_backward_sm90`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from impls.triton.backward.cumsum import bwd_cumsum_kernel
 from impls.triton.backward.db import bwd_db_kernel
 from impls.triton.backward.dcb import bwd_dcb_kernel
 from impls.triton.backward.state_pass import bwd_state_pass_kernel
+from impls.triton.compute_out import CB_BLOCK, cb_kernel
 
 SHARED_MEMORY_LIMIT = 232448  # bytes of dynamic shared memory per block on sm_90
 CHUNK, HEADDIM, DSTATE = 256, 64, 128  # S1's blocks
@@ -70,6 +72,9 @@ def variants(dtype: str):
                               "ROW_TILE": fb[tune.CHUNK]["block_sources"], "HAS_BIAS": True, "SOFTPLUS": True,
                               "HAS_LIMIT": True, "HAS_V": True}, fb[tune.CUMSUM]
     yield bwd_chunk_kernel, {**chunk, "SHARED_CB": True}, fb[tune.CHUNK]  # switch bwd_cb='shared'
+    # and the forward's C·Bᵀ kernel that forms its buffer, over the tiles on or below the diagonal (cb_matrix)
+    yield cb_kernel, {"CHUNK": CHUNK, "BLOCK": min(CB_BLOCK, CHUNK), "BLOCK_DSTATE": DSTATE, **dots,
+                      "LOWER": True}, {"num_warps": 4}
     # switch bwd_group_split 4: dcb's fp32 partials, db's atomic adds (bwd_atomics; the per-sequence term on the host)
     yield bwd_dcb_kernel, {**dcb, "SPLIT": 4, "ATOMIC": False}, fb[tune.DCB]
     yield bwd_db_kernel, {**db, "SPLIT": 4, "ATOMIC": True, "HAS_BV": False}, fb[tune.DB]
