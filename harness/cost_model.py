@@ -20,7 +20,7 @@ states (≈1.79 GB fp32), fused ≈0.71 GB — the issue's ≈1.44 / 1.78 / 0.70
 
 The backward (impls/README.md, "The backward" steps 1–5 and "The chunked backward" steps 1–6; R_c = dS_{c+1},
 G = C·Bᵀ, M = G ∘ L ∘ dt, dM = dŷ·xᵀ), flops per (batch, chunk, head), "per group" per (batch, chunk, group):
-- bwd_state_pass (step 2): Σ_l e^{Λ_l} dŷ_lᵀ C_l 2QNP; R ← d_c R + … and ⟨R_c, S_{c+1}⟩ (dΛ_last) 2NP each
+- bwd_state_pass (step 2): Σ_l e^{Λ_l} dŷ_lᵀ C_l 2QNP; R ← d_c R + … and ⟨R_c, S_c⟩ (dΛ_last's carried part) 2NP each
 - bwd_chunk (step 3): V = R_c B_s 2QNP, S_c C_s (dΛ_s's entering-state term) 2QNP, G = C·Bᵀ again per head
   2Q²N, dM = dŷ·xᵀ 2Q²P, dx_s += Mᵀ dŷ 2Q²P
 - bwd_dcb (step 4): dM per head again 2Q²P, Σ_h e^{Λ_l} dŷ_l S_c (dC's state term) 2QNP; d(C·Bᵀ)·B 2Q²N per group

@@ -53,15 +53,13 @@ def cb_kernel(C_ptr, B_ptr, cb_ptr, seqlen, nchunks, ngroups,
     """cb[b, c, g, m, k] = C_m·B_kᵀ (fp32) for one (BLOCK x BLOCK) tile of one chunk; with LOWER (switch
     cb_lower_triangle) the programs cover the tiles on or below the diagonal only, the others left unwritten."""
     # flat grid (axis 0 has no 65535 limit): tile fastest, then group, chunk, batch
-    tiles = CHUNK // BLOCK
+    tiles: tl.constexpr = CHUNK // BLOCK  # a constexpr: LOWER's static_range ends at it
     pid = tl.program_id(0)
     if LOWER:
         pairs = tiles * (tiles + 1) // 2
         t = pid % pairs
         ti = 0
-        # the row of pair t: t = ti(ti + 1)/2 + tj, 0 <= tj <= ti (the bound from the constexprs: `tiles` is a
-        # tensor once assigned, which static_range refuses when compiled)
-        for r in tl.static_range(1, CHUNK // BLOCK):
+        for r in tl.static_range(1, tiles):  # the row of pair t: t = ti(ti + 1)/2 + tj, 0 <= tj <= ti
             ti = tl.where(t >= r * (r + 1) // 2, r, ti)
         tj = t - ti * (ti + 1) // 2
         g = ((pid // pairs) % ngroups).to(tl.int64)

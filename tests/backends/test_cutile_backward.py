@@ -237,6 +237,9 @@ CASES = [
     pytest.param(HEADLINE, SMALL, {}, id="headline-g1", marks=pytest.mark.quick),  # the quick tier
     pytest.param(RICH, ROWS_LONGER, {}, id="z-Dchannel-init-seq_idx-g2"),
     pytest.param(dataclasses.replace(RICH, dtype="bfloat16"), SMALL, {}, id="bf16-z-Dchannel-init-seq_idx-g2"),
+    # 8 chunks: dA, a sum over a head of terms that cancel, where dΛ_last's two parts must cancel to the bit
+    # (impls/README.md, "The chunked backward", step 2); formed whole from the stored S_{c+1} it was 3.3x its bound
+    pytest.param(Problem(Shape(1, 128, 8, 32, 2, 32, 16), dtype="bfloat16"), SMALL, {}, id="bf16-8-chunks-g2"),
     pytest.param(Problem(Shape(1, 70, 4, 32, 4, 32, 32), dtype="float32", has_z=True, has_initial_states=True,
                          nseqs=3, varlen=True), SMALL, {}, id="cu_seqlens-init-z-g4", marks=pytest.mark.slow),
     pytest.param(Problem(Shape(2, 50, 4, 32, 2, 32, 16), dtype="float32", has_initial_states=True, nseqs=3), SMALL,

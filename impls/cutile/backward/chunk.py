@@ -112,6 +112,7 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
     dw = ct.sum(x_s.astype(ct.float32) * V, axis=1)
     ddt_s = to_last * dw
     dl_s = -w * dw
+    local = ct.sum(w * dw, axis=0)  # its sum goes to Λ_last (a row partial below): the pair cancels exactly
     # the entering state's term of y_s: dΛ_s += e^{Λ_s} dŷ_s · (S_c C_s)
     S = state_tile(states, b, c, h, 0, 0, BP, BN, TRANS, k).astype(C.dtype)
     CS = k.mma(C_s, ct.transpose(S), ct.zeros((BS, BP), ct.float32))
@@ -152,7 +153,9 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
         U = U + ct.sum(dM * GL, axis=0)
         T = dM * M
         col = col + ct.sum(T, axis=0)
-        ct.store(row, (b, h, c, t, j), ct.sum(T, axis=1).reshape((1, 1, 1, 1, BL)))
+        # dΛ_last's local part: + Σ_s w_s x_s·V_s, the same fp32 terms dl_s takes from the sources
+        rs = ct.sum(T, axis=1) + ct.where(offs_l == chunk_len - 1, local, 0.0)
+        ct.store(row, (b, h, c, t, j), rs.reshape((1, 1, 1, 1, BL)))
     ddt_s = ddt_s + U
     dl_s = dl_s - col
     if HAS_XV:  # the per-sequence states' gradient (cu_seqlens), from autograd

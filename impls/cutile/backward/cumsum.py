@@ -44,7 +44,8 @@ def bwd_cumsum_kernel(raw, bias, A, dt, dl, ddt1, row, lasts, dlv, ddtv, ddt, dA
     for t in range(CHUNK // ROW_TILE):
         part = ct.load(row, (b, hb, c, t, 0), (1, BH, 1, 1, CHUNK), padding_mode=ZERO, allow_tma=k.tma())
         dlt = dlt + ct.where(valid & (pos >= t * ROW_TILE), part.reshape((BH, CHUNK)), 0.0)
-    # dΛ_last = ⟨R, S_{c+1}⟩, one partial per state tile of the state pass
+    # dΛ_last's carried part d_c ⟨R, S_c⟩, one partial per state tile of the state pass (its local part came with
+    # the row partials)
     last = ct.load(lasts, (b, hb, c, 0), (1, BH, 1, LAST_TILES), padding_mode=ZERO, allow_tma=k.tma())
     dlt = dlt + ct.where(pos == CHUNK - 1, ct.sum(last.reshape((BH, LAST_TILES)), axis=1).reshape((BH, 1)), 0.0)
     ddt_t = ct.where(valid, _heads_by_position(ddt1, b, hb, c, BH, CHUNK, k), 0.0)

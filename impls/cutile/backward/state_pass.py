@@ -1,8 +1,9 @@
 """Backward stage in cuTile: the reverse state pass. One tile program per (batch·head, headdim block, dstate block)
 walks the chunks from last to first carrying the state gradient R = dS_{c+1} as an fp32 tile (impls/README.md, "The
 chunked backward", step 2), as the forward's serial stage 2 carries S forwards: per chunk it stores R (the chunk
-kernels read it), the tile's part of dΛ_last = ⟨R, S_{c+1}⟩, then R ← d_c R + (γ e^Λ dŷ)ᵀ C over the whole chunk in
-one MMA (the forward's carry with dŷ for x and C for B); the initial states' gradient is R after chunk 0."""
+kernels read it), the tile's part of dΛ_last's carried term d_c ⟨R, S_c⟩ (the local state's part comes from the
+chunk kernel), then R ← d_c R + (γ e^Λ dŷ)ᵀ C over the whole chunk in one MMA (the forward's carry with dŷ for x and
+C for B); the initial states' gradient is R after chunk 0."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ def bwd_state_pass_kernel(C, dA, seq, states, final, dfinal, dy, z, ext, ds, las
                           HAS_EXT: ct.Constant[bool], HAS_INIT: ct.Constant[bool], TRANS: ct.Constant[bool],
                           TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
                           LAT: ct.Constant[int]):
-    """ds[b, c, h] = R_c (x's dtype), lasts[b, h, c, tile] = ⟨R_c, S_{c+1}⟩ over the tile, dinit[b, h] = R_{−1}.
-    states is the forward's 5-d storage ((…, dstate, headdim) when TRANS); final, dfinal (b, h, headdim, dstate) fp32;
+    """ds[b, c, h] = R_c (x's dtype), lasts[b, h, c, tile] = d_c ⟨R_c, S_c⟩ over the tile, dinit[b, h] = R_{−1}.
+    states is the forward's 5-d storage ((…, dstate, headdim) when TRANS); dfinal (b, h, headdim, dstate) fp32 (final,
+    the final states, is no longer read: dΛ_last's carried part reads S_c);
     ext the per-sequence states' gradient of every S_c (b, nchunks, h, headdim, dstate) fp32."""
     k = Hints(TMA, LAT, EXP2, TF32)
     bh, pb, nb = ct.bid(0), ct.bid(1), ct.bid(2)
@@ -54,11 +56,9 @@ def bwd_state_pass_kernel(C, dA, seq, states, final, dfinal, dy, z, ext, ds, las
         R = _state_in(dfinal, b, h, pb, nb, BP, BN, k)
     else:
         R = ct.zeros((BP, BN), ct.float32)
-    S_next = _state_in(final, b, h, pb, nb, BP, BN, k)  # the state leaving the last chunk: the final state
     for i in range(nchunks):
         c = nchunks - 1 - i
         ct.store(ds, (b, c, h, pb, nb), R.astype(ds.dtype).reshape((1, 1, 1, BP, BN)), allow_tma=k.tma())
-        ct.store(lasts, (b, h, c, tile), ct.sum(R * S_next).reshape((1, 1, 1, 1)))
         dA_t = per_position(dA, b, h, c, 0, CHUNK, k) * k.base()
         last = ct.extract(dA_t, (CHUNK - 1,), (1,))
         decay = k.exp(last)
@@ -68,12 +68,15 @@ def bwd_state_pass_kernel(C, dA, seq, states, final, dfinal, dy, z, ext, ds, las
             s_last, s_prev = seq_ends(seq, seqlen, b, c, CHUNK)
             scale = ct.where(s_t == s_prev, scale, 0.0)
             decay = ct.where(s_last == s_prev, decay, 0.0)
+        # dΛ_last's carried part d_c ⟨R, S_c⟩ (S_c the stored state entering the chunk); the local state's part the
+        # chunk kernel adds from the very terms it subtracts at the sources (they cancel exactly)
+        S_c = state_tile(states, b, c, h, pb, nb, BP, BN, TRANS, k).astype(ct.float32)
+        ct.store(lasts, (b, h, c, tile), (ct.sum(R * S_c) * decay).reshape((1, 1, 1, 1)))
         dyw = gated_dy(dy, z, b, c, h, pb, CHUNK, BP, HAS_Z, k) * scale.reshape((CHUNK, 1))
         Ct = rows(C, b, c, g, nb, CHUNK, BN, k)
         R = k.mma(ct.transpose(dyw.astype(C.dtype)), Ct, R * decay.reshape((1, 1)))
         if HAS_EXT:
             R = R + _ext_tile(ext, b, c, h, pb, nb, BP, BN, k)
-        S_next = state_tile(states, b, c, h, pb, nb, BP, BN, TRANS, k).astype(ct.float32)  # S_c: S_{c+1} of c − 1
     if HAS_INIT:
         ct.store(dinit, (b, h, pb, nb), R.reshape((1, 1, BP, BN)), allow_tma=k.tma())
 

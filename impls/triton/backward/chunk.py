@@ -95,6 +95,7 @@ def bwd_chunk_kernel(
     dw = tl.sum(x_s.to(tl.float32) * V, axis=1)
     ddt = to_last * dw
     dl = -w * dw
+    local = tl.sum(w * dw, axis=0)  # its sum goes to Λ_last (a row partial below): the pair cancels exactly
     # the entering state's term of y_s: dΛ_s += e^{Λ_s} dŷ_s · (S_c C_s)
     S = tl.load(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h + offs_p[:, None] * s_st_p + offs_n[None, :] * s_st_n,
                 mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)
@@ -144,7 +145,8 @@ def bwd_chunk_kernel(
         U += tl.sum(dM * GL, axis=0)
         T = dM * M
         col += tl.sum(T, axis=0)
-        tl.store(row_c + offs_l, tl.sum(T, axis=1), mask=mask_l)
+        # dΛ_last's local part: + Σ_s w_s x_s·V_s, the same fp32 terms dl takes from the sources
+        tl.store(row_c + offs_l, tl.sum(T, axis=1) + tl.where(offs_l == chunk_len - 1, local, 0.0), mask=mask_l)
     ddt += U
     dl -= col
     if HAS_XV:  # the per-sequence states' gradient (cu_seqlens), from autograd

@@ -52,7 +52,8 @@ def bwd_cumsum_kernel(
     row_c = row_ptr + b * s_r_b + h64[:, None] * s_r_h + c64 * s_r_c + offs_l[None, :]
     for t in range(0, row_tiles):
         dl += tl.load(row_c + t * s_r_t, mask=mask_hl & (offs_l[None, :] >= t * ROW_TILE), other=0.0)
-    # dΛ_last = ⟨R, S_{c+1}⟩, one partial per state tile of the state pass
+    # dΛ_last's carried part d_c ⟨R, S_c⟩, one partial per state tile of the state pass (its local part came with
+    # the row partials)
     last = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for k in range(0, last_tiles):
         last += tl.load(last_ptr + b * s_la_b + h64 * s_la_h + c64 * s_la_c + k, mask=mask_h, other=0.0)

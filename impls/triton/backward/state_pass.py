@@ -1,8 +1,9 @@
 """Backward stage: the reverse state pass. One program per (headdim tile, dstate tile, head, batch) walks the chunks
 from last to first carrying the state gradient R = dS_{c+1} in registers (impls/README.md, "The chunked backward",
 step 2): it stores R per chunk (the gradient of the state chunk c leaves, which the chunk kernels read), the tile's
-part of dΛ_last = ⟨R, S_{c+1}⟩, then R ← d_c R + Σ_l γ_l e^{Λ_l} dŷ_l C_lᵀ (one tl.dot per BLOCK_K positions); the
-initial states' gradient is R after chunk 0."""
+part of dΛ_last's carried term d_c ⟨R, S_c⟩ (the local state's part comes from the chunk kernel), then
+R ← d_c R + Σ_l γ_l e^{Λ_l} dŷ_l C_lᵀ (one tl.dot per BLOCK_K positions); the initial states' gradient is R after
+chunk 0."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def bwd_state_pass_kernel(
     HAS_DFINAL: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, HAS_EXT: tl.constexpr,
     HAS_INIT: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    # fin_ptr (the final states) is not read: dΛ_last's carried part reads the entering S_c
     # flat grid: state tile fastest, then head, then batch
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(dstate, BLOCK_N)
@@ -60,8 +62,6 @@ def bwd_state_pass_kernel(
         R = _state_tile(dfin_ptr + b * s_df_b + h * s_df_h, offs_p, offs_n, mask_p, mask_n, s_df_p, s_df_n)
     else:
         R = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
-    # the state leaving the last chunk is the final state (fp32); S_{c+1} of the others is the stored S_{c+1}
-    S_next = _state_tile(fin_ptr + b * s_f_b + h * s_f_h, offs_p, offs_n, mask_p, mask_n, s_f_p, s_f_n)
     seq_b = seq_ptr + b * s_seq_b
     for i in range(0, nchunks):
         c = nchunks - 1 - i
@@ -71,12 +71,17 @@ def bwd_state_pass_kernel(
         ds_c = ds_ptr + b * s_ds_b + c64 * s_ds_c + h * s_ds_h
         tl.store(ds_c + offs_p[:, None] * s_ds_p + offs_n[None, :] * s_ds_n, R.to(ds_ptr.dtype.element_ty),
                  mask=mask_p[:, None] & mask_n[None, :])
-        tl.store(last_ptr + b * s_la_b + h * s_la_h + c64 * s_la_c + tile, tl.sum(tl.sum(R * S_next, axis=1), axis=0))
         seq_last, seq_before = sequence_ends(seq_b, start, chunk_len, s_seq_l, HAS_SEQ)
         dA_c = dA_ptr + b * s_dA_b + h * s_dA_h + c64 * s_dA_c
         d_c = decay(log_decay_at(dA_c + (CHUNK - 1) * s_dA_l, EXP2), EXP2)
         if HAS_SEQ:
             d_c = tl.where(seq_last == seq_before, d_c, 0.0)
+        # dΛ_last's carried part d_c ⟨R, S_c⟩ (S_c the stored state entering the chunk); the local state's part
+        # Σ_s w_s x_s·V_s the chunk kernel adds from the very terms it subtracts at the sources (they cancel)
+        S_c = _state_tile(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h, offs_p, offs_n, mask_p, mask_n, s_st_p,
+                          s_st_n)
+        carried = d_c * tl.sum(tl.sum(R * S_c, axis=1), axis=0)
+        tl.store(last_ptr + b * s_la_b + h * s_la_h + c64 * s_la_c + tile, carried)
         start64 = start.to(tl.int64)
         C_c = C_ptr + b * s_C_b + start64 * s_C_l + g * s_C_g
         dy_c = dy_ptr + b * s_dy_b + start64 * s_dy_l + h * s_dy_h
@@ -97,8 +102,6 @@ def bwd_state_pass_kernel(
         if HAS_EXT:
             R += _state_tile(ext_ptr + b * s_e_b + c64 * s_e_c + h * s_e_h, offs_p, offs_n, mask_p, mask_n, s_e_p,
                              s_e_n)
-        S_next = _state_tile(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h, offs_p, offs_n, mask_p, mask_n,
-                             s_st_p, s_st_n)
     if HAS_INIT:
         tl.store(dinit_ptr + b * s_di_b + h * s_di_h + offs_p[:, None] * s_di_p + offs_n[None, :] * s_di_n, R,
                  mask=mask_p[:, None] & mask_n[None, :])
