@@ -33,6 +33,7 @@ import pandas as pd  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from harness import provenance, secrets, store  # noqa: E402
+from impls import validate as check  # noqa: E402
 from models.ddp import train_ddp  # noqa: E402
 from models.train import Curve, TrainConfig, as_dict, train  # noqa: E402
 
@@ -91,8 +92,7 @@ def settings_from_config(cfg: DictConfig, base_dir: Path) -> CurvesSettings:
     results_dir = Path(cfg.results_dir)
     group = os.environ.get("SSD_RUN_GROUP") or f"curves-{_dt.datetime.now(_dt.UTC):%Y%m%d-%H%M%S}"
     world_size = cfg.world_size
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
+    check.positive_int("world_size", world_size)
     return CurvesSettings(backends, seeds, resolve_device(cfg.device),
                           results_dir if results_dir.is_absolute() else base_dir / results_dir,
                           TrainConfig.from_dict(OmegaConf.to_container(cfg.train, resolve=True)), group, world_size)

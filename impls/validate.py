@@ -21,6 +21,12 @@ def fail(arg: str, expected: str, got) -> None:
     raise ValueError(f"{arg}: expected {expected}, got {got}")
 
 
+def positive_int(arg: str, value) -> None:
+    """`value` is an int >= 1 (a bool is not), else ValueError naming `arg`."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        fail(arg, "an int >= 1", repr(value))
+
+
 def tensor(arg: str, t, shape: tuple[int, ...] | None = None, dtypes=FLOAT_DTYPES, device=None,
            device_of: str = "x") -> None:
     """`t` is a tensor of `shape` (None entries are free) with one of `dtypes`, on `device` (that of the argument

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from impls import validate as check
 from models.mamba2 import Mamba2Config
 
 DIRECTIONS = ("forward", "backward", "train")
@@ -128,8 +129,7 @@ def layer_floor(config: Mamba2Config, batch: int, seqlen: int, rates: Rates, dty
     if not isinstance(config, Mamba2Config):
         raise ValueError(f"config: expected a Mamba2Config, got {type(config).__name__}")
     for arg, value in (("batch", batch), ("seqlen", seqlen)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{arg}: expected an int >= 1, got {value!r}")
+        check.positive_int(arg, value)
     if direction not in DIRECTIONS:
         raise ValueError(f"direction: expected one of {list(DIRECTIONS)}, got {direction!r}")
     if not isinstance(rates, Rates):

@@ -41,11 +41,6 @@ from impls.registry import Backend, get_backend
 from models.glue import get_glue
 
 
-def _positive_int(arg: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        check.fail(arg, "an int >= 1", repr(value))
-
-
 def _positive_float(arg: str, value, allow_zero: bool = False) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value < 0 or (value == 0 and not allow_zero):
@@ -77,7 +72,7 @@ class Mamba2Config:
 
     def __post_init__(self):
         for arg in ("d_model", "d_state", "d_conv", "expand", "headdim", "ngroups"):
-            _positive_int(arg, getattr(self, arg))
+            check.positive_int(arg, getattr(self, arg))
         if self.d_inner % self.headdim:
             check.fail("headdim", f"a divisor of d_inner = expand·d_model = {self.d_inner}", self.headdim)
         if self.nheads % self.ngroups:

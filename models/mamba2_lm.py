@@ -39,9 +39,7 @@ class Mamba2LMConfig:
 
     def __post_init__(self):
         for arg in ("vocab_size", "n_layer", "pad_vocab_size_multiple"):
-            value = getattr(self, arg)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                check.fail(arg, "an int >= 1", repr(value))
+            check.positive_int(arg, getattr(self, arg))
         if not isinstance(self.layer, Mamba2Config):
             check.fail("layer", "a Mamba2Config", type(self.layer).__name__)
         for arg in ("norm_eps", "initializer_range"):

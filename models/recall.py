@@ -34,9 +34,7 @@ class RecallTask:
 
     def __post_init__(self):
         for arg in ("n_pairs", "n_queries", "n_keys", "n_values"):
-            value = getattr(self, arg)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                check.fail(arg, "an int >= 1", repr(value))
+            check.positive_int(arg, getattr(self, arg))
         if self.n_keys < self.n_pairs:
             check.fail("n_keys", f">= n_pairs = {self.n_pairs} (a sequence's keys are distinct)", self.n_keys)
 

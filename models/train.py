@@ -56,9 +56,7 @@ class OptimSettings:
 
     def __post_init__(self):
         for arg in ("steps", "batch", "eval_batch"):
-            value = getattr(self, arg)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                check.fail(arg, "an int >= 1", repr(value))
+            check.positive_int(arg, getattr(self, arg))
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
 
 
