@@ -206,9 +206,16 @@ def non_negative_processed_dt(dt, why: str = EXP_FOLD) -> None:
         fail("dt", f"values >= 0 with {why}", "a negative entry")
 
 
+def processing_makes_dt_non_negative(dt_softplus: bool, dt_limit) -> bool:
+    """Whether dt's processing alone makes it >= 0: softplus, or a dt_limit clamp (applied when dt_limit is not
+    (0, inf)) whose low bound is >= 0 (as the contract's is)."""
+    low, high = (float(v) for v in dt_limit)
+    return bool(dt_softplus) or ((low, high) != (0.0, math.inf) and low >= 0.0)
+
+
 def non_negative_dt(dt, dt_bias, dt_softplus: bool, dt_limit, why: str) -> None:
     """dt >= 0 after processing: softplus or a dt_limit clamp make it so; without them dt + dt_bias must be."""
-    if dt_softplus or tuple(float(v) for v in dt_limit) != (0.0, math.inf):
+    if processing_makes_dt_non_negative(dt_softplus, dt_limit):
         return
     v = dt.float() if dt_bias is None else dt.float() + dt_bias.float()
     if bool((v < 0).any()):

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from impls import validate as check
 from impls.cutile.defaults import DEFAULTS as CUTILE_DEFAULTS
 from impls.cutile.switches import NOT_READ_BY_FUSED, CutileSwitches, subblock_refusal
 from impls.inner_chunk import InnerChunked, InnerRuns
@@ -23,11 +24,9 @@ def _stage(name: str):
 
 
 def fold_refusal(dt_softplus: bool, dt_limit) -> str | None:
-    """Why dt may be negative in a forward with these options (exp_fold cannot take it), or None: softplus makes it
-    non-negative, and so does a dt_limit clamp (applied when dt_limit is not (0, inf)) whose lower bound is at or
-    above zero."""
-    low, high = (float(v) for v in dt_limit)
-    if dt_softplus or ((low, high) != (0.0, math.inf) and low >= 0.0):
+    """Why dt may be negative in a forward with these options (exp_fold cannot take it), or None where its processing
+    makes it non-negative (impls/validate.py processing_makes_dt_non_negative)."""
+    if check.processing_makes_dt_non_negative(dt_softplus, dt_limit):
         return None
     return (f"exp_fold reads log2(dt), and with dt_softplus off and dt_limit={dt_limit!r} (no clamp at or above zero) "
             "dt may be negative")
