@@ -77,6 +77,17 @@ def float64_forward(inputs: Inputs) -> impls.ForwardResult:
     return impls.ssd_forward(**inputs.to(torch.float64).forward_kwargs(), backend="reference")
 
 
+def emulated_cutile_compute_out(inputs: Inputs, ref: impls.ForwardResult, switches, tiles: dict) -> torch.Tensor:
+    """cuTile's compute_out under the CPU emulator (instruments/cutile/emulate.py), every allocation poisoned, fed
+    the float64 reference's stage-1 and stage-2 outputs in fp32: its y."""
+    from impls.cutile import compute_out
+    from instruments.cutile.emulate import emulated_launches
+
+    with emulated_launches(), poisoned_allocations():
+        return compute_out.run(inputs.C, inputs.B, inputs.x, ref.dt.float(), ref.dA_cumsum.float(),
+                               ref.states.float(), inputs.D, inputs.z, inputs.seq_idx, switches, tiles)
+
+
 def judged(name: str, out, expected, chunk_size: int) -> tuple[float, float]:
     """(whole-tensor relative error, worst block's) of output `name` (y, states, final_states, varlen_states,
     dt, dA_cumsum): both must be within tolerance."""

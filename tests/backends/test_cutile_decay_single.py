@@ -8,17 +8,15 @@ import torch
 
 pytest.importorskip("cuda.tile")
 
-from impls.cutile import compute_out as stage  # noqa: E402
 from impls.cutile import tune  # noqa: E402
 from impls.cutile.switches import CutileSwitches  # noqa: E402
 from impls.inputs import make_inputs  # noqa: E402
 from impls.problem import Problem, Shape  # noqa: E402
-from impls.tolerance import poisoned_allocations, rel_err, tolerance  # noqa: E402
+from impls.tolerance import rel_err, tolerance  # noqa: E402
 from instruments.cutile.aot import build_call, export  # noqa: E402
-from instruments.cutile.emulate import emulated_launches  # noqa: E402
 from instruments.cutile.spills import shape_dims  # noqa: E402
 from instruments.sass import cubin_facts, cuobjdump_path, mma_loops  # noqa: E402
-from tests.common import float64_forward  # noqa: E402
+from tests.common import emulated_cutile_compute_out, float64_forward  # noqa: E402
 
 # two chunks of four 16-row blocks, the last chunk short (36 rows: its last block partly past the end); two groups
 SHAPE = Shape(1, 100, 4, 32, 2, 32, 64)
@@ -51,12 +49,6 @@ CASES = [
 ]
 
 
-def _emulated_y(inputs, ref, sw, tiles):
-    with emulated_launches(), poisoned_allocations():
-        return stage.run(inputs.C, inputs.B, inputs.x, ref.dt.float(), ref.dA_cumsum.float(), ref.states.float(),
-                         inputs.D, inputs.z, inputs.seq_idx, sw, {**TILES, **tiles})
-
-
 @pytest.mark.parametrize("switches,problem,edit,tiles", CASES)
 def test_emulated_compute_out_matches_float64(switches, problem, edit, tiles):
     """compute_out with the factored decay in one accumulator, emulated on the CPU, fed the float64 reference's
@@ -68,7 +60,7 @@ def test_emulated_compute_out_matches_float64(switches, problem, edit, tiles):
     if edit is not None:
         inputs = edit(inputs)
     ref = float64_forward(inputs)
-    y = _emulated_y(inputs, ref, CutileSwitches(**SINGLE, **switches), tiles)
+    y = emulated_cutile_compute_out(inputs, ref, CutileSwitches(**SINGLE, **switches), {**TILES, **tiles})
     assert rel_err(y, ref.y) <= tolerance(torch.float32, True), rel_err(y, ref.y)
 
 

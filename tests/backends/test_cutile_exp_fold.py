@@ -9,17 +9,15 @@ import torch
 pytest.importorskip("cuda.tile")
 
 from harness.correctness import refuse_unsafe_inputs  # noqa: E402
-from impls.cutile import compute_out as stage  # noqa: E402
 from impls.cutile import tune  # noqa: E402
 from impls.cutile.backend import CutileBackend  # noqa: E402
 from impls.cutile.switches import CutileSwitches  # noqa: E402
 from impls.inputs import make_inputs  # noqa: E402
 from impls.problem import Problem, Shape  # noqa: E402
-from impls.tolerance import poisoned_allocations, rel_err, tolerance  # noqa: E402
+from impls.tolerance import rel_err, tolerance  # noqa: E402
 from instruments.cutile.aot import build_call, export  # noqa: E402
-from instruments.cutile.emulate import emulated_launches  # noqa: E402
 from instruments.sass import cuobjdump_path, disassemble, facts, sass_instructions  # noqa: E402
-from tests.common import float64_forward  # noqa: E402
+from tests.common import emulated_cutile_compute_out, float64_forward  # noqa: E402
 
 SHAPE = Shape(1, 100, 4, 32, 2, 32, 64)  # two chunks, the last one short; two groups of two heads
 TILES = {"block_rows": 32, "block_headdim": 32, "heads_per_tile": 1}
@@ -44,12 +42,6 @@ CASES = [
 ]
 
 
-def _emulated_y(inputs, ref, sw, tiles):
-    with emulated_launches(), poisoned_allocations():
-        return stage.run(inputs.C, inputs.B, inputs.x, ref.dt.float(), ref.dA_cumsum.float(), ref.states.float(),
-                         inputs.D, inputs.z, inputs.seq_idx, sw, {**TILES, **tiles})
-
-
 @pytest.mark.parametrize("switches,problem,edit,tiles", CASES)
 def test_emulated_compute_out_matches_float64(switches, problem, edit, tiles):
     """compute_out with exp_fold (fold_kernel, then the main kernel reading q in dt's place), emulated on CPU, fed
@@ -62,7 +54,7 @@ def test_emulated_compute_out_matches_float64(switches, problem, edit, tiles):
     ref = float64_forward(inputs)
     if edit is not None:
         assert bool((ref.dt == 0).any()), "the case must hand compute_out a dt of 0"
-    y = _emulated_y(inputs, ref, CutileSwitches(exp_fold=True, **switches), tiles)
+    y = emulated_cutile_compute_out(inputs, ref, CutileSwitches(exp_fold=True, **switches), {**TILES, **tiles})
     assert rel_err(y, ref.y) <= tolerance(torch.float32, True), rel_err(y, ref.y)
 
 
@@ -76,7 +68,7 @@ def test_a_negative_dt_is_refused_by_the_gate_and_gives_nan_unchecked():
         refuse_unsafe_inputs(CutileBackend(exp_fold=True), inputs)
     refuse_unsafe_inputs(CutileBackend(), inputs)
     ref = float64_forward(inputs)
-    y = _emulated_y(inputs, ref, CutileSwitches(exp_fold=True), {})
+    y = emulated_cutile_compute_out(inputs, ref, CutileSwitches(exp_fold=True), TILES)
     assert bool(y[:, 7:64].isnan().all()) and not bool(y[:, :7].isnan().any())
 
 
