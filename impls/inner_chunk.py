@@ -77,14 +77,20 @@ class InnerChunked:
 
     def ssd_forward(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                     dt_softplus, dt_limit, state_dtype):
-        return self._inner.ssd_forward(self, _arguments(locals()))
+        args = _arguments(locals())
+        inner = stage_chunk(self.switches.inner_chunk, chunk_size, self.name)
+        return self._forward(**args) if inner == chunk_size else self._inner.forward(self._forward, args, inner)
 
     def forward_parts(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
                       dt_softplus, dt_limit, state_dtype):
         """The backend's own parts (fuse_state_out: the fused kernel on ready stage-1 outputs, timed as
         "part:fused_state_out"), or with inner_chunk the pieces at the inner chunk and the conversion
         (InnerRuns.parts)."""
-        return self._inner.forward_parts(self, _arguments(locals()))
+        args = _arguments(locals())
+        inner = stage_chunk(self.switches.inner_chunk, chunk_size, self.name)
+        if inner == chunk_size:
+            return self._own_parts(**args)
+        return self._inner.parts(self, self._forward, self._own_parts, args, inner)
 
 
 def _arguments(scope: dict) -> dict:
@@ -146,22 +152,6 @@ class InnerRuns:
         parts = {PREFIX + name: aside(fn) for name, fn in own.items()}
         parts["to_caller_chunk"] = functools.partial(to_caller_chunk, result, caller)
         return parts
-
-    def ssd_forward(self, backend, args: dict) -> ForwardResult:
-        """A backend's ssd_forward on `args` (its keyword arguments): `backend._forward(**args)`, at the inner chunk
-        where the switch sets one below args' chunk_size (the result at the caller's chunk)."""
-        inner = stage_chunk(backend.switches.inner_chunk, args["chunk_size"], backend.name)
-        if inner != args["chunk_size"]:
-            return self.forward(backend._forward, args, inner)
-        return backend._forward(**args)
-
-    def forward_parts(self, backend, args: dict) -> dict[str, Callable[[], object]]:
-        """A backend's forward_parts on `args`: `backend._own_parts(**args)`, or the pieces at the inner chunk and
-        the conversion where the switch sets one (`parts`)."""
-        inner = stage_chunk(backend.switches.inner_chunk, args["chunk_size"], backend.name)
-        if inner != args["chunk_size"]:
-            return self.parts(backend, backend._forward, backend._own_parts, args, inner)
-        return backend._own_parts(**args)
 
     def describe(self) -> dict:
         """{"inner_chunk": the chunks of the last inner run, "tuning_sources": its stages' sources (read by the
