@@ -124,7 +124,7 @@ def lm_step(backend: str, shape_name: str, direction: str, *, seqlen: int | None
     """A model of the shape's sizes (conf/shape/<name>.yaml) on `backend` and a zero-argument call of one step of
     `direction`, as the mamba2_lm workload builds and times them (harness/workloads/mamba2_lm.py: its options
     `glue` and `compile`, checked as it checks them)."""
-    from harness.workloads.mamba2_lm import ADAMW, OPTIONS, adamw_step, compile_mode, lm_config
+    from harness.workloads.mamba2_lm import ADAMW, OPTIONS, adamw_step, compiled, lm_config
     from impls.cli import load_shape
     from impls.problem import Problem
     from models.mamba2_lm import Mamba2LM
@@ -136,12 +136,9 @@ def lm_step(backend: str, shape_name: str, direction: str, *, seqlen: int | None
     problem = Problem(shape, dtype=dtype)
     options = {**OPTIONS, "n_layer": n_layer, "glue": glue, "compile": compile}
     config = lm_config(problem, options)
-    mode = compile_mode(options)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(seed)
-    model = Mamba2LM(config, backend, device=str(dev), dtype=problem.torch_dtype, glue=glue)
-    if mode is not None:
-        model.compile(mode=mode)
+    model = compiled(Mamba2LM(config, backend, device=str(dev), dtype=problem.torch_dtype, glue=glue), options)
     ids = torch.randint(0, config.vocab_size, (shape.batch, shape.seqlen), device=dev)
     if direction == "forward":
         def step():

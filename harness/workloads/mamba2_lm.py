@@ -99,6 +99,15 @@ def compile_mode(options: dict) -> str | None:
     return mode
 
 
+def compiled(model: Mamba2LM, options: dict) -> Mamba2LM:
+    """`model` with its call compiled in place under the options' torch.compile mode (`compile_mode`), or as it is:
+    prefill, the loss's forward and the gate all go through the compiled call."""
+    mode = compile_mode(options)
+    if mode is not None:
+        model.compile(mode=mode)
+    return model
+
+
 def gate_tokens(shape: Shape, options: dict) -> int | None:
     """How many tokens of the batch's first row the gate runs on (None: the whole batch). The model is causal, so
     the logits of a row's first N tokens are those of that prefix alone: at a released size, whose float64 twin of the
@@ -147,11 +156,7 @@ def _inputs(point, backend) -> LMInputs:
                          glue=point.workload_options["glue"])
     gen = torch.Generator().manual_seed(point.seed + 1)
     ids = torch.randint(0, config.vocab_size, (s.batch, s.seqlen), generator=gen)
-    model = model.to(point.device)
-    mode = compile_mode(point.workload_options)
-    if mode is not None:  # the module's call compiled in place: prefill, the loss's forward and the gate go through it
-        model.compile(mode=mode)
-    return LMInputs(model, ids.to(point.device))
+    return LMInputs(compiled(model.to(point.device), point.workload_options), ids.to(point.device))
 
 
 def _arguments(inputs: LMInputs) -> dict:
