@@ -79,6 +79,19 @@ def test_an_edited_generated_table_fails_its_check(tmp_path):
     assert forward_table.main(["--check", str(edited)]) == 1
 
 
+def test_a_point_on_borrowed_or_fallback_tiles_says_so_in_its_cell():
+    """Each cell names where its point's tiles came from unless they were all searched for its own code (2026-12-07:
+    the trick arms borrow the defaults' records, inner_chunk's inner stages ran on fallback tiles)."""
+    from analysis import forward_table
+
+    folder = "results/2026-12-07-h100-switches-backward-first"
+    (table,) = forward_table.tables([f"{folder}/switches_s1_s3.parquet"]).values()
+    cutile = table.loc[[label for label in table.index if label.startswith("cutile")]]
+    assert cutile.loc["cutile[inner_chunk:128]", "S1"].endswith(", tiles retuned+fallback")
+    assert cutile.loc["cutile[exp2_ftz:True]", "S1"].endswith(", tiles retuned+pinned")
+    assert "tiles" not in cutile.loc["cutile{heads_first=True,pdl=True,skip_first=True}", "S1"]
+
+
 def test_a_stage_no_point_timed_is_refused():
     from analysis import forward_table
 
