@@ -6,6 +6,8 @@
 #   leave harness out for a BASE older than it)
 #   BEFORE_COMMIT=<full sha of BASE> SWEEP_OVERRIDES="backend=cutile,triton,mamba_ssm" [ROUNDS=2] \
 #     scripts/before_after.sh before.tgz [EXPERIMENT=headline]          (on the GPU machine, after setup.sh)
+# AFTER_OVERRIDES: overrides for the after side only, e.g. to run a backend whose defaults changed on purpose since the
+# base at the base's switches (+backend.switches.<name>=<value>), so that the two sides run one arrangement.
 # ROUNDS=1 (default): before, then after. ROUNDS=2: before, after, after, before (ABBA), so that a drift of the
 # machine over the run (a host that slows, clocks) falls on both sides alike; each side's rounds share one results
 # folder (the later round with force=true), so its merged Parquet holds every round.
@@ -40,7 +42,7 @@ for side in $order; do
   else
     OUT="$OUT/after" GPU_SESSION_BUDGET_S=$share SWEEP_ROOT="$roots/after" SSD_RUN_GROUP="$group" \
       SSD_ROUND=${seen[$side]} \
-      SWEEP_OVERRIDES="${SWEEP_OVERRIDES:-} $extra" scripts/gpu_session.sh sweep "$exp"
+      SWEEP_OVERRIDES="${SWEEP_OVERRIDES:-} ${AFTER_OVERRIDES:-} $extra" scripts/gpu_session.sh sweep "$exp"
   fi
 done
 rm -f "$OUT/before/tuning.tar.gz"
