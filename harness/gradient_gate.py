@@ -25,6 +25,7 @@ from impls import tolerance as tolerances
 from impls.api import GRAD_INPUTS
 from impls.autograd import ssd
 from impls.inputs import Inputs
+from impls.reference.backend import ReferenceBackend
 from impls.reference.same_precision import SamePrecisionReference
 from impls.reference.sampled import sampled_chunks
 from impls.reference.sampled_backward import SAMPLED_ONLY, sampled_gradients
@@ -53,8 +54,9 @@ def gradient_blocks(name: str, chunk_size: int, ndim: int) -> tuple[tuple[int | 
 
 def output_gradients(inputs: Inputs, seed: int = 0, on_device: bool = False) -> dict[str, torch.Tensor]:
     """Random, everywhere non-zero gradients flowing into y, the final states and (with cu_seqlens) the
-    per-sequence states, in float64 on the inputs' device; with `on_device`, drawn there in the inputs' dtype (the
-    2^20-token problem's dy would be 43 GB in float64; another stream, the same law)."""
+    per-sequence states, rounded to the dtype each output has (y: the inputs'; states: state_dtype, else the
+    inputs'), in float64 on the inputs' device; with `on_device`, drawn there in the inputs' dtype (the 2^20-token
+    problem's dy would be 43 GB in float64; another stream, the same law)."""
     b, length, h, p = inputs.x.shape
     n = inputs.B.shape[-1]
     shapes = {"y": (b, length, h, p), "final_states": (b, h, p, n)}
@@ -62,10 +64,15 @@ def output_gradients(inputs: Inputs, seed: int = 0, on_device: bool = False) -> 
         shapes["varlen_states"] = (inputs.cu_seqlens.shape[0] - 1, h, p, n)
     device, dtype = (inputs.x.device, inputs.x.dtype) if on_device else (torch.device("cpu"), torch.float64)
     gen = torch.Generator(device=device).manual_seed(10_000 + seed)
+    received = {"y": inputs.x.dtype, "final_states": inputs.state_dtype or inputs.x.dtype}
+    received["varlen_states"] = received["final_states"]
     grads = {}
     for name, shape in shapes.items():
         g = torch.randn(*shape, generator=gen, dtype=dtype, device=device)
-        grads[name] = (g + torch.where(g >= 0, 0.05, -0.05).to(dtype)).to(inputs.x.device)  # never zero
+        g = g + torch.where(g >= 0, 0.05, -0.05).to(dtype)  # never zero
+        # in the dtype the output has (impls.ssd_forward's contract): what autograd hands a backend, and so what
+        # the truth and the same-precision computation are given too
+        grads[name] = g.to(received[name]).to(dtype).to(inputs.x.device)
     return grads
 
 
@@ -124,19 +131,63 @@ def _row_by_row(run, kw: dict, grads_in: dict) -> dict[str, torch.Tensor | None]
     return out
 
 
-def reference_gradients(inputs: Inputs, grads_in: dict) -> dict[str, torch.Tensor]:
-    """The ground truth: float64 autograd through the chunked reference (a batch row at a time)."""
+class DecayTerms:
+    """dA's terms as autograd forms them through reference stages: at each position, the processed dt times the
+    gradient of dt·A there (the reverse cumsum, within the chunk, of dA_cumsum's gradient); a head's dA is their sum
+    over batch and time. Wraps one backend instance's chunk_cumsum and keeps the terms of every backward through it,
+    in the order run (a batch row at a time: `terms` joins them by batch row)."""
+
+    def __init__(self, backend):
+        self.backend, self.parts, self._stage = backend, [], backend.chunk_cumsum
+        backend.chunk_cumsum = self._chunk_cumsum
+
+    def _chunk_cumsum(self, *args, **kwargs):
+        dt, dA_cumsum = self._stage(*args, **kwargs)
+        if dA_cumsum.requires_grad:
+            kept = dt.detach().to(torch.float64)
+            dA_cumsum.register_hook(
+                lambda g: self.parts.append(kept * g.to(torch.float64).flip(-1).cumsum(-1).flip(-1)))
+        return dt, dA_cumsum
+
+    def terms(self) -> torch.Tensor | None:
+        """(batch, nheads, nchunks, chunk): every position's term; None when no backward ran through it."""
+        return torch.cat(self.parts) if self.parts else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Truth:
+    """Gradients by name (d<input>) and the terms of the gradients that are sums (`SUMS`), of one computation."""
+
+    grads: dict[str, torch.Tensor | None]
+    terms: dict[str, torch.Tensor]
+
+
+def _with_terms(backend, run, kw: dict, grads_in: dict) -> Truth:
+    """`_row_by_row(run, ...)`, `run` calling `backend` (a reference-stage instance of its own), dA's terms kept."""
+    decay = DecayTerms(backend)
+    grads = _row_by_row(run, kw, grads_in)
+    terms = decay.terms()
+    return Truth(grads, {} if terms is None else {"dA": terms})
+
+
+def ground_truth(inputs: Inputs, grads_in: dict) -> Truth:
+    """The ground truth: float64 autograd through the chunked reference (a batch row at a time), dA's terms kept."""
     kw = forward_arguments(inputs.to(dtype=torch.float64))
     kw["state_dtype"] = torch.float64
-    return _row_by_row(lambda **a: ssd(**a, backend="reference"), kw, grads_in)
+    reference = ReferenceBackend()
+    return _with_terms(reference, lambda **a: ssd(**a, backend=reference), kw, grads_in)
 
 
-def same_precision_gradients(backend, inputs: Inputs, grads_in: dict, dtype: torch.dtype, device) -> dict:
+def reference_gradients(inputs: Inputs, grads_in: dict) -> dict[str, torch.Tensor]:
+    """The ground truth's gradients (`ground_truth`)."""
+    return ground_truth(inputs, grads_in).grads
+
+
+def same_precision_gradients(backend, inputs: Inputs, grads_in: dict, dtype: torch.dtype, device) -> Truth:
     """Autograd through the chunked reference at the backend's own precision (impls/reference/same_precision.py),
     in the inputs' dtype (a batch row at a time): what a correct backward of that precision achieves."""
     same = SamePrecisionReference(same_precision_stages(backend, dtype, device))
-    kw = forward_arguments(inputs)
-    return _row_by_row(lambda **a: same.ssd_forward(**a), kw, grads_in)
+    return _with_terms(same, same.ssd_forward, forward_arguments(inputs), grads_in)
 
 
 def backend_gradients(backend, inputs: Inputs, grads_in: dict) -> dict[str, torch.Tensor | None]:
@@ -146,28 +197,38 @@ def backend_gradients(backend, inputs: Inputs, grads_in: dict) -> dict[str, torc
         return _gradients(lambda **a: ssd(**a, backend=backend), kw, grads_in)
 
 
-# A gradient that is another gradient's sum over some dimensions: ddt_bias of a head is the sum of ddt (the gradient
-# of the raw dt) over batch and time. Each term carries the error a same-precision computation gives it, so their
-# sum's error has the size of that relative error times the terms' norm (independent errors add in quadrature),
-# however much the terms cancel: a head whose sum nearly cancels cannot be held to less.
+# A gradient that is a sum of terms over some dimensions: ddt_bias of a head is the sum of ddt (the gradient of the
+# raw dt) over batch and time; dA of a head the sum over batch and time of dt · ∂L/∂(dt·A) (`DecayTerms`). Each term
+# carries the error a same-precision computation gives it, and the terms' errors are not independent (they share dt's
+# and the decays' roundings), so their sum's error has the size of that relative error times the sum of the terms'
+# magnitudes, however much the terms cancel: a head whose sum nearly cancels cannot be held to less (impls/README.md,
+# "The gate's bound"). SUMS: the sums whose terms are another gradient (the streamed gate has those only).
 SUMS = {"ddt_bias": ("ddt", (0, 1))}
+TERMS = {"dA": (0, 2, 3)}  # the sums whose terms the references keep (Truth.terms), and the dimensions summed
 
 
-def sum_floor(name: str, truth: dict, same: dict) -> torch.Tensor | None:
-    """Per block (head) of a summed gradient: the same-precision terms' relative error × the terms' norm; None for a
-    gradient that is no sum of another."""
-    if name not in SUMS or truth.get(SUMS[name][0]) is None or same.get(SUMS[name][0]) is None:
+def _terms(name: str, computed: Truth) -> tuple[torch.Tensor | None, tuple[int, ...]]:
+    if name in SUMS:
+        terms, dims = SUMS[name]
+        return computed.grads.get(terms), dims
+    return computed.terms.get(name), TERMS.get(name, ())
+
+
+def sum_floor(name: str, truth: Truth, same: Truth) -> torch.Tensor | None:
+    """Per block (head) of a summed gradient: the same-precision terms' relative error × the sum of the terms'
+    magnitudes; None for a gradient that is no sum."""
+    (exact, dims), (rounded, _) = _terms(name, truth), _terms(name, same)
+    if exact is None or rounded is None:
         return None
-    terms, dims = SUMS[name]
-    term_err = tolerances.rel_err(same[terms], truth[terms])
-    return term_err * truth[terms].to(torch.float64).square().sum(dim=dims).sqrt()
+    term_err = tolerances.rel_err(rounded, exact)
+    return term_err * exact.to(torch.float64).abs().sum(dim=dims)
 
 
 def check_gradients(backend, inputs: Inputs, dtype: torch.dtype, device=None, seed: int = 0,
-                    ground_truth: dict | None = None, reference: str = "float64") -> dict[str, dict]:
+                    truth: Truth | None = None, reference: str = "float64") -> dict[str, dict]:
     """Per gradient: {"rel_err", "bound", "block_err", "bound_ratio", "where", "ok", "how", "precision"}; never
-    raises for wrong numbers. Each is judged by impls.tolerance.judge against the float64 ground truth (computed
-    here unless given), bounded by the same-precision computation's gradients; with a `reference` kind other than
+    raises for wrong numbers. Each is judged by impls.tolerance.judge against the float64 ground truth (`truth`,
+    computed here unless given), bounded by the same-precision computation's gradients; with a `reference` kind other than
     "float64" (harness.correctness.reference_kind), by the flat tolerance against the streamed ground truth
     (`check_streamed`)."""
     device = device or inputs.x.device
@@ -175,18 +236,18 @@ def check_gradients(backend, inputs: Inputs, dtype: torch.dtype, device=None, se
     if reference != "float64":
         return check_streamed(backend, inputs, dtype, seed)
     grads_in = output_gradients(inputs, seed)
-    truth = ground_truth if ground_truth is not None else reference_gradients(inputs, grads_in)
+    truth = truth if truth is not None else ground_truth(inputs, grads_in)
     same = same_precision_gradients(backend, inputs, grads_in, dtype, device)
     got = backend_gradients(backend, inputs, grads_in)
     precision = backend.precision("compute_out", dtype, device)
     how = f"same-precision: {tolerances.SAME_PRECISION_K:g} x autograd through the chunked reference at {precision}"
     report = {}
-    for name, expected in truth.items():
+    for name, expected in truth.grads.items():
         if expected is None:
             continue
         block, dims = gradient_blocks(name, inputs.chunk_size, expected.dim())
         actual = got.get(name)
-        judged = None if actual is None else tolerances.judge(actual, expected, same[name], block,
+        judged = None if actual is None else tolerances.judge(actual, expected, same.grads[name], block,
                                                                 floor=sum_floor(name, truth, same))
         report[name] = _entry(judged, dims, how, precision)
     return report

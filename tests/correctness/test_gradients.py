@@ -13,7 +13,7 @@ import torch
 
 import impls
 from harness.calls import forward_arguments
-from harness.gradient_gate import check_gradients, output_gradients, reference_gradients
+from harness.gradient_gate import check_gradients, ground_truth, output_gradients, reference_gradients
 from impls.inputs import make_inputs
 from impls.problem import Problem, Shape
 from impls.reference import ssd_sequential
@@ -60,6 +60,24 @@ def test_the_ground_truth_row_by_row_is_the_whole_batchs():
     rows = reference_gradients(inputs, grads_in)
     assert {k for k, g in rows.items() if g is not None} == {k for k, g in whole.items() if g is not None}
     assert max(rel_err(rows[k], g) for k, g in whole.items() if g is not None) < 1e-13
+
+
+@pytest.mark.parametrize("shape, change", [
+    pytest.param({}, {}, id="batch-rows"),
+    pytest.param({"batch": 1}, {"varlen": True, "nseqs": 3}, id="packed"),
+    pytest.param({"seqlen": 45}, {}, id="short-last-chunk"),
+])
+def test_da_terms_kept_by_the_ground_truth_sum_to_da(shape, change):
+    """The terms the gate floors dA by (harness/gradient_gate.py DecayTerms): per head their sum over batch and
+    time is the ground truth's dA."""
+    problem = dataclasses.replace(TINY, shape=dataclasses.replace(TINY.shape, **shape), dt_softplus=True,
+                                  has_dt_bias=True, **change)
+    inputs = make_inputs(problem, seed=6)
+    truth = ground_truth(inputs, output_gradients(inputs))
+    terms = truth.terms["dA"]
+    assert terms.shape[:2] == (inputs.x.shape[0], inputs.x.shape[2])
+    assert rel_err(terms.sum(dim=(0, 2, 3)), truth.grads["dA"]) < 1e-12
+    assert terms.abs().amin(dim=(0, 2, 3)).lt(terms.abs().amax(dim=(0, 2, 3))).all()  # per position, not per head
 
 
 def test_ssd_gradcheck_on_the_reference():
@@ -145,12 +163,12 @@ S1_BLOCKS = Problem(Shape(batch=1, seqlen=1024, nheads=4, headdim=64, ngroups=1,
 @pytest.fixture(scope="module")
 def s1_blocks():
     inputs = make_inputs(S1_BLOCKS, seed=4)
-    return inputs, reference_gradients(inputs, output_gradients(inputs))
+    return inputs, ground_truth(inputs, output_gradients(inputs))
 
 
 def test_a_correct_bf16_backward_passes_with_room(s1_blocks):
     inputs, truth = s1_blocks
-    report = check_gradients(CorrectBf16Backward(), inputs, torch.bfloat16, ground_truth=truth)
+    report = check_gradients(CorrectBf16Backward(), inputs, torch.bfloat16, truth=truth)
     assert all(r["ok"] for r in report.values()), report
     assert max(r["bound_ratio"] for r in report.values()) <= 1.05 / SAME_PRECISION_K, report
 
@@ -162,7 +180,7 @@ def test_a_correct_bf16_backward_passes_with_room(s1_blocks):
 ])
 def test_gradient_fault_fails_the_gate(fault, spoiled, s1_blocks):
     inputs, truth = s1_blocks
-    report = check_gradients(GRADIENT_FAULTS[fault](), inputs, torch.bfloat16, ground_truth=truth)
+    report = check_gradients(GRADIENT_FAULTS[fault](), inputs, torch.bfloat16, truth=truth)
     assert not report[spoiled]["ok"], report[spoiled]
     assert all(r["ok"] for name, r in report.items() if name != spoiled), report
 
@@ -229,21 +247,22 @@ def test_tilegyms_backward_refuses_what_it_has_no_gradient_for(change, words):
 def test_a_summed_gradient_is_held_to_its_terms_error_not_less():
     """ddt_bias of a head is a sum of ddt over batch and time: where the terms nearly cancel, an error the size of
     the terms' own rounding (relative error × their norm) passes; ten times it fails."""
-    from harness.gradient_gate import sum_floor
+    from harness.gradient_gate import Truth, sum_floor
     from impls.tolerance import judge
 
     gen = torch.Generator().manual_seed(0)
     terms = torch.randn(2, 512, 4, generator=gen, dtype=torch.float64)
     terms[:, :, 2] -= terms[:, :, 2].mean()  # head 2's sum cancels to ~0
-    truth = {"ddt": terms, "ddt_bias": terms.sum(dim=(0, 1))}
-    same = {"ddt": terms * (1 + 1e-3 * torch.randn(terms.shape, generator=gen, dtype=torch.float64)),
-            "ddt_bias": truth["ddt_bias"].clone()}  # exact sums: no block error of its own to scale
+    truth = Truth({"ddt": terms, "ddt_bias": terms.sum(dim=(0, 1))}, {})
+    same = Truth({"ddt": terms * (1 + 1e-3 * torch.randn(terms.shape, generator=gen, dtype=torch.float64)),
+                  "ddt_bias": truth.grads["ddt_bias"].clone()}, {})  # exact sums: no block error of its own to scale
     floor = sum_floor("ddt_bias", truth, same)
     allowed = floor[2].item()
+    exact, rounded = truth.grads["ddt_bias"], same.grads["ddt_bias"]
     for scale, passes in ((2.0, True), (10.0 * SAME_PRECISION_K, False)):
-        got = truth["ddt_bias"].clone()
+        got = exact.clone()
         got[2] += scale * allowed
-        assert judge(got, truth["ddt_bias"], same["ddt_bias"], (1,), floor=floor).ok is passes, scale
-    got = truth["ddt_bias"].clone()
+        assert judge(got, exact, rounded, (1,), floor=floor).ok is passes, scale
+    got = exact.clone()
     got[2] += 2.0 * allowed
-    assert not judge(got, truth["ddt_bias"], same["ddt_bias"], (1,)).ok  # without the floor: held to exactness
+    assert not judge(got, exact, rounded, (1,)).ok  # without the floor: held to exactness
