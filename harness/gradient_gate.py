@@ -199,10 +199,12 @@ def backend_gradients(backend, inputs: Inputs, grads_in: dict) -> dict[str, torc
 
 # A gradient that is a sum of terms over some dimensions: ddt_bias of a head is the sum of ddt (the gradient of the
 # raw dt) over batch and time; dA of a head the sum over batch and time of dt · ∂L/∂(dt·A) (`DecayTerms`). Each term
-# carries the error a same-precision computation gives it, and the terms' errors are not independent (they share dt's
-# and the decays' roundings), so their sum's error has the size of that relative error times the sum of the terms'
-# magnitudes, however much the terms cancel: a head whose sum nearly cancels cannot be held to less (impls/README.md,
-# "The gate's bound"). SUMS: the sums whose terms are another gradient (the streamed gate has those only).
+# carries an error, so the sum's error has the size of the terms' norm times a relative error, however much the terms
+# cancel: a head whose sum nearly cancels cannot be held to less. The relative error is the larger of the
+# same-precision terms' own (whole tensor) and the same-precision sums' errors over their terms' norms, root mean
+# square over the heads: one head's draw of that computation's error can be near zero by chance where another
+# computation's is not (impls/README.md, "The gate's bound"). SUMS: the sums whose terms are another gradient (the
+# streamed gate has those only).
 SUMS = {"ddt_bias": ("ddt", (0, 1))}
 TERMS = {"dA": (0, 2, 3)}  # the sums whose terms the references keep (Truth.terms), and the dimensions summed
 
@@ -215,13 +217,16 @@ def _terms(name: str, computed: Truth) -> tuple[torch.Tensor | None, tuple[int, 
 
 
 def sum_floor(name: str, truth: Truth, same: Truth) -> torch.Tensor | None:
-    """Per block (head) of a summed gradient: the same-precision terms' relative error × the sum of the terms'
-    magnitudes; None for a gradient that is no sum."""
+    """Per block (head) of a summed gradient: the terms' norm × the same-precision computation's relative error (of
+    its terms, or of its sums over their terms' norms, root mean square over the heads: the larger); None for a
+    gradient that is no sum."""
     (exact, dims), (rounded, _) = _terms(name, truth), _terms(name, same)
     if exact is None or rounded is None:
         return None
-    term_err = tolerances.rel_err(rounded, exact)
-    return term_err * exact.to(torch.float64).abs().sum(dim=dims)
+    norm = exact.to(torch.float64).square().sum(dim=dims).sqrt()
+    sums_err = (same.grads[name].to(torch.float64) - truth.grads[name].to(torch.float64)).abs() / norm.clamp(
+        min=torch.finfo(torch.float64).tiny)
+    return max(tolerances.rel_err(rounded, exact), sums_err.square().mean().sqrt().item()) * norm
 
 
 def check_gradients(backend, inputs: Inputs, dtype: torch.dtype, device=None, seed: int = 0,
