@@ -245,7 +245,8 @@ def check_gradients(backend, inputs: Inputs, dtype: torch.dtype, device=None, se
     same = same_precision_gradients(backend, inputs, grads_in, dtype, device)
     got = backend_gradients(backend, inputs, grads_in)
     precision = backend.precision("compute_out", dtype, device)
-    how = f"same-precision: {tolerances.SAME_PRECISION_K:g} x autograd through the chunked reference at {precision}"
+    how = (f"same-precision: {tolerances.SAME_PRECISION_K:g} x autograd through the chunked reference at {precision}, "
+           f"dy in its output's dtype, sums floored by their terms ({', '.join((*SUMS, *TERMS))})")
     report = {}
     for name, expected in truth.grads.items():
         if expected is None:
