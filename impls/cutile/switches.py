@@ -251,6 +251,16 @@ class CutileSwitches:
              "tiles (not the chunk's) are staged in shared memory: the shared memory and registers per CTA the "
              "whole-chunk tiles take leave room for more CTAs per SM",
         sm100="the same loop; its tcgen05 lowering is the compiler's")
+    bwd_state_split: bool = switch(
+        True, "the backward's reverse state pass (impls/cutile/backward/state_pass.py): the decay-weighted dŷ "
+              "(γ e^Λ dŷ, fp32) enters the state gradient's MMA as two operands in x's dtype, hi = its rounding and "
+              "lo = the rounding of what hi left out, both MMA'd with the same C tile into the one fp32 accumulator "
+              "(R then carries no rounding of the decay's product at first order; dΛ's carried term d_c ⟨R, S_c⟩ "
+              "and the initial states' gradient read R); off = one rounded operand, one MMA. No effect with fp32 "
+              "inputs (the operand is not rounded to x's dtype: one MMA at cb_precision)",
+        sm90="two warpgroup MMAs per chunk of the state pass instead of one (the same C tile, a second A operand), an "
+             "FADD and a cast per dŷ element more; the other backward kernels unchanged",
+        sm100="as on sm_90")
     bwd_cb: str = switch(
         "inline", "the backward's C·Bᵀ (impls/cutile/backward/chunk.py): 'inline' = bwd_chunk forms G = C_l·B_sᵀ with "
                   "an MMA in every (source tile, head) program, once per head although it depends on the group only; "
@@ -398,6 +408,9 @@ CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "e
 # none with it off, and compiles every opt_level.
 # bwd_group_split and bwd_atomics change the backward's bwd_dcb and bwd_db kernels only: they key those kernels'
 # records (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py compiles them.
+# bwd_state_split changes the backward's bwd_state_pass kernel only (as bwd_cb bwd_chunk's): it keys that kernel's
+# record when off (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py compiles
+# both values.
 # bwd_cb changes the backward's bwd_chunk kernel only, which the forward's switch-effects table does not compile: it
 # keys bwd_chunk's record (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py
 # compiles both values.

@@ -203,6 +203,16 @@ class TritonSwitches:
                "batch·nchunks·nheads·headdim·dstate elements in state_dtype) until the backward reads them; on = it "
                "keeps none and the backward recomputes them with stage 2 (one fwd_pass_state more); the forward's "
                "kernels are unchanged either way (impls/triton/backward/)")
+    bwd_state_split: bool = switch(
+        True, "the backward's reverse state pass (impls/triton/backward/state_pass.py): the decay-weighted dŷ "
+              "(γ e^Λ dŷ, fp32) enters the state gradient's tl.dot as two operands in x's dtype, hi = its rounding "
+              "and lo = the rounding of what hi left out, both dotted with the same C tile into the one fp32 "
+              "accumulator (R then carries no rounding of the decay's product at first order; dΛ's carried term "
+              "d_c ⟨R, S_c⟩ and the initial states' gradient read R); off = one rounded operand, one tl.dot. No "
+              "effect with fp32 inputs (the operand is not rounded to x's dtype: one tl.dot at cb_precision)",
+        sm90="two warpgroup MMAs per inner step of the state pass instead of one (the same C tile, a second A "
+             "operand), an FSUB and a cast per dŷ element more; the other backward kernels unchanged",
+        sm100="as on sm_90")
     bwd_cb: str = switch(
         "inline", "the backward's C·Bᵀ (impls/triton/backward/chunk.py): 'inline' = bwd_chunk forms G = C_l·B_sᵀ with "
                   "a tl.dot in every (source tile, head) program, once per head although it depends on the group "

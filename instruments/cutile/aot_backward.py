@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of the cuTile backward's kernels (impls/cutile/backward/) on a machine without a GPU, as
 instruments/cutile/aot.py does the forward's stages: `build_call(kernel, dtype, switches, ...)` makes the launcher's
 own `KernelCall` with `ArraySpec` placeholders, `aot.export` turns it into a cubin.
-`python -m instruments.cutile.aot_backward [--shape S1] [--ngroups 8] [--config JSON]` prints every kernel's
+`python -m instruments.cutile.aot_backward [--ngroups 8] [--config JSON] [--switches JSON]` prints every kernel's
 registers and spills."""
 
 from __future__ import annotations
@@ -85,9 +85,12 @@ def main(argv=None) -> int:  # pragma: no cover - a convenience for reading the 
     p.add_argument("--ngroups", type=int, default=S1["ngroups"])
     p.add_argument("--everything", action="store_true", help="every optional input (default: the headline's)")
     p.add_argument("--config", default="{}", help="JSON config for every kernel listed, e.g. '{\"block\": 32}'")
+    p.add_argument("--switches", default="{}",
+                   help="JSON switches over the defaults, e.g. '{\"bwd_state_split\": false}'")
     a = p.parse_args(argv)
+    switches = CutileSwitches(**json.loads(a.switches))
     for kernel in a.kernels:
-        call = build_call(kernel, getattr(torch, a.dtype), CutileSwitches(), {"ngroups": a.ngroups},
+        call = build_call(kernel, getattr(torch, a.dtype), switches, {"ngroups": a.ngroups},
                           json.loads(a.config), EVERYTHING if a.everything else None)
         f = cubin_facts(export(call, a.arch))
         print(f"{kernel:16s} registers {f.registers:3d}  LDL {f.ldl:4d}  STL {f.stl:4d}  stack {f.stack_bytes}")

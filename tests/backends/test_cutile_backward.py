@@ -41,7 +41,8 @@ from instruments.intercept import backend_launches, device_answered  # noqa: E40
 from instruments.sass import cubin_facts, cuobjdump_path, facts, opcodes  # noqa: E402
 
 needs_cuobjdump = pytest.mark.skipif(cuobjdump_path() is None, reason="cuobjdump not installed")
-ALL_OFF = CutileSwitches(**{k: OFF_VALUE.get(k, False) for k in CODE_SWITCHES})
+# the forward's code switches off, and the backward's bwd_state_split (on by default)
+ALL_OFF = CutileSwitches(**{k: OFF_VALUE.get(k, False) for k in CODE_SWITCHES}, bwd_state_split=False)
 WARPGROUP_MMA = {tune.STATE_PASS, tune.CHUNK, tune.DB}  # dcb's 32-row tiles lower to mma.sync (HMMA)
 
 
@@ -365,6 +366,60 @@ def test_bwd_cb_shared_launches_cb_kernel_before_the_chunk_kernel():
     assert args["cb"] is by_name["bwd_chunk_kernel"][1]["cbm"]
     assert (tuple(args["cb"].shape), args["cb"].dtype) == ((2, 4, 2, 256, 256), torch.float32)
     assert by_name["bwd_chunk_kernel"][1]["SHARED_CB"] is True
+
+
+# --- switch bwd_state_split: the state pass's weighted dŷ as hi + lo operands into one fp32 accumulator ---------
+BF16_CARRY = Problem(Shape(2, 40, 8, 32, 2, 32, 16), dtype="bfloat16", has_z=True, has_initial_states=True)
+
+
+def test_bwd_state_split_takes_da_and_dinitial_states_well_inside_the_gate_under_emulation(monkeypatch):
+    """bf16, 3 chunks, seed 1: dA's carried term d_c ⟨R, S_c⟩ and dinitial_states read the carried R. With the
+    weighted dŷ rounded once (off) dA sits at 0.39 of its bound and dinitial_states at 0.30; split, at 0.09 and 0."""
+    ratios = {}
+    for split in (True, False):
+        backend = _emulated(monkeypatch, SMALL, bwd_state_split=split)
+        with emulated_launches():
+            report = check_gradients(backend, make_inputs(BF16_CARRY, seed=1), torch.bfloat16, seed=1)
+        ratios[split] = {name: round(r["bound_ratio"], 3) for name, r in report.items()}
+        assert split is False or all(r["ok"] for r in report.values()), ratios
+    print("bwd_state_split on:", ratios[True], "off:", ratios[False])
+    assert ratios[True]["dA"] < 0.5 * ratios[False]["dA"], ratios
+    assert ratios[True]["dinitial_states"] < 0.5 * ratios[False]["dinitial_states"], ratios
+
+
+def test_bwd_state_split_reaches_the_state_pass_kernel():
+    """The kernel's SPLIT argument: on for bf16 inputs by default (the contract's shape, launches intercepted), off
+    with the switch off, off for fp32 inputs (whose operand is not rounded)."""
+    def split(**switches):
+        launches = _intercepted_backward(CONTRACT, **switches)[0]
+        return [args["SPLIT"] for name, _, args in launches if name == "bwd_state_pass_kernel"]
+
+    assert split() == [True] and split(bwd_state_split=False) == [False]
+    for dtype, expected in ((torch.bfloat16, True), (torch.float16, True), (torch.float32, False)):
+        args = build_call(tune.STATE_PASS, dtype, CutileSwitches()).args
+        assert args[-1] is expected, (dtype, args[-1])
+    assert build_call(tune.STATE_PASS, torch.bfloat16, CutileSwitches(bwd_state_split=False)).args[-1] is False
+
+
+def test_bwd_state_split_enters_the_state_pass_record_key_only_when_off():
+    """Off changes bwd_state_pass's code: its record key (the defaults' keys, and the other kernels', unchanged)."""
+    keys = {v: {s: tune.record_key(CutileSwitches(bwd_state_split=v), "b1-l256", "bfloat16", {}, s)
+                for s in tune.STAGES} for v in (True, False)}
+    assert [s for s in tune.STAGES if keys[True][s] != keys[False][s]] == [tune.STATE_PASS]
+    assert not any("bwd_state_split" in key for key in keys[True].values())
+    assert "bwd_state_split=False" in keys[False][tune.STATE_PASS]
+
+
+@needs_cuobjdump
+def test_bwd_state_split_state_pass_compiles_with_its_second_mma():
+    """sm_90 at S1 in bf16 (the headline's inputs and every optional input at ngroups 8), the fallback tiles: on
+    (the default) twice the warpgroup MMAs of off, no local-memory spill either way."""
+    found = {split: [_facts(tune.STATE_PASS, switches=CutileSwitches(bwd_state_split=split), dims=dims,
+                            optional=optional) for dims, optional in (({}, None), ({"ngroups": 8}, EVERYTHING))]
+             for split in (True, False)}
+    for on, off in zip(found[True], found[False]):
+        assert on["HGMMA"] == 2 * off["HGMMA"] > 0, (on, off)
+        assert on["LDL"] + on["STL"] + off["LDL"] + off["STL"] == 0, (on, off)
 
 
 # --- switch bwd_group_split: each group's heads over k programs; bwd_atomics: their dC, dB added atomically --------

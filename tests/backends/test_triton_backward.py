@@ -156,6 +156,56 @@ def test_bwd_cb_enters_the_chunk_kernels_record_key_only():
     assert "bwd_cb" not in keys["inline"][tune.CHUNK] and "shared" in keys["shared"][tune.CHUNK]
 
 
+# switch bwd_state_split: the state pass's weighted dŷ as hi + lo operands into one fp32 accumulator
+FP16_CARRY = Problem(Shape(2, 40, 8, 16, 2, 16, 16), dtype="float16", has_z=True, has_initial_states=True)
+
+
+def test_bwd_state_split_takes_da_and_dinitial_states_well_inside_the_gate():
+    """fp16, 3 chunks, seed 2: dA's carried term d_c ⟨R, S_c⟩ and dinitial_states read the carried R. With the
+    weighted dŷ rounded once (off) dA sits at 0.97 of its bound and dinitial_states at 0.30; split, at 0.37 and 0."""
+    ratios = {}
+    for split in (True, False):
+        report = check_gradients(get_backend("triton", bwd_state_split=split), make_inputs(FP16_CARRY, seed=2),
+                                 torch.float16, seed=2)
+        ratios[split] = {name: round(r["bound_ratio"], 3) for name, r in report.items()}
+        assert split is False or all(r["ok"] for r in report.values()), ratios
+    print("bwd_state_split on:", ratios[True], "off:", ratios[False])
+    assert ratios[True]["dA"] < 0.6 * ratios[False]["dA"], ratios
+    assert ratios[True]["dinitial_states"] < 0.5 * ratios[False]["dinitial_states"], ratios
+
+
+def test_bwd_state_split_reaches_the_state_pass_kernel(monkeypatch):
+    """The launch's SPLIT constexpr: on for 16-bit inputs by default, off with the switch off, off for fp32 inputs
+    (whose operand is not rounded)."""
+    from impls.triton import launcher
+
+    seen = []
+    launch = launcher.launch
+
+    def recorded(kernel, grid, *args, **kwargs):
+        if kernel.fn.__name__ == "bwd_state_pass_kernel":
+            seen.append(kwargs["SPLIT"])
+        return launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(launcher, "launch", recorded)
+    for dtype, switches in (("float16", {}), ("float16", {"bwd_state_split": False}), ("float32", {})):
+        inputs = make_inputs(Problem(Shape(1, 16, 2, 16, 1, 16, 16), dtype=dtype), seed=2)  # one chunk
+        _triton_gradients(get_backend("triton", **switches), inputs, output_gradients(inputs, 2))
+    assert seen == [True, False, False], seen
+
+
+def test_bwd_state_split_enters_the_state_pass_record_key_only_when_off():
+    """Off changes bwd_state_pass's code: its record key (the defaults' keys, and the other kernels', unchanged)."""
+    from impls.triton.backward import tune
+
+    shape = Shape(1, 256, 4, 16, 1, 16, 64)
+    keys = {v: {s: tune.record_key(get_backend("triton", bwd_state_split=v).switches, shape, "float16", {}, s)
+                for s in tune.STAGES} for v in (True, False)}
+    assert [s for s in tune.STAGES if keys[True][s] != keys[False][s]] == [tune.STATE_PASS]
+    assert not any("bwd_state_split" in key for key in keys[True].values())
+    assert "bwd_state_split=False" in keys[False][tune.STATE_PASS]
+
+
 # switch bwd_group_split: each group's heads over k programs (partials summed without atomics); bwd_atomics: their
 # dC and dB added atomically
 GROUP_SPLIT_CASES = [
@@ -357,5 +407,8 @@ def test_the_backward_kernels_compile_for_sm90():
                             text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     # bwd_chunk with bwd_cb 'inline' and 'shared' (and the C·Bᵀ kernel's lower triangle it reads), bwd_dcb and
-    # bwd_db with bwd_group_split 1 and 4
-    assert result.stdout.count("ok  ") == 9, result.stdout
+    # bwd_db with bwd_group_split 1 and 4, bwd_state_pass with bwd_state_split on and off
+    assert result.stdout.count("ok  ") == 10, result.stdout
+    wgmma = [int(line.split("wgmma=")[1].split()[0]) for line in result.stdout.splitlines()
+             if " bwd_state_pass_kernel " in line]
+    assert len(wgmma) == 2 and wgmma[0] > wgmma[1] > 0, result.stdout  # the split's second dot

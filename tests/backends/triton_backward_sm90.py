@@ -1,9 +1,10 @@
 """Compiles the Triton backward's kernels for sm_90 without a GPU (triton.compile through ptxas) at S1's sizes in
-bf16, with the GPU fallback tiles: one line per kernel (shared memory, registers, spills); exit status 1 if any
-fails to compile or needs more shared memory than a block may have; bwd_chunk twice, with switch bwd_cb 'inline'
-and 'shared' (and the forward's C·Bᵀ kernel on its lower triangle, which 'shared' launches); bwd_dcb and bwd_db
-again with switch bwd_group_split 4 (dcb's fp32 partials, db's atomic adds: bwd_atomics). Run it with
-TRITON_INTERPRET unset (the CPU test tests/backends/test_triton_backward.py runs it in a subprocess):
+bf16, with the GPU fallback tiles: one line per kernel (shared memory, registers, spills, the PTX's wgmma.mma_async
+count); exit status 1 if any fails to compile or needs more shared memory than a block may have; bwd_chunk twice,
+with switch bwd_cb 'inline' and 'shared' (and the forward's C·Bᵀ kernel on its lower triangle, which 'shared'
+launches); bwd_dcb and bwd_db again with switch bwd_group_split 4 (dcb's fp32 partials, db's atomic adds:
+bwd_atomics); bwd_state_pass with switch bwd_state_split on (its default: two dots per inner step) and off. Run it
+with TRITON_INTERPRET unset (the CPU test tests/backends/test_triton_backward.py runs it in a subprocess):
 `python -m tests.backends.triton_backward_sm90`."""
 
 from __future__ import annotations
@@ -53,10 +54,10 @@ def variants(dtype: str):
     fb = tune.FALLBACK["sm90"]
     common = {"EXP2": True, "HAS_SEQ": True}
     dots = {"DOT_PRECISION": "tf32"}
-    yield bwd_state_pass_kernel, {**common, **dots, "CHUNK": CHUNK, "BLOCK_P": fb[tune.STATE_PASS]["block_headdim"],
-                                  "BLOCK_N": fb[tune.STATE_PASS]["block_dstate"],
-                                  "BLOCK_K": fb[tune.STATE_PASS]["block_positions"], "HAS_DFINAL": True,
-                                  "HAS_Z": True, "HAS_EXT": True, "HAS_INIT": True}, fb[tune.STATE_PASS]
+    state = {**common, **dots, "CHUNK": CHUNK, "BLOCK_P": fb[tune.STATE_PASS]["block_headdim"],
+             "BLOCK_N": fb[tune.STATE_PASS]["block_dstate"], "BLOCK_K": fb[tune.STATE_PASS]["block_positions"],
+             "HAS_DFINAL": True, "HAS_Z": True, "HAS_EXT": True, "HAS_INIT": True}
+    yield bwd_state_pass_kernel, {**state, "SPLIT": True}, fb[tune.STATE_PASS]  # switch bwd_state_split on
     chunk = {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.CHUNK]["block_sources"],
              "BLOCK_L": fb[tune.CHUNK]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE, "HAS_Z": True,
              "HAS_D": True, "HAS_XV": True}
@@ -78,6 +79,7 @@ def variants(dtype: str):
     # switch bwd_group_split 4: dcb's fp32 partials, db's atomic adds (bwd_atomics; the per-sequence term on the host)
     yield bwd_dcb_kernel, {**dcb, "SPLIT": 4, "ATOMIC": False}, fb[tune.DCB]
     yield bwd_db_kernel, {**db, "SPLIT": 4, "ATOMIC": True, "HAS_BV": False}, fb[tune.DB]
+    yield bwd_state_pass_kernel, {**state, "SPLIT": False}, fb[tune.STATE_PASS]  # switch bwd_state_split off
 
 
 def main(dtype: str = "bf16") -> int:
@@ -99,8 +101,9 @@ def main(dtype: str = "bf16") -> int:
         regs, spills = getattr(compiled, "n_regs", None), getattr(compiled, "n_spills", None)
         ok = meta.shared <= SHARED_MEMORY_LIMIT
         failed += not ok
+        wgmma = compiled.asm["ptx"].count("wgmma.mma_async")
         print(f"{'ok  ' if ok else 'FAIL'} {name} shared={meta.shared} registers={regs} spills={spills} "
-              f"launch={launch}")
+              f"wgmma={wgmma} launch={launch}")
     return 1 if failed else 0
 
 

@@ -3,7 +3,8 @@ walks the chunks from last to first carrying the state gradient R = dS_{c+1} as 
 chunked backward", step 2), as the forward's serial stage 2 carries S forwards: per chunk it stores R (the chunk
 kernels read it), the tile's part of dΛ_last's carried term d_c ⟨R, S_c⟩ (the local state's part comes from the
 chunk kernel), then R ← d_c R + (γ e^Λ dŷ)ᵀ C over the whole chunk in one MMA (the forward's carry with dŷ for x and
-C for B); the initial states' gradient is R after chunk 0."""
+C for B; with switch bwd_state_split two MMAs, the weighted dŷ split into its rounding to x's dtype and the rounding of
+the rest); the initial states' gradient is R after chunk 0."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def bwd_state_pass_kernel(C, dA, seq, states, final, dfinal, dy, z, ext, ds, las
                           HAS_DFINAL: ct.Constant[bool], HAS_SEQ: ct.Constant[bool], HAS_Z: ct.Constant[bool],
                           HAS_EXT: ct.Constant[bool], HAS_INIT: ct.Constant[bool], TRANS: ct.Constant[bool],
                           TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
-                          LAT: ct.Constant[int]):
+                          LAT: ct.Constant[int], SPLIT: ct.Constant[bool]):
     """ds[b, c, h] = R_c (x's dtype), lasts[b, h, c, tile] = d_c ⟨R_c, S_c⟩ over the tile, dinit[b, h] = R_{−1}.
     states is the forward's 5-d storage ((…, dstate, headdim) when TRANS); dfinal (b, h, headdim, dstate) fp32 (final,
     the final states, is no longer read: dΛ_last's carried part reads S_c);
@@ -74,7 +75,10 @@ def bwd_state_pass_kernel(C, dA, seq, states, final, dfinal, dy, z, ext, ds, las
         ct.store(lasts, (b, h, c, tile), (ct.sum(R * S_c) * decay).reshape((1, 1, 1, 1)))
         dyw = gated_dy(dy, z, b, c, h, pb, CHUNK, BP, HAS_Z, k) * scale.reshape((CHUNK, 1))
         Ct = rows(C, b, c, g, nb, CHUNK, BN, k)
-        R = k.mma(ct.transpose(dyw.astype(C.dtype)), Ct, R * decay.reshape((1, 1)))
+        hi = dyw.astype(C.dtype)
+        R = k.mma(ct.transpose(hi), Ct, R * decay.reshape((1, 1)))
+        if SPLIT:  # what hi's rounding left out, as a second operand into the same accumulator
+            R = k.mma(ct.transpose((dyw - hi.astype(ct.float32)).astype(C.dtype)), Ct, R)
         if HAS_EXT:
             R = R + _ext_tile(ext, b, c, h, pb, nb, BP, BN, k)
     if HAS_INIT:
@@ -99,6 +103,12 @@ def tiles(headdim: int, dstate: int, config: dict) -> int:
     return math.ceil(headdim / bp) * math.ceil(dstate / bn)
 
 
+def split(sw, dtype: torch.dtype) -> bool:
+    """Whether the state pass splits its MMA's weighted dŷ (switch bwd_state_split): for 16-bit inputs only, fp32's
+    operand being the fp32 value itself."""
+    return bool(sw.bwd_state_split) and dtype != torch.float32
+
+
 def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32: bool, sw, config) -> KernelCall:
     """arrays = (C, dA, seq, states storage, final, dfinal, dy, z, ext, ds, lasts, dinit): tensors, or ArraySpec for
     AOT compiles; flags: dfinal, seq, z, ext, init (which optional inputs are given)."""
@@ -106,7 +116,7 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32
     bp, bn = blocks(headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bp, bn, bool(flags["dfinal"]), bool(flags["seq"]),
             bool(flags["z"]), bool(flags["ext"]), bool(flags["init"]), bool(transposed), bool(tf32), sw.exp2, sw.tma,
-            4 if sw.latency_hints else 0)
+            4 if sw.latency_hints else 0, split(sw, arrays[0].dtype))
     grid = (batch * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
     return kernel_call(bwd_state_pass_kernel, grid, args, config, sw.opt_level)
 

@@ -2,8 +2,9 @@
 from last to first carrying the state gradient R = dS_{c+1} in registers (impls/README.md, "The chunked backward",
 step 2): it stores R per chunk (the gradient of the state chunk c leaves, which the chunk kernels read), the tile's
 part of dΛ_last's carried term d_c ⟨R, S_c⟩ (the local state's part comes from the chunk kernel), then
-R ← d_c R + Σ_l γ_l e^{Λ_l} dŷ_l C_lᵀ (one tl.dot per BLOCK_K positions); the initial states' gradient is R after
-chunk 0."""
+R ← d_c R + Σ_l γ_l e^{Λ_l} dŷ_l C_lᵀ (one tl.dot per BLOCK_K positions; with switch bwd_state_split two, the
+weighted dŷ split into its rounding to x's dtype and the rounding of the rest); the initial states' gradient is R
+after chunk 0."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def bwd_state_pass_kernel(
     s_di_b, s_di_h, s_di_p, s_di_n,
     CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_DFINAL: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, HAS_EXT: tl.constexpr,
-    HAS_INIT: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_INIT: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
 ):
     # fin_ptr (the final states) is not read: dΛ_last's carried part reads the entering S_c
     # flat grid: state tile fastest, then head, then batch
@@ -95,9 +96,13 @@ def bwd_state_pass_kernel(
                 seq_k = tl.load(seq_b + (start64 + offs_k) * s_seq_l, mask=mask_k, other=0)
                 scale = tl.where(seq_k == seq_before, scale, 0.0)  # tokens of the sequence the state enters
             dyw = gated_dy(dy_c, z_c, offs_k, offs_p, mask_k, mask_p, s_dy_l, s_dy_p, s_z_l, s_z_p, HAS_Z)
-            dyw = (dyw * scale[:, None]).to(dtype)
+            dyw = dyw * scale[:, None]
+            hi = dyw.to(dtype)
             Ck = rows(C_c, offs_k, offs_n, mask_k, mask_n, s_C_l, s_C_n).to(dtype)
-            acc = tl.dot(tl.trans(dyw), Ck, acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(tl.trans(hi), Ck, acc, input_precision=DOT_PRECISION)
+            if SPLIT:  # what hi's rounding left out, as a second operand into the same accumulator
+                lo = (dyw - hi.to(tl.float32)).to(dtype)
+                acc = tl.dot(tl.trans(lo), Ck, acc, input_precision=DOT_PRECISION)
         R = d_c * R + acc
         if HAS_EXT:
             R += _state_tile(ext_ptr + b * s_e_b + c64 * s_e_c + h * s_e_h, offs_p, offs_n, mask_p, mask_n, s_e_p,
@@ -105,6 +110,12 @@ def bwd_state_pass_kernel(
     if HAS_INIT:
         tl.store(dinit_ptr + b * s_di_b + h * s_di_h + offs_p[:, None] * s_di_p + offs_n[None, :] * s_di_n, R,
                  mask=mask_p[:, None] & mask_n[None, :])
+
+
+def split(switches, dtype: torch.dtype) -> bool:
+    """Whether the state pass splits its MMA's weighted dŷ (switch bwd_state_split): for 16-bit inputs only, fp32's
+    operand being the fp32 value itself."""
+    return bool(switches.bwd_state_split) and dtype != torch.float32
 
 
 def state_pass(C, dA_cumsum, seq_idx, states, final, dfinal, dy, z, extra_states, has_init, *, config, switches,
@@ -133,6 +144,7 @@ def state_pass(C, dA_cumsum, seq_idx, states, final, dfinal, dy, z, extra_states
         CHUNK=chunk, BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_K=config["block_positions"],
         HAS_DFINAL=dfinal is not None, HAS_SEQ=seq_idx is not None, HAS_Z=z is not None,
         HAS_EXT=extra_states is not None, HAS_INIT=has_init, EXP2=switches.exp2, DOT_PRECISION=dot_precision,
-        num_warps=config["num_warps"], num_stages=config["num_stages"], path=switches.launch_path,
+        SPLIT=split(switches, C.dtype), num_warps=config["num_warps"], num_stages=config["num_stages"],
+        path=switches.launch_path,
     )
     return ds, lasts, (dinit if has_init else None)
