@@ -76,6 +76,31 @@ def reference_kind(inputs: Inputs, device: torch.device, requested: str) -> str:
     return "sampled"
 
 
+def gradient_reference_bytes(inputs: Inputs, itemsize: int = 8) -> int:
+    """What the float64 autograd graph of the chunked reference keeps for one batch row (the gradient gate runs the
+    rows one at a time; packed sequences whole): per token and head about 5·headdim + 4·dstate + 4·chunk +
+    2·headdim·dstate/chunk elements (the saved tensors, measured on the CPU over headdim 32–128, dstate 64–256,
+    chunk 64–256: tests/harness/test_harness.py), twice that with the backward's own buffers beside it."""
+    b, L, h, p = inputs.x.shape
+    n, q = inputs.B.shape[-1], inputs.chunk_size
+    tokens = L if b > 1 and inputs.cu_seqlens is None else b * L
+    return 2 * itemsize * tokens * h * (5 * p + 4 * n + 4 * q + 2 * p * n // q + 16)
+
+
+def gradient_reference_kind(inputs: Inputs, device: torch.device, requested: str) -> str:
+    """The gradient gate's ground truth: `requested`, or with "auto" float64 autograd where its graph
+    (`gradient_reference_bytes`) and the forward's float64 working set fit in half of the free device memory, else
+    the streamed one ("sampled": harness/gradient_gate.py check_streamed). S2's float64 graph (about 81 GB kept)
+    exceeds an H100."""
+    if requested != "auto":
+        return reference_kind(inputs, device, requested)
+    if device.type != "cuda":
+        return "float64"
+    free, _ = torch.cuda.mem_get_info(device)
+    fits = gradient_reference_bytes(inputs) + reference_bytes(inputs, 8) < 0.5 * free
+    return "float64" if fits else "sampled"
+
+
 def reference_forward(inputs: Inputs, kind: str):
     """The reference's ForwardResult (with its intermediates) in float64 or fp32, or a SampledReference."""
     if kind == "sampled":

@@ -233,9 +233,9 @@ def check_gradients(backend, inputs: Inputs, dtype: torch.dtype, device=None, se
                     truth: Truth | None = None, reference: str = "float64") -> dict[str, dict]:
     """Per gradient: {"rel_err", "bound", "block_err", "bound_ratio", "where", "ok", "how", "precision"}; never
     raises for wrong numbers. Each is judged by impls.tolerance.judge against the float64 ground truth (`truth`,
-    computed here unless given), bounded by the same-precision computation's gradients; with a `reference` kind other than
-    "float64" (harness.correctness.reference_kind), by the flat tolerance against the streamed ground truth
-    (`check_streamed`)."""
+    computed here unless given), bounded by the same-precision computation's gradients; with a `reference` kind
+    other than "float64" (harness.correctness.gradient_reference_kind), by the flat tolerance against the streamed
+    ground truth (`check_streamed`)."""
     device = device or inputs.x.device
     backend = get_backend(backend) if isinstance(backend, str) else backend
     if reference != "float64":

@@ -61,7 +61,7 @@ def _differentiable(backend, kw: dict, leaves: dict) -> dict:
 
 def _check_gradients(plan) -> dict:
     point = plan.point
-    kind = correctness.reference_kind(plan.inputs, point.device, point.bench.reference)
+    kind = correctness.gradient_reference_kind(plan.inputs, point.device, point.bench.reference)
     return gradient_gate.check_gradients(plan.backend, plan.inputs, plan.dtype, point.device, point.seed,
                                          reference=kind)
 

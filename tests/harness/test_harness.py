@@ -1,6 +1,7 @@
 """A real multirun on CPU: rows with provenance, W&B offline runs, a failed point recorded, a re-run skipped;
 the correctness gate catches unwritten outputs; per-job GPU assignment."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -343,3 +344,40 @@ def test_points_after_a_lost_cuda_context_are_refused(monkeypatch):
     rows = bench.measure(plan.point("reference", Problem(Shape(1, 32, 2, 8, 1, 8, 16), dtype="float32")))
     assert rows.status == "failed" and "mamba_ssm long_1m" in rows.error
     assert [(r["stage"], r["metric"]) for r in rows.rows] == [("point", "ok")]  # nothing of the point ran
+
+
+@pytest.mark.parametrize("shape", [Shape(1, 512, 4, 32, 1, 64, 128), Shape(2, 256, 2, 64, 2, 128, 64)],
+                         ids=["p32-n64-c128", "batch2-p64-n128-c64"])
+def test_the_gradient_gates_graph_estimate_matches_what_autograd_keeps(shape):
+    """correctness.gradient_reference_bytes (half of it: what the float64 graph of one batch row keeps) within 15 % of
+    the saved tensors' bytes autograd holds for that row."""
+    from harness import gradient_gate
+    from harness.calls import forward_arguments
+    from impls.autograd import ssd
+
+    inputs = make_inputs(Problem(shape, dtype="bfloat16"), seed=0)
+    row = make_inputs(Problem(dataclasses.replace(shape, batch=1), dtype="bfloat16"), seed=0)
+    kw = forward_arguments(row.to(dtype=torch.float64))
+    kw["state_dtype"] = torch.float64
+    kept = {}
+
+    def pack(t):
+        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    leaves = gradient_gate.leaves_of(kw)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        ssd(**{**kw, **leaves}, backend="reference")
+    estimate = correctness.gradient_reference_bytes(inputs) / 2
+    assert 0.85 < sum(kept.values()) / estimate < 1.15, (sum(kept.values()), estimate)
+
+
+def test_the_gradient_gate_streams_its_truth_where_the_float64_graph_does_not_fit(monkeypatch):
+    """S2's float64 graph (one row of 65,536 tokens) does not fit an H100's 80 GB: the streamed truth; S1's rows do."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 2**30, 80 * 2**30))
+    cuda = torch.device("cuda", 0)
+    s1 = make_inputs(Problem(Shape(8, 4096, 80, 64, 1, 128, 256), dtype="bfloat16"), seed=0, device="meta")
+    s2 = make_inputs(Problem(Shape(1, 65536, 80, 64, 1, 128, 256), dtype="bfloat16"), seed=0, device="meta")
+    assert correctness.gradient_reference_kind(s1, cuda, "auto") == "float64"
+    assert correctness.gradient_reference_kind(s2, cuda, "auto") == "sampled"
+    assert correctness.gradient_reference_kind(s2, cuda, "float64") == "float64"  # asked for: as asked
