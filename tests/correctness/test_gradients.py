@@ -177,6 +177,7 @@ def test_a_correct_bf16_backward_passes_with_room(s1_blocks):
     pytest.param("one-heads-share-of-dB-dropped", "dB", id="dB-one-head-dropped"),
     pytest.param("one-chunk-of-one-heads-dx-x1.02", "dx", id="dx-one-chunk-x1.02"),
     pytest.param("one-sequences-dinitial_states-x1.05", "dinitial_states", id="dinitial-one-sequence-x1.05"),
+    pytest.param("one-chunk-of-one-heads-dA-dropped", "dA", id="dA-one-chunk-of-one-head-dropped"),
 ])
 def test_gradient_fault_fails_the_gate(fault, spoiled, s1_blocks):
     inputs, truth = s1_blocks
