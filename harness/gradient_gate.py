@@ -26,6 +26,7 @@ from impls.api import GRAD_INPUTS
 from impls.autograd import ssd
 from impls.inputs import Inputs
 from impls.reference.backend import ReferenceBackend
+from impls.reference.decay_terms import DecayTerms
 from impls.reference.same_precision import SamePrecisionReference
 from impls.reference.sampled import sampled_chunks
 from impls.reference.sampled_backward import SAMPLED_ONLY, sampled_gradients
@@ -129,29 +130,6 @@ def _row_by_row(run, kw: dict, grads_in: dict) -> dict[str, torch.Tensor | None]
         else:
             out[name] = torch.stack(parts).sum(0)
     return out
-
-
-class DecayTerms:
-    """dA's terms as autograd forms them through reference stages: at each position, the processed dt times the
-    gradient of dt·A there (the reverse cumsum, within the chunk, of dA_cumsum's gradient); a head's dA is their sum
-    over batch and time. Wraps one backend instance's chunk_cumsum and keeps the terms of every backward through it,
-    in the order run (a batch row at a time: `terms` joins them by batch row)."""
-
-    def __init__(self, backend):
-        self.backend, self.parts, self._stage = backend, [], backend.chunk_cumsum
-        backend.chunk_cumsum = self._chunk_cumsum
-
-    def _chunk_cumsum(self, *args, **kwargs):
-        dt, dA_cumsum = self._stage(*args, **kwargs)
-        if dA_cumsum.requires_grad:
-            kept = dt.detach().to(torch.float64)
-            dA_cumsum.register_hook(
-                lambda g: self.parts.append(kept * g.to(torch.float64).flip(-1).cumsum(-1).flip(-1)))
-        return dt, dA_cumsum
-
-    def terms(self) -> torch.Tensor | None:
-        """(batch, nheads, nchunks, chunk): every position's term; None when no backward ran through it."""
-        return torch.cat(self.parts) if self.parts else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,9 +266,14 @@ def _streamed_judge(name: str, actual, expected, tol: float, block, truth) -> to
     err = tolerances.rel_err(actual, expected)
     ratio, near_zero = tolerances.block_ratios(actual, expected, block)
     bound = ratio / tol
+    norm = None
     if name in SUMS and SUMS[name][0] in truth.grads:
         terms, over = SUMS[name]
-        allowed = torch.maximum(expected.abs(), truth.grads[terms].square().sum(dim=over).sqrt())
+        norm = truth.grads[terms].square().sum(dim=over).sqrt()
+    elif name in truth.terms_norm:
+        norm = truth.terms_norm[name]
+    if norm is not None:
+        allowed = torch.maximum(expected.abs(), norm)
         diff = (actual.to(torch.float64) - expected).abs()
         bound = torch.where(torch.isfinite(diff), diff / (tol * allowed), math.inf)
     worst, binding = tolerances.worst_block(ratio, near_zero), tolerances.worst_block(bound, near_zero)

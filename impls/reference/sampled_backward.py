@@ -36,6 +36,7 @@ class SampledGradients:
     chunk_size: int
     seqlen: int
     grads: dict[str, torch.Tensor]  # d<input>: float64; dx, dz on the sampled chunks' tokens, the rest whole
+    terms_norm: dict[str, torch.Tensor]  # per head, the L2 norm of a summed gradient's terms (dA: DecayTerms)
 
     def token_slices(self) -> list[slice]:
         return [slice(c * self.chunk_size, min(self.seqlen, (c + 1) * self.chunk_size)) for c in self.chunks]
@@ -72,13 +73,15 @@ def sampled_gradients(x, dt, A, B, C, chunk_size, dy, dfinal_states=None, D=None
     grads = _empty_gradients(per_token, whole, initial_states, chunks, chunk_size, seqlen)
     d_state = (torch.zeros_like(entering[0]) if dfinal_states is None
                else dfinal_states.to(device=x.device, dtype=F64))
+    terms2 = torch.zeros(nheads, device=x.device, dtype=F64)
     for (t0, t1), state in zip(reversed(pieces), reversed(entering)):
-        found = _piece_gradients(per_token, whole, state, fixed, t0, t1, dy, d_state)
+        found, norm = _piece_gradients(per_token, whole, state, fixed, t0, t1, dy, d_state)
         d_state = found.pop("dinitial_states")
         _keep(grads, found, t0, t1, chunks, chunk_size, seqlen)
+        terms2 += norm.square()
     if initial_states is not None:
         grads["dinitial_states"] = d_state
-    return SampledGradients(chunks, chunk_size, seqlen, grads)
+    return SampledGradients(chunks, chunk_size, seqlen, grads, {"dA": terms2.sqrt()})
 
 
 def _entering_states(per_token: dict, whole: dict, initial_states, fixed: dict, pieces) -> list[torch.Tensor]:
@@ -100,21 +103,25 @@ def _entering_states(per_token: dict, whole: dict, initial_states, fixed: dict, 
     return out
 
 
-def _piece_gradients(per_token: dict, whole: dict, state, fixed: dict, t0: int, t1: int, dy, d_state) -> dict:
-    """Float64 autograd through the chunked reference on tokens [t0, t1) entering with `state`: {d<input>: grad},
-    dinitial_states being the gradient of the entering state."""
-    from impls.registry import get_backend
+def _piece_gradients(per_token: dict, whole: dict, state, fixed: dict, t0: int, t1: int, dy,
+                     d_state) -> tuple[dict, torch.Tensor]:
+    """Float64 autograd through the chunked reference on tokens [t0, t1) entering with `state`: ({d<input>: grad},
+    dinitial_states being the gradient of the entering state; per head, the L2 norm of the piece's dA terms)."""
+    from impls.reference.backend import ReferenceBackend
+    from impls.reference.decay_terms import DecayTerms
 
     leaves = {name: t[:, t0:t1].to(F64).requires_grad_() for name, t in per_token.items() if t is not None}
     leaves.update({name: t.to(F64).requires_grad_() for name, t in whole.items() if t is not None})
     leaves["initial_states"] = state.clone().requires_grad_()
+    reference = ReferenceBackend()
+    decay = DecayTerms(reference)
     with torch.enable_grad():
-        out = get_backend("reference").ssd_forward(
+        out = reference.ssd_forward(
             **{**dict.fromkeys(("D", "z", "dt_bias")), **leaves}, seq_idx=None, cu_seqlens=None,
             state_dtype=F64, **fixed)
         found = torch.autograd.grad([out.y, out.final_states], list(leaves.values()),
                                     [dy[:, t0:t1].to(F64), d_state], allow_unused=True)
-    return {f"d{name}": g for name, g in zip(leaves, found)}
+    return {f"d{name}": g for name, g in zip(leaves, found)}, decay.per_head_norm()
 
 
 def _empty_gradients(per_token: dict, whole: dict, initial_states, chunks, chunk_size: int, seqlen: int) -> dict:

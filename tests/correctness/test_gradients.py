@@ -193,12 +193,15 @@ def test_streamed_gradients_equal_the_whole_graphs(group):
                       has_D=True, dt_softplus=True, has_dt_bias=True)
     inputs = make_inputs(problem, seed=5)
     grads_in = output_gradients(inputs)
-    truth = reference_gradients(inputs, grads_in)
+    whole = ground_truth(inputs, grads_in)
+    truth = whole.grads
     streamed = sampled_gradients(**forward_arguments(inputs), dy=grads_in["y"],
                                  dfinal_states=grads_in["final_states"], chunks=(0, 2, 4), group=group)
     assert set(streamed.grads) == {name for name, g in truth.items() if g is not None}
     errors = {name: rel_err(g, streamed.pick(name, truth[name])) for name, g in streamed.grads.items()}
     assert max(errors.values()) < 1e-12, errors
+    # dA's terms, kept piece by piece: the same norm per head as the whole graph's (the streamed gate's dA floor)
+    assert rel_err(streamed.terms_norm["dA"], whole.terms["dA"].square().sum(dim=(0, 2, 3)).sqrt()) < 1e-12
 
 
 STREAMED = Problem(Shape(batch=2, seqlen=1000, nheads=4, headdim=64, ngroups=1, dstate=128, chunk_size=256),
@@ -209,6 +212,7 @@ STREAMED = Problem(Shape(batch=2, seqlen=1000, nheads=4, headdim=64, ngroups=1, 
     pytest.param(None, None, id="correct"),
     pytest.param("one-heads-share-of-dB-dropped", "dB", id="dB-one-head-dropped"),
     pytest.param("one-sequences-dinitial_states-x1.05", "dinitial_states", id="dinitial-one-row-x1.05"),
+    pytest.param("one-chunk-of-one-heads-dA-dropped", "dA", id="dA-one-chunk-of-one-head-dropped"),
 ])
 def test_streamed_gate_passes_a_correct_backward_and_fails_a_spoiled_gradient(fault, spoiled):
     backend = CorrectBf16Backward() if fault is None else GRADIENT_FAULTS[fault]()
