@@ -2,7 +2,8 @@
 keeps for them (`Saved`), the states entering every chunk recomputed (switch bwd_recompute_states), the per-sequence
 states' gradient taken back through the forward's PyTorch varlen_states by autograd (`varlen_extra`), the fixed-order
 float64 sums of the kernels' partials (`partial_sums`), the per-group gradients' buffers and sums under switch
-bwd_group_split (`group_output`, `sum_partials`) and a gradient's cast to its input's dtype. The math:
+bwd_group_split (`group_output`, `sum_partials`), whether the state pass splits its MMA's operand (`state_split`)
+and a gradient's cast to its input's dtype. The math:
 impls/README.md, "The chunked backward"."""
 
 from __future__ import annotations
@@ -118,3 +119,9 @@ def sum_partials(parts: torch.Tensor, ngroups: int, extra: torch.Tensor | None, 
 def cast(grad: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | None:
     """A gradient in its input's dtype (None where either is absent)."""
     return None if grad is None or like is None else grad.to(like.dtype)
+
+
+def state_split(switches, dtype: torch.dtype) -> bool:
+    """Whether the state pass splits its MMA's weighted dŷ (switch bwd_state_split): for 16-bit inputs only, fp32's
+    operand being the fp32 value itself."""
+    return bool(switches.bwd_state_split) and dtype != torch.float32

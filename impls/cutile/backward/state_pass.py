@@ -13,6 +13,7 @@ import math
 import cuda.tile as ct
 import torch
 
+from impls.chunked_backward import state_split
 from impls.cutile.backward.common import (
     Hints,
     gated_dy,
@@ -103,12 +104,6 @@ def tiles(headdim: int, dstate: int, config: dict) -> int:
     return math.ceil(headdim / bp) * math.ceil(dstate / bn)
 
 
-def split(sw, dtype: torch.dtype) -> bool:
-    """Whether the state pass splits its MMA's weighted dŷ (switch bwd_state_split): for 16-bit inputs only, fp32's
-    operand being the fp32 value itself."""
-    return bool(sw.bwd_state_split) and dtype != torch.float32
-
-
 def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32: bool, sw, config) -> KernelCall:
     """arrays = (C, dA, seq, states storage, final, dfinal, dy, z, ext, ds, lasts, dinit): tensors, or ArraySpec for
     AOT compiles; flags: dfinal, seq, z, ext, init (which optional inputs are given)."""
@@ -116,7 +111,7 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32
     bp, bn = blocks(headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bp, bn, bool(flags["dfinal"]), bool(flags["seq"]),
             bool(flags["z"]), bool(flags["ext"]), bool(flags["init"]), bool(transposed), bool(tf32), sw.exp2, sw.tma,
-            4 if sw.latency_hints else 0, split(sw, arrays[0].dtype))
+            4 if sw.latency_hints else 0, state_split(sw, arrays[0].dtype))
     grid = (batch * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
     return kernel_call(bwd_state_pass_kernel, grid, args, config, sw.opt_level)
 

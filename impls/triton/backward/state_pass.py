@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from impls.chunked_backward import state_split
 from impls.triton import launcher
 from impls.triton.backward.common import decay, gated_dy, log_decay, log_decay_at, rows, sequence_ends
 from impls.triton.grid import cdiv
@@ -112,12 +113,6 @@ def bwd_state_pass_kernel(
                  mask=mask_p[:, None] & mask_n[None, :])
 
 
-def split(switches, dtype: torch.dtype) -> bool:
-    """Whether the state pass splits its MMA's weighted dŷ (switch bwd_state_split): for 16-bit inputs only, fp32's
-    operand being the fp32 value itself."""
-    return bool(switches.bwd_state_split) and dtype != torch.float32
-
-
 def state_pass(C, dA_cumsum, seq_idx, states, final, dfinal, dy, z, extra_states, has_init, *, config, switches,
                empty, dot_precision):
     """-> (R (batch, nchunks, nheads, headdim, dstate) in C's dtype: the gradient of the state each chunk leaves,
@@ -144,7 +139,7 @@ def state_pass(C, dA_cumsum, seq_idx, states, final, dfinal, dy, z, extra_states
         CHUNK=chunk, BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_K=config["block_positions"],
         HAS_DFINAL=dfinal is not None, HAS_SEQ=seq_idx is not None, HAS_Z=z is not None,
         HAS_EXT=extra_states is not None, HAS_INIT=has_init, EXP2=switches.exp2, DOT_PRECISION=dot_precision,
-        SPLIT=split(switches, C.dtype), num_warps=config["num_warps"], num_stages=config["num_stages"],
+        SPLIT=state_split(switches, C.dtype), num_warps=config["num_warps"], num_stages=config["num_stages"],
         path=switches.launch_path,
     )
     return ds, lasts, (dinit if has_init else None)
