@@ -13,7 +13,7 @@ class DecayTerms:
     in the order run (a batch row at a time: `terms` joins them by batch row)."""
 
     def __init__(self, backend):
-        self.backend, self.parts, self._stage = backend, [], backend.chunk_cumsum
+        self.parts, self._stage = [], backend.chunk_cumsum
         backend.chunk_cumsum = self._chunk_cumsum
 
     def _chunk_cumsum(self, *args, **kwargs):
@@ -28,7 +28,7 @@ class DecayTerms:
         """(batch, nheads, nchunks, chunk): every position's term; None when no backward ran through it."""
         return torch.cat(self.parts) if self.parts else None
 
-    def per_head_norm(self) -> torch.Tensor | None:
-        """(nheads,): the L2 norm of each head's terms over batch and time; None when no backward ran through it."""
+    def per_head_squares(self) -> torch.Tensor | None:
+        """(nheads,): each head's sum of squared terms over batch and time; None when no backward ran through it."""
         terms = self.terms()
-        return None if terms is None else terms.square().sum(dim=(0, 2, 3)).sqrt()
+        return None if terms is None else terms.square().sum(dim=(0, 2, 3))

@@ -75,10 +75,10 @@ def sampled_gradients(x, dt, A, B, C, chunk_size, dy, dfinal_states=None, D=None
                else dfinal_states.to(device=x.device, dtype=F64))
     terms2 = torch.zeros(nheads, device=x.device, dtype=F64)
     for (t0, t1), state in zip(reversed(pieces), reversed(entering)):
-        found, norm = _piece_gradients(per_token, whole, state, fixed, t0, t1, dy, d_state)
+        found, squares = _piece_gradients(per_token, whole, state, fixed, t0, t1, dy, d_state)
         d_state = found.pop("dinitial_states")
         _keep(grads, found, t0, t1, chunks, chunk_size, seqlen)
-        terms2 += norm.square()
+        terms2 += squares
     if initial_states is not None:
         grads["dinitial_states"] = d_state
     return SampledGradients(chunks, chunk_size, seqlen, grads, {"dA": terms2.sqrt()})
@@ -106,7 +106,7 @@ def _entering_states(per_token: dict, whole: dict, initial_states, fixed: dict, 
 def _piece_gradients(per_token: dict, whole: dict, state, fixed: dict, t0: int, t1: int, dy,
                      d_state) -> tuple[dict, torch.Tensor]:
     """Float64 autograd through the chunked reference on tokens [t0, t1) entering with `state`: ({d<input>: grad},
-    dinitial_states being the gradient of the entering state; per head, the L2 norm of the piece's dA terms)."""
+    dinitial_states being the gradient of the entering state; per head, the sum of the piece's squared dA terms)."""
     from impls.reference.backend import ReferenceBackend
     from impls.reference.decay_terms import DecayTerms
 
@@ -121,7 +121,7 @@ def _piece_gradients(per_token: dict, whole: dict, state, fixed: dict, t0: int, 
             state_dtype=F64, **fixed)
         found = torch.autograd.grad([out.y, out.final_states], list(leaves.values()),
                                     [dy[:, t0:t1].to(F64), d_state], allow_unused=True)
-    return {f"d{name}": g for name, g in zip(leaves, found)}, decay.per_head_norm()
+    return {f"d{name}": g for name, g in zip(leaves, found)}, decay.per_head_squares()
 
 
 def _empty_gradients(per_token: dict, whole: dict, initial_states, chunks, chunk_size: int, seqlen: int) -> dict:
