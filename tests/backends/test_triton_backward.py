@@ -174,24 +174,30 @@ def test_bwd_state_split_takes_da_and_dinitial_states_well_inside_the_gate():
     assert ratios[True]["dinitial_states"] < 0.5 * ratios[False]["dinitial_states"], ratios
 
 
-def test_bwd_state_split_reaches_the_state_pass_kernel(monkeypatch):
-    """The launch's SPLIT constexpr: on for 16-bit inputs by default, off with the switch off, off for fp32 inputs
-    (whose operand is not rounded)."""
+def _launches_of(monkeypatch, *names: str) -> list[tuple]:
+    """Every launch of the kernels named, as (name, grid, args, kwargs), from here on; each is still carried out."""
     from impls.triton import launcher
 
     seen = []
     launch = launcher.launch
 
     def recorded(kernel, grid, *args, **kwargs):
-        if kernel.fn.__name__ == "bwd_state_pass_kernel":
-            seen.append(kwargs["SPLIT"])
+        if kernel.fn.__name__ in names:
+            seen.append((kernel.fn.__name__, grid, args, kwargs))
         return launch(kernel, grid, *args, **kwargs)
 
     monkeypatch.setattr(launcher, "launch", recorded)
+    return seen
+
+
+def test_bwd_state_split_reaches_the_state_pass_kernel(monkeypatch):
+    """The launch's SPLIT constexpr: on for 16-bit inputs by default, off with the switch off, off for fp32 inputs
+    (whose operand is not rounded)."""
+    seen = _launches_of(monkeypatch, "bwd_state_pass_kernel")
     for dtype, switches in (("float16", {}), ("float16", {"bwd_state_split": False}), ("float32", {})):
         inputs = make_inputs(Problem(Shape(1, 16, 2, 16, 1, 16, 16), dtype=dtype), seed=2)  # one chunk
         _triton_gradients(get_backend("triton", **switches), inputs, output_gradients(inputs, 2))
-    assert seen == [True, False, False], seen
+    assert [kwargs["SPLIT"] for *_, kwargs in seen] == [True, False, False], seen
 
 
 def test_bwd_state_split_enters_the_state_pass_record_key_only_when_off():
@@ -228,21 +234,13 @@ def test_bwd_group_split_keeps_the_gradients_in_the_gate(problem, seed, switches
 def test_bwd_group_split_launches_k_programs_per_group_into_partials(monkeypatch):
     """bwd_dcb and bwd_db launch k times the programs and write k fp32 partials per group (the partial buffers the
     host sums); under bwd_atomics one fp32 buffer per group, zeroed."""
-    from impls.triton import launcher
-
-    seen = []
-    launch = launcher.launch
-
-    def recorded(kernel, grid, *args, **kwargs):
-        if kernel.fn.__name__ in ("bwd_dcb_kernel", "bwd_db_kernel"):
-            out = args[9] if kernel.fn.__name__ == "bwd_dcb_kernel" else args[8]
-            seen.append((kernel.fn.__name__, grid[0], tuple(out.shape), out.dtype, kwargs["SPLIT"], kwargs["ATOMIC"]))
-        return launch(kernel, grid, *args, **kwargs)
-
-    monkeypatch.setattr(launcher, "launch", recorded)
+    launches = _launches_of(monkeypatch, "bwd_dcb_kernel", "bwd_db_kernel")
     inputs = make_inputs(Problem(Shape(1, 32, 4, 16, 2, 16, 32), dtype="float32"), seed=2)  # one chunk, 2 groups
     for switches in ({}, {"bwd_group_split": 4}, {"bwd_group_split": 4, "bwd_atomics": True}):
         _triton_gradients(get_backend("triton", **switches), inputs, output_gradients(inputs, 2))
+    outputs = [args[9] if name == "bwd_dcb_kernel" else args[8] for name, _, args, _ in launches]
+    seen = [(name, grid[0], tuple(out.shape), out.dtype, kwargs["SPLIT"], kwargs["ATOMIC"])
+            for (name, grid, _, kwargs), out in zip(launches, outputs)]
     programs, f32 = (32 // 16) * 2, torch.float32  # 2 row or source tiles of 16 per chunk of 32, 2 groups
     assert seen == [("bwd_dcb_kernel", programs, (1, 32, 2, 16), f32, 1, False),  # dC itself (fp32 inputs)
                     ("bwd_db_kernel", programs, (1, 32, 2, 16), f32, 1, False),
