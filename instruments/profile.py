@@ -1,7 +1,9 @@
-"""Nsight Compute over one forward per backend: per kernel, DRAM and L2 traffic, spills, warp stalls, occupancy.
+"""Nsight Compute over one call per backend (a forward, a backward or both): per kernel, DRAM and L2 traffic,
+spills, warp stalls, occupancy.
 
     python -m instruments.profile [--backends cutile mamba_ssm triton tilegym fla vllm] [--shape S1] [--out DIR]
                                   [--ablations none heads_first:True+pdl:True ...]
+                                  [--direction forward|backward|forward_backward]
 
 Each --ablations point (the harness's ablation grammar, harness/config.py: `none`, `<switch>`,
 `<switch>:<value>`, `all_off`, `only:<switch>`, joined by `+`) is applied to each backend's switches, one target
@@ -9,15 +11,22 @@ process per (backend, point); the rows carry the point in their `ablation` colum
 
 Each backend runs in its own process under `ncu --clock-control none` (the GPU machine's rule: leave the
 clocks alone) with `--profile-from-start off`: the target process draws the headline problem's inputs (bf16),
-runs the forward twice outside the profiled range (compilation, autotuning, caches), then one forward inside
-`cudaProfilerStart`/`cudaProfilerStop`, so only that forward's kernels are measured. ncu replays each kernel
-once per metric pass and restores device memory between passes, so the figures are those of one forward.
+runs the profiled call twice outside the profiled range (compilation, autotuning, caches), then once inside
+`cudaProfilerStart`/`cudaProfilerStop`, so only that call's kernels are measured. ncu replays each kernel
+once per metric pass and restores device memory between passes, so the figures are those of one call. The call is
+what the timed rows time (harness/measure_time.py): `forward` is `impls.ssd_forward`; `backward` is
+`torch.autograd.grad` over one forward's graph of `impls.ssd` (the forward runs before the range opens), with every
+differentiable input requiring grad and random non-zero gradients into every output; `forward_backward` is the
+forward under autograd and its backward, both inside the range.
 
 Writes `profile.ncu.parquet` under --out (a table of its own: the results store skips `*.ncu.parquet`): one row
 per (backend, kernel launch, metric) — METRICS below (local-memory spill requests, L2 throughput and hit rate,
 DRAM throughput, the warp-stall breakdown, tensor-pipe use, registers, achieved occupancy) and DERIVED, with units —
-plus per backend the sums over its launches (kernel "forward") and the cost model's minimum bytes and floor
-(harness/cost_model.py) beside them, so measured DRAM traffic and the model can be read off one table.
+plus per backend the sums over its launches (kernel named by the direction: "forward", "backward",
+"forward_backward") and the cost model's minimum bytes and flops (harness/cost_model.py) beside them; a launch whose
+kernel the cost model prices on its own (a forward stage, or one of our backward kernels: `bwd_chunk_kernel` is
+`bwd_chunk`) gets that kernel's model bytes and flops and its measured DRAM bytes over them too, so measured traffic
+and the model can be read off one table.
 Exits 1 if a backend's target launched no kernel in the profiled range or ncu failed.
 """
 
@@ -82,7 +91,8 @@ STALL_OTHER = "stall_other"
 DERIVED = {STALL_OTHER: "cycle/inst",
            **{f"stall_{reason}_share_pct": "%" for reason in (*STALL_REASONS, "other")}}
 UNITS = {**{name: unit for name, unit, _ in METRICS.values()}, **DERIVED}
-PROFILED_MARK = "PROFILED_FORWARD_DONE"
+PROFILED_MARK = "PROFILED_CALL_DONE"
+DIRECTIONS = ("forward", "backward", "forward_backward")
 
 
 # --- the target process -----------------------------------------------------------------------------------
@@ -112,7 +122,23 @@ def ablation_preset(ablation: str) -> str | None:
     return split_preset(ablation)[0]
 
 
-def run_target(backend_name: str, shape_name: str, ablation: str = "none") -> None:
+def profiled_call(backend, inputs, direction: str):
+    """The zero-argument call a direction profiles, as the timed rows call it: `impls.ssd_forward` for the forward;
+    harness/measure_time.py's backward calls (one forward's graph kept, torch.autograd.grad over it; or forward and
+    backward together) for the others."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction: expected one of {DIRECTIONS}, got {direction!r}")
+    if direction == "forward":
+        import impls
+
+        kw = inputs.forward_kwargs()
+        return lambda: impls.ssd_forward(**kw, backend=backend)
+    from harness.measure_time import backward_callables
+
+    return backward_callables(backend, inputs)[direction]
+
+
+def run_target(backend_name: str, shape_name: str, ablation: str = "none", direction: str = "forward") -> None:
     import torch
 
     import impls
@@ -121,13 +147,12 @@ def run_target(backend_name: str, shape_name: str, ablation: str = "none") -> No
     problem = headline_problem(shape_name)
     backend = impls.get_backend(backend_name, preset=ablation_preset(ablation),
                                 **ablation_switches(backend_name, ablation))
-    inputs = make_inputs(problem, device="cuda", seed=0)
-    kw = inputs.forward_kwargs()
+    call = profiled_call(backend, make_inputs(problem, device="cuda", seed=0), direction)
     for _ in range(2):  # compile, autotune, warm the caches: outside the profiled range
-        impls.ssd_forward(**kw, backend=backend)
+        call()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
-    impls.ssd_forward(**kw, backend=backend)
+    call()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
     print(PROFILED_MARK, flush=True)
@@ -157,10 +182,10 @@ def ncu() -> str:
     raise SystemExit("ncu (Nsight Compute) not found: it ships with the CUDA toolkit and in /opt/nvidia")
 
 
-def ncu_command(backend: str, shape: str, ablation: str = "none") -> list[str]:
+def ncu_command(backend: str, shape: str, ablation: str = "none", direction: str = "forward") -> list[str]:
     return [ncu(), "--clock-control", "none", "--profile-from-start", "off", "--target-processes", "all",
             "--metrics", ",".join(METRICS), "--csv", "--page", "raw", "--print-units", "base",
-            sys.executable, "-m", "instruments.profile", "--target", backend, shape, ablation]
+            sys.executable, "-m", "instruments.profile", "--target", backend, shape, ablation, direction]
 
 
 def parse_ncu_csv(text: str) -> list[dict]:
@@ -201,7 +226,7 @@ def derived(values: dict[str, float]) -> dict[str, float]:
 
 
 def forward_totals(launches: list[dict]) -> dict[str, float]:
-    """The launches of one forward added up per METRICS' rule (occupancy weighted by each launch's time)."""
+    """The launches of one profiled call added up per METRICS' rule (occupancy weighted by each launch's time)."""
     import math
 
     totals = {}
@@ -228,33 +253,55 @@ def stall_summary(launch: dict) -> str:
     return ", ".join(f"{reason} {share:.0f} %" for reason, share in ranked[:5])
 
 
-def backend_rows(backend: str, shape: str, launches: list[dict], problem, ablation: str = "none") -> list[dict]:
+def modelled_kernel(kernel: str, costs: dict) -> str | None:
+    """The cost model's entry that prices this launch's kernel on its own, or None: the longest entry name (a forward
+    stage or one of our backward kernels) that the kernel's name starts with, followed by nothing or by "_kernel"
+    (Triton and cuTile keep the Python function's name). Peers' kernels and our other kernels (the C·Bᵀ kernel,
+    the fold) have none."""
+    for name in sorted(costs, key=len, reverse=True):
+        if kernel in (name, f"{name}_kernel"):
+            return name
+    return None
+
+
+def backend_rows(backend: str, shape: str, launches: list[dict], problem, ablation: str = "none",
+                 direction: str = "forward") -> list[dict]:
     from harness import cost_model
 
     units = UNITS
+
+    def row(kernel, launch, metric, value, unit):
+        return {"backend": backend, "shape_name": shape, "kernel": kernel, "launch": launch, "metric": metric,
+                "value": value, "unit": unit}
+
+    costs = cost_model.costs(problem)
     rows = []
     for launch in launches:
-        rows += [{"backend": backend, "shape_name": shape, "kernel": launch["kernel"], "launch": launch["launch"],
-                  "metric": name, "value": launch[name], "unit": units[name]} for name in units]
+        rows += [row(launch["kernel"], launch["launch"], name, launch[name], units[name]) for name in units]
+        priced = modelled_kernel(launch["kernel"], costs)
+        if priced is not None:
+            cost = costs[priced]
+            measured = launch["dram_read_bytes"] + launch["dram_write_bytes"]
+            rows += [row(launch["kernel"], launch["launch"], "model_bytes", float(cost["bytes"]), "byte"),
+                     row(launch["kernel"], launch["launch"], "model_flops", float(cost["flops"]), "flop"),
+                     row(launch["kernel"], launch["launch"], "dram_bytes_over_model",
+                         measured / cost["bytes"] if cost["bytes"] else float("nan"), "1")]
     totals = forward_totals(launches)
-    rows += [{"backend": backend, "shape_name": shape, "kernel": "forward", "launch": -1, "metric": name,
-              "value": value, "unit": units[name]} for name, value in totals.items()]
-    rows.append({"backend": backend, "shape_name": shape, "kernel": "forward", "launch": -1,
-                 "metric": "launches", "value": float(len(launches)), "unit": "1"})
-    costs = cost_model.costs(problem)["forward"]
+    rows += [row(direction, -1, name, value, units[name]) for name, value in totals.items()]
+    rows.append(row(direction, -1, "launches", float(len(launches)), "1"))
+    whole = costs[direction]
     for key in ("bytes", "bytes_fused", "flops"):
-        rows.append({"backend": backend, "shape_name": shape, "kernel": "cost_model", "launch": -1,
-                     "metric": key, "value": float(costs[key]), "unit": "flop" if key == "flops" else "byte"})
+        rows.append(row("cost_model", -1, key, float(whole[key]), "flop" if key == "flops" else "byte"))
     measured = totals["dram_read_bytes"] + totals["dram_write_bytes"]
-    rows.append({"backend": backend, "shape_name": shape, "kernel": "forward", "launch": -1,
-                 "metric": "dram_bytes_over_model", "value": measured / costs["bytes"], "unit": "1"})
-    return [{**row, "ablation": ablation} for row in rows]
+    rows.append(row(direction, -1, "dram_bytes_over_model", measured / whole["bytes"], "1"))
+    return [{**r, "ablation": ablation, "direction": direction} for r in rows]
 
 
-def profile_backend(backend: str, shape: str, timeout: int, ablation: str = "none") -> tuple[list[dict], str]:
+def profile_backend(backend: str, shape: str, timeout: int, ablation: str = "none",
+                    direction: str = "forward") -> tuple[list[dict], str]:
     try:
-        res = subprocess.run(ncu_command(backend, shape, ablation), capture_output=True, text=True, timeout=timeout,
-                             env=os.environ)
+        res = subprocess.run(ncu_command(backend, shape, ablation, direction), capture_output=True, text=True,
+                             timeout=timeout, env=os.environ)
         out = res.stdout + "\n" + res.stderr
     except subprocess.TimeoutExpired as exc:
         return [], f"timeout after {timeout} s: {exc}"
@@ -265,13 +312,16 @@ def profile_backend(backend: str, shape: str, timeout: int, ablation: str = "non
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", nargs=3, metavar=("BACKEND", "SHAPE", "ABLATION"), help=argparse.SUPPRESS)
+    parser.add_argument("--target", nargs=4, metavar=("BACKEND", "SHAPE", "ABLATION", "DIRECTION"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--backends", nargs="+", default=["cutile", "mamba_ssm", "triton", "tilegym", "fla", "vllm"])
     parser.add_argument("--shape", default="S1")
     parser.add_argument("--out", default="results/scratch/profile")
     parser.add_argument("--timeout", type=int, default=300)
     parser.add_argument("--ablations", nargs="+", default=["none"],
                         help="ablation points applied to each backend's switches (harness/config.py grammar)")
+    parser.add_argument("--direction", choices=DIRECTIONS, default="forward",
+                        help="what one profiled call runs: the forward, the backward over one forward's graph, or both")
     args = parser.parse_args(argv)
     if args.target:
         run_target(*args.target)
@@ -295,14 +345,14 @@ def main(argv=None) -> int:
     prov = provenance.collect(torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
     rows, failures = [], []
     for backend, ablation in runs:
-        launches, log = profile_backend(backend, args.shape, args.timeout, ablation)
+        launches, log = profile_backend(backend, args.shape, args.timeout, ablation, args.direction)
         if not launches:
             failures.append((backend, ablation))
             print(f"[profile] {backend} {ablation}: no kernel profiled — {log[-600:]}", flush=True)
             continue
-        rows += backend_rows(backend, args.shape, launches, problem, ablation)
+        rows += backend_rows(backend, args.shape, launches, problem, ablation, args.direction)
         t = forward_totals(launches)
-        print(f"[profile] {backend} {ablation} {args.shape}: {len(launches)} launches, "
+        print(f"[profile] {backend} {ablation} {args.shape} {args.direction}: {len(launches)} launches, "
               f"{t['duration_ns'] / 1e3:.1f} us, "
               f"DRAM read {t['dram_read_bytes'] / 1e9:.3f} GB write {t['dram_write_bytes'] / 1e9:.3f} GB, "
               f"occupancy {t['achieved_occupancy_pct']:.1f} %, max regs {t['registers_per_thread']:.0f}, "

@@ -11,7 +11,8 @@
 #                                                compile caches and tuning records the first one left
 #   scripts/gpu_session.sh sanitize              compute-sanitizer over every cuTile and Triton stage
 #                                                (instruments/sanitize.py), with its negative control
-#   scripts/gpu_session.sh profile [args]        Nsight Compute over one forward per backend (instruments/profile.py)
+#   scripts/gpu_session.sh profile [args]        Nsight Compute over one call per backend (instruments/profile.py;
+#                                                --direction backward profiles one backward)
 #   scripts/gpu_session.sh hotspots [args]       warp-state samples per SASS line of one kernel (instruments/hotspots.py)
 #   scripts/gpu_session.sh api_overhead          the public call by name vs on a prebuilt backend vs CUDA-graph
 #                                                replay, with host time per call (harness/api_overhead.py)

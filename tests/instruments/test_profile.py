@@ -1,4 +1,5 @@
-"""CPU tests of instruments/profile.py: the ncu command, the CSV parsing and the per-forward sums."""
+"""CPU tests of instruments/profile.py: the ncu command, the CSV parsing, the per-call sums and the cost model beside
+them, for the forward and the backward directions."""
 
 import math
 from pathlib import Path
@@ -11,7 +12,7 @@ from instruments import profile
 # the shape of `ncu --csv --page raw --print-units base` output: the target's own lines first, a header, a units
 # line, then one line per kernel launch (values as ncu prints them, thousands separators included)
 NCU_CSV = '''==PROF== Connected to process 123
-PROFILED_FORWARD_DONE
+PROFILED_CALL_DONE
 "ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC",\
 "dram__bytes_read.sum","dram__bytes_write.sum","gpu__time_duration.sum","l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",\
 "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum","launch__occupancy_limit_registers","launch__registers_per_thread",\
@@ -55,7 +56,7 @@ def test_ncu_command_leaves_the_clocks_alone_and_profiles_one_range(monkeypatch)
     monkeypatch.setattr(profile, "ncu", lambda: "/opt/ncu")
     cmd = profile.ncu_command("cutile", "S1")
     assert cmd[:5] == ["/opt/ncu", "--clock-control", "none", "--profile-from-start", "off"]
-    assert cmd[-4:] == ["--target", "cutile", "S1", "none"]
+    assert cmd[-5:] == ["--target", "cutile", "S1", "none", "forward"]
 
 
 def test_unknown_shape_preset_is_refused():
@@ -101,7 +102,8 @@ def test_sm90_rows_are_one_metric_per_row_with_units():
     problem = Problem(Shape(8, 4096, 80, 64, 1, 128, 256))
     launches = profile.parse_ncu_csv(SM90_CSV)
     rows = profile.backend_rows("cutile", "S1", launches, problem)
-    assert all(set(r) == {"backend", "shape_name", "kernel", "launch", "metric", "value", "unit", "ablation"} for r in rows)
+    columns = {"backend", "shape_name", "kernel", "launch", "metric", "value", "unit", "ablation", "direction"}
+    assert all(set(r) == columns for r in rows)
     by = {(r["kernel"], r["metric"]): r for r in rows}
     spill = by[("compute_out_kernel", "local_store_requests")]
     assert spill["value"] == 2_150_000 and spill["unit"] == "request"
@@ -140,7 +142,7 @@ def test_every_metric_is_one_nsight_compute_knows_on_gh100():
 def test_ablation_points_reach_the_target_and_the_rows(monkeypatch):
     monkeypatch.setattr(profile, "ncu", lambda: "ncu")
     cmd = profile.ncu_command("cutile", "S1", "heads_first:True+pdl:True")
-    assert cmd[-4:] == ["--target", "cutile", "S1", "heads_first:True+pdl:True"]
+    assert cmd[-5:] == ["--target", "cutile", "S1", "heads_first:True+pdl:True", "forward"]
     assert profile.ablation_switches("cutile", "heads_first:True+pdl:True") == {"heads_first": True, "pdl": True}
     problem = profile.headline_problem("S1")
     rows = profile.backend_rows("cutile", "S1", profile.parse_ncu_csv(NCU_CSV), problem, "pdl:True")
@@ -152,3 +154,70 @@ def test_a_bad_ablation_point_is_refused_before_any_profile(monkeypatch, capsys)
     with pytest.raises(SystemExit):
         profile.main(["--backends", "cutile", "--ablations", "none", "no_such_switch:True"])
     assert "no_such_switch" in capsys.readouterr().err
+
+
+# --- the backward directions: what is profiled, and each of our backward kernels beside its own cost ---
+BACKWARD_CSV = NCU_CSV.replace("chunk_cumsum_kernel", "bwd_state_pass_kernel").replace("compute_out_kernel",
+                                                                                       "bwd_chunk_kernel")
+
+
+def test_the_direction_reaches_the_target(monkeypatch):
+    monkeypatch.setattr(profile, "ncu", lambda: "ncu")
+    assert profile.ncu_command("triton", "S3", "none", "backward")[-5:] == ["--target", "triton", "S3", "none",
+                                                                           "backward"]
+
+
+def test_a_bad_direction_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        profile.main(["--backends", "triton", "--direction", "sideways"])
+    assert "--direction" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="direction"):
+        profile.profiled_call(None, None, "sideways")
+
+
+@pytest.mark.parametrize("kernel, priced", [
+    ("bwd_chunk_kernel", "bwd_chunk"), ("bwd_state_pass_kernel", "bwd_state_pass"), ("bwd_db", "bwd_db"),
+    ("compute_out_kernel", "compute_out"), ("cb_kernel", None), ("_chunk_scan_bwd_dx", None),
+    ("bwd_chunk_kernel_2", None)], ids=lambda v: str(v))
+def test_a_kernel_is_priced_only_by_its_own_name(kernel, priced):
+    from harness import cost_model
+
+    costs = cost_model.costs(Problem(Shape(8, 4096, 80, 64, 1, 128, 256)))
+    assert profile.modelled_kernel(kernel, costs) == priced
+
+
+def test_backward_rows_put_each_kernel_and_the_whole_backward_beside_the_model():
+    from harness import cost_model
+
+    problem = Problem(Shape(8, 4096, 80, 64, 1, 128, 256), dtype="bfloat16")
+    rows = profile.backend_rows("triton", "S1", profile.parse_ncu_csv(BACKWARD_CSV), problem, "none", "backward")
+    by = {(r["kernel"], r["metric"]): r["value"] for r in rows}
+    assert {r["direction"] for r in rows} == {"backward"}
+    costs = cost_model.costs(problem)
+    assert by[("backward", "launches")] == 2 and ("forward", "launches") not in by
+    assert by[("cost_model", "flops")] == costs["backward"]["flops"]
+    assert by[("bwd_chunk_kernel", "model_bytes")] == costs["bwd_chunk"]["bytes"]
+    assert by[("bwd_chunk_kernel", "model_flops")] == costs["bwd_chunk"]["flops"] > 0
+    assert math.isclose(by[("bwd_chunk_kernel", "dram_bytes_over_model")],
+                        (800_000_000 + 335_000_000) / costs["bwd_chunk"]["bytes"])
+    assert math.isclose(by[("backward", "dram_bytes_over_model")],
+                        (826_214_400 + 335_001_000) / costs["backward"]["bytes"])
+
+
+def test_the_backward_call_is_the_timed_rows_backward(monkeypatch):
+    """The profiled backward is harness/measure_time.py's: torch.autograd.grad over one kept forward graph, every
+    differentiable input's gradient returned (here the reference backend on the CPU at a tiny size)."""
+    import torch
+
+    import impls
+    from impls.inputs import make_inputs
+
+    problem = Problem(Shape(1, 32, 2, 4, 1, 4, 16), dtype="float32")
+    inputs = make_inputs(problem, device="cpu", seed=0)
+    backend = impls.get_backend("reference")
+    grads = profile.profiled_call(backend, inputs, "backward")()
+    assert all(g is None or torch.isfinite(g).all() for g in grads)
+    dx = grads[0]
+    assert dx is not None and dx.shape == inputs.x.shape and dx.abs().sum() > 0
+    y = profile.profiled_call(backend, inputs, "forward")()
+    assert y.y.shape == inputs.x.shape
