@@ -1,10 +1,11 @@
 """Where one kernel's warps wait, instruction by instruction: Nsight Compute's warp-state sampling per SASS line.
 
     python -m instruments.hotspots --backend cutile --shape S1 --kernel compute_out_kernel [--ablation POINT]
-                                   [--out DIR] [--top 40]
+                                   [--direction forward|backward|forward_backward] [--out DIR] [--top 40]
 
-The target is instruments/profile.py's: the headline problem (bf16) at a conf/shape/ preset, two forwards outside
-the profiled range, one inside it. ncu (`--clock-control none`) collects the SourceCounters section (warp-state
+The target is instruments/profile.py's: the headline problem (bf16) at a conf/shape/ preset, the direction's call
+(a forward by default; `--direction backward` for a backward kernel such as bwd_chunk_kernel) twice outside the
+profiled range, once inside it. ncu (`--clock-control none`) collects the SourceCounters section (warp-state
 sampling: at a fixed interval it records the instruction each sampled warp is at and why it did not issue) for the
 first launch whose name matches --kernel in the profiled forward, into a report; the report's source page is then
 printed as CSV, one row per SASS instruction (`ncu --import --page source --print-source sass --csv`), and
@@ -32,7 +33,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from instruments.profile import PROFILED_MARK, ablation_switches, ncu
+from instruments.profile import DIRECTIONS, PROFILED_MARK, ablation_switches, ncu
 from instruments.sass import base_opcode
 
 SAMPLES = "Warp Stall Sampling (All Samples)"  # the source page's column of every sample at the instruction
@@ -52,11 +53,12 @@ FAMILIES = (
 )
 
 
-def ncu_collect(backend: str, shape: str, ablation: str, kernel: str, report: Path) -> list[str]:
+def ncu_collect(backend: str, shape: str, ablation: str, kernel: str, report: Path,
+                direction: str = "forward") -> list[str]:
     return [ncu(), "--clock-control", "none", "--profile-from-start", "off", "--target-processes", "all",
             "--section", "SourceCounters", "--kernel-name", f"regex:{kernel}", "--launch-count", "1",
             "--export", str(report), "--force-overwrite",
-            sys.executable, "-m", "instruments.profile", "--target", backend, shape, ablation]
+            sys.executable, "-m", "instruments.profile", "--target", backend, shape, ablation, direction]
 
 
 def ncu_source_page(report: Path) -> list[str]:
@@ -145,6 +147,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", default="S1")
     parser.add_argument("--kernel", required=True, help="regex on the kernel's name; the first match is profiled")
     parser.add_argument("--ablation", default="none", help="an ablation point (harness/config.py grammar)")
+    parser.add_argument("--direction", choices=DIRECTIONS, default="forward",
+                        help="the call whose kernel is sampled: the forward, the backward, or both")
     parser.add_argument("--out", default="results/scratch/hotspots")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--timeout", type=int, default=300)
@@ -159,7 +163,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "hotspots.ncu-rep"
-        res = subprocess.run(ncu_collect(args.backend, args.shape, args.ablation, args.kernel, report),
+        res = subprocess.run(ncu_collect(args.backend, args.shape, args.ablation, args.kernel, report, args.direction),
                              capture_output=True, text=True, timeout=args.timeout, env=os.environ)
         if PROFILED_MARK not in res.stdout + res.stderr or not report.exists():
             print(f"[hotspots] the target or ncu failed: {(res.stdout + res.stderr)[-1500:]}", flush=True)
@@ -174,10 +178,14 @@ def main(argv=None) -> int:
         print(f"[hotspots] no kernel matching {args.kernel!r} was profiled", flush=True)
         return 1
     kernel_name = next((line for line in page.stdout.splitlines() if line.strip() and '"Address"' not in line), "")
-    extra = {"backend": args.backend, "shape_name": args.shape, "ablation": args.ablation, "kernel": args.kernel}
-    name = "-".join(["hotspots", args.backend, args.shape, slug(args.kernel), slug(args.ablation)]) + ".csv.gz"
+    extra = {"backend": args.backend, "shape_name": args.shape, "ablation": args.ablation, "kernel": args.kernel,
+             "direction": args.direction}
+    parts = ["hotspots", args.backend, args.shape, slug(args.kernel), slug(args.ablation)]
+    parts += [] if args.direction == "forward" else [args.direction]
+    name = "-".join(parts) + ".csv.gz"
     write_rows(rows, out / name, extra)
-    print(f"[hotspots] {args.backend} {args.shape} {args.ablation} {args.kernel}: {kernel_name[:120]}", flush=True)
+    print(f"[hotspots] {args.backend} {args.shape} {args.ablation} {args.direction} {args.kernel}: "
+          f"{kernel_name[:120]}", flush=True)
     print(report_text(rows, args.top), flush=True)
     return 0
 

@@ -61,3 +61,15 @@ def test_bad_ablation_named(capsys):
     with pytest.raises(SystemExit):
         hotspots.main(["--kernel", "compute_out", "--ablation", "no_such_switch"])
     assert "--ablation" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_the_target_is_the_profilers_with_its_direction(monkeypatch, tmp_path, direction):
+    """The sampled call is instruments/profile.py's target with every argument it takes (backend, shape, point,
+    direction): a backward kernel is sampled inside a backward."""
+    from instruments import profile
+
+    monkeypatch.setattr(hotspots, "ncu", lambda: "ncu")
+    cmd = hotspots.ncu_collect("triton", "S1", "none", "bwd_chunk", tmp_path / "r", direction)
+    target = cmd[cmd.index("--target") + 1:]
+    assert target == ["triton", "S1", "none", direction] and target[-1] in profile.DIRECTIONS
