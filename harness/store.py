@@ -179,9 +179,9 @@ def write_rows(rows: list[dict], results_dir: Path, name: str) -> Path:
 
 
 # Parquet files of another table that may sit beside results (instruments/profile.py's Nsight Compute rows,
-# experiments/train_curves.py's loss curves):
+# experiments/train_curves.py's loss curves, instruments/step_profile.py's SSD shares of a step):
 # never read as result rows
-OTHER_TABLES = (".ncu.parquet", ".curves.parquet")
+OTHER_TABLES = (".ncu.parquet", ".curves.parquet", ".step_profile.parquet")
 
 
 def parquet_files(root: Path) -> list[Path]:

@@ -5,11 +5,12 @@ end-to-end speedup a faster SSD gives.
 
     python -m instruments.step_profile --backends triton,mamba_ssm --shape mamba2_130m --seqlen 512 \
         --directions forward,train_step [--n-layer 2] [--batch 1] [--steps 5] [--glue torch] [--compile default] \
-        [--out step_profile.parquet]
+        [--out lm.step_profile.parquet]
 
 On CUDA the times are the kernels' device time (every kernel the profiler saw, per step); on the CPU they are the
 ranges' host time, which includes the Python between kernels. One row per (backend, direction), with the card and the
-packages' versions (harness/provenance.py)."""
+packages' versions (harness/provenance.py), in a table of its own: --out ends with SUFFIX, which the results store
+skips (harness/store.py OTHER_TABLES) and analysis/end_to_end.py `load_step_profiles` reads beside the rows."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import impls
 SSD_RANGE = "ssd.forward"
 SSD_BACKWARD_NODE = "_SSDBackward"  # impls/autograd.py's Function, as autograd names its node
 DIRECTIONS = ("forward", "train_step")
+SUFFIX = ".step_profile.parquet"
 
 
 @dataclass(frozen=True)
@@ -164,8 +166,11 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--glue", default="torch", help="the conv's and norm's form (models/glue.py)")
     parser.add_argument("--compile", default=None, help="a torch.compile mode for the model's call (default: eager)")
-    parser.add_argument("--out", default=None, help="a Parquet file for the rows")
+    parser.add_argument("--out", default=None, help=f"a Parquet file for the rows, its name ending {SUFFIX}")
     args = parser.parse_args(argv)
+    if args.out and not args.out.endswith(SUFFIX):
+        parser.error(f"--out: expected a name ending {SUFFIX} (a table of its own beside result rows, which the "
+                     f"results store skips), got {args.out!r}")
     rows = []
     for backend in args.backends.split(","):
         for direction in args.directions.split(","):

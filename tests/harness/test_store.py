@@ -104,11 +104,13 @@ def test_sync_replays_local_rows_offline(tmp_path, monkeypatch):
 
 
 def test_profile_tables_beside_results_are_not_read_as_rows(tmp_path):
-    """instruments/profile.py writes *.ncu.parquet (another table) into result folders; load skips it, and a
-    foreign Parquet file under any other name still fails loudly."""
+    """instruments/profile.py writes *.ncu.parquet, instruments/step_profile.py *.step_profile.parquet (other tables)
+    into result folders; load skips them, and a foreign Parquet file under any other name still fails loudly."""
     store.write_rows(rows("a", 3), tmp_path, "a")
     pd.DataFrame({"backend": ["cutile"], "kernel": ["k"], "metric": ["duration_ns"], "value": [1.0]}).to_parquet(
         tmp_path / "profile.ncu.parquet")
+    pd.DataFrame({"backend": ["cutile"], "direction": ["forward"], "share": [0.3]}).to_parquet(
+        tmp_path / "lm.step_profile.parquet")
     assert len(store.load(tmp_path)) == 3
     pd.DataFrame({"backend": ["cutile"]}).to_parquet(tmp_path / "stray.parquet")
     with pytest.raises(ValueError, match="lack schema columns"):

@@ -121,3 +121,14 @@ def test_the_share_table_sets_the_measured_speedup_beside_the_predicted_one(tmp_
     assert got["measured"] == pytest.approx(1.25) and got["predicted"] == pytest.approx(4 / 3)
     assert got["gain_ratio"] == pytest.approx(0.25 / (1 / 3)) and not got["within"]
     assert share_table(profile[profile["backend"] == "reference"], lm).empty  # no base profile: no row
+
+
+def test_the_rows_file_must_carry_the_tables_suffix(capsys):
+    """--out names a table of its own beside result rows: a name the results store would read as rows is refused
+    before anything runs."""
+    from instruments import step_profile
+
+    with pytest.raises(SystemExit):
+        step_profile.main(["--backends", "reference", "--out", "results/x/step_profile.parquet"])
+    err = capsys.readouterr().err
+    assert "--out" in err and step_profile.SUFFIX in err
