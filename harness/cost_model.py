@@ -283,15 +283,18 @@ FLOORS = (("bytes", "flops", ""), ("bytes_fused", "flops", "_fused"),
 
 def floor_seconds(cost: dict[str, float], bytes_key: str, flops_key: str, matmul_tflops: float,
                   copy_gbps: float) -> float:
-    """max(flops / matmul ceiling, bytes / copy ceiling), in seconds."""
-    return max(cost[flops_key] / (matmul_tflops * 1e12), cost[bytes_key] / (copy_gbps * 1e9))
+    """max(flops / matmul ceiling, bytes / copy ceiling), in seconds; their sum for a cost marked `serial` (work done
+    by separate kernels one after another, the flops by GEMMs that move no modelled bytes: the Mamba-2 layer's
+    non-SSD stages, models/floor.py)."""
+    compute, memory = cost[flops_key] / (matmul_tflops * 1e12), cost[bytes_key] / (copy_gbps * 1e9)
+    return compute + memory if cost.get("serial") else max(compute, memory)
 
 
 def derived(cost: dict[str, float], median_ms: float, matmul_tflops: float | None = None,
             copy_gbps: float | None = None) -> dict[str, float]:
     """TFLOP/s and GB/s achieved, and the fraction of each floor the cost defines (FLOORS): floor time =
-    max(flops / matmul ceiling, bytes / copy ceiling), fraction = floor / measured (1.0 = at the roofline of the
-    measured ceilings)."""
+    max(flops / matmul ceiling, bytes / copy ceiling) (their sum for a `serial` cost: floor_seconds), fraction =
+    floor / measured (1.0 = at the roofline of the measured ceilings)."""
     seconds = median_ms * 1e-3
     out = {"gbps": cost["bytes"] / seconds / 1e9}
     if cost["flops"]:

@@ -123,6 +123,21 @@ def backward_parts(c: Mamba2Config, batch: int, seqlen: int, e: int) -> list[tup
     ]
 
 
+# The layer workload's stages (harness/workloads/mamba2_layer.py) and the non-SSD parts each runs
+STAGE_PARTS = {"in_proj_conv": ("in_proj", "conv", "glue"), "norm_out_proj": ("norm", "out_proj")}
+COST_MODEL = "mamba2-layer-floor-v1"
+
+
+def stage_costs(config: Mamba2Config, batch: int, seqlen: int, dtype: torch.dtype) -> dict[str, dict[str, float]]:
+    """The forward's non-SSD floor per stage of the layer workload (STAGE_PARTS), as harness/cost_model.py costs:
+    the parts' flops and bytes summed, marked `serial` (their floor is flops / matmul rate + bytes / bandwidth, as
+    `layer_floor` prices them), for the rows' frac_floor beside each stage's time."""
+    e = torch.empty((), dtype=dtype).element_size()
+    parts = {name: (flops, moved) for name, flops, moved in forward_parts(config, batch, seqlen, e)}
+    return {stage: {"flops": sum(parts[n][0] for n in names), "bytes": sum(parts[n][1] for n in names),
+                    "serial": 1.0} for stage, names in STAGE_PARTS.items()}
+
+
 def layer_floor(config: Mamba2Config, batch: int, seqlen: int, rates: Rates, dtype: torch.dtype = torch.bfloat16,
                 direction: str = "forward") -> Floor:
     """The non-SSD floor of the layer at `config` over batch × seqlen tokens in `dtype`, priced at `rates`."""

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 import torch
 
 import impls
+from harness import cost_model
 from harness.correctness import FlatTruth
 from harness.workloads import DIRECTIONS, Backward, ShapeSchema, Workload, register
 from impls.problem import Problem, Shape, dtype_name
 from impls.stages import Stage
 from impls.tolerance import output_blocks
+from models import floor
 from models.mamba2 import Mamba2, Mamba2Config
 from models.mamba2_reference import layer_tolerance, mamba2_float64, mamba2_float64_parts
 
@@ -48,6 +50,15 @@ def layer_config(problem: Problem, options: dict) -> Mamba2Config:
     return Mamba2Config(d_model=d_inner // expand, d_state=s.dstate, d_conv=options["d_conv"], expand=expand,
                         headdim=s.headdim, ngroups=s.ngroups, chunk_size=s.chunk_size, dt_limit=problem.dt_limit,
                         D_per_channel=problem.D_per_channel)
+
+
+def _costs(problem: Problem, options: dict) -> dict[str, dict[str, float]]:
+    """Per stage: the non-SSD stages' floor (models/floor.py: their GEMMs at the matmul ceiling plus the conv's, the
+    norm's and the glue's bytes at the copy ceiling) and the SSD's forward (harness/cost_model.py), so that each
+    stage's rows carry frac_floor where the ceilings were measured (the GPU)."""
+    s = problem.shape
+    costs = floor.stage_costs(layer_config(problem, options), s.batch, s.seqlen, getattr(torch, problem.dtype))
+    return {**costs, "ssd": cost_model.costs(problem)["forward"]}
 
 
 def _check_shape(shape: Shape, options: dict) -> None:
@@ -200,6 +211,8 @@ MAMBA2_LAYER = register(Workload(
     shape=ShapeSchema(check=_check_shape, columns=_columns),
     options=OPTIONS,
     refuses=_refuses,
+    cost=_costs,
+    cost_model=f"{floor.COST_MODEL}+{cost_model.MODEL_VERSION}",
     backward=Backward(leaves=_leaves, call=_differentiable, incoming=_incoming, reference=_reference_gradients,
                       tolerance=_gradient_tolerance),
     precision=_precision,

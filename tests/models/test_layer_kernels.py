@@ -369,6 +369,31 @@ def test_the_floor_of_the_2p7b_layer():
 
 
 @pytest.mark.quick
+def test_the_layer_rows_floor_is_the_floors_parts_per_stage():
+    """The layer workload's cost per stage (harness/workloads/mamba2_layer.py) is models/floor.py's forward parts
+    grouped by stage, priced serially (GEMMs then bytes): at the same ceilings the two non-SSD stages' floors add up
+    to layer_floor's forward, and a stage's frac_floor in the rows is that floor over its median."""
+    from harness import cost_model
+    from harness.workloads.mamba2_layer import _costs, layer_config
+    from impls.problem import Problem, Shape
+    from models.floor import Rates, layer_floor
+
+    problem = Problem(Shape(8, 4096, 80, 64, 1, 128, 256), dtype="bfloat16")
+    costs = _costs(problem, {"expand": 2, "d_conv": 4})
+    assert set(costs) == {"in_proj_conv", "ssd", "norm_out_proj"}
+    assert costs["ssd"] == cost_model.costs(problem)["forward"]
+    tflops, gbps = 700.0, 3000.0
+    floor = layer_floor(layer_config(problem, {"expand": 2, "d_conv": 4}), 8, 4096, Rates(tflops * 1e12, gbps * 1e9))
+    stages = [cost_model.floor_seconds(costs[s], "bytes", "flops", tflops, gbps) for s in ("in_proj_conv",
+                                                                                           "norm_out_proj")]
+    assert sum(stages) == pytest.approx(floor.seconds)
+    compute = costs["in_proj_conv"]["flops"] / (tflops * 1e12)
+    assert stages[0] > compute > 0 and stages[0] > costs["in_proj_conv"]["bytes"] / (gbps * 1e9) > 0
+    derived = cost_model.derived(costs["norm_out_proj"], 2.0, tflops, gbps)
+    assert derived["frac_floor"] == pytest.approx(stages[1] / 2e-3)
+
+
+@pytest.mark.quick
 @pytest.mark.parametrize("change, arg", [({"batch": 0}, "batch"), ({"direction": "fwd"}, "direction"),
                                          ({"rates": "fast"}, "rates")], ids=["batch-0", "direction", "rates"])
 def test_the_floor_refuses_bad_arguments(change, arg):
