@@ -40,6 +40,16 @@ def load_curves(source: str | Path) -> pd.DataFrame:
     return pd.concat([pd.read_parquet(f).assign(source=f.name) for f in files], ignore_index=True)
 
 
+def load_curves_beside(sources) -> pd.DataFrame:
+    """The curve rows beside resolved result sources (analysis.end_to_end.beside: under a folder source or in the
+    folder of a file source), one run of them (analysis.load.one_run)."""
+    from analysis.end_to_end import beside
+
+    files = beside(sources, SUFFIX)
+    rows = pd.concat([pd.read_parquet(f).assign(source=f.name) for f in files], ignore_index=True)
+    return one_run(rows, "loss curves beside the rows")
+
+
 def smoothed(rows: pd.DataFrame, window: int = SMOOTH_STEPS) -> pd.DataFrame:
     """Each (backend, seed) run's loss smoothed by a trailing mean over `window` steps (fewer at the start):
     index step, columns (backend, seed). Two runs of one (backend, seed) raise (select one run group first)."""

@@ -106,3 +106,66 @@ def share_table(profile, lm, base: str = "mamba_ssm", tolerance: float = 0.20):
                     "measured": e.measured, "predicted": e.predicted, "gain_ratio": e.ratio, "within": e.within})
     return pd.DataFrame(out, columns=["direction", "shape", "backend", "base", "share_base", "ssd_speedup",
                                       "measured", "predicted", "gain_ratio", "within"])
+
+
+# --- the layer's parts, and the tables that sit beside the rows --------------------------------------------------
+LAYER_STAGES = ("in_proj_conv", "ssd", "norm_out_proj")  # harness/workloads/mamba2_layer.py, in call order
+NON_SSD = ("in_proj_conv", "norm_out_proj")
+STEP_PROFILE_SUFFIX = ".step_profile.parquet"  # instruments/step_profile.py SUFFIX
+
+
+def layer_parts_table(w):
+    """Time per part of the Mamba-2 layer, per backend and shape, from the wide rows of one run of workload
+    mamba2_layer: each stage's median (p20, p80) and share of the layer's forward, its floor where the run measured
+    the card's ceilings (frac_floor × median: harness/workloads/mamba2_layer.py's costs), and a row `non_ssd` (the two
+    stages around the SSD, medians and floors summed) with its time over its floor (issue target: ≤ 1.3× at the 2.7B
+    layer). Stages are timed each on ready inputs, so the parts need not add up to the forward exactly."""
+    import pandas as pd
+
+    from analysis.load import one_run, timed
+
+    rows = one_run(timed(w, workload="mamba2_layer"), "layer parts table")
+    rows = rows[rows["direction"] == "forward"]
+    out = []
+    for (backend, shape), point in rows.groupby(["backend", "shape"], sort=True):
+        by = point.drop_duplicates("stage").set_index("stage")
+        if "forward" not in by.index:
+            continue
+        layer_ms = float(by.loc["forward", "median_ms"])
+        floor = (by["frac_floor"] * by["median_ms"]) if "frac_floor" in by else pd.Series(float("nan"), index=by.index)
+        for stage in (*LAYER_STAGES, "forward"):
+            if stage not in by.index:
+                continue
+            out.append({"backend": backend, "shape": shape, "part": stage, "median_ms": by.loc[stage, "median_ms"],
+                        "p20_ms": by.loc[stage, "p20_ms"], "p80_ms": by.loc[stage, "p80_ms"],
+                        "share_of_layer": by.loc[stage, "median_ms"] / layer_ms, "floor_ms": floor.get(stage),
+                        "x_floor": by.loc[stage, "median_ms"] / floor.get(stage)})
+        if all(s in by.index for s in NON_SSD):
+            measured = float(sum(by.loc[s, "median_ms"] for s in NON_SSD))
+            floor_ms = float(sum(floor.get(s) for s in NON_SSD))
+            out.append({"backend": backend, "shape": shape, "part": "non_ssd", "median_ms": measured,
+                        "p20_ms": float("nan"), "p80_ms": float("nan"), "share_of_layer": measured / layer_ms,
+                        "floor_ms": floor_ms, "x_floor": measured / floor_ms})
+    return pd.DataFrame(out, columns=["backend", "shape", "part", "median_ms", "p20_ms", "p80_ms", "share_of_layer",
+                                      "floor_ms", "x_floor"])
+
+
+def beside(sources, suffix: str) -> list:
+    """The files ending `suffix` beside resolved result sources (analysis.load.resolve_sources): under a folder
+    source, or in the folder of a file source; FileNotFoundError naming the folders when there is none."""
+    from pathlib import Path
+
+    folders = sorted({Path(s) if Path(s).is_dir() else Path(s).parent for s in sources})
+    found = sorted({f for folder in folders for f in folder.rglob(f"*{suffix}")})
+    if not found:
+        raise FileNotFoundError(f"no *{suffix} beside the rows (looked under {', '.join(map(str, folders))})")
+    return found
+
+
+def load_step_profiles(sources):
+    """The step-profile rows (instruments/step_profile.py) beside result sources, with a column `source` (the file's
+    name), for share_table."""
+    import pandas as pd
+
+    return pd.concat([pd.read_parquet(f).assign(source=f.name) for f in beside(sources, STEP_PROFILE_SUFFIX)],
+                     ignore_index=True)

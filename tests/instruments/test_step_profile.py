@@ -3,6 +3,7 @@ speedup it predicts (analysis/end_to_end.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -132,3 +133,35 @@ def test_the_rows_file_must_carry_the_tables_suffix(capsys):
         step_profile.main(["--backends", "reference", "--out", "results/x/step_profile.parquet"])
     err = capsys.readouterr().err
     assert "--out" in err and step_profile.SUFFIX in err
+
+
+# --- the layer's parts and the tables beside the rows (analysis/end_to_end.py), on the CPU fixture's rows ---
+END_TO_END_CPU = Path(__file__).resolve().parents[1] / "fixtures" / "end_to_end_cpu"
+
+
+def test_the_layer_parts_table_puts_the_non_ssd_part_beside_its_floor():
+    from analysis.end_to_end import layer_parts_table
+    from analysis.load import load_results, wide
+
+    w = wide(load_results(END_TO_END_CPU / "end_to_end.parquet"))
+    cpu = layer_parts_table(w)
+    assert cpu["floor_ms"].isna().all()  # no ceilings measured on the CPU: no floor, no ratio
+    w.loc[w["workload"] == "mamba2_layer", "frac_floor"] = 0.25  # as a GPU run's rows carry it
+    table = layer_parts_table(w).set_index(["backend", "part"])
+    parts = table.loc["reference"]
+    assert list(parts.index) == ["in_proj_conv", "ssd", "norm_out_proj", "forward", "non_ssd"]
+    non_ssd = parts.loc["non_ssd"]
+    assert non_ssd["median_ms"] == pytest.approx(parts.loc["in_proj_conv", "median_ms"]
+                                                 + parts.loc["norm_out_proj", "median_ms"])
+    assert non_ssd["x_floor"] == pytest.approx(4.0) and parts.loc["ssd", "x_floor"] == pytest.approx(4.0)
+    assert parts.loc["forward", "share_of_layer"] == 1.0
+
+
+def test_tables_beside_the_rows_are_found_or_named_missing(tmp_path):
+    from analysis.end_to_end import beside, load_step_profiles
+
+    profile = load_step_profiles([str(END_TO_END_CPU / "end_to_end.parquet")])
+    assert set(profile["backend"]) == {"reference", "mamba_ssm"} and set(profile["source"]) == {
+        "lm.step_profile.parquet"}
+    with pytest.raises(FileNotFoundError, match=r"no \*\.step_profile\.parquet beside the rows .*" + tmp_path.name):
+        beside([str(tmp_path)], ".step_profile.parquet")
