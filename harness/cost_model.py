@@ -274,6 +274,17 @@ def costs(p: Problem) -> dict[str, dict[str, float]]:
     return {**out, **backward_costs(p, out["forward"])}
 
 
+def priced_kernel(kernel: str, costs: dict) -> str | None:
+    """The entry of `costs` (`costs(p)`) that prices a launched kernel on its own, or None: the entry (a forward
+    stage or one of our backward kernels) whose name is the kernel's, or the kernel's less "_kernel" (Triton and
+    cuTile keep the Python function's name: `bwd_chunk_kernel` is `bwd_chunk`). Peers' kernels and our others (the
+    C·Bᵀ kernel, the fold) have none."""
+    for name in (kernel, kernel.removesuffix("_kernel")):
+        if name in costs and name not in ("forward", *BACKWARD_STAGES):
+            return name
+    return None
+
+
 # (bytes key, flops key, suffix of frac_floor): the staged and fused floors, and the backward's with the states
 # recomputed (switch bwd_recompute_states); a cost has the keys of the floors it defines
 FLOORS = (("bytes", "flops", ""), ("bytes_fused", "flops", "_fused"),

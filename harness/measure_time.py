@@ -173,8 +173,9 @@ def peak_memory(fn, device: torch.device) -> float | timing.Missing:
 def backward_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
     """The backward directions' timings: "backward" for both, "forward_backward" and its peak memory for
     forward_backward, each with its cost model's derived metrics where the workload has a cost for it (the
-    ceilings measured as for the forward); no CUDA-graph replay (autograd's graph is not captured here); and
-    whether two backward calls agree bit for bit ("deterministic" at stage backward: 1 or 0)."""
+    ceilings measured as for the forward); on the GPU each kernel of the backward under its own stage
+    (`kernel_rows`); no CUDA-graph replay (autograd's graph is not captured here); and whether two backward calls
+    agree bit for bit ("deterministic" at stage backward: 1 or 0)."""
     bench, device = plan.point.bench, plan.point.device
     costs = plan.workload.cost(plan.point.problem, plan.point.workload_options)
     ceilings, out = measured_ceilings(plan)
@@ -188,10 +189,33 @@ def backward_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
         out += [(stage, key, value) for key, value in times.items()]
         if stage in costs:
             out += derived_metrics(stage, costs[stage], times, ceilings)
+    if device.type == "cuda":
+        out += kernel_rows(calls["backward"], bench.quantiles, costs, ceilings)
     if plan.point.direction == "forward_backward":
         out.append(("forward_backward", "peak_mem_bytes", peak_memory(calls["forward_backward"], device)))
     out.append(("backward", "deterministic", 1.0 if bitwise_repeatable(calls["backward"]) else 0.0))
     return out
+
+
+def kernel_rows(fn, quantiles, costs: dict, ceilings: dict) -> list[tuple[str, str, float]]:
+    """Each kernel of one call of `fn` (the backward) under its own stage, kernel:<name> (harness/timing.py
+    kernel_samples / kernel_summary: median, quantiles, launches per call, share of the call's device time), with the
+    cost model's derived metrics (frac_floor against the same run's ceilings) where the model prices that kernel on
+    its own (harness/cost_model.py priced_kernel: our backward kernels). A profiler that fails gives one row,
+    stage kernel:*, whose note says why."""
+    try:
+        summary = timing.kernel_summary(timing.kernel_samples(fn), quantiles)
+    except Exception as exc:  # noqa: BLE001 - the profiler failing leaves the call's own timings standing
+        return [(timing.KERNEL_STAGE + "*", "median_ms",
+                 timing.Missing(f"the torch profiler failed: {type(exc).__name__}: {str(exc)[:300]}"))]
+    rows = []
+    for name, metrics in summary.items():
+        stage = timing.KERNEL_STAGE + name
+        rows += [(stage, key, value) for key, value in metrics.items()]
+        priced = cost_model.priced_kernel(name, costs)
+        if priced is not None:
+            rows += derived_metrics(stage, costs[priced], metrics, ceilings)
+    return rows
 
 
 def bitwise_repeatable(backward) -> bool:

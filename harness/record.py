@@ -32,7 +32,7 @@ UNITS = {"median_ms": "ms", "p20_ms": "ms", "p80_ms": "ms", "graph_median_ms": "
          "frac_floor_recompute": "1", "frac_floor_fused_recompute": "1",
          "matmul_tflops": "TFLOP/s", "copy_gbps": "GB/s", "block_err": "1", "bound_ratio": "1",
          "peak_mem_bytes": "byte", "deterministic": "1", "mamba_ssm_rel_err": "1", "mamba_ssm_rule": "1",
-         "tokens_per_s": "token/s"}
+         "tokens_per_s": "token/s", "launches": "1", "share_pct": "%"}
 
 
 def unit(metric: str) -> str:

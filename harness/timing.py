@@ -198,3 +198,56 @@ def ceilings(device: torch.device, dtype: torch.dtype, rep_ms: int) -> dict[str,
     copy_ms = do_bench(lambda: dst.copy_(src), rep=rep_ms, return_mode="median")
     return {"matmul_tflops": 2 * n**3 / (mm_ms * 1e-3) / 1e12,
             "copy_gbps": 2 * src.numel() * 4 / (copy_ms * 1e-3) / 1e9}
+
+
+# --- each kernel of one call ------------------------------------------------------------------------------------
+KERNEL_STAGE = "kernel:"  # a row's stage prefix for one kernel of a timed call (the backward's own kernels)
+
+
+def kernel_samples(fn: Callable[[], object], reps: int = 10) -> list[dict[str, tuple[float, int]]]:
+    """Per call of `fn` (CUDA): {kernel name: (device milliseconds summed over its launches, launches)}, from the
+    torch profiler's device events (kernels, and the memsets and copies the call issues), one profiler session per
+    call with L2 flushed before it (as do_bench flushes), after one unprofiled call."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    from triton import runtime
+
+    if reps < 1:
+        raise ValueError(f"reps: expected >= 1, got {reps!r}")
+    cache = runtime.driver.active.get_empty_cache_for_benchmark()
+    fn()
+    samples = []
+    for _ in range(reps):
+        cache.zero_()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        call: dict[str, tuple[float, int]] = {}
+        for event in prof.events():
+            if event.device_type != DeviceType.CUDA:
+                continue
+            ms, launches = call.get(event.name, (0.0, 0))
+            call[event.name] = (ms + event.time_range.elapsed_us() * 1e-3, launches + 1)
+        samples.append(call)
+    return samples
+
+
+def kernel_summary(samples: list[dict[str, tuple[float, int]]], quantiles=(0.2, 0.8)) -> dict[str, dict[str, float]]:
+    """Each kernel's median, quantiles and launches per call over `samples` (kernel_samples), and its share of the
+    calls' summed device time (share_pct: its median over the sum of every kernel's median); a kernel a call did not
+    launch counts 0 ms there."""
+    if not samples:
+        raise ValueError("samples: expected at least one call's kernels")
+    names = sorted({name for call in samples for name in call})
+    out = {}
+    for name in names:
+        times = [call.get(name, (0.0, 0))[0] for call in samples]
+        launches = [call.get(name, (0.0, 0))[1] for call in samples]
+        out[name] = {"median_ms": statistics.median(times),
+                     **{quantile_metric(q): v for q, v in zip(quantiles, sample_quantiles(times, quantiles))},
+                     "launches": float(statistics.median(launches))}
+    total = sum(v["median_ms"] for v in out.values())
+    for v in out.values():
+        v["share_pct"] = 100.0 * v["median_ms"] / total if total > 0 else float("nan")
+    return out

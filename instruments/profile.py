@@ -253,17 +253,6 @@ def stall_summary(launch: dict) -> str:
     return ", ".join(f"{reason} {share:.0f} %" for reason, share in ranked[:5])
 
 
-def modelled_kernel(kernel: str, costs: dict) -> str | None:
-    """The cost model's entry that prices this launch's kernel on its own, or None: the longest entry name (a forward
-    stage or one of our backward kernels) that the kernel's name starts with, followed by nothing or by "_kernel"
-    (Triton and cuTile keep the Python function's name). Peers' kernels and our other kernels (the C·Bᵀ kernel,
-    the fold) have none."""
-    for name in sorted(costs, key=len, reverse=True):
-        if kernel in (name, f"{name}_kernel"):
-            return name
-    return None
-
-
 def backend_rows(backend: str, shape: str, launches: list[dict], problem, ablation: str = "none",
                  direction: str = "forward") -> list[dict]:
     from harness import cost_model
@@ -278,7 +267,7 @@ def backend_rows(backend: str, shape: str, launches: list[dict], problem, ablati
     rows = []
     for launch in launches:
         rows += [row(launch["kernel"], launch["launch"], name, launch[name], units[name]) for name in units]
-        priced = modelled_kernel(launch["kernel"], costs)
+        priced = cost_model.priced_kernel(launch["kernel"], costs)
         if priced is not None:
             cost = costs[priced]
             measured = launch["dram_read_bytes"] + launch["dram_write_bytes"]

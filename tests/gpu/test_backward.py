@@ -39,3 +39,24 @@ def test_peers_without_a_backward_refuse_on_the_gpu(backend, words):
     kw["x"] = kw["x"].requires_grad_()
     with pytest.raises(BackendUnavailable, match=words):
         impls.ssd(**kw, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["triton", "mamba_ssm"])
+def test_each_kernel_of_the_backward_is_timed_under_its_own_name(backend):
+    """harness/measure_time.py kernel_rows over a real backward (the timed rows' own call): every kernel a name and a
+    positive median, the shares adding to 100; our backward kernels beside their floor when ceilings are given."""
+    from harness import cost_model
+    from harness.measure_time import backward_callables, kernel_rows
+
+    problem = Problem(Shape(2, 1024, 16, 64, 1, 128, 256), dtype="bfloat16")
+    inputs = make_inputs(problem, device="cuda", seed=0)
+    call = backward_callables(get_backend(backend), inputs)["backward"]
+    rows = kernel_rows(call, (0.2, 0.8), cost_model.costs(problem), {"matmul_tflops": 700.0, "copy_gbps": 3000.0})
+    medians = {stage: value for stage, metric, value in rows if metric == "median_ms"}
+    shares = [value for _stage, metric, value in rows if metric == "share_pct"]
+    print(f"[{backend}]", {stage: round(ms, 4) for stage, ms in medians.items()})
+    assert len(medians) >= 3 and all(stage.startswith("kernel:") and ms >= 0 for stage, ms in medians.items())
+    assert sum(shares) == pytest.approx(100.0)
+    if backend == "triton":
+        assert "kernel:bwd_chunk_kernel" in medians
+        assert any(stage == "kernel:bwd_chunk_kernel" and metric == "frac_floor" for stage, metric, _ in rows)

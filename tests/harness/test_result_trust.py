@@ -227,6 +227,47 @@ def test_quantiles_are_honoured():
     assert record.unit("p10_ms") == "ms"
 
 
+def test_each_kernel_of_a_call_gets_its_median_quantiles_launches_and_share():
+    """harness/timing.py kernel_summary over three calls' kernels (kernel_samples' form: device ms summed over
+    launches, launches): a kernel missing from a call counts 0 ms there; shares add to 100."""
+    calls = [{"bwd_chunk_kernel": (3.0, 1), "bwd_db_kernel": (1.0, 2)},
+             {"bwd_chunk_kernel": (5.0, 1), "bwd_db_kernel": (1.2, 2), "Memset (Device)": (0.1, 1)},
+             {"bwd_chunk_kernel": (4.0, 1), "bwd_db_kernel": (0.8, 2)}]
+    got = timing.kernel_summary(calls, (0.2, 0.8))
+    assert got["bwd_chunk_kernel"]["median_ms"] == 4.0 and got["bwd_db_kernel"]["launches"] == 2
+    assert got["bwd_chunk_kernel"]["p20_ms"] == pytest.approx(3.4) and got["bwd_chunk_kernel"]["p80_ms"] == 4.6
+    assert got["Memset (Device)"]["median_ms"] == 0.0
+    assert sum(v["share_pct"] for v in got.values()) == pytest.approx(100.0)
+    assert got["bwd_chunk_kernel"]["share_pct"] == pytest.approx(400 / 5.0)
+    assert record.unit("share_pct") == "%" and record.unit("launches") == "1"
+    with pytest.raises(ValueError, match="samples"):
+        timing.kernel_summary([])
+
+
+def test_the_backwards_kernel_rows_carry_their_floor_where_the_model_prices_them(monkeypatch):
+    """harness/measure_time.py kernel_rows: one stage per kernel (kernel:<name>), and frac_floor against the run's
+    ceilings for our backward kernels only (a peer's kernel has no cost of its own)."""
+    from harness import cost_model, measure_time
+
+    problem = Problem(Shape(8, 4096, 80, 64, 1, 128, 256), dtype="bfloat16")
+    costs = cost_model.costs(problem)
+    calls = [{"bwd_chunk_kernel": (1.2, 1), "_chunk_scan_bwd_dx_kernel": (0.5, 1)}] * 3
+    monkeypatch.setattr(timing, "kernel_samples", lambda fn, reps=10: calls)
+    rows = {(stage, metric): value for stage, metric, value in
+            measure_time.kernel_rows(lambda: None, (0.2, 0.8), costs, {"matmul_tflops": 700.0, "copy_gbps": 3000.0})}
+    floor = cost_model.floor_seconds(costs["bwd_chunk"], "bytes", "flops", 700.0, 3000.0)
+    assert rows[("kernel:bwd_chunk_kernel", "frac_floor")] == pytest.approx(floor / 1.2e-3)
+    assert rows[("kernel:_chunk_scan_bwd_dx_kernel", "median_ms")] == 0.5
+    assert ("kernel:_chunk_scan_bwd_dx_kernel", "frac_floor") not in rows
+
+    def fails(fn, reps=10):
+        raise RuntimeError("CUPTI is busy")
+
+    monkeypatch.setattr(timing, "kernel_samples", fails)
+    ((stage, metric, missing),) = measure_time.kernel_rows(lambda: None, (0.2, 0.8), costs, {})
+    assert stage == "kernel:*" and isinstance(missing, timing.Missing) and "CUPTI is busy" in missing.reason
+
+
 def test_a_graph_that_cannot_be_captured_records_why():
     def fails():
         raise RuntimeError("capture refused")

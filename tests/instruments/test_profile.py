@@ -178,12 +178,12 @@ def test_a_bad_direction_is_refused(capsys):
 @pytest.mark.parametrize("kernel, priced", [
     ("bwd_chunk_kernel", "bwd_chunk"), ("bwd_state_pass_kernel", "bwd_state_pass"), ("bwd_db", "bwd_db"),
     ("compute_out_kernel", "compute_out"), ("cb_kernel", None), ("_chunk_scan_bwd_dx", None),
-    ("bwd_chunk_kernel_2", None)], ids=lambda v: str(v))
+    ("bwd_chunk_kernel_2", None), ("backward", None), ("forward_kernel", None)], ids=lambda v: str(v))
 def test_a_kernel_is_priced_only_by_its_own_name(kernel, priced):
     from harness import cost_model
 
     costs = cost_model.costs(Problem(Shape(8, 4096, 80, 64, 1, 128, 256)))
-    assert profile.modelled_kernel(kernel, costs) == priced
+    assert cost_model.priced_kernel(kernel, costs) == priced
 
 
 def test_backward_rows_put_each_kernel_and_the_whole_backward_beside_the_model():
