@@ -1,5 +1,8 @@
 """`python -m analysis.forward_table FILE [FILE ...] [--stage forward] [--out PATH | --check PATH]`: one stage of every
 point in a results folder's files, as a table to put beside the folder's README instead of copying figures by hand.
+`--stage` is a forward stage, `forward`, a backward direction (`backward`, `forward_backward`), or `kernels`: every
+kernel of the timed backwards (the rows' `kernel:<name>` stages), a row per (point, kernel), its cell adding the
+kernel's share of the call's device time and, for our kernels, its fraction of its cost-model floor.
 
 One table per run (`analysis.load.runs`: one card, one source tree, one run group; ordered by GPU model, then by
 when they ran): a row per point (`analysis.load.point_label`: the backend, with its ablation or the switches it ran
@@ -22,18 +25,38 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import RUN_COLUMNS, one_run, repo_root, run_keys, runs, timed, wide
+from analysis.load import RUN_COLUMNS, TIMED_STAGES, one_run, repo_root, run_keys, runs, timed, wide
 from analysis.markdown import emit, table
 
 COMMAND = "python -m analysis.forward_table"
+KERNELS = "kernels"  # --stage: every kernel:<name> stage of the timed backwards (harness/measure_time.py kernel_rows)
+BACKWARD_STAGES = ("backward", "forward_backward")
 
 
 def cell(row) -> str:
     text = f"{row['median_ms']:.3f} [{row['p20_ms']:.3f}, {row['p80_ms']:.3f}]"
     graph = row.get("graph_median_ms")
     text += f", graph {graph:.3f}" if pd.notna(graph) else ""
+    share, floor = row.get("share_pct"), row.get("frac_floor")  # a kernel's (kernel rows only)
+    text += f", {share:.0f} % of the call" if pd.notna(share) else ""
+    text += f", {floor:.2f} of its floor" if pd.notna(floor) and str(row.get("stage", "")).startswith("kernel:") else ""
     tiles = row.get("tile_protocol")  # where the tiles came from, where not searched for this code (impls/tuning.py)
     return text + (f", tiles {tiles}" if isinstance(tiles, str) and tiles != "retuned" else "")
+
+
+def stage_rows(w: pd.DataFrame, stage: str) -> pd.DataFrame:
+    """The SSD's timed rows of `stage` (a forward stage, a backward direction, or KERNELS: every kernel of the
+    backwards, each labelled `<point> · <kernel>`) of points that passed."""
+    if stage in TIMED_STAGES:
+        rows = timed(w)
+        return rows[rows["stage"] == stage]
+    if stage not in (*BACKWARD_STAGES, KERNELS):
+        raise ValueError(f"--stage: expected one of {[*TIMED_STAGES, *BACKWARD_STAGES, KERNELS]}, got {stage!r}")
+    ssd = w[(w["workload"].fillna("ssd") == "ssd") & w["median_ms"].notna() & (w["status"] == "ok")]
+    if stage != KERNELS:
+        return ssd[ssd["stage"] == stage]
+    kernels = ssd[ssd["stage"].str.startswith("kernel:")]
+    return kernels.assign(label=kernels["label"] + " · " + kernels["stage"].str.removeprefix("kernel:"))
 
 
 def tables(files: list[str | Path], stage: str = "forward", root: Path | None = None) -> dict[str, pd.DataFrame]:
@@ -42,8 +65,7 @@ def tables(files: list[str | Path], stage: str = "forward", root: Path | None = 
     a run group holds two)."""
     root = root or repo_root()
     long = pd.concat([pd.read_parquet(root / f) for f in files], ignore_index=True)
-    rows = timed(wide(long))
-    rows = rows[rows["stage"] == stage].sort_values("timestamp", kind="stable")
+    rows = stage_rows(wide(long), stage).sort_values("timestamp", kind="stable")
     if rows.empty:
         raise ValueError(f"stage {stage!r}: no timed point of it in {', '.join(map(str, files))}")
     out = {}

@@ -100,6 +100,32 @@ def test_a_stage_no_point_timed_is_refused():
         forward_table.tables(files, stage="compute_out")
 
 
+def test_backward_directions_and_their_kernels_have_tables(tmp_path):
+    """--stage forward_backward reads the backward points' rows; --stage kernels a row per (point, kernel) from the
+    backward's kernel:<name> stages, each cell with the kernel's share of the call (rows planted on a committed
+    point: no GPU run has written kernel rows yet); an unknown stage is refused naming --stage."""
+    import pandas as pd
+
+    from analysis import forward_table
+
+    source = RESULTS / "2026-12-07-h100-switches-backward-first" / "forward_backward.parquet"
+    (table,) = forward_table.tables([str(source.relative_to(ROOT))], stage="forward_backward").values()
+    assert table.loc["mamba_ssm", "S1"].startswith("7.397 [7.394, 7.402]")
+    long = pd.read_parquet(source)
+    point = long[(long["backend"] == "mamba_ssm") & (long["shape_name"] == "S1") & (long["stage"] == "backward")
+                 & long["metric"].isin(["median_ms", "p20_ms", "p80_ms"])]
+    kernels = []
+    for kernel, scale, share in (("_chunk_scan_bwd_dx_kernel", 0.25, 25.0), ("_chunk_state_bwd_db_kernel", 0.1, 10.0)):
+        k = point.assign(stage=f"kernel:{kernel}", value=point["value"] * scale)
+        kernels += [k, k.iloc[:1].assign(metric="share_pct", value=share, unit="%")]
+    pd.concat([long, *kernels], ignore_index=True).to_parquet(tmp_path / "kernels.parquet")
+    (table,) = forward_table.tables(["kernels.parquet"], stage="kernels", root=tmp_path).values()
+    assert table.loc["mamba_ssm · _chunk_scan_bwd_dx_kernel", "S1"].startswith("1.44")
+    assert ", 25 % of the call" in table.loc["mamba_ssm · _chunk_scan_bwd_dx_kernel", "S1"]
+    with pytest.raises(ValueError, match="--stage: expected one of"):
+        forward_table.tables([str(source.relative_to(ROOT))], stage="sideways")
+
+
 # --- the index's two sections and the front pages -------------------------------------------------------------
 def test_every_index_name_resolves_in_either_section():
     """`index:<name>` finds current and archive entries alike (names the code, the claims and the notebooks use)."""
