@@ -59,12 +59,13 @@ def test_committed_headline_table_matches_the_rows():
     assert (ROOT / headline.OUTPUT).read_text() == headline.render(ROOT), "run python -m analysis.headline"
 
 
-GENERATED_TABLES = sorted(RESULTS.glob("*/forward*.md"))
+GENERATED_TABLES = sorted(p for name in ("forward", "backward", "kernels") for p in RESULTS.glob(f"*/{name}*.md"))
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=f"{p.parent.name}/{p.name}") for p in GENERATED_TABLES])
 def test_a_folder_s_generated_table_matches_its_rows(path):
-    """Each results/*/forward*.md is what the command on its first line makes of the folder's committed rows."""
+    """Each results/*/{forward,backward,kernels}*.md is what the command on its first line makes of the folder's
+    committed rows."""
     from analysis import forward_table
 
     assert forward_table.main(["--check", str(path.relative_to(ROOT))]) == 0, "regenerate it (its first line)"
