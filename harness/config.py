@@ -105,6 +105,10 @@ class BenchConfig:
     host_calls: int = 1000  # calls per host-time median
     device_rounds: int = 2  # rounds of the interleaved device-time measurement per point
     ceilings: bool = True  # measure a matmul and a copy in the same run (GPU only)
+    # each kernel of the timed call (the forward, or the backward) under stage kernel:<name>, from the torch profiler
+    # after the call's own timings (GPU only; forward and backward directions): a run of its own, since a profiled
+    # process may launch more slowly afterwards (harness/timing.py kernel_samples)
+    kernel_times: bool = False
     cpu_warmup: int = 1  # CPU: wall-clock median over a few repetitions
     cpu_reps: int = 3
 
@@ -372,6 +376,9 @@ def validate(cfg: DictConfig):
     if cfg.bench.statistic != "median":
         raise ConfigError(f"bench.statistic: only 'median' is recorded, got {cfg.bench.statistic!r}")
     check_timing_knobs(cfg.bench, cfg.device)
+    if cfg.bench.get("kernel_times") and cfg.direction not in ("forward", "backward", "forward_backward"):
+        raise ConfigError(f"bench.kernel_times: times the kernels of a forward or a backward call; direction "
+                          f"{cfg.direction!r} has none to give")
     check_workload(cfg.workload.name, OmegaConf.to_container(cfg.workload.options, resolve=True), problem,
                    cfg.direction, cfg.bench.reference, list(cfg.bench.stages))
     if not 0 <= cfg.launch.shard < cfg.launch.num_shards:
@@ -397,6 +404,15 @@ def check_workload(name: str, options: dict | None, problem: Problem, direction:
     return resolved
 
 
+def _cuda_device(device: str) -> bool:
+    """Whether points of `device` (cpu | cuda | auto) run on a CUDA device."""
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device == "cuda"
+
+
 def check_timing_knobs(bench, device: str) -> None:
     """bench.quantiles and bench.flush_l2 are honoured or refused here, never ignored."""
     for q in bench.quantiles:
@@ -410,6 +426,9 @@ def check_timing_knobs(bench, device: str) -> None:
         raise ConfigError(f"bench.host_calls must be >= 1, got {bench.host_calls}")
     if bench.device_rounds < 1:
         raise ConfigError(f"bench.device_rounds must be >= 1, got {bench.device_rounds}")
+    if getattr(bench, "kernel_times", False) and not _cuda_device(device):
+        raise ConfigError("bench.kernel_times: each kernel's device time comes from the torch profiler on a CUDA "
+                          "device; this point runs on the CPU")
 
 
 # --- identity of a point ------------------------------------------------------------------------------

@@ -84,6 +84,8 @@ def stage_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
         out += token_rate(plan, stage, times)
         if stage == "forward" and plan.workload.tokens is not None:  # an end-to-end model's prefill: its memory too
             out.append((stage, "peak_mem_bytes", peak_memory(fn, device)))
+        if stage == "forward" and device.type == "cuda" and bench.kernel_times:
+            out += kernel_rows(fn, bench.quantiles, costs, ceilings)
         if stage not in costs:  # parts of a forward have no cost-model entry of their own
             continue
         out += derived_metrics(stage, costs[stage], times, ceilings)
@@ -173,8 +175,8 @@ def peak_memory(fn, device: torch.device) -> float | timing.Missing:
 def backward_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
     """The backward directions' timings: "backward" for both, "forward_backward" and its peak memory for
     forward_backward, each with its cost model's derived metrics where the workload has a cost for it (the
-    ceilings measured as for the forward); on the GPU each kernel of the backward under its own stage
-    (`kernel_rows`); no CUDA-graph replay (autograd's graph is not captured here); and whether two backward calls
+    ceilings measured as for the forward); with bench.kernel_times each kernel of the backward under its own
+    stage (`kernel_rows`); no CUDA-graph replay (autograd's graph is not captured here); and whether two backward calls
     agree bit for bit ("deterministic" at stage backward: 1 or 0)."""
     bench, device = plan.point.bench, plan.point.device
     costs = plan.workload.cost(plan.point.problem, plan.point.workload_options)
@@ -189,7 +191,7 @@ def backward_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
         out += [(stage, key, value) for key, value in times.items()]
         if stage in costs:
             out += derived_metrics(stage, costs[stage], times, ceilings)
-    if device.type == "cuda":
+    if device.type == "cuda" and bench.kernel_times:
         out += kernel_rows(calls["backward"], bench.quantiles, costs, ceilings)
     if plan.point.direction == "forward_backward":
         out.append(("forward_backward", "peak_mem_bytes", peak_memory(calls["forward_backward"], device)))
@@ -198,11 +200,11 @@ def backward_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
 
 
 def kernel_rows(fn, quantiles, costs: dict, ceilings: dict) -> list[tuple[str, str, float]]:
-    """Each kernel of one call of `fn` (the backward) under its own stage, kernel:<name> (harness/timing.py
-    kernel_samples / kernel_summary: median, quantiles, launches per call, share of the call's device time), with the
-    cost model's derived metrics (frac_floor against the same run's ceilings) where the model prices that kernel on
-    its own (harness/cost_model.py priced_kernel: our backward kernels). A profiler that fails gives one row,
-    stage kernel:*, whose note says why."""
+    """Each kernel of one call of `fn` (the whole forward, or the backward) under its own stage, kernel:<name>
+    (harness/timing.py kernel_samples / kernel_summary: median, quantiles, launches per call, share of the call's
+    device time), with the cost model's derived metrics (frac_floor against the same run's ceilings) where the model
+    prices that kernel on its own (harness/cost_model.py priced_kernel: our forward stages' and backward kernels).
+    A profiler that fails gives one row, stage kernel:*, whose note says why."""
     try:
         summary = timing.kernel_summary(timing.kernel_samples(fn), quantiles)
     except Exception as exc:  # noqa: BLE001 - the profiler failing leaves the call's own timings standing

@@ -46,6 +46,7 @@ class BenchSettings:
     host_calls: int = 1000
     device_rounds: int = 2
     ceilings: bool = True
+    kernel_times: bool = False
     cpu_warmup: int = 1
     cpu_reps: int = 3
 
@@ -170,8 +171,9 @@ def semantic(backend: str, switches, ablation: str, problem: Problem, bench: Ben
         "shape": dataclasses.asdict(problem.shape),
         "problem": problem_fields,
         "dtype": {"name": problem.dtype},
-        "bench": {k: list(v) if isinstance(v, tuple) else v
-                  for k, v in dataclasses.asdict(bench).items() if k != "name"},
+        # kernel_times only where on: points without it keep their hashes
+        "bench": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(bench).items()
+                  if k != "name" and not (k == "kernel_times" and not v)},
         "seed": seed,
         "device": device_name,
         "workload": workload,

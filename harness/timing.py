@@ -204,10 +204,15 @@ def ceilings(device: torch.device, dtype: torch.dtype, rep_ms: int) -> dict[str,
 KERNEL_STAGE = "kernel:"  # a row's stage prefix for one kernel of a timed call (the backward's own kernels)
 
 
+SEPARATOR = "spin_kernel"  # torch.cuda._sleep's kernel (ATen's Sleep.cu): marks where one profiled call begins
+
+
 def kernel_samples(fn: Callable[[], object], reps: int = 10) -> list[dict[str, tuple[float, int]]]:
-    """Per call of `fn` (CUDA): {kernel name: (device milliseconds summed over its launches, launches)}, from the
-    torch profiler's device events (kernels, and the memsets and copies the call issues), one profiler session per
-    call with L2 flushed before it (as do_bench flushes), after one unprofiled call."""
+    """Per call of `fn` (CUDA): {kernel name: (device milliseconds summed over its launches, launches)}, from one
+    torch profiler session over reps + 1 calls, each after an L2 flush (as do_bench flushes) and a short sleep kernel
+    that marks where it begins (`calls_between_markers`); the session's first call is dropped (a profiling session
+    can lose the first device events it sees), and one unprofiled call runs before it. Memsets and copies the call
+    issues count as its kernels."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     from triton import runtime
@@ -216,21 +221,42 @@ def kernel_samples(fn: Callable[[], object], reps: int = 10) -> list[dict[str, t
         raise ValueError(f"reps: expected >= 1, got {reps!r}")
     cache = runtime.driver.active.get_empty_cache_for_benchmark()
     fn()
-    samples = []
-    for _ in range(reps):
-        cache.zero_()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps + 1):
+            cache.zero_()
+            torch.cuda._sleep(1000)
             fn()
-            torch.cuda.synchronize()
+        cache.zero_()
+        torch.cuda._sleep(1000)
+        torch.cuda.synchronize()
+    events = sorted(((e.name, e.time_range.start, e.time_range.elapsed_us()) for e in prof.events()
+                     if e.device_type == DeviceType.CUDA), key=lambda e: e[1])
+    return calls_between_markers(events)[1:]
+
+
+def calls_between_markers(events: list[tuple[str, float, float]]) -> list[dict[str, tuple[float, int]]]:
+    """Device events (name, start µs, duration µs) in start order, laid out as [flush, marker, call's kernels] × n
+    then [flush, marker] -> each call's {name: (ms, launches)}: the events between two markers less the last (the
+    next call's flush, which must be the kernel of the first flush: else ValueError, nothing is misattributed)."""
+    marks = [i for i, (name, _, _) in enumerate(events) if SEPARATOR in name]
+    if len(marks) < 2 or marks[0] != 1:
+        raise ValueError(f"events: expected [flush, {SEPARATOR}, call...] repeated, got {len(marks)} markers "
+                         f"starting at {marks[:1]}")
+    flush = events[0][0]
+    calls = []
+    for a, b in zip(marks, marks[1:]):
+        if b == a + 1:
+            raise ValueError(f"events: two {SEPARATOR} markers with no flush between them")
+        *inside, last = events[a + 1:b]
+        if last[0] != flush:
+            raise ValueError(f"events: the kernel before a {SEPARATOR} is {last[0]!r}, not the flush {flush!r}")
         call: dict[str, tuple[float, int]] = {}
-        for event in prof.events():
-            if event.device_type != DeviceType.CUDA:
-                continue
-            ms, launches = call.get(event.name, (0.0, 0))
-            call[event.name] = (ms + event.time_range.elapsed_us() * 1e-3, launches + 1)
-        samples.append(call)
-    return samples
+        for name, _start, us in inside:
+            ms, launches = call.get(name, (0.0, 0))
+            call[name] = (ms + us * 1e-3, launches + 1)
+        calls.append(call)
+    return calls
 
 
 def kernel_summary(samples: list[dict[str, tuple[float, int]]], quantiles=(0.2, 0.8)) -> dict[str, dict[str, float]]:

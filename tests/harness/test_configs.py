@@ -244,3 +244,13 @@ def test_committed_arms_compose_and_validate(arms_file):
         for combo in itertools.product(*choices):
             cfg = _compose(["experiment=headline", *combo])
             conf.validate(cfg)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    pytest.param(["bench.kernel_times=true", "device=cpu"], "runs on the CPU", id="on-the-cpu"),
+    pytest.param(["bench.kernel_times=true", "direction=train_step", "workload=mamba2_lm", "device=cuda"],
+                 "direction 'train_step'", id="a-stepped-direction"),
+])
+def test_kernel_times_where_there_are_none_are_refused(overrides, match):
+    with pytest.raises(conf.ConfigError, match=f"bench.kernel_times: .*{match}"):
+        conf.validate(_compose(overrides))

@@ -244,6 +244,33 @@ def test_each_kernel_of_a_call_gets_its_median_quantiles_launches_and_share():
         timing.kernel_summary([])
 
 
+def test_calls_are_cut_between_their_markers_and_the_flush_is_no_calls_kernel():
+    """harness/timing.py calls_between_markers: [flush, marker, call] × n, [flush, marker] -> n calls, each without
+    the next call's flush; a trace that is not laid out so is refused, not misattributed."""
+    fill, spin = "at::native::FillFunctor", "at::cuda::spin_kernel(long)"
+    events = [(fill, 0, 50.0), (spin, 60, 1.0), ("bwd_chunk_kernel", 70, 400.0), ("bwd_db_kernel", 480, 100.0),
+              ("bwd_db_kernel", 590, 120.0), (fill, 720, 50.0), (spin, 780, 1.0), ("bwd_chunk_kernel", 790, 410.0),
+              (fill, 1210, 50.0), (spin, 1270, 1.0)]
+    first, second = timing.calls_between_markers(events)
+    assert first == {"bwd_chunk_kernel": (pytest.approx(0.4), 1), "bwd_db_kernel": (pytest.approx(0.22), 2)}
+    assert second == {"bwd_chunk_kernel": (pytest.approx(0.41), 1)}
+    with pytest.raises(ValueError, match="not the flush"):
+        timing.calls_between_markers(events[:5] + events[6:])
+    with pytest.raises(ValueError, match="markers"):
+        timing.calls_between_markers(events[2:])
+
+
+def test_kernel_times_off_keeps_every_points_hash():
+    import dataclasses
+
+    from harness.plan import BenchSettings, semantic
+
+    problem = Problem(Shape(1, 32, 2, 4, 1, 4, 16))
+    off, on = BenchSettings(), dataclasses.replace(BenchSettings(), kernel_times=True)
+    assert "kernel_times" not in semantic("triton", None, "none", problem, off, 0, "cpu")["bench"]
+    assert semantic("triton", None, "none", problem, on, 0, "cpu")["bench"]["kernel_times"] is True
+
+
 def test_the_backwards_kernel_rows_carry_their_floor_where_the_model_prices_them(monkeypatch):
     """harness/measure_time.py kernel_rows: one stage per kernel (kernel:<name>), and frac_floor against the run's
     ceilings for our backward kernels only (a peer's kernel has no cost of its own)."""
