@@ -310,6 +310,19 @@ def _check_step(plan) -> dict[str, dict]:
     return {"train_step": report}
 
 
+def _step_refuses(shape: Shape, options: dict) -> str | None:
+    """train_step's loss predicts each token from those before it: a sequence of one token has no target (its mean
+    loss is 0/0, its gradients zero, and a gate on them cannot fail). The reason names the setting, or None."""
+    n = gate_tokens(shape, options)
+    if shape.seqlen < 2:
+        return (f"shape.seqlen: direction train_step needs >= 2 tokens per sequence (a next-token loss), got "
+                f"{shape.seqlen}")
+    if n is not None and n < 2:
+        return (f"workload.options.gate_tokens: direction train_step needs >= 2 tokens to gate its loss's gradients "
+                f"on, got {n}")
+    return None
+
+
 def _tokens(problem: Problem) -> int:
     return problem.shape.batch * problem.shape.seqlen
 
@@ -329,6 +342,6 @@ MAMBA2_LM = register(Workload(
     backward=Backward(leaves=_leaves, call=_loss, incoming=_incoming, reference=_reference_gradients,
                       check=_check_gradients),
     precision=_precision,
-    steps={"train_step": Step(calls=_step_calls, check=_check_step)},
+    steps={"train_step": Step(calls=_step_calls, check=_check_step, refuses=_step_refuses)},
     tokens=_tokens,
 ))

@@ -3,6 +3,7 @@ pipeline, gated against lm_float64; planted faults fail the gate; bad options ar
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,23 @@ def test_the_prefix_gate_judges_the_first_rows_prefix_and_says_so(plant, directi
     rows = _measure(direction, gate_tokens=40)
     assert rows.status == "failed"
     assert failed <= set(rows.frame().query("metric == 'ok' and value == 0")["stage"])
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("shape, options, named", [
+    pytest.param(dataclasses.replace(TINY, seqlen=1), {}, r"^shape.seqlen: direction train_step needs >= 2 tokens",
+                 id="seqlen-1"),
+    pytest.param(TINY, {"gate_tokens": 1}, r"^workload.options.gate_tokens: direction train_step needs >= 2",
+                 id="gate_tokens-1"),
+])
+def test_a_training_step_without_a_target_is_refused_naming_the_setting(shape, options, named):
+    """One token has no next token: the loss would be 0/0 and its gradients zero on both sides of the gate, a gate
+    that cannot fail. The forward direction (prefill of one token) still runs."""
+    with pytest.raises(ValueError, match=named):
+        plan.point("reference", Problem(shape, dtype="float32"), workload="mamba2_lm", direction="train_step",
+                   workload_options=options)
+    plan.point("reference", Problem(shape, dtype="float32"), workload="mamba2_lm", direction="forward",
+               workload_options=options)
 
 
 def test_a_size_sets_the_depth_and_vocabulary_and_refuses_them_given_too():

@@ -84,6 +84,14 @@ def test_bad_input_ids_are_refused_naming_the_argument(ids, words):
     assert words in str(err.value)
 
 
+def test_a_one_token_loss_is_refused_naming_input_ids():
+    """The next-token loss of one token has no target: a mean over nothing (NaN), not a number to train on."""
+    with pytest.raises(ValueError, match=r"^input_ids: expected seqlen >= 2 for a next-token loss"):
+        Mamba2LM(TINY).loss(_ids(seqlen=1))
+    with torch.no_grad():
+        assert Mamba2LM(TINY)(_ids(seqlen=1)).shape == (2, 1, TINY.padded_vocab_size)  # its prefill still runs
+
+
 @pytest.mark.parametrize("kwargs, arg", [
     pytest.param({"vocab_size": 0}, "vocab_size", id="no-vocabulary"),
     pytest.param({"n_layer": 1.5}, "n_layer", id="fractional-layers"),
