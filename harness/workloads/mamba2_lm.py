@@ -71,6 +71,9 @@ def lm_config(problem: Problem, options: dict) -> Mamba2LMConfig:
         raise ValueError(f"workload.options.size: expected null or one of {sorted(PRESETS)}, got {size!r}")
     if options["glue"] not in GLUES:
         raise ValueError(f"workload.options.glue: expected one of {sorted(GLUES)}, got {options['glue']!r}")
+    too_wide = GLUES[options["glue"]].width_refusal(layer.d_conv)
+    if too_wide:
+        raise ValueError(f"workload.options.d_conv: glue={options['glue']!r} cannot run it: {too_wide}")
     if size is None:
         return Mamba2LMConfig(vocab_size=_positive_int(options, "vocab_size", DEFAULT_VOCAB_SIZE),
                               n_layer=_positive_int(options, "n_layer", DEFAULT_N_LAYER), layer=layer)

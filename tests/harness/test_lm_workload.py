@@ -98,6 +98,8 @@ def test_a_planted_fault_fails_the_gate_and_nothing_is_timed(plant, direction, f
                  id="size-not-the-shapes"),
     pytest.param({"glue": "cuda"}, r"^workload.options.glue: expected one of", id="glue-unknown"),
     pytest.param({"layers": 3}, r"workload.options: \['layers'\]", id="unknown-option"),
+    pytest.param({"glue": "triton", "d_conv": 5}, r"^workload.options.d_conv: glue='triton' cannot run it: d_conv 5",
+                 id="d_conv-wider-than-the-triton-glue"),
     pytest.param({"expand": 3}, r"^shape: nheads·headdim", id="expand-not-dividing"),
     pytest.param({"gate_tokens": 0}, r"^workload.options.gate_tokens: expected null or an int in \[1, seqlen=96\]",
                  id="gate_tokens-zero"),
