@@ -55,6 +55,16 @@ def test_a_training_step_lowers_the_loss_on_its_batch():
     assert losses[-1] < losses[0] - 0.05, losses
 
 
+def test_int32_ids_give_the_int64_ids_logits_and_loss():
+    """The model takes int32 ids (as its check says); its loss too (cross_entropy itself wants int64 targets)."""
+    torch.manual_seed(3)
+    model = Mamba2LM(TINY, dtype=torch.float64)
+    ids = _ids(seed=3)
+    with torch.no_grad():
+        assert torch.equal(model(ids.int()), model(ids))
+        assert model.loss(ids.int()).item() == model.loss(ids).item()
+
+
 def test_the_lm_head_is_the_embedding():
     model = Mamba2LM(TINY)
     assert model.lm_head.weight is model.embedding.weight
