@@ -82,12 +82,12 @@ class Step:
       they run after the gate and may advance the inputs (a training loop's steps go on training);
     - `check(plan)`: the step's own gate as stage reports (harness/gradient_gate.py `stage_reports`' form, e.g. the
       parameters after one step against the same step on float64 gradients), beside the gradients';
-    - `refuses(shape, options)`: what this direction cannot take of a point that the workload's shape check lets
-      through (a reason naming the setting, or None), checked with the others before anything runs."""
+    - `refuses(problem, options)`: what this direction cannot take of a point that the workload's other checks let
+      through (a reason naming the setting, or None), checked with them before anything runs."""
 
     calls: Callable[[Any, Any, int], dict[str, Callable[[], Any]]]
     check: Callable[[Any], dict[str, dict]]
-    refuses: Callable[[Shape, Mapping], str | None] | None = None
+    refuses: Callable[[Problem, Mapping], str | None] | None = None
 
 
 def _same_backend(backend, inputs):
@@ -204,7 +204,7 @@ class Workload:
                              f"{reference!r}")
         self.shape.check(problem.shape, options)
         step = self.steps.get(direction)
-        why = step.refuses(problem.shape, options) if step is not None and step.refuses is not None else None
+        why = step.refuses(problem, options) if step is not None and step.refuses is not None else None
         if why:
             raise ValueError(why)
         why = self.refuses(problem)

@@ -31,6 +31,7 @@ from impls.tolerance import poisoned_allocations
 from models.glue import GLUES
 from models.mamba2_lm import PRESETS, Mamba2LM, Mamba2LMConfig, lm_float64, next_token_loss
 from models.mamba2_reference import layer_tolerance
+from models.train import FLOAT16_ADAMW
 
 DEFAULT_N_LAYER = 2  # a sweep's model: two blocks show the residual stream and the tied head at a layer's cost
 DEFAULT_VOCAB_SIZE = 512
@@ -313,9 +314,11 @@ def _check_step(plan) -> dict[str, dict]:
     return {"train_step": report}
 
 
-def _step_refuses(shape: Shape, options: dict) -> str | None:
-    """train_step's loss predicts each token from those before it: a sequence of one token has no target (its mean
-    loss is 0/0, its gradients zero, and a gate on them cannot fail). The reason names the setting, or None."""
+def _step_refuses(problem: Problem, options: dict) -> str | None:
+    """What train_step cannot take, naming the setting (None: it can). Its loss predicts each token from those before
+    it: a sequence of one token has no target (its mean loss is 0/0, its gradients zero, and a gate on them cannot
+    fail). Its AdamW step in float16 divides by zero (models.train.FLOAT16_ADAMW)."""
+    shape = problem.shape
     n = gate_tokens(shape, options)
     if shape.seqlen < 2:
         return (f"shape.seqlen: direction train_step needs >= 2 tokens per sequence (a next-token loss), got "
@@ -323,6 +326,8 @@ def _step_refuses(shape: Shape, options: dict) -> str | None:
     if n is not None and n < 2:
         return (f"workload.options.gate_tokens: direction train_step needs >= 2 tokens to gate its loss's gradients "
                 f"on, got {n}")
+    if problem.torch_dtype == torch.float16:
+        return f"dtype: direction train_step cannot take {FLOAT16_ADAMW}"
     return None
 
 

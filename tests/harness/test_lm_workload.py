@@ -129,20 +129,36 @@ def test_the_prefix_gate_judges_the_first_rows_prefix_and_says_so(plant, directi
 
 
 @pytest.mark.quick
-@pytest.mark.parametrize("shape, options, named", [
-    pytest.param(dataclasses.replace(TINY, seqlen=1), {}, r"^shape.seqlen: direction train_step needs >= 2 tokens",
-                 id="seqlen-1"),
-    pytest.param(TINY, {"gate_tokens": 1}, r"^workload.options.gate_tokens: direction train_step needs >= 2",
+@pytest.mark.parametrize("shape, dtype, options, named", [
+    pytest.param(dataclasses.replace(TINY, seqlen=1), "float32", {},
+                 r"^shape.seqlen: direction train_step needs >= 2 tokens", id="seqlen-1"),
+    pytest.param(TINY, "float32", {"gate_tokens": 1}, r"^workload.options.gate_tokens: direction train_step needs",
                  id="gate_tokens-1"),
+    pytest.param(TINY, "float16", {}, r"^dtype: direction train_step cannot take float16 parameters: .*eps \(1e-8\)",
+                 id="float16-adamw"),
 ])
-def test_a_training_step_without_a_target_is_refused_naming_the_setting(shape, options, named):
+def test_a_training_step_that_cannot_be_right_is_refused_naming_the_setting(shape, dtype, options, named):
     """One token has no next token: the loss would be 0/0 and its gradients zero on both sides of the gate, a gate
-    that cannot fail. The forward direction (prefill of one token) still runs."""
+    that cannot fail. AdamW on float16 parameters divides by zero (its eps rounds to 0 in float16). The forward
+    direction (prefill) still runs at all of them."""
     with pytest.raises(ValueError, match=named):
-        plan.point("reference", Problem(shape, dtype="float32"), workload="mamba2_lm", direction="train_step",
+        plan.point("reference", Problem(shape, dtype=dtype), workload="mamba2_lm", direction="train_step",
                    workload_options=options)
-    plan.point("reference", Problem(shape, dtype="float32"), workload="mamba2_lm", direction="forward",
+    plan.point("reference", Problem(shape, dtype=dtype), workload="mamba2_lm", direction="forward",
                workload_options=options)
+
+
+def test_float16_adamw_is_what_the_refusal_says():
+    """The reason for refusing float16: one AdamW step of the float16 model leaves non-finite parameters (the
+    float32 model's step does not)."""
+    ids = torch.randint(0, 512, (2, 96), generator=torch.Generator().manual_seed(0))
+    finite = {}
+    for dtype in (torch.float16, torch.float32):
+        torch.manual_seed(0)
+        model = Mamba2LM(lm_workload.lm_config(FP32, lm_workload.OPTIONS), dtype=dtype)
+        lm_workload.adamw_step(model, ids, torch.optim.AdamW(model.parameters(), **lm_workload.ADAMW))
+        finite[dtype] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    assert finite == {torch.float16: False, torch.float32: True}
 
 
 def test_a_size_sets_the_depth_and_vocabulary_and_refuses_them_given_too():

@@ -96,6 +96,12 @@ def test_the_config_file_composes_to_the_settings(tmp_path):
             settings_from_config(compose("train_curves", overrides=["world_size=0"]), tmp_path)
 
 
+def test_a_float16_run_is_refused_naming_the_dtype():
+    """AdamW on float16 parameters divides by zero (its eps rounds to 0): the run's losses went NaN from step 2."""
+    with pytest.raises(ValueError, match=r"^dtype: a training run cannot take float16 parameters: .*eps \(1e-8\)"):
+        TrainConfig(dtype="float16")
+
+
 def test_the_results_store_skips_curve_rows(tmp_path):
     from harness import store
 
