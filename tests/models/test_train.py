@@ -94,6 +94,8 @@ def test_the_config_file_composes_to_the_settings(tmp_path):
         assert settings_from_config(compose("train_curves", overrides=["world_size=2"]), tmp_path).world_size == 2
         with pytest.raises(ValueError, match="world_size"):
             settings_from_config(compose("train_curves", overrides=["world_size=0"]), tmp_path)
+        with pytest.raises(ValueError, match=r"^train.optim.batch: expected a multiple of world_size = 3"):
+            settings_from_config(compose("train_curves", overrides=["world_size=3"]), tmp_path)  # 32 sequences
 
 
 def test_a_float16_run_is_refused_naming_the_dtype():
