@@ -89,6 +89,41 @@ def test_a_planted_fault_fails_the_gate_and_nothing_is_timed(plant, direction, f
     assert not df["metric"].str.endswith("_ms").any()
 
 
+def _zeroed_decay_gradient(monkeypatch):
+    """Every layer's SSD given A = -exp(A_log) with its gradient zeroed (present, all zeros: not missing)."""
+    from models.mamba2 import Mamba2
+
+    kwargs = Mamba2.ssd_kwargs
+
+    def zeroed(self, *args, **kw):
+        out = kwargs(self, *args, **kw)
+        return {**out, "A": out["A"].detach() + 0 * out["A"]}
+
+    monkeypatch.setattr(Mamba2, "ssd_kwargs", zeroed)
+
+
+def test_a_zeroed_decay_gradient_fails_the_bfloat16_gate(monkeypatch):
+    """dA_log is orders below the model's gradient, so the share bound accepts any error of its size: in bf16 a zero
+    dA_log erred 3.5e-4 of the tolerance's 0.02 and passed, the AdamW step's parameters too. It must still be
+    nearer its float64 value than a zero gradient is."""
+    _zeroed_decay_gradient(monkeypatch)
+    rows = _measure("train_step", Problem(TINY, dtype="bfloat16"))
+    assert rows.status == "failed"
+    failed = set(rows.frame().query("metric == 'ok' and value == 0")["stage"]) - {"point"}
+    assert {"grad:dlayers.0.mixer.A_log", "grad:dlayers.1.mixer.A_log"} <= failed, failed
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("scale, ok", [pytest.param(1.01, True, id="1pc-off"), pytest.param(0.0, False, id="zero"),
+                                       pytest.param(-1.0, False, id="negated")])
+def test_a_gradient_below_its_share_must_beat_a_zero_gradient(scale, ok):
+    """share 1e4 × the gradient's norm: the share bound alone (0.02) passes all three."""
+    expected = torch.linspace(-1.0, 2.0, 12, dtype=torch.float64)
+    share = 1e4 * torch.linalg.vector_norm(expected).item()
+    judged = lm_workload.share_judge((scale * expected).float(), expected, share, 0.02)
+    assert judged.ok == ok, judged
+
+
 @pytest.mark.quick
 @pytest.mark.parametrize("options, named", [
     pytest.param({"n_layer": 0}, r"^workload.options.n_layer: expected null or an int >= 1", id="n_layer-zero"),
