@@ -93,9 +93,12 @@ def settings_from_config(cfg: DictConfig, base_dir: Path) -> CurvesSettings:
     group = os.environ.get("SSD_RUN_GROUP") or f"curves-{_dt.datetime.now(_dt.UTC):%Y%m%d-%H%M%S}"
     world_size = cfg.world_size
     check.positive_int("world_size", world_size)
-    return CurvesSettings(backends, seeds, resolve_device(cfg.device),
-                          results_dir if results_dir.is_absolute() else base_dir / results_dir,
-                          TrainConfig.from_dict(OmegaConf.to_container(cfg.train, resolve=True)), group, world_size)
+    run = TrainConfig.from_dict(OmegaConf.to_container(cfg.train, resolve=True))
+    if run.optim.batch % world_size:  # else every rank would start, then each raise (models.ddp.rank_share)
+        check.fail("train.optim.batch", f"a multiple of world_size = {world_size} (each rank an equal share)",
+                   run.optim.batch)
+    results_dir = results_dir if results_dir.is_absolute() else base_dir / results_dir
+    return CurvesSettings(backends, seeds, resolve_device(cfg.device), results_dir, run, group, world_size)
 
 
 def curve_rows(curve: Curve, settings: CurvesSettings, run_id: str, timestamp: str) -> list[dict]:

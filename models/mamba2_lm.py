@@ -170,9 +170,13 @@ class Mamba2LM(nn.Module):
 
 
 def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of logits at positions 0 … L−2 against the ids at 1 … L−1, in fp32 (float64 for float64)."""
+    """Mean cross-entropy of logits at positions 0 … L−2 against the ids at 1 … L−1, in fp32 (float64 for float64).
+    A sequence of one token has no target (the mean would be 0/0): it raises, naming input_ids."""
+    if input_ids.shape[-1] < 2:
+        check.fail("input_ids", "seqlen >= 2 for a next-token loss", tuple(input_ids.shape))
     work = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).to(work), input_ids[:, 1:].flatten())
+    # the ids may be int32 (the model takes them): cross_entropy's targets must be int64
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).to(work), input_ids[:, 1:].flatten().long())
 
 
 def lm_float64(model: Mamba2LM, input_ids: torch.Tensor) -> torch.Tensor:

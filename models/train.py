@@ -23,7 +23,12 @@ from models.mamba2 import Mamba2Config
 from models.mamba2_lm import Mamba2LM, Mamba2LMConfig
 from models.recall import IGNORE, RecallBatch, RecallTask, recall_batch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+# Why float16 parameters are not trained: AdamW keeps its moments in the parameters' dtype, and in float16 its eps
+# (1e-8) rounds to 0 and a squared gradient below about 2e-4 underflows, so the step divides by zero
+FLOAT16_ADAMW = ("float16 parameters: torch.optim.AdamW keeps its moments in float16, where eps (1e-8) rounds to 0 "
+                 "and squared gradients below about 2e-4 underflow, so the step divides by zero (inf/NaN parameters); "
+                 "use bfloat16 or float32")
 EVAL_SEED = 2**31 - 1  # the accuracy's batch: one set for every seed and backend
 
 
@@ -70,6 +75,8 @@ class TrainConfig:
     dtype: str = "float32"
 
     def __post_init__(self):
+        if self.dtype == "float16":
+            raise ValueError(f"dtype: a training run cannot take {FLOAT16_ADAMW}")
         if self.dtype not in DTYPES:
             check.fail("dtype", f"one of {sorted(DTYPES)}", repr(self.dtype))
         if self.task.seqlen > 1024:

@@ -81,10 +81,13 @@ class Step:
     - `calls(backend, inputs, seed)`: zero-argument calls to time, by stage name (e.g. {"train_step": one step});
       they run after the gate and may advance the inputs (a training loop's steps go on training);
     - `check(plan)`: the step's own gate as stage reports (harness/gradient_gate.py `stage_reports`' form, e.g. the
-      parameters after one step against the same step on float64 gradients), beside the gradients'."""
+      parameters after one step against the same step on float64 gradients), beside the gradients';
+    - `refuses(problem, options)`: what this direction cannot take of a point that the workload's other checks let
+      through (a reason naming the setting, or None), checked with them before anything runs."""
 
     calls: Callable[[Any, Any, int], dict[str, Callable[[], Any]]]
     check: Callable[[Any], dict[str, dict]]
+    refuses: Callable[[Problem, Mapping], str | None] | None = None
 
 
 def _same_backend(backend, inputs):
@@ -200,6 +203,10 @@ class Workload:
             raise ValueError(f"bench.reference: workload {self.name!r} has auto or {self.references}, got "
                              f"{reference!r}")
         self.shape.check(problem.shape, options)
+        step = self.steps.get(direction)
+        why = step.refuses(problem, options) if step is not None and step.refuses is not None else None
+        if why:
+            raise ValueError(why)
         why = self.refuses(problem)
         if why:
             raise ValueError(f"problem: workload {self.name!r} {why}")

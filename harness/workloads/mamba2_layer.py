@@ -177,6 +177,10 @@ def _reference_gradients(inputs: LayerInputs, grads_in: dict) -> dict[str, torch
     pairs = [(outputs[name], g) for name, g in grads_in.items() if outputs.get(name) is not None]
     found = torch.autograd.grad([o for o, _ in pairs], list(leaves.values()), [g for _, g in pairs],
                                 allow_unused=True)
+    unused = [f"d{name}" for name, g in zip(leaves, found) if g is None]
+    if unused:  # the gate would skip them: a parameter without a gradient would pass unseen
+        raise ValueError(f"reference: the float64 layer's outputs do not depend on {unused}, so the backend's "
+                         "gradients of them cannot be checked")
     return {f"d{name}": g for name, g in zip(leaves, found)}
 
 

@@ -31,6 +31,7 @@ from impls.tolerance import poisoned_allocations
 from models.glue import GLUES
 from models.mamba2_lm import PRESETS, Mamba2LM, Mamba2LMConfig, lm_float64, next_token_loss
 from models.mamba2_reference import layer_tolerance
+from models.train import FLOAT16_ADAMW
 
 DEFAULT_N_LAYER = 2  # a sweep's model: two blocks show the residual stream and the tied head at a layer's cost
 DEFAULT_VOCAB_SIZE = 512
@@ -41,7 +42,10 @@ OPTIONS = {"size": None, "n_layer": None, "vocab_size": None, "glue": "torch", "
 # graphs, which the timing's own graph replay (bench.cuda_graph) measures apart, and the training step's optimizer
 # is outside the compiled call.
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-# The training step's optimizer: torch.optim.AdamW on the parameters in their own dtype, these settings
+# The training step's optimizer: torch.optim.AdamW on the parameters in their own dtype, these settings. In bf16 an
+# update of about lr is below half the spacing of bf16 numbers near 1 (2⁻⁸): the norm weights (ones at the start)
+# come out of a step unchanged, as they would in any pure-bf16 AdamW step (the time is the step's all the same); the
+# step's gate, relative to each parameter's norm, cannot see that (float16 is refused: models.train.FLOAT16_ADAMW).
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 
 
@@ -71,6 +75,9 @@ def lm_config(problem: Problem, options: dict) -> Mamba2LMConfig:
         raise ValueError(f"workload.options.size: expected null or one of {sorted(PRESETS)}, got {size!r}")
     if options["glue"] not in GLUES:
         raise ValueError(f"workload.options.glue: expected one of {sorted(GLUES)}, got {options['glue']!r}")
+    too_wide = GLUES[options["glue"]].width_refusal(layer.d_conv)
+    if too_wide:
+        raise ValueError(f"workload.options.d_conv: glue={options['glue']!r} cannot run it: {too_wide}")
     if size is None:
         return Mamba2LMConfig(vocab_size=_positive_int(options, "vocab_size", DEFAULT_VOCAB_SIZE),
                               n_layer=_positive_int(options, "n_layer", DEFAULT_N_LAYER), layer=layer)
@@ -230,11 +237,18 @@ def _reference_gradients(inputs: LMInputs, grads_in: dict) -> dict[str, torch.Te
 
 
 def share_judge(actual: torch.Tensor, expected: torch.Tensor, share: float, tol: float) -> tolerances.Judged:
-    """One parameter's gradient: ‖Δ‖ / max(‖expected‖, `share`) within `tol` (NaN or inf anywhere: inf)."""
+    """One parameter's gradient: ‖Δ‖ / max(‖expected‖, `share`) within `tol`, and, whatever the floor, nearer the
+    truth than no gradient is (‖Δ‖ < ‖expected‖; where not, the error is ‖Δ‖ / ‖expected‖ >= 1, over any
+    tolerance): a gradient far below its share (dA_log, ddt_bias) would otherwise pass zeroed or negated, the share
+    bound accepting any error of its size (in bf16 a zeroed dA_log of the tiny model erred 3.5e-4 of the share's
+    0.02). NaN or inf anywhere: inf."""
     diff = actual.detach().to(torch.float64) - expected
     norm = torch.linalg.vector_norm(expected).item()
+    off = torch.linalg.vector_norm(diff).item()
     near_zero = norm < share
-    err = torch.linalg.vector_norm(diff).item() / max(norm, share, 1e-300)
+    err = off / max(norm, share, 1e-300)
+    if norm > 0 and off >= norm:  # no better than a zero gradient
+        err = max(err, off / norm)
     if not bool(torch.isfinite(diff).all()):
         err = float("inf")
     where = (0,) * expected.dim()
@@ -247,7 +261,8 @@ def _check_gradients(plan) -> dict[str, dict]:
     autograd of `lm_float64`'s loss, within the flat tolerance of the dtype relative to the larger of the
     gradient's norm and its share of the whole model's gradient norm, ‖g‖·sqrt(numel_p / numel): a parameter whose
     gradient is orders below the rest (A_log, dt_bias: sums over every token that nearly cancel) is held to the
-    model gradient's scale, as the near-zero blocks of impls.tolerance are to their tensor's."""
+    model gradient's scale, as the near-zero blocks of impls.tolerance are to their tensor's, and must still be
+    nearer its float64 value than a zero gradient is (`share_judge`)."""
     workload, inputs = plan.workload, plan.inputs
     inputs = LMInputs(inputs.model, gate_ids(plan))
     kw = workload.arguments(inputs)
@@ -310,6 +325,23 @@ def _check_step(plan) -> dict[str, dict]:
     return {"train_step": report}
 
 
+def _step_refuses(problem: Problem, options: dict) -> str | None:
+    """What train_step cannot take, naming the setting (None: it can). Its loss predicts each token from those before
+    it: a sequence of one token has no target (its mean loss is 0/0, its gradients zero, and a gate on them cannot
+    fail). Its AdamW step in float16 divides by zero (models.train.FLOAT16_ADAMW)."""
+    shape = problem.shape
+    n = gate_tokens(shape, options)
+    if shape.seqlen < 2:
+        return (f"shape.seqlen: direction train_step needs >= 2 tokens per sequence (a next-token loss), got "
+                f"{shape.seqlen}")
+    if n is not None and n < 2:
+        return (f"workload.options.gate_tokens: direction train_step needs >= 2 tokens to gate its loss's gradients "
+                f"on, got {n}")
+    if problem.torch_dtype == torch.float16:
+        return f"dtype: direction train_step cannot take {FLOAT16_ADAMW}"
+    return None
+
+
 def _tokens(problem: Problem) -> int:
     return problem.shape.batch * problem.shape.seqlen
 
@@ -329,6 +361,6 @@ MAMBA2_LM = register(Workload(
     backward=Backward(leaves=_leaves, call=_loss, incoming=_incoming, reference=_reference_gradients,
                       check=_check_gradients),
     precision=_precision,
-    steps={"train_step": Step(calls=_step_calls, check=_check_step)},
+    steps={"train_step": Step(calls=_step_calls, check=_check_step, refuses=_step_refuses)},
     tokens=_tokens,
 ))

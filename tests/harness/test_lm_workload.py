@@ -3,6 +3,7 @@ pipeline, gated against lm_float64; planted faults fail the gate; bad options ar
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,41 @@ def test_a_planted_fault_fails_the_gate_and_nothing_is_timed(plant, direction, f
     assert not df["metric"].str.endswith("_ms").any()
 
 
+def _zeroed_decay_gradient(monkeypatch):
+    """Every layer's SSD given A = -exp(A_log) with its gradient zeroed (present, all zeros: not missing)."""
+    from models.mamba2 import Mamba2
+
+    kwargs = Mamba2.ssd_kwargs
+
+    def zeroed(self, *args, **kw):
+        out = kwargs(self, *args, **kw)
+        return {**out, "A": out["A"].detach() + 0 * out["A"]}
+
+    monkeypatch.setattr(Mamba2, "ssd_kwargs", zeroed)
+
+
+def test_a_zeroed_decay_gradient_fails_the_bfloat16_gate(monkeypatch):
+    """dA_log is orders below the model's gradient, so the share bound accepts any error of its size: in bf16 a zero
+    dA_log erred 3.5e-4 of the tolerance's 0.02 and passed, the AdamW step's parameters too. It must still be
+    nearer its float64 value than a zero gradient is."""
+    _zeroed_decay_gradient(monkeypatch)
+    rows = _measure("train_step", Problem(TINY, dtype="bfloat16"))
+    assert rows.status == "failed"
+    failed = set(rows.frame().query("metric == 'ok' and value == 0")["stage"]) - {"point"}
+    assert {"grad:dlayers.0.mixer.A_log", "grad:dlayers.1.mixer.A_log"} <= failed, failed
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("scale, ok", [pytest.param(1.01, True, id="1pc-off"), pytest.param(0.0, False, id="zero"),
+                                       pytest.param(-1.0, False, id="negated")])
+def test_a_gradient_below_its_share_must_beat_a_zero_gradient(scale, ok):
+    """share 1e4 × the gradient's norm: the share bound alone (0.02) passes all three."""
+    expected = torch.linspace(-1.0, 2.0, 12, dtype=torch.float64)
+    share = 1e4 * torch.linalg.vector_norm(expected).item()
+    judged = lm_workload.share_judge((scale * expected).float(), expected, share, 0.02)
+    assert judged.ok == ok, judged
+
+
 @pytest.mark.quick
 @pytest.mark.parametrize("options, named", [
     pytest.param({"n_layer": 0}, r"^workload.options.n_layer: expected null or an int >= 1", id="n_layer-zero"),
@@ -97,6 +133,8 @@ def test_a_planted_fault_fails_the_gate_and_nothing_is_timed(plant, direction, f
                  id="size-not-the-shapes"),
     pytest.param({"glue": "cuda"}, r"^workload.options.glue: expected one of", id="glue-unknown"),
     pytest.param({"layers": 3}, r"workload.options: \['layers'\]", id="unknown-option"),
+    pytest.param({"glue": "triton", "d_conv": 5}, r"^workload.options.d_conv: glue='triton' cannot run it: d_conv 5",
+                 id="d_conv-wider-than-the-triton-glue"),
     pytest.param({"expand": 3}, r"^shape: nheads·headdim", id="expand-not-dividing"),
     pytest.param({"gate_tokens": 0}, r"^workload.options.gate_tokens: expected null or an int in \[1, seqlen=96\]",
                  id="gate_tokens-zero"),
@@ -123,6 +161,39 @@ def test_the_prefix_gate_judges_the_first_rows_prefix_and_says_so(plant, directi
     rows = _measure(direction, gate_tokens=40)
     assert rows.status == "failed"
     assert failed <= set(rows.frame().query("metric == 'ok' and value == 0")["stage"])
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("shape, dtype, options, named", [
+    pytest.param(dataclasses.replace(TINY, seqlen=1), "float32", {},
+                 r"^shape.seqlen: direction train_step needs >= 2 tokens", id="seqlen-1"),
+    pytest.param(TINY, "float32", {"gate_tokens": 1}, r"^workload.options.gate_tokens: direction train_step needs",
+                 id="gate_tokens-1"),
+    pytest.param(TINY, "float16", {}, r"^dtype: direction train_step cannot take float16 parameters: .*eps \(1e-8\)",
+                 id="float16-adamw"),
+])
+def test_a_training_step_that_cannot_be_right_is_refused_naming_the_setting(shape, dtype, options, named):
+    """One token has no next token: the loss would be 0/0 and its gradients zero on both sides of the gate, a gate
+    that cannot fail. AdamW on float16 parameters divides by zero (its eps rounds to 0 in float16). The forward
+    direction (prefill) still runs at all of them."""
+    with pytest.raises(ValueError, match=named):
+        plan.point("reference", Problem(shape, dtype=dtype), workload="mamba2_lm", direction="train_step",
+                   workload_options=options)
+    plan.point("reference", Problem(shape, dtype=dtype), workload="mamba2_lm", direction="forward",
+               workload_options=options)
+
+
+def test_float16_adamw_is_what_the_refusal_says():
+    """The reason for refusing float16: one AdamW step of the float16 model leaves non-finite parameters (the
+    float32 model's step does not)."""
+    ids = torch.randint(0, 512, (2, 96), generator=torch.Generator().manual_seed(0))
+    finite = {}
+    for dtype in (torch.float16, torch.float32):
+        torch.manual_seed(0)
+        model = Mamba2LM(lm_workload.lm_config(FP32, lm_workload.OPTIONS), dtype=dtype)
+        lm_workload.adamw_step(model, ids, torch.optim.AdamW(model.parameters(), **lm_workload.ADAMW))
+        finite[dtype] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    assert finite == {torch.float16: False, torch.float32: True}
 
 
 def test_a_size_sets_the_depth_and_vocabulary_and_refuses_them_given_too():

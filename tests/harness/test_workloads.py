@@ -148,6 +148,29 @@ def test_a_wrong_ssd_output_fails_the_layers_gate_and_nothing_is_timed(monkeypat
     assert not df["metric"].str.endswith("_ms").any()
 
 
+def test_a_reference_that_drops_a_parameter_fails_the_point_naming_it(monkeypatch):
+    """The gradient gate skips a gradient the float64 reference lacks: a reference that no longer used a parameter
+    would leave the backend's gradient of it unchecked. It raises instead, naming the gradients."""
+    from harness.workloads import mamba2_layer as layer_workload
+
+    reference = layer_workload.mamba2_float64
+
+    def without_norm_weight(layer, u, **kw):  # the same values, norm_weight read as a constant
+        weight = layer.norm_weight
+        del layer.norm_weight
+        layer.norm_weight = weight.detach()
+        try:
+            return reference(layer, u, **kw)
+        finally:
+            del layer.norm_weight
+            layer.norm_weight = weight
+
+    monkeypatch.setattr(layer_workload, "mamba2_float64", without_norm_weight)
+    rows = bench.measure(plan.point("reference", LAYER_TINY, workload="mamba2_layer", direction="backward"))
+    assert rows.status == "failed", rows.error
+    assert "do not depend on" in rows.error and "'dnorm_weight'" in rows.error, rows.error
+
+
 def test_a_backend_that_cannot_run_is_a_failed_point_with_its_reason():
     rows = bench.measure(plan.point("cutile", LAYER_TINY, workload="mamba2_layer"))
     assert rows.status == "failed" and "cutile" in rows.error

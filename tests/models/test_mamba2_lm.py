@@ -55,6 +55,17 @@ def test_a_training_step_lowers_the_loss_on_its_batch():
     assert losses[-1] < losses[0] - 0.05, losses
 
 
+def test_int32_ids_give_the_int64_ids_logits_and_loss():
+    """The model takes int32 ids (as its check says); its loss too (cross_entropy itself wants int64 targets)."""
+    torch.manual_seed(3)
+    model = Mamba2LM(TINY, dtype=torch.float32)
+    ids = _ids(seed=3)
+    with torch.no_grad():
+        logits = model(ids)
+        assert torch.equal(model(ids.int()), logits)
+    assert next_token_loss(logits, ids.int()).item() == next_token_loss(logits, ids).item()
+
+
 def test_the_lm_head_is_the_embedding():
     model = Mamba2LM(TINY)
     assert model.lm_head.weight is model.embedding.weight
@@ -82,6 +93,14 @@ def test_bad_input_ids_are_refused_naming_the_argument(ids, words):
     with pytest.raises(ValueError, match="input_ids") as err:
         Mamba2LM(TINY)(ids)
     assert words in str(err.value)
+
+
+def test_a_one_token_loss_is_refused_naming_input_ids():
+    """The next-token loss of one token has no target: a mean over nothing (NaN), not a number to train on."""
+    with pytest.raises(ValueError, match=r"^input_ids: expected seqlen >= 2 for a next-token loss"):
+        Mamba2LM(TINY).loss(_ids(seqlen=1))
+    with torch.no_grad():
+        assert Mamba2LM(TINY)(_ids(seqlen=1)).shape == (2, 1, TINY.padded_vocab_size)  # its prefill still runs
 
 
 @pytest.mark.parametrize("kwargs, arg", [

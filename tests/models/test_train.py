@@ -94,6 +94,14 @@ def test_the_config_file_composes_to_the_settings(tmp_path):
         assert settings_from_config(compose("train_curves", overrides=["world_size=2"]), tmp_path).world_size == 2
         with pytest.raises(ValueError, match="world_size"):
             settings_from_config(compose("train_curves", overrides=["world_size=0"]), tmp_path)
+        with pytest.raises(ValueError, match=r"^train.optim.batch: expected a multiple of world_size = 3"):
+            settings_from_config(compose("train_curves", overrides=["world_size=3"]), tmp_path)  # 32 sequences
+
+
+def test_a_float16_run_is_refused_naming_the_dtype():
+    """AdamW on float16 parameters divides by zero (its eps rounds to 0): the run's losses went NaN from step 2."""
+    with pytest.raises(ValueError, match=r"^dtype: a training run cannot take float16 parameters: .*eps \(1e-8\)"):
+        TrainConfig(dtype="float16")
 
 
 def test_the_results_store_skips_curve_rows(tmp_path):
