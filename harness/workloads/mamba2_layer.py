@@ -3,7 +3,8 @@ models/mamba2_reference.py in float64 (the SSD stepped sequentially) and timed s
 share of the layer reads off one point's rows (stage ssd over stage forward).
 
 Its sizes come from the shape: d_model = nheads·headdim / expand, d_state = dstate, headdim, ngroups, chunk_size,
-batch and seqlen; its options (conf/workload/mamba2_layer.yaml) expand and d_conv; of the problem it takes dt_limit
+batch and seqlen; its options (conf/workload/mamba2_layer.yaml) expand, d_conv and glue (how the conv and the gated
+norm run: models/glue.py, torch | triton | compile); of the problem it takes dt_limit
 and D_per_channel. Parameters are drawn on the CPU from the point's seed (the same for every backend), the input u
 from the seed + 1. Stages: in_proj_conv (in_proj, the causal conv and SiLU: the SSD's x, dt, B, C and the gate z),
 ssd (the SSD's parameters cast, then `impls.ssd_forward` on the backend), norm_out_proj (the gated RMSNorm and
@@ -26,10 +27,11 @@ from impls.problem import Problem, Shape, dtype_name
 from impls.stages import Stage
 from impls.tolerance import output_blocks
 from models import floor
+from models.glue import GLUES
 from models.mamba2 import Mamba2, Mamba2Config
 from models.mamba2_reference import layer_tolerance, mamba2_float64, mamba2_float64_parts
 
-OPTIONS = {"expand": 2, "d_conv": 4}
+OPTIONS = {"expand": 2, "d_conv": 4, "glue": "torch"}
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,25 @@ def _costs(problem: Problem, options: dict) -> dict[str, dict[str, float]]:
     return {**costs, "ssd": cost_model.costs(problem)["forward"]}
 
 
+def check_glue(options: dict, d_conv: int) -> str:
+    """The glue the options name (models/glue.py: how the conv and the gated norm run), checked against the conv's
+    width; ValueError naming the option."""
+    glue = options["glue"]
+    if glue not in GLUES:
+        raise ValueError(f"workload.options.glue: expected one of {sorted(GLUES)}, got {glue!r}")
+    too_wide = GLUES[glue].width_refusal(d_conv)
+    if too_wide:
+        raise ValueError(f"workload.options.d_conv: glue={glue!r} cannot run it: {too_wide}")
+    return glue
+
+
 def _check_shape(shape: Shape, options: dict) -> None:
-    layer_config(Problem(shape), options)
+    check_glue(options, layer_config(Problem(shape), options).d_conv)
 
 
 def _columns(shape: Shape, options: dict) -> dict:
     return {"d_model": shape.nheads * shape.headdim // options["expand"], "expand": options["expand"],
-            "d_conv": options["d_conv"]}
+            "d_conv": options["d_conv"], "glue": options["glue"]}
 
 
 def _refuses(problem: Problem) -> str | None:
@@ -84,7 +98,7 @@ def _inputs(point, backend) -> LayerInputs:
     dtype, s = point.problem.torch_dtype, point.problem.shape
     with torch.random.fork_rng(devices=[]):  # parameters drawn on the CPU: one seed, the same on every machine
         torch.manual_seed(point.seed)
-        layer = Mamba2(config, backend, device="cpu", dtype=dtype)
+        layer = Mamba2(config, backend, device="cpu", dtype=dtype, glue=point.workload_options["glue"])
     gen = torch.Generator().manual_seed(point.seed + 1)
     u = torch.randn(s.batch, s.seqlen, config.d_model, generator=gen).to(point.device, dtype)
     return LayerInputs(layer.to(point.device), u)

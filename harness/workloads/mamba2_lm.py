@@ -23,12 +23,11 @@ from harness.gradient_gate import _entry, autograd_gradients
 from harness.workloads import Backward, ShapeSchema, Step, Workload, register
 from harness.workloads.mamba2_layer import _precision as layer_precision
 from harness.workloads.mamba2_layer import _refuses as layer_refuses
-from harness.workloads.mamba2_layer import layer_config
+from harness.workloads.mamba2_layer import check_glue, layer_config
 from impls import tolerance as tolerances
 from impls.problem import Problem, Shape
 from impls.stages import Stage
 from impls.tolerance import poisoned_allocations
-from models.glue import GLUES
 from models.mamba2_lm import PRESETS, Mamba2LM, Mamba2LMConfig, lm_float64, next_token_loss
 from models.mamba2_reference import layer_tolerance
 from models.train import FLOAT16_ADAMW
@@ -73,11 +72,7 @@ def lm_config(problem: Problem, options: dict) -> Mamba2LMConfig:
     size = options["size"]
     if size is not None and size not in PRESETS:
         raise ValueError(f"workload.options.size: expected null or one of {sorted(PRESETS)}, got {size!r}")
-    if options["glue"] not in GLUES:
-        raise ValueError(f"workload.options.glue: expected one of {sorted(GLUES)}, got {options['glue']!r}")
-    too_wide = GLUES[options["glue"]].width_refusal(layer.d_conv)
-    if too_wide:
-        raise ValueError(f"workload.options.d_conv: glue={options['glue']!r} cannot run it: {too_wide}")
+    check_glue(options, layer.d_conv)
     if size is None:
         return Mamba2LMConfig(vocab_size=_positive_int(options, "vocab_size", DEFAULT_VOCAB_SIZE),
                               n_layer=_positive_int(options, "n_layer", DEFAULT_N_LAYER), layer=layer)

@@ -171,6 +171,16 @@ def test_a_reference_that_drops_a_parameter_fails_the_point_naming_it(monkeypatc
     assert "do not depend on" in rows.error and "'dnorm_weight'" in rows.error, rows.error
 
 
+def test_the_layer_runs_the_glue_its_options_name():
+    """workload.options.glue builds the layer's conv and gated norm in that form (models/glue.py), and the rows say
+    which: the non-SSD part's time beside its floor is measured for each form."""
+    point = plan.point("reference", LAYER_TINY, workload="mamba2_layer", workload_options={"glue": "compile"})
+    inputs = workloads.get("mamba2_layer").inputs(point, "reference")
+    assert inputs.layer.glue.NAME == "compile"
+    rows = bench.measure(plan.point("reference", LAYER_TINY, workload="mamba2_layer"))
+    assert set(rows.frame()["glue"]) == {"torch"}
+
+
 def test_a_backend_that_cannot_run_is_a_failed_point_with_its_reason():
     rows = bench.measure(plan.point("cutile", LAYER_TINY, workload="mamba2_layer"))
     assert rows.status == "failed" and "cutile" in rows.error
@@ -180,6 +190,9 @@ def test_a_backend_that_cannot_run_is_a_failed_point_with_its_reason():
 @pytest.mark.parametrize("change, named", [
     pytest.param({"workload_options": {"expand": 3}}, "^shape: nheads·headdim", id="expand-not-dividing"),
     pytest.param({"workload_options": {"width": 3}}, r"workload.options: \['width'\]", id="unknown-option"),
+    pytest.param({"workload_options": {"glue": "cuda"}}, "workload.options.glue: expected one of", id="unknown-glue"),
+    pytest.param({"workload_options": {"glue": "triton", "d_conv": 6}}, "workload.options.d_conv: glue='triton'",
+                 id="a-conv-too-wide-for-the-glue"),
     pytest.param({"problem": Problem(LAYER_TINY.shape, has_z=True)}, "has_z=True", id="z-the-layer-gates-itself"),
     pytest.param({"bench": plan.BenchSettings()}, r"bench.stages: \['chunk_cumsum'", id="the-ssds-stages"),
     pytest.param({"workload": "nope"}, "workload: expected one of", id="unknown-workload"),
