@@ -225,18 +225,35 @@ def float64_gradients(model: Mamba2LM, input_ids: torch.Tensor) -> tuple[dict[st
     return {name: p.grad for name, p in params.items()}, twin
 
 
+def same_precision_gradients(model: Mamba2LM, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The loss's gradients of a copy of `model` in its own dtype and glue with every layer's SSD on the reference
+    backend (torch autograd through the chunked stages in that dtype): what a computation of the model's precision
+    achieves, parameter name -> gradient (float64)."""
+    with torch.random.fork_rng(devices=[]):  # its own initialisation is overwritten: leave the generator as it was
+        twin = Mamba2LM(model.config, "reference", device="cpu", dtype=model.dtype,
+                        glue=model.layers[0].mixer.glue.NAME)
+    twin.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    twin = twin.to(model.embedding.weight.device)
+    twin.loss(input_ids).backward()
+    return {f"d{name}": p.grad.to(torch.float64) for name, p in twin.named_parameters()}
+
+
 def _reference_gradients(inputs: LMInputs, grads_in: dict) -> dict[str, torch.Tensor]:
     grads, _ = float64_gradients(inputs.model, inputs.input_ids)
     scale = grads_in["loss"]
     return {f"d{name}": g * scale for name, g in grads.items()}
 
 
-def share_judge(actual: torch.Tensor, expected: torch.Tensor, share: float, tol: float) -> tolerances.Judged:
+def share_judge(actual: torch.Tensor, expected: torch.Tensor, share: float, tol: float,
+                same: torch.Tensor | None = None) -> tolerances.Judged:
     """One parameter's gradient: ‖Δ‖ / max(‖expected‖, `share`) within `tol`, and, whatever the floor, nearer the
     truth than no gradient is (‖Δ‖ < ‖expected‖; where not, the error is ‖Δ‖ / ‖expected‖ >= 1, over any
     tolerance): a gradient far below its share (dA_log, ddt_bias) would otherwise pass zeroed or negated, the share
     bound accepting any error of its size (in bf16 a zeroed dA_log of the tiny model erred 3.5e-4 of the share's
-    0.02). NaN or inf anywhere: inf."""
+    0.02). A gradient below its share is also held to what a computation of its precision achieves where `same` (that
+    computation's gradient, `same_precision_gradients`) is given: ‖Δ‖ ≤ max(SAME_PRECISION_K·‖same − expected‖,
+    tol·‖expected‖), reported as the error that bound makes of it (a dA_log scaled by 0.5 passed the share bound in
+    bf16). NaN or inf anywhere: inf."""
     diff = actual.detach().to(torch.float64) - expected
     norm = torch.linalg.vector_norm(expected).item()
     off = torch.linalg.vector_norm(diff).item()
@@ -244,6 +261,10 @@ def share_judge(actual: torch.Tensor, expected: torch.Tensor, share: float, tol:
     err = off / max(norm, share, 1e-300)
     if norm > 0 and off >= norm:  # no better than a zero gradient
         err = max(err, off / norm)
+    if near_zero and same is not None:
+        achieved = torch.linalg.vector_norm(same.to(torch.float64) - expected).item()
+        allowed = max(tolerances.SAME_PRECISION_K * achieved, tol * norm, 1e-300)
+        err = max(err, tol * off / allowed)
     if not bool(torch.isfinite(diff).all()):
         err = float("inf")
     where = (0,) * expected.dim()
@@ -257,7 +278,8 @@ def _check_gradients(plan) -> dict[str, dict]:
     gradient's norm and its share of the whole model's gradient norm, ‖g‖·sqrt(numel_p / numel): a parameter whose
     gradient is orders below the rest (A_log, dt_bias: sums over every token that nearly cancel) is held to the
     model gradient's scale, as the near-zero blocks of impls.tolerance are to their tensor's, and must still be
-    nearer its float64 value than a zero gradient is (`share_judge`)."""
+    nearer its float64 value than a zero gradient is and within SAME_PRECISION_K × the error a copy of the model
+    with the reference SSD in the same dtype makes of it (`share_judge`, `same_precision_gradients`)."""
     workload, inputs = plan.workload, plan.inputs
     inputs = LMInputs(inputs.model, gate_ids(plan))
     kw = workload.arguments(inputs)
@@ -266,17 +288,19 @@ def _check_gradients(plan) -> dict[str, dict]:
     leaves = _leaves(kw)
     with poisoned_allocations():
         got = autograd_gradients(_loss(plan.backend, kw, leaves), leaves, grads_in)
+    same = same_precision_gradients(inputs.model, inputs.input_ids)
     tol = _tolerance(inputs.model, plan.dtype, plan.point.device)
     total = sum(g.square().sum() for g in truth.values()).sqrt().item()
     count = sum(g.numel() for g in truth.values())
     how = _scoped(f"flat: the dtype's tolerance ({tol:g}) of the larger of the gradient's norm and its share of the "
-                  "model's", plan)
+                  f"model's; below its share also {tolerances.SAME_PRECISION_K:g} x the error of the reference SSD "
+                  "in the same dtype", plan)
     precision = plan.precision.get("train_step", "none")
     report = {}
     for name, expected in truth.items():
         actual = got.get(name)
-        judged = None if actual is None else share_judge(actual, expected, total * (expected.numel() / count) ** 0.5,
-                                                         tol)
+        share = total * (expected.numel() / count) ** 0.5
+        judged = None if actual is None else share_judge(actual, expected, share, tol, same.get(name))
         report[name] = _entry(judged, ("",) * expected.dim(), how, precision)
     return report
 

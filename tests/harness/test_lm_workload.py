@@ -125,6 +125,20 @@ def test_a_gradient_below_its_share_must_beat_a_zero_gradient(scale, ok):
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("scale, ok", [pytest.param(1.03, True, id="3pc-off"), pytest.param(0.5, False, id="halved"),
+                                       pytest.param(1.3, False, id="30pc-off")])
+def test_a_gradient_below_its_share_is_held_to_what_its_precision_achieves(scale, ok):
+    """The same-precision computation erring 1 %: 4 x that (4 %) is allowed, a halved or 30 %-off gradient is not,
+    though the share bound alone (0.02 of a share 1e4 x its norm) passes all three and each beats a zero gradient."""
+    expected = torch.linspace(-1.0, 2.0, 12, dtype=torch.float64)
+    share = 1e4 * torch.linalg.vector_norm(expected).item()
+    same = expected * 1.01
+    assert lm_workload.share_judge((scale * expected).float(), expected, share, 0.02).ok
+    judged = lm_workload.share_judge((scale * expected).float(), expected, share, 0.02, same)
+    assert judged.ok == ok, judged
+
+
+@pytest.mark.quick
 @pytest.mark.parametrize("options, named", [
     pytest.param({"n_layer": 0}, r"^workload.options.n_layer: expected null or an int >= 1", id="n_layer-zero"),
     pytest.param({"vocab_size": "big"}, r"^workload.options.vocab_size", id="vocab_size-not-int"),
