@@ -147,9 +147,11 @@ class Mamba2LM(nn.Module):
         return self.lm_head(self.norm_f(residual, self.dtype))
 
     def loss(self, input_ids: torch.Tensor, **packed) -> torch.Tensor:
-        """The mean next-token cross-entropy of `input_ids` (each position predicts the next one), in fp32."""
+        """The mean next-token cross-entropy of `input_ids` (each position predicts the next one of its own sequence:
+        with packed sequences, seq_idx or cu_seqlens, the last token of one does not predict the first of the next),
+        in fp32."""
         logits = self(input_ids, **packed)
-        return next_token_loss(logits, input_ids)
+        return next_token_loss(logits, input_ids, **packed)
 
     def _check_ids(self, input_ids) -> None:
         check.tensor("input_ids", input_ids, shape=(None, None), dtypes=(torch.int64, torch.int32),
@@ -169,14 +171,35 @@ class Mamba2LM(nn.Module):
                 "ssd": self.layers[0].mixer.backend.describe(), "glue": self.layers[0].mixer.glue.describe()}
 
 
-def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, *, seq_idx: torch.Tensor | None = None,
+                    cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """Mean cross-entropy of logits at positions 0 … L−2 against the ids at 1 … L−1, in fp32 (float64 for float64).
-    A sequence of one token has no target (the mean would be 0/0): it raises, naming input_ids."""
+    With packed sequences (seq_idx (batch, L), or cu_seqlens over a batch of one) a position whose next token starts
+    another sequence has no target and is left out of the mean. A sequence of one token has no target (the mean would
+    be 0/0): it raises, naming input_ids; so does a packing in which no position has a target."""
     if input_ids.shape[-1] < 2:
         check.fail("input_ids", "seqlen >= 2 for a next-token loss", tuple(input_ids.shape))
     work = torch.float64 if logits.dtype == torch.float64 else torch.float32
     # the ids may be int32 (the model takes them): cross_entropy's targets must be int64
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).to(work), input_ids[:, 1:].flatten().long())
+    targets = input_ids[:, 1:].long()
+    same = _same_sequence(input_ids, seq_idx, cu_seqlens)
+    if same is not None:
+        if not bool(same.any()):
+            check.fail("input_ids", "a packed sequence of >= 2 tokens for a next-token loss", "none")
+        targets = targets.masked_fill(~same, -100)  # cross_entropy's ignore_index
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).to(work), targets.flatten())
+
+
+def _same_sequence(input_ids: torch.Tensor, seq_idx: torch.Tensor | None,
+                   cu_seqlens: torch.Tensor | None) -> torch.Tensor | None:
+    """(batch, L − 1): whether position t + 1 is of the same packed sequence as t; None without packing."""
+    if seq_idx is not None:
+        return seq_idx[:, 1:] == seq_idx[:, :-1]
+    if cu_seqlens is None:
+        return None
+    positions = torch.arange(1, input_ids.shape[-1], device=input_ids.device)
+    starts = cu_seqlens[1:-1].to(input_ids.device)
+    return ~torch.isin(positions, starts).expand(input_ids.shape[0], -1)
 
 
 def lm_float64(model: Mamba2LM, input_ids: torch.Tensor) -> torch.Tensor:

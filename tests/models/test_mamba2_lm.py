@@ -112,3 +112,26 @@ def test_bad_configs_are_refused_naming_the_field(kwargs, arg):
     fields = {"vocab_size": 50, "n_layer": 1, "layer": TINY.layer, **kwargs}
     with pytest.raises(ValueError, match=arg):
         Mamba2LMConfig(**fields)
+
+
+@pytest.mark.parametrize("packing", ["cu_seqlens", "seq_idx"])
+def test_a_packed_loss_predicts_each_token_from_its_own_sequence_only(packing):
+    """Three sequences (17, 1 and 22 tokens) packed in one row: the loss is the mean over the 16 + 0 + 21 targets
+    inside the sequences, as computed sequence by sequence (the last token of one never predicts the first of the
+    next); a packing in which no sequence has two tokens has no target and raises."""
+    torch.manual_seed(4)
+    model = Mamba2LM(TINY, dtype=torch.float64)
+    lengths = [17, 1, 22]
+    ids = _ids(batch=1, seqlen=sum(lengths), seed=4)
+    cu = torch.tensor([0, 17, 18, 40], dtype=torch.int32)
+    seq = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths)).unsqueeze(0).to(torch.int32)
+    packed = {"cu_seqlens": cu} if packing == "cu_seqlens" else {"seq_idx": seq}
+    logits = model(ids, **packed)
+    parts = [(logits[:, a:b - 1], ids[:, a + 1:b]) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()) if b - a > 1]
+    total = sum(torch.nn.functional.cross_entropy(lg.flatten(0, 1), t.flatten(), reduction="sum") for lg, t in parts)
+    expected = total / sum(t.numel() for _, t in parts)
+    assert torch.allclose(next_token_loss(logits, ids, **packed), expected, rtol=1e-12)
+    assert not torch.allclose(next_token_loss(logits, ids), expected, rtol=1e-6)  # unpacked, the boundaries leak
+    single = {"cu_seqlens": torch.tensor([0, 1, 2], dtype=torch.int32)}
+    with pytest.raises(ValueError, match="^input_ids: expected a packed sequence of >= 2 tokens"):
+        next_token_loss(logits[:, :2], ids[:, :2], **single)
