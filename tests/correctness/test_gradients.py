@@ -178,6 +178,7 @@ def test_a_correct_bf16_backward_passes_with_room(s1_blocks):
     pytest.param("one-chunk-of-one-heads-dx-x1.02", "dx", id="dx-one-chunk-x1.02"),
     pytest.param("one-sequences-dinitial_states-x1.05", "dinitial_states", id="dinitial-one-sequence-x1.05"),
     pytest.param("one-chunk-of-one-heads-dA-dropped", "dA", id="dA-one-chunk-of-one-head-dropped"),
+    pytest.param("one-chunk-of-one-heads-dD-dropped", "dD", id="dD-one-chunk-of-one-head-dropped"),
 ])
 def test_gradient_fault_fails_the_gate(fault, spoiled, s1_blocks):
     inputs, truth = s1_blocks
@@ -247,6 +248,43 @@ def test_tilegyms_backward_refuses_what_it_has_no_gradient_for(change, words):
     args = {"z": None, "D": None, "state_dtype": None, **change}
     with pytest.raises(BackendUnavailable, match=f"'tilegym' has no backward for this call: .*{words}"):
         forward_for_backward(None, args, {})
+
+
+class _TiledSkipSums(ReferenceBackend):
+    """The reference's backward with dD summed as our kernels sum it: fp32 sums of dŷ ⊙ x over tiles of 16 positions,
+    the tiles' partials (and a per-head D's channels) added in float64. A correct fp32 backward in another order."""
+
+    def forward_for_backward(self, args, needs):
+        run = super().forward_for_backward(args, needs)
+        backward = run.backward
+
+        def tiled(grads_in):
+            grads = backward(grads_in)
+            x, z, D = args["x"].float(), args["z"], args["D"]
+            dyh = grads_in["y"].float() * (1.0 if z is None else z.float() * torch.sigmoid(z.float()))
+            prod = torch.nn.functional.pad(dyh * x, (0, 0, 0, 0, 0, -x.shape[1] % 16))
+            parts = prod.unflatten(1, (-1, 16)).sum(dim=2).double().sum(dim=(0, 1))  # (nheads, headdim)
+            grads["D"] = (parts if D.dim() == 2 else parts.sum(dim=-1)).to(D.dtype)
+            return grads
+
+        run.backward = tiled
+        return run
+
+
+@pytest.mark.parametrize("problem, seed", [
+    pytest.param(Problem(Shape(1, 40, 8, 16, 8, 16, 16), dtype="float32"), 3, id="D-per-head-h8-g8"),
+    pytest.param(Problem(Shape(2, 20, 2, 32, 1, 32, 128), dtype="float32"), 2, id="D-per-head-short-chunk"),
+    pytest.param(Problem(Shape(1, 40, 4, 16, 2, 16, 16), dtype="float32", D_per_channel=True, has_z=True), 0,
+                 id="D-per-channel-z"),
+])
+def test_a_correct_dd_summed_in_another_order_passes(problem, seed):
+    """dD of a head is a sum over batch, time and headdim whose terms cancel: the same-precision computation's sum
+    (torch's) can land near the truth by chance, and without a floor of fp32's unit roundoff times its terms' norm
+    this tiled fp32 sum failed on the first two (1.07x and 1.9x its bound; our Triton's and, emulated, cuTile's dD
+    1.07x and 3.55x there, by fp32 summation alone). A dropped chunk still fails (test_gradient_fault_fails_the_gate)."""
+    report = check_gradients(_TiledSkipSums(), make_inputs(problem, seed=seed), torch.float32, seed=seed)
+    assert report["dD"]["ok"], report["dD"]
+    assert all(r["ok"] for r in report.values()), report
 
 
 def test_a_summed_gradient_is_held_to_its_terms_error_not_less():
