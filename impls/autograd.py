@@ -27,7 +27,11 @@ class _SSD(torch.autograd.Function):
         # they would make a reference cycle through C++ that the garbage collector cannot free, and every step's
         # graph would stay alive. They are saved as outputs instead and handed back to `run` for its backward.
         run.outputs = None
-        ctx.save_for_backward(out.y, out.final_states, out.varlen_states)
+        # The backward reads the inputs again (a backend's run keeps them, not copies): saved too, so that a backward
+        # after one of them changed in place raises, as autograd's own ops do, instead of differentiating at the new
+        # values (ours read x, dt, z, ... when the backward runs)
+        read = (*tensors, *(v for v in args.values() if isinstance(v, torch.Tensor)))
+        ctx.save_for_backward(out.y, out.final_states, out.varlen_states, *read)
         ctx.run, ctx.names = run, names
         return out.y, out.final_states, out.varlen_states
 
@@ -35,7 +39,8 @@ class _SSD(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy, dfinal, dvarlen):
         run = ctx.run
-        run.outputs = ForwardResult(*ctx.saved_tensors)
+        saved = ctx.saved_tensors  # raises if an input or an output changed in place since the forward
+        run.outputs = ForwardResult(*saved[:len(OUTPUTS)])
         try:
             grads = run.backward(dict(zip(OUTPUTS, (dy, dfinal, dvarlen))))
         finally:

@@ -146,6 +146,19 @@ def test_final_states_gradient_flows_alone():
     assert rel_err(dx, expected) < 1e-10
 
 
+@pytest.mark.parametrize("changed", ["dt", "B", "seq_idx"])
+def test_a_backward_after_an_input_changed_in_place_raises(changed):
+    """The backward reads the inputs again (our kernels' backwards read x, dt, z, ... as they are when it runs): one
+    changed in place after the forward raises autograd's own error, as torch's ops do, instead of giving the
+    gradients at the new values (tests/backends/test_triton_backward.py shows those on our Triton)."""
+    kw = _kwargs(make_inputs(dataclasses.replace(TINY, nseqs=2), seed=1))
+    out = impls.ssd(**kw)
+    with torch.no_grad():
+        kw[changed].mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.y.sum().backward()
+
+
 # --- the gradient gate ----------------------------------------------------------------------------------------
 def test_gate_passes_the_reference_at_its_own_precision():
     problem = Problem(Shape(2, 48, 4, 16, 2, 16, 16), dtype="bfloat16", has_initial_states=True, has_z=True,
@@ -281,7 +294,8 @@ def test_a_correct_dd_summed_in_another_order_passes(problem, seed):
     """dD of a head is a sum over batch, time and headdim whose terms cancel: the same-precision computation's sum
     (torch's) can land near the truth by chance, and without a floor of fp32's unit roundoff times its terms' norm
     this tiled fp32 sum failed on the first two (1.07x and 1.9x its bound; our Triton's and, emulated, cuTile's dD
-    1.07x and 3.55x there, by fp32 summation alone). A dropped chunk still fails (test_gradient_fault_fails_the_gate)."""
+    1.07x and 3.55x there, by fp32 summation alone). A dropped chunk still fails
+    (test_gradient_fault_fails_the_gate)."""
     report = check_gradients(_TiledSkipSums(), make_inputs(problem, seed=seed), torch.float32, seed=seed)
     assert report["dD"]["ok"], report["dD"]
     assert all(r["ok"] for r in report.values()), report
