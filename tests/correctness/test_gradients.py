@@ -301,6 +301,15 @@ def test_a_correct_dd_summed_in_another_order_passes(problem, seed):
     assert all(r["ok"] for r in report.values()), report
 
 
+def test_the_reference_passes_its_own_gate_at_one_token():
+    """seqlen 1 (cu_seqlens (0, 1)), fp32: ddt's blocks are one element each, and the same-precision computation's
+    error of head 2 fell far below one rounding by chance (1e-8 relative), which the reference's own fp32 ddt (1.3
+    roundings off) could not match: 1.25x its bound. Floored at fp32's unit roundoff, it passes."""
+    problem = Problem(Shape(1, 1, 4, 16, 1, 16, 16), dtype="float32", nseqs=1, varlen=True)
+    report = check_gradients("reference", make_inputs(problem, seed=3), torch.float32, seed=3)
+    assert all(r["ok"] for r in report.values()), report
+
+
 def test_a_summed_gradient_is_held_to_its_terms_error_not_less():
     """ddt_bias of a head is a sum of ddt over batch and time: where the terms nearly cancel, an error the size of
     the terms' own rounding (relative error × their norm) passes; ten times it fails."""
