@@ -344,8 +344,8 @@ def test_a_gradient_from_the_final_states_alone():
 @pytest.mark.parametrize("changed", ["x", "seq_idx"])
 def test_a_backward_after_an_input_changed_in_place_raises(changed):
     """The backward's kernels read x, B, C, dt, z, seq_idx, ... when they run: an input changed in place after the
-    forward (here x doubled, or seq_idx cut to one sequence) raises autograd's error; it used to give the gradients at
-    the new values, silently (dB and dD 50 % off with x doubled)."""
+    forward (here x doubled, or seq_idx cut to one sequence) raises, naming it; it used to give the gradients at the
+    new values, silently (dB and dD 50 % off with x doubled)."""
     problem = Problem(Shape(1, 32, 2, 16, 1, 16, 16), dtype="float32", nseqs=2)
     kw = forward_arguments(make_inputs(problem, seed=1))
     leaves = _leaves(kw)
@@ -353,7 +353,7 @@ def test_a_backward_after_an_input_changed_in_place_raises(changed):
     out = impls.ssd(**{**kw, **leaves, "x": x}, backend="triton")
     with torch.no_grad():
         (x if changed == "x" else kw["seq_idx"]).mul_(2 if changed == "x" else 0)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+    with pytest.raises(RuntimeError, match=f"impls.ssd: {changed} was modified by an inplace operation"):
         torch.autograd.grad(out.y.sum(), [leaves["B"], leaves["D"]])
 
 

@@ -149,13 +149,13 @@ def test_final_states_gradient_flows_alone():
 @pytest.mark.parametrize("changed", ["dt", "B", "seq_idx"])
 def test_a_backward_after_an_input_changed_in_place_raises(changed):
     """The backward reads the inputs again (our kernels' backwards read x, dt, z, ... as they are when it runs): one
-    changed in place after the forward raises autograd's own error, as torch's ops do, instead of giving the
-    gradients at the new values (tests/backends/test_triton_backward.py shows those on our Triton)."""
+    changed in place after the forward raises, naming it, as torch's ops do for what they save, instead of giving
+    the gradients at the new values (tests/backends/test_triton_backward.py shows those on our Triton)."""
     kw = _kwargs(make_inputs(dataclasses.replace(TINY, nseqs=2), seed=1))
     out = impls.ssd(**kw)
     with torch.no_grad():
         kw[changed].mul_(2)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+    with pytest.raises(RuntimeError, match=f"impls.ssd: {changed} was modified by an inplace operation after"):
         out.y.sum().backward()
 
 
