@@ -141,20 +141,26 @@ class Truth:
 
 
 def skip_terms(kw: dict, grads_in: dict) -> torch.Tensor | None:
-    """dD's terms, float64: at every position and channel the gradient of ŷ (dy, times z·σ(z) with z) times x, as the
-    references' epilogue forms them (in float64 for float64 inputs, else in fp32 from the inputs as given); D per
-    channel: (batch, seqlen, nheads, headdim), D per head: (batch, seqlen·headdim, nheads). A head's (or channel's)
-    dD is their sum over the first two dimensions. None without D."""
+    """dD's terms as the floor reads them, float64: at every position and channel the gradient of ŷ (dy, times z·σ(z)
+    with z) times x, formed as the references' epilogue forms it (in float64 for float64 inputs, else in fp32 from
+    the inputs as given), kept as their root sum of squares over batch and time, (1, 1, nheads, headdim) for D per
+    channel, over headdim too, (1, 1, nheads), for D per head: the norm is all that `sum_floor` takes of them (their
+    own rounding, one product's, stays below the roundoff floor), and the whole terms would be x-sized float64 tensors
+    (1.3 GB at S1), formed here one batch row at a time. None without D."""
     if kw.get("D") is None:
         return None
-    x = kw["x"]
+    x, z = kw["x"], kw.get("z")
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    dyh = grads_in["y"].to(device=x.device, dtype=x.dtype).to(work)  # dy as the backend receives it
-    if kw.get("z") is not None:
-        z = kw["z"].to(work)
-        dyh = dyh * (z * torch.sigmoid(z))
-    terms = (dyh * x.to(work)).to(torch.float64)
-    return terms if kw["D"].dim() == 2 else terms.transpose(2, 3).flatten(1, 2)
+    dy = grads_in["y"].to(device=x.device, dtype=x.dtype)  # dy as the backend receives it
+    squares = 0
+    for r in range(x.shape[0]):
+        dyh = dy[r].to(work)
+        if z is not None:
+            zr = z[r].to(work)
+            dyh = dyh * (zr * torch.sigmoid(zr))
+        squares = squares + (dyh * x[r].to(work)).to(torch.float64).square().sum(dim=0)
+    squares = squares if kw["D"].dim() == 2 else squares.sum(dim=-1)
+    return squares.sqrt()[None, None]
 
 
 def _with_terms(backend, run, kw: dict, grads_in: dict) -> Truth:
