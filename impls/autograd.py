@@ -29,11 +29,13 @@ class _SSD(torch.autograd.Function):
         run.outputs = None
         ctx.save_for_backward(out.y, out.final_states, out.varlen_states)
         ctx.run, ctx.names = run, names
+        ctx.versions = input_versions({**args, **dict(zip(names, tensors))})
         return out.y, out.final_states, out.varlen_states
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy, dfinal, dvarlen):
+        check_unchanged(ctx.versions)
         run = ctx.run
         run.outputs = ForwardResult(*ctx.saved_tensors)
         try:
@@ -41,6 +43,25 @@ class _SSD(torch.autograd.Function):
         finally:
             run.outputs = None  # no cycle after the backward either (a retained graph is walked again)
         return (None, None, None, *(grads.get(name) for name in ctx.names))
+
+
+def input_versions(args: dict) -> tuple:
+    """(name, tensor, its version counter) of every tensor argument of the forward. The backward reads them again as
+    they are when it runs (our kernels' backwards read x, dt, z, seq_idx, ...; a run keeps the tensors, not copies):
+    one changed in place in between would give the gradients at its new values, silently. Recorded, not saved for
+    backward: saving would route the inputs through saved-tensor hooks (save_on_cpu would copy them) for a check.
+    Inference tensors keep no version counter (nor can they change in place outside inference mode): not recorded."""
+    return tuple((name, t, t._version) for name, t in args.items()
+                 if isinstance(t, torch.Tensor) and not t.is_inference())
+
+
+def check_unchanged(versions: tuple) -> None:
+    """Raises, as autograd does for its own saved tensors, where an input changed in place since the forward."""
+    for name, t, version in versions:
+        if t._version != version:
+            raise RuntimeError(f"impls.ssd: {name} was modified by an inplace operation after the forward (its version "
+                               f"is {t._version}, the forward saw {version}); the backward reads it again, so it "
+                               f"would give the gradients at the new values: clone it before changing it in place")
 
 
 def ssd(x, dt, A, B, C, chunk_size: int, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,

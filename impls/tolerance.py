@@ -161,14 +161,15 @@ class Judged:
 
 
 def judge(out: torch.Tensor, ref: torch.Tensor, same: torch.Tensor, block: tuple[int | None, ...],
-          k: float = SAME_PRECISION_K, floor: torch.Tensor | None = None) -> Judged:
+          k: float = SAME_PRECISION_K, floor: torch.Tensor | None = None, least: float = BOUND_FLOOR) -> Judged:
     """`out` against the float64 `ref`, bounded block by block by k × the error of `same` (the same-precision
-    computation of the same output) on the same blocks, floored at k × `same`'s whole-tensor error and, where
-    given, at k × `floor` (one absolute error norm per block: what a sum's terms' rounding alone makes)."""
+    computation of the same output) on the same blocks, floored at k × `same`'s whole-tensor error (itself at least
+    `least`) and, where given, at k × `floor` (one absolute error norm per block: what a sum's terms' rounding alone
+    makes)."""
     if same.shape != ref.shape:
         raise ValueError(f"same: expected shape {tuple(ref.shape)}, got {tuple(same.shape)}")
     err = rel_err(out, ref)
-    floor_whole = max(rel_err(same, ref), BOUND_FLOOR)
+    floor_whole = max(rel_err(same, ref), least)
     if floor is not None:  # the whole tensor likewise: the blocks' floors together, relative to the whole
         ref_norm = torch.linalg.vector_norm(ref.detach().to(torch.float64)).item()
         floor_norm = torch.linalg.vector_norm(floor.to(torch.float64)).item()

@@ -69,7 +69,9 @@ MAX_CHUNK_SIZE = 2048  # the intra-chunk term is quadratic in the chunk: Q×Q pe
 
 def chunk_size(value, arg: str = "chunk_size") -> None:
     """A power of two in [16, MAX_CHUNK_SIZE]; `arg` names where it was read (a stage reads it off dt's shape)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 16 or value & (value - 1):
+    if not isinstance(value, int) or isinstance(value, bool):  # numpy's and torch's ints, 16.0: say so, not "got 16"
+        fail(arg, "a Python int (a power of two >= 16)", f"{value!r} of type {type(value).__name__}")
+    if value < 16 or value & (value - 1):
         fail(arg, "a power of two >= 16", value)
     if value > MAX_CHUNK_SIZE:
         fail(arg, f"at most {MAX_CHUNK_SIZE}", value)

@@ -282,9 +282,27 @@ class DropsOneChunkOfOneHeadsdA(_SpoilsGradients):
         return super().forward_for_backward(args, needs)
 
 
+class DropsOneChunkOfOneHeadsdD(_SpoilsGradients):
+    """dD of head 1 without what chunk 1 of batch row 0 gives it (a reduction over the chunks that skips one, as a
+    kernel skipping its last source tile would: dD is a sum over batch and time, floored by its terms' error,
+    harness/gradient_gate.py sum_floor)."""
+
+    def spoil(self, grads, run, grads_in):
+        without = dict(grads_in)
+        without["y"] = grads_in["y"].clone()
+        without["y"][0, self.chunk_size:2 * self.chunk_size, 1] = 0
+        grads["D"] = run.backward(without)["D"]
+        return grads
+
+    def forward_for_backward(self, args, needs):
+        self.chunk_size = args["chunk_size"]
+        return super().forward_for_backward(args, needs)
+
+
 GRADIENT_FAULTS = {
     "one-heads-share-of-dB-dropped": DropsOneHeadsShareOfdB,
     "one-chunk-of-one-heads-dx-x1.02": ScalesOneChunkOfOneHeadsdx,
     "one-sequences-dinitial_states-x1.05": ScalesOneSequencesdInitialStates,
     "one-chunk-of-one-heads-dA-dropped": DropsOneChunkOfOneHeadsdA,
+    "one-chunk-of-one-heads-dD-dropped": DropsOneChunkOfOneHeadsdD,
 }

@@ -341,6 +341,22 @@ def test_a_gradient_from_the_final_states_alone():
     assert rel_err(dx, expected) < 1e-5
 
 
+@pytest.mark.parametrize("changed", ["x", "seq_idx"])
+def test_a_backward_after_an_input_changed_in_place_raises(changed):
+    """The backward's kernels read x, B, C, dt, z, seq_idx, ... when they run: an input changed in place after the
+    forward (here x doubled, or seq_idx cut to one sequence) raises, naming it; it used to give the gradients at the
+    new values, silently (dB and dD 50 % off with x doubled)."""
+    problem = Problem(Shape(1, 32, 2, 16, 1, 16, 16), dtype="float32", nseqs=2)
+    kw = forward_arguments(make_inputs(problem, seed=1))
+    leaves = _leaves(kw)
+    x = leaves["x"] * 1.0  # a non-leaf input, as a layer's x is
+    out = impls.ssd(**{**kw, **leaves, "x": x}, backend="triton")
+    with torch.no_grad():
+        (x if changed == "x" else kw["seq_idx"]).mul_(2 if changed == "x" else 0)
+    with pytest.raises(RuntimeError, match=f"impls.ssd: {changed} was modified by an inplace operation"):
+        torch.autograd.grad(out.y.sum(), [leaves["B"], leaves["D"]])
+
+
 def test_two_calls_under_bwd_group_split_give_the_same_bits():
     """The split's partials are summed without atomics: two calls give the same bits (not so under bwd_atomics,
     whose order of adds is the GPU's: tests/gpu/test_triton_backward.py)."""

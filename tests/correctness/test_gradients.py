@@ -146,6 +146,19 @@ def test_final_states_gradient_flows_alone():
     assert rel_err(dx, expected) < 1e-10
 
 
+@pytest.mark.parametrize("changed", ["dt", "B", "seq_idx"])
+def test_a_backward_after_an_input_changed_in_place_raises(changed):
+    """The backward reads the inputs again (our kernels' backwards read x, dt, z, ... as they are when it runs): one
+    changed in place after the forward raises, naming it, as torch's ops do for what they save, instead of giving
+    the gradients at the new values (tests/backends/test_triton_backward.py shows those on our Triton)."""
+    kw = _kwargs(make_inputs(dataclasses.replace(TINY, nseqs=2), seed=1))
+    out = impls.ssd(**kw)
+    with torch.no_grad():
+        kw[changed].mul_(2)
+    with pytest.raises(RuntimeError, match=f"impls.ssd: {changed} was modified by an inplace operation after"):
+        out.y.sum().backward()
+
+
 # --- the gradient gate ----------------------------------------------------------------------------------------
 def test_gate_passes_the_reference_at_its_own_precision():
     problem = Problem(Shape(2, 48, 4, 16, 2, 16, 16), dtype="bfloat16", has_initial_states=True, has_z=True,
@@ -178,6 +191,7 @@ def test_a_correct_bf16_backward_passes_with_room(s1_blocks):
     pytest.param("one-chunk-of-one-heads-dx-x1.02", "dx", id="dx-one-chunk-x1.02"),
     pytest.param("one-sequences-dinitial_states-x1.05", "dinitial_states", id="dinitial-one-sequence-x1.05"),
     pytest.param("one-chunk-of-one-heads-dA-dropped", "dA", id="dA-one-chunk-of-one-head-dropped"),
+    pytest.param("one-chunk-of-one-heads-dD-dropped", "dD", id="dD-one-chunk-of-one-head-dropped"),
 ])
 def test_gradient_fault_fails_the_gate(fault, spoiled, s1_blocks):
     inputs, truth = s1_blocks
@@ -247,6 +261,53 @@ def test_tilegyms_backward_refuses_what_it_has_no_gradient_for(change, words):
     args = {"z": None, "D": None, "state_dtype": None, **change}
     with pytest.raises(BackendUnavailable, match=f"'tilegym' has no backward for this call: .*{words}"):
         forward_for_backward(None, args, {})
+
+
+class _TiledSkipSums(ReferenceBackend):
+    """The reference's backward with dD summed as our kernels sum it: fp32 sums of dŷ ⊙ x over tiles of 16 positions,
+    the tiles' partials (and a per-head D's channels) added in float64. A correct fp32 backward in another order."""
+
+    def forward_for_backward(self, args, needs):
+        run = super().forward_for_backward(args, needs)
+        backward = run.backward
+
+        def tiled(grads_in):
+            grads = backward(grads_in)
+            x, z, D = args["x"].float(), args["z"], args["D"]
+            dyh = grads_in["y"].float() * (1.0 if z is None else z.float() * torch.sigmoid(z.float()))
+            prod = torch.nn.functional.pad(dyh * x, (0, 0, 0, 0, 0, -x.shape[1] % 16))
+            parts = prod.unflatten(1, (-1, 16)).sum(dim=2).double().sum(dim=(0, 1))  # (nheads, headdim)
+            grads["D"] = (parts if D.dim() == 2 else parts.sum(dim=-1)).to(D.dtype)
+            return grads
+
+        run.backward = tiled
+        return run
+
+
+@pytest.mark.parametrize("problem, seed", [
+    pytest.param(Problem(Shape(1, 40, 8, 16, 8, 16, 16), dtype="float32"), 3, id="D-per-head-h8-g8"),
+    pytest.param(Problem(Shape(2, 20, 2, 32, 1, 32, 128), dtype="float32"), 2, id="D-per-head-short-chunk"),
+    pytest.param(Problem(Shape(1, 40, 4, 16, 2, 16, 16), dtype="float32", D_per_channel=True, has_z=True), 0,
+                 id="D-per-channel-z"),
+])
+def test_a_correct_dd_summed_in_another_order_passes(problem, seed):
+    """dD of a head is a sum over batch, time and headdim whose terms cancel: the same-precision computation's sum
+    (torch's) can land near the truth by chance, and without a floor of fp32's unit roundoff times its terms' norm
+    this tiled fp32 sum failed on the first two (1.07x and 1.9x its bound; our Triton's and, emulated, cuTile's dD
+    1.07x and 3.55x there, by fp32 summation alone). A dropped chunk still fails
+    (test_gradient_fault_fails_the_gate)."""
+    report = check_gradients(_TiledSkipSums(), make_inputs(problem, seed=seed), torch.float32, seed=seed)
+    assert report["dD"]["ok"], report["dD"]
+    assert all(r["ok"] for r in report.values()), report
+
+
+def test_the_reference_passes_its_own_gate_at_one_token():
+    """seqlen 1 (cu_seqlens (0, 1)), fp32: ddt's blocks are one element each, and the same-precision computation's
+    error of head 2 fell far below one rounding by chance (1e-8 relative), which the reference's own fp32 ddt (1.3
+    roundings off) could not match: 1.25x its bound. Floored at fp32's unit roundoff, it passes."""
+    problem = Problem(Shape(1, 1, 4, 16, 1, 16, 16), dtype="float32", nseqs=1, varlen=True)
+    report = check_gradients("reference", make_inputs(problem, seed=3), torch.float32, seed=3)
+    assert all(r["ok"] for r in report.values()), report
 
 
 def test_a_summed_gradient_is_held_to_its_terms_error_not_less():

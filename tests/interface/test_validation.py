@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -40,6 +41,12 @@ BAD_FORWARD = [
     pytest.param(r"A: expected shape \(4,\), got \(4, 1\)", {"A": torch.randn(S.nheads, 1)}, id="A-shape"),
     pytest.param("chunk_size", {"chunk_size": 24}, id="chunk-not-power-of-two"),
     pytest.param("chunk_size", {"chunk_size": 8}, id="chunk-below-16"),
+    # a numpy or torch int, or 16.0, was refused as "expected a power of two >= 16, got 16"
+    pytest.param("chunk_size: expected a Python int .* of type int64", {"chunk_size": np.int64(16)},
+                 id="chunk-numpy-int"),
+    pytest.param("chunk_size: expected a Python int .* of type Tensor", {"chunk_size": torch.tensor(16)},
+                 id="chunk-tensor"),
+    pytest.param("chunk_size: expected a Python int .* of type float", {"chunk_size": 16.0}, id="chunk-float"),
     pytest.param("dt_limit", {"dt_limit": (0.1, 0.01)}, id="dt_limit-unordered"),
     pytest.param("dt_limit", {"dt_limit": (-1.0, 1.0)}, id="dt_limit-negative"),
     pytest.param("dt_limit", {"dt_limit": "12"}, id="dt_limit-string"),  # was read as (1, 2)
