@@ -214,6 +214,7 @@ class _SpoilsGradients(SamePrecisionReference):
         super().__init__({"fwd_pass_state": "bfloat16", "compute_out": "bfloat16"})
 
     def forward_for_backward(self, args, needs):
+        self.chunk_size = args["chunk_size"]  # where a spoil picks out one chunk
         return _Spoiled(super().forward_for_backward(args, needs), self.spoil)
 
     def spoil(self, grads, run, grads_in):
@@ -253,10 +254,6 @@ class ScalesOneChunkOfOneHeadsdx(_SpoilsGradients):
         grads["x"][0, q:2 * q, 1] *= 1.02
         return grads
 
-    def forward_for_backward(self, args, needs):
-        self.chunk_size = args["chunk_size"]
-        return super().forward_for_backward(args, needs)
-
 
 class ScalesOneSequencesdInitialStates(_SpoilsGradients):
     """d initial_states of sequence 1 (one initial state per packed sequence) is 5% too large."""
@@ -266,37 +263,30 @@ class ScalesOneSequencesdInitialStates(_SpoilsGradients):
         return grads
 
 
-class DropsOneChunkOfOneHeadsdA(_SpoilsGradients):
-    """dA of head 1 without what chunk 1's outputs of batch row 0 give it (a reduction over the chunks that skips
-    one: dA is a sum over batch and time, floored by its terms' error, harness/gradient_gate.py sum_floor)."""
+class _DropsOneChunkOfOneHead(_SpoilsGradients):
+    """GRADIENT (a sum over batch and time, floored by its terms' error, harness/gradient_gate.py sum_floor) of head 1
+    without what chunk 1 of batch row 0 gives it: a reduction over the chunks that skips one."""
+
+    GRADIENT = ""
 
     def spoil(self, grads, run, grads_in):
         without = dict(grads_in)
         without["y"] = grads_in["y"].clone()
         without["y"][0, self.chunk_size:2 * self.chunk_size, 1] = 0
-        grads["A"] = run.backward(without)["A"]
+        grads[self.GRADIENT] = run.backward(without)[self.GRADIENT]
         return grads
 
-    def forward_for_backward(self, args, needs):
-        self.chunk_size = args["chunk_size"]
-        return super().forward_for_backward(args, needs)
+
+class DropsOneChunkOfOneHeadsdA(_DropsOneChunkOfOneHead):
+    """dA of head 1 without what chunk 1's outputs of batch row 0 give it."""
+
+    GRADIENT = "A"
 
 
-class DropsOneChunkOfOneHeadsdD(_SpoilsGradients):
-    """dD of head 1 without what chunk 1 of batch row 0 gives it (a reduction over the chunks that skips one, as a
-    kernel skipping its last source tile would: dD is a sum over batch and time, floored by its terms' error,
-    harness/gradient_gate.py sum_floor)."""
+class DropsOneChunkOfOneHeadsdD(_DropsOneChunkOfOneHead):
+    """dD of head 1 without what chunk 1 of batch row 0 gives it, as a kernel skipping its last source tile would."""
 
-    def spoil(self, grads, run, grads_in):
-        without = dict(grads_in)
-        without["y"] = grads_in["y"].clone()
-        without["y"][0, self.chunk_size:2 * self.chunk_size, 1] = 0
-        grads["D"] = run.backward(without)["D"]
-        return grads
-
-    def forward_for_backward(self, args, needs):
-        self.chunk_size = args["chunk_size"]
-        return super().forward_for_backward(args, needs)
+    GRADIENT = "D"
 
 
 GRADIENT_FAULTS = {
