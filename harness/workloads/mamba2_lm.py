@@ -207,12 +207,18 @@ def _incoming(inputs: LMInputs, seed: int) -> dict[str, torch.Tensor]:
     return {"loss": torch.ones((), dtype=torch.float64, device=inputs.input_ids.device)}
 
 
+def reference_twin(model: Mamba2LM, dtype: torch.dtype, glue: str = "torch") -> Mamba2LM:
+    """A copy of `model` (its parameters as they stand, cast to `dtype`) with every layer's SSD on the reference
+    backend and the conv and norm in `glue`, on the model's device."""
+    with torch.random.fork_rng(devices=[]):  # its own initialisation is overwritten: leave the generator as it was
+        twin = Mamba2LM(model.config, "reference", device="cpu", dtype=dtype, glue=glue)
+    twin.load_state_dict({k: v.detach().to(dtype).cpu() for k, v in model.state_dict().items()})
+    return twin.to(model.embedding.weight.device)
+
+
 def float64_twin(model: Mamba2LM) -> Mamba2LM:
     """A float64 copy of `model` (its parameters as they stand), on the model's device."""
-    with torch.random.fork_rng(devices=[]):  # its own initialisation is overwritten: leave the generator as it was
-        twin = Mamba2LM(model.config, "reference", device="cpu", dtype=torch.float64)
-    twin.load_state_dict({k: v.detach().double().cpu() for k, v in model.state_dict().items()})
-    return twin.to(model.embedding.weight.device)
+    return reference_twin(model, torch.float64)
 
 
 def float64_gradients(model: Mamba2LM, input_ids: torch.Tensor) -> tuple[dict[str, torch.Tensor], Mamba2LM]:
@@ -229,11 +235,7 @@ def same_precision_gradients(model: Mamba2LM, input_ids: torch.Tensor) -> dict[s
     """The loss's gradients of a copy of `model` in its own dtype and glue with every layer's SSD on the reference
     backend (torch autograd through the chunked stages in that dtype): what a computation of the model's precision
     achieves, parameter name -> gradient (float64)."""
-    with torch.random.fork_rng(devices=[]):  # its own initialisation is overwritten: leave the generator as it was
-        twin = Mamba2LM(model.config, "reference", device="cpu", dtype=model.dtype,
-                        glue=model.layers[0].mixer.glue.NAME)
-    twin.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    twin = twin.to(model.embedding.weight.device)
+    twin = reference_twin(model, model.dtype, model.layers[0].mixer.glue.NAME)
     twin.loss(input_ids).backward()
     return {f"d{name}": p.grad.to(torch.float64) for name, p in twin.named_parameters()}
 
