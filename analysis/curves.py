@@ -43,11 +43,9 @@ def load_curves(source: str | Path) -> pd.DataFrame:
 def load_curves_beside(sources) -> pd.DataFrame:
     """The curve rows beside resolved result sources (analysis.end_to_end.beside: under a folder source or in the
     folder of a file source), one run of them (analysis.load.one_run)."""
-    from analysis.end_to_end import beside
+    from analysis.end_to_end import read_beside
 
-    files = beside(sources, SUFFIX)
-    rows = pd.concat([pd.read_parquet(f).assign(source=f.name) for f in files], ignore_index=True)
-    return one_run(rows, "loss curves beside the rows")
+    return one_run(read_beside(sources, SUFFIX), "loss curves beside the rows")
 
 
 def smoothed(rows: pd.DataFrame, window: int = SMOOTH_STEPS) -> pd.DataFrame:

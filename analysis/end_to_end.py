@@ -162,10 +162,14 @@ def beside(sources, suffix: str) -> list:
     return found
 
 
-def load_step_profiles(sources):
-    """The step-profile rows (instruments/step_profile.py) beside result sources, with a column `source` (the file's
-    name), for share_table."""
+def read_beside(sources, suffix: str):
+    """The rows of every file ending `suffix` beside result sources (`beside`), with a column `source` (the file's
+    name)."""
     import pandas as pd
 
-    return pd.concat([pd.read_parquet(f).assign(source=f.name) for f in beside(sources, STEP_PROFILE_SUFFIX)],
-                     ignore_index=True)
+    return pd.concat([pd.read_parquet(f).assign(source=f.name) for f in beside(sources, suffix)], ignore_index=True)
+
+
+def load_step_profiles(sources):
+    """The step-profile rows (instruments/step_profile.py) beside result sources, for share_table."""
+    return read_beside(sources, STEP_PROFILE_SUFFIX)
