@@ -30,6 +30,7 @@ from analysis.markdown import emit, table
 
 COMMAND = "python -m analysis.forward_table"
 KERNELS = "kernels"  # --stage: every kernel:<name> stage of the timed backwards (harness/measure_time.py kernel_rows)
+KERNEL_STAGE = "kernel:"  # harness/timing.py KERNEL_STAGE (not imported: the analysis runs without torch)
 BACKWARD_STAGES = ("backward", "forward_backward")
 
 
@@ -39,7 +40,8 @@ def cell(row) -> str:
     text += f", graph {graph:.3f}" if pd.notna(graph) else ""
     share, floor = row.get("share_pct"), row.get("frac_floor")  # a kernel's (kernel rows only)
     text += f", {share:.0f} % of the call" if pd.notna(share) else ""
-    text += f", {floor:.2f} of its floor" if pd.notna(floor) and str(row.get("stage", "")).startswith("kernel:") else ""
+    kernel = str(row.get("stage", "")).startswith(KERNEL_STAGE)
+    text += f", {floor:.2f} of its floor" if kernel and pd.notna(floor) else ""
     tiles = row.get("tile_protocol")  # where the tiles came from, where not searched for this code (impls/tuning.py)
     return text + (f", tiles {tiles}" if isinstance(tiles, str) and tiles != "retuned" else "")
 
@@ -55,8 +57,8 @@ def stage_rows(w: pd.DataFrame, stage: str) -> pd.DataFrame:
     ssd = w[(w["workload"].fillna("ssd") == "ssd") & w["median_ms"].notna() & (w["status"] == "ok")]
     if stage != KERNELS:
         return ssd[ssd["stage"] == stage]
-    kernels = ssd[ssd["stage"].str.startswith("kernel:")]
-    return kernels.assign(label=kernels["label"] + " · " + kernels["stage"].str.removeprefix("kernel:"))
+    kernels = ssd[ssd["stage"].str.startswith(KERNEL_STAGE)]
+    return kernels.assign(label=kernels["label"] + " · " + kernels["stage"].str.removeprefix(KERNEL_STAGE))
 
 
 def tables(files: list[str | Path], stage: str = "forward", root: Path | None = None) -> dict[str, pd.DataFrame]:

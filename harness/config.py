@@ -376,7 +376,7 @@ def validate(cfg: DictConfig):
     if cfg.bench.statistic != "median":
         raise ConfigError(f"bench.statistic: only 'median' is recorded, got {cfg.bench.statistic!r}")
     check_timing_knobs(cfg.bench, cfg.device)
-    if cfg.bench.get("kernel_times") and cfg.direction not in ("forward", "backward", "forward_backward"):
+    if cfg.bench.get("kernel_times") and cfg.direction not in workloads.DIRECTIONS:
         raise ConfigError(f"bench.kernel_times: times the kernels of a forward or a backward call; direction "
                           f"{cfg.direction!r} has none to give")
     check_workload(cfg.workload.name, OmegaConf.to_container(cfg.workload.options, resolve=True), problem,

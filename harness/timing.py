@@ -201,9 +201,7 @@ def ceilings(device: torch.device, dtype: torch.dtype, rep_ms: int) -> dict[str,
 
 
 # --- each kernel of one call ------------------------------------------------------------------------------------
-KERNEL_STAGE = "kernel:"  # a row's stage prefix for one kernel of a timed call (the backward's own kernels)
-
-
+KERNEL_STAGE = "kernel:"  # a row's stage prefix for one kernel of a timed call (the forward or the backward)
 SEPARATOR = "spin_kernel"  # torch.cuda._sleep's kernel (ATen's Sleep.cu): marks where one profiled call begins
 
 
