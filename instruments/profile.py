@@ -92,7 +92,7 @@ DERIVED = {STALL_OTHER: "cycle/inst",
            **{f"stall_{reason}_share_pct": "%" for reason in (*STALL_REASONS, "other")}}
 UNITS = {**{name: unit for name, unit, _ in METRICS.values()}, **DERIVED}
 PROFILED_MARK = "PROFILED_CALL_DONE"
-DIRECTIONS = ("forward", "backward", "forward_backward")
+DIRECTIONS = ("forward", "backward", "forward_backward")  # harness/workloads DIRECTIONS, kept here import-light
 
 
 # --- the target process -----------------------------------------------------------------------------------

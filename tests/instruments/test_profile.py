@@ -221,3 +221,9 @@ def test_the_backward_call_is_the_timed_rows_backward(monkeypatch):
     assert dx is not None and dx.shape == inputs.x.shape and dx.abs().sum() > 0
     y = profile.profiled_call(backend, inputs, "forward")()
     assert y.y.shape == inputs.x.shape
+
+
+def test_the_profilers_directions_are_the_workloads():
+    from harness.workloads import DIRECTIONS
+
+    assert profile.DIRECTIONS == DIRECTIONS
