@@ -125,3 +125,32 @@ def state_split(switches, dtype: torch.dtype) -> bool:
     """Whether the state pass splits its MMA's weighted dŷ (switch bwd_state_split): for 16-bit inputs only, fp32's
     operand being the fp32 value itself."""
     return bool(switches.bwd_state_split) and dtype != torch.float32
+
+
+def written_elements(stage: str, outputs, seqlen: int):
+    """`outputs` of backward stage `stage` (its kernel's buffers, as both backends' stage calls return them) with the
+    elements its kernel leaves unwritten by design set to zero: what the tuning search's check of finite outputs
+    (impls/tuning.py `nonfinite_output`, via `Tunable.output`) may read. The chunk kernel writes T's row-sum partial
+    of source tile t at rows at or after the tile's start only, and inside the sequence; the dcb kernel writes
+    d(C·Bᵀ) on and below the diagonal only. The consumers read those elements alone, so the rest of each buffer
+    holds whatever the allocator left there (NaN under `impls.tolerance.poisoned_allocations`, and often after it on
+    a GPU). Every other output is read whole."""
+    if stage == "bwd_chunk":
+        dx, dz, ddt, dl, row, dD = outputs
+        nchunks, tiles, chunk = row.shape[2], row.shape[3], row.shape[4]
+        inside = _inside_sequence(nchunks, chunk, seqlen, row.device)  # (nchunks, chunk)
+        position = torch.arange(chunk, device=row.device)
+        after = position[None, :] >= (chunk // tiles) * torch.arange(tiles, device=row.device)[:, None]
+        return dx, dz, ddt.where(inside, 0.0), dl.where(inside, 0.0), row.where(inside[:, None] & after, 0.0), dD
+    if stage == "bwd_dcb":
+        dC, dG = outputs
+        nchunks, chunk = dG.shape[1], dG.shape[3]
+        inside = _inside_sequence(nchunks, chunk, seqlen, dG.device)
+        causal = torch.ones(chunk, chunk, dtype=torch.bool, device=dG.device).tril()  # (row l, source s)
+        return dC, dG.where((causal & inside[:, :, None] & inside[:, None, :])[:, None], 0.0)
+    return outputs
+
+
+def _inside_sequence(nchunks: int, chunk: int, seqlen: int, device) -> torch.Tensor:
+    """(nchunks, chunk) bool: the chunked positions that lie inside the sequence (the last chunk may be short)."""
+    return (torch.arange(nchunks * chunk, device=device) < seqlen).view(nchunks, chunk)

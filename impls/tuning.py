@@ -324,7 +324,9 @@ class Tunable:
     stack: tuple[str, ...] = ()  # the software (of STACK) a record is bound to
     own_search: Callable[[], dict] | None = None  # a backend's own autotuner: runs it, returns the chosen config
     stage_timer: Callable[[Callable[[], Any]], float] | None = None  # whole-stage timer in ms (default: do_bench)
-    output: Callable[[dict], Any] | None = None  # the whole stage's outputs, for `nonfinite_output` where run is None
+    # what `nonfinite_output` reads of a config's outputs (default: `run`'s whole outputs): the whole stage's outputs
+    # where run is None, or the elements a stage writes by design (impls.chunked_backward.written_elements)
+    output: Callable[[dict], Any] | None = None
 
 
 @dataclass
@@ -506,7 +508,7 @@ def _measure(t: Tunable, today: dict, resume: bool) -> tuple[list[dict], list[di
             continue
         try:
             m = timer(cfg)
-            bad = nonfinite_output(t.run or t.output, cfg)
+            bad = nonfinite_output(t.output or t.run, cfg)
             if bad:
                 raise ArithmeticError(bad)
             measurements.append({"config": cfg, **(m if isinstance(m, dict) else {"us": round(m, 2)})})
@@ -526,10 +528,10 @@ def nonfinite_output(run: Callable[[dict], Any] | None, cfg: dict) -> str:
     """Why the stage's output under `cfg` cannot be kept ("" when every floating element is finite, or when there is
     no whole-stage call to ask): a config the compiler gets wrong (a warpgroup MMA left running while its register
     operand is overwritten writes NaN/Inf rows on sm_90, as vLLM's chunk-scan autotuner records of Triton) must not
-    win the search on its speed. The search's inputs are the call's own, finite. `run` is the stage's whole call,
-    or `Tunable.output` where the search confirms nothing (cuTile's chunk_cumsum, serial stage 2 and fused kernel);
-    measurements a resumed search reads from a partial file were asked when they were taken, if the code then
-    did."""
+    win the search on its speed. The search's inputs are the call's own, finite. `run` is `Tunable.output` where
+    given (the search confirms nothing: cuTile's chunk_cumsum, serial stage 2 and fused kernel; or a backward stage
+    whose buffers are written in part by design), else the stage's whole call; measurements a resumed search reads
+    from a partial file were asked when they were taken, if the code then did."""
     if run is None:
         return ""
     import torch

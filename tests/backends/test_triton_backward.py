@@ -390,6 +390,19 @@ def test_the_backward_kernels_report_their_launch_configurations():
     assert "reverse" in backend.BACKWARD and "no atomics" in backend.BACKWARD
 
 
+def test_the_backward_search_keeps_configs_whose_buffers_are_written_in_part_by_design(monkeypatch, tmp_path):
+    """The gate NaN-poisons every allocation, as a GPU's allocator may leave NaN in a reused block: the chunk kernel's
+    row-sum partials above each source tile and past a short last chunk, and dcb's d(C·Bᵀ) above the diagonal, stay
+    unwritten by design, and the search must not take them for a miscompiled config (on an H100 every bwd_chunk
+    config was refused so, the search failing)."""
+    monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
+    backend = get_backend("triton", tuning="search")
+    assert_gate(backend, RICH, 2)
+    stages = backend.describe()["stages"]
+    assert {stages[s]["source"] for s in ("bwd_state_pass", "bwd_chunk", "bwd_dcb", "bwd_db", "bwd_cumsum")} == {
+        "search"}, stages
+
+
 def test_the_gate_fails_a_backward_off_by_a_little():
     """The cases above can fail: the same backward with dB of one group scaled by 1.01 fails the gate at dB."""
     from impls.triton.backward import run

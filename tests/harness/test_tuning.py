@@ -183,6 +183,51 @@ def test_without_a_whole_stage_run_the_outputs_are_asked_for_nan():
     assert [f["config"] for f in record["failures"]] == [{"block": 64}] and res.config != {"block": 64}
 
 
+def test_where_both_are_given_the_guard_reads_output_not_run():
+    """A stage whose buffers are written in part by design hands the guard only what it writes (Tunable.output):
+    NaN in run's unwritten elements passes, NaN in output's fails the config."""
+    import torch
+
+    fake = Fake()
+    run_nan = lambda cfg: (fake.run(cfg), torch.full((2,), float("nan")))[1]  # noqa: E731
+    res = tuning.resolve(_tunable("search", fake, run=run_nan,
+                                  output=lambda cfg: torch.full((2,), float("nan") if cfg["block"] == 64 else 1.0)))
+    record = tuning.lookup("b", "s", GPU, "k")
+    assert [f["config"] for f in record["failures"]] == [{"block": 64}] and res.config == {"block": 128}
+
+
+@pytest.mark.parametrize("stage", ["bwd_chunk", "bwd_dcb"])
+def test_the_backward_stages_written_elements_hide_only_what_the_kernels_leave_unwritten(stage):
+    """impls.chunked_backward.written_elements at seqlen 70 in chunks of 32 (the last chunk 6 long), 2 source tiles
+    of 16: NaN where the kernels write nothing is zeroed; NaN in any element they write stays, so a miscompiled
+    config is still refused."""
+    import torch
+
+    from impls.chunked_backward import written_elements
+
+    nan = float("nan")
+    if stage == "bwd_chunk":
+        per_position = torch.ones(1, 2, 3, 32)  # (batch, nheads, nchunks, chunk): ddt and dl
+        row = torch.ones(1, 2, 3, 2, 32)
+        row[..., 1, :16] = nan  # the second source tile's rows before its start
+        row[:, :, 2, :, 6:] = nan  # past the short last chunk
+        per_position[:, :, 2, 6:] = nan
+        outputs = (torch.ones(1, 70, 2, 4), None, per_position.clone(), per_position.clone(), row, torch.ones(2))
+        planted = [(4, (0, 0, 0, 1, 16)), (2, (0, 1, 2, 5))]  # the first written row of tile 1, the last position
+    else:
+        dG = torch.ones(1, 3, 2, 32, 32)  # (batch, nchunks, groups, row l, source s)
+        dG[..., 3, 4] = nan  # above the diagonal
+        dG[:, 2, :, 6:, :] = nan  # rows past the short last chunk
+        outputs = (torch.ones(1, 70, 2, 8), dG)
+        planted = [(1, (0, 1, 0, 4, 3)), (1, (0, 2, 1, 5, 5))]
+    written = written_elements(stage, outputs, seqlen=70)
+    assert all(bool(torch.isfinite(t).all()) for t in written if isinstance(t, torch.Tensor))
+    for index, at in planted:
+        outputs[index][at] = nan
+        assert not bool(torch.isfinite(written_elements(stage, outputs, seqlen=70)[index]).all()), (index, at)
+        outputs[index][at] = 1.0
+
+
 def test_nothing_runs_raises_with_the_first_failure():
     def timer(cfg):
         raise RuntimeError("no kernel")

@@ -24,10 +24,10 @@ from impls.registry import ForwardResult
 @dataclass(frozen=True)
 class Launches:
     """What every kernel launch of one backward call shares: the backend (its switches and tuning records), the
-    problem's shape label, dtype and device, and whether fp32 operands go through tf32 tensor cores."""
+    problem's shape, dtype and device, and whether fp32 operands go through tf32 tensor cores."""
 
     backend: object
-    label: str
+    shape: Shape
     dtype: str
     device: torch.device
     tf32: bool
@@ -41,8 +41,8 @@ class Launches:
             stage_call(config, calls.append)
             return calls[0]
 
-        config = tune.resolve(self.backend, stage, self.label, self.dtype, flags, self.device, make_call,
-                              lambda cfg: stage_call(cfg, None))
+        config = tune.resolve(self.backend, stage, self.shape.label(), self.dtype, flags, self.device, make_call,
+                              lambda cfg: stage_call(cfg, None), self.shape.seqlen)
         return stage_call(config, None)
 
 
@@ -63,7 +63,7 @@ class CutileBackward:
         dy, states, extra, yhat = backward_inputs(self.backend, a, sv, self.outputs.y, grads)
         dy = unit_last(dy.to(x.dtype))
         ext = {name: None if t is None else t.contiguous() for name, t in vars(extra).items()}
-        go = Launches(self.backend, Shape(*x.shape, *B.shape[2:], sv.dt.shape[3]).label(), dtype_name(x.dtype),
+        go = Launches(self.backend, Shape(*x.shape, *B.shape[2:], sv.dt.shape[3]), dtype_name(x.dtype),
                       x.device, x.dtype == torch.float32 and self.backend.switches.cb_precision == "tf32")
         sw, tf32 = self.backend.switches, go.tf32
         flags = {"seq": seq_idx is not None, "z": z is not None, "varlen": ext["states"] is not None}

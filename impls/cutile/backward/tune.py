@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from impls import tuning
+from impls.chunked_backward import written_elements
 
 STATE_PASS, CHUNK, DCB, DB, CUMSUM = "bwd_state_pass", "bwd_chunk", "bwd_dcb", "bwd_db", "bwd_cumsum"
 STAGES = (STATE_PASS, CHUNK, DCB, DB, CUMSUM)
@@ -75,7 +76,7 @@ def record_key(switches, shape_label: str, dtype: str, flags: dict, stage: str) 
 
 
 def resolve(backend, stage: str, shape_label: str, dtype: str, flags: dict, device,
-            make_call: Callable[[dict], Any], launch: Callable[[dict], Any]) -> dict:
+            make_call: Callable[[dict], Any], launch: Callable[[dict], Any], seqlen: int) -> dict:
     """The config `stage` runs with on this call: resolved once per record key on `backend` (its mode: switch
     `tuning`), recorded in describe()'s stages. `make_call(config)` builds the kernel's launch (the search's timer),
     `launch(config)` runs it (the confirmation)."""
@@ -88,7 +89,8 @@ def resolve(backend, stage: str, shape_label: str, dtype: str, flags: dict, devi
         resolution = tuning.resolve(tuning.Tunable(
             backend="cutile", stage=stage, key=key, gpu=gpu, mode=backend.switches.tuning,
             fallback=fallback(stage, device_major(device), dtype), space=SPACE[stage], configs=configs(stage),
-            run=launch, timer=forward_tune.kernel_timer(make_call), stack=STACK))
+            run=launch, timer=forward_tune.kernel_timer(make_call), stack=STACK,
+            output=lambda cfg: written_elements(stage, launch(cfg), seqlen)))
         backend._resolved[(stage, key)] = resolution
     backend._sources[stage] = resolution.as_dict()
     return dict(resolution.config)

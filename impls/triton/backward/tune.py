@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from impls import tuning
+from impls.chunked_backward import written_elements
 from impls.problem import Shape
 from impls.triton import target
 from impls.triton.clamp import pow2_at_least_16, triton_next_pow2
@@ -98,7 +99,8 @@ def resolve(backend, stage: str, shape: Shape, dtype: str, flags: dict, device,
             backend="triton", stage=stage, key=key, gpu=target.device_name(device), mode=backend.switches.tuning,
             fallback=fallback, space={k: list(v) for k, v in SEARCH_SPACE[stage].items()},
             configs=[fallback] if interp else space(stage, shape), run=launch, stack=STACK,
-            stage_timer=tuning.wall_ms if interp else None)
+            stage_timer=tuning.wall_ms if interp else None,
+            output=lambda cfg: written_elements(stage, launch(cfg), shape.seqlen))
         resolution = tuning.resolve(t)
         resolved = Resolved(clamp(resolution.config, shape), resolution)
         backend._resolved[(stage, key)] = resolved
