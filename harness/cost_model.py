@@ -63,6 +63,7 @@ numbers did not change when the backward's entries were added, so MODEL_VERSION 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from impls.problem import Problem
@@ -276,10 +277,11 @@ def costs(p: Problem) -> dict[str, dict[str, float]]:
 
 def priced_kernel(kernel: str, costs: dict) -> str | None:
     """The entry of `costs` (`costs(p)`) that prices a launched kernel on its own, or None: the entry (a forward
-    stage or one of our backward kernels) whose name is the kernel's, or the kernel's less "_kernel" (Triton and
-    cuTile keep the Python function's name: `bwd_chunk_kernel` is `bwd_chunk`). Peers' kernels and our others (the
-    C·Bᵀ kernel, the fold) have none."""
-    for name in (kernel, kernel.removesuffix("_kernel")):
+    stage or one of our backward kernels) whose name is the kernel's, or the kernel's less "_kernel" and what cuTile
+    appends to it (Triton keeps the Python function's name, `bwd_chunk_kernel`; cuTile adds its specialisation,
+    `bwd_chunk_kernel_Kt2_A4bf16_…`: both are `bwd_chunk`). Peers' kernels and our others (the C·Bᵀ kernel, the
+    fold) have none."""
+    for name in (kernel, re.sub(r"_kernel(_K\w*)?$", "", kernel)):
         if name in costs and name not in ("forward", *BACKWARD_STAGES):
             return name
     return None

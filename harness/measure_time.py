@@ -157,6 +157,9 @@ def backward_callables(backend, inputs, seed: int = 0, workload=None) -> dict:
         return torch.autograd.grad(outputs, list(leaves.values()), grads, retain_graph=retain, allow_unused=True)
 
     kept = forward()
+    # the incoming gradients in the outputs' dtypes once, here: drawn in float64, their conversion (0.6 ms of an
+    # elementwise kernel at S1 on an H100) was timed with every backend's backward until 2026-12-07
+    grads_in = {name: g.to(kept[name].dtype) for name, g in grads_in.items() if kept.get(name) is not None}
     return {"backward": lambda: grad(kept, retain=True), "forward_backward": lambda: grad(forward(), retain=False)}
 
 
