@@ -19,6 +19,7 @@ repository root); `--check PATH` regenerates PATH from the command its first lin
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -58,7 +59,35 @@ def stage_rows(w: pd.DataFrame, stage: str) -> pd.DataFrame:
     if stage != KERNELS:
         return ssd[ssd["stage"] == stage]
     kernels = ssd[ssd["stage"].str.startswith(KERNEL_STAGE)]
-    return kernels.assign(label=kernels["label"] + " · " + kernels["stage"].str.removeprefix(KERNEL_STAGE))
+    launched = kernels["stage"].str.removeprefix(KERNEL_STAGE)
+    shown = launched.copy()
+    for _, names in launched.groupby(kernels["label"]):  # numbered within a point only
+        shown[names.index] = names.map(kernel_labels(names.unique()))
+    return kernels.assign(label=kernels["label"] + " · " + shown)
+
+
+def kernel_label(name: str) -> str:
+    """A launched kernel's name as a table shows it: without cuTile's specialisation (`bwd_chunk_kernel_Kt2_A4bf16_…`
+    is `bwd_chunk_kernel`) and, for a C++ template, its leading numeric arguments kept and the rest elided, with the
+    argument types of its last lambda (a PyTorch copy's source type): `at::native::reduce_kernel<512, 1, …>
+    [double, double]`."""
+    name = re.sub(r"(_kernel)_K\w+$", r"\1", name)
+    if "<" not in name:
+        return name
+    base, args = name.removeprefix("void ").split("<", 1)
+    numbers = re.match(r"((?:\d+, )*\d+)?", args).group(1)
+    types = [t for t in re.findall(r"lambda\(([^)]*)\)", name) if t]
+    return f"{base}<{numbers + ', ' if numbers else ''}…>" + (f" [{types[-1]}]" if types else "")
+
+
+def kernel_labels(names) -> dict[str, str]:
+    """{launched kernel name: its `kernel_label`}, numbered (#1, #2, … in name order) where two names would read the
+    same, so that no table cell joins two kernels."""
+    by_label: dict[str, list[str]] = {}
+    for name in sorted(names):
+        by_label.setdefault(kernel_label(name), []).append(name)
+    return {name: label if len(group) == 1 else f"{label} #{i}"
+            for label, group in by_label.items() for i, name in enumerate(group, 1)}
 
 
 def tables(files: list[str | Path], stage: str = "forward", root: Path | None = None) -> dict[str, pd.DataFrame]:

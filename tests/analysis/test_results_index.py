@@ -127,6 +127,25 @@ def test_backward_directions_and_their_kernels_have_tables(tmp_path):
         forward_table.tables([str(source.relative_to(ROOT))], stage="sideways")
 
 
+def test_the_kernels_table_reads_launched_names_short_and_apart():
+    """The kernels' rows of 2026-12-07 on an H100: cuTile's specialised names read as the function's, C++ templates
+    keep their leading numeric arguments and a lambda's types, two kernels that would read the same are numbered
+    within their point (never joined into one cell), and each point's kernels appear once."""
+    from analysis import forward_table
+
+    assert forward_table.kernel_label("bwd_chunk_kernel_Kt2_A4bf16_7v8l0_8t1_ei16_p16_Si32_B0") == "bwd_chunk_kernel"
+    assert forward_table.kernel_label("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<double, at::native"
+                                      "::func_wrapper_t<double, {lambda(double, double)#1}>, unsigned int>>(x)") == (
+        "at::native::reduce_kernel<512, 1, …> [double, double]")
+    assert forward_table.kernel_labels(["k<4, a{lambda()#1}>", "k<4, b{lambda()#2}>", "bwd_db_kernel"]) == {
+        "bwd_db_kernel": "bwd_db_kernel", "k<4, a{lambda()#1}>": "k<4, …> #1", "k<4, b{lambda()#2}>": "k<4, …> #2"}
+    source = RESULTS / "2026-12-07-h100-backward-gate-abba" / "backward_kernels_s1.parquet"
+    (table,) = forward_table.tables([str(source.relative_to(ROOT))], stage="kernels").values()
+    cutile = [label for label in table.index if label.startswith("cutile")]
+    assert any(label.endswith(" · bwd_chunk_kernel") for label in cutile), cutile
+    assert all(" · " not in cell for cell in table["S1"]), "two kernels joined into one cell"
+
+
 # --- the index's two sections and the front pages -------------------------------------------------------------
 def test_every_index_name_resolves_in_either_section():
     """`index:<name>` finds current and archive entries alike (names the code, the claims and the notebooks use)."""
