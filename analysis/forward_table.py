@@ -61,7 +61,9 @@ def stage_rows(w: pd.DataFrame, stage: str) -> pd.DataFrame:
     kernels = ssd[ssd["stage"].str.startswith(KERNEL_STAGE)]
     launched = kernels["stage"].str.removeprefix(KERNEL_STAGE)
     shown = launched.copy()
-    for _, names in launched.groupby(kernels["label"]):  # numbered within a point only
+    keys = run_keys(kernels).set_axis(kernels.index)
+    point = [kernels["label"], kernels["shape_name"], *(keys[c] for c in RUN_COLUMNS)]
+    for _, names in launched.groupby(point, dropna=False):  # numbered within one point of one run only
         shown[names.index] = names.map(kernel_labels(names.unique()))
     return kernels.assign(label=kernels["label"] + " · " + shown)
 

@@ -275,12 +275,19 @@ def costs(p: Problem) -> dict[str, dict[str, float]]:
     return {**out, **backward_costs(p, out["forward"])}
 
 
-def priced_kernel(kernel: str, costs: dict) -> str | None:
-    """The entry of `costs` (`costs(p)`) that prices a launched kernel on its own, or None: the entry (a forward
-    stage or one of our backward kernels) whose name is the kernel's, or the kernel's less "_kernel" and what cuTile
-    appends to it (Triton keeps the Python function's name, `bwd_chunk_kernel`; cuTile adds its specialisation,
-    `bwd_chunk_kernel_Kt2_A4bf16_…`: both are `bwd_chunk`). Peers' kernels and our others (the C·Bᵀ kernel, the
-    fold) have none."""
+# the backends whose kernels the model prices one by one: ours, written to its stages; a peer's kernels (TileGym's
+# cuTile kernels carry our stages' names) are its own arrangement and get none
+PRICED_BACKENDS = ("cutile", "triton")
+
+
+def priced_kernel(kernel: str, costs: dict, backend: str) -> str | None:
+    """The entry of `costs` (`costs(p)`) that prices a kernel `backend` launched, on its own, or None: for our
+    backends (PRICED_BACKENDS), the entry (a forward stage or one of our backward kernels) whose name is the kernel's,
+    or the kernel's less "_kernel" and what cuTile appends to it (Triton keeps the Python function's name,
+    `bwd_chunk_kernel`; cuTile adds its specialisation, `bwd_chunk_kernel_Kt2_A4bf16_…`: both are `bwd_chunk`).
+    Peers' kernels and our others (the C·Bᵀ kernel, the fold) have none."""
+    if backend not in PRICED_BACKENDS:
+        return None
     for name in (kernel, re.sub(r"_kernel(_K\w*)?$", "", kernel)):
         if name in costs and name not in ("forward", *BACKWARD_STAGES):
             return name

@@ -85,7 +85,7 @@ def stage_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
         if stage == "forward" and plan.workload.tokens is not None:  # an end-to-end model's prefill: its memory too
             out.append((stage, "peak_mem_bytes", peak_memory(fn, device)))
         if stage == "forward" and device.type == "cuda" and bench.kernel_times:
-            out += kernel_rows(fn, bench.quantiles, costs, ceilings)
+            out += kernel_rows(fn, bench.quantiles, costs, ceilings, plan.point.backend)
         if stage not in costs:  # parts of a forward have no cost-model entry of their own
             continue
         out += derived_metrics(stage, costs[stage], times, ceilings)
@@ -195,14 +195,14 @@ def backward_times(plan: Plan) -> list[tuple[str, str, float | timing.Missing]]:
         if stage in costs:
             out += derived_metrics(stage, costs[stage], times, ceilings)
     if device.type == "cuda" and bench.kernel_times:
-        out += kernel_rows(calls["backward"], bench.quantiles, costs, ceilings)
+        out += kernel_rows(calls["backward"], bench.quantiles, costs, ceilings, plan.point.backend)
     if plan.point.direction == "forward_backward":
         out.append(("forward_backward", "peak_mem_bytes", peak_memory(calls["forward_backward"], device)))
     out.append(("backward", "deterministic", 1.0 if bitwise_repeatable(calls["backward"]) else 0.0))
     return out
 
 
-def kernel_rows(fn, quantiles, costs: dict, ceilings: dict) -> list[tuple[str, str, float]]:
+def kernel_rows(fn, quantiles, costs: dict, ceilings: dict, backend: str) -> list[tuple[str, str, float]]:
     """Each kernel of one call of `fn` (the whole forward, or the backward) under its own stage, kernel:<name>
     (harness/timing.py kernel_samples / kernel_summary: median, quantiles, launches per call, share of the call's
     device time), with the cost model's derived metrics (frac_floor against the same run's ceilings) where the model
@@ -217,7 +217,7 @@ def kernel_rows(fn, quantiles, costs: dict, ceilings: dict) -> list[tuple[str, s
     for name, metrics in summary.items():
         stage = timing.KERNEL_STAGE + name
         rows += [(stage, key, value) for key, value in metrics.items()]
-        priced = cost_model.priced_kernel(name, costs)
+        priced = cost_model.priced_kernel(name, costs, backend)
         if priced is not None:
             rows += derived_metrics(stage, costs[priced], metrics, ceilings)
     return rows

@@ -127,21 +127,25 @@ def state_split(switches, dtype: torch.dtype) -> bool:
     return bool(switches.bwd_state_split) and dtype != torch.float32
 
 
-def written_elements(stage: str, outputs, seqlen: int):
+def written_elements(stage: str, outputs, seqlen: int, padding_read: bool):
     """`outputs` of backward stage `stage` (its kernel's buffers, as both backends' stage calls return them) with the
     elements its kernel leaves unwritten by design set to zero: what the tuning search's check of finite outputs
     (impls/tuning.py `nonfinite_output`, via `Tunable.output`) may read. The chunk kernel writes T's row-sum partial
     of source tile t at rows at or after the tile's start only, and inside the sequence; the dcb kernel writes
     d(C·Bᵀ) on and below the diagonal only. The consumers read those elements alone, so the rest of each buffer
     holds whatever the allocator left there (NaN under `impls.tolerance.poisoned_allocations`, and often after it on
-    a GPU). Every other output is read whole."""
+    a GPU). The chunk kernel's ddt and dΛ terms past the end of a short last chunk: `padding_read` where the cumsum
+    kernel reads them (our Triton's writes zeros there and its reverse cumsum runs over the whole chunk), so they are
+    checked; cuTile's chunk kernel leaves them and its cumsum masks them. Every other output is read whole."""
     if stage == "bwd_chunk":
         dx, dz, ddt, dl, row, dD = outputs
         nchunks, tiles, chunk = row.shape[2], row.shape[3], row.shape[4]
         inside = _inside_sequence(nchunks, chunk, seqlen, row.device)  # (nchunks, chunk)
         position = torch.arange(chunk, device=row.device)
         after = position[None, :] >= (chunk // tiles) * torch.arange(tiles, device=row.device)[:, None]
-        return dx, dz, ddt.where(inside, 0.0), dl.where(inside, 0.0), row.where(inside[:, None] & after, 0.0), dD
+        if not padding_read:
+            ddt, dl = ddt.where(inside, 0.0), dl.where(inside, 0.0)
+        return dx, dz, ddt, dl, row.where(inside[:, None] & after, 0.0), dD
     if stage == "bwd_dcb":
         dC, dG = outputs
         nchunks, chunk = dG.shape[1], dG.shape[3]

@@ -267,7 +267,7 @@ def backend_rows(backend: str, shape: str, launches: list[dict], problem, ablati
     rows = []
     for launch in launches:
         rows += [row(launch["kernel"], launch["launch"], name, launch[name], units[name]) for name in units]
-        priced = cost_model.priced_kernel(launch["kernel"], costs)
+        priced = cost_model.priced_kernel(launch["kernel"], costs, backend)
         if priced is not None:
             cost = costs[priced]
             measured = launch["dram_read_bytes"] + launch["dram_write_bytes"]

@@ -127,7 +127,7 @@ def test_backward_directions_and_their_kernels_have_tables(tmp_path):
         forward_table.tables([str(source.relative_to(ROOT))], stage="sideways")
 
 
-def test_the_kernels_table_reads_launched_names_short_and_apart():
+def test_the_kernels_table_reads_launched_names_short_and_apart(tmp_path):
     """The kernels' rows of 2026-12-07 on an H100: cuTile's specialised names read as the function's, C++ templates
     keep their leading numeric arguments and a lambda's types, two kernels that would read the same are numbered
     within their point (never joined into one cell), and each point's kernels appear once."""
@@ -139,11 +139,22 @@ def test_the_kernels_table_reads_launched_names_short_and_apart():
         "at::native::reduce_kernel<512, 1, …> [double, double]")
     assert forward_table.kernel_labels(["k<4, a{lambda()#1}>", "k<4, b{lambda()#2}>", "bwd_db_kernel"]) == {
         "bwd_db_kernel": "bwd_db_kernel", "k<4, a{lambda()#1}>": "k<4, …> #1", "k<4, b{lambda()#2}>": "k<4, …> #2"}
+    import pandas as pd
+
     source = RESULTS / "2026-12-07-h100-backward-gate-abba" / "backward_kernels_s1.parquet"
     (table,) = forward_table.tables([str(source.relative_to(ROOT))], stage="kernels").values()
     cutile = [label for label in table.index if label.startswith("cutile")]
     assert any(label.endswith(" · bwd_chunk_kernel") for label in cutile), cutile
     assert all(" · " not in cell for cell in table["S1"]), "two kernels joined into one cell"
+    # the same kernels at a second shape, where cuTile's specialised names differ (I256 → I128): one row each still
+    long = pd.read_parquet(source)
+    other = long.assign(shape_name="S2", run_id=long["run_id"] + "-S2",
+                        stage=long["stage"].str.replace("_I256_", "_I128_", regex=False))
+    pd.concat([long, other], ignore_index=True).to_parquet(tmp_path / "two_shapes.parquet")
+    (table,) = forward_table.tables(["two_shapes.parquet"], stage="kernels", root=tmp_path).values()
+    chunk = [label for label in table.index if label.startswith("cutile") and "bwd_chunk_kernel" in label]
+    assert chunk == [label for label in cutile if "bwd_chunk_kernel" in label], chunk
+    assert table.loc[chunk[0]].notna().all(), table.loc[chunk[0]]
 
 
 # --- the index's two sections and the front pages -------------------------------------------------------------

@@ -397,7 +397,8 @@ def test_the_backward_search_keeps_configs_whose_buffers_are_written_in_part_by_
     config was refused so, the search failing)."""
     monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
     backend = get_backend("triton", tuning="search")
-    assert_gate(backend, HEADLINE, 2)  # 40 = 2 chunks of 16 + 8
+    # 40 = one chunk of 32 + 8: two source tiles of 16 (the interpreter's tiles), dcb's tiles above the diagonal
+    assert_gate(backend, Problem(Shape(1, 40, 2, 16, 1, 16, 32), dtype="float32"), 2)
     stages = backend.describe()["stages"]
     assert {stages[s]["source"] for s in ("bwd_state_pass", "bwd_chunk", "bwd_dcb", "bwd_db", "bwd_cumsum")} == {
         "search"}, stages

@@ -51,7 +51,8 @@ def test_each_kernel_of_the_backward_is_timed_under_its_own_name(backend):
     problem = Problem(Shape(2, 1024, 16, 64, 1, 128, 256), dtype="bfloat16")
     inputs = make_inputs(problem, device="cuda", seed=0)
     call = backward_callables(get_backend(backend), inputs)["backward"]
-    rows = kernel_rows(call, (0.2, 0.8), cost_model.costs(problem), {"matmul_tflops": 700.0, "copy_gbps": 3000.0})
+    rows = kernel_rows(call, (0.2, 0.8), cost_model.costs(problem), {"matmul_tflops": 700.0, "copy_gbps": 3000.0},
+                       backend)
     medians = {stage: value for stage, metric, value in rows if metric == "median_ms"}
     shares = [value for _stage, metric, value in rows if metric == "share_pct"]
     print(f"[{backend}]", {stage: round(ms, 4) for stage, ms in medians.items()})

@@ -281,7 +281,8 @@ def test_the_backwards_kernel_rows_carry_their_floor_where_the_model_prices_them
     calls = [{"bwd_chunk_kernel": (1.2, 1), "_chunk_scan_bwd_dx_kernel": (0.5, 1)}] * 3
     monkeypatch.setattr(timing, "kernel_samples", lambda fn, reps=10: calls)
     rows = {(stage, metric): value for stage, metric, value in
-            measure_time.kernel_rows(lambda: None, (0.2, 0.8), costs, {"matmul_tflops": 700.0, "copy_gbps": 3000.0})}
+            measure_time.kernel_rows(lambda: None, (0.2, 0.8), costs, {"matmul_tflops": 700.0, "copy_gbps": 3000.0},
+                                     "triton")}
     floor = cost_model.floor_seconds(costs["bwd_chunk"], "bytes", "flops", 700.0, 3000.0)
     assert rows[("kernel:bwd_chunk_kernel", "frac_floor")] == pytest.approx(floor / 1.2e-3)
     assert rows[("kernel:_chunk_scan_bwd_dx_kernel", "median_ms")] == 0.5
@@ -291,7 +292,7 @@ def test_the_backwards_kernel_rows_carry_their_floor_where_the_model_prices_them
         raise RuntimeError("CUPTI is busy")
 
     monkeypatch.setattr(timing, "kernel_samples", fails)
-    ((stage, metric, missing),) = measure_time.kernel_rows(lambda: None, (0.2, 0.8), costs, {})
+    ((stage, metric, missing),) = measure_time.kernel_rows(lambda: None, (0.2, 0.8), costs, {}, "triton")
     assert stage == "kernel:*" and isinstance(missing, timing.Missing) and "CUPTI is busy" in missing.reason
 
 

@@ -200,7 +200,7 @@ def test_where_both_are_given_the_guard_reads_output_not_run():
 def test_the_backward_stages_written_elements_hide_only_what_the_kernels_leave_unwritten(stage):
     """impls.chunked_backward.written_elements at seqlen 70 in chunks of 32 (the last chunk 6 long), 2 source tiles
     of 16: NaN where the kernels write nothing is zeroed; NaN in any element they write stays, so a miscompiled
-    config is still refused."""
+    config is still refused; every other output (dx, dD, dC) is read whole."""
     import torch
 
     from impls.chunked_backward import written_elements
@@ -213,19 +213,25 @@ def test_the_backward_stages_written_elements_hide_only_what_the_kernels_leave_u
         row[:, :, 2, :, 6:] = nan  # past the short last chunk
         per_position[:, :, 2, 6:] = nan
         outputs = (torch.ones(1, 70, 2, 4), None, per_position.clone(), per_position.clone(), row, torch.ones(2))
-        planted = [(4, (0, 0, 0, 1, 16)), (2, (0, 1, 2, 5))]  # the first written row of tile 1, the last position
+        # the first written row of tile 1, the short chunk's last position, dx, dD
+        planted = [(4, (0, 0, 0, 1, 16)), (2, (0, 1, 2, 5)), (0, (0, 69, 1, 3)), (5, (1,))]
     else:
         dG = torch.ones(1, 3, 2, 32, 32)  # (batch, nchunks, groups, row l, source s)
         dG[..., 3, 4] = nan  # above the diagonal
         dG[:, 2, :, 6:, :] = nan  # rows past the short last chunk
         outputs = (torch.ones(1, 70, 2, 8), dG)
-        planted = [(1, (0, 1, 0, 4, 3)), (1, (0, 2, 1, 5, 5))]
-    written = written_elements(stage, outputs, seqlen=70)
+        planted = [(1, (0, 1, 0, 4, 3)), (1, (0, 2, 1, 5, 5)), (0, (0, 0, 1, 7))]
+    written = written_elements(stage, outputs, seqlen=70, padding_read=False)
     assert all(bool(torch.isfinite(t).all()) for t in written if isinstance(t, torch.Tensor))
     for index, at in planted:
         outputs[index][at] = nan
-        assert not bool(torch.isfinite(written_elements(stage, outputs, seqlen=70)[index]).all()), (index, at)
+        got = written_elements(stage, outputs, seqlen=70, padding_read=False)[index]
+        assert not bool(torch.isfinite(got).all()), (index, at)
         outputs[index][at] = 1.0
+    if stage == "bwd_chunk":  # where the cumsum reads the short chunk's padding (our Triton), it is checked too
+        read = written_elements(stage, outputs, seqlen=70, padding_read=True)
+        assert not bool(torch.isfinite(read[2]).all()) and not bool(torch.isfinite(read[3]).all())
+        assert bool(torch.isfinite(read[4]).all())  # the row partials' padding is masked by every consumer
 
 
 def test_nothing_runs_raises_with_the_first_failure():

@@ -182,12 +182,17 @@ def test_a_bad_direction_is_refused(capsys):
     # cuTile's names carry the kernel's specialisation (as the H100's torch profiler saw them on 2026-12-07)
     ("bwd_chunk_kernel_Kt2_A4bf16_7v8l0_8t1_ei16_p16_Si32_B0_A5f32_1fs1t1_p16", "bwd_chunk"),
     ("bwd_cumsum_kernel_Kt2_A3bf16_3v8l0_4t1_6i16_p16_B1", "bwd_cumsum"), ("cb_kernel_Kt2_A4bf16", None),
+    ("compute_out_kernel_Kt2_A4bf16_I256", "compute_out"),
     ("forward_kernel_Kt2_A4bf16", None)], ids=lambda v: str(v)[:40])
 def test_a_kernel_is_priced_only_by_its_own_name(kernel, priced):
+    """Our backends' kernels only: TileGym's cuTile kernels carry our forward stages' names, and are its own."""
     from harness import cost_model
 
     costs = cost_model.costs(Problem(Shape(8, 4096, 80, 64, 1, 128, 256)))
-    assert cost_model.priced_kernel(kernel, costs) == priced
+    for backend in ("triton", "cutile"):
+        assert cost_model.priced_kernel(kernel, costs, backend) == priced
+    for peer in ("tilegym", "mamba_ssm"):
+        assert cost_model.priced_kernel(kernel, costs, peer) is None
 
 
 def test_backward_rows_put_each_kernel_and_the_whole_backward_beside_the_model():

@@ -90,7 +90,7 @@ def resolve(backend, stage: str, shape_label: str, dtype: str, flags: dict, devi
             backend="cutile", stage=stage, key=key, gpu=gpu, mode=backend.switches.tuning,
             fallback=fallback(stage, device_major(device), dtype), space=SPACE[stage], configs=configs(stage),
             run=launch, timer=forward_tune.kernel_timer(make_call), stack=STACK,
-            output=lambda cfg: written_elements(stage, launch(cfg), seqlen)))
+            output=lambda cfg: written_elements(stage, launch(cfg), seqlen, padding_read=False)))
         backend._resolved[(stage, key)] = resolution
     backend._sources[stage] = resolution.as_dict()
     return dict(resolution.config)

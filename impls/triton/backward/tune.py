@@ -100,7 +100,7 @@ def resolve(backend, stage: str, shape: Shape, dtype: str, flags: dict, device,
             fallback=fallback, space={k: list(v) for k, v in SEARCH_SPACE[stage].items()},
             configs=[fallback] if interp else space(stage, shape), run=launch, stack=STACK,
             stage_timer=tuning.wall_ms if interp else None,
-            output=lambda cfg: written_elements(stage, launch(cfg), shape.seqlen))
+            output=lambda cfg: written_elements(stage, launch(cfg), shape.seqlen, padding_read=True))
         resolution = tuning.resolve(t)
         resolved = Resolved(clamp(resolution.config, shape), resolution)
         backend._resolved[(stage, key)] = resolved
