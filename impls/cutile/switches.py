@@ -261,6 +261,16 @@ class CutileSwitches:
         sm90="two warpgroup MMAs per chunk of the state pass instead of one (the same C tile, a second A operand), an "
              "FADD and a cast per dŷ element more; the other backward kernels unchanged",
         sm100="as on sm_90")
+    bwd_exp2_ftz: bool = switch(
+        False, "the backward kernels' exp2 (impls/cutile/backward/: the decays in the state pass, chunk, dcb and db "
+               "kernels, silu's and softplus's exponentials) with subnormal inputs and results flushed to zero, as "
+               "switch exp2_ftz does for the forward's stages 2 and 3 (`ct.exp2(..., flush_to_zero=True)`): a decay "
+               "below 2^-126 reads 0 instead of a subnormal. Our Triton's backward has it always: tl.exp2 lowers to "
+               "ex2.approx.ftz.f32. No effect with exp2 off",
+        sm90="ex2.approx.ftz.f32: one MUFU.EX2 per exponential; off, ex2.approx.f32 keeps subnormals, which the SASS "
+             "does around the MUFU.EX2 with a compare and two predicated multiplies",
+        sm100="as on sm_90 (MUFU.EX2)",
+        needs={"exp2": True})
     bwd_cb: str = switch(
         "inline", "the backward's C·Bᵀ (impls/cutile/backward/chunk.py): 'inline' = bwd_chunk forms G = C_l·B_sᵀ with "
                   "an MMA in every (source tile, head) program, once per head although it depends on the group only; "

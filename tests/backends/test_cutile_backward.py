@@ -29,6 +29,7 @@ from harness.gradient_gate import check_gradients, output_gradients  # noqa: E40
 from impls.api import GRAD_INPUTS  # noqa: E402
 from impls.cutile.backend import CutileBackend  # noqa: E402
 from impls.cutile.backward import tune  # noqa: E402
+from impls.cutile.common import _param_names  # noqa: E402
 from impls.cutile.switches import CODE_SWITCHES, CutileSwitches  # noqa: E402
 from impls.cutile.tune import OFF_VALUE  # noqa: E402
 from impls.inputs import make_inputs  # noqa: E402
@@ -396,9 +397,18 @@ def test_bwd_state_split_reaches_the_state_pass_kernel():
 
     assert split() == [True] and split(bwd_state_split=False) == [False]
     for dtype, expected in ((torch.bfloat16, True), (torch.float16, True), (torch.float32, False)):
-        args = build_call(tune.STATE_PASS, dtype, CutileSwitches()).args
-        assert args[-1] is expected, (dtype, args[-1])
-    assert build_call(tune.STATE_PASS, torch.bfloat16, CutileSwitches(bwd_state_split=False)).args[-1] is False
+        got = _named_args(tune.STATE_PASS, dtype, CutileSwitches())["SPLIT"]
+        assert got is expected, (dtype, got)
+    assert _named_args(tune.STATE_PASS, torch.bfloat16, CutileSwitches(bwd_state_split=False))["SPLIT"] is False
+
+
+def _named_args(kernel, dtype, switches) -> dict:
+    """The AOT build's arguments of `kernel` by its parameters' names."""
+    from impls.cutile.backward import chunk, cumsum, db, dcb, state_pass
+
+    pyfunc = {tune.STATE_PASS: state_pass.bwd_state_pass_kernel, tune.CHUNK: chunk.bwd_chunk_kernel,
+              tune.DCB: dcb.bwd_dcb_kernel, tune.DB: db.bwd_db_kernel, tune.CUMSUM: cumsum.bwd_cumsum_kernel}[kernel]
+    return dict(zip(_param_names(pyfunc), build_call(kernel, dtype, switches).args))
 
 
 def test_bwd_state_split_enters_the_state_pass_record_key_only_when_off():
@@ -420,6 +430,38 @@ def test_bwd_state_split_state_pass_compiles_with_its_second_mma():
     for on, off in zip(found[True], found[False]):
         assert on["HGMMA"] == 2 * off["HGMMA"] > 0, (on, off)
         assert on["LDL"] + on["STL"] + off["LDL"] + off["STL"] == 0, (on, off)
+
+
+# --- switch bwd_exp2_ftz: the backward's exp2 flushing subnormals to zero, as exp2_ftz does for the forward -------
+def test_bwd_exp2_ftz_reaches_every_backward_kernel_and_keys_their_records_only_when_on():
+    for kernel in KERNELS:
+        assert _named_args(kernel, torch.bfloat16, CutileSwitches())["FTZ"] is False, kernel
+        assert _named_args(kernel, torch.bfloat16, CutileSwitches(bwd_exp2_ftz=True))["FTZ"] is True, kernel
+    keys = {v: {s: tune.record_key(CutileSwitches(bwd_exp2_ftz=v), "b1-l256", "bfloat16", {}, s)
+                for s in tune.STAGES} for v in (False, True)}
+    assert not any("bwd_exp2_ftz" in key for key in keys[False].values())
+    assert all("bwd_exp2_ftz=True" in keys[True][s] for s in tune.STAGES), keys[True]
+
+
+def test_bwd_exp2_ftz_keeps_every_gradient_in_the_gate_under_emulation(monkeypatch):
+    """The emulator's exp2 does not flush (torch.exp2 keeps subnormals): this checks the plumbing (every kernel takes
+    the switch and still computes its gradients), not the rounding, which the GPU test checks."""
+    backend = _emulated(monkeypatch, SMALL, bwd_exp2_ftz=True)
+    with emulated_launches():
+        report = check_gradients(backend, make_inputs(HEADLINE, seed=2), HEADLINE.torch_dtype, seed=2)
+    failing = {name: round(r["bound_ratio"], 3) for name, r in report.items() if not r["ok"]}
+    assert not failing, failing
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("kernel", [tune.STATE_PASS, tune.CHUNK, tune.DCB, tune.DB])
+def test_bwd_exp2_ftz_drops_the_subnormal_handling_around_each_ex2(kernel):
+    """sm_90 at S1 in bf16, the fallback tiles: the same MUFU.EX2 count, fewer instructions (no compare and
+    predicated scaling around each), no local-memory spill either way."""
+    off, on = (_facts(kernel, switches=CutileSwitches(bwd_exp2_ftz=v)) for v in (False, True))
+    assert on["MUFU.EX2"] == off["MUFU.EX2"] > 0, (on, off)
+    assert on["instructions"] < off["instructions"], (on, off)
+    assert on["LDL"] + on["STL"] + off["LDL"] + off["STL"] == 0, (on, off)
 
 
 # --- switch bwd_group_split: each group's heads over k programs; bwd_atomics: their dC, dB added atomically --------

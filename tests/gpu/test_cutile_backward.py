@@ -6,7 +6,8 @@ chunk); the per-sequence states' gradient (cu_seqlens); two backward calls givin
 our Triton backward on the same inputs. Switch bwd_cb='shared' (the groups' C·Bᵀ formed once by cb_kernel, loaded by
 the chunk kernel) through the same gate at the first two shapes, and its two calls the same bits too; switch
 bwd_group_split 4 (each group's heads over 4 programs) with and without bwd_atomics likewise, two calls under
-bwd_atomics within bf16's tolerance of each other (not bitwise). The CPU checks (AOT compiles, the kernels under
+bwd_atomics within bf16's tolerance of each other (not bitwise); switch bwd_exp2_ftz through the gate at the first
+two shapes. The CPU checks (AOT compiles, the kernels under
 emulation) are tests/backends/test_cutile_backward.py."""
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ def test_two_backward_calls_and_recomputed_states_give_the_same_bits():
 @pytest.mark.parametrize("problem", CASES[:2])
 def test_bwd_cb_shared_passes_the_gate(problem):
     assert_every_gradient_passes(get_backend("cutile", bwd_cb="shared"), problem, "cutile bwd_cb=shared")
+
+
+@pytest.mark.parametrize("problem", CASES[:2])
+def test_bwd_exp2_ftz_passes_the_gate(problem):
+    """Switch bwd_exp2_ftz: every backward kernel's exp2 flushing subnormals to zero (the CPU's emulator cannot)."""
+    assert_every_gradient_passes(get_backend("cutile", bwd_exp2_ftz=True), problem, "cutile bwd_exp2_ftz")
 
 
 def test_bwd_cb_shared_two_backward_calls_give_the_same_bits():

@@ -18,6 +18,7 @@ import torch
 from impls.cutile.backward.common import (
     Hints,
     chunk_length,
+    ftz,
     gated_dy,
     kernel_call,
     or_stand_in,
@@ -59,13 +60,13 @@ def bwd_chunk_kernel(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, d
                      BN: ct.Constant[int], HAS_SEQ: ct.Constant[bool], HAS_Z: ct.Constant[bool],
                      D_MODE: ct.Constant[int], HAS_XV: ct.Constant[bool], TRANS: ct.Constant[bool],
                      TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
-                     LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], cbm):
+                     LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], cbm, FTZ: ct.Constant[bool]):
     """dx, dz (x's and z's dtype); ddt, dl (b, h, nchunks, chunk) fp32 at the tile's positions; row (b, h, nchunks,
     source tiles, chunk) fp32 at rows l ≥ the tile's first row tile; dD (b, nchunks, source tiles, h, BP) fp32.
     D_MODE: 0 no D, 1 per head, 2 per channel. SHARED_CB (switch bwd_cb='shared'): G read from cbm, the groups' C·Bᵀ
     (b, nchunks, ngroups, chunk, chunk) fp32 written on and below the diagonal (last: the default build's other
     parameters keep their places)."""
-    k = Hints(TMA, LAT, EXP2, TF32)
+    k = Hints(TMA, LAT, EXP2, TF32, FTZ)
     # one flat grid axis (batch·nchunks passes the 65535 of the others at 2^20 tokens): source tile fastest, then
     # head, chunk, batch, so that the programs in flight share their chunk's B and C tiles
     pid = ct.bid(0)
@@ -182,7 +183,7 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, d_mode: int, transpose
     *arrays, cb = arrays
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bs, bl, bp, bn, bool(flags["seq"]), bool(flags["z"]),
             int(d_mode), bool(flags["xv"]), bool(transposed), bool(tf32), sw.exp2, sw.tma,
-            4 if sw.latency_hints else 0, sw.bwd_cb == "shared", cb)
+            4 if sw.latency_hints else 0, sw.bwd_cb == "shared", cb, ftz(sw))
     grid = ((chunk_size // bs) * nheads * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_chunk_kernel, grid, args, config, sw.opt_level)
 

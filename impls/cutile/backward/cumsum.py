@@ -12,7 +12,7 @@ import math
 import cuda.tile as ct
 import torch
 
-from impls.cutile.backward.common import Hints, chunk_length, kernel_call, or_stand_in
+from impls.cutile.backward.common import Hints, chunk_length, ftz, kernel_call, or_stand_in
 from impls.cutile.chunk_cumsum import SOFTPLUS_THRESHOLD, _softplus, block_heads
 from impls.cutile.common import KernelCall, next_pow2
 
@@ -28,11 +28,11 @@ def bwd_cumsum_kernel(raw, bias, A, dt, dl, ddt1, row, lasts, dlv, ddtv, ddt, dA
                       CHUNK: ct.Constant[int], BH: ct.Constant[int], ROW_TILE: ct.Constant[int],
                       LAST_TILES: ct.Constant[int], HAS_BIAS: ct.Constant[bool], SOFTPLUS: ct.Constant[bool],
                       HAS_LIMIT: ct.Constant[bool], HAS_V: ct.Constant[bool], EXP2: ct.Constant[bool],
-                      TMA: ct.Constant[bool]):
+                      TMA: ct.Constant[bool], FTZ: ct.Constant[bool]):
     """ddt (b, seqlen, h) in raw dt's dtype; dA_part, bias_part (b, h, nchunks) fp32. row holds CHUNK / ROW_TILE
     partials per position (the chunk kernel's source tiles), lasts LAST_TILES (a power of two at least the state
     pass's tiles, padded with zeros)."""
-    k = Hints(TMA, 0, EXP2, False)
+    k = Hints(TMA, 0, EXP2, False, FTZ)
     bc, hb = ct.bid(0), ct.bid(1)
     nchunks = dt.shape[2]
     b, c = bc // nchunks, bc % nchunks
@@ -85,7 +85,7 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, dt_limit, row_tile: in
     # an infinite upper limit is passed as the largest fp32 (the kernel takes fp32 scalars), as stage 1 does
     lo, hi = (float(dt_limit[0]), float(min(dt_limit[1], 3.0e38))) if has_limit else (0.0, 0.0)
     args = (*arrays, seqlen, lo, hi, chunk_size, bh, row_tile, next_pow2(last_tiles), bool(flags["bias"]),
-            bool(flags["softplus"]), has_limit, bool(flags["v"]), sw.exp2, sw.tma)
+            bool(flags["softplus"]), has_limit, bool(flags["v"]), sw.exp2, sw.tma, ftz(sw))
     grid = (batch * nchunks, math.ceil(nheads / bh), 1)
     return kernel_call(bwd_cumsum_kernel, grid, args, config, sw.opt_level)
 

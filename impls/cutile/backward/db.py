@@ -19,6 +19,7 @@ from impls.cutile.backward.common import (
     add_rows,
     allocate,
     chunk_length,
+    ftz,
     head_share,
     kernel_call,
     or_stand_in,
@@ -35,11 +36,11 @@ def bwd_db_kernel(x, C, dt, dA, seq, ds, dG, bv, dB, seqlen, heads_per_group,
                   CHUNK: ct.Constant[int], BT: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                   HAS_SEQ: ct.Constant[bool], HAS_BV: ct.Constant[bool], TF32: ct.Constant[bool],
                   EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int], SPLIT: ct.Constant[int],
-                  ATOMIC: ct.Constant[bool]):
+                  ATOMIC: ct.Constant[bool], FTZ: ct.Constant[bool]):
     """dB in B's dtype (SPLIT 1), its fp32 partials (b, seqlen, g·SPLIT, dstate), or one fp32 buffer added into
     (ATOMIC); dG dcb's partials (b, nchunks, g·SPLIT, chunk, chunk); bv the per-sequence states' gradient of B (fp32,
     like B)."""
-    k = Hints(TMA, LAT, EXP2, TF32)
+    k = Hints(TMA, LAT, EXP2, TF32, FTZ)
     # one flat grid axis: source tile fastest, then the group's share of heads (SPLIT of them), group, chunk, batch
     pid = ct.bid(0)
     tiles, ngroups, nchunks = CHUNK // BT, C.shape[2] * SPLIT, dA.shape[2]
@@ -100,7 +101,8 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, tf32: bool, sw, config
     batch, seqlen, nheads, headdim, ngroups, dstate = dims
     bt, bp, bn = blocks(chunk_size, headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bt, bp, bn, bool(flags["seq"]), bool(flags["bv"]),
-            bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.bwd_group_split, sw.bwd_atomics)
+            bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.bwd_group_split, sw.bwd_atomics,
+            ftz(sw))
     grid = ((chunk_size // bt) * ngroups * sw.bwd_group_split * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_db_kernel, grid, args, config, sw.opt_level)
 

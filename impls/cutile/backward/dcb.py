@@ -19,6 +19,7 @@ from impls.cutile.backward.common import (
     add_rows,
     allocate,
     chunk_length,
+    ftz,
     gated_dy,
     head_share,
     kernel_call,
@@ -37,10 +38,10 @@ def bwd_dcb_kernel(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_g
                    CHUNK: ct.Constant[int], BT: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                    HAS_SEQ: ct.Constant[bool], HAS_Z: ct.Constant[bool], TRANS: ct.Constant[bool],
                    TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int],
-                   SPLIT: ct.Constant[int], ATOMIC: ct.Constant[bool]):
+                   SPLIT: ct.Constant[int], ATOMIC: ct.Constant[bool], FTZ: ct.Constant[bool]):
     """dG (b, nchunks, g·SPLIT, chunk, chunk) fp32, tiles (row tile i, source tile j ≤ i) of BT × BT; dC in C's dtype
     (SPLIT 1), its fp32 partials (b, seqlen, g·SPLIT, dstate), or one fp32 buffer added into (ATOMIC)."""
-    k = Hints(TMA, LAT, EXP2, TF32)
+    k = Hints(TMA, LAT, EXP2, TF32, FTZ)
     # one flat grid axis: row tile fastest, then the group's share of heads (SPLIT of them), group, chunk, batch
     pid = ct.bid(0)
     tiles, ngroups, nchunks = CHUNK // BT, B.shape[2] * SPLIT, dA.shape[2]
@@ -113,7 +114,7 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32
     bt, bp, bn = blocks(chunk_size, headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bt, bp, bn, bool(flags["seq"]), bool(flags["z"]),
             bool(transposed), bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.bwd_group_split,
-            sw.bwd_atomics)
+            sw.bwd_atomics, ftz(sw))
     grid = ((chunk_size // bt) * ngroups * sw.bwd_group_split * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_dcb_kernel, grid, args, config, sw.opt_level)
 

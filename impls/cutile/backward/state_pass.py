@@ -16,6 +16,7 @@ import torch
 from impls.chunked_backward import state_split
 from impls.cutile.backward.common import (
     Hints,
+    ftz,
     gated_dy,
     kernel_call,
     or_stand_in,
@@ -42,12 +43,12 @@ def bwd_state_pass_kernel(C, dA, seq, states, final, dfinal, dy, z, ext, ds, las
                           HAS_DFINAL: ct.Constant[bool], HAS_SEQ: ct.Constant[bool], HAS_Z: ct.Constant[bool],
                           HAS_EXT: ct.Constant[bool], HAS_INIT: ct.Constant[bool], TRANS: ct.Constant[bool],
                           TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
-                          LAT: ct.Constant[int], SPLIT: ct.Constant[bool]):
+                          LAT: ct.Constant[int], SPLIT: ct.Constant[bool], FTZ: ct.Constant[bool]):
     """ds[b, c, h] = R_c (x's dtype), lasts[b, h, c, tile] = d_c ⟨R_c, S_c⟩ over the tile, dinit[b, h] = R_{−1}.
     states is the forward's 5-d storage ((…, dstate, headdim) when TRANS); dfinal (b, h, headdim, dstate) fp32 (final,
     the final states, is no longer read: dΛ_last's carried part reads S_c);
     ext the per-sequence states' gradient of every S_c (b, nchunks, h, headdim, dstate) fp32."""
-    k = Hints(TMA, LAT, EXP2, TF32)
+    k = Hints(TMA, LAT, EXP2, TF32, FTZ)
     bh, pb, nb = ct.bid(0), ct.bid(1), ct.bid(2)
     nheads = dy.shape[2]
     nchunks = dA.shape[2]
@@ -111,7 +112,7 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32
     bp, bn = blocks(headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bp, bn, bool(flags["dfinal"]), bool(flags["seq"]),
             bool(flags["z"]), bool(flags["ext"]), bool(flags["init"]), bool(transposed), bool(tf32), sw.exp2, sw.tma,
-            4 if sw.latency_hints else 0, state_split(sw, arrays[0].dtype))
+            4 if sw.latency_hints else 0, state_split(sw, arrays[0].dtype), ftz(sw))
     grid = (batch * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
     return kernel_call(bwd_state_pass_kernel, grid, args, config, sw.opt_level)
 

@@ -47,7 +47,9 @@ CODE_SWITCHES = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")  #
 # switches that change one kernel's code only, in that kernel's key when away from their default (so that records
 # found without them keep their keys, and the other kernels keep their records)
 GROUP_SWITCHES = ("bwd_group_split", "bwd_atomics")  # the per-group kernels' programs and stores
-KERNEL_SWITCHES = {STATE_PASS: ("bwd_state_split",), CHUNK: ("bwd_cb",), DCB: GROUP_SWITCHES, DB: GROUP_SWITCHES}
+KERNEL_SWITCHES = {STATE_PASS: ("bwd_state_split", "bwd_exp2_ftz"), CHUNK: ("bwd_cb", "bwd_exp2_ftz"),
+                   DCB: (*GROUP_SWITCHES, "bwd_exp2_ftz"), DB: (*GROUP_SWITCHES, "bwd_exp2_ftz"),
+                   CUMSUM: ("bwd_exp2_ftz",)}
 STACK = ("cuda-tile", "tileiras", "driver")  # what a cuTile record is bound to
 
 
