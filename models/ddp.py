@@ -82,10 +82,11 @@ def rank_share(batch: RecallBatch, rank: int, world_size: int) -> RecallBatch:
 
 
 def ddp_train_step(replica: DistributedDataParallel, optimizer: torch.optim.Optimizer, batch: RecallBatch,
-                   grad_clip: float | None) -> float:
+                   grad_clip: float | None, precision=None) -> float:
     """One step of this rank on its share `batch` (forward through the replica, whose backward all-reduces the
-    gradients to their mean over the ranks, then clipping and the optimizer's step); -> this rank's loss."""
-    return train_step(replica, optimizer, batch, grad_clip)
+    gradients to their mean over the ranks, then clipping and the optimizer's step; the forward in `precision`'s
+    context, `TrainConfig.precision`); -> this rank's loss."""
+    return train_step(replica, optimizer, batch, grad_clip, precision)
 
 
 def rank_device(rank: int, world_size: int, device_type: str) -> torch.device:
@@ -116,13 +117,14 @@ def train_rank(rank: int, world_size: int, port: int, config: TrainConfig, backe
         start = time.perf_counter()
         for _ in range(config.optim.steps):
             share = rank_share(recall_batch(config.task, config.optim.batch, gen), rank, world_size).to(device)
-            loss = torch.tensor(ddp_train_step(replica, optimizer, share, config.optim.grad_clip), device=device)
+            loss = torch.tensor(ddp_train_step(replica, optimizer, share, config.optim.grad_clip,
+                                                config.precision(device)), device=device)
             dist.all_reduce(loss)
             losses.append(loss.item() / world_size)
         seconds = time.perf_counter() - start
     if rank == 0:
         held_out = recall_batch(config.task, config.optim.eval_batch, torch.Generator().manual_seed(EVAL_SEED))
-        accuracy = recall_accuracy(model, held_out.to(device))
+        accuracy = recall_accuracy(model, held_out.to(device), config.precision(device))
         describe = {**model.describe(), "data_parallel": {"world_size": world_size,
                                                           "process_group": process_group_backend(device)}}
         torch.save(Curve(backend, seed, tuple(losses), accuracy, describe, seconds), out)

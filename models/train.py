@@ -9,6 +9,7 @@ that models/ddp.py runs under DistributedDataParallel.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -24,6 +25,9 @@ from models.mamba2_lm import Mamba2LM, Mamba2LMConfig
 from models.recall import IGNORE, RecallBatch, RecallTask, recall_batch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+# Mixed precision (`TrainConfig.autocast`): the forward under torch.autocast in this dtype, its matrix products and
+# the SSD's inputs in it, the parameters, their gradients and AdamW's moments in float32 (the master weights)
+AUTOCAST = {"bfloat16": torch.bfloat16}
 # Why float16 parameters are not trained: AdamW keeps its moments in the parameters' dtype, and in float16 its eps
 # (1e-8) rounds to 0 and a squared gradient below about 2e-4 underflows, so the step divides by zero
 FLOAT16_ADAMW = ("float16 parameters: torch.optim.AdamW keeps its moments in float16, where eps (1e-8) rounds to 0 "
@@ -67,18 +71,25 @@ class OptimSettings:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One run's task, model, optimizer and parameter dtype (a name in DTYPES)."""
+    """One run's task, model, optimizer and parameter dtype (a name in DTYPES); `autocast` (a name in AUTOCAST, or
+    None): mixed precision, the forward under torch.autocast in that dtype over float32 parameters."""
 
     task: RecallTask = field(default_factory=RecallTask)
     model: ModelSizes = field(default_factory=ModelSizes)
     optim: OptimSettings = field(default_factory=OptimSettings)
     dtype: str = "float32"
+    autocast: str | None = None
 
     def __post_init__(self):
         if self.dtype == "float16":
             raise ValueError(f"dtype: a training run cannot take {FLOAT16_ADAMW}")
         if self.dtype not in DTYPES:
             check.fail("dtype", f"one of {sorted(DTYPES)}", repr(self.dtype))
+        if self.autocast is not None and self.autocast not in AUTOCAST:
+            check.fail("autocast", f"null or one of {sorted(AUTOCAST)}", repr(self.autocast))
+        if self.autocast is not None and self.dtype != "float32":
+            check.fail("dtype", f"float32 with autocast={self.autocast!r} (the master weights AdamW updates)",
+                       repr(self.dtype))
         if self.task.seqlen > 1024:
             check.fail("task", "at most 1024 tokens per sequence (2·(n_pairs + n_queries))", self.task.seqlen)
 
@@ -93,7 +104,13 @@ class TrainConfig:
         if "betas" in optim:
             optim["betas"] = tuple(optim["betas"])
         return cls(task=RecallTask(**d.get("task", {})), model=ModelSizes(**d.get("model", {})),
-                   optim=OptimSettings(**optim), dtype=d.get("dtype", "float32"))
+                   optim=OptimSettings(**optim), dtype=d.get("dtype", "float32"), autocast=d.get("autocast"))
+
+    def precision(self, device) -> contextlib.AbstractContextManager:
+        """The forward's context: torch.autocast on `device` in the `autocast` dtype, or nothing."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(torch.device(device).type, dtype=AUTOCAST[self.autocast])
 
 
 @dataclass(frozen=True)
@@ -138,11 +155,13 @@ def recall_loss(model: nn.Module, batch: RecallBatch) -> torch.Tensor:
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: RecallBatch,
-               grad_clip: float | None) -> float:
+               grad_clip: float | None, precision: contextlib.AbstractContextManager | None = None) -> float:
     """One step: gradients set afresh, the loss's backward, clipping to `grad_clip`, the optimizer's step; -> the
-    loss before the step."""
+    loss before the step. `precision`: the forward's context (`TrainConfig.precision`); the backward runs outside
+    it, as torch.autocast asks."""
     optimizer.zero_grad(set_to_none=True)
-    loss = recall_loss(model, batch)
+    with precision or contextlib.nullcontext():
+        loss = recall_loss(model, batch)
     loss.backward()
     if grad_clip is not None:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -150,9 +169,11 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Recall
     return loss.item()
 
 
-def recall_accuracy(model: Mamba2LM, batch: RecallBatch) -> float:
-    """The share of recall targets whose most likely token (over the task's vocabulary) is the right value."""
-    with torch.no_grad():
+def recall_accuracy(model: Mamba2LM, batch: RecallBatch,
+                    precision: contextlib.AbstractContextManager | None = None) -> float:
+    """The share of recall targets whose most likely token (over the task's vocabulary) is the right value, the
+    forward in `precision`'s context as in training."""
+    with torch.no_grad(), precision or contextlib.nullcontext():
         logits = model(batch.input_ids)[..., :model.config.vocab_size]
     asked = batch.targets != IGNORE
     return (logits.argmax(-1)[asked] == batch.targets[asked]).float().mean().item()
@@ -174,12 +195,12 @@ def train(config: TrainConfig, backend: str, seed: int, device, switches=None,
     start = time.perf_counter()
     for step in range(1, config.optim.steps + 1):
         batch = recall_batch(config.task, config.optim.batch, gen).to(device)
-        losses.append(train_step(model, optimizer, batch, config.optim.grad_clip))
+        losses.append(train_step(model, optimizer, batch, config.optim.grad_clip, config.precision(device)))
         if on_step is not None:
             on_step(step, losses[-1])
     seconds = time.perf_counter() - start
     held_out = recall_batch(config.task, config.optim.eval_batch, torch.Generator().manual_seed(EVAL_SEED))
-    accuracy = recall_accuracy(model, held_out.to(device))
+    accuracy = recall_accuracy(model, held_out.to(device), config.precision(device))
     return Curve(backend, seed, tuple(losses), accuracy, model.describe(), seconds)
 
 

@@ -109,3 +109,40 @@ def test_the_results_store_skips_curve_rows(tmp_path):
 
     pd.DataFrame({"step": [1]}).to_parquet(tmp_path / "x.curves.parquet")
     assert store.parquet_files(tmp_path) == []
+
+
+# --- mixed precision: the forward under torch.autocast over float32 master weights ----------------------------------
+def test_mixed_precision_runs_the_ssd_in_bf16_over_float32_parameters_and_says_so(tmp_path, monkeypatch):
+    """autocast=bfloat16: the SSD receives bf16 inputs, the parameters and their AdamW state stay float32, the first
+    step's loss is the float32 run's within bf16's rounding, and the curve rows name the autocast dtype."""
+    import dataclasses
+
+    import impls
+
+    seen = []
+    real = impls.ssd
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["x"].dtype if "x" in kwargs else args[0].dtype)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(impls, "ssd", spy)
+    mixed = dataclasses.replace(TINY, autocast="bfloat16")
+    run = train(mixed, "reference", 3, "cpu")
+    assert seen and set(seen) == {torch.bfloat16}, seen  # every step's and the accuracy's forward
+    seen.clear()
+    plain = train(TINY, "reference", 3, "cpu")
+    assert set(seen) == {torch.float32}, seen
+    assert all(torch.isfinite(torch.tensor(run.losses))) and run.losses != plain.losses
+    assert abs(run.losses[0] - plain.losses[0]) < 2e-2 * abs(plain.losses[0]), (run.losses[0], plain.losses[0])
+    written, failed = run_curves(CurvesSettings(("reference",), (0,), torch.device("cpu"), tmp_path, mixed, "amp"))
+    assert not failed and (curves.load_curves(tmp_path)["autocast"] == "bfloat16").all()
+
+
+@pytest.mark.parametrize("change, named", [({"autocast": "float16"}, "autocast"),
+                                           ({"autocast": "bfloat16", "dtype": "bfloat16"}, "dtype")])
+def test_mixed_precision_is_refused_where_it_cannot_run_naming_the_setting(change, named):
+    import dataclasses
+
+    with pytest.raises(ValueError, match=named):
+        dataclasses.replace(TINY, **change)
