@@ -18,7 +18,6 @@ import torch
 from impls.cutile.backward.common import (
     Hints,
     chunk_length,
-    ftz,
     gated_dy,
     kernel_call,
     or_stand_in,
@@ -183,7 +182,7 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, d_mode: int, transpose
     *arrays, cb = arrays
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bs, bl, bp, bn, bool(flags["seq"]), bool(flags["z"]),
             int(d_mode), bool(flags["xv"]), bool(transposed), bool(tf32), sw.exp2, sw.tma,
-            4 if sw.latency_hints else 0, sw.bwd_cb == "shared", cb, ftz(sw))
+            4 if sw.latency_hints else 0, sw.bwd_cb == "shared", cb, sw.bwd_exp2_ftz)
     grid = ((chunk_size // bs) * nheads * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_chunk_kernel, grid, args, config, sw.opt_level)
 

@@ -25,7 +25,7 @@ class Hints(CopyHints):
     LAT: int  # latency hint of the big loads; 0 = none
     EXP2: bool  # switch exp2: dA_cumsum scaled by log2(e) once per load, decays by exp2
     TF32: bool  # fp32 inputs through the tf32 tensor cores
-    FTZ: bool = False  # switch bwd_exp2_ftz: the exp2 flushes subnormal inputs and results to zero
+    FTZ: bool  # switch bwd_exp2_ftz: the exp2 flushes subnormal inputs and results to zero
 
     def base(self):
         """The factor that takes dA_cumsum into the exponential's base (log2 e with exp2, else 1)."""
@@ -41,11 +41,6 @@ class Hints(CopyHints):
         if self.TF32:
             return ct.mma(a.astype(ct.tfloat32), b.astype(ct.tfloat32), acc)
         return ct.mma(a, b, acc)
-
-
-def ftz(sw) -> bool:
-    """Every backward kernel's FTZ constant (its last): switch bwd_exp2_ftz."""
-    return bool(sw.bwd_exp2_ftz)
 
 
 def rows(t, b, block, hg, cb, BL, BC, k):

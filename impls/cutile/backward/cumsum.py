@@ -12,7 +12,7 @@ import math
 import cuda.tile as ct
 import torch
 
-from impls.cutile.backward.common import Hints, chunk_length, ftz, kernel_call, or_stand_in
+from impls.cutile.backward.common import Hints, chunk_length, kernel_call, or_stand_in
 from impls.cutile.chunk_cumsum import SOFTPLUS_THRESHOLD, _softplus, block_heads
 from impls.cutile.common import KernelCall, next_pow2
 
@@ -85,7 +85,7 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, dt_limit, row_tile: in
     # an infinite upper limit is passed as the largest fp32 (the kernel takes fp32 scalars), as stage 1 does
     lo, hi = (float(dt_limit[0]), float(min(dt_limit[1], 3.0e38))) if has_limit else (0.0, 0.0)
     args = (*arrays, seqlen, lo, hi, chunk_size, bh, row_tile, next_pow2(last_tiles), bool(flags["bias"]),
-            bool(flags["softplus"]), has_limit, bool(flags["v"]), sw.exp2, sw.tma, ftz(sw))
+            bool(flags["softplus"]), has_limit, bool(flags["v"]), sw.exp2, sw.tma, sw.bwd_exp2_ftz)
     grid = (batch * nchunks, math.ceil(nheads / bh), 1)
     return kernel_call(bwd_cumsum_kernel, grid, args, config, sw.opt_level)
 

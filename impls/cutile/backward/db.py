@@ -19,7 +19,6 @@ from impls.cutile.backward.common import (
     add_rows,
     allocate,
     chunk_length,
-    ftz,
     head_share,
     kernel_call,
     or_stand_in,
@@ -102,7 +101,7 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, tf32: bool, sw, config
     bt, bp, bn = blocks(chunk_size, headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bt, bp, bn, bool(flags["seq"]), bool(flags["bv"]),
             bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.bwd_group_split, sw.bwd_atomics,
-            ftz(sw))
+            sw.bwd_exp2_ftz)
     grid = ((chunk_size // bt) * ngroups * sw.bwd_group_split * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_db_kernel, grid, args, config, sw.opt_level)
 

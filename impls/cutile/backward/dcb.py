@@ -19,7 +19,6 @@ from impls.cutile.backward.common import (
     add_rows,
     allocate,
     chunk_length,
-    ftz,
     gated_dy,
     head_share,
     kernel_call,
@@ -114,7 +113,7 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32
     bt, bp, bn = blocks(chunk_size, headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bt, bp, bn, bool(flags["seq"]), bool(flags["z"]),
             bool(transposed), bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.bwd_group_split,
-            sw.bwd_atomics, ftz(sw))
+            sw.bwd_atomics, sw.bwd_exp2_ftz)
     grid = ((chunk_size // bt) * ngroups * sw.bwd_group_split * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_dcb_kernel, grid, args, config, sw.opt_level)
 

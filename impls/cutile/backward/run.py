@@ -41,8 +41,8 @@ class Launches:
             stage_call(config, calls.append)
             return calls[0]
 
-        config = tune.resolve(self.backend, stage, self.shape.label(), self.dtype, flags, self.device, make_call,
-                              lambda cfg: stage_call(cfg, None), self.shape.seqlen)
+        config = tune.resolve(self.backend, stage, self.shape, self.dtype, flags, self.device, make_call,
+                              lambda cfg: stage_call(cfg, None))
         return stage_call(config, None)
 
 

@@ -16,7 +16,6 @@ import torch
 from impls.chunked_backward import state_split
 from impls.cutile.backward.common import (
     Hints,
-    ftz,
     gated_dy,
     kernel_call,
     or_stand_in,
@@ -112,7 +111,7 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32
     bp, bn = blocks(headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bp, bn, bool(flags["dfinal"]), bool(flags["seq"]),
             bool(flags["z"]), bool(flags["ext"]), bool(flags["init"]), bool(transposed), bool(tf32), sw.exp2, sw.tma,
-            4 if sw.latency_hints else 0, state_split(sw, arrays[0].dtype), ftz(sw))
+            4 if sw.latency_hints else 0, state_split(sw, arrays[0].dtype), sw.bwd_exp2_ftz)
     grid = (batch * nheads, math.ceil(headdim / bp), math.ceil(dstate / bn))
     return kernel_call(bwd_state_pass_kernel, grid, args, config, sw.opt_level)
 

@@ -13,6 +13,7 @@ import torch
 
 from impls import tuning
 from impls.chunked_backward import written_elements
+from impls.problem import Shape
 
 STATE_PASS, CHUNK, DCB, DB, CUMSUM = "bwd_state_pass", "bwd_chunk", "bwd_dcb", "bwd_db", "bwd_cumsum"
 STAGES = (STATE_PASS, CHUNK, DCB, DB, CUMSUM)
@@ -77,14 +78,14 @@ def record_key(switches, shape_label: str, dtype: str, flags: dict, stage: str) 
     return tuning.switches_key(shape_label, dtype, switches, CODE_SWITCHES, KERNEL_SWITCHES.get(stage, ()), flags)
 
 
-def resolve(backend, stage: str, shape_label: str, dtype: str, flags: dict, device,
-            make_call: Callable[[dict], Any], launch: Callable[[dict], Any], seqlen: int) -> dict:
+def resolve(backend, stage: str, shape: Shape, dtype: str, flags: dict, device,
+            make_call: Callable[[dict], Any], launch: Callable[[dict], Any]) -> dict:
     """The config `stage` runs with on this call: resolved once per record key on `backend` (its mode: switch
     `tuning`), recorded in describe()'s stages. `make_call(config)` builds the kernel's launch (the search's timer),
     `launch(config)` runs it (the confirmation)."""
     from impls.cutile import tune as forward_tune
 
-    key = record_key(backend.switches, shape_label, dtype, flags, stage)
+    key = record_key(backend.switches, shape.label(), dtype, flags, stage)
     resolution = backend._resolved.get((stage, key))
     if resolution is None:
         gpu = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "cpu"
@@ -92,7 +93,7 @@ def resolve(backend, stage: str, shape_label: str, dtype: str, flags: dict, devi
             backend="cutile", stage=stage, key=key, gpu=gpu, mode=backend.switches.tuning,
             fallback=fallback(stage, device_major(device), dtype), space=SPACE[stage], configs=configs(stage),
             run=launch, timer=forward_tune.kernel_timer(make_call), stack=STACK,
-            output=lambda cfg: written_elements(stage, launch(cfg), seqlen, padding_read=False)))
+            output=lambda cfg: written_elements(stage, launch(cfg), shape.seqlen, padding_read=False)))
         backend._resolved[(stage, key)] = resolution
     backend._sources[stage] = resolution.as_dict()
     return dict(resolution.config)
