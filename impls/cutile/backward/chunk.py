@@ -126,8 +126,7 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
         ct.store(dD, (b, c, t, h, 0), part.reshape((1, 1, 1, 1, BP)))
 
     # the intra-chunk scores, row tiles l ≥ s
-    U = ct.zeros((BS,), ct.float32)  # Σ_l dM_ls G_ls L_ls
-    col = ct.zeros((BS,), ct.float32)  # Σ_l T_ls
+    U = ct.zeros((BS,), ct.float32)  # Σ_l dM_ls G_ls L_ls; T's column sums Σ_l T_ls are dt_s U_s (M = GL ∘ dt_s)
     for j in range((t * BS) // BL, (chunk_len + BL - 1) // BL):
         lb = c * (CHUNK // BL) + j
         offs_l = _positions(j * BL, BL)
@@ -152,12 +151,11 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
         dxa = k.mma(ct.transpose(M.astype(x.dtype)), dyh_l, dxa)
         U = U + ct.sum(dM * GL, axis=0)
         T = dM * M
-        col = col + ct.sum(T, axis=0)
         # dΛ_last's local part: + Σ_s w_s x_s·V_s, the same fp32 terms dl_s takes from the sources
         rs = ct.sum(T, axis=1) + ct.where(offs_l == chunk_len - 1, local, 0.0)
         ct.store(row, (b, h, c, t, j), rs.reshape((1, 1, 1, 1, BL)))
     ddt_s = ddt_s + U
-    dl_s = dl_s - col
+    dl_s = dl_s - dt_s * U
     if HAS_XV:  # the per-sequence states' gradient (cu_seqlens), from autograd
         dxa = dxa + rows(xv, b, sb, h, 0, BS, BP, k)
     ct.store(dx, (b, sb, h, 0), dxa.astype(dx.dtype).reshape((1, BS, 1, BP)), allow_tma=k.tma())

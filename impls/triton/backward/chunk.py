@@ -117,8 +117,7 @@ def bwd_chunk_kernel(
                  tl.sum(dyh_s * x_s.to(tl.float32), axis=0), mask=mask_p)
 
     # the intra-chunk scores, row tiles l >= s
-    U = tl.zeros((BLOCK_S,), dtype=tl.float32)  # Σ_l dM_ls G_ls L_ls
-    col = tl.zeros((BLOCK_S,), dtype=tl.float32)  # Σ_l T_ls
+    U = tl.zeros((BLOCK_S,), dtype=tl.float32)  # Σ_l dM_ls G_ls L_ls; T's column sums Σ_l T_ls are dt_s U_s
     row_c = row_ptr + b * s_r_b + h * s_r_h + c64 * s_r_c + t * s_r_t
     if SHARED_CB:  # the group's (chunk, chunk) C·Bᵀ, contiguous (batch, nchunks, ngroups, chunk, chunk) fp32
         cb_c = cb_ptr + ((b * nchunks + c64) * (nheads // heads_per_group) + g) * (CHUNK * CHUNK)
@@ -144,11 +143,10 @@ def bwd_chunk_kernel(
         dx = tl.dot(tl.trans(M.to(dtype)), dyh_l, dx, input_precision=DOT_PRECISION)  # (s, headdim)
         U += tl.sum(dM * GL, axis=0)
         T = dM * M
-        col += tl.sum(T, axis=0)
         # dΛ_last's local part: + Σ_s w_s x_s·V_s, the same fp32 terms dl takes from the sources
         tl.store(row_c + offs_l, tl.sum(T, axis=1) + tl.where(offs_l == chunk_len - 1, local, 0.0), mask=mask_l)
     ddt += U
-    dl -= col
+    dl -= dt_s * U
     if HAS_XV:  # the per-sequence states' gradient (cu_seqlens), from autograd
         dx += rows(xv_ptr + b * s_xv_b + start64 * s_xv_l + h * s_xv_h, offs_s, offs_p, mask_s, mask_p, s_xv_l,
                    s_xv_p).to(tl.float32)
