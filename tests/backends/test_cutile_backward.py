@@ -238,6 +238,9 @@ RICH = Problem(Shape(1, 70, 4, 32, 2, 32, 32), dtype="float32", has_z=True, D_pe
 CASES = [
     pytest.param(HEADLINE, SMALL, {}, id="headline-g1", marks=pytest.mark.quick),  # the quick tier
     pytest.param(RICH, ROWS_LONGER, {}, id="z-Dchannel-init-seq_idx-g2"),
+    # chunk 32 over 16- and 8-wide tiles: the chunk kernel's row tiles below the diagonal of full chunks take the
+    # unmasked path, the short last chunk (72 = 2 chunks + 8) and the diagonal the masked one
+    pytest.param(Problem(Shape(1, 72, 4, 32, 1, 32, 32), dtype="float32"), SMALL, {}, id="below-diagonal-tiles"),
     pytest.param(dataclasses.replace(RICH, dtype="bfloat16"), SMALL, {}, id="bf16-z-Dchannel-init-seq_idx-g2"),
     # 8 chunks: dA, a sum over a head of terms that cancel, where dΛ_last's two parts must cancel to the bit
     # (impls/README.md, "The chunked backward", step 2); formed whole from the stored S_{c+1} it was 3.3x its bound

@@ -50,6 +50,9 @@ RICH = Problem(Shape(1, 70, 4, 16, 2, 16, 32), dtype="float32", has_z=True, D_pe
 CASES = [
     pytest.param(HEADLINE, 2, id="headline-g1", marks=pytest.mark.quick),  # the quick tier
     pytest.param(RICH, 2, id="z-Dchannel-init-seq_idx-g2"),
+    # chunk 32 over 16-wide tiles: the chunk kernel's row tiles below the diagonal of full chunks take the unmasked
+    # path, the short last chunk (72 = 2 chunks + 8) and the diagonal the masked one
+    pytest.param(Problem(Shape(1, 72, 4, 16, 1, 16, 32), dtype="float32"), 4, id="below-diagonal-tiles"),
     pytest.param(Problem(Shape(2, 50, 4, 16, 2, 16, 16), dtype="float32", has_initial_states=True, nseqs=3), 3,
                  id="seq_idx-per-row-init"),
     pytest.param(Problem(Shape(1, 70, 4, 16, 4, 16, 32), dtype="float32", has_z=True, has_initial_states=True,
@@ -104,6 +107,9 @@ def test_switches_keep_the_gradients_in_the_gate(switches):
 
 BWD_CB_CASES = [
     pytest.param(RICH, 2, id="z-Dchannel-init-seq_idx-g2"),
+    # chunk 32 over 16-wide tiles: the chunk kernel's row tiles below the diagonal of full chunks take the unmasked
+    # path, the short last chunk (72 = 2 chunks + 8) and the diagonal the masked one
+    pytest.param(Problem(Shape(1, 72, 4, 16, 1, 16, 32), dtype="float32"), 4, id="below-diagonal-tiles"),
     pytest.param(dataclasses.replace(RICH, dtype="float16"), 1, id="fp16-z-Dchannel-init-seq_idx-g2"),
     pytest.param(Problem(Shape(2, 40, 8, 16, 2, 16, 16), dtype="float16", has_z=True, has_initial_states=True), 2,
                  id="fp16-z-init-g2-4-heads-per-group"),

@@ -134,17 +134,24 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
             C_l = rows(C, b, lb, g, 0, BL, BN, k)
         dyh_l = gated_dy(dy, z, b, lb, h, 0, BL, BP, HAS_Z, k).astype(x.dtype)
         dA_l = per_position(dA, b, h, c, j, BL, k) * k.base()
-        keep = ((offs_l.reshape((BL, 1)) >= offs_s.reshape((1, BS))) & (offs_l < chunk_len).reshape((BL, 1))
-                & mask_s.reshape((1, BS)))
-        if HAS_SEQ:
-            seq_l = ct.load(seq, (b, lb), (1, BL), padding_mode=ZERO, allow_tma=k.tma()).reshape((BL, 1))
-            keep = keep & (seq_l == seq_s.reshape((1, BS)))
-        L = k.exp(ct.where(keep, dA_l.reshape((BL, 1)) - dA_s.reshape((1, BS)), -math.inf))
-        if SHARED_CB:  # its causal elements only: the tiles above the diagonal are not written
-            G = ct.load(cbm, (b, c, g, j, t), (1, 1, 1, BL, BS), allow_tma=k.tma(), latency=k.lat())
-            G = ct.where(keep, G.reshape((BL, BS)), 0.0)
+        diff = dA_l.reshape((BL, 1)) - dA_s.reshape((1, BS))
+        if SHARED_CB:  # the tiles on and below the diagonal are written
+            G = ct.load(cbm, (b, c, g, j, t), (1, 1, 1, BL, BS), allow_tma=k.tma(), latency=k.lat()).reshape((BL, BS))
         else:
             G = k.mma(C_l, ct.transpose(B_s), ct.zeros((BL, BS), ct.float32))
+        # below the diagonal, inside the chunk and of one sequence, every pair is causal: no mask to form
+        inside = (j * BL >= (t + 1) * BS) & ((j + 1) * BL <= chunk_len) & ((t + 1) * BS <= chunk_len)
+        if HAS_SEQ or not inside:
+            keep = ((offs_l.reshape((BL, 1)) >= offs_s.reshape((1, BS))) & (offs_l < chunk_len).reshape((BL, 1))
+                    & mask_s.reshape((1, BS)))
+            if HAS_SEQ:
+                seq_l = ct.load(seq, (b, lb), (1, BL), padding_mode=ZERO, allow_tma=k.tma()).reshape((BL, 1))
+                keep = keep & (seq_l == seq_s.reshape((1, BS)))
+            L = k.exp(ct.where(keep, diff, -math.inf))
+            if SHARED_CB:  # its causal elements only
+                G = ct.where(keep, G, 0.0)
+        else:
+            L = k.exp(diff)
         dM = k.mma(dyh_l, ct.transpose(x_s), ct.zeros((BL, BS), ct.float32))
         GL = G * L
         M = GL * dt_s.reshape((1, BS))

@@ -128,15 +128,23 @@ def bwd_chunk_kernel(
             C_l = rows(C_c, offs_l, offs_n, mask_l, mask_n, s_C_l, s_C_n).to(dtype)
         dyh_l = gated_dy(dy_c, z_c, offs_l, offs_p, mask_l, mask_p, s_dy_l, s_dy_p, s_z_l, s_z_p, HAS_Z).to(dtype)
         dA_l = log_decay(dA_c + offs_l * s_dA_l, mask_l, EXP2)
-        keep = (offs_l[:, None] >= offs_s[None, :]) & mask_l[:, None] & mask_s[None, :]
-        if HAS_SEQ:
-            seq_l = tl.load(seq_b + (start64 + offs_l) * s_seq_l, mask=mask_l, other=0)
-            keep = keep & (seq_l[:, None] == seq_s[None, :])
-        L = decay(tl.where(keep, dA_l[:, None] - dA_s[None, :], float("-inf")), EXP2)
-        if SHARED_CB:  # its causal elements only: the tiles above the diagonal are not written
-            G = tl.load(cb_c + offs_l[:, None] * CHUNK + offs_s[None, :], mask=keep, other=0.0)  # (l, s)
-        else:
+        diff = dA_l[:, None] - dA_s[None, :]
+        if not SHARED_CB:
             G = tl.dot(C_l, tl.trans(B_s), input_precision=DOT_PRECISION)  # (l, s)
+        # below the diagonal, inside the chunk and of one sequence, every pair is causal: no mask to form
+        inside = (l0 >= s0 + BLOCK_S) & (l0 + BLOCK_L <= chunk_len) & (s0 + BLOCK_S <= chunk_len)
+        if HAS_SEQ or not inside:
+            keep = (offs_l[:, None] >= offs_s[None, :]) & mask_l[:, None] & mask_s[None, :]
+            if HAS_SEQ:
+                seq_l = tl.load(seq_b + (start64 + offs_l) * s_seq_l, mask=mask_l, other=0)
+                keep = keep & (seq_l[:, None] == seq_s[None, :])
+            L = decay(tl.where(keep, diff, float("-inf")), EXP2)
+            if SHARED_CB:  # its causal elements only: the tiles above the diagonal are not written
+                G = tl.load(cb_c + offs_l[:, None] * CHUNK + offs_s[None, :], mask=keep, other=0.0)  # (l, s)
+        else:
+            L = decay(diff, EXP2)
+            if SHARED_CB:
+                G = tl.load(cb_c + offs_l[:, None] * CHUNK + offs_s[None, :])  # (l, s)
         dM = tl.dot(dyh_l, tl.trans(x_s), input_precision=DOT_PRECISION)  # (l, s)
         GL = G * L
         M = GL * dt_s[None, :]
