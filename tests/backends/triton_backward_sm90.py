@@ -56,7 +56,8 @@ def variants(dtype: str):
     dots = {"DOT_PRECISION": "tf32"}
     state = {**common, **dots, "CHUNK": CHUNK, "BLOCK_P": fb[tune.STATE_PASS]["block_headdim"],
              "BLOCK_N": fb[tune.STATE_PASS]["block_dstate"], "BLOCK_K": fb[tune.STATE_PASS]["block_positions"],
-             "HAS_DFINAL": True, "HAS_Z": True, "HAS_EXT": True, "HAS_INIT": True}
+             "HAS_DFINAL": True, "HAS_Z": True, "HAS_EXT": True, "HAS_INIT": True,
+             "LOOP_STAGES": fb[tune.STATE_PASS]["num_stages"]}
     yield bwd_state_pass_kernel, {**state, "SPLIT": True}, fb[tune.STATE_PASS]  # switch bwd_state_split on
     chunk = {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.CHUNK]["block_sources"],
              "BLOCK_L": fb[tune.CHUNK]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE, "HAS_Z": True,
@@ -64,7 +65,8 @@ def variants(dtype: str):
     yield bwd_chunk_kernel, {**chunk, "SHARED_CB": False, "cb_ptr": None}, fb[tune.CHUNK]  # switch bwd_cb='inline'
     one = {"SPLIT": 1, "ATOMIC": False}  # switch bwd_group_split 1
     dcb = {**common, **dots, "CHUNK": CHUNK, "BLOCK_L": fb[tune.DCB]["block_rows"],
-           "BLOCK_S": fb[tune.DCB]["block_sources"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE, "HAS_Z": True}
+           "BLOCK_S": fb[tune.DCB]["block_sources"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE, "HAS_Z": True,
+           "LOOP_STAGES": fb[tune.DCB]["num_stages"]}
     db = {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.DB]["block_sources"],
           "BLOCK_L": fb[tune.DB]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE}
     yield bwd_dcb_kernel, {**dcb, **one}, fb[tune.DCB]

@@ -33,7 +33,7 @@ def bwd_dcb_kernel(
     s_dC_b, s_dC_l, s_dC_g, s_dC_n,
     CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, EXP2: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):
     # flat grid: row tile fastest, then the group's share of heads (SPLIT of them), group, chunk, batch
     TILES: tl.constexpr = CHUNK // BLOCK_L
@@ -68,7 +68,8 @@ def bwd_dcb_kernel(
             seq_s = tl.load(seq_b + (start64 + offs_s) * s_seq_l, mask=mask_s, other=0)
             keep = keep & (seq_l[:, None] == seq_s[None, :])
         dG = tl.zeros((BLOCK_L, BLOCK_S), dtype=tl.float32)
-        for hh in range(lo, hi):
+        # the head loop is nested: Triton's pipeliner stages its loads only when the loop asks (num_stages here)
+        for hh in tl.range(lo, hi, num_stages=LOOP_STAGES):
             h = h0 + hh
             dA_c = dA_ptr + b * s_dA_b + h * s_dA_h + c64 * s_dA_c
             dyh_l = gated_dy(dy_ptr + b * s_dy_b + start64 * s_dy_l + h * s_dy_h,
@@ -125,7 +126,7 @@ def dcb_grads(x, B, C, dt, dA_cumsum, seq_idx, states, dy, z, *, config, switche
         *dy.stride(), *zz.stride(), *dG.stride(), *dC.stride(),
         CHUNK=chunk, BLOCK_L=block_l, BLOCK_S=config["block_sources"], BLOCK_P=pow2_at_least_16(headdim),
         BLOCK_N=pow2_at_least_16(dstate), HAS_SEQ=seq_idx is not None, HAS_Z=z is not None, EXP2=switches.exp2,
-        DOT_PRECISION=dot_precision, SPLIT=split, ATOMIC=switches.bwd_atomics,
+        DOT_PRECISION=dot_precision, SPLIT=split, ATOMIC=switches.bwd_atomics, LOOP_STAGES=config["num_stages"],
         num_warps=config["num_warps"], num_stages=config["num_stages"], path=switches.launch_path,
     )
     return sum_partials(dC, ngroups, None, C.dtype), dG

@@ -45,6 +45,7 @@ def bwd_state_pass_kernel(
     CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_DFINAL: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, HAS_EXT: tl.constexpr,
     HAS_INIT: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,
 ):
     # fin_ptr (the final states) is not read: dΛ_last's carried part reads the entering S_c
     # flat grid: state tile fastest, then head, then batch
@@ -89,7 +90,8 @@ def bwd_state_pass_kernel(
         dy_c = dy_ptr + b * s_dy_b + start64 * s_dy_l + h * s_dy_h
         z_c = z_ptr + b * s_z_b + start64 * s_z_l + h * s_z_h
         acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, chunk_len, BLOCK_K):
+        # the positions' loop is nested in the chunks': Triton's pipeliner stages its loads only when it asks
+        for k0 in tl.range(0, chunk_len, BLOCK_K, num_stages=LOOP_STAGES):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < chunk_len
             scale = tl.where(mask_k, decay(log_decay(dA_c + offs_k * s_dA_l, mask_k, EXP2), EXP2), 0.0)
@@ -139,7 +141,8 @@ def state_pass(C, dA_cumsum, seq_idx, states, final, dfinal, dy, z, extra_states
         CHUNK=chunk, BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_K=config["block_positions"],
         HAS_DFINAL=dfinal is not None, HAS_SEQ=seq_idx is not None, HAS_Z=z is not None,
         HAS_EXT=extra_states is not None, HAS_INIT=has_init, EXP2=switches.exp2, DOT_PRECISION=dot_precision,
-        SPLIT=state_split(switches, C.dtype), num_warps=config["num_warps"], num_stages=config["num_stages"],
+        SPLIT=state_split(switches, C.dtype), LOOP_STAGES=config["num_stages"], num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
         path=switches.launch_path,
     )
     return ds, lasts, (dinit if has_init else None)
