@@ -284,6 +284,20 @@ class CutileSwitches:
              "bwd_chunk's loop reads an fp32 (rows × sources) tile where it read a (rows × dstate) tile of C in the "
              "input dtype (the same bytes at 64 sources and dstate 128 in bf16) and drops an HGMMA",
         sm100="as on sm_90")
+    bwd_dcb_sources: str = switch(
+        "tiles", "the backward's d(C·Bᵀ) kernel (impls/cutile/backward/dcb.py): 'tiles' = each row-tile program walks "
+                 "the source tiles up to its rows and, inside each, the group's heads (one (rows × sources) "
+                 "dŷ_l·x_sᵀ MMA per head and source tile; dŷ_l and the decays of its rows loaded again for every "
+                 "source tile), then the heads again for the entering states' term; 'chunk' = one walk over the "
+                 "heads, each forming the row tile against the whole chunk of sources in one (rows × chunk) MMA, the "
+                 "entering states' term in the same walk, dG's row block stored whole (zeros above the diagonal) "
+                 "and dC's sources' term as one MMA with the chunk's B: a tenth of the loop's steps at S1, the tile "
+                 "products above the diagonal formed and masked (1.6-1.8× the MMA flops), the chunk's x read once per "
+                 "row tile and head",
+        choices=("tiles", "chunk"),
+        sm90="'chunk': per head one (rows × chunk × headdim) MMA where 'tiles' issued one (rows × rows × headdim) MMA "
+             "per source tile, and a (rows × chunk) fp32 accumulator held across the walk",
+        sm100="as on sm_90")
     bwd_group_split: int = switch(
         1, "the backward's sums over a group's heads (bwd_dcb: d(C·Bᵀ) and dC; bwd_db: dB; "
            "impls/cutile/backward/): 1 = one tile program per (tile, group, chunk, batch) walks every head of the "
@@ -421,6 +435,8 @@ CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "e
 # bwd_state_split changes the backward's bwd_state_pass kernel only (as bwd_cb bwd_chunk's): it keys that kernel's
 # record when off (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py compiles
 # both values.
+# bwd_dcb_sources changes the backward's bwd_dcb kernel only: it keys that kernel's record
+# (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py compiles both values.
 # bwd_cb changes the backward's bwd_chunk kernel only, which the forward's switch-effects table does not compile: it
 # keys bwd_chunk's record (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py
 # compiles both values.

@@ -225,6 +225,19 @@ class TritonSwitches:
              "(rows × sources) tile from L2 where it read a (rows × dstate) tile of C in the input dtype, the same "
              "bytes at 64 sources and dstate 128 in bf16",
         sm100="as on sm_90")
+    bwd_dcb_sources: str = switch(
+        "tiles", "the backward's d(C·Bᵀ) kernel (impls/triton/backward/dcb.py): 'tiles' = each row-tile program walks "
+                 "the source tiles up to its rows and, inside each, the group's heads (one (rows × sources) "
+                 "dŷ_l·x_sᵀ tl.dot per head and source tile; dŷ_l and the decays of its rows loaded again for every "
+                 "source tile), then the heads again for the entering states' term; 'chunk' = one walk over the "
+                 "heads, each forming the row tile against the whole chunk of sources in one (rows × chunk) tl.dot, "
+                 "the entering states' term in the same walk, dG's row block stored whole (zeros above the diagonal) "
+                 "and dC's sources' term as one tl.dot with the chunk's B: a tenth of the loop's steps at S1, the "
+                 "tile products above the diagonal formed and masked, the chunk's x read once per row tile and head",
+        choices=("tiles", "chunk"),
+        sm90="'chunk': per head one (rows × chunk × headdim) warpgroup MMA where 'tiles' issued one per source tile, "
+             "and a (rows × chunk) fp32 accumulator held across the walk",
+        sm100="as on sm_90")
     bwd_group_split: int = switch(
         1, "the backward's sums over a group's heads (bwd_dcb: d(C·Bᵀ) and dC; bwd_db: dB; "
            "impls/triton/backward/): 1 = one program per (tile, group, chunk, batch) walks every head of the group; "

@@ -528,6 +528,41 @@ def test_bwd_group_split_passes_the_gate_under_emulation(monkeypatch, problem, s
     assert not failing, failing
 
 
+# --- switch bwd_dcb_sources='chunk': the dcb kernel's row tile against the whole chunk of sources per head --------
+DCB_SOURCES_CASES = [
+    pytest.param(Problem(Shape(1, 72, 4, 32, 1, 32, 32), dtype="float32"), {}, id="headline-short-last-chunk",
+                 marks=pytest.mark.quick),
+    pytest.param(RICH, {}, id="z-Dchannel-init-seq_idx-g2"),
+    pytest.param(RICH, {"bwd_group_split": 2, "bwd_atomics": True}, id="group-split-2-atomics-z-seq_idx-g2"),
+    pytest.param(Problem(Shape(1, 70, 8, 32, 2, 32, 32), dtype="float32", has_initial_states=True, nseqs=3,
+                         varlen=True), {"bwd_group_split": 2}, id="group-split-2-cu_seqlens", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("problem, switches", DCB_SOURCES_CASES)
+def test_bwd_dcb_sources_chunk_passes_the_gate_under_emulation(monkeypatch, problem, switches):
+    """Row tiles of 8 against chunks of 32 sources: the tile products above the diagonal masked to zero, a short last
+    chunk (its sources past the end padded), seq_idx's other sequences masked, the entering states' term in the same
+    head walk, the group's heads split over programs."""
+    backend = _emulated(monkeypatch, SMALL, bwd_dcb_sources="chunk", **switches)
+    with emulated_launches():
+        report = check_gradients(backend, make_inputs(problem, seed=2), problem.torch_dtype, seed=2)
+    failing = {name: (round(r["bound_ratio"], 3), r["where"]) for name, r in report.items() if not r["ok"]}
+    assert not failing, failing
+
+
+@needs_cuobjdump
+def test_bwd_dcb_sources_chunk_compiles_for_sm90_without_spills():
+    """S1 in bf16 at the fallback's 32-row tiles (two warpgroups): fewer instructions than 'tiles' and no local-memory
+    spill, also at ngroups 8 with every optional input."""
+    tiles = _facts(tune.DCB)
+    chunk = _facts(tune.DCB, switches=CutileSwitches(bwd_dcb_sources="chunk"))
+    everything = _facts(tune.DCB, switches=CutileSwitches(bwd_dcb_sources="chunk"), dims={"ngroups": 8},
+                        optional=EVERYTHING)
+    assert chunk["instructions"] < tiles["instructions"], (tiles, chunk)
+    assert chunk["LDL"] + chunk["STL"] + everything["LDL"] + everything["STL"] == 0, (chunk, everything)
+
+
 def test_two_calls_under_bwd_group_split_give_the_same_bits_under_emulation(monkeypatch):
     """The split's partials summed without atomics (not so under bwd_atomics on a GPU:
     tests/gpu/test_cutile_backward.py)."""

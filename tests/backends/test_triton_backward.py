@@ -237,6 +237,21 @@ def test_bwd_group_split_keeps_the_gradients_in_the_gate(problem, seed, switches
     assert_gate(get_backend("triton", **switches), problem, seed)
 
 
+# --- switch bwd_dcb_sources='chunk': the dcb kernel's row tile against the whole chunk of sources per head --------
+DCB_SOURCES_CASES = [
+    pytest.param(Problem(Shape(1, 72, 4, 16, 1, 16, 32), dtype="float32"), 4, {}, id="headline-short-last-chunk"),
+    pytest.param(RICH, 2, {}, id="z-Dchannel-init-seq_idx-g2"),
+    pytest.param(RICH, 2, {"bwd_group_split": 2, "bwd_atomics": True}, id="group-split-2-atomics-z-seq_idx-g2"),
+]
+
+
+@pytest.mark.parametrize("problem, seed, switches", DCB_SOURCES_CASES)
+def test_bwd_dcb_sources_chunk_keeps_the_gradients_in_the_gate(problem, seed, switches):
+    """Row tiles of 16 against chunks of 32 sources: the products above the diagonal masked, a short last chunk,
+    seq_idx's other sequences masked, the entering states' term in the same head walk, the heads split."""
+    assert_gate(get_backend("triton", bwd_dcb_sources="chunk", **switches), problem, seed)
+
+
 def test_bwd_group_split_launches_k_programs_per_group_into_partials(monkeypatch):
     """bwd_dcb and bwd_db launch k times the programs and write k fp32 partials per group (the partial buffers the
     host sums); under bwd_atomics one fp32 buffer per group, zeroed."""

@@ -66,7 +66,7 @@ def variants(dtype: str):
     one = {"SPLIT": 1, "ATOMIC": False}  # switch bwd_group_split 1
     dcb = {**common, **dots, "CHUNK": CHUNK, "BLOCK_L": fb[tune.DCB]["block_rows"],
            "BLOCK_S": fb[tune.DCB]["block_sources"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE, "HAS_Z": True,
-           "LOOP_STAGES": fb[tune.DCB]["num_stages"]}
+           "LOOP_STAGES": fb[tune.DCB]["num_stages"], "WHOLE": False}
     db = {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.DB]["block_sources"],
           "BLOCK_L": fb[tune.DB]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE}
     yield bwd_dcb_kernel, {**dcb, **one}, fb[tune.DCB]
@@ -80,6 +80,8 @@ def variants(dtype: str):
     yield cb_kernel, cb, {"num_warps": 4}
     # switch bwd_group_split 4: dcb's fp32 partials, db's atomic adds (bwd_atomics; the per-sequence term on the host)
     yield bwd_dcb_kernel, {**dcb, "SPLIT": 4, "ATOMIC": False}, fb[tune.DCB]
+    # switch bwd_dcb_sources='chunk': the row tile against the whole chunk of sources
+    yield bwd_dcb_kernel, {**dcb, **one, "WHOLE": True}, fb[tune.DCB]
     yield bwd_db_kernel, {**db, "SPLIT": 4, "ATOMIC": True, "HAS_BV": False}, fb[tune.DB]
     yield bwd_state_pass_kernel, {**state, "SPLIT": False}, fb[tune.STATE_PASS]  # switch bwd_state_split off
 

@@ -37,7 +37,8 @@ def bwd_dcb_kernel(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_g
                    CHUNK: ct.Constant[int], BT: ct.Constant[int], BP: ct.Constant[int], BN: ct.Constant[int],
                    HAS_SEQ: ct.Constant[bool], HAS_Z: ct.Constant[bool], TRANS: ct.Constant[bool],
                    TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int],
-                   SPLIT: ct.Constant[int], ATOMIC: ct.Constant[bool], FTZ: ct.Constant[bool]):
+                   SPLIT: ct.Constant[int], ATOMIC: ct.Constant[bool], FTZ: ct.Constant[bool],
+                   WHOLE: ct.Constant[bool]):
     """dG (b, nchunks, g·SPLIT, chunk, chunk) fp32, tiles (row tile i, source tile j ≤ i) of BT × BT; dC in C's dtype
     (SPLIT 1), its fp32 partials (b, seqlen, g·SPLIT, dstate), or one fp32 buffer added into (ATOMIC)."""
     k = Hints(TMA, LAT, EXP2, TF32, FTZ)
@@ -48,8 +49,12 @@ def bwd_dcb_kernel(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_g
     c, b = (pid // (tiles * ngroups)) % nchunks, pid // (tiles * ngroups * nchunks)
     chunk_len = chunk_length(seqlen, c, CHUNK)
     if i * BT < chunk_len:
-        _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group, b, c, gp, i, chunk_len, CHUNK, BT,
-                  BP, BN, HAS_SEQ, HAS_Z, TRANS, SPLIT, ATOMIC, k)
+        if WHOLE:  # switch bwd_dcb_sources='chunk'
+            _row_block(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group, b, c, gp, i, chunk_len,
+                       CHUNK, BT, BP, BN, HAS_SEQ, HAS_Z, TRANS, SPLIT, ATOMIC, k)
+        else:
+            _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group, b, c, gp, i, chunk_len, CHUNK,
+                      BT, BP, BN, HAS_SEQ, HAS_Z, TRANS, SPLIT, ATOMIC, k)
 
 
 def _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group, b, c, gp, i, chunk_len, CHUNK, BT,
@@ -95,10 +100,55 @@ def _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group,
         dyh_l = gated_dy(dy, z, b, lb, h, 0, BT, BP, HAS_Z, k)
         S = state_tile(states, b, c, h, 0, 0, BP, BN, TRANS, k).astype(x.dtype)
         acc = k.mma((dyh_l * scale).astype(x.dtype), S, acc)
+    _store_dc(dC, acc, b, lb, c * CHUNK + offs_l, g, gp, BT, BN, ATOMIC, k)
+
+
+def _store_dc(dC, acc, b, lb, positions, g, gp, BT, BN, ATOMIC, k):
     if ATOMIC:  # switch bwd_atomics: the group's one fp32 buffer
-        add_rows(dC, b, c * CHUNK + offs_l, g, acc, BT, BN)
+        add_rows(dC, b, positions, g, acc, BT, BN)
     else:  # dC (SPLIT 1), or this program's fp32 partial
         ct.store(dC, (b, lb, gp, 0), acc.astype(dC.dtype).reshape((1, BT, 1, BN)), allow_tma=k.tma())
+
+
+def _row_block(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group, b, c, gp, i, chunk_len, CHUNK, BT,
+               BP, BN, HAS_SEQ, HAS_Z, TRANS, SPLIT, ATOMIC, k):
+    """Switch bwd_dcb_sources='chunk': the row tile against the whole chunk of sources, one (BT × chunk) product per
+    head (dŷ_l · x_cᵀ) and, in the same head loop, the entering states' term; then dG's row block stored whole (zero
+    above the diagonal) and dC's sources' term as one MMA with the chunk's B."""
+    lb = c * (CHUNK // BT) + i
+    offs_l = i * BT + ct.arange(BT, dtype=ct.int32)
+    offs_c = ct.arange(CHUNK, dtype=ct.int32)
+    mask_l = offs_l < chunk_len
+    mask_c = offs_c < chunk_len
+    keep = ((offs_l.reshape((BT, 1)) >= offs_c.reshape((1, CHUNK))) & mask_l.reshape((BT, 1))
+            & mask_c.reshape((1, CHUNK)))
+    enter = mask_l
+    if HAS_SEQ:
+        seq_l = ct.load(seq, (b, lb), (1, BT), padding_mode=ZERO, allow_tma=k.tma()).reshape((BT,))
+        seq_c = ct.load(seq, (b, c), (1, CHUNK), padding_mode=ZERO, allow_tma=k.tma()).reshape((1, CHUNK))
+        keep = keep & (seq_l.reshape((BT, 1)) == seq_c)
+        s_prev = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
+        enter = enter & (seq_l == s_prev)
+    g, lo, hi = head_share(gp, heads_per_group, SPLIT)
+    h0 = g * heads_per_group
+    dGt = ct.zeros((BT, CHUNK), ct.float32)
+    acc = ct.zeros((BT, BN), ct.float32)
+    for hh in range(lo, hi):
+        h = h0 + hh
+        dyh_l = gated_dy(dy, z, b, lb, h, 0, BT, BP, HAS_Z, k)
+        x_c = rows(x, b, c, h, 0, CHUNK, BP, k)
+        dA_l = per_position(dA, b, h, c, i, BT, k) * k.base()
+        dA_c = per_position(dA, b, h, c, 0, CHUNK, k) * k.base()
+        dt_c = ct.where(mask_c, per_position(dt, b, h, c, 0, CHUNK, k), 0.0)
+        L = k.exp(ct.where(keep, dA_l.reshape((BT, 1)) - dA_c.reshape((1, CHUNK)), -math.inf))
+        dM = k.mma(dyh_l.astype(x.dtype), ct.transpose(x_c), ct.zeros((BT, CHUNK), ct.float32))
+        dGt = dGt + dM * L * dt_c.reshape((1, CHUNK))
+        scale = ct.where(enter, k.exp(dA_l), 0.0).reshape((BT, 1))
+        S = state_tile(states, b, c, h, 0, 0, BP, BN, TRANS, k).astype(x.dtype)
+        acc = k.mma((dyh_l * scale).astype(x.dtype), S, acc)
+    ct.store(dG, (b, c, gp, i, 0), dGt.reshape((1, 1, 1, BT, CHUNK)))
+    acc = k.mma(dGt.astype(x.dtype), rows(B, b, c, g, 0, CHUNK, BN, k), acc)
+    _store_dc(dC, acc, b, lb, c * CHUNK + offs_l, g, gp, BT, BN, ATOMIC, k)
 
 
 def blocks(chunk: int, headdim: int, dstate: int, config: dict) -> tuple[int, int, int]:
@@ -113,7 +163,7 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32
     bt, bp, bn = blocks(chunk_size, headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bt, bp, bn, bool(flags["seq"]), bool(flags["z"]),
             bool(transposed), bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.bwd_group_split,
-            sw.bwd_atomics, sw.bwd_exp2_ftz)
+            sw.bwd_atomics, sw.bwd_exp2_ftz, sw.bwd_dcb_sources == "chunk")
     grid = ((chunk_size // bt) * ngroups * sw.bwd_group_split * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_dcb_kernel, grid, args, config, sw.opt_level)
 

@@ -49,7 +49,7 @@ CODE_SWITCHES = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")  #
 # found without them keep their keys, and the other kernels keep their records)
 GROUP_SWITCHES = ("bwd_group_split", "bwd_atomics")  # the per-group kernels' programs and stores
 KERNEL_SWITCHES = {STATE_PASS: ("bwd_state_split", "bwd_exp2_ftz"), CHUNK: ("bwd_cb", "bwd_exp2_ftz"),
-                   DCB: (*GROUP_SWITCHES, "bwd_exp2_ftz"), DB: (*GROUP_SWITCHES, "bwd_exp2_ftz"),
+                   DCB: (*GROUP_SWITCHES, "bwd_dcb_sources", "bwd_exp2_ftz"), DB: (*GROUP_SWITCHES, "bwd_exp2_ftz"),
                    CUMSUM: ("bwd_exp2_ftz",)}
 STACK = ("cuda-tile", "tileiras", "driver")  # what a cuTile record is bound to
 

@@ -34,6 +34,7 @@ def bwd_dcb_kernel(
     CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, EXP2: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr, LOOP_STAGES: tl.constexpr,
+    WHOLE: tl.constexpr,
 ):
     # flat grid: row tile fastest, then the group's share of heads (SPLIT of them), group, chunk, batch
     TILES: tl.constexpr = CHUNK // BLOCK_L
@@ -60,44 +61,77 @@ def bwd_dcb_kernel(
     h0 = g * heads_per_group
     acc = tl.zeros((BLOCK_L, BLOCK_N), dtype=tl.float32)
     G_c = dG_ptr + b * s_G_b + c64 * s_G_c + gp * s_G_g
-    for s0 in range(0, tl.minimum(l0 + BLOCK_L, chunk_len), BLOCK_S):
-        offs_s = s0 + tl.arange(0, BLOCK_S)
-        mask_s = offs_s < chunk_len
-        keep = (offs_l[:, None] >= offs_s[None, :]) & mask_l[:, None] & mask_s[None, :]
+    if WHOLE:  # switch bwd_dcb_sources='chunk': the row tile against the whole chunk of sources, one product a head
+        offs_c = tl.arange(0, CHUNK)
+        mask_c = offs_c < chunk_len
+        keep = (offs_l[:, None] >= offs_c[None, :]) & mask_l[:, None] & mask_c[None, :]
         if HAS_SEQ:
-            seq_s = tl.load(seq_b + (start64 + offs_s) * s_seq_l, mask=mask_s, other=0)
-            keep = keep & (seq_l[:, None] == seq_s[None, :])
-        dG = tl.zeros((BLOCK_L, BLOCK_S), dtype=tl.float32)
-        # the head loop is nested: Triton's pipeliner stages its loads only when the loop asks (num_stages here)
+            seq_c = tl.load(seq_b + (start64 + offs_c) * s_seq_l, mask=mask_c, other=0)
+            keep = keep & (seq_l[:, None] == seq_c[None, :])
+        dG = tl.zeros((BLOCK_L, CHUNK), dtype=tl.float32)
         for hh in tl.range(lo, hi, num_stages=LOOP_STAGES):
             h = h0 + hh
             dA_c = dA_ptr + b * s_dA_b + h * s_dA_h + c64 * s_dA_c
             dyh_l = gated_dy(dy_ptr + b * s_dy_b + start64 * s_dy_l + h * s_dy_h,
                              z_ptr + b * s_z_b + start64 * s_z_l + h * s_z_h, offs_l, offs_p, mask_l, mask_p, s_dy_l,
-                             s_dy_p, s_z_l, s_z_p, HAS_Z).to(dtype)
-            x_s = rows(x_ptr + b * s_x_b + start64 * s_x_l + h * s_x_h, offs_s, offs_p, mask_s, mask_p, s_x_l,
+                             s_dy_p, s_z_l, s_z_p, HAS_Z)
+            x_c = rows(x_ptr + b * s_x_b + start64 * s_x_l + h * s_x_h, offs_c, offs_p, mask_c, mask_p, s_x_l,
                        s_x_p).to(dtype)
             dA_l = log_decay(dA_c + offs_l * s_dA_l, mask_l, EXP2)
-            dA_s = log_decay(dA_c + offs_s * s_dA_l, mask_s, EXP2)
-            dt_s = tl.load(dt_ptr + b * s_dt_b + h * s_dt_h + c64 * s_dt_c + offs_s * s_dt_l, mask=mask_s,
+            dA_s = log_decay(dA_c + offs_c * s_dA_l, mask_c, EXP2)
+            dt_c = tl.load(dt_ptr + b * s_dt_b + h * s_dt_h + c64 * s_dt_c + offs_c * s_dt_l, mask=mask_c,
                            other=0.0).to(tl.float32)
             L = decay(tl.where(keep, dA_l[:, None] - dA_s[None, :], float("-inf")), EXP2)
-            dM = tl.dot(dyh_l, tl.trans(x_s), input_precision=DOT_PRECISION)  # (l, s)
-            dG += dM * L * dt_s[None, :]
-        # whole tiles (every tile lies inside the chunk): the dB kernel reads the causal part of what is here
-        tl.store(G_c + offs_l[:, None] * s_G_l + offs_s[None, :] * s_G_s, dG)
-        B_s = rows(B_c, offs_s, offs_n, mask_s, mask_n, s_B_l, s_B_n).to(dtype)
-        acc = tl.dot(dG.to(dtype), B_s, acc, input_precision=DOT_PRECISION)
-    for hh in range(lo, hi):
-        h = h0 + hh
-        dA_l = log_decay(dA_ptr + b * s_dA_b + h * s_dA_h + c64 * s_dA_c + offs_l * s_dA_l, mask_l, EXP2)
-        scale = tl.where(enter, decay(dA_l, EXP2), 0.0)
-        dyh_l = gated_dy(dy_ptr + b * s_dy_b + start64 * s_dy_l + h * s_dy_h,
-                         z_ptr + b * s_z_b + start64 * s_z_l + h * s_z_h, offs_l, offs_p, mask_l, mask_p, s_dy_l,
-                         s_dy_p, s_z_l, s_z_p, HAS_Z)
-        S = tl.load(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h + offs_p[:, None] * s_st_p
-                    + offs_n[None, :] * s_st_n, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)
-        acc = tl.dot((dyh_l * scale[:, None]).to(dtype), S, acc, input_precision=DOT_PRECISION)
+            dM = tl.dot(dyh_l.to(dtype), tl.trans(x_c), input_precision=DOT_PRECISION)  # (l, sources of the chunk)
+            dG += dM * L * dt_c[None, :]
+            # the entering states' term in the same walk
+            scale = tl.where(enter, decay(dA_l, EXP2), 0.0)
+            S = tl.load(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h + offs_p[:, None] * s_st_p
+                        + offs_n[None, :] * s_st_n, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)
+            acc = tl.dot((dyh_l * scale[:, None]).to(dtype), S, acc, input_precision=DOT_PRECISION)
+        # the row block whole (zeros above the diagonal): the dB kernel reads the causal part of what is here
+        tl.store(G_c + offs_l[:, None] * s_G_l + offs_c[None, :] * s_G_s, dG)
+        B_all = rows(B_c, offs_c, offs_n, mask_c, mask_n, s_B_l, s_B_n).to(dtype)
+        acc = tl.dot(dG.to(dtype), B_all, acc, input_precision=DOT_PRECISION)
+    else:
+        for s0 in range(0, tl.minimum(l0 + BLOCK_L, chunk_len), BLOCK_S):
+            offs_s = s0 + tl.arange(0, BLOCK_S)
+            mask_s = offs_s < chunk_len
+            keep = (offs_l[:, None] >= offs_s[None, :]) & mask_l[:, None] & mask_s[None, :]
+            if HAS_SEQ:
+                seq_s = tl.load(seq_b + (start64 + offs_s) * s_seq_l, mask=mask_s, other=0)
+                keep = keep & (seq_l[:, None] == seq_s[None, :])
+            dG = tl.zeros((BLOCK_L, BLOCK_S), dtype=tl.float32)
+            # the head loop is nested: Triton's pipeliner stages its loads only when the loop asks (num_stages here)
+            for hh in tl.range(lo, hi, num_stages=LOOP_STAGES):
+                h = h0 + hh
+                dA_c = dA_ptr + b * s_dA_b + h * s_dA_h + c64 * s_dA_c
+                dyh_l = gated_dy(dy_ptr + b * s_dy_b + start64 * s_dy_l + h * s_dy_h,
+                                 z_ptr + b * s_z_b + start64 * s_z_l + h * s_z_h, offs_l, offs_p, mask_l, mask_p,
+                                 s_dy_l, s_dy_p, s_z_l, s_z_p, HAS_Z).to(dtype)
+                x_s = rows(x_ptr + b * s_x_b + start64 * s_x_l + h * s_x_h, offs_s, offs_p, mask_s, mask_p, s_x_l,
+                           s_x_p).to(dtype)
+                dA_l = log_decay(dA_c + offs_l * s_dA_l, mask_l, EXP2)
+                dA_s = log_decay(dA_c + offs_s * s_dA_l, mask_s, EXP2)
+                dt_s = tl.load(dt_ptr + b * s_dt_b + h * s_dt_h + c64 * s_dt_c + offs_s * s_dt_l, mask=mask_s,
+                               other=0.0).to(tl.float32)
+                L = decay(tl.where(keep, dA_l[:, None] - dA_s[None, :], float("-inf")), EXP2)
+                dM = tl.dot(dyh_l, tl.trans(x_s), input_precision=DOT_PRECISION)  # (l, s)
+                dG += dM * L * dt_s[None, :]
+            # whole tiles (every tile lies inside the chunk): the dB kernel reads the causal part of what is here
+            tl.store(G_c + offs_l[:, None] * s_G_l + offs_s[None, :] * s_G_s, dG)
+            B_s = rows(B_c, offs_s, offs_n, mask_s, mask_n, s_B_l, s_B_n).to(dtype)
+            acc = tl.dot(dG.to(dtype), B_s, acc, input_precision=DOT_PRECISION)
+        for hh in range(lo, hi):
+            h = h0 + hh
+            dA_l = log_decay(dA_ptr + b * s_dA_b + h * s_dA_h + c64 * s_dA_c + offs_l * s_dA_l, mask_l, EXP2)
+            scale = tl.where(enter, decay(dA_l, EXP2), 0.0)
+            dyh_l = gated_dy(dy_ptr + b * s_dy_b + start64 * s_dy_l + h * s_dy_h,
+                             z_ptr + b * s_z_b + start64 * s_z_l + h * s_z_h, offs_l, offs_p, mask_l, mask_p, s_dy_l,
+                             s_dy_p, s_z_l, s_z_p, HAS_Z)
+            S = tl.load(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h + offs_p[:, None] * s_st_p
+                        + offs_n[None, :] * s_st_n, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)
+            acc = tl.dot((dyh_l * scale[:, None]).to(dtype), S, acc, input_precision=DOT_PRECISION)
     if ATOMIC:  # switch bwd_atomics: the group's one fp32 buffer
         tl.atomic_add(dC_ptr + b * s_dC_b + (start64 + offs_l[:, None]) * s_dC_l + g * s_dC_g
                       + offs_n[None, :] * s_dC_n, acc, mask=mask_l[:, None] & mask_n[None, :], sem="relaxed")
@@ -127,6 +161,7 @@ def dcb_grads(x, B, C, dt, dA_cumsum, seq_idx, states, dy, z, *, config, switche
         CHUNK=chunk, BLOCK_L=block_l, BLOCK_S=config["block_sources"], BLOCK_P=pow2_at_least_16(headdim),
         BLOCK_N=pow2_at_least_16(dstate), HAS_SEQ=seq_idx is not None, HAS_Z=z is not None, EXP2=switches.exp2,
         DOT_PRECISION=dot_precision, SPLIT=split, ATOMIC=switches.bwd_atomics, LOOP_STAGES=config["num_stages"],
+        WHOLE=switches.bwd_dcb_sources == "chunk",
         num_warps=config["num_warps"], num_stages=config["num_stages"], path=switches.launch_path,
     )
     return sum_partials(dC, ngroups, None, C.dtype), dG
