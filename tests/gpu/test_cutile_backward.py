@@ -61,6 +61,13 @@ def test_bwd_exp2_ftz_passes_the_gate(problem):
     assert_every_gradient_passes(get_backend("cutile", bwd_exp2_ftz=True), problem, "cutile bwd_exp2_ftz")
 
 
+@pytest.mark.parametrize("problem", CASES[:2])
+def test_bwd_dcb_sources_chunk_passes_the_gate(problem):
+    """Switch bwd_dcb_sources='chunk': the dcb kernel's row tile against the whole chunk of sources per head."""
+    assert_every_gradient_passes(get_backend("cutile", bwd_dcb_sources="chunk"), problem,
+                                 "cutile bwd_dcb_sources=chunk")
+
+
 def test_bwd_cb_shared_two_backward_calls_give_the_same_bits():
     first, again = _gradients("cutile", MEDIUM, 4, bwd_cb="shared"), _gradients("cutile", MEDIUM, 4, bwd_cb="shared")
     for name, grad in first.items():
