@@ -40,7 +40,7 @@ SPACE: dict[str, dict[str, list]] = {
     STATE_PASS: {"block_headdim": [64, 32], "block_dstate": [64, 32, 128], "occupancy": [0, 2],
                  "worker_warps": [0, 8]},
     CHUNK: {"block_sources": [64, 32], "block_rows": [64, 32], "occupancy": [0, 2], "worker_warps": [8, 0]},
-    DCB: {"block": [32, 64], "occupancy": [0, 2], "worker_warps": [8, 0]},
+    DCB: {"block": [32, 64, 16], "occupancy": [0, 2], "worker_warps": [8, 0]},
     DB: {"block": [64, 32], "occupancy": [0, 2], "worker_warps": [0, 8]},
     CUMSUM: {"block_heads": [8, 4, 16], "occupancy": [0, 4]},
 }

@@ -28,7 +28,7 @@ SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
     STATE_PASS: {"block_headdim": (64, 32), "block_dstate": (32, 64), "block_positions": (64, 32),
                  "num_warps": (8, 4), "num_stages": (2, 3)},
     CHUNK: {"block_sources": (64, 32), "block_rows": (32, 64), "num_warps": (8, 4), "num_stages": (1, 2)},
-    DCB: {"block_rows": (64, 32), "block_sources": (64, 32), "num_warps": (8, 4), "num_stages": (1, 2, 3)},
+    DCB: {"block_rows": (64, 32, 16), "block_sources": (64, 32), "num_warps": (8, 4), "num_stages": (1, 2, 3)},
     DB: {"block_sources": (64, 32), "block_rows": (64, 32), "num_warps": (8, 4), "num_stages": (1, 2)},
     CUMSUM: {"block_heads": (8, 4, 16), "num_warps": (4, 2)},
 }
