@@ -18,6 +18,24 @@ from impls.triton.clamp import pow2_at_least_16
 
 
 @triton.jit
+def _head_scores(x_c, dy_c, z_c, dA_c, dt_c, h, offs_l, offs_s, offs_p, mask_l, mask_s, mask_p, keep,
+                 s_x_h, s_x_l, s_x_p, s_dy_h, s_dy_l, s_dy_p, s_z_h, s_z_l, s_z_p, s_dA_h, s_dA_l, s_dt_h, s_dt_l,
+                 HAS_Z: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, dtype: tl.constexpr):
+    """Head h's part of dG on rows offs_l and sources offs_s, dM ∘ L ∘ dt_s (fp32), with its dŷ_l (fp32) and its
+    rows' Λ (the exponential's base); `*_c` point at the chunk (x, dy, z: its first row; dA, dt: head 0's)."""
+    x_h, dy_h, z_h = x_c + h * s_x_h, dy_c + h * s_dy_h, z_c + h * s_z_h
+    dA_h, dt_h = dA_c + h * s_dA_h, dt_c + h * s_dt_h
+    dyh_l = gated_dy(dy_h, z_h, offs_l, offs_p, mask_l, mask_p, s_dy_l, s_dy_p, s_z_l, s_z_p, HAS_Z)
+    x_s = rows(x_h, offs_s, offs_p, mask_s, mask_p, s_x_l, s_x_p).to(dtype)
+    dA_l = log_decay(dA_h + offs_l * s_dA_l, mask_l, EXP2)
+    dA_s = log_decay(dA_h + offs_s * s_dA_l, mask_s, EXP2)
+    dt_s = tl.load(dt_h + offs_s * s_dt_l, mask=mask_s, other=0.0).to(tl.float32)
+    L = decay(tl.where(keep, dA_l[:, None] - dA_s[None, :], float("-inf")), EXP2)
+    dM = tl.dot(dyh_l.to(dtype), tl.trans(x_s), input_precision=DOT_PRECISION)  # (l, s)
+    return dM * L * dt_s[None, :], dyh_l, dA_l
+
+
+@triton.jit
 def bwd_dcb_kernel(
     x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, st_ptr, dy_ptr, z_ptr, dG_ptr, dC_ptr,
     seqlen, ngroups, nchunks, headdim, dstate, heads_per_group,
@@ -61,6 +79,10 @@ def bwd_dcb_kernel(
     h0 = g * heads_per_group
     acc = tl.zeros((BLOCK_L, BLOCK_N), dtype=tl.float32)
     G_c = dG_ptr + b * s_G_b + c64 * s_G_c + gp * s_G_g
+    # the chunk's first row of x, dy, z and head 0's dA_cumsum and dt in it
+    x_c, dy_c = x_ptr + b * s_x_b + start64 * s_x_l, dy_ptr + b * s_dy_b + start64 * s_dy_l
+    z_c = z_ptr + b * s_z_b + start64 * s_z_l
+    dA_b, dt_b = dA_ptr + b * s_dA_b + c64 * s_dA_c, dt_ptr + b * s_dt_b + c64 * s_dt_c
     if WHOLE:  # switch bwd_dcb_sources='chunk': the row tile against the whole chunk of sources, one product a head
         offs_c = tl.arange(0, CHUNK)
         mask_c = offs_c < chunk_len
@@ -70,21 +92,13 @@ def bwd_dcb_kernel(
             keep = keep & (seq_l[:, None] == seq_c[None, :])
         dG = tl.zeros((BLOCK_L, CHUNK), dtype=tl.float32)
         for hh in tl.range(lo, hi, num_stages=LOOP_STAGES):
-            h = h0 + hh
-            dA_c = dA_ptr + b * s_dA_b + h * s_dA_h + c64 * s_dA_c
-            dyh_l = gated_dy(dy_ptr + b * s_dy_b + start64 * s_dy_l + h * s_dy_h,
-                             z_ptr + b * s_z_b + start64 * s_z_l + h * s_z_h, offs_l, offs_p, mask_l, mask_p, s_dy_l,
-                             s_dy_p, s_z_l, s_z_p, HAS_Z)
-            x_c = rows(x_ptr + b * s_x_b + start64 * s_x_l + h * s_x_h, offs_c, offs_p, mask_c, mask_p, s_x_l,
-                       s_x_p).to(dtype)
-            dA_l = log_decay(dA_c + offs_l * s_dA_l, mask_l, EXP2)
-            dA_s = log_decay(dA_c + offs_c * s_dA_l, mask_c, EXP2)
-            dt_c = tl.load(dt_ptr + b * s_dt_b + h * s_dt_h + c64 * s_dt_c + offs_c * s_dt_l, mask=mask_c,
-                           other=0.0).to(tl.float32)
-            L = decay(tl.where(keep, dA_l[:, None] - dA_s[None, :], float("-inf")), EXP2)
-            dM = tl.dot(dyh_l.to(dtype), tl.trans(x_c), input_precision=DOT_PRECISION)  # (l, sources of the chunk)
-            dG += dM * L * dt_c[None, :]
+            part, dyh_l, dA_l = _head_scores(
+                x_c, dy_c, z_c, dA_b, dt_b, h0 + hh, offs_l, offs_c, offs_p, mask_l, mask_c, mask_p, keep, s_x_h, s_x_l,
+                s_x_p, s_dy_h, s_dy_l, s_dy_p, s_z_h, s_z_l, s_z_p, s_dA_h, s_dA_l, s_dt_h, s_dt_l, HAS_Z, EXP2,
+                DOT_PRECISION, dtype)
+            dG += part
             # the entering states' term in the same walk
+            h = h0 + hh
             scale = tl.where(enter, decay(dA_l, EXP2), 0.0)
             S = tl.load(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h + offs_p[:, None] * s_st_p
                         + offs_n[None, :] * s_st_n, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)
@@ -104,20 +118,11 @@ def bwd_dcb_kernel(
             dG = tl.zeros((BLOCK_L, BLOCK_S), dtype=tl.float32)
             # the head loop is nested: Triton's pipeliner stages its loads only when the loop asks (num_stages here)
             for hh in tl.range(lo, hi, num_stages=LOOP_STAGES):
-                h = h0 + hh
-                dA_c = dA_ptr + b * s_dA_b + h * s_dA_h + c64 * s_dA_c
-                dyh_l = gated_dy(dy_ptr + b * s_dy_b + start64 * s_dy_l + h * s_dy_h,
-                                 z_ptr + b * s_z_b + start64 * s_z_l + h * s_z_h, offs_l, offs_p, mask_l, mask_p,
-                                 s_dy_l, s_dy_p, s_z_l, s_z_p, HAS_Z).to(dtype)
-                x_s = rows(x_ptr + b * s_x_b + start64 * s_x_l + h * s_x_h, offs_s, offs_p, mask_s, mask_p, s_x_l,
-                           s_x_p).to(dtype)
-                dA_l = log_decay(dA_c + offs_l * s_dA_l, mask_l, EXP2)
-                dA_s = log_decay(dA_c + offs_s * s_dA_l, mask_s, EXP2)
-                dt_s = tl.load(dt_ptr + b * s_dt_b + h * s_dt_h + c64 * s_dt_c + offs_s * s_dt_l, mask=mask_s,
-                               other=0.0).to(tl.float32)
-                L = decay(tl.where(keep, dA_l[:, None] - dA_s[None, :], float("-inf")), EXP2)
-                dM = tl.dot(dyh_l, tl.trans(x_s), input_precision=DOT_PRECISION)  # (l, s)
-                dG += dM * L * dt_s[None, :]
+                part, dyh_l, dA_l = _head_scores(
+                    x_c, dy_c, z_c, dA_b, dt_b, h0 + hh, offs_l, offs_s, offs_p, mask_l, mask_s, mask_p, keep, s_x_h,
+                    s_x_l, s_x_p, s_dy_h, s_dy_l, s_dy_p, s_z_h, s_z_l, s_z_p, s_dA_h, s_dA_l, s_dt_h, s_dt_l, HAS_Z,
+                    EXP2, DOT_PRECISION, dtype)
+                dG += part
             # whole tiles (every tile lies inside the chunk): the dB kernel reads the causal part of what is here
             tl.store(G_c + offs_l[:, None] * s_G_l + offs_s[None, :] * s_G_s, dG)
             B_s = rows(B_c, offs_s, offs_n, mask_s, mask_n, s_B_l, s_B_n).to(dtype)
