@@ -292,8 +292,8 @@ class CutileSwitches:
                  "heads, each forming the row tile against the whole chunk of sources in one (rows × chunk) MMA, the "
                  "entering states' term in the same walk, dG's row block stored whole (zeros above the diagonal) "
                  "and dC's sources' term as one MMA with the chunk's B: a tenth of the loop's steps at S1, the tile "
-                 "products above the diagonal formed and masked (1.6-1.8× the MMA flops), the chunk's x read once per "
-                 "row tile and head",
+                 "products above the diagonal formed and masked (up to twice the triangle's MMA flops), the chunk's x "
+                 "read once per row tile and head",
         choices=("tiles", "chunk"),
         sm90="'chunk': per head one (rows × chunk × headdim) MMA where 'tiles' issued one (rows × rows × headdim) MMA "
              "per source tile, and a (rows × chunk) fp32 accumulator held across the walk",

@@ -128,4 +128,5 @@ KEY_ROLES = {
     # bwd_dcb's and bwd_db's programs and stores: in their record keys (impls/triton/backward/tune.py), when away
     "bwd_group_split": tuning.KEY,
     "bwd_atomics": tuning.KEY,
+    "bwd_dcb_sources": tuning.KEY,  # bwd_dcb's code: in its record key (impls/triton/backward/tune.py), when 'chunk'
 }
