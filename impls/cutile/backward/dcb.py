@@ -82,25 +82,37 @@ def _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group,
         dGt = ct.zeros((BT, BT), ct.float32)
         for hh in range(lo, hi):
             h = h0 + hh
-            dyh_l = gated_dy(dy, z, b, lb, h, 0, BT, BP, HAS_Z, k).astype(x.dtype)
-            x_s = rows(x, b, sb, h, 0, BT, BP, k)
-            dA_l = per_position(dA, b, h, c, i, BT, k) * k.base()
-            dA_s = per_position(dA, b, h, c, j, BT, k) * k.base()
-            dt_s = per_position(dt, b, h, c, j, BT, k)
-            L = k.exp(ct.where(keep, dA_l.reshape((BT, 1)) - dA_s.reshape((1, BT)), -math.inf))
-            dM = k.mma(dyh_l, ct.transpose(x_s), ct.zeros((BT, BT), ct.float32))
-            dGt = dGt + dM * L * dt_s.reshape((1, BT))
+            part, _, _ = _head_part(x, dy, z, dA, b, c, h, lb, i, sb, j, per_position(dt, b, h, c, j, BT, k), keep, BT,
+                                    BT, BP, HAS_Z, k)
+            dGt = dGt + part
         # whole tiles: the dB kernel reads the causal part of what is here
         ct.store(dG, (b, c, gp, i, j), dGt.reshape((1, 1, 1, BT, BT)))
         acc = k.mma(dGt.astype(x.dtype), rows(B, b, sb, g, 0, BT, BN, k), acc)
     for hh in range(lo, hi):
         h = h0 + hh
         dA_l = per_position(dA, b, h, c, i, BT, k) * k.base()
-        scale = ct.where(enter, k.exp(dA_l), 0.0).reshape((BT, 1))
         dyh_l = gated_dy(dy, z, b, lb, h, 0, BT, BP, HAS_Z, k)
-        S = state_tile(states, b, c, h, 0, 0, BP, BN, TRANS, k).astype(x.dtype)
-        acc = k.mma((dyh_l * scale).astype(x.dtype), S, acc)
+        acc = _states_term(states, acc, dyh_l, dA_l, enter, b, c, h, BT, BP, BN, TRANS, x.dtype, k)
     _store_dc(dC, acc, b, lb, c * CHUNK + offs_l, g, gp, BT, BN, ATOMIC, k)
+
+
+def _head_part(x, dy, z, dA, b, c, h, lb, i, sb, j, dt_s, keep, BT, BS, BP, HAS_Z, k):
+    """Head h's part of dG on row tile i (row block lb of BT) and source block j (row block sb of BS), dM ∘ L ∘ dt_s
+    (fp32), with its dŷ_l (fp32) and its rows' Λ in the exponential's base."""
+    dyh_l = gated_dy(dy, z, b, lb, h, 0, BT, BP, HAS_Z, k)
+    x_s = rows(x, b, sb, h, 0, BS, BP, k)
+    dA_l = per_position(dA, b, h, c, i, BT, k) * k.base()
+    dA_s = per_position(dA, b, h, c, j, BS, k) * k.base()
+    L = k.exp(ct.where(keep, dA_l.reshape((BT, 1)) - dA_s.reshape((1, BS)), -math.inf))
+    dM = k.mma(dyh_l.astype(x.dtype), ct.transpose(x_s), ct.zeros((BT, BS), ct.float32))
+    return dM * L * dt_s.reshape((1, BS)), dyh_l, dA_l
+
+
+def _states_term(states, acc, dyh_l, dA_l, enter, b, c, h, BT, BP, BN, TRANS, dtype, k):
+    """acc + head h's entering-state term of dC on the row tile, e^{Λ_l} dŷ_l S_c (rows of the sequence before)."""
+    scale = ct.where(enter, k.exp(dA_l), 0.0).reshape((BT, 1))
+    S = state_tile(states, b, c, h, 0, 0, BP, BN, TRANS, k).astype(dtype)
+    return k.mma((dyh_l * scale).astype(dtype), S, acc)
 
 
 def _store_dc(dC, acc, b, lb, positions, g, gp, BT, BN, ATOMIC, k):
@@ -135,17 +147,10 @@ def _row_block(x, B, dt, dA, seq, states, dy, z, dG, dC, seqlen, heads_per_group
     acc = ct.zeros((BT, BN), ct.float32)
     for hh in range(lo, hi):
         h = h0 + hh
-        dyh_l = gated_dy(dy, z, b, lb, h, 0, BT, BP, HAS_Z, k)
-        x_c = rows(x, b, c, h, 0, CHUNK, BP, k)
-        dA_l = per_position(dA, b, h, c, i, BT, k) * k.base()
-        dA_c = per_position(dA, b, h, c, 0, CHUNK, k) * k.base()
         dt_c = ct.where(mask_c, per_position(dt, b, h, c, 0, CHUNK, k), 0.0)
-        L = k.exp(ct.where(keep, dA_l.reshape((BT, 1)) - dA_c.reshape((1, CHUNK)), -math.inf))
-        dM = k.mma(dyh_l.astype(x.dtype), ct.transpose(x_c), ct.zeros((BT, CHUNK), ct.float32))
-        dGt = dGt + dM * L * dt_c.reshape((1, CHUNK))
-        scale = ct.where(enter, k.exp(dA_l), 0.0).reshape((BT, 1))
-        S = state_tile(states, b, c, h, 0, 0, BP, BN, TRANS, k).astype(x.dtype)
-        acc = k.mma((dyh_l * scale).astype(x.dtype), S, acc)
+        part, dyh_l, dA_l = _head_part(x, dy, z, dA, b, c, h, lb, i, c, 0, dt_c, keep, BT, CHUNK, BP, HAS_Z, k)
+        dGt = dGt + part
+        acc = _states_term(states, acc, dyh_l, dA_l, enter, b, c, h, BT, BP, BN, TRANS, x.dtype, k)
     ct.store(dG, (b, c, gp, i, 0), dGt.reshape((1, 1, 1, BT, CHUNK)))
     acc = k.mma(dGt.astype(x.dtype), rows(B, b, c, g, 0, CHUNK, BN, k), acc)
     _store_dc(dC, acc, b, lb, c * CHUNK + offs_l, g, gp, BT, BN, ATOMIC, k)
