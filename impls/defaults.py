@@ -32,19 +32,30 @@ DECLARED = "declared"  # the preset of no values: the Switches dataclass as decl
 @dataclass(frozen=True)
 class Chosen:
     """Committed rows that measured a preset on one card: the card (gpu_name, as the rows record it), the rows file
-    (results/<folder>/<file>) and how many sets of the backend's switches those rows ran at S1–S4 (forward). With
-    several, the preset is the set of the fastest forward geomean over S1–S4 among them; with one, the rows show the
-    preset's times but chose it against no other set. tests/analysis/test_switch_defaults.py checks both against the
-    rows."""
+    (results/<folder>/<file>), how many sets of the backend's switches those rows ran at `shapes` in `direction`, and
+    that direction and those shapes (the forward at S1–S4 unless named). With several sets, the preset is the set of
+    the fastest geomean over the shapes among them; with one, the rows show the preset's times but chose it against
+    no other set. A forward choice speaks for the switches the forward reads: the backward's own switches (`bwd_*`)
+    are chosen by rows of the backward. tests/analysis/test_switch_defaults.py checks both against the rows."""
 
     card: str
     rows: str
     sets: int
     note: str = ""  # what a reader should know of the comparison (tiles that differ, rounds)
+    direction: str = "forward"  # or "backward": the rows' stage compared
+    shapes: tuple[str, ...] = ("S1", "S2", "S3", "S4")
+
+    def __post_init__(self):
+        if self.direction not in ("forward", "backward"):
+            raise ValueError(f"direction: expected 'forward' or 'backward', got {self.direction!r}")
+        if not self.shapes:
+            raise ValueError("shapes: name at least one shape")
 
     def describe(self) -> str:
-        how = (f"the fastest forward geomean at S1–S4 of the {self.sets} sets of its switches these rows ran"
-               if self.sets > 1 else "the only set of its switches these rows ran at S1–S4 (its times; chosen "
+        shapes = "S1–S4" if self.shapes == ("S1", "S2", "S3", "S4") else ", ".join(self.shapes)
+        where = f"{self.direction} at {shapes}"
+        how = (f"the fastest {where} (geomean) of the {self.sets} sets of its switches these rows ran"
+               if self.sets > 1 else f"the only set of its switches these rows ran ({where}: its times; chosen "
                                      "there against no other set)")
         return f"on {self.card}: {self.rows}: {how}" + (f"; {self.note}" if self.note else "")
 

@@ -15,6 +15,9 @@
   a call whose dt may be negative (`FOLD_REFUSAL`: dt_softplus off and no dt_limit clamping at or above zero) runs
   "best_sm90_no_fold", the same set without exp_fold (not measured as a whole: exp2_ftz alone −3.6 %, the C·Bᵀ
   switches alone −2.4 % at S1, results/2026-12-07-h100-switches-backward-first/switches_s1_s3.parquet).
+  The backward's own switch in the set, bwd_dcb_sources='chunk' (the dcb kernel walks the group's heads once against
+  the whole chunk of sources), was chosen by backward rows: each arrangement on its own searched records at S1, one
+  run on an H100 (results/2026-12-07-h100-backward-arms-s1/dcb_sources_s1.parquet).
 - sm_100 (Blackwell): "published", until measured there.
 - the CPU and other GPUs: the declared values (cuTile runs on CUDA devices only; the ahead-of-time tools compile
   the declared values unless told otherwise).
@@ -35,11 +38,15 @@ CHOSEN_SM90 = (
     Chosen(H100, "results/2026-12-07-h100-switches-backward-first/cutile_best_rounds.parquet", 4,
            "round 1 of four sets, rounds 2 and 3 of two: version 13's switches against them with exp2_ftz, "
            "exp_fold, cb_occupancy 4 and cb_lower_triangle, on version 13's H100 records"),
+    Chosen(H100, "results/2026-12-07-h100-backward-arms-s1/dcb_sources_s1.parquet", 2,
+           "the backward's bwd_dcb_sources, 'tiles' against 'chunk', each on its own searched records, one run "
+           "(3.81 → 3.25 ms)", direction="backward", shapes=("S1",)),
 )
 
-# version 13's switches (heads_first, skip_first, pdl) and issue 51's winners
+# version 13's switches (heads_first, skip_first, pdl), issue 51's winners, and the backward's dcb kernel walking the
+# heads once against the whole chunk of sources (bwd_dcb_sources, backward version 8)
 BEST_SM90 = dict(heads_first=True, skip_first=True, pdl=True, exp2_ftz=True, exp_fold=True, cb_occupancy=4,
-                 cb_lower_triangle=True)
+                 cb_lower_triangle=True, bwd_dcb_sources="chunk")
 
 DEFAULTS = Defaults(
     presets={
@@ -49,7 +56,9 @@ DEFAULTS = Defaults(
             exp2=True),
         "best_sm90": Preset.of(
             "results/2026-12-07-h100-switches-backward-first/cutile_best_rounds.parquet (H100): version 13's "
-            "switches with exp2_ftz, exp_fold and the C·Bᵀ kernel at occupancy 4 on its lower triangle",
+            "switches with exp2_ftz, exp_fold and the C·Bᵀ kernel at occupancy 4 on its lower triangle; "
+            "results/2026-12-07-h100-backward-arms-s1/dcb_sources_s1.parquet (H100): the backward's dcb kernel "
+            "against the whole chunk of sources (bwd_dcb_sources='chunk')",
             chosen_by=CHOSEN_SM90, **BEST_SM90),
         "best_sm90_no_fold": Preset.of(
             "best_sm90 without exp_fold, for calls whose dt may be negative (no softplus, no clamp at zero)",

@@ -5,9 +5,11 @@
   with the descriptors built on the host, stage 2 as one kernel walking the chunks, and the cached launch path
   (results/2026-12-05-h200-rounds-language-vs-trick/headline.parquet, the three interleaved rounds on an H200;
   results/2026-12-05-h100-lvt-v23-rounds/headline.parquet on an H100; results/2026-12-06-h100-rounds-row-pairs and
-  results/2026-12-06-h200-row-pairs measured against it as the baseline). Where TMA refuses a call's inputs (a base
-  pointer or a stride that is not a 16-byte multiple, a last dimension that is not contiguous), the call runs
-  "best_sm90_no_tma": the same with pointer loads. The study run's rows decide the set finally.
+  results/2026-12-06-h200-row-pairs measured against it as the baseline), and the backward's dcb kernel against the
+  whole chunk of sources (bwd_dcb_sources='chunk', chosen by backward rows at S1 on an H100,
+  results/2026-12-07-h100-backward-arms-s1/dcb_sources_s1.parquet; the H200 has not measured it). Where TMA refuses a
+  call's inputs (a base pointer or a stride that is not a 16-byte multiple, a last dimension that is not contiguous),
+  the call runs "best_sm90_no_tma": the same with pointer loads. The study run's rows decide the set finally.
 - interpreter (TRITON_INTERPRET=1): the same two, less what the interpreter cannot run: launch_path='cached'
   launches the kernels Triton compiled, and the interpreter compiles none.
 - sm_100 (Blackwell): "published", the published tricks on (transposed_layout, operand_swap, exp2: the declared
@@ -31,8 +33,14 @@ CHOSEN_SM90 = (
            "three interleaved rounds"),
     Chosen("NVIDIA H100 80GB HBM3", "results/2026-12-06-h100-rounds-row-pairs/headline_fair_fight_one_round.parquet", 1,
            "one round, the H100 front page's rows"),
+    Chosen("NVIDIA H100 80GB HBM3", "results/2026-12-07-h100-backward-arms-s1/dcb_sources_s1.parquet", 2,
+           "the backward's bwd_dcb_sources, 'tiles' against 'chunk', each on its own searched records, one run "
+           "(3.85 → 3.66 ms)", direction="backward", shapes=("S1",)),
 )
-BEST_SM90 = dict(tma=True, tma_descriptors="host", state_pass="serial", launch_path="cached")
+# the forward's set, and the backward's dcb kernel walking the heads once against the whole chunk of sources
+# (bwd_dcb_sources, backward version 8)
+BEST_SM90 = dict(tma=True, tma_descriptors="host", state_pass="serial", launch_path="cached",
+                 bwd_dcb_sources="chunk")
 NO_TMA = dict(tma=False, tma_descriptors="device")
 INTERPRETER_REFUSES = ("launch_path",)  # impls/triton/backend.py: the interpreter compiles no kernel to launch
 

@@ -1,6 +1,8 @@
 """Each backend's default switch set per card (impls/<backend>/defaults.py `Preset.chosen_by`) against the committed
-rows it names: the card, the number of switch sets those rows ran at S1–S4, the preset the fastest forward geomean
-among them; and `python -m impls switches` prints them."""
+rows it names: the card, the number of switch sets those rows ran in the choice's direction at its shapes (the forward
+at S1–S4 unless named), the preset the fastest geomean among them (a forward choice compared on the switches the
+forward reads: the backward's `bwd_*` switches are chosen by backward rows); and `python -m impls switches` prints
+them."""
 
 from __future__ import annotations
 
@@ -15,30 +17,41 @@ from impls import cli
 from impls.registry import backend_class
 
 SHAPES = ("S1", "S2", "S3", "S4")
+BACKWARD_PREFIX = "bwd_"  # the backward's own switches (impls/<backend>/switches.py)
 CHOSEN = [(backend, name, rows) for backend in ("cutile", "triton")
           for name, preset in backend_class(backend).DEFAULTS.presets.items() for rows in preset.chosen_by]
 
 
-def sets_at_s1_s4(path: str, backend: str) -> dict[str, float]:
-    """The backend's switch sets (its explicit switches, as JSON) that ran the forward at every one of S1–S4 in the
-    rows, each with its geomean over S1–S4 of the median of its rounds' medians."""
+def compared(backend: str, values: dict, direction: str) -> str:
+    """A switch set as a choice of `direction` compares it (JSON of its explicit switches): the forward's without the
+    backward's own switches, which its rows did not choose."""
+    explicit = explicit_switches(backend, values)
+    if direction == "forward":
+        explicit = {k: v for k, v in explicit.items() if not k.startswith(BACKWARD_PREFIX)}
+    return json.dumps(explicit, sort_keys=True)
+
+
+def sets_measured(path: str, backend: str, direction: str = "forward", shapes=SHAPES) -> dict[str, float]:
+    """The backend's switch sets (`compared`) that ran `direction` at every one of `shapes` in the rows, each with its
+    geomean over the shapes of the median of its rounds' medians."""
     w = wide(repo_root() / path)
-    f = w[(w["backend"] == backend) & (w["stage"] == "forward") & (w["status"] == "ok") & w["shape_name"].isin(SHAPES)]
-    key = [json.dumps(explicit_switches(backend, d), sort_keys=True) for d in f["switch_dict"]]
+    f = w[(w["backend"] == backend) & (w["stage"] == direction) & (w["status"] == "ok") & w["shape_name"].isin(shapes)]
+    key = [compared(backend, d, direction) for d in f["switch_dict"]]
     medians = f.assign(set=key).groupby(["set", "shape_name"])["median_ms"].median().unstack()
-    medians = medians.reindex(columns=list(SHAPES)).dropna()
+    medians = medians.reindex(columns=list(shapes)).dropna()
     return {s: float(np.exp(np.log(medians.loc[s]).mean())) for s in medians.index}
 
 
 @pytest.mark.parametrize("backend,preset,chosen", CHOSEN,
-                         ids=[f"{b}-{p}-{c.card.split()[1]}-{c.rows.split('/')[1]}" for b, p, c in CHOSEN])
+                         ids=[f"{b}-{p}-{c.card.split()[1]}-{c.rows.split('/')[1]}-{c.direction}"
+                              for b, p, c in CHOSEN])
 def test_chosen_rows_say_what_the_defaults_claim(backend, preset, chosen):
     rows = wide(repo_root() / chosen.rows)
     assert set(rows["gpu_name"].dropna()) == {chosen.card}
-    sets = sets_at_s1_s4(chosen.rows, backend)
+    sets = sets_measured(chosen.rows, backend, chosen.direction, chosen.shapes)
     assert len(sets) == chosen.sets, sets
     values = dict(backend_class(backend).DEFAULTS.preset(preset).values)
-    assert min(sets, key=sets.get) == json.dumps(explicit_switches(backend, values), sort_keys=True)
+    assert min(sets, key=sets.get) == compared(backend, values, chosen.direction)
 
 
 @pytest.mark.parametrize("backend", ["cutile", "triton"])

@@ -62,10 +62,11 @@ def test_bwd_exp2_ftz_passes_the_gate(problem):
 
 
 @pytest.mark.parametrize("problem", CASES[:2])
-def test_bwd_dcb_sources_chunk_passes_the_gate(problem):
-    """Switch bwd_dcb_sources='chunk': the dcb kernel's row tile against the whole chunk of sources per head."""
-    assert_every_gradient_passes(get_backend("cutile", bwd_dcb_sources="chunk"), problem,
-                                 "cutile bwd_dcb_sources=chunk")
+@pytest.mark.parametrize("sources", ["chunk", "tiles"])
+def test_bwd_dcb_sources_both_arrangements_pass_the_gate(problem, sources):
+    """Switch bwd_dcb_sources: 'chunk' (the sm_90 default since 2026-12-07) and 'tiles', each asked for by name."""
+    assert_every_gradient_passes(get_backend("cutile", bwd_dcb_sources=sources), problem,
+                                 f"cutile bwd_dcb_sources={sources}")
 
 
 def test_bwd_cb_shared_two_backward_calls_give_the_same_bits():

@@ -33,10 +33,11 @@ def test_bwd_cb_shared_passes_the_gate(problem):
 
 
 @pytest.mark.parametrize("problem", CASES[:2])
-def test_bwd_dcb_sources_chunk_passes_the_gate(problem):
-    """Switch bwd_dcb_sources='chunk': the dcb kernel's row tile against the whole chunk of sources per head."""
-    assert_every_gradient_passes(get_backend("triton", bwd_dcb_sources="chunk"), problem,
-                                 "triton bwd_dcb_sources=chunk")
+@pytest.mark.parametrize("sources", ["chunk", "tiles"])
+def test_bwd_dcb_sources_both_arrangements_pass_the_gate(problem, sources):
+    """Switch bwd_dcb_sources: 'chunk' (the sm_90 default since 2026-12-07) and 'tiles', each asked for by name."""
+    assert_every_gradient_passes(get_backend("triton", bwd_dcb_sources=sources), problem,
+                                 f"triton bwd_dcb_sources={sources}")
 
 
 @pytest.mark.parametrize("problem", CASES[:2])
@@ -48,6 +49,7 @@ def test_bwd_group_split_passes_the_gate(problem, switches):
 @pytest.mark.parametrize("switches", [pytest.param({}, id="defaults"),
                                       pytest.param({"bwd_cb": "shared"}, id="bwd_cb-shared"),
                                       pytest.param({"bwd_dcb_sources": "chunk"}, id="bwd_dcb_sources-chunk"),
+                                      pytest.param({"bwd_dcb_sources": "tiles"}, id="bwd_dcb_sources-tiles"),
                                       *GROUP_SPLIT])
 def test_two_backward_calls_give_the_same_bits(switches):
     """Every reduction is per-head/chunk partials summed in a fixed order: no float atomics (but under bwd_atomics,
