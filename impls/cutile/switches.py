@@ -271,6 +271,16 @@ class CutileSwitches:
              "does around the MUFU.EX2 with a compare and two predicated multiplies",
         sm100="as on sm_90 (MUFU.EX2)",
         needs={"exp2": True})
+    bwd_decay_factor: bool = switch(
+        False, "the backward's chunk kernel (impls/cutile/backward/chunk.py): on, the decays L_ls = e^(Λ_l − Λ_s) of "
+               "the row tiles wholly below the diagonal (inside the chunk, without seq_idx) are an outer product "
+               "e^(Λ_l − Λ_p)·e^(Λ_p − Λ_s) factored at the source tile's last position p (each factor at most 1 "
+               "where the decays do not grow, dt·A <= 0): one exponential per row of the row tile and one per source "
+               "of the program, a multiply per pair, where off takes an exponential per pair. The diagonal tiles, "
+               "a short last chunk and seq_idx keep the masked exponential",
+        sm90="on: MUFU.EX2 per row tile 64 instead of 4096 at 64 × 64 tiles, and the subtraction and (without "
+             "bwd_exp2_ftz) the subnormal handling around each gone; the default's loop unchanged",
+        sm100="as on sm_90")
     bwd_cb: str = switch(
         "inline", "the backward's C·Bᵀ (impls/cutile/backward/chunk.py): 'inline' = bwd_chunk forms G = C_l·B_sᵀ with "
                   "an MMA in every (source tile, head) program, once per head although it depends on the group only; "

@@ -299,6 +299,7 @@ KEY_ROLES = {
     **dict.fromkeys(("cb_occupancy", "cb_lower_triangle"), tuning.KEY),
     "state_subblock": tuning.KEY,  # stage 2's code: keyed when set, borrowing the tiles of the key without it
     "bwd_cb": tuning.KEY,  # bwd_chunk's code: in its record key (impls/cutile/backward/tune.py), when 'shared'
+    "bwd_decay_factor": tuning.KEY,  # bwd_chunk's code: in its record key (backward/tune.py), when on
     "bwd_state_split": tuning.KEY,  # bwd_state_pass's code: in its record key (backward/tune.py), when off
     "bwd_exp2_ftz": tuning.KEY,  # every backward kernel's exp2: in their record keys (backward/tune.py), when on
     # bwd_dcb's and bwd_db's programs and stores: in their record keys (impls/cutile/backward/tune.py), when away

@@ -225,6 +225,16 @@ class TritonSwitches:
              "(rows × sources) tile from L2 where it read a (rows × dstate) tile of C in the input dtype, the same "
              "bytes at 64 sources and dstate 128 in bf16",
         sm100="as on sm_90")
+    bwd_decay_factor: bool = switch(
+        False, "the backward's chunk kernel (impls/triton/backward/chunk.py): on, the decays L_ls = e^(Λ_l − Λ_s) of "
+               "the row tiles wholly below the diagonal (inside the chunk, without seq_idx) are an outer product "
+               "e^(Λ_l − Λ_p)·e^(Λ_p − Λ_s) factored at the source tile's last position p (each factor at most 1 "
+               "where the decays do not grow, dt·A <= 0): one exponential per row of the row tile and one per source "
+               "of the program, a multiply per pair, where off takes an exponential per pair. The diagonal tiles, "
+               "a short last chunk and seq_idx keep the masked exponential",
+        sm90="on: ex2.approx per row of a row tile instead of per pair, and its subtraction gone; the default's loop "
+             "unchanged",
+        sm100="as on sm_90")
     bwd_dcb_sources: str = switch(
         "tiles", "the backward's d(C·Bᵀ) kernel (impls/triton/backward/dcb.py): 'tiles' = each row-tile program walks "
                  "the source tiles up to its rows and, inside each, the group's heads (one (rows × sources) "

@@ -252,6 +252,34 @@ def test_bwd_dcb_sources_chunk_keeps_the_gradients_in_the_gate(problem, seed, sw
     assert_gate(get_backend("triton", bwd_dcb_sources="chunk", **switches), problem, seed)
 
 
+# --- switch bwd_decay_factor: the decays of the row tiles below the diagonal as an outer product ------------------
+@pytest.mark.parametrize("problem, seed, switches, factored", [
+    # chunk 32 over 16-wide tiles: row tile 1 of source tile 0 lies below the diagonal of the two full chunks
+    pytest.param(Problem(Shape(1, 72, 4, 16, 1, 16, 32), dtype="float32"), 4, {}, True, id="below-diagonal-tiles"),
+    pytest.param(Problem(Shape(1, 72, 4, 16, 1, 16, 32), dtype="float32"), 4, {"bwd_cb": "shared"}, True,
+                 id="below-diagonal-tiles-bwd_cb-shared"),
+    pytest.param(RICH, 2, {}, False, id="z-Dchannel-init-seq_idx-g2"),
+])
+def test_bwd_decay_factor_keeps_the_gradients_in_the_gate_and_reaches_the_kernel(problem, seed, switches, factored):
+    """Every gradient within the gate with the factored decays; dx not bit-for-bit the unfactored one where row tiles
+    lie below the diagonal (the factored branch ran), the same bits with seq_idx (every tile masked)."""
+    backends = [get_backend("triton", bwd_decay_factor=f, **switches) for f in (False, True)]
+    assert_gate(backends[1], problem, seed)
+    inputs = make_inputs(problem, seed=seed)
+    grads_in = output_gradients(inputs, seed)
+    dx = [_triton_gradients(b, inputs, grads_in)["x"] for b in backends]
+    assert torch.equal(dx[0], dx[1]) != factored
+
+
+def test_bwd_decay_factor_enters_the_chunk_kernels_record_key_only():
+    from impls.triton.backward import tune
+
+    shape = Shape(1, 256, 4, 16, 1, 16, 64)
+    keys = {v: {s: tune.record_key(get_backend("triton", bwd_decay_factor=v).switches, shape, "float32", {}, s)
+                for s in tune.STAGES} for v in (False, True)}
+    assert [s for s in tune.STAGES if keys[False][s] != keys[True][s]] == [tune.CHUNK]
+
+
 def test_bwd_group_split_launches_k_programs_per_group_into_partials(monkeypatch):
     """bwd_dcb and bwd_db launch k times the programs and write k fp32 partials per group (the partial buffers the
     host sums); under bwd_atomics one fp32 buffer per group, zeroed."""
@@ -455,10 +483,10 @@ def test_the_backward_kernels_compile_for_sm90():
     result = subprocess.run([sys.executable, "-m", "tests.backends.triton_backward_sm90"], capture_output=True,
                             text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    # bwd_chunk with bwd_cb 'inline' and 'shared' (and the C·Bᵀ kernel's lower triangle it reads), bwd_dcb and
-    # bwd_db with bwd_group_split 1 and 4, bwd_dcb with bwd_dcb_sources 'chunk', bwd_state_pass with bwd_state_split on
-    # and off
-    assert result.stdout.count("ok  ") == 11, result.stdout
+    # bwd_chunk with bwd_cb 'inline' and 'shared' (and the C·Bᵀ kernel's lower triangle it reads) and with
+    # bwd_decay_factor, bwd_dcb and bwd_db with bwd_group_split 1 and 4, bwd_dcb with bwd_dcb_sources 'chunk',
+    # bwd_state_pass with bwd_state_split on and off
+    assert result.stdout.count("ok  ") == 12, result.stdout
     wgmma = [int(line.split("wgmma=")[1].split()[0]) for line in result.stdout.splitlines()
              if " bwd_state_pass_kernel " in line]
     assert len(wgmma) == 2 and wgmma[0] > wgmma[1] > 0, result.stdout  # the split's second dot

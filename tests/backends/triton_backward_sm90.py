@@ -61,7 +61,7 @@ def variants(dtype: str):
     yield bwd_state_pass_kernel, {**state, "SPLIT": True}, fb[tune.STATE_PASS]  # switch bwd_state_split on
     chunk = {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.CHUNK]["block_sources"],
              "BLOCK_L": fb[tune.CHUNK]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE, "HAS_Z": True,
-             "HAS_D": True, "HAS_XV": True}
+             "HAS_D": True, "HAS_XV": True, "DECAY_FACTOR": False}
     yield bwd_chunk_kernel, {**chunk, "SHARED_CB": False, "cb_ptr": None}, fb[tune.CHUNK]  # switch bwd_cb='inline'
     one = {"SPLIT": 1, "ATOMIC": False}  # switch bwd_group_split 1
     dcb = {**common, **dots, "CHUNK": CHUNK, "BLOCK_L": fb[tune.DCB]["block_rows"],
@@ -84,6 +84,8 @@ def variants(dtype: str):
     yield bwd_dcb_kernel, {**dcb, **one, "WHOLE": True}, fb[tune.DCB]
     yield bwd_db_kernel, {**db, "SPLIT": 4, "ATOMIC": True, "HAS_BV": False}, fb[tune.DB]
     yield bwd_state_pass_kernel, {**state, "SPLIT": False}, fb[tune.STATE_PASS]  # switch bwd_state_split off
+    # switch bwd_decay_factor: the decays below the diagonal as an outer product
+    yield bwd_chunk_kernel, {**chunk, "SHARED_CB": False, "cb_ptr": None, "DECAY_FACTOR": True}, fb[tune.CHUNK]
 
 
 def main(dtype: str = "bf16") -> int:

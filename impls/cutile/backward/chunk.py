@@ -59,12 +59,14 @@ def bwd_chunk_kernel(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, d
                      BN: ct.Constant[int], HAS_SEQ: ct.Constant[bool], HAS_Z: ct.Constant[bool],
                      D_MODE: ct.Constant[int], HAS_XV: ct.Constant[bool], TRANS: ct.Constant[bool],
                      TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
-                     LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], cbm, FTZ: ct.Constant[bool]):
+                     LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], cbm, FTZ: ct.Constant[bool],
+                     DECAY_FACTOR: ct.Constant[bool]):
     """dx, dz (x's and z's dtype); ddt, dl (b, h, nchunks, chunk) fp32 at the tile's positions; row (b, h, nchunks,
     source tiles, chunk) fp32 at rows l ≥ the tile's first row tile; dD (b, nchunks, source tiles, h, BP) fp32.
     D_MODE: 0 no D, 1 per head, 2 per channel. SHARED_CB (switch bwd_cb='shared'): G read from cbm, the groups' C·Bᵀ
     (b, nchunks, ngroups, chunk, chunk) fp32 written on and below the diagonal (last: the default build's other
-    parameters keep their places)."""
+    parameters keep their places). DECAY_FACTOR (switch bwd_decay_factor): the decays of the row tiles below the
+    diagonal as an outer product of per-row and per-source factors."""
     k = Hints(TMA, LAT, EXP2, TF32, FTZ)
     # one flat grid axis (batch·nchunks passes the 65535 of the others at 2^20 tokens): source tile fastest, then
     # head, chunk, batch, so that the programs in flight share their chunk's B and C tiles
@@ -77,13 +79,15 @@ def bwd_chunk_kernel(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, d
     s0 = t * BS
     if s0 < chunk_len:
         _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, ddt, dl, row, dD, seqlen, b, c, h,
-                     g, t, chunk_len, CHUNK, BS, BL, BP, BN, HAS_SEQ, HAS_Z, D_MODE, HAS_XV, TRANS, k, SHARED_CB, cbm)
+                     g, t, chunk_len, CHUNK, BS, BL, BP, BN, HAS_SEQ, HAS_Z, D_MODE, HAS_XV, TRANS, k, SHARED_CB, cbm,
+                     DECAY_FACTOR)
     elif D_MODE > 0:  # the host sums every tile's partial
         ct.store(dD, (b, c, t, h, 0), ct.zeros((1, 1, 1, 1, BP), ct.float32))
 
 
 def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, ddt, dl, row, dD, seqlen, b, c, h, g,
-                 t, chunk_len, CHUNK, BS, BL, BP, BN, HAS_SEQ, HAS_Z, D_MODE, HAS_XV, TRANS, k, SHARED_CB, cbm):
+                 t, chunk_len, CHUNK, BS, BL, BP, BN, HAS_SEQ, HAS_Z, D_MODE, HAS_XV, TRANS, k, SHARED_CB, cbm,
+                 DECAY_FACTOR):
     sb = c * (CHUNK // BS) + t  # the tile's rows, in BS-row blocks of (batch, seqlen, …) tensors
     offs_s = _positions(t * BS, BS)
     mask_s = offs_s < chunk_len
@@ -126,7 +130,14 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
         ct.store(dD, (b, c, t, h, 0), part.reshape((1, 1, 1, 1, BP)))
 
     # the intra-chunk scores, row tiles l ≥ s
-    U = ct.zeros((BS,), ct.float32)  # Σ_l dM_ls G_ls L_ls; T's column sums Σ_l T_ls are dt_s U_s (M = GL ∘ dt_s)
+    # U_s = Σ_l dM_ls G_ls L_ls (T's column sums Σ_l T_ls are dt_s U_s, M = GL ∘ dt_s), kept as the (rows × sources)
+    # tile of its terms and summed over the rows once after the walk: a sum across the warps (shared memory and a
+    # barrier) per row tile fewer
+    U_terms = ct.zeros((BL, BS), ct.float32)
+    if DECAY_FACTOR:  # switch bwd_decay_factor: below the diagonal L = e^{Λ_l − Λ_s} factored at the tile's last source
+        # p: e_src_s = e^{Λ_p − Λ_s} once per program, e^{Λ_l − Λ_p} once per row of each row tile
+        dA_pivot = ct.gather(dA, (b, h, c, t * BS + BS - 1)) * k.base()
+        e_src = k.exp(dA_pivot - dA_s)
     for j in range((t * BS) // BL, (chunk_len + BL - 1) // BL):
         lb = c * (CHUNK // BL) + j
         offs_l = _positions(j * BL, BL)
@@ -150,17 +161,20 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
             L = k.exp(ct.where(keep, diff, -math.inf))
             if SHARED_CB:  # its causal elements only
                 G = ct.where(keep, G, 0.0)
+        elif DECAY_FACTOR:  # L_ls = e_row_l · e_src_s, both factors ≤ 1: an exponential per row, not per pair
+            L = k.exp(dA_l - dA_pivot).reshape((BL, 1)) * e_src.reshape((1, BS))
         else:
             L = k.exp(diff)
         dM = k.mma(dyh_l, ct.transpose(x_s), ct.zeros((BL, BS), ct.float32))
         GL = G * L
         M = GL * dt_s.reshape((1, BS))
         dxa = k.mma(ct.transpose(M.astype(x.dtype)), dyh_l, dxa)
-        U = U + ct.sum(dM * GL, axis=0)
+        U_terms = U_terms + dM * GL
         T = dM * M
         # dΛ_last's local part: + Σ_s w_s x_s·V_s, the same fp32 terms dl_s takes from the sources
         rs = ct.sum(T, axis=1) + ct.where(offs_l == chunk_len - 1, local, 0.0)
         ct.store(row, (b, h, c, t, j), rs.reshape((1, 1, 1, 1, BL)))
+    U = ct.sum(U_terms, axis=0)
     ddt_s = ddt_s + U
     dl_s = dl_s - dt_s * U
     if HAS_XV:  # the per-sequence states' gradient (cu_seqlens), from autograd
@@ -187,7 +201,7 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, d_mode: int, transpose
     *arrays, cb = arrays
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bs, bl, bp, bn, bool(flags["seq"]), bool(flags["z"]),
             int(d_mode), bool(flags["xv"]), bool(transposed), bool(tf32), sw.exp2, sw.tma,
-            4 if sw.latency_hints else 0, sw.bwd_cb == "shared", cb, sw.bwd_exp2_ftz)
+            4 if sw.latency_hints else 0, sw.bwd_cb == "shared", cb, sw.bwd_exp2_ftz, sw.bwd_decay_factor)
     grid = ((chunk_size // bs) * nheads * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_chunk_kernel, grid, args, config, sw.opt_level)
 

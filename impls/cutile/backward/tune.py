@@ -24,7 +24,9 @@ STAGES = (STATE_PASS, CHUNK, DCB, DB, CUMSUM)
 # (`python -m instruments.cutile.aot_backward [--everything]`; tests/backends/test_cutile_backward.py): with one
 # warpgroup the chunk kernel's 64 × 64 tiles spilled ~600 local loads and stores (64 × 32: 6 for the headline's inputs,
 # ~100 with every optional input) and the dcb kernel's 64-wide tiles ~350 (32-wide: ~170); with two, 64 × 64 chunk tiles
-# and 32-wide dcb tiles spill none. The state pass and db spill none with one. Untimed: the GPU search decides.
+# and 32-wide dcb tiles spill none. The state pass and db spill none with one. Untimed: the GPU search decides. The
+# chunk kernel's 128-source tiles (half the programs, each state's gradient and the entering state read once per
+# half chunk) compile for sm_90 with two warpgroups at 128 × 32 without spills, at 128 × 64 with 74 / 70.
 FALLBACK = {
     9: {STATE_PASS: {"block_headdim": 64, "block_dstate": 64, "occupancy": 0, "worker_warps": 0},
         CHUNK: {"block_sources": 64, "block_rows": 64, "occupancy": 0, "worker_warps": 8},
@@ -39,7 +41,7 @@ FP32_FALLBACK = {CHUNK: {"block_rows": 32}}
 SPACE: dict[str, dict[str, list]] = {
     STATE_PASS: {"block_headdim": [64, 32], "block_dstate": [64, 32, 128], "occupancy": [0, 2],
                  "worker_warps": [0, 8]},
-    CHUNK: {"block_sources": [64, 32], "block_rows": [64, 32], "occupancy": [0, 2], "worker_warps": [8, 0]},
+    CHUNK: {"block_sources": [64, 32, 128], "block_rows": [64, 32], "occupancy": [0, 2], "worker_warps": [8, 0]},
     DCB: {"block": [32, 64, 16], "occupancy": [0, 2], "worker_warps": [8, 0]},
     DB: {"block": [64, 32], "occupancy": [0, 2], "worker_warps": [0, 8]},
     CUMSUM: {"block_heads": [8, 4, 16], "occupancy": [0, 4]},
@@ -48,7 +50,8 @@ CODE_SWITCHES = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")  #
 # switches that change one kernel's code only, in that kernel's key when away from their default (so that records
 # found without them keep their keys, and the other kernels keep their records)
 GROUP_SWITCHES = ("bwd_group_split", "bwd_atomics")  # the per-group kernels' programs and stores
-KERNEL_SWITCHES = {STATE_PASS: ("bwd_state_split", "bwd_exp2_ftz"), CHUNK: ("bwd_cb", "bwd_exp2_ftz"),
+KERNEL_SWITCHES = {STATE_PASS: ("bwd_state_split", "bwd_exp2_ftz"),
+                   CHUNK: ("bwd_cb", "bwd_decay_factor", "bwd_exp2_ftz"),
                    DCB: (*GROUP_SWITCHES, "bwd_dcb_sources", "bwd_exp2_ftz"), DB: (*GROUP_SWITCHES, "bwd_exp2_ftz"),
                    CUMSUM: ("bwd_exp2_ftz",)}
 STACK = ("cuda-tile", "tileiras", "driver")  # what a cuTile record is bound to

@@ -43,7 +43,7 @@ def bwd_chunk_kernel(
     s_dD_b, s_dD_c, s_dD_t, s_dD_h,
     CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_XV: tl.constexpr,
-    EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr,
+    EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr,
 ):
     # flat grid: source tile fastest, then head, chunk, batch
     TILES: tl.constexpr = CHUNK // BLOCK_S
@@ -117,7 +117,13 @@ def bwd_chunk_kernel(
                  tl.sum(dyh_s * x_s.to(tl.float32), axis=0), mask=mask_p)
 
     # the intra-chunk scores, row tiles l >= s
-    U = tl.zeros((BLOCK_S,), dtype=tl.float32)  # Σ_l dM_ls G_ls L_ls; T's column sums Σ_l T_ls are dt_s U_s
+    # U_s = Σ_l dM_ls G_ls L_ls (T's column sums Σ_l T_ls are dt_s U_s), kept as the (rows × sources) tile of its
+    # terms and summed over the rows once after the walk: a sum across the warps per row tile fewer
+    U_terms = tl.zeros((BLOCK_L, BLOCK_S), dtype=tl.float32)
+    if DECAY_FACTOR:  # switch bwd_decay_factor: below the diagonal L = e^{Λ_l − Λ_s} factored at the tile's last source
+        # p: e_src_s = e^{Λ_p − Λ_s} once per program, e^{Λ_l − Λ_p} once per row of each row tile
+        dA_pivot = log_decay_at(dA_c + (s0 + BLOCK_S - 1) * s_dA_l, EXP2)
+        e_src = decay(dA_pivot - dA_s, EXP2)
     row_c = row_ptr + b * s_r_b + h * s_r_h + c64 * s_r_c + t * s_r_t
     if SHARED_CB:  # the group's (chunk, chunk) C·Bᵀ, contiguous (batch, nchunks, ngroups, chunk, chunk) fp32
         cb_c = cb_ptr + ((b * nchunks + c64) * (nheads // heads_per_group) + g) * (CHUNK * CHUNK)
@@ -142,17 +148,21 @@ def bwd_chunk_kernel(
             if SHARED_CB:  # its causal elements only: the tiles above the diagonal are not written
                 G = tl.load(cb_c + offs_l[:, None] * CHUNK + offs_s[None, :], mask=keep, other=0.0)  # (l, s)
         else:
-            L = decay(diff, EXP2)
+            if DECAY_FACTOR:  # L_ls = e_row_l · e_src_s, both factors ≤ 1: an exponential per row, not per pair
+                L = decay(dA_l - dA_pivot, EXP2)[:, None] * e_src[None, :]
+            else:
+                L = decay(diff, EXP2)
             if SHARED_CB:
                 G = tl.load(cb_c + offs_l[:, None] * CHUNK + offs_s[None, :])  # (l, s)
         dM = tl.dot(dyh_l, tl.trans(x_s), input_precision=DOT_PRECISION)  # (l, s)
         GL = G * L
         M = GL * dt_s[None, :]
         dx = tl.dot(tl.trans(M.to(dtype)), dyh_l, dx, input_precision=DOT_PRECISION)  # (s, headdim)
-        U += tl.sum(dM * GL, axis=0)
+        U_terms += dM * GL
         T = dM * M
         # dΛ_last's local part: + Σ_s w_s x_s·V_s, the same fp32 terms dl takes from the sources
         tl.store(row_c + offs_l, tl.sum(T, axis=1) + tl.where(offs_l == chunk_len - 1, local, 0.0), mask=mask_l)
+    U = tl.sum(U_terms, axis=0)
     ddt += U
     dl -= dt_s * U
     if HAS_XV:  # the per-sequence states' gradient (cu_seqlens), from autograd
@@ -198,6 +208,7 @@ def chunk_grads(x, B, C, dt, dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, ext
         BLOCK_N=pow2_at_least_16(dstate),
         HAS_SEQ=seq_idx is not None, HAS_Z=z is not None, HAS_D=D is not None, HAS_XV=extra_dx is not None,
         EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=cb is not None,
+        DECAY_FACTOR=switches.bwd_decay_factor,
         num_warps=config["num_warps"], num_stages=config["num_stages"], path=switches.launch_path,
     )
     return dx, (dz if z is not None else None), ddt, dl, row, (dD if D is not None else None)

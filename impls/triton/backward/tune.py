@@ -23,11 +23,13 @@ STAGES = (STATE_PASS, CHUNK, DCB, DB, CUMSUM)
 # first value is the GPU fallback. The fallbacks are what compiles for sm_90 at S1's blocks in bf16 (chunk 256,
 # headdim 64, dstate 128) with the fewest spills, read off ptxas without a GPU: at 4 warps every MMA kernel took 255
 # registers and spilled (hundreds of local loads and stores each); at 8 warps, with 32-row tiles in the chunk kernel
-# and 32-wide dstate tiles in the state pass, 0-22 local loads per kernel. Untimed: the GPU search decides.
+# and 32-wide dstate tiles in the state pass, 0-22 local loads per kernel. Untimed: the GPU search decides. The chunk
+# kernel's 128-source tiles (half the programs; 20 local loads at 128 × 32 with 8 warps) and its row loop staged 3
+# deep (the dcb kernel's head loop gained most at 3) were added after the first S1 search.
 SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
     STATE_PASS: {"block_headdim": (64, 32), "block_dstate": (32, 64), "block_positions": (64, 32),
                  "num_warps": (8, 4), "num_stages": (2, 3)},
-    CHUNK: {"block_sources": (64, 32), "block_rows": (32, 64), "num_warps": (8, 4), "num_stages": (1, 2)},
+    CHUNK: {"block_sources": (64, 32, 128), "block_rows": (32, 64), "num_warps": (8, 4), "num_stages": (1, 2, 3)},
     DCB: {"block_rows": (64, 32, 16), "block_sources": (64, 32), "num_warps": (8, 4), "num_stages": (1, 2, 3)},
     DB: {"block_sources": (64, 32), "block_rows": (64, 32), "num_warps": (8, 4), "num_stages": (1, 2)},
     CUMSUM: {"block_heads": (8, 4, 16), "num_warps": (4, 2)},
@@ -49,7 +51,8 @@ CODE_SWITCHES = ("exp2", "cb_precision")  # the switches that change the backwar
 # switches that change one kernel's code only, in that kernel's key when away from their default (so that records
 # found without them keep their keys, and the other kernels keep their records)
 GROUP_SWITCHES = ("bwd_group_split", "bwd_atomics")  # the per-group kernels' programs and stores
-KERNEL_SWITCHES = {STATE_PASS: ("bwd_state_split",), CHUNK: ("bwd_cb",), DCB: (*GROUP_SWITCHES, "bwd_dcb_sources"),
+KERNEL_SWITCHES = {STATE_PASS: ("bwd_state_split",), CHUNK: ("bwd_cb", "bwd_decay_factor"),
+                   DCB: (*GROUP_SWITCHES, "bwd_dcb_sources"),
                    DB: GROUP_SWITCHES}
 
 
