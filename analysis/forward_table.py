@@ -18,7 +18,6 @@ repository root); `--check PATH` regenerates PATH from the command its first lin
 
 from __future__ import annotations
 
-import argparse
 import re
 import shlex
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.load import RUN_COLUMNS, TIMED_STAGES, one_run, repo_root, run_keys, runs, timed, wide
-from analysis.markdown import emit, table
+from analysis.markdown import check_generated, emit, table, table_parser
 
 COMMAND = "python -m analysis.forward_table"
 KERNELS = "kernels"  # --stage: every kernel:<name> stage of the timed backwards (harness/measure_time.py kernel_rows)
@@ -124,29 +123,15 @@ def render(files: list[str], stage: str = "forward", root: Path | None = None) -
     return "\n".join(parts)
 
 
-def command_of(path: Path) -> list[str]:
-    """The arguments the first line of a generated file names (after the module)."""
-    first = path.read_text().splitlines()[0]
-    start = first.index(f"`{COMMAND}") + len(COMMAND) + 1
-    return shlex.split(first[start:first.index("`", start)])
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
-    p.add_argument("files", nargs="*", help="parquet files of one results folder (paths from the repository root)")
+    p = table_parser(COMMAND, __doc__.splitlines()[0],
+                     "parquet files of one results folder (paths from the repository root)")
     p.add_argument("--stage", default="forward")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--out", help="write the table here")
-    g.add_argument("--check", help="regenerate this file from the command it names; exit 1 if it differs")
     a = p.parse_args(argv)
     root = repo_root()
     if a.check:
-        path = root / a.check
-        args = p.parse_args(command_of(path))
-        same = path.read_text() == render(args.files, args.stage, root)
-        print(f"[forward_table] {a.check} " + ("matches the rows" if same else "differs: regenerate it with "
-                                                "the command on its first line and --out"))
-        return 0 if same else 1
+        return check_generated(root / a.check, COMMAND, p, lambda args: render(args.files, args.stage, root),
+                               "forward_table")
     if not a.files:
         p.error("files: name at least one parquet file (or --check a generated table)")
     emit(render(a.files, a.stage, root), a.out and str(root / a.out), "forward_table")

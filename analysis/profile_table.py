@@ -10,7 +10,6 @@ differs (tests/analysis/test_results_index.py checks every `results/*/profile*.m
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ import pandas as pd
 
 from analysis.forward_table import kernel_labels
 from analysis.load import repo_root
-from analysis.markdown import emit, table
+from analysis.markdown import check_generated, emit, table, table_parser
 
 COMMAND = "python -m analysis.profile_table"
 STALLS = ("long_scoreboard", "barrier", "math_pipe_throttle", "wait", "short_scoreboard", "mio_throttle",
@@ -91,28 +90,14 @@ def render(files: list[str], min_share: float = 1.0, root: Path | None = None) -
     return "\n".join(parts)
 
 
-def command_of(path: Path) -> list[str]:
-    first = path.read_text().splitlines()[0]
-    start = first.index(f"`{COMMAND}") + len(COMMAND) + 1
-    return shlex.split(first[start:first.index("`", start)])
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
-    p.add_argument("files", nargs="*", help="*.ncu.parquet files (paths from the repository root)")
+    p = table_parser(COMMAND, __doc__.splitlines()[0], "*.ncu.parquet files (paths from the repository root)")
     p.add_argument("--min-share", type=float, default=1.0, help="leave out launches under this %% of their call")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--out", help="write the table here")
-    g.add_argument("--check", help="regenerate this file from the command it names; exit 1 if it differs")
     a = p.parse_args(argv)
     root = repo_root()
     if a.check:
-        path = root / a.check
-        args = p.parse_args(command_of(path))
-        same = path.read_text() == render(args.files, args.min_share, root)
-        print(f"[profile_table] {a.check} " + ("matches the rows" if same else "differs: regenerate it with "
-                                                "the command on its first line and --out"))
-        return 0 if same else 1
+        return check_generated(root / a.check, COMMAND, p, lambda args: render(args.files, args.min_share, root),
+                               "profile_table")
     if not a.files:
         p.error("files: name at least one *.ncu.parquet file (or --check a generated table)")
     if a.min_share < 0:
