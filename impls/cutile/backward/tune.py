@@ -25,8 +25,11 @@ STAGES = (STATE_PASS, CHUNK, DCB, DB, CUMSUM)
 # warpgroup the chunk kernel's 64 × 64 tiles spilled ~600 local loads and stores (64 × 32: 6 for the headline's inputs,
 # ~100 with every optional input) and the dcb kernel's 64-wide tiles ~350 (32-wide: ~170); with two, 64 × 64 chunk tiles
 # and 32-wide dcb tiles spill none. The state pass and db spill none with one. Untimed: the GPU search decides. The
-# chunk kernel's 128-source tiles (half the programs, each state's gradient and the entering state read once per
-# half chunk) compile for sm_90 with two warpgroups at 128 × 32 without spills, at 128 × 64 with 74 / 70.
+# chunk kernel's space, after two S1 searches on an H100: 32-source tiles left it (4-60x slower than 64 in both);
+# 128-source tiles (half the programs, each state's gradient and the entering state read once per half chunk) compile
+# for sm_90 with two warpgroups at 128 × 32 without spills, at 128 × 64 with 74 / 70; occupancy 3 (one warpgroup
+# compiles to 168 registers with 92-206 local loads and stores: occupancy 2 doubled the speed of the compiler's
+# choice, a third program per SM may hide more latency than its spills cost).
 FALLBACK = {
     9: {STATE_PASS: {"block_headdim": 64, "block_dstate": 64, "occupancy": 0, "worker_warps": 0},
         CHUNK: {"block_sources": 64, "block_rows": 64, "occupancy": 0, "worker_warps": 8},
@@ -41,7 +44,7 @@ FP32_FALLBACK = {CHUNK: {"block_rows": 32}}
 SPACE: dict[str, dict[str, list]] = {
     STATE_PASS: {"block_headdim": [64, 32], "block_dstate": [64, 32, 128], "occupancy": [0, 2],
                  "worker_warps": [0, 8]},
-    CHUNK: {"block_sources": [64, 32, 128], "block_rows": [64, 32], "occupancy": [0, 2], "worker_warps": [8, 0]},
+    CHUNK: {"block_sources": [64, 128], "block_rows": [64, 32], "occupancy": [0, 2, 3], "worker_warps": [8, 0]},
     DCB: {"block": [32, 64, 16], "occupancy": [0, 2], "worker_warps": [8, 0]},
     DB: {"block": [64, 32], "occupancy": [0, 2], "worker_warps": [0, 8]},
     CUMSUM: {"block_heads": [8, 4, 16], "occupancy": [0, 4]},

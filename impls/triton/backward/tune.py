@@ -23,13 +23,14 @@ STAGES = (STATE_PASS, CHUNK, DCB, DB, CUMSUM)
 # first value is the GPU fallback. The fallbacks are what compiles for sm_90 at S1's blocks in bf16 (chunk 256,
 # headdim 64, dstate 128) with the fewest spills, read off ptxas without a GPU: at 4 warps every MMA kernel took 255
 # registers and spilled (hundreds of local loads and stores each); at 8 warps, with 32-row tiles in the chunk kernel
-# and 32-wide dstate tiles in the state pass, 0-22 local loads per kernel. Untimed: the GPU search decides. The chunk
-# kernel's 128-source tiles (half the programs; 20 local loads at 128 × 32 with 8 warps) and its row loop staged 3
-# deep (the dcb kernel's head loop gained most at 3) were added after the first S1 search.
+# and 32-wide dstate tiles in the state pass, 0-22 local loads per kernel. Untimed: the GPU search decides. After two S1
+# searches on an H100 the chunk kernel's space lost its 32-source tiles (1.3-1.6x slower than 64 at every other
+# field) and took 128-source tiles (half the programs; 20 local loads at 128 × 32 with 8 warps) and its row loop
+# staged 3 deep (the dcb kernel's head loop gained most at 3).
 SEARCH_SPACE: dict[str, dict[str, tuple[int, ...]]] = {
     STATE_PASS: {"block_headdim": (64, 32), "block_dstate": (32, 64), "block_positions": (64, 32),
                  "num_warps": (8, 4), "num_stages": (2, 3)},
-    CHUNK: {"block_sources": (64, 32, 128), "block_rows": (32, 64), "num_warps": (8, 4), "num_stages": (1, 2, 3)},
+    CHUNK: {"block_sources": (64, 128), "block_rows": (32, 64), "num_warps": (8, 4), "num_stages": (1, 2, 3)},
     DCB: {"block_rows": (64, 32, 16), "block_sources": (64, 32), "num_warps": (8, 4), "num_stages": (1, 2, 3)},
     DB: {"block_sources": (64, 32), "block_rows": (64, 32), "num_warps": (8, 4), "num_stages": (1, 2)},
     CUMSUM: {"block_heads": (8, 4, 16), "num_warps": (4, 2)},
