@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import shlex
 from pathlib import Path
@@ -66,8 +67,6 @@ def check_generated(path: Path, command: str, parser, render_args, tag: str) -> 
 
 def table_parser(command: str, description: str, files_help: str):
     """The argument parser of a table generator: its input files, and `--out PATH` or `--check PATH`."""
-    import argparse
-
     p = argparse.ArgumentParser(prog=command, description=description)
     p.add_argument("files", nargs="*", help=files_help)
     g = p.add_mutually_exclusive_group()

@@ -19,10 +19,9 @@ import pandas as pd
 from analysis.forward_table import kernel_labels
 from analysis.load import repo_root
 from analysis.markdown import check_generated, emit, table, table_parser
+from instruments.profile import stall_summary
 
 COMMAND = "python -m analysis.profile_table"
-STALLS = ("long_scoreboard", "barrier", "math_pipe_throttle", "wait", "short_scoreboard", "mio_throttle",
-          "lg_throttle", "no_instruction", "dispatch_stall", "not_selected", "selected", "gmma", "other")
 TABLE_KEYS = ("gpu_name", "git_commit", "direction")  # one table each: one card, one tree, one kind of call
 COLUMNS = {  # column: (metric, scale, format)
     "µs": ("duration_ns", 1e-3, "{:.1f}"),
@@ -49,13 +48,6 @@ def launches(long: pd.DataFrame) -> pd.DataFrame:
     return wide.assign(share_pct=100.0 * wide["duration_ns"] / call)
 
 
-def stalls(row) -> str:
-    """The three largest stall reasons of one launch, 'long_scoreboard 42, wait 12, …' (% of its stall cycles)."""
-    shares = {r: row.get(f"stall_{r}_share_pct") for r in STALLS}
-    ranked = sorted(((r, v) for r, v in shares.items() if pd.notna(v)), key=lambda kv: -kv[1])[:3]
-    return ", ".join(f"{r} {v:.0f}" for r, v in ranked)
-
-
 def formatted(g: pd.DataFrame) -> pd.DataFrame:
     names = g.groupby(["backend", "ablation"])["kernel"].transform(  # numbered within one profiled call only
         lambda k: k.map(kernel_labels(k.unique())))
@@ -64,7 +56,7 @@ def formatted(g: pd.DataFrame) -> pd.DataFrame:
     for column, (metric, scale, form) in COLUMNS.items():
         values = g[metric] if metric in g else pd.Series(float("nan"), index=g.index)
         out[column] = [form.format(v * scale) if pd.notna(v) else "" for v in values]
-    out["stalls (% of cycles)"] = g.apply(stalls, axis=1)
+    out["stalls (% of cycles)"] = g.apply(lambda row: stall_summary(row, top=3), axis=1)
     return out
 
 

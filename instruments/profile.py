@@ -246,11 +246,12 @@ def forward_totals(launches: list[dict]) -> dict[str, float]:
     return {**totals, **derived(totals)}
 
 
-def stall_summary(launch: dict) -> str:
-    """The warp-stall shares of one launch, largest first: 'long_scoreboard 51 %, barrier 12 %, ...'."""
-    shares = {reason: launch[f"stall_{reason}_share_pct"] for reason in (*STALL_REASONS, "other")}
+def stall_summary(launch, top: int = 5) -> str:
+    """The `top` warp-stall shares of one launch (a dict, or a row with the share columns), largest first:
+    'long_scoreboard 51 %, barrier 12 %, ...'; a share the launch lacks counts as NaN, ranked last."""
+    shares = {reason: launch.get(f"stall_{reason}_share_pct", float("nan")) for reason in (*STALL_REASONS, "other")}
     ranked = sorted(shares.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 0.0)
-    return ", ".join(f"{reason} {share:.0f} %" for reason, share in ranked[:5])
+    return ", ".join(f"{reason} {share:.0f} %" for reason, share in ranked[:top])
 
 
 def backend_rows(backend: str, shape: str, launches: list[dict], problem, ablation: str = "none",

@@ -101,7 +101,7 @@ def test_the_profile_table_shows_each_launch_with_its_stalls_and_counts_what_it_
     pd.DataFrame(rows).to_parquet(tmp_path / "p.ncu.parquet")
     text = profile_table.render(["p.ncu.parquet"], root=tmp_path)
     line = next(l for l in text.splitlines() if "bwd_chunk_kernel" in l)
-    assert "| 100 | 900.0 | 1.200 |" in line and "long_scoreboard 50, wait 30, barrier 20" in line
+    assert "| 100 | 900.0 | 1.200 |" in line and "long_scoreboard 50 %, wait 30 %, barrier 20 %" in line
     assert "tiny_copy" not in text and "1 launches under 1 % of their call's time are not shown." in text
     (tmp_path / "profile.md").write_text(text.replace("900.0", "800.0"))
     assert profile_table.render(["p.ncu.parquet"], root=tmp_path) != (tmp_path / "profile.md").read_text()
