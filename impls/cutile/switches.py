@@ -281,6 +281,18 @@ class CutileSwitches:
         sm90="on: MUFU.EX2 per row tile 64 instead of 4096 at 64 × 64 tiles, and the subtraction and (without "
              "bwd_exp2_ftz) the subnormal handling around each gone; the default's loop unchanged",
         sm100="as on sm_90")
+    bwd_entry_term: str = switch(
+        "chunk", "where the backward forms dΛ_s's entering-state term e^(Λ_s) dŷ_s · (S_c C_s) (impls/cutile/backward/): "
+                 "'chunk' = the chunk kernel, every (source tile, head) program loading its C_s rows and the chunk's "
+                 "state and forming C_s·S_cᵀ with an MMA; 'state_pass' = the reverse state pass, which holds C and "
+                 "S_c for its (headdim, dstate) block already, forms C·S_cᵀ over the whole chunk with one more MMA per "
+                 "chunk and writes the term's partial per state tile, which the cumsum kernel adds: the chunk kernel "
+                 "then reads neither C_s nor the states",
+        choices=("chunk", "state_pass"),
+        sm90="'state_pass': the chunk kernel one (sources × headdim × dstate) HGMMA and two TMA tiles lighter per "
+             "program (less shared memory per program), the state pass one (chunk × headdim × dstate block) HGMMA "
+             "heavier per chunk step",
+        sm100="as on sm_90")
     bwd_cb: str = switch(
         "inline", "the backward's C·Bᵀ (impls/cutile/backward/chunk.py): 'inline' = bwd_chunk forms G = C_l·B_sᵀ with "
                   "an MMA in every (source tile, head) program, once per head although it depends on the group only; "
@@ -444,6 +456,9 @@ CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "e
 # records (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py compiles them.
 # bwd_state_split changes the backward's bwd_state_pass kernel only (as bwd_cb bwd_chunk's): it keys that kernel's
 # record when off (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py compiles
+# both values.
+# bwd_entry_term changes the backward's bwd_state_pass, bwd_chunk and bwd_cumsum kernels: it keys their records when
+# away from 'chunk' (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py compiles
 # both values.
 # bwd_dcb_sources changes the backward's bwd_dcb kernel only: it keys that kernel's record
 # (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py compiles both values.

@@ -300,6 +300,7 @@ KEY_ROLES = {
     "state_subblock": tuning.KEY,  # stage 2's code: keyed when set, borrowing the tiles of the key without it
     "bwd_cb": tuning.KEY,  # bwd_chunk's code: in its record key (impls/cutile/backward/tune.py), when 'shared'
     "bwd_decay_factor": tuning.KEY,  # bwd_chunk's code: in its record key (backward/tune.py), when on
+    "bwd_entry_term": tuning.KEY,  # bwd_state_pass', bwd_chunk's, bwd_cumsum's code: in their keys when 'state_pass'
     "bwd_state_split": tuning.KEY,  # bwd_state_pass's code: in its record key (backward/tune.py), when off
     "bwd_exp2_ftz": tuning.KEY,  # every backward kernel's exp2: in their record keys (backward/tune.py), when on
     # bwd_dcb's and bwd_db's programs and stores: in their record keys (impls/cutile/backward/tune.py), when away

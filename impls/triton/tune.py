@@ -125,6 +125,7 @@ KEY_ROLES = {
     "cb_lower_triangle": tuning.KEY,  # the C·Bᵀ kernel's grid and compute_out's loads (code_switches, when on)
     "bwd_cb": tuning.KEY,  # bwd_chunk's code: in its record key (impls/triton/backward/tune.py), when 'shared'
     "bwd_decay_factor": tuning.KEY,  # bwd_chunk's code: in its record key (backward/tune.py), when on
+    "bwd_entry_term": tuning.KEY,  # bwd_state_pass', bwd_chunk's, bwd_cumsum's code: in their keys when 'state_pass'
     "bwd_state_split": tuning.KEY,  # bwd_state_pass's code: in its record key (backward/tune.py), when off
     # bwd_dcb's and bwd_db's programs and stores: in their record keys (impls/triton/backward/tune.py), when away
     "bwd_group_split": tuning.KEY,

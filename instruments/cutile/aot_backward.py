@@ -42,7 +42,7 @@ def build_call(kernel: str, dtype: torch.dtype, switches, dims: dict | None = No
     seq = a(i32, 2)
     if kernel == tune.STATE_PASS:
         flags = {"dfinal": True, "seq": on["seq"], "z": on["z"], "ext": on["varlen"], "init": on["init"]}
-        arrays = (BC, Q, seq, S5, Q, Q, X, X, a(f32, 5), S5, Q, Q)
+        arrays = (BC, Q, seq, S5, Q, Q, X, X, a(f32, 5), S5, Q, Q, a(f32, 5))
         return state_pass.make_call(arrays, dims6, d["chunk"], flags, trans, tf32, switches, config)
     if kernel == tune.CHUNK:
         flags = {"seq": on["seq"], "z": on["z"], "xv": on["varlen"]}
@@ -60,13 +60,14 @@ def build_call(kernel: str, dtype: torch.dtype, switches, dims: dict | None = No
         return db.make_call(arrays, dims6, d["chunk"], {"seq": on["seq"], "bv": bv}, tf32, switches, config)
     if kernel == tune.CUMSUM:
         v = a(f32, 1)
-        arrays = (a(dtype, 3), v, v, Q, Q, Q, a(f32, 5), Q, Q, Q, a(dtype, 3), a(f32, 3), a(f32, 3))
+        arrays = (a(dtype, 3), v, v, Q, Q, Q, a(f32, 5), Q, Q, Q, a(dtype, 3), a(f32, 3), a(f32, 3), a(f32, 5))
         flags = {"bias": on["bias"], "softplus": on["softplus"], "v": on["varlen"]}
         limit = (0.0, 0.1) if on["limit"] else (0.0, float("inf"))
         row_tile = chunk.blocks(d["chunk"], d["headdim"], d["dstate"], tune.FALLBACK[9][tune.CHUNK])[0]
         last_tiles = state_pass.tiles(d["headdim"], d["dstate"], tune.FALLBACK[9][tune.STATE_PASS])
+        enter_tiles = last_tiles if switches.bwd_entry_term == "state_pass" else 0
         return cumsum.make_call(arrays, (d["batch"], d["seqlen"], d["nheads"]), d["chunk"], flags, limit, row_tile,
-                                last_tiles, switches, config)
+                                last_tiles, switches, config, enter_tiles)
     raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
 
 

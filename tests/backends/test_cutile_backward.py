@@ -615,6 +615,57 @@ def test_bwd_decay_factor_enters_the_chunk_kernels_record_key_only():
     assert [s for s in tune.STAGES if keys[False][s] != keys[True][s]] == [tune.CHUNK]
 
 
+# --- switch bwd_entry_term: dΛ's entering-state term in the state pass instead of the chunk kernel ---------------------
+@pytest.mark.parametrize("problem, tiles", [
+    pytest.param(HEADLINE, SMALL, id="headline-g1", marks=pytest.mark.quick),
+    pytest.param(RICH, ROWS_LONGER, id="z-Dchannel-init-seq_idx-g2"),
+    pytest.param(dataclasses.replace(RICH, dtype="bfloat16"), SMALL, id="bf16-z-Dchannel-init-seq_idx-g2"),
+    pytest.param(Problem(Shape(1, 70, 4, 32, 4, 32, 32), dtype="float32", has_z=True, has_initial_states=True,
+                         nseqs=3, varlen=True), SMALL, id="cu_seqlens-init-z-g4", marks=pytest.mark.slow),
+    pytest.param(Problem(Shape(1, 200, 4, 32, 1, 32, 128), dtype="float32"), SMALL, id="chunk128-two-row-blocks"),
+])
+def test_bwd_entry_term_in_the_state_pass_passes_the_gate_under_emulation(monkeypatch, problem, tiles):
+    """The entering state's term of dΛ formed by the reverse state pass (per state tile, in row blocks of at most 64)
+    and added by the cumsum kernel: every gradient within the gate, and dt's gradient not the same bits as the chunk
+    kernel's (the term is summed in another order), so the state pass's branch ran."""
+    inputs = make_inputs(problem, seed=4)
+    found = []
+    for term in ("chunk", "state_pass"):
+        backend = _emulated(monkeypatch, tiles, bwd_entry_term=term)
+        with emulated_launches():
+            report = check_gradients(backend, inputs, problem.torch_dtype, seed=4)
+            failing = {name: (round(r["bound_ratio"], 3), r["where"]) for name, r in report.items() if not r["ok"]}
+            assert not failing, (term, failing)
+            kw = forward_arguments(inputs)
+            leaves = _leaves(kw)
+            out = impls.ssd(**{**kw, **leaves}, backend=backend)
+            found.append(torch.autograd.grad(out.y, [leaves["dt"]], torch.ones_like(out.y))[0])
+    assert not torch.equal(found[0], found[1])
+
+
+@needs_cuobjdump
+def test_bwd_entry_term_lightens_the_chunk_kernel():
+    """S1 in bf16 at the H100 record's chunk tiles (64 × 64, occupancy 2, one warpgroup): with the term in the state
+    pass the chunk kernel issues one HGMMA group fewer per program and fewer instructions, without spills; the state
+    pass at its record's tiles (64 × 128, occupancy 2) compiles with the extra MMA."""
+    tiles = {"block_sources": 64, "block_rows": 64, "occupancy": 2, "worker_warps": 0}
+    here = _facts(tune.CHUNK, config=tiles)
+    there = _facts(tune.CHUNK, switches=CutileSwitches(bwd_entry_term="state_pass"), config=tiles)
+    assert there["HGMMA"] < here["HGMMA"] and there["instructions"] < here["instructions"], (here, there)
+    assert there["LDL"] + there["STL"] == 0, there
+    state = _facts(tune.STATE_PASS, switches=CutileSwitches(bwd_entry_term="state_pass"),
+                   config={"block_headdim": 64, "block_dstate": 128, "occupancy": 2, "worker_warps": 0})
+    assert state["HGMMA"] > _facts(tune.STATE_PASS, config={"block_headdim": 64, "block_dstate": 128, "occupancy": 2,
+                                                           "worker_warps": 0})["HGMMA"], state
+
+
+def test_bwd_entry_term_enters_the_state_pass_chunk_and_cumsum_keys_only():
+    keys = {v: {s: tune.record_key(CutileSwitches(bwd_entry_term=v), "b1-l256", "bfloat16", {}, s)
+                for s in tune.STAGES} for v in ("chunk", "state_pass")}
+    assert [s for s in tune.STAGES if keys["chunk"][s] != keys["state_pass"][s]] == [tune.STATE_PASS, tune.CHUNK,
+                                                                                       tune.CUMSUM]
+
+
 def test_two_calls_under_bwd_group_split_give_the_same_bits_under_emulation(monkeypatch):
     """The split's partials summed without atomics (not so under bwd_atomics on a GPU:
     tests/gpu/test_cutile_backward.py)."""

@@ -280,6 +280,32 @@ def test_bwd_decay_factor_enters_the_chunk_kernels_record_key_only():
     assert [s for s in tune.STAGES if keys[False][s] != keys[True][s]] == [tune.CHUNK]
 
 
+# --- switch bwd_entry_term: dΛ's entering-state term in the state pass instead of the chunk kernel ---------------------
+@pytest.mark.parametrize("problem, seed", [
+    pytest.param(Problem(Shape(1, 72, 4, 16, 1, 16, 32), dtype="float32"), 4, id="short-last-chunk-g1"),
+    pytest.param(RICH, 2, id="z-Dchannel-init-seq_idx-g2"),
+])
+def test_bwd_entry_term_in_the_state_pass_keeps_the_gradients_in_the_gate(problem, seed):
+    """Every gradient within the gate with the term formed by the reverse state pass and added by the cumsum kernel;
+    dt's gradient not bit-for-bit the chunk kernel's (the term summed in another order): the state pass's branch ran."""
+    backends = [get_backend("triton", bwd_entry_term=v) for v in ("chunk", "state_pass")]
+    assert_gate(backends[1], problem, seed)
+    inputs = make_inputs(problem, seed=seed)
+    grads_in = output_gradients(inputs, seed)
+    ddt = [_triton_gradients(b, inputs, grads_in)["dt"] for b in backends]
+    assert not torch.equal(ddt[0], ddt[1])
+
+
+def test_bwd_entry_term_enters_the_state_pass_chunk_and_cumsum_keys_only():
+    from impls.triton.backward import tune
+
+    shape = Shape(1, 256, 4, 16, 1, 16, 64)
+    keys = {v: {s: tune.record_key(get_backend("triton", bwd_entry_term=v).switches, shape, "float32", {}, s)
+                for s in tune.STAGES} for v in ("chunk", "state_pass")}
+    assert [s for s in tune.STAGES if keys["chunk"][s] != keys["state_pass"][s]] == [tune.STATE_PASS, tune.CHUNK,
+                                                                                       tune.CUMSUM]
+
+
 def test_bwd_group_split_launches_k_programs_per_group_into_partials(monkeypatch):
     """bwd_dcb and bwd_db launch k times the programs and write k fp32 partials per group (the partial buffers the
     host sums); under bwd_atomics one fp32 buffer per group, zeroed."""

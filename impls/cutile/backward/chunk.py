@@ -6,7 +6,9 @@ writes the row sums of T = dM ∘ M, which its rows' owners do not see, as one p
 past the end of a short last chunk writes only its (zero) dD partial: no load lies wholly outside an array. G depends
 on the group only: switch bwd_cb='shared' forms it once per (batch, chunk, group) with the forward's cb_kernel
 (impls/cutile/compute_out.py, the tiles on or below the diagonal) and every head's programs load their (rows ×
-sources) tile of it, keeping its causal elements, instead of the MMA (two MMAs per row tile)."""
+sources) tile of it, keeping its causal elements, instead of the MMA (two MMAs per row tile). dΛ_s's entering-state
+term needs C_s and the chunk's state: switch bwd_entry_term='state_pass' leaves it to the reverse state pass, which
+holds both, and the program reads neither."""
 
 from __future__ import annotations
 
@@ -60,13 +62,14 @@ def bwd_chunk_kernel(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, d
                      D_MODE: ct.Constant[int], HAS_XV: ct.Constant[bool], TRANS: ct.Constant[bool],
                      TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool],
                      LAT: ct.Constant[int], SHARED_CB: ct.Constant[bool], cbm, FTZ: ct.Constant[bool],
-                     DECAY_FACTOR: ct.Constant[bool]):
+                     DECAY_FACTOR: ct.Constant[bool], ENTER_TERM: ct.Constant[bool]):
     """dx, dz (x's and z's dtype); ddt, dl (b, h, nchunks, chunk) fp32 at the tile's positions; row (b, h, nchunks,
     source tiles, chunk) fp32 at rows l ≥ the tile's first row tile; dD (b, nchunks, source tiles, h, BP) fp32.
     D_MODE: 0 no D, 1 per head, 2 per channel. SHARED_CB (switch bwd_cb='shared'): G read from cbm, the groups' C·Bᵀ
     (b, nchunks, ngroups, chunk, chunk) fp32 written on and below the diagonal (last: the default build's other
     parameters keep their places). DECAY_FACTOR (switch bwd_decay_factor): the decays of the row tiles below the
-    diagonal as an outer product of per-row and per-source factors."""
+    diagonal as an outer product of per-row and per-source factors. ENTER_TERM: dΛ_s's entering-state term formed here
+    (C_s and the state S_c read); off (switch bwd_entry_term='state_pass') the state pass forms it."""
     k = Hints(TMA, LAT, EXP2, TF32, FTZ)
     # one flat grid axis (batch·nchunks passes the 65535 of the others at 2^20 tokens): source tile fastest, then
     # head, chunk, batch, so that the programs in flight share their chunk's B and C tiles
@@ -80,14 +83,14 @@ def bwd_chunk_kernel(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, d
     if s0 < chunk_len:
         _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, ddt, dl, row, dD, seqlen, b, c, h,
                      g, t, chunk_len, CHUNK, BS, BL, BP, BN, HAS_SEQ, HAS_Z, D_MODE, HAS_XV, TRANS, k, SHARED_CB, cbm,
-                     DECAY_FACTOR)
+                     DECAY_FACTOR, ENTER_TERM)
     elif D_MODE > 0:  # the host sums every tile's partial
         ct.store(dD, (b, c, t, h, 0), ct.zeros((1, 1, 1, 1, BP), ct.float32))
 
 
 def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, ddt, dl, row, dD, seqlen, b, c, h, g,
                  t, chunk_len, CHUNK, BS, BL, BP, BN, HAS_SEQ, HAS_Z, D_MODE, HAS_XV, TRANS, k, SHARED_CB, cbm,
-                 DECAY_FACTOR):
+                 DECAY_FACTOR, ENTER_TERM):
     sb = c * (CHUNK // BS) + t  # the tile's rows, in BS-row blocks of (batch, seqlen, …) tensors
     offs_s = _positions(t * BS, BS)
     mask_s = offs_s < chunk_len
@@ -96,7 +99,6 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
     dt_s = per_position(dt, b, h, c, t, BS, k)
     x_s = rows(x, b, sb, h, 0, BS, BP, k)
     B_s = rows(B, b, sb, g, 0, BS, BN, k)
-    C_s = rows(C, b, sb, g, 0, BS, BN, k)
     dyh_s = gated_dy(dy, z, b, sb, h, 0, BS, BP, HAS_Z, k)
     own = mask_s  # the tokens the chunk's local state counts: those of the sequence at its last token
     enter = mask_s  # the tokens that read the entering state: those of the sequence active before the chunk
@@ -117,10 +119,11 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
     ddt_s = to_last * dw
     dl_s = -w * dw
     local = ct.sum(w * dw, axis=0)  # its sum goes to Λ_last (a row partial below): the pair cancels exactly
-    # the entering state's term of y_s: dΛ_s += e^{Λ_s} dŷ_s · (S_c C_s)
-    S = state_tile(states, b, c, h, 0, 0, BP, BN, TRANS, k).astype(C.dtype)
-    CS = k.mma(C_s, ct.transpose(S), ct.zeros((BS, BP), ct.float32))
-    dl_s = dl_s + ct.where(enter, k.exp(dA_s), 0.0) * ct.sum(dyh_s * CS, axis=1)
+    if ENTER_TERM:  # the entering state's term of y_s: dΛ_s += e^{Λ_s} dŷ_s · (S_c C_s) (else the state pass's)
+        C_s = rows(C, b, sb, g, 0, BS, BN, k)
+        S = state_tile(states, b, c, h, 0, 0, BP, BN, TRANS, k).astype(C.dtype)
+        CS = k.mma(C_s, ct.transpose(S), ct.zeros((BS, BP), ct.float32))
+        dl_s = dl_s + ct.where(enter, k.exp(dA_s), 0.0) * ct.sum(dyh_s * CS, axis=1)
     if HAS_Z:
         ct.store(dz, (b, sb, h, 0), _gate_grad(dy, z, yhat, b, sb, h, BS, BP, k).astype(dz.dtype)
                  .reshape((1, BS, 1, BP)), allow_tma=k.tma())
@@ -201,7 +204,8 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, d_mode: int, transpose
     *arrays, cb = arrays
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bs, bl, bp, bn, bool(flags["seq"]), bool(flags["z"]),
             int(d_mode), bool(flags["xv"]), bool(transposed), bool(tf32), sw.exp2, sw.tma,
-            4 if sw.latency_hints else 0, sw.bwd_cb == "shared", cb, sw.bwd_exp2_ftz, sw.bwd_decay_factor)
+            4 if sw.latency_hints else 0, sw.bwd_cb == "shared", cb, sw.bwd_exp2_ftz, sw.bwd_decay_factor,
+            sw.bwd_entry_term == "chunk")
     grid = ((chunk_size // bs) * nheads * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_chunk_kernel, grid, args, config, sw.opt_level)
 

@@ -1,9 +1,9 @@
 """Backward stage in cuTile: chunk_cumsum's backward. One tile program per (batch·chunk, block of heads) gathers dΛ over
 the chunk as a (heads, chunk) tile (the chunk kernel's own terms and its row-sum partials, the state pass's dΛ_last
-partials), takes its reverse cumsum (da), and goes back through dt's processing: ddt = (ddt's other part + A·da)
-through the clamp and softplus, with per-chunk partials of dA = Σ dt·da and of ddt_bias (impls/README.md, "The
-chunked backward", step 5). Positions past the end of a short last chunk are masked here, so the chunk kernel need
-not write them."""
+partials and, with switch bwd_entry_term='state_pass', its entering-state term's partials), takes its reverse cumsum
+(da), and goes back through dt's processing: ddt = (ddt's other part + A·da) through the clamp and softplus, with
+per-chunk partials of dA = Σ dt·da and of ddt_bias (impls/README.md, "The chunked backward", step 5). Positions past
+the end of a short last chunk are masked here, so the chunk kernel need not write them."""
 
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ def _heads_by_position(t, b, hb, c, BH, CHUNK, k):
     return ct.load(t, (b, hb, c, 0), (1, BH, 1, CHUNK), padding_mode=ZERO, allow_tma=k.tma()).reshape((BH, CHUNK))
 
 
-def bwd_cumsum_kernel(raw, bias, A, dt, dl, ddt1, row, lasts, dlv, ddtv, ddt, dA_part, bias_part, seqlen, lo, hi,
-                      CHUNK: ct.Constant[int], BH: ct.Constant[int], ROW_TILE: ct.Constant[int],
+def bwd_cumsum_kernel(raw, bias, A, dt, dl, ddt1, row, lasts, dlv, ddtv, ddt, dA_part, bias_part, enter, seqlen, lo,
+                      hi, CHUNK: ct.Constant[int], BH: ct.Constant[int], ROW_TILE: ct.Constant[int],
                       LAST_TILES: ct.Constant[int], HAS_BIAS: ct.Constant[bool], SOFTPLUS: ct.Constant[bool],
                       HAS_LIMIT: ct.Constant[bool], HAS_V: ct.Constant[bool], EXP2: ct.Constant[bool],
-                      TMA: ct.Constant[bool], FTZ: ct.Constant[bool]):
+                      TMA: ct.Constant[bool], FTZ: ct.Constant[bool], ENTER_TILES: ct.Constant[int]):
     """ddt (b, seqlen, h) in raw dt's dtype; dA_part, bias_part (b, h, nchunks) fp32. row holds CHUNK / ROW_TILE
     partials per position (the chunk kernel's source tiles), lasts LAST_TILES (a power of two at least the state
-    pass's tiles, padded with zeros)."""
+    pass's tiles, padded with zeros); enter ENTER_TILES partials per position (the state pass's tiles; 0: none, the
+    chunk kernel's dl holds that term)."""
     k = Hints(TMA, 0, EXP2, False, FTZ)
     bc, hb = ct.bid(0), ct.bid(1)
     nchunks = dt.shape[2]
@@ -44,6 +45,9 @@ def bwd_cumsum_kernel(raw, bias, A, dt, dl, ddt1, row, lasts, dlv, ddtv, ddt, dA
     for t in range(CHUNK // ROW_TILE):
         part = ct.load(row, (b, hb, c, t, 0), (1, BH, 1, 1, CHUNK), padding_mode=ZERO, allow_tma=k.tma())
         dlt = dlt + ct.where(valid & (pos >= t * ROW_TILE), part.reshape((BH, CHUNK)), 0.0)
+    for t in range(ENTER_TILES):  # switch bwd_entry_term='state_pass': the entering state's term, per state tile
+        part = ct.load(enter, (b, hb, c, t, 0), (1, BH, 1, 1, CHUNK), padding_mode=ZERO, allow_tma=k.tma())
+        dlt = dlt + ct.where(valid, part.reshape((BH, CHUNK)), 0.0)
     # dΛ_last's carried part d_c ⟨R, S_c⟩, one partial per state tile of the state pass (its local part came with
     # the row partials)
     last = ct.load(lasts, (b, hb, c, 0), (1, BH, 1, LAST_TILES), padding_mode=ZERO, allow_tma=k.tma())
@@ -75,9 +79,10 @@ def bwd_cumsum_kernel(raw, bias, A, dt, dl, ddt1, row, lasts, dlv, ddtv, ddt, dA
 
 
 def make_call(arrays, dims, chunk_size: int, flags: dict, dt_limit, row_tile: int, last_tiles: int, sw,
-              config) -> KernelCall:
-    """arrays = (raw dt, dt_bias, A, dt, dl, ddt1, row, lasts, dlv, ddtv, ddt, dA_part, bias_part): tensors, or
-    ArraySpec for AOT compiles; flags: bias, softplus, v (the per-sequence states' extra terms)."""
+              config, enter_tiles: int = 0) -> KernelCall:
+    """arrays = (raw dt, dt_bias, A, dt, dl, ddt1, row, lasts, dlv, ddtv, ddt, dA_part, bias_part, enter): tensors,
+    or ArraySpec for AOT compiles; flags: bias, softplus, v (the per-sequence states' extra terms); enter_tiles: the
+    entering-state term's partials per position (0 without them)."""
     batch, seqlen, nheads = dims
     nchunks = math.ceil(seqlen / chunk_size)
     bh = block_heads(nheads, config)
@@ -85,15 +90,16 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, dt_limit, row_tile: in
     # an infinite upper limit is passed as the largest fp32 (the kernel takes fp32 scalars), as stage 1 does
     lo, hi = (float(dt_limit[0]), float(min(dt_limit[1], 3.0e38))) if has_limit else (0.0, 0.0)
     args = (*arrays, seqlen, lo, hi, chunk_size, bh, row_tile, next_pow2(last_tiles), bool(flags["bias"]),
-            bool(flags["softplus"]), has_limit, bool(flags["v"]), sw.exp2, sw.tma, sw.bwd_exp2_ftz)
+            bool(flags["softplus"]), has_limit, bool(flags["v"]), sw.exp2, sw.tma, sw.bwd_exp2_ftz, int(enter_tiles))
     grid = (batch * nchunks, math.ceil(nheads / bh), 1)
     return kernel_call(bwd_cumsum_kernel, grid, args, config, sw.opt_level)
 
 
 def cumsum_grads(dt_raw, A, dt_bias, dt_softplus, dt_limit, dt, dl, ddt1, row, row_tile: int, lasts, extra_dl,
-                 extra_ddt, *, sw, config, submit=None):
+                 extra_ddt, enter=None, *, sw, config, submit=None):
     """-> (ddt in dt_raw's dtype (batch, seqlen, nheads), dA partials, ddt_bias partials (both fp32 (batch,
-    nheads, nchunks)))."""
+    nheads, nchunks))). `enter`: the state pass's entering-state term partials (switch
+    bwd_entry_term='state_pass') or None."""
     from impls.cutile import common
 
     batch, seqlen, nheads = dt_raw.shape
@@ -103,8 +109,10 @@ def cumsum_grads(dt_raw, A, dt_bias, dt_softplus, dt_limit, dt, dl, ddt1, row, r
     dA_part = torch.empty((batch, nheads, nchunks), dtype=f32, device=dev)
     bias_part = torch.empty((batch, nheads, nchunks), dtype=f32, device=dev)
     arrays = (dt_raw, or_stand_in(dt_bias, dev, f32, 1), A, dt, dl, ddt1, row, lasts,
-              or_stand_in(extra_dl, dev, f32, 4), or_stand_in(extra_ddt, dev, f32, 4), ddt, dA_part, bias_part)
+              or_stand_in(extra_dl, dev, f32, 4), or_stand_in(extra_ddt, dev, f32, 4), ddt, dA_part, bias_part,
+              or_stand_in(enter, dev, f32, 5))
     flags = {"bias": dt_bias is not None, "softplus": dt_softplus, "v": extra_dl is not None}
-    call = make_call(arrays, (batch, seqlen, nheads), chunk, flags, dt_limit, row_tile, lasts.shape[3], sw, config)
+    call = make_call(arrays, (batch, seqlen, nheads), chunk, flags, dt_limit, row_tile, lasts.shape[3], sw, config,
+                     0 if enter is None else enter.shape[3])
     (submit or common.launch)(call)
     return ddt, dA_part, bias_part

@@ -68,7 +68,7 @@ class CutileBackward:
         sw, tf32 = self.backend.switches, go.tf32
         flags = {"seq": seq_idx is not None, "z": z is not None, "varlen": ext["states"] is not None}
         has_init = a["initial_states"] is not None
-        (ds, lasts, dinit) = go.run(tune.STATE_PASS, {**flags, "init": has_init}, lambda cfg, submit: state_pass(
+        (ds, lasts, dinit, enter) = go.run(tune.STATE_PASS, {**flags, "init": has_init}, lambda cfg, submit: state_pass(
             C, sv.dA_cumsum, seq_idx, states, sv.final_states, grads.get("final_states"), dy, z, ext["states"],
             has_init, sw=sw, config=cfg, tf32=tf32, submit=submit))
         cb = shared_cb(C, B, sv.dt.shape[3], sw=sw, tf32=tf32)  # None unless switch bwd_cb='shared'
@@ -85,7 +85,7 @@ class CutileBackward:
                         "limit": tuple(a["dt_limit"]) != (0.0, math.inf), "varlen": ext["states"] is not None}
         (ddt, dA_part, bias_part) = go.run(tune.CUMSUM, cumsum_flags, lambda cfg, submit: cumsum_grads(
             a["dt"], a["A"], a["dt_bias"], a["dt_softplus"], a["dt_limit"], sv.dt, dl, ddt1, row, row_tile, lasts,
-            ext["dA_cumsum"], ext["ddt"], sw=sw, config=cfg, submit=submit))
+            ext["dA_cumsum"], ext["ddt"], enter, sw=sw, config=cfg, submit=submit))
         found = {"x": dx, "dt": ddt, "B": dB, "C": dC, "z": dz, "initial_states": dinit}
         found.update(partial_sums(a, dA_part, bias_part, dD_part))
         return {name: cast(found.get(name), a[name]) for name, wanted in self.needs.items() if wanted}

@@ -44,6 +44,7 @@ def bwd_chunk_kernel(
     CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr, HAS_XV: tl.constexpr,
     EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SHARED_CB: tl.constexpr, DECAY_FACTOR: tl.constexpr,
+    ENTER_TERM: tl.constexpr,
 ):
     # flat grid: source tile fastest, then head, chunk, batch
     TILES: tl.constexpr = CHUNK // BLOCK_S
@@ -75,7 +76,6 @@ def bwd_chunk_kernel(
     dt_s = tl.load(dt_c + offs_s * s_dt_l, mask=mask_s, other=0.0).to(tl.float32)
     x_s = rows(x_c, offs_s, offs_p, mask_s, mask_p, s_x_l, s_x_p).to(dtype)
     B_s = rows(B_c, offs_s, offs_n, mask_s, mask_n, s_B_l, s_B_n).to(dtype)
-    C_s = rows(C_c, offs_s, offs_n, mask_s, mask_n, s_C_l, s_C_n).to(dtype)
     dyh_s = gated_dy(dy_c, z_c, offs_s, offs_p, mask_s, mask_p, s_dy_l, s_dy_p, s_z_l, s_z_p, HAS_Z)
     own = mask_s  # the tokens the chunk's local state counts: those of the sequence at its last token
     enter = mask_s  # the tokens that read the entering state: those of the sequence active before the chunk
@@ -96,11 +96,12 @@ def bwd_chunk_kernel(
     ddt = to_last * dw
     dl = -w * dw
     local = tl.sum(w * dw, axis=0)  # its sum goes to Λ_last (a row partial below): the pair cancels exactly
-    # the entering state's term of y_s: dΛ_s += e^{Λ_s} dŷ_s · (S_c C_s)
-    S = tl.load(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h + offs_p[:, None] * s_st_p + offs_n[None, :] * s_st_n,
-                mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)
-    CS = tl.dot(C_s, tl.trans(S), input_precision=DOT_PRECISION)  # (s, headdim)
-    dl += tl.where(enter, decay(dA_s, EXP2), 0.0) * tl.sum(dyh_s * CS, axis=1)
+    if ENTER_TERM:  # the entering state's term of y_s: dΛ_s += e^{Λ_s} dŷ_s · (S_c C_s) (else the state pass's)
+        C_s = rows(C_c, offs_s, offs_n, mask_s, mask_n, s_C_l, s_C_n).to(dtype)
+        S = tl.load(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h + offs_p[:, None] * s_st_p
+                    + offs_n[None, :] * s_st_n, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)
+        CS = tl.dot(C_s, tl.trans(S), input_precision=DOT_PRECISION)  # (s, headdim)
+        dl += tl.where(enter, decay(dA_s, EXP2), 0.0) * tl.sum(dyh_s * CS, axis=1)
     out = b * s_dx_b + (start64 + offs_s[:, None]) * s_dx_l + h * s_dx_h + offs_p[None, :] * s_dx_p
     mask_sp = mask_s[:, None] & mask_p[None, :]
     if HAS_Z:  # y = ŷ ⊙ silu(z): dz = dy ⊙ ŷ ⊙ σ(z)(1 + z(1 − σ(z)))
@@ -208,7 +209,7 @@ def chunk_grads(x, B, C, dt, dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, ext
         BLOCK_N=pow2_at_least_16(dstate),
         HAS_SEQ=seq_idx is not None, HAS_Z=z is not None, HAS_D=D is not None, HAS_XV=extra_dx is not None,
         EXP2=switches.exp2, DOT_PRECISION=dot_precision, SHARED_CB=cb is not None,
-        DECAY_FACTOR=switches.bwd_decay_factor,
+        DECAY_FACTOR=switches.bwd_decay_factor, ENTER_TERM=switches.bwd_entry_term == "chunk",
         num_warps=config["num_warps"], num_stages=config["num_stages"], path=switches.launch_path,
     )
     return dx, (dz if z is not None else None), ddt, dl, row, (dD if D is not None else None)

@@ -1,6 +1,6 @@
 """Backward stage: chunk_cumsum's backward. One program per (chunk, batch, block of heads) gathers dΛ over the chunk
-(the chunk kernel's own terms and its row-sum partials, the state pass's dΛ_last partials), takes its reverse
-cumsum (da), and goes back through dt's processing: ddt = (ddt's other part + A·da) through the clamp and softplus,
+(the chunk kernel's own terms and its row-sum partials, the state pass's dΛ_last partials and, with switch
+bwd_entry_term='state_pass', its entering-state term's partials), takes its reverse cumsum (da), and goes back through dt's processing: ddt = (ddt's other part + A·da) through the clamp and softplus,
 with per-chunk partials of dA = Σ dt·da and of ddt_bias (impls/README.md, "The chunked backward", step 5)."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from impls.triton.grid import cdiv
 @triton.jit
 def bwd_cumsum_kernel(
     raw_ptr, bias_ptr, A_ptr, dt_ptr, dl_ptr, ddt1_ptr, row_ptr, last_ptr, dlv_ptr, ddtv_ptr,
-    ddt_ptr, dA_part_ptr, bias_part_ptr,
-    seqlen, nheads, row_tiles, last_tiles, dt_min, dt_max,
+    ddt_ptr, dA_part_ptr, bias_part_ptr, enter_ptr,
+    seqlen, nheads, row_tiles, last_tiles, enter_tiles, dt_min, dt_max,
     s_raw_b, s_raw_l, s_raw_h, s_bias, s_A,
     s_dt_b, s_dt_h, s_dt_c, s_dt_l,
     s_q_b, s_q_h, s_q_c,
@@ -30,6 +30,7 @@ def bwd_cumsum_kernel(
     s_dtv_b, s_dtv_h, s_dtv_c, s_dtv_l,
     s_o_b, s_o_l, s_o_h,
     s_p_b, s_p_h,
+    s_en_b, s_en_h, s_en_c, s_en_t,
     CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, ROW_TILE: tl.constexpr,
     HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_V: tl.constexpr,
     EXP2: tl.constexpr,
@@ -52,6 +53,10 @@ def bwd_cumsum_kernel(
     row_c = row_ptr + b * s_r_b + h64[:, None] * s_r_h + c64 * s_r_c + offs_l[None, :]
     for t in range(0, row_tiles):
         dl += tl.load(row_c + t * s_r_t, mask=mask_hl & (offs_l[None, :] >= t * ROW_TILE), other=0.0)
+    # switch bwd_entry_term='state_pass': the entering state's term, one partial per state tile (enter_tiles 0 without)
+    enter_c = enter_ptr + b * s_en_b + h64[:, None] * s_en_h + c64 * s_en_c + offs_l[None, :]
+    for k in range(0, enter_tiles):
+        dl += tl.load(enter_c + k * s_en_t, mask=mask_hl, other=0.0)
     # dΛ_last's carried part d_c ⟨R, S_c⟩, one partial per state tile of the state pass (its local part came with
     # the row partials)
     last = tl.zeros((BLOCK_H,), dtype=tl.float32)
@@ -89,9 +94,10 @@ def bwd_cumsum_kernel(
 
 
 def cumsum_grads(dt_raw, A, dt_bias, dt_softplus, dt_limit, dt, dl, ddt1, row, row_tile, lasts, extra_dl,
-                 extra_ddt, *, config, switches, empty):
+                 extra_ddt, enter=None, *, config, switches, empty):
     """-> (ddt in dt_raw's dtype (batch, seqlen, nheads), dA partials, ddt_bias partials (both fp32 (batch,
-    nheads, nchunks)))."""
+    nheads, nchunks))). `enter`: the state pass's entering-state term partials (switch bwd_entry_term='state_pass')
+    or None."""
     batch, seqlen, nheads = dt_raw.shape
     nchunks, chunk = dt.shape[2], dt.shape[3]
     ddt = empty((batch, seqlen, nheads), dt_raw.dtype, dt_raw.device)
@@ -101,13 +107,16 @@ def cumsum_grads(dt_raw, A, dt_bias, dt_softplus, dt_limit, dt, dl, ddt1, row, r
     dlv = extra_dl if extra_dl is not None else dt  # never read without HAS_V
     dtv = extra_ddt if extra_ddt is not None else dt
     has_limit = tuple(dt_limit) != (0.0, math.inf)
+    en = enter if enter is not None else row  # never read with no tiles
     block_h = config["block_heads"]
     launcher.launch(
         bwd_cumsum_kernel, (nchunks, batch, cdiv(nheads, block_h)), dt_raw, bias, A, dt, dl, ddt1, row, lasts, dlv,
-        dtv, ddt, dA_part, bias_part,
-        seqlen, nheads, row.shape[3], lasts.shape[3], float(dt_limit[0]), float(dt_limit[1]),
+        dtv, ddt, dA_part, bias_part, en,
+        seqlen, nheads, row.shape[3], lasts.shape[3], 0 if enter is None else enter.shape[3], float(dt_limit[0]),
+        float(dt_limit[1]),
         *dt_raw.stride(), bias.stride(0), A.stride(0), *dt.stride(), *dl.stride()[:3], *row.stride()[:4],
         *lasts.stride()[:3], *dlv.stride(), *dtv.stride(), *ddt.stride(), *dA_part.stride()[:2],
+        *en.stride()[:4],
         CHUNK=chunk, BLOCK_H=block_h, ROW_TILE=row_tile, HAS_BIAS=dt_bias is not None, SOFTPLUS=bool(dt_softplus),
         HAS_LIMIT=has_limit, HAS_V=extra_dl is not None, EXP2=switches.exp2,
         num_warps=config["num_warps"], path=switches.launch_path,

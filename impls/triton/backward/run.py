@@ -61,7 +61,7 @@ class TritonBackward:
         dots = {**go.kw, "dot_precision": go.precision}
         flags = {"seq": seq_idx is not None, "z": z is not None, "varlen": extra.states is not None}
         has_init = a["initial_states"] is not None
-        ds, lasts, dinit = go.run(tune.STATE_PASS, {**flags, "init": has_init}, lambda cfg: state_pass(
+        ds, lasts, dinit, enter = go.run(tune.STATE_PASS, {**flags, "init": has_init}, lambda cfg: state_pass(
             C, sv.dA_cumsum, seq_idx, states, sv.final_states, grads.get("final_states"), dy, z, extra.states,
             has_init, config=cfg, **dots))
 
@@ -81,7 +81,7 @@ class TritonBackward:
                         "limit": tuple(a["dt_limit"]) != (0.0, math.inf), "varlen": extra.states is not None}
         ddt, dA_part, bias_part = go.run(tune.CUMSUM, cumsum_flags, lambda cfg: cumsum_grads(
             a["dt"], a["A"], a["dt_bias"], a["dt_softplus"], a["dt_limit"], sv.dt, dl, ddt1, row,
-            chunk_config["block_sources"], lasts, extra.dA_cumsum, extra.ddt, config=cfg, **go.kw))
+            chunk_config["block_sources"], lasts, extra.dA_cumsum, extra.ddt, enter, config=cfg, **go.kw))
         found = {"x": dx, "dt": ddt, "B": dB, "C": dC, "z": dz, "initial_states": dinit}
         found.update(partial_sums(a, dA_part, bias_part, dD_part))
         return {name: cast(found.get(name), a[name]) for name, wanted in self.needs.items() if wanted}

@@ -4,7 +4,9 @@ step 2): it stores R per chunk (the gradient of the state chunk c leaves, which 
 part of dΛ_last's carried term d_c ⟨R, S_c⟩ (the local state's part comes from the chunk kernel), then
 R ← d_c R + Σ_l γ_l e^{Λ_l} dŷ_l C_lᵀ (one tl.dot per BLOCK_K positions; with switch bwd_state_split two, the
 weighted dŷ split into its rounding to x's dtype and the rounding of the rest); the initial states' gradient is R
-after chunk 0."""
+after chunk 0. With switch bwd_entry_term='state_pass' it also writes dΛ's entering-state term γ_s e^{Λ_s} dŷ_s ·
+(S_c C_s) over its (headdim, dstate) block, per position (one more tl.dot per BLOCK_K positions, from the C and S_c it
+holds), which the chunk kernel then leaves out."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def _state_tile(ptr, offs_p, offs_n, mask_p, mask_n, s_p, s_n):
 @triton.jit
 def bwd_state_pass_kernel(
     C_ptr, dA_ptr, seq_ptr, st_ptr, fin_ptr, dfin_ptr, dy_ptr, z_ptr, ext_ptr,
-    ds_ptr, last_ptr, dinit_ptr,
+    ds_ptr, last_ptr, dinit_ptr, enter_ptr,
     seqlen, nheads, nchunks, headdim, dstate, heads_per_group,
     s_C_b, s_C_l, s_C_g, s_C_n,
     s_dA_b, s_dA_h, s_dA_c, s_dA_l,
@@ -42,10 +44,11 @@ def bwd_state_pass_kernel(
     s_ds_b, s_ds_c, s_ds_h, s_ds_p, s_ds_n,
     s_la_b, s_la_h, s_la_c,
     s_di_b, s_di_h, s_di_p, s_di_n,
+    s_en_b, s_en_h, s_en_c, s_en_t,
     CHUNK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_DFINAL: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, HAS_EXT: tl.constexpr,
     HAS_INIT: tl.constexpr, EXP2: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
-    LOOP_STAGES: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, ENTER_TERM: tl.constexpr,
 ):
     # fin_ptr (the final states) is not read: dΛ_last's carried part reads the entering S_c
     # flat grid: state tile fastest, then head, then batch
@@ -90,6 +93,8 @@ def bwd_state_pass_kernel(
         dy_c = dy_ptr + b * s_dy_b + start64 * s_dy_l + h * s_dy_h
         z_c = z_ptr + b * s_z_b + start64 * s_z_l + h * s_z_h
         acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+        St = tl.trans(S_c.to(dtype))
+        enter_c = enter_ptr + b * s_en_b + h * s_en_h + c64 * s_en_c + tile * s_en_t
         # the positions' loop is nested in the chunks': Triton's pipeliner stages its loads only when it asks
         for k0 in tl.range(0, chunk_len, BLOCK_K, num_stages=LOOP_STAGES):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -102,6 +107,9 @@ def bwd_state_pass_kernel(
             dyw = dyw * scale[:, None]
             hi = dyw.to(dtype)
             Ck = rows(C_c, offs_k, offs_n, mask_k, mask_n, s_C_l, s_C_n).to(dtype)
+            if ENTER_TERM:  # switch bwd_entry_term='state_pass': this tile's part of γ e^Λ dŷ · (S_c C) per position
+                CS = tl.dot(Ck, St, input_precision=DOT_PRECISION)  # (positions, headdim block)
+                tl.store(enter_c + offs_k, tl.sum(dyw * CS, axis=1), mask=mask_k)
             acc = tl.dot(tl.trans(hi), Ck, acc, input_precision=DOT_PRECISION)
             if SPLIT:  # what hi's rounding left out, as a second operand into the same accumulator
                 lo = (dyw - hi.to(tl.float32)).to(dtype)
@@ -118,7 +126,9 @@ def bwd_state_pass_kernel(
 def state_pass(C, dA_cumsum, seq_idx, states, final, dfinal, dy, z, extra_states, has_init, *, config, switches,
                empty, dot_precision):
     """-> (R (batch, nchunks, nheads, headdim, dstate) in C's dtype: the gradient of the state each chunk leaves,
-    dΛ_last partials (batch, nheads, nchunks, state tiles) fp32, the initial states' gradient fp32 or None)."""
+    dΛ_last partials (batch, nheads, nchunks, state tiles) fp32, the initial states' gradient fp32 or None, dΛ's
+    entering-state term per state tile (batch, nheads, nchunks, state tiles, chunk) fp32 with switch
+    bwd_entry_term='state_pass', else None)."""
     batch, seqlen, nheads, headdim = dy.shape
     ngroups, dstate = C.shape[2], C.shape[3]
     nchunks, chunk = dA_cumsum.shape[2], dA_cumsum.shape[3]
@@ -131,18 +141,21 @@ def state_pass(C, dA_cumsum, seq_idx, states, final, dfinal, dy, z, extra_states
     seq = seq_idx if seq_idx is not None else dA_cumsum  # never read without HAS_SEQ
     zz = z if z is not None else dy
     ext = extra_states if extra_states is not None else states
+    entering = switches.bwd_entry_term == "state_pass"
+    enter = empty((batch, nheads, nchunks, tiles, chunk), torch.float32, C.device) if entering else None
+    en = enter if entering else lasts.unsqueeze(-1)  # never written without ENTER_TERM
     launcher.launch(
         bwd_state_pass_kernel, (tiles * nheads * batch,), C, dA_cumsum, seq, states, final, dfin, dy, zz, ext,
-        ds, lasts, dinit,
+        ds, lasts, dinit, en,
         seqlen, nheads, nchunks, headdim, dstate, nheads // ngroups,
         *C.stride(), *dA_cumsum.stride(), seq.stride(0), seq.stride(1), *states.stride(), *final.stride(),
         *dfin.stride(), *dy.stride(), *zz.stride(), *ext.stride(), *ds.stride(), *lasts.stride()[:3],
-        *dinit.stride(),
+        *dinit.stride(), *en.stride()[:4],
         CHUNK=chunk, BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_K=config["block_positions"],
         HAS_DFINAL=dfinal is not None, HAS_SEQ=seq_idx is not None, HAS_Z=z is not None,
         HAS_EXT=extra_states is not None, HAS_INIT=has_init, EXP2=switches.exp2, DOT_PRECISION=dot_precision,
         SPLIT=state_split(switches, C.dtype), LOOP_STAGES=config["num_stages"], num_warps=config["num_warps"],
-        num_stages=config["num_stages"],
+        num_stages=config["num_stages"], ENTER_TERM=entering,
         path=switches.launch_path,
     )
-    return ds, lasts, (dinit if has_init else None)
+    return ds, lasts, (dinit if has_init else None), enter

@@ -52,9 +52,10 @@ CODE_SWITCHES = ("exp2", "cb_precision")  # the switches that change the backwar
 # switches that change one kernel's code only, in that kernel's key when away from their default (so that records
 # found without them keep their keys, and the other kernels keep their records)
 GROUP_SWITCHES = ("bwd_group_split", "bwd_atomics")  # the per-group kernels' programs and stores
-KERNEL_SWITCHES = {STATE_PASS: ("bwd_state_split",), CHUNK: ("bwd_cb", "bwd_decay_factor"),
+KERNEL_SWITCHES = {STATE_PASS: ("bwd_state_split", "bwd_entry_term"),
+                   CHUNK: ("bwd_cb", "bwd_decay_factor", "bwd_entry_term"),
                    DCB: (*GROUP_SWITCHES, "bwd_dcb_sources"),
-                   DB: GROUP_SWITCHES}
+                   DB: GROUP_SWITCHES, CUMSUM: ("bwd_entry_term",)}
 
 
 def clamp(config: dict[str, int], shape: Shape) -> dict[str, int]:
