@@ -511,8 +511,9 @@ def test_the_backward_kernels_compile_for_sm90():
     assert result.returncode == 0, result.stdout + result.stderr
     # bwd_chunk with bwd_cb 'inline' and 'shared' (and the C·Bᵀ kernel's lower triangle it reads) and with
     # bwd_decay_factor, bwd_dcb and bwd_db with bwd_group_split 1 and 4, bwd_dcb with bwd_dcb_sources 'chunk',
-    # bwd_state_pass with bwd_state_split on and off
-    assert result.stdout.count("ok  ") == 12, result.stdout
+    # bwd_state_pass with bwd_state_split on and off, bwd_state_pass and bwd_chunk with bwd_entry_term 'state_pass'
+    assert result.stdout.count("ok  ") == 14, result.stdout
     wgmma = [int(line.split("wgmma=")[1].split()[0]) for line in result.stdout.splitlines()
              if " bwd_state_pass_kernel " in line]
-    assert len(wgmma) == 2 and wgmma[0] > wgmma[1] > 0, result.stdout  # the split's second dot
+    # the split's second dot (on, off), then the entering state's term's dot (bwd_entry_term 'state_pass')
+    assert len(wgmma) == 3 and wgmma[0] > wgmma[1] > 0 and wgmma[2] > wgmma[0], result.stdout

@@ -3,7 +3,8 @@ bf16, with the GPU fallback tiles: one line per kernel (shared memory, registers
 count); exit status 1 if any fails to compile or needs more shared memory than a block may have; bwd_chunk twice,
 with switch bwd_cb 'inline' and 'shared' (and the forward's C·Bᵀ kernel on its lower triangle, which 'shared'
 launches); bwd_dcb and bwd_db again with switch bwd_group_split 4 (dcb's fp32 partials, db's atomic adds:
-bwd_atomics); bwd_state_pass with switch bwd_state_split on (its default: two dots per inner step) and off. Run it
+bwd_atomics); bwd_state_pass with switch bwd_state_split on (its default: two dots per inner step) and off;
+bwd_state_pass and bwd_chunk with switch bwd_entry_term 'state_pass'. Run it
 with TRITON_INTERPRET unset (the CPU test tests/backends/test_triton_backward.py runs it in a subprocess):
 `python -m tests.backends.triton_backward_sm90`."""
 
@@ -27,7 +28,7 @@ SHARED_MEMORY_LIMIT = 232448  # bytes of dynamic shared memory per block on sm_9
 CHUNK, HEADDIM, DSTATE = 256, 64, 128  # S1's blocks
 FP32 = ("dt_ptr", "dA_ptr", "fin_ptr", "dfin_ptr", "ext_ptr", "last_ptr", "dinit_ptr", "ddt_ptr", "dl_ptr",
         "row_ptr", "dD_ptr", "D_ptr", "dG_ptr", "xv_ptr", "bv_ptr", "A_ptr", "bias_ptr", "ddt1_ptr", "dlv_ptr",
-        "ddtv_ptr", "dA_part_ptr", "bias_part_ptr", "cb_ptr")
+        "ddtv_ptr", "dA_part_ptr", "bias_part_ptr", "cb_ptr", "enter_ptr")
 
 
 def signature(kernel, dtype: str, constexprs: dict) -> dict[str, str]:
@@ -57,11 +58,11 @@ def variants(dtype: str):
     state = {**common, **dots, "CHUNK": CHUNK, "BLOCK_P": fb[tune.STATE_PASS]["block_headdim"],
              "BLOCK_N": fb[tune.STATE_PASS]["block_dstate"], "BLOCK_K": fb[tune.STATE_PASS]["block_positions"],
              "HAS_DFINAL": True, "HAS_Z": True, "HAS_EXT": True, "HAS_INIT": True,
-             "LOOP_STAGES": fb[tune.STATE_PASS]["num_stages"]}
+             "LOOP_STAGES": fb[tune.STATE_PASS]["num_stages"], "ENTER_TERM": False}
     yield bwd_state_pass_kernel, {**state, "SPLIT": True}, fb[tune.STATE_PASS]  # switch bwd_state_split on
     chunk = {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.CHUNK]["block_sources"],
              "BLOCK_L": fb[tune.CHUNK]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE, "HAS_Z": True,
-             "HAS_D": True, "HAS_XV": True, "DECAY_FACTOR": False}
+             "HAS_D": True, "HAS_XV": True, "DECAY_FACTOR": False, "ENTER_TERM": True}
     yield bwd_chunk_kernel, {**chunk, "SHARED_CB": False, "cb_ptr": None}, fb[tune.CHUNK]  # switch bwd_cb='inline'
     one = {"SPLIT": 1, "ATOMIC": False}  # switch bwd_group_split 1
     dcb = {**common, **dots, "CHUNK": CHUNK, "BLOCK_L": fb[tune.DCB]["block_rows"],
@@ -86,6 +87,9 @@ def variants(dtype: str):
     yield bwd_state_pass_kernel, {**state, "SPLIT": False}, fb[tune.STATE_PASS]  # switch bwd_state_split off
     # switch bwd_decay_factor: the decays below the diagonal as an outer product
     yield bwd_chunk_kernel, {**chunk, "SHARED_CB": False, "cb_ptr": None, "DECAY_FACTOR": True}, fb[tune.CHUNK]
+    # switch bwd_entry_term='state_pass': the entering state's term in the state pass, not in the chunk kernel
+    yield bwd_state_pass_kernel, {**state, "SPLIT": True, "ENTER_TERM": True}, fb[tune.STATE_PASS]
+    yield bwd_chunk_kernel, {**chunk, "SHARED_CB": False, "cb_ptr": None, "ENTER_TERM": False}, fb[tune.CHUNK]
 
 
 def main(dtype: str = "bf16") -> int:
