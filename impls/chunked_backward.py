@@ -136,7 +136,13 @@ def written_elements(stage: str, outputs, seqlen: int, padding_read: bool):
     holds whatever the allocator left there (NaN under `impls.tolerance.poisoned_allocations`, and often after it on
     a GPU). The chunk kernel's ddt and dΛ terms past the end of a short last chunk: `padding_read` where the cumsum
     kernel reads them (our Triton's writes zeros there and its reverse cumsum runs over the whole chunk), so they are
-    checked; cuTile's chunk kernel leaves them and its cumsum masks them. Every other output is read whole."""
+    checked; cuTile's chunk kernel leaves them and its cumsum masks them. The entering-state terms that the state pass
+    or the dcb kernel writes under switch bwd_entry_term (their last output, None otherwise) are read inside the
+    sequence only. Every other output is read whole."""
+    if stage in ("bwd_state_pass", "bwd_dcb") and outputs[-1] is not None:  # (…, chunk) per (batch, head, chunk, tile)
+        terms = outputs[-1]
+        inside = _inside_sequence(terms.shape[2], terms.shape[4], seqlen, terms.device)
+        outputs = (*outputs[:-1], terms.where(inside[:, None], 0.0))
     if stage == "bwd_chunk":
         dx, dz, ddt, dl, row, dD = outputs
         nchunks, tiles, chunk = row.shape[2], row.shape[3], row.shape[4]
@@ -147,11 +153,11 @@ def written_elements(stage: str, outputs, seqlen: int, padding_read: bool):
             ddt, dl = ddt.where(inside, 0.0), dl.where(inside, 0.0)
         return dx, dz, ddt, dl, row.where(inside[:, None] & after, 0.0), dD
     if stage == "bwd_dcb":
-        dC, dG = outputs
+        dC, dG, terms = outputs
         nchunks, chunk = dG.shape[1], dG.shape[3]
         inside = _inside_sequence(nchunks, chunk, seqlen, dG.device)
         causal = torch.ones(chunk, chunk, dtype=torch.bool, device=dG.device).tril()  # (row l, source s)
-        return dC, dG.where((causal & inside[:, :, None] & inside[:, None, :])[:, None], 0.0)
+        return dC, dG.where((causal & inside[:, :, None] & inside[:, None, :])[:, None], 0.0), terms
     return outputs
 
 

@@ -282,16 +282,20 @@ class CutileSwitches:
              "bwd_exp2_ftz) the subnormal handling around each gone; the default's loop unchanged",
         sm100="as on sm_90")
     bwd_entry_term: str = switch(
-        "chunk", "where the backward forms dΛ_s's entering-state term e^(Λ_s) dŷ_s · (S_c C_s) (impls/cutile/backward/): "
+        "chunk", "where the backward forms dΛ_s's entering-state term e^(Λ_s) dŷ_s · (S_c C_s) "
+                 "(impls/cutile/backward/): "
                  "'chunk' = the chunk kernel, every (source tile, head) program loading its C_s rows and the chunk's "
                  "state and forming C_s·S_cᵀ with an MMA; 'state_pass' = the reverse state pass, which holds C and "
                  "S_c for its (headdim, dstate) block already, forms C·S_cᵀ over the whole chunk with one more MMA per "
-                 "chunk and writes the term's partial per state tile, which the cumsum kernel adds: the chunk kernel "
-                 "then reads neither C_s nor the states",
-        choices=("chunk", "state_pass"),
+                 "chunk and writes the term's partial per state tile, which the cumsum kernel adds; 'dcb' = the "
+                 "d(C·Bᵀ) kernel, which loads every head's state for dC's entering-state term already: one more MMA "
+                 "per head (its row tile's C against the state), the term stored per head and position for the "
+                 "cumsum kernel. Away from 'chunk' the chunk kernel reads neither C_s nor the states",
+        choices=("chunk", "state_pass", "dcb"),
         sm90="'state_pass': the chunk kernel one (sources × headdim × dstate) HGMMA and two TMA tiles lighter per "
              "program (less shared memory per program), the state pass one (chunk × headdim × dstate block) HGMMA "
-             "heavier per chunk step",
+             "heavier per chunk step, on its serial walk; 'dcb': the same HGMMA per (row tile, head) in the dcb "
+             "kernel's head loop instead, off any serial chain, and the row tile's C once per program",
         sm100="as on sm_90")
     bwd_cb: str = switch(
         "inline", "the backward's C·Bᵀ (impls/cutile/backward/chunk.py): 'inline' = bwd_chunk forms G = C_l·B_sᵀ with "
@@ -457,9 +461,10 @@ CODE_SWITCHES = ("transposed_layout", "operand_swap", "latency_hints", "tma", "e
 # bwd_state_split changes the backward's bwd_state_pass kernel only (as bwd_cb bwd_chunk's): it keys that kernel's
 # record when off (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py compiles
 # both values.
-# bwd_entry_term changes the backward's bwd_state_pass, bwd_chunk and bwd_cumsum kernels: it keys their records when
-# away from 'chunk' (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py compiles
-# both values.
+# bwd_entry_term changes the backward's bwd_state_pass, bwd_chunk, bwd_dcb and bwd_cumsum kernels: it keys their
+# records when away from 'chunk' (each value, the kernels it leaves unchanged included;
+# impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py compiles the kernels it
+# changes.
 # bwd_dcb_sources changes the backward's bwd_dcb kernel only: it keys that kernel's record
 # (impls/cutile/backward/tune.py KERNEL_SWITCHES) and tests/backends/test_cutile_backward.py compiles both values.
 # bwd_cb changes the backward's bwd_chunk kernel only, which the forward's switch-effects table does not compile: it

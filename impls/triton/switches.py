@@ -236,15 +236,19 @@ class TritonSwitches:
              "unchanged",
         sm100="as on sm_90")
     bwd_entry_term: str = switch(
-        "chunk", "where the backward forms dΛ_s's entering-state term e^(Λ_s) dŷ_s · (S_c C_s) (impls/triton/backward/): "
+        "chunk", "where the backward forms dΛ_s's entering-state term e^(Λ_s) dŷ_s · (S_c C_s) "
+                 "(impls/triton/backward/): "
                  "'chunk' = the chunk kernel, every (source tile, head) program loading its C_s rows and the chunk's "
                  "state and forming C_s·S_cᵀ with a tl.dot; 'state_pass' = the reverse state pass, which holds C and "
                  "S_c for its (headdim, dstate) block already, forms C·S_cᵀ with one more tl.dot per block of "
-                 "positions and writes the term's partial per state tile, which the cumsum kernel adds: the chunk "
-                 "kernel then reads neither C_s nor the states",
-        choices=("chunk", "state_pass"),
+                 "positions and writes the term's partial per state tile, which the cumsum kernel adds; 'dcb' = the "
+                 "d(C·Bᵀ) kernel, which loads every head's state for dC's entering-state term already: one more "
+                 "tl.dot per head (its row tile's C against the state), the term stored per head and position for "
+                 "the cumsum kernel. Away from 'chunk' the chunk kernel reads neither C_s nor the states",
+        choices=("chunk", "state_pass", "dcb"),
         sm90="'state_pass': the chunk kernel one wgmma and two tile loads lighter per program (fewer registers), the "
-             "state pass one wgmma heavier per block of positions",
+             "state pass one wgmma heavier per block of positions; 'dcb': that wgmma per (row tile, head) in the dcb "
+             "kernel's head loop instead",
         sm100="as on sm_90")
     bwd_dcb_sources: str = switch(
         "tiles", "the backward's d(C·Bᵀ) kernel (impls/triton/backward/dcb.py): 'tiles' = each row-tile program walks "

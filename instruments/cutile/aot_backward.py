@@ -51,7 +51,7 @@ def build_call(kernel: str, dtype: torch.dtype, switches, dims: dict | None = No
         return chunk.make_call(arrays, dims6, d["chunk"], flags, on["d_mode"], trans, tf32, switches, config)
     out = a(f32, 4) if switches.bwd_group_split > 1 else BC  # dC's, dB's fp32 partials (or atomic buffer)
     if kernel == tune.DCB:
-        arrays = (X, BC, Q, Q, seq, S5, X, X, a(f32, 5), out)
+        arrays = (X, BC, Q, Q, seq, S5, X, X, a(f32, 5), out, BC, a(f32, 5))
         return dcb.make_call(arrays, dims6, d["chunk"], {"seq": on["seq"], "z": on["z"]}, trans, tf32, switches,
                              config)
     if kernel == tune.DB:
@@ -65,7 +65,7 @@ def build_call(kernel: str, dtype: torch.dtype, switches, dims: dict | None = No
         limit = (0.0, 0.1) if on["limit"] else (0.0, float("inf"))
         row_tile = chunk.blocks(d["chunk"], d["headdim"], d["dstate"], tune.FALLBACK[9][tune.CHUNK])[0]
         last_tiles = state_pass.tiles(d["headdim"], d["dstate"], tune.FALLBACK[9][tune.STATE_PASS])
-        enter_tiles = last_tiles if switches.bwd_entry_term == "state_pass" else 0
+        enter_tiles = {"state_pass": last_tiles, "dcb": 1}.get(switches.bwd_entry_term, 0)
         return cumsum.make_call(arrays, (d["batch"], d["seqlen"], d["nheads"]), d["chunk"], flags, limit, row_tile,
                                 last_tiles, switches, config, enter_tiles)
     raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")

@@ -615,31 +615,41 @@ def test_bwd_decay_factor_enters_the_chunk_kernels_record_key_only():
     assert [s for s in tune.STAGES if keys[False][s] != keys[True][s]] == [tune.CHUNK]
 
 
-# --- switch bwd_entry_term: dΛ's entering-state term in the state pass instead of the chunk kernel ---------------------
-@pytest.mark.parametrize("problem, tiles", [
-    pytest.param(HEADLINE, SMALL, id="headline-g1", marks=pytest.mark.quick),
-    pytest.param(RICH, ROWS_LONGER, id="z-Dchannel-init-seq_idx-g2"),
-    pytest.param(dataclasses.replace(RICH, dtype="bfloat16"), SMALL, id="bf16-z-Dchannel-init-seq_idx-g2"),
+# --- switch bwd_entry_term: dΛ's entering-state term in the state pass or dcb instead of the chunk kernel -----------
+@pytest.mark.parametrize("problem, tiles, term, switches", [
+    pytest.param(HEADLINE, SMALL, "state_pass", {}, id="state_pass-headline-g1", marks=pytest.mark.quick),
+    pytest.param(RICH, ROWS_LONGER, "state_pass", {}, id="state_pass-z-Dchannel-init-seq_idx-g2"),
+    pytest.param(dataclasses.replace(RICH, dtype="bfloat16"), SMALL, "state_pass", {},
+                 id="state_pass-bf16-z-Dchannel-init-seq_idx-g2"),
     pytest.param(Problem(Shape(1, 70, 4, 32, 4, 32, 32), dtype="float32", has_z=True, has_initial_states=True,
-                         nseqs=3, varlen=True), SMALL, id="cu_seqlens-init-z-g4", marks=pytest.mark.slow),
-    pytest.param(Problem(Shape(1, 200, 4, 32, 1, 32, 128), dtype="float32"), SMALL, id="chunk128-two-row-blocks"),
+                         nseqs=3, varlen=True), SMALL, "state_pass", {}, id="state_pass-cu_seqlens-init-z-g4",
+                 marks=pytest.mark.slow),
+    pytest.param(Problem(Shape(1, 200, 4, 32, 1, 32, 128), dtype="float32"), SMALL, "state_pass", {},
+                 id="state_pass-chunk128-two-row-blocks"),
+    pytest.param(HEADLINE, SMALL, "dcb", {}, id="dcb-headline-g1", marks=pytest.mark.quick),
+    pytest.param(RICH, ROWS_LONGER, "dcb", {"bwd_dcb_sources": "chunk"},
+                 id="dcb-chunk-sources-z-Dchannel-init-seq_idx-g2"),
+    pytest.param(dataclasses.replace(RICH, dtype="bfloat16"), SMALL, "dcb", {"bwd_group_split": 2},
+                 id="dcb-split2-bf16-z-Dchannel-init-seq_idx-g2"),
 ])
-def test_bwd_entry_term_in_the_state_pass_passes_the_gate_under_emulation(monkeypatch, problem, tiles):
+def test_bwd_entry_term_away_from_the_chunk_kernel_passes_the_gate_under_emulation(monkeypatch, problem, tiles, term,
+                                                                                    switches):
     """The entering state's term of dΛ formed by the reverse state pass (per state tile, in row blocks of at most 64)
-    and added by the cumsum kernel: every gradient within the gate, and dt's gradient not the same bits as the chunk
-    kernel's (the term is summed in another order), so the state pass's branch ran."""
+    or by the dcb kernel (per head and row tile, either walk of its sources, the heads split) and added by the cumsum
+    kernel: every gradient within the gate, and A's gradient (fp32) not the same bits as the chunk kernel's (the term
+    is summed in another order), so the other kernel's branch ran."""
     inputs = make_inputs(problem, seed=4)
     found = []
-    for term in ("chunk", "state_pass"):
-        backend = _emulated(monkeypatch, tiles, bwd_entry_term=term)
+    for value in ("chunk", term):
+        backend = _emulated(monkeypatch, tiles, bwd_entry_term=value, **switches)
         with emulated_launches():
             report = check_gradients(backend, inputs, problem.torch_dtype, seed=4)
             failing = {name: (round(r["bound_ratio"], 3), r["where"]) for name, r in report.items() if not r["ok"]}
-            assert not failing, (term, failing)
+            assert not failing, (value, failing)
             kw = forward_arguments(inputs)
             leaves = _leaves(kw)
             out = impls.ssd(**{**kw, **leaves}, backend=backend)
-            found.append(torch.autograd.grad(out.y, [leaves["dt"]], torch.ones_like(out.y))[0])
+            found.append(torch.autograd.grad(out.y, [leaves["A"]], torch.ones_like(out.y))[0])
     assert not torch.equal(found[0], found[1])
 
 
@@ -647,7 +657,7 @@ def test_bwd_entry_term_in_the_state_pass_passes_the_gate_under_emulation(monkey
 def test_bwd_entry_term_lightens_the_chunk_kernel():
     """S1 in bf16 at the H100 record's chunk tiles (64 × 64, occupancy 2, one warpgroup): with the term in the state
     pass the chunk kernel issues one HGMMA group fewer per program and fewer instructions, without spills; the state
-    pass at its record's tiles (64 × 128, occupancy 2) compiles with the extra MMA."""
+    pass at its record's tiles (64 × 128, occupancy 2) and the dcb kernel at its own compile with the extra MMA."""
     tiles = {"block_sources": 64, "block_rows": 64, "occupancy": 2, "worker_warps": 0}
     here = _facts(tune.CHUNK, config=tiles)
     there = _facts(tune.CHUNK, switches=CutileSwitches(bwd_entry_term="state_pass"), config=tiles)
@@ -657,13 +667,18 @@ def test_bwd_entry_term_lightens_the_chunk_kernel():
                    config={"block_headdim": 64, "block_dstate": 128, "occupancy": 2, "worker_warps": 0})
     assert state["HGMMA"] > _facts(tune.STATE_PASS, config={"block_headdim": 64, "block_dstate": 128, "occupancy": 2,
                                                            "worker_warps": 0})["HGMMA"], state
+    dcb = {"block": 64, "occupancy": 0, "worker_warps": 8}  # the H100 record's dcb tiles under 'chunk' sources
+    plain = _facts(tune.DCB, switches=CutileSwitches(bwd_dcb_sources="chunk"), config=dcb)
+    with_term = _facts(tune.DCB, switches=CutileSwitches(bwd_dcb_sources="chunk", bwd_entry_term="dcb"), config=dcb)
+    assert with_term["HGMMA"] > plain["HGMMA"], (plain, with_term)
 
 
-def test_bwd_entry_term_enters_the_state_pass_chunk_and_cumsum_keys_only():
+def test_bwd_entry_term_enters_every_kernels_key_but_db():
     keys = {v: {s: tune.record_key(CutileSwitches(bwd_entry_term=v), "b1-l256", "bfloat16", {}, s)
-                for s in tune.STAGES} for v in ("chunk", "state_pass")}
-    assert [s for s in tune.STAGES if keys["chunk"][s] != keys["state_pass"][s]] == [tune.STATE_PASS, tune.CHUNK,
-                                                                                       tune.CUMSUM]
+                for s in tune.STAGES} for v in ("chunk", "state_pass", "dcb")}
+    for value in ("state_pass", "dcb"):
+        assert [s for s in tune.STAGES if keys["chunk"][s] != keys[value][s]] == [
+            tune.STATE_PASS, tune.CHUNK, tune.DCB, tune.CUMSUM], value
 
 
 def test_two_calls_under_bwd_group_split_give_the_same_bits_under_emulation(monkeypatch):

@@ -280,15 +280,20 @@ def test_bwd_decay_factor_enters_the_chunk_kernels_record_key_only():
     assert [s for s in tune.STAGES if keys[False][s] != keys[True][s]] == [tune.CHUNK]
 
 
-# --- switch bwd_entry_term: dΛ's entering-state term in the state pass instead of the chunk kernel ---------------------
-@pytest.mark.parametrize("problem, seed", [
-    pytest.param(Problem(Shape(1, 72, 4, 16, 1, 16, 32), dtype="float32"), 4, id="short-last-chunk-g1"),
-    pytest.param(RICH, 2, id="z-Dchannel-init-seq_idx-g2"),
+# --- switch bwd_entry_term: dΛ's entering-state term in the state pass or dcb instead of the chunk kernel -----------
+@pytest.mark.parametrize("problem, seed, term, switches", [
+    pytest.param(Problem(Shape(1, 72, 4, 16, 1, 16, 32), dtype="float32"), 4, "state_pass", {},
+                 id="state_pass-short-last-chunk-g1"),
+    pytest.param(RICH, 2, "state_pass", {}, id="state_pass-z-Dchannel-init-seq_idx-g2"),
+    pytest.param(Problem(Shape(1, 72, 4, 16, 1, 16, 32), dtype="float32"), 4, "dcb", {}, id="dcb-short-last-chunk-g1"),
+    pytest.param(RICH, 2, "dcb", {"bwd_dcb_sources": "chunk"}, id="dcb-chunk-sources-z-Dchannel-init-seq_idx-g2"),
+    pytest.param(RICH, 2, "dcb", {"bwd_group_split": 2}, id="dcb-split2-z-Dchannel-init-seq_idx-g2"),
 ])
-def test_bwd_entry_term_in_the_state_pass_keeps_the_gradients_in_the_gate(problem, seed):
-    """Every gradient within the gate with the term formed by the reverse state pass and added by the cumsum kernel;
-    dt's gradient not bit-for-bit the chunk kernel's (the term summed in another order): the state pass's branch ran."""
-    backends = [get_backend("triton", bwd_entry_term=v) for v in ("chunk", "state_pass")]
+def test_bwd_entry_term_away_from_the_chunk_kernel_keeps_the_gradients_in_the_gate(problem, seed, term, switches):
+    """Every gradient within the gate with the term formed by the reverse state pass or the dcb kernel and added by the
+    cumsum kernel; dt's gradient not bit-for-bit the chunk kernel's (the term summed in another order): the other
+    kernel's branch ran."""
+    backends = [get_backend("triton", bwd_entry_term=v, **switches) for v in ("chunk", term)]
     assert_gate(backends[1], problem, seed)
     inputs = make_inputs(problem, seed=seed)
     grads_in = output_gradients(inputs, seed)
@@ -296,14 +301,15 @@ def test_bwd_entry_term_in_the_state_pass_keeps_the_gradients_in_the_gate(proble
     assert not torch.equal(ddt[0], ddt[1])
 
 
-def test_bwd_entry_term_enters_the_state_pass_chunk_and_cumsum_keys_only():
+def test_bwd_entry_term_enters_every_kernels_key_but_db():
     from impls.triton.backward import tune
 
     shape = Shape(1, 256, 4, 16, 1, 16, 64)
     keys = {v: {s: tune.record_key(get_backend("triton", bwd_entry_term=v).switches, shape, "float32", {}, s)
-                for s in tune.STAGES} for v in ("chunk", "state_pass")}
-    assert [s for s in tune.STAGES if keys["chunk"][s] != keys["state_pass"][s]] == [tune.STATE_PASS, tune.CHUNK,
-                                                                                       tune.CUMSUM]
+                for s in tune.STAGES} for v in ("chunk", "state_pass", "dcb")}
+    for value in ("state_pass", "dcb"):
+        assert [s for s in tune.STAGES if keys["chunk"][s] != keys[value][s]] == [
+            tune.STATE_PASS, tune.CHUNK, tune.DCB, tune.CUMSUM], value
 
 
 def test_bwd_group_split_launches_k_programs_per_group_into_partials(monkeypatch):
@@ -465,13 +471,14 @@ def test_the_backward_kernels_report_their_launch_configurations():
     assert "reverse" in backend.BACKWARD and "no atomics" in backend.BACKWARD
 
 
-def test_the_backward_search_keeps_configs_whose_buffers_are_written_in_part_by_design(monkeypatch, tmp_path):
+@pytest.mark.parametrize("term", ["chunk", "state_pass", "dcb"])
+def test_the_backward_search_keeps_configs_whose_buffers_are_written_in_part_by_design(monkeypatch, tmp_path, term):
     """The gate NaN-poisons every allocation, as a GPU's allocator may leave NaN in a reused block: the chunk kernel's
-    row-sum partials above each source tile and past a short last chunk, and dcb's d(C·Bᵀ) above the diagonal, stay
-    unwritten by design, and the search must not take them for a miscompiled config (on an H100 every bwd_chunk
-    config was refused so, the search failing)."""
+    row-sum partials above each source tile and past a short last chunk, dcb's d(C·Bᵀ) above the diagonal and the
+    entering-state terms past the sequence (switch bwd_entry_term) stay unwritten by design, and the search must not
+    take them for a miscompiled config (on an H100 every bwd_chunk config was refused so, the search failing)."""
     monkeypatch.setenv("SSD_TUNING_DIR", str(tmp_path))
-    backend = get_backend("triton", tuning="search")
+    backend = get_backend("triton", tuning="search", bwd_entry_term=term)
     # 40 = one chunk of 32 + 8: two source tiles of 16 (the interpreter's tiles), dcb's tiles above the diagonal
     assert_gate(backend, Problem(Shape(1, 40, 2, 16, 1, 16, 32), dtype="float32"), 2)
     stages = backend.describe()["stages"]
@@ -511,8 +518,9 @@ def test_the_backward_kernels_compile_for_sm90():
     assert result.returncode == 0, result.stdout + result.stderr
     # bwd_chunk with bwd_cb 'inline' and 'shared' (and the C·Bᵀ kernel's lower triangle it reads) and with
     # bwd_decay_factor, bwd_dcb and bwd_db with bwd_group_split 1 and 4, bwd_dcb with bwd_dcb_sources 'chunk',
-    # bwd_state_pass with bwd_state_split on and off, bwd_state_pass and bwd_chunk with bwd_entry_term 'state_pass'
-    assert result.stdout.count("ok  ") == 14, result.stdout
+    # bwd_state_pass with bwd_state_split on and off, bwd_state_pass and bwd_chunk with bwd_entry_term 'state_pass',
+    # bwd_dcb with 'dcb'
+    assert result.stdout.count("ok  ") == 15, result.stdout
     wgmma = [int(line.split("wgmma=")[1].split()[0]) for line in result.stdout.splitlines()
              if " bwd_state_pass_kernel " in line]
     # the split's second dot (on, off), then the entering state's term's dot (bwd_entry_term 'state_pass')

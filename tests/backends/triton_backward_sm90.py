@@ -4,7 +4,7 @@ count); exit status 1 if any fails to compile or needs more shared memory than a
 with switch bwd_cb 'inline' and 'shared' (and the forward's C·Bᵀ kernel on its lower triangle, which 'shared'
 launches); bwd_dcb and bwd_db again with switch bwd_group_split 4 (dcb's fp32 partials, db's atomic adds:
 bwd_atomics); bwd_state_pass with switch bwd_state_split on (its default: two dots per inner step) and off;
-bwd_state_pass and bwd_chunk with switch bwd_entry_term 'state_pass'. Run it
+bwd_state_pass and bwd_chunk with switch bwd_entry_term 'state_pass', bwd_dcb with 'dcb'. Run it
 with TRITON_INTERPRET unset (the CPU test tests/backends/test_triton_backward.py runs it in a subprocess):
 `python -m tests.backends.triton_backward_sm90`."""
 
@@ -67,7 +67,7 @@ def variants(dtype: str):
     one = {"SPLIT": 1, "ATOMIC": False}  # switch bwd_group_split 1
     dcb = {**common, **dots, "CHUNK": CHUNK, "BLOCK_L": fb[tune.DCB]["block_rows"],
            "BLOCK_S": fb[tune.DCB]["block_sources"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE, "HAS_Z": True,
-           "LOOP_STAGES": fb[tune.DCB]["num_stages"], "WHOLE": False}
+           "LOOP_STAGES": fb[tune.DCB]["num_stages"], "WHOLE": False, "ENTER_TERM": False}
     db = {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.DB]["block_sources"],
           "BLOCK_L": fb[tune.DB]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE}
     yield bwd_dcb_kernel, {**dcb, **one}, fb[tune.DCB]
@@ -90,6 +90,8 @@ def variants(dtype: str):
     # switch bwd_entry_term='state_pass': the entering state's term in the state pass, not in the chunk kernel
     yield bwd_state_pass_kernel, {**state, "SPLIT": True, "ENTER_TERM": True}, fb[tune.STATE_PASS]
     yield bwd_chunk_kernel, {**chunk, "SHARED_CB": False, "cb_ptr": None, "ENTER_TERM": False}, fb[tune.CHUNK]
+    # switch bwd_entry_term='dcb': the term in the dcb kernel's head loop
+    yield bwd_dcb_kernel, {**dcb, **one, "WHOLE": True, "ENTER_TERM": True}, fb[tune.DCB]
 
 
 def main(dtype: str = "bf16") -> int:

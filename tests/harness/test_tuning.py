@@ -196,11 +196,12 @@ def test_where_both_are_given_the_guard_reads_output_not_run():
     assert [f["config"] for f in record["failures"]] == [{"block": 64}] and res.config == {"block": 128}
 
 
-@pytest.mark.parametrize("stage", ["bwd_chunk", "bwd_dcb"])
+@pytest.mark.parametrize("stage", ["bwd_chunk", "bwd_dcb", "bwd_state_pass"])
 def test_the_backward_stages_written_elements_hide_only_what_the_kernels_leave_unwritten(stage):
     """impls.chunked_backward.written_elements at seqlen 70 in chunks of 32 (the last chunk 6 long), 2 source tiles
     of 16: NaN where the kernels write nothing is zeroed; NaN in any element they write stays, so a miscompiled
-    config is still refused; every other output (dx, dD, dC) is read whole."""
+    config is still refused; every other output (dx, dD, dC, the state pass's R) is read whole. The entering-state
+    terms (switch bwd_entry_term: the dcb kernel's, the state pass's partials) past the sequence are not read."""
     import torch
 
     from impls.chunked_backward import written_elements
@@ -215,12 +216,19 @@ def test_the_backward_stages_written_elements_hide_only_what_the_kernels_leave_u
         outputs = (torch.ones(1, 70, 2, 4), None, per_position.clone(), per_position.clone(), row, torch.ones(2))
         # the first written row of tile 1, the short chunk's last position, dx, dD
         planted = [(4, (0, 0, 0, 1, 16)), (2, (0, 1, 2, 5)), (0, (0, 69, 1, 3)), (5, (1,))]
-    else:
+    elif stage == "bwd_dcb":
         dG = torch.ones(1, 3, 2, 32, 32)  # (batch, nchunks, groups, row l, source s)
         dG[..., 3, 4] = nan  # above the diagonal
         dG[:, 2, :, 6:, :] = nan  # rows past the short last chunk
-        outputs = (torch.ones(1, 70, 2, 8), dG)
-        planted = [(1, (0, 1, 0, 4, 3)), (1, (0, 2, 1, 5, 5)), (0, (0, 0, 1, 7))]
+        terms = torch.ones(1, 2, 3, 1, 32)  # (batch, nheads, nchunks, 1, chunk)
+        terms[:, :, 2, :, 6:] = nan
+        outputs = (torch.ones(1, 70, 2, 8), dG, terms)
+        planted = [(1, (0, 1, 0, 4, 3)), (1, (0, 2, 1, 5, 5)), (0, (0, 0, 1, 7)), (2, (0, 1, 2, 0, 5))]
+    else:
+        terms = torch.ones(1, 2, 3, 4, 32)  # (batch, nheads, nchunks, state tiles, chunk)
+        terms[:, :, 2, :, 6:] = nan
+        outputs = (torch.ones(1, 3, 2, 4, 8), torch.ones(1, 2, 3, 4), None, terms)
+        planted = [(3, (0, 0, 2, 3, 5)), (0, (0, 2, 1, 3, 7)), (1, (0, 1, 2, 3))]
     written = written_elements(stage, outputs, seqlen=70, padding_read=False)
     assert all(bool(torch.isfinite(t).all()) for t in written if isinstance(t, torch.Tensor))
     for index, at in planted:

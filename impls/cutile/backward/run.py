@@ -76,7 +76,7 @@ class CutileBackward:
             tune.CHUNK, {**flags, "D": "none" if D is None else D.dim()}, lambda cfg, submit: chunk_grads(
                 x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, ds, dy, z, yhat, D, ext["dx"], cb, sw=sw, config=cfg,
                 tf32=tf32, submit=submit))
-        (dC, dG) = go.run(tune.DCB, flags, lambda cfg, submit: dcb_grads(
+        (dC, dG, dcb_enter) = go.run(tune.DCB, flags, lambda cfg, submit: dcb_grads(
             x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, dy, z, sw=sw, config=cfg, tf32=tf32, submit=submit))
         dB = go.run(tune.DB, flags, lambda cfg, submit: db_grads(
             x, B, C, sv.dt, sv.dA_cumsum, seq_idx, ds, dG, ext["dB"], sw=sw, config=cfg, tf32=tf32, submit=submit))
@@ -85,7 +85,7 @@ class CutileBackward:
                         "limit": tuple(a["dt_limit"]) != (0.0, math.inf), "varlen": ext["states"] is not None}
         (ddt, dA_part, bias_part) = go.run(tune.CUMSUM, cumsum_flags, lambda cfg, submit: cumsum_grads(
             a["dt"], a["A"], a["dt_bias"], a["dt_softplus"], a["dt_limit"], sv.dt, dl, ddt1, row, row_tile, lasts,
-            ext["dA_cumsum"], ext["ddt"], enter, sw=sw, config=cfg, submit=submit))
+            ext["dA_cumsum"], ext["ddt"], enter if enter is not None else dcb_enter, sw=sw, config=cfg, submit=submit))
         found = {"x": dx, "dt": ddt, "B": dB, "C": dC, "z": dz, "initial_states": dinit}
         found.update(partial_sums(a, dA_part, bias_part, dD_part))
         return {name: cast(found.get(name), a[name]) for name, wanted in self.needs.items() if wanted}

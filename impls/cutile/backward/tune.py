@@ -55,7 +55,8 @@ CODE_SWITCHES = ("exp2", "tma", "latency_hints", "cb_precision", "opt_level")  #
 GROUP_SWITCHES = ("bwd_group_split", "bwd_atomics")  # the per-group kernels' programs and stores
 KERNEL_SWITCHES = {STATE_PASS: ("bwd_state_split", "bwd_exp2_ftz", "bwd_entry_term"),
                    CHUNK: ("bwd_cb", "bwd_decay_factor", "bwd_exp2_ftz", "bwd_entry_term"),
-                   DCB: (*GROUP_SWITCHES, "bwd_dcb_sources", "bwd_exp2_ftz"), DB: (*GROUP_SWITCHES, "bwd_exp2_ftz"),
+                   DCB: (*GROUP_SWITCHES, "bwd_dcb_sources", "bwd_exp2_ftz", "bwd_entry_term"),
+                   DB: (*GROUP_SWITCHES, "bwd_exp2_ftz"),
                    CUMSUM: ("bwd_exp2_ftz", "bwd_entry_term")}
 STACK = ("cuda-tile", "tileiras", "driver")  # what a cuTile record is bound to
 

@@ -1,7 +1,8 @@
 """Backward stage: chunk_cumsum's backward. One program per (chunk, batch, block of heads) gathers dΛ over the chunk
 (the chunk kernel's own terms and its row-sum partials, the state pass's dΛ_last partials and, with switch
-bwd_entry_term='state_pass', its entering-state term's partials), takes its reverse cumsum (da), and goes back through dt's processing: ddt = (ddt's other part + A·da) through the clamp and softplus,
-with per-chunk partials of dA = Σ dt·da and of ddt_bias (impls/README.md, "The chunked backward", step 5)."""
+bwd_entry_term away from 'chunk', the entering-state term's partials), takes its reverse cumsum (da), and goes back
+through dt's processing: ddt = (ddt's other part + A·da) through the clamp and softplus, with per-chunk partials of
+dA = Σ dt·da and of ddt_bias (impls/README.md, "The chunked backward", step 5)."""
 
 from __future__ import annotations
 

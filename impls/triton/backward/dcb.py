@@ -1,7 +1,9 @@
 """Backward stage: d(C·Bᵀ) per group, and dC. One program per (row tile, group, chunk, batch) forms, for each source
 tile s up to its rows, dG = Σ_{h in the group} dM^h ∘ L^h ∘ dt^h_s (one tl.dot per head), stores it for the dB kernel
 and adds dG B_s to dC; then the entering states' term Σ_h e^{Λ^h_l} dŷ^h_l S^h_c (impls/README.md, "The chunked
-backward", step 4). The heads of a group are summed in registers in a fixed order: no atomics. Switch
+backward", step 4), and with switch bwd_entry_term='dcb' dΛ's entering-state term per head from the same state tile
+and the row tile's C (one more tl.dot per head). The heads of a group are summed in registers in a fixed order: no
+atomics. Switch
 bwd_group_split k > 1: k programs per group, each over its share of the heads, writing fp32 partials of dG and dC
 (partial p of group g at g·k + p of the group axis), or adding its dC into one fp32 buffer (bwd_atomics)."""
 
@@ -36,8 +38,16 @@ def _head_scores(x_c, dy_c, z_c, dA_c, dt_c, h, offs_l, offs_s, offs_p, mask_l, 
 
 
 @triton.jit
+def _entering_term(out, C_l, S, dyh_l, scale, mask_l, DOT_PRECISION: tl.constexpr):
+    """Head h's dΛ_l entering-state term e^{Λ_l} dŷ_l · (S_c C_l) on the row tile (scale: e^{Λ_l}, 0 off the
+    entering sequence), stored (a store: a search runs the kernel many times)."""
+    CS = tl.dot(C_l, tl.trans(S), input_precision=DOT_PRECISION)  # (rows, headdim)
+    tl.store(out, scale * tl.sum(dyh_l * CS, axis=1), mask=mask_l)
+
+
+@triton.jit
 def bwd_dcb_kernel(
-    x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, st_ptr, dy_ptr, z_ptr, dG_ptr, dC_ptr,
+    x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, st_ptr, dy_ptr, z_ptr, dG_ptr, dC_ptr, C_ptr, enter_ptr,
     seqlen, ngroups, nchunks, headdim, dstate, heads_per_group,
     s_x_b, s_x_l, s_x_h, s_x_p,
     s_B_b, s_B_l, s_B_g, s_B_n,
@@ -49,10 +59,12 @@ def bwd_dcb_kernel(
     s_z_b, s_z_l, s_z_h, s_z_p,
     s_G_b, s_G_c, s_G_g, s_G_l, s_G_s,
     s_dC_b, s_dC_l, s_dC_g, s_dC_n,
+    s_C_b, s_C_l, s_C_g, s_C_n,
+    s_en_b, s_en_h, s_en_c,
     CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, EXP2: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr, LOOP_STAGES: tl.constexpr,
-    WHOLE: tl.constexpr,
+    WHOLE: tl.constexpr, ENTER_TERM: tl.constexpr,
 ):
     # flat grid: row tile fastest, then the group's share of heads (SPLIT of them), group, chunk, batch
     TILES: tl.constexpr = CHUNK // BLOCK_L
@@ -83,6 +95,10 @@ def bwd_dcb_kernel(
     x_c, dy_c = x_ptr + b * s_x_b + start64 * s_x_l, dy_ptr + b * s_dy_b + start64 * s_dy_l
     z_c = z_ptr + b * s_z_b + start64 * s_z_l
     dA_b, dt_b = dA_ptr + b * s_dA_b + c64 * s_dA_c, dt_ptr + b * s_dt_b + c64 * s_dt_c
+    # switch bwd_entry_term='dcb': dΛ's entering-state term per head from the state tile loaded for dC's, and C_l
+    # (neither load is kept without ENTER_TERM: nothing reads them)
+    C_l = rows(C_ptr + b * s_C_b + start64 * s_C_l + g * s_C_g, offs_l, offs_n, mask_l, mask_n, s_C_l, s_C_n).to(dtype)
+    enter_c = enter_ptr + b * s_en_b + c64 * s_en_c + offs_l
     if WHOLE:  # switch bwd_dcb_sources='chunk': the row tile against the whole chunk of sources, one product a head
         offs_c = tl.arange(0, CHUNK)
         mask_c = offs_c < chunk_len
@@ -103,6 +119,8 @@ def bwd_dcb_kernel(
             S = tl.load(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h + offs_p[:, None] * s_st_p
                         + offs_n[None, :] * s_st_n, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)
             acc = tl.dot((dyh_l * scale[:, None]).to(dtype), S, acc, input_precision=DOT_PRECISION)
+            if ENTER_TERM:
+                _entering_term(enter_c + h * s_en_h, C_l, S, dyh_l, scale, mask_l, DOT_PRECISION)
         # the row block whole (zeros above the diagonal): the dB kernel reads the causal part of what is here
         tl.store(G_c + offs_l[:, None] * s_G_l + offs_c[None, :] * s_G_s, dG)
         B_all = rows(B_c, offs_c, offs_n, mask_c, mask_n, s_B_l, s_B_n).to(dtype)
@@ -137,6 +155,8 @@ def bwd_dcb_kernel(
             S = tl.load(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h + offs_p[:, None] * s_st_p
                         + offs_n[None, :] * s_st_n, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)
             acc = tl.dot((dyh_l * scale[:, None]).to(dtype), S, acc, input_precision=DOT_PRECISION)
+            if ENTER_TERM:
+                _entering_term(enter_c + h * s_en_h, C_l, S, dyh_l, scale, mask_l, DOT_PRECISION)
     if ATOMIC:  # switch bwd_atomics: the group's one fp32 buffer
         tl.atomic_add(dC_ptr + b * s_dC_b + (start64 + offs_l[:, None]) * s_dC_l + g * s_dC_g
                       + offs_n[None, :] * s_dC_n, acc, mask=mask_l[:, None] & mask_n[None, :], sem="relaxed")
@@ -147,7 +167,8 @@ def bwd_dcb_kernel(
 
 def dcb_grads(x, B, C, dt, dA_cumsum, seq_idx, states, dy, z, *, config, switches, empty, dot_precision):
     """-> (dC in C's dtype, d(C·Bᵀ) per group (batch, nchunks, ngroups·k, chunk, chunk) fp32: its causal part, k =
-    switch bwd_group_split's partials of each group, partial p of group g at g·k + p)."""
+    switch bwd_group_split's partials of each group, partial p of group g at g·k + p; dΛ's entering-state term
+    (batch, nheads, nchunks, 1, chunk) fp32 with switch bwd_entry_term='dcb', else None)."""
     batch, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2], B.shape[3]
     nchunks, chunk = dt.shape[2], dt.shape[3]
@@ -157,16 +178,19 @@ def dcb_grads(x, B, C, dt, dA_cumsum, seq_idx, states, dy, z, *, config, switche
     dC = group_output(C, split, switches.bwd_atomics, empty)
     seq = seq_idx if seq_idx is not None else dt  # never read without HAS_SEQ
     zz = z if z is not None else dy  # never read without HAS_Z
+    entering = switches.bwd_entry_term == "dcb"
+    terms = empty((batch, nheads, nchunks, 1, chunk), torch.float32, x.device) if entering else None
+    en = terms if entering else dG  # never written without ENTER_TERM
     launcher.launch(
         bwd_dcb_kernel, ((chunk // block_l) * ngroups * split * nchunks * batch,), x, B, dt, dA_cumsum, seq, states,
-        dy, zz, dG, dC,
+        dy, zz, dG, dC, C, en,
         seqlen, ngroups, nchunks, headdim, dstate, nheads // ngroups,
         *x.stride(), *B.stride(), *dt.stride(), *dA_cumsum.stride(), seq.stride(0), seq.stride(1), *states.stride(),
-        *dy.stride(), *zz.stride(), *dG.stride(), *dC.stride(),
+        *dy.stride(), *zz.stride(), *dG.stride(), *dC.stride(), *C.stride(), *en.stride()[:3],
         CHUNK=chunk, BLOCK_L=block_l, BLOCK_S=config["block_sources"], BLOCK_P=pow2_at_least_16(headdim),
         BLOCK_N=pow2_at_least_16(dstate), HAS_SEQ=seq_idx is not None, HAS_Z=z is not None, EXP2=switches.exp2,
         DOT_PRECISION=dot_precision, SPLIT=split, ATOMIC=switches.bwd_atomics, LOOP_STAGES=config["num_stages"],
-        WHOLE=switches.bwd_dcb_sources == "chunk",
+        WHOLE=switches.bwd_dcb_sources == "chunk", ENTER_TERM=entering,
         num_warps=config["num_warps"], num_stages=config["num_stages"], path=switches.launch_path,
     )
-    return sum_partials(dC, ngroups, None, C.dtype), dG
+    return sum_partials(dC, ngroups, None, C.dtype), dG, terms

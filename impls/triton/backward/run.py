@@ -73,15 +73,16 @@ class TritonBackward:
 
         chunk_config = go.config(tune.CHUNK, {**flags, "D": "none" if D is None else D.dim()}, chunk)
         dx, dz, ddt1, dl, row, dD_part = chunk(chunk_config)
-        dC, dG = go.run(tune.DCB, flags, lambda cfg: dcb_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, dy, z,
-                                                               config=cfg, **dots))
+        dC, dG, dcb_enter = go.run(tune.DCB, flags, lambda cfg: dcb_grads(
+            x, B, C, sv.dt, sv.dA_cumsum, seq_idx, states, dy, z, config=cfg, **dots))
         dB = go.run(tune.DB, flags, lambda cfg: db_grads(x, B, C, sv.dt, sv.dA_cumsum, seq_idx, ds, dG, extra.dB,
                                                          config=cfg, **dots))
         cumsum_flags = {"bias": a["dt_bias"] is not None, "softplus": a["dt_softplus"],
                         "limit": tuple(a["dt_limit"]) != (0.0, math.inf), "varlen": extra.states is not None}
         ddt, dA_part, bias_part = go.run(tune.CUMSUM, cumsum_flags, lambda cfg: cumsum_grads(
             a["dt"], a["A"], a["dt_bias"], a["dt_softplus"], a["dt_limit"], sv.dt, dl, ddt1, row,
-            chunk_config["block_sources"], lasts, extra.dA_cumsum, extra.ddt, enter, config=cfg, **go.kw))
+            chunk_config["block_sources"], lasts, extra.dA_cumsum, extra.ddt,
+            enter if enter is not None else dcb_enter, config=cfg, **go.kw))
         found = {"x": dx, "dt": ddt, "B": dB, "C": dC, "z": dz, "initial_states": dinit}
         found.update(partial_sums(a, dA_part, bias_part, dD_part))
         return {name: cast(found.get(name), a[name]) for name, wanted in self.needs.items() if wanted}

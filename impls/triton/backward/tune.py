@@ -54,7 +54,7 @@ CODE_SWITCHES = ("exp2", "cb_precision")  # the switches that change the backwar
 GROUP_SWITCHES = ("bwd_group_split", "bwd_atomics")  # the per-group kernels' programs and stores
 KERNEL_SWITCHES = {STATE_PASS: ("bwd_state_split", "bwd_entry_term"),
                    CHUNK: ("bwd_cb", "bwd_decay_factor", "bwd_entry_term"),
-                   DCB: (*GROUP_SWITCHES, "bwd_dcb_sources"),
+                   DCB: (*GROUP_SWITCHES, "bwd_dcb_sources", "bwd_entry_term"),
                    DB: GROUP_SWITCHES, CUMSUM: ("bwd_entry_term",)}
 
 
