@@ -581,20 +581,24 @@ def test_bwd_decay_factor_passes_the_gate_and_reaches_the_kernel_under_emulation
     not bit-for-bit the unfactored one there (the factored branch ran); with seq_idx every tile keeps the masked
     exponential, and dx is the same bits. Every gradient within the gate either way."""
     inputs = make_inputs(problem, seed=3)
-    grads_in = output_gradients(inputs, 3)
-    kw = forward_arguments(inputs)
-    found = []
-    for factor in (False, True):
-        backend = _emulated(monkeypatch, SMALL, bwd_decay_factor=factor, **switches)
-        with emulated_launches():
-            report = check_gradients(backend, inputs, problem.torch_dtype, seed=3)
-            failing = {name: (round(r["bound_ratio"], 3), r["where"]) for name, r in report.items() if not r["ok"]}
-            assert not failing, (factor, failing)
-            leaves = _leaves(kw)
-            out = impls.ssd(**{**kw, **leaves}, backend=backend)
-            found.append(torch.autograd.grad([out.y, out.final_states], [leaves["x"]],
-                                             [grads_in["y"].to(out.y.dtype), grads_in["final_states"].float()])[0])
+    found = [_gated_gradient(_emulated(monkeypatch, SMALL, bwd_decay_factor=factor, **switches), problem, inputs, 3,
+                             "x") for factor in (False, True)]
     assert torch.equal(found[0], found[1]) != factored
+
+
+def _gated_gradient(backend, problem, inputs, seed: int, leaf: str) -> torch.Tensor:
+    """Under emulation: every gradient of `backend` within the gate (seed `seed`), then `leaf`'s gradient of one call
+    through impls.ssd given the seed's output gradients, for bit comparisons between arms."""
+    grads_in = output_gradients(inputs, seed)
+    kw = forward_arguments(inputs)
+    with emulated_launches():
+        report = check_gradients(backend, inputs, problem.torch_dtype, seed=seed)
+        failing = {name: (round(r["bound_ratio"], 3), r["where"]) for name, r in report.items() if not r["ok"]}
+        assert not failing, (backend.switches, failing)
+        leaves = _leaves(kw)
+        out = impls.ssd(**{**kw, **leaves}, backend=backend)
+        return torch.autograd.grad([out.y, out.final_states], [leaves[leaf]],
+                                   [grads_in["y"].to(out.y.dtype), grads_in["final_states"].float()])[0]
 
 
 @needs_cuobjdump
@@ -639,17 +643,8 @@ def test_bwd_entry_term_away_from_the_chunk_kernel_passes_the_gate_under_emulati
     kernel: every gradient within the gate, and A's gradient (fp32) not the same bits as the chunk kernel's (the term
     is summed in another order), so the other kernel's branch ran."""
     inputs = make_inputs(problem, seed=4)
-    found = []
-    for value in ("chunk", term):
-        backend = _emulated(monkeypatch, tiles, bwd_entry_term=value, **switches)
-        with emulated_launches():
-            report = check_gradients(backend, inputs, problem.torch_dtype, seed=4)
-            failing = {name: (round(r["bound_ratio"], 3), r["where"]) for name, r in report.items() if not r["ok"]}
-            assert not failing, (value, failing)
-            kw = forward_arguments(inputs)
-            leaves = _leaves(kw)
-            out = impls.ssd(**{**kw, **leaves}, backend=backend)
-            found.append(torch.autograd.grad(out.y, [leaves["A"]], torch.ones_like(out.y))[0])
+    found = [_gated_gradient(_emulated(monkeypatch, tiles, bwd_entry_term=value, **switches), problem, inputs, 4, "A")
+             for value in ("chunk", term)]
     assert not torch.equal(found[0], found[1])
 
 
