@@ -284,10 +284,11 @@ def test_bwd_decay_factor_enters_the_chunk_kernels_record_key_only():
 @pytest.mark.parametrize("problem, seed, term, switches", [
     pytest.param(Problem(Shape(1, 72, 4, 16, 1, 16, 32), dtype="float32"), 4, "state_pass", {},
                  id="state_pass-short-last-chunk-g1"),
-    pytest.param(RICH, 2, "state_pass", {}, id="state_pass-z-Dchannel-init-seq_idx-g2"),
+    pytest.param(RICH, 2, "state_pass", {}, id="state_pass-z-Dchannel-init-seq_idx-g2", marks=pytest.mark.slow),
     pytest.param(Problem(Shape(1, 72, 4, 16, 1, 16, 32), dtype="float32"), 4, "dcb", {}, id="dcb-short-last-chunk-g1"),
     pytest.param(RICH, 2, "dcb", {"bwd_dcb_sources": "chunk"}, id="dcb-chunk-sources-z-Dchannel-init-seq_idx-g2"),
-    pytest.param(RICH, 2, "dcb", {"bwd_group_split": 2}, id="dcb-split2-z-Dchannel-init-seq_idx-g2"),
+    pytest.param(RICH, 2, "dcb", {"bwd_group_split": 2}, id="dcb-split2-z-Dchannel-init-seq_idx-g2",
+                 marks=pytest.mark.slow),
 ])
 def test_bwd_entry_term_away_from_the_chunk_kernel_keeps_the_gradients_in_the_gate(problem, seed, term, switches):
     """Every gradient within the gate with the term formed by the reverse state pass or the dcb kernel and added by the
@@ -471,8 +472,10 @@ def test_the_backward_kernels_report_their_launch_configurations():
     assert "reverse" in backend.BACKWARD and "no atomics" in backend.BACKWARD
 
 
-@pytest.mark.parametrize("term", ["chunk", "state_pass", "dcb"])
+@pytest.mark.parametrize("term", ["chunk", pytest.param("state_pass", marks=pytest.mark.slow),
+                                  pytest.param("dcb", marks=pytest.mark.slow)])
 def test_the_backward_search_keeps_configs_whose_buffers_are_written_in_part_by_design(monkeypatch, tmp_path, term):
+    # (the entering-state terms' masking itself: tests/harness/test_tuning.py, written_elements)
     """The gate NaN-poisons every allocation, as a GPU's allocator may leave NaN in a reused block: the chunk kernel's
     row-sum partials above each source tile and past a short last chunk, dcb's d(C·Bᵀ) above the diagonal and the
     entering-state terms past the sequence (switch bwd_entry_term) stay unwritten by design, and the search must not
