@@ -1,7 +1,7 @@
 """Backward stage in cuTile: chunk_cumsum's backward. One tile program per (batch·chunk, block of heads) gathers dΛ over
 the chunk as a (heads, chunk) tile (the chunk kernel's own terms and its row-sum partials, the state pass's dΛ_last
-partials and, with switch bwd_entry_term='state_pass', its entering-state term's partials), takes its reverse cumsum
-(da), and goes back through dt's processing: ddt = (ddt's other part + A·da) through the clamp and softplus, with
+partials and, with switch bwd_entry_term away from 'chunk', the entering-state term's partials), takes its reverse
+cumsum (da), and goes back through dt's processing: ddt = (ddt's other part + A·da) through the clamp and softplus, with
 per-chunk partials of dA = Σ dt·da and of ddt_bias (impls/README.md, "The chunked backward", step 5). Positions past
 the end of a short last chunk are masked here, so the chunk kernel need not write them."""
 
@@ -31,8 +31,8 @@ def bwd_cumsum_kernel(raw, bias, A, dt, dl, ddt1, row, lasts, dlv, ddtv, ddt, dA
                       TMA: ct.Constant[bool], FTZ: ct.Constant[bool], ENTER_TILES: ct.Constant[int]):
     """ddt (b, seqlen, h) in raw dt's dtype; dA_part, bias_part (b, h, nchunks) fp32. row holds CHUNK / ROW_TILE
     partials per position (the chunk kernel's source tiles), lasts LAST_TILES (a power of two at least the state
-    pass's tiles, padded with zeros); enter ENTER_TILES partials per position (the state pass's tiles; 0: none, the
-    chunk kernel's dl holds that term)."""
+    pass's tiles, padded with zeros); enter ENTER_TILES partials per position (the state pass's tiles, or 1 from the
+    dcb kernel; 0: none, the chunk kernel's dl holds that term)."""
     k = Hints(TMA, 0, EXP2, False, FTZ)
     bc, hb = ct.bid(0), ct.bid(1)
     nchunks = dt.shape[2]
@@ -45,7 +45,7 @@ def bwd_cumsum_kernel(raw, bias, A, dt, dl, ddt1, row, lasts, dlv, ddtv, ddt, dA
     for t in range(CHUNK // ROW_TILE):
         part = ct.load(row, (b, hb, c, t, 0), (1, BH, 1, 1, CHUNK), padding_mode=ZERO, allow_tma=k.tma())
         dlt = dlt + ct.where(valid & (pos >= t * ROW_TILE), part.reshape((BH, CHUNK)), 0.0)
-    for t in range(ENTER_TILES):  # switch bwd_entry_term='state_pass': the entering state's term, per state tile
+    for t in range(ENTER_TILES):  # switch bwd_entry_term away from 'chunk': the entering state's term
         part = ct.load(enter, (b, hb, c, t, 0), (1, BH, 1, 1, CHUNK), padding_mode=ZERO, allow_tma=k.tma())
         dlt = dlt + ct.where(valid, part.reshape((BH, CHUNK)), 0.0)
     # dΛ_last's carried part d_c ⟨R, S_c⟩, one partial per state tile of the state pass (its local part came with
@@ -98,8 +98,8 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, dt_limit, row_tile: in
 def cumsum_grads(dt_raw, A, dt_bias, dt_softplus, dt_limit, dt, dl, ddt1, row, row_tile: int, lasts, extra_dl,
                  extra_ddt, enter=None, *, sw, config, submit=None):
     """-> (ddt in dt_raw's dtype (batch, seqlen, nheads), dA partials, ddt_bias partials (both fp32 (batch,
-    nheads, nchunks))). `enter`: the state pass's entering-state term partials (switch
-    bwd_entry_term='state_pass') or None."""
+    nheads, nchunks))). `enter`: the entering-state term's partials from the state pass or the dcb kernel (switch
+    bwd_entry_term 'state_pass', 'dcb') or None."""
     from impls.cutile import common
 
     batch, seqlen, nheads = dt_raw.shape

@@ -6,7 +6,7 @@ chunk kernel), then R ← d_c R + (γ e^Λ dŷ)ᵀ C over the whole chunk in one
 C for B; with switch bwd_state_split two MMAs, the weighted dŷ split into its rounding to x's dtype and the rounding of
 the rest); the initial states' gradient is R after chunk 0. With switch bwd_entry_term='state_pass' it also forms, per
 chunk, dΛ's entering-state term (γ e^Λ dŷ) · (C S_cᵀ) over its (headdim, dstate) block from the C and S_c it holds
-(one more MMA), which the chunk kernel then leaves out."""
+(one more MMA per 64 positions), which the chunk kernel then leaves out."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def bwd_cumsum_kernel(
     row_c = row_ptr + b * s_r_b + h64[:, None] * s_r_h + c64 * s_r_c + offs_l[None, :]
     for t in range(0, row_tiles):
         dl += tl.load(row_c + t * s_r_t, mask=mask_hl & (offs_l[None, :] >= t * ROW_TILE), other=0.0)
-    # switch bwd_entry_term='state_pass': the entering state's term, one partial per state tile (enter_tiles 0 without)
+    # switch bwd_entry_term away from 'chunk': the entering state's term, per state tile or from dcb (0 tiles without)
     enter_c = enter_ptr + b * s_en_b + h64[:, None] * s_en_h + c64 * s_en_c + offs_l[None, :]
     for k in range(0, enter_tiles):
         dl += tl.load(enter_c + k * s_en_t, mask=mask_hl, other=0.0)
@@ -97,8 +97,8 @@ def bwd_cumsum_kernel(
 def cumsum_grads(dt_raw, A, dt_bias, dt_softplus, dt_limit, dt, dl, ddt1, row, row_tile, lasts, extra_dl,
                  extra_ddt, enter=None, *, config, switches, empty):
     """-> (ddt in dt_raw's dtype (batch, seqlen, nheads), dA partials, ddt_bias partials (both fp32 (batch,
-    nheads, nchunks))). `enter`: the state pass's entering-state term partials (switch bwd_entry_term='state_pass')
-    or None."""
+    nheads, nchunks))). `enter`: the entering-state term's partials from the state pass or the dcb kernel (switch
+    bwd_entry_term 'state_pass', 'dcb') or None."""
     batch, seqlen, nheads = dt_raw.shape
     nchunks, chunk = dt.shape[2], dt.shape[3]
     ddt = empty((batch, seqlen, nheads), dt_raw.dtype, dt_raw.device)
