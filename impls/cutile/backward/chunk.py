@@ -7,8 +7,8 @@ past the end of a short last chunk writes only its (zero) dD partial: no load li
 on the group only: switch bwd_cb='shared' forms it once per (batch, chunk, group) with the forward's cb_kernel
 (impls/cutile/compute_out.py, the tiles on or below the diagonal) and every head's programs load their (rows ×
 sources) tile of it, keeping its causal elements, instead of the MMA (two MMAs per row tile). dΛ_s's entering-state
-term needs C_s and the chunk's state: switch bwd_entry_term='state_pass' leaves it to the reverse state pass, which
-holds both, and the program reads neither."""
+term needs C_s and the chunk's state: switch bwd_entry_term 'state_pass' or 'dcb' leaves it to the reverse state pass
+or the dcb kernel, which hold the state already, and the program reads neither."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def bwd_chunk_kernel(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, d
     (b, nchunks, ngroups, chunk, chunk) fp32 written on and below the diagonal (last: the default build's other
     parameters keep their places). DECAY_FACTOR (switch bwd_decay_factor): the decays of the row tiles below the
     diagonal as an outer product of per-row and per-source factors. ENTER_TERM: dΛ_s's entering-state term formed here
-    (C_s and the state S_c read); off (switch bwd_entry_term='state_pass') the state pass forms it."""
+    (C_s and the state S_c read); off (switch bwd_entry_term 'state_pass' or 'dcb') that kernel forms it."""
     k = Hints(TMA, LAT, EXP2, TF32, FTZ)
     # one flat grid axis (batch·nchunks passes the 65535 of the others at 2^20 tokens): source tile fastest, then
     # head, chunk, batch, so that the programs in flight share their chunk's B and C tiles
@@ -119,7 +119,7 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
     ddt_s = to_last * dw
     dl_s = -w * dw
     local = ct.sum(w * dw, axis=0)  # its sum goes to Λ_last (a row partial below): the pair cancels exactly
-    if ENTER_TERM:  # the entering state's term of y_s: dΛ_s += e^{Λ_s} dŷ_s · (S_c C_s) (else the state pass's)
+    if ENTER_TERM:  # the entering state's term of y_s: dΛ_s += e^{Λ_s} dŷ_s · (S_c C_s) (else another kernel's)
         C_s = rows(C, b, sb, g, 0, BS, BN, k)
         S = state_tile(states, b, c, h, 0, 0, BP, BN, TRANS, k).astype(C.dtype)
         CS = k.mma(C_s, ct.transpose(S), ct.zeros((BS, BP), ct.float32))

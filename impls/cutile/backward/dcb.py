@@ -2,11 +2,11 @@
 for each source tile s up to its rows, dG = Σ_{h in the group} dM^h ∘ L^h ∘ dt^h_s (one MMA per head), stores it
 for the dB kernel and adds dG B_s to dC; then the entering states' term Σ_h e^{Λ^h_l} dŷ^h_l S^h_c
 (impls/README.md, "The chunked backward", step 4), and with switch bwd_entry_term='dcb' dΛ's entering-state term
-per head from the same state tile and the row tile's C (one more MMA per head, added into the chunk kernel's dΛ
-terms). The heads of a group are summed in a fixed order on chip: no
-atomics. A row tile past the end of a short last chunk has no rows and does nothing. Switch bwd_group_split k > 1:
-k programs per group, each over its share of the heads (`head_share`), writing fp32 partials of dG and dC (partial
-p of group g at g·k + p of the group axis), or adding its dC into one fp32 buffer by atomic adds (bwd_atomics)."""
+per head from the same state tile and the row tile's C (one more MMA per head, stored for the cumsum kernel). The
+heads of a group are summed in a fixed order on chip: no atomics. A row tile past the end of a short last chunk has
+no rows and does nothing. Switch bwd_group_split k > 1: k programs per group, each over its share of the heads
+(`head_share`), writing fp32 partials of dG and dC (partial p of group g at g·k + p of the group axis), or adding its
+dC into one fp32 buffer by atomic adds (bwd_atomics)."""
 
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ def bwd_chunk_kernel(
     ddt = to_last * dw
     dl = -w * dw
     local = tl.sum(w * dw, axis=0)  # its sum goes to Λ_last (a row partial below): the pair cancels exactly
-    if ENTER_TERM:  # the entering state's term of y_s: dΛ_s += e^{Λ_s} dŷ_s · (S_c C_s) (else the state pass's)
+    if ENTER_TERM:  # the entering state's term of y_s: dΛ_s += e^{Λ_s} dŷ_s · (S_c C_s) (else another kernel's)
         C_s = rows(C_c, offs_s, offs_n, mask_s, mask_n, s_C_l, s_C_n).to(dtype)
         S = tl.load(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h + offs_p[:, None] * s_st_p
                     + offs_n[None, :] * s_st_n, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)

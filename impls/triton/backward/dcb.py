@@ -2,10 +2,10 @@
 tile s up to its rows, dG = Σ_{h in the group} dM^h ∘ L^h ∘ dt^h_s (one tl.dot per head), stores it for the dB kernel
 and adds dG B_s to dC; then the entering states' term Σ_h e^{Λ^h_l} dŷ^h_l S^h_c (impls/README.md, "The chunked
 backward", step 4), and with switch bwd_entry_term='dcb' dΛ's entering-state term per head from the same state tile
-and the row tile's C (one more tl.dot per head). The heads of a group are summed in registers in a fixed order: no
-atomics. Switch
-bwd_group_split k > 1: k programs per group, each over its share of the heads, writing fp32 partials of dG and dC
-(partial p of group g at g·k + p of the group axis), or adding its dC into one fp32 buffer (bwd_atomics)."""
+and the row tile's C (one more tl.dot per head, stored for the cumsum kernel). The heads of a group are summed in
+registers in a fixed order: no atomics. Switch bwd_group_split k > 1: k programs per group, each over its share of
+the heads, writing fp32 partials of dG and dC (partial p of group g at g·k + p of the group axis), or adding its dC
+into one fp32 buffer (bwd_atomics)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def bwd_dcb_kernel(
     z_c = z_ptr + b * s_z_b + start64 * s_z_l
     dA_b, dt_b = dA_ptr + b * s_dA_b + c64 * s_dA_c, dt_ptr + b * s_dt_b + c64 * s_dt_c
     # switch bwd_entry_term='dcb': dΛ's entering-state term per head from the state tile loaded for dC's, and C_l
-    # (neither load is kept without ENTER_TERM: nothing reads them)
+    # (without ENTER_TERM nothing reads C_l, and the compiler drops its load)
     C_l = rows(C_ptr + b * s_C_b + start64 * s_C_l + g * s_C_g, offs_l, offs_n, mask_l, mask_n, s_C_l, s_C_n).to(dtype)
     enter_c = enter_ptr + b * s_en_b + c64 * s_en_c + offs_l
     if WHOLE:  # switch bwd_dcb_sources='chunk': the row tile against the whole chunk of sources, one product a head
