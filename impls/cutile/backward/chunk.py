@@ -20,6 +20,7 @@ import torch
 from impls.cutile.backward.common import (
     Hints,
     chunk_length,
+    dy_tiles,
     gated_dy,
     kernel_call,
     or_stand_in,
@@ -146,7 +147,7 @@ def _source_tile(x, B, C, dt, dA, seq, states, ds, dy, z, yhat, D, xv, dx, dz, d
         offs_l = _positions(j * BL, BL)
         if not SHARED_CB:
             C_l = rows(C, b, lb, g, 0, BL, BN, k)
-        dyh_l = gated_dy(dy, z, b, lb, h, 0, BL, BP, HAS_Z, k).astype(x.dtype)
+        dyh_l = dy_tiles(dy, z, b, lb, h, 0, BL, BP, HAS_Z, x.dtype, k)[0]
         dA_l = per_position(dA, b, h, c, j, BL, k) * k.base()
         diff = dA_l.reshape((BL, 1)) - dA_s.reshape((1, BS))
         if SHARED_CB:  # the tiles on and below the diagonal are written

@@ -64,6 +64,17 @@ def gated_dy(dy, z, b, block, h, pb, BL, BP, HAS_Z, k):
     return g
 
 
+def dy_tiles(dy, z, b, block, h, pb, BL, BP, HAS_Z, dtype, k):
+    """(dŷ's (BL, BP) tile as an MMA operand in `dtype`, the same tile in fp32). Without z the operand is the tile as
+    loaded: a round trip through fp32 would make the MMA read a converted copy that the warps write to shared memory,
+    not the copy engine's tile. With z the gated fp32 tile, converted for the MMA."""
+    if HAS_Z:
+        gated = gated_dy(dy, z, b, block, h, pb, BL, BP, HAS_Z, k)
+        return gated.astype(dtype), gated
+    tile = rows(dy, b, block, h, pb, BL, BP, k).astype(dtype)
+    return tile, tile.astype(ct.float32)
+
+
 def state_tile(states, b, c, h, pb, nb, BP, BN, TRANS, k):
     """The (BP, BN) = (headdim, dstate) tile (pb, nb) of the state of chunk c in a 5-d (batch, nchunks, heads, …)
     storage, (…, dstate, headdim) when TRANS else (…, headdim, dstate), as stored."""

@@ -21,6 +21,7 @@ from impls.cutile.backward.common import (
     add_rows,
     allocate,
     chunk_length,
+    dy_tiles,
     gated_dy,
     head_share,
     kernel_call,
@@ -105,12 +106,12 @@ def _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, C, terms, seqlen, heads_
 def _head_part(x, dy, z, dA, b, c, h, lb, i, sb, j, dt_s, keep, BT, BS, BP, HAS_Z, k):
     """Head h's part of dG on row tile i (row block lb of BT) and source block j (row block sb of BS), dM ∘ L ∘ dt_s
     (fp32), with its dŷ_l (fp32) and its rows' Λ in the exponential's base."""
-    dyh_l = gated_dy(dy, z, b, lb, h, 0, BT, BP, HAS_Z, k)
+    dy_l, dyh_l = dy_tiles(dy, z, b, lb, h, 0, BT, BP, HAS_Z, x.dtype, k)
     x_s = rows(x, b, sb, h, 0, BS, BP, k)
     dA_l = per_position(dA, b, h, c, i, BT, k) * k.base()
     dA_s = per_position(dA, b, h, c, j, BS, k) * k.base()
     L = k.exp(ct.where(keep, dA_l.reshape((BT, 1)) - dA_s.reshape((1, BS)), -math.inf))
-    dM = k.mma(dyh_l.astype(x.dtype), ct.transpose(x_s), ct.zeros((BT, BS), ct.float32))
+    dM = k.mma(dy_l, ct.transpose(x_s), ct.zeros((BT, BS), ct.float32))
     return dM * L * dt_s.reshape((1, BS)), dyh_l, dA_l
 
 
