@@ -19,9 +19,10 @@ import pandas as pd
 from analysis.load import TIMED_STAGES, gpu_key, one_run, wide
 from analysis.markdown import table
 from analysis.noise import shown_effect
+from harness.cost_model import BACKWARD_STAGES
 
 KEYS = ("label", "dtype", "shape_name", "stage")  # label: the backend with its ablation or switches
-STAGES = TIMED_STAGES
+STAGES = (*TIMED_STAGES, *BACKWARD_STAGES)  # the forward's stages and whole forward, the backward, forward+backward
 MIN_ALLOWANCE = 0.02
 
 
@@ -30,7 +31,8 @@ def _per_point(w: pd.DataFrame) -> pd.DataFrame:
     rounds of their medians (`median_ms`), the widest p20–p80 spread of a round relative to its median (`spread`),
     how far the rounds' medians lie apart relative to their median (`rounds_range`; 0 with one round) and the number
     of rounds (distinct run ids)."""
-    w = w[(w["status"] == "ok") & w["stage"].isin(STAGES)].assign(
+    # a stage a sweep's direction does not time (the forward's stages in a backward sweep) has no median: not a point
+    w = w[(w["status"] == "ok") & w["stage"].isin(STAGES) & w["median_ms"].notna()].assign(
         spread=lambda d: (d["p80_ms"] - d["p20_ms"]) / d["median_ms"])
     g = w.groupby(list(KEYS))
     out = pd.DataFrame({"median_ms": g["median_ms"].median(), "spread": g["spread"].max(),

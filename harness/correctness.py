@@ -30,7 +30,7 @@ import torch
 from harness.calls import FORWARD_ARGS, forward_arguments, forward_kwargs
 from impls import tolerance as tolerances
 from impls import validate
-from impls.api import folds_dt, non_increasing_decay
+from impls.api import needs_non_negative_dt, non_increasing_decay
 from impls.inputs import Inputs
 from impls.reference.compute_out import BLOCK_ELEMENTS
 from impls.reference.same_precision import SamePrecisionReference
@@ -431,10 +431,11 @@ def mamba_ssm_rule(backend, inputs: Inputs, ref, problem, dtype: torch.dtype, de
 def refuse_unsafe_inputs(backend, inputs: Inputs) -> None:
     """Value checks the gate makes before running a backend: what its kernels or switches assume of the inputs
     (a non-increasing decay: the factored decay, switch decay_factor, or Backend.NON_INCREASING_DECAY; A <= 0 and
-    dt >= 0 after processing; dt >= 0 alone for the exponent fold, switch exp_fold). Raises ValueError naming the
-    argument."""
+    dt >= 0 after processing; dt >= 0 alone for the exponent fold, switch exp_fold, and the backward's factored
+    decays, switch bwd_decay_factor). Raises ValueError naming the argument."""
     why = non_increasing_decay(backend)
     if why:
         validate.decay_factor_inputs(inputs.A, inputs.dt, inputs.dt_bias, inputs.dt_softplus, inputs.dt_limit, why)
-    if folds_dt(backend):
-        validate.non_negative_dt(inputs.dt, inputs.dt_bias, inputs.dt_softplus, inputs.dt_limit, validate.EXP_FOLD)
+    needs = needs_non_negative_dt(backend)
+    if needs:
+        validate.non_negative_dt(inputs.dt, inputs.dt_bias, inputs.dt_softplus, inputs.dt_limit, needs)

@@ -118,9 +118,12 @@ def non_increasing_decay(impl: Backend) -> str:
     return impl.NON_INCREASING_DECAY
 
 
-def folds_dt(impl: Backend) -> bool:
-    """Whether the backend's compute_out folds dt into the decay's exponent (switch exp_fold), which needs dt >= 0."""
-    return bool(getattr(impl.switches, "exp_fold", False))
+def needs_non_negative_dt(impl: Backend) -> str:
+    """Why the backend's kernels need dt >= 0 after processing ("" where none does): compute_out's exponent fold
+    (switch exp_fold) or the backward's factored decays (switch bwd_decay_factor)."""
+    switches = impl.switches
+    return "; ".join(why for name, why in (("exp_fold", check.EXP_FOLD), ("bwd_decay_factor", check.BWD_DECAY_FACTOR))
+                     if getattr(switches, name, False))
 
 
 def seq_idx_from_cu_seqlens(cu_seqlens: torch.Tensor, seqlen: int) -> torch.Tensor:
@@ -230,7 +233,7 @@ def compute_out(C, B, x, dt, dA_cumsum, states, D=None, z=None, seq_idx=None, *,
     why = non_increasing_decay(impl)
     if check_values and why:
         check.non_increasing_in_chunks(dA_cumsum, why)
-    if check_values and folds_dt(impl):
+    if check_values and getattr(impl.switches, "exp_fold", False):  # the backward's switches do not run here
         check.non_negative_processed_dt(dt)
     own = {} if initial_states is None else {"initial_states": initial_states}
     return impl.compute_out(C, B, x, dt, dA_cumsum, states, D, z, seq_idx, **own)
@@ -315,8 +318,9 @@ def forward_call(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_
     why = non_increasing_decay(impl)
     if check_values and why:
         check.decay_factor_inputs(A, dt, dt_bias, dt_softplus, dt_limit, why)
-    if check_values and folds_dt(impl):
-        check.non_negative_dt(dt, dt_bias, dt_softplus, dt_limit, check.EXP_FOLD)
+    needs = needs_non_negative_dt(impl)
+    if check_values and needs:
+        check.non_negative_dt(dt, dt_bias, dt_softplus, dt_limit, needs)
     return impl, dict(x=x, dt=dt, A=A, B=B, C=C, chunk_size=chunk_size, D=D, z=z, dt_bias=dt_bias,
                       initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens, dt_softplus=dt_softplus,
                       dt_limit=tuple(float(v) for v in dt_limit), state_dtype=state_dtype)

@@ -200,6 +200,8 @@ def decay_factor_inputs(A, dt, dt_bias, dt_softplus: bool, dt_limit, why: str = 
 
 
 EXP_FOLD = "switch exp_fold (q = dA_cumsum·log2(e) − log2(dt) has no value for a negative dt)"
+BWD_DECAY_FACTOR = ("switch bwd_decay_factor (the backward's decays below the diagonal as a product of two factors, "
+                    "which a dt changing sign inside a chunk can take to inf · 0)")
 
 
 def non_negative_processed_dt(dt, why: str = EXP_FOLD) -> None:

@@ -23,12 +23,12 @@ def _stage(name: str):
     return importlib.import_module(f"impls.cutile.{name}")
 
 
-def fold_refusal(dt_softplus: bool, dt_limit) -> str | None:
-    """Why dt may be negative in a forward with these options (exp_fold cannot take it), or None where its processing
-    makes it non-negative (impls/validate.py processing_makes_dt_non_negative)."""
+def fold_refusal(dt_softplus: bool, dt_limit, needs: str = "exp_fold reads log2(dt)") -> str | None:
+    """Why dt may be negative in a call with these options (what `needs` names cannot take it), or None where its
+    processing makes it non-negative (impls/validate.py processing_makes_dt_non_negative)."""
     if check.processing_makes_dt_non_negative(dt_softplus, dt_limit):
         return None
-    return (f"exp_fold reads log2(dt), and with dt_softplus off and dt_limit={dt_limit!r} (no clamp at or above zero) "
+    return (f"{needs}, and with dt_softplus off and dt_limit={dt_limit!r} (no clamp at or above zero) "
             "dt may be negative")
 
 
@@ -41,8 +41,8 @@ class CutileBackend(InnerChunked, Backend):
     TUNED = True
     DEFAULTS = CUTILE_DEFAULTS  # per target (impls/cutile/defaults.py)
     TILE_PROTOCOL = None  # per stage, in describe()["stages"] (impls/tuning.py Resolution)
-    BACKWARD = ("cuTile kernels (impls/cutile/backward/), not yet run on a GPU (compiled for sm_90 and sm_100, and "
-                "through the gradient gate on CPU with torch standing in for cuda.tile; the GPU's gate pending): the "
+    BACKWARD = ("cuTile kernels (impls/cutile/backward/; gated and timed on H100s, compiled for sm_90 and sm_100 "
+                "and through the gradient gate on CPU with torch standing in for cuda.tile): the "
                 "forward keeps stage 1's dt and dA_cumsum, the final states and the states entering every chunk "
                 "(switch bwd_recompute_states, or fuse_state_out's serial program: none, stage 2 runs again); the "
                 "backward walks the chunks in reverse carrying the state gradient, then per-head chunk, per-group "
@@ -74,15 +74,19 @@ class CutileBackend(InnerChunked, Backend):
         return cuda_only(device, "cuTile kernels")
 
     def input_refusal(self, entry: str, args: dict) -> str | None:
-        """With exp_fold on, why this call's dt may be negative (fold_refusal), which the fold cannot take (it reads
-        log2 dt): sm_90's defaults then run their next arrangement, the same set without exp_fold
-        (impls/cutile/defaults.py). compute_out called on its own is given a processed dt whose sign the call cannot
-        see without reading it, so it is refused too."""
-        if not self.switches.exp_fold:
+        """With exp_fold or bwd_decay_factor on, why this call's dt may be negative (fold_refusal), which neither
+        can take (the fold reads log2 dt; the backward's factored decays assume dA_cumsum monotone inside a chunk):
+        sm_90's defaults then run their next arrangement, the same set without either (impls/cutile/defaults.py).
+        compute_out called on its own is given a processed dt whose sign the call cannot see without reading it, so
+        exp_fold refuses it too."""
+        needs = [text for on, text in ((self.switches.exp_fold, "exp_fold reads log2(dt)"),
+                                       (self.switches.bwd_decay_factor,
+                                        "bwd_decay_factor factors the backward's decays at a pivot")) if on]
+        if not needs:
             return None
         if entry == "ssd_forward":
-            return fold_refusal(args["dt_softplus"], args["dt_limit"])
-        if entry == "compute_out":
+            return fold_refusal(args["dt_softplus"], args["dt_limit"], " and ".join(needs))
+        if entry == "compute_out" and self.switches.exp_fold:
             return ("exp_fold reads log2(dt), and compute_out called on its own takes a processed dt whose sign this "
                     "call cannot see without reading it")
         return None

@@ -45,7 +45,9 @@ TOOLCHAIN = ("cuda-tile", "nvidia-cuda-tileiras", "nvidia-cuda-cuobjdump", "nvid
 # the kernels they change (heads_first, skip_first, exp_fold: compute_out; pdl: chunk_cumsum, fwd_pass_state,
 # compute_out; exp2_ftz: fwd_pass_state, compute_out; cb_occupancy, cb_lower_triangle: compute_out_cb)
 SM90_DEFAULTS = {"heads_first": True, "skip_first": True, "pdl": True, "exp2_ftz": True, "exp_fold": True,
-                 "cb_occupancy": 4, "cb_lower_triangle": True, "bwd_dcb_sources": "chunk"}  # the last: backward only
+                 "cb_occupancy": 4, "cb_lower_triangle": True,
+                 # the backward's own (its kernels are not among the hashed ones)
+                 "bwd_dcb_sources": "chunk", "bwd_exp2_ftz": True, "bwd_decay_factor": True}
 SM90_KERNELS = ("chunk_cumsum", "fwd_pass_state", "compute_out", "compute_out_cb")
 
 

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from analysis import before_after
+from analysis.load import TIMED_STAGES
 
 
 def _wide(points, label_suffix="", gpu="NVIDIA H200"):
@@ -96,7 +97,7 @@ def test_the_script_runs_a_base_tree_and_this_one_and_compares(tmp_path):
     for side in ("before", "after"):
         assert pd.read_parquet(out / side / "cpu.parquet")["run_id"].nunique() == 2, side
     md = (out / "before_after.md").read_text()
-    assert all(stage in md for stage in before_after.STAGES) and "missing" not in md
+    assert all(stage in md for stage in TIMED_STAGES) and "missing" not in md
 
 
 def test_runs_of_two_gpu_models_are_refused():
@@ -107,3 +108,21 @@ def test_runs_of_two_gpu_models_are_refused():
         before_after.compare(h200, h100)
     with pytest.raises(ValueError, match="one GPU model"):
         before_after.compare(pd.concat([h200, h100]), h200)
+
+
+@pytest.mark.parametrize("stage", ["backward", "forward_backward"])
+def test_the_backward_stages_are_compared(stage):
+    """A before/after of the backward (direction backward or forward_backward) compares its whole-call stage: a 5 %
+    faster backward differs, it is not dropped as an unknown stage."""
+    cmp = before_after.compare(_wide([("cutile", "S1", stage, 1.0, 0.001)]),
+                               _wide([("cutile", "S1", stage, 0.95, 0.001)]))
+    assert cmp[["stage", "verdict"]].values.tolist() == [[stage, "differs"]]
+
+
+def test_a_stage_neither_run_timed_is_not_a_point():
+    """A backward sweep's rows name the forward's stages without a median: they are not points of the comparison
+    (not 'missing'), the backward is."""
+    untimed = [("cutile", "S1", "forward", float("nan"), 0.0)]
+    cmp = before_after.compare(_wide([*untimed, ("cutile", "S1", "backward", 1.0, 0.001)]),
+                               _wide([*untimed, ("cutile", "S1", "backward", 1.001, 0.001)]))
+    assert cmp[["stage", "verdict"]].values.tolist() == [["backward", "holds"]]

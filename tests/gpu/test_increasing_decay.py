@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import impls
-from impls.api import folds_dt, non_increasing_decay
+from impls.api import needs_non_negative_dt, non_increasing_decay
 from impls.problem import Shape
 from tests.common import INCREASING, failures, float64_forward, forward_errors, increasing_decay
 
@@ -31,7 +31,7 @@ def test_increasing_decay_is_computed_or_refused(name, switches, case, arg):
     except impls.BackendUnavailable as exc:
         pytest.skip(str(exc))
     inputs = increasing_decay(case, SHAPE, device="cuda")
-    if non_increasing_decay(backend) or (folds_dt(backend) and arg == "dt"):
+    if non_increasing_decay(backend) or (needs_non_negative_dt(backend) and arg == "dt"):
         with pytest.raises(ValueError, match=rf"^{arg}: "):
             impls.ssd_forward(**inputs.forward_kwargs(), backend=backend, check_values=True)
         return

@@ -63,9 +63,11 @@ def test_the_next_arrangement_differs_only_in_tma():
     assert dataclasses.replace(then.switches, tma=True, tma_descriptors="host") == first.switches
 
 
-def test_cutiles_next_arrangement_differs_only_in_exp_fold():
+def test_cutiles_next_arrangement_differs_only_in_what_needs_a_non_negative_dt():
+    """exp_fold (log2 dt) and bwd_decay_factor (the backward's decays factored at a pivot: monotone dA_cumsum)."""
     first, then = resolve_switches(backend_class("cutile"), "sm_90").arrangements
-    assert then.switches.exp_fold is False and dataclasses.replace(then.switches, exp_fold=True) == first.switches
+    assert then.switches.exp_fold is False and then.switches.bwd_decay_factor is False
+    assert dataclasses.replace(then.switches, exp_fold=True, bwd_decay_factor=True) == first.switches
 
 
 @pytest.mark.parametrize("dt_softplus, dt_limit, runs", [
@@ -90,7 +92,8 @@ def test_a_cutile_forward_whose_dt_may_be_negative_runs_without_the_fold(dt_soft
     ran = backend.arranged_for("ssd_forward", **args)
     assert ran.resolved.first.preset == runs
     if runs == "best_sm90_no_fold":
-        assert "exp_fold reads log2(dt)" in str(ran.describe()["arrangement"])
+        why = str(ran.describe()["arrangement"])
+        assert "exp_fold reads log2(dt)" in why and "bwd_decay_factor" in why
     assert backend.input_refusal("compute_out", {}) is not None
     assert backend.input_refusal("chunk_cumsum", {}) is None
 

@@ -189,6 +189,25 @@ def test_decay_factor_refuses_increasing_decay(arg, changes):
     impls.ssd_forward(**kw, backend="reference", check_values=True)
 
 
+def test_the_backwards_factored_decay_refuses_a_negative_dt_and_takes_a_positive_A():
+    """Switch bwd_decay_factor factors the backward's decays at a pivot: dA_cumsum must be monotone inside a chunk.
+    A negative dt (no softplus, no clamp) is refused by check_values and the gate, naming dt and the switch; A > 0
+    with dt >= 0 (a growing but monotone decay) is not the switch's concern."""
+    from harness import correctness
+
+    kw = _no_softplus(dt=-torch.rand(1, S.seqlen, S.nheads))
+    factored = impls.get_backend("triton", bwd_decay_factor=True)
+    with pytest.raises(ValueError, match=r"^dt: .*bwd_decay_factor"):
+        impls.ssd_forward(**kw, backend=factored, check_values=True)
+    problem = Problem(dataclasses.replace(TINY, batch=1), dtype="float32", dt_softplus=False, has_dt_bias=False)
+    drawn = make_inputs(problem, seed=0)
+    drawn.dt = kw["dt"]
+    with pytest.raises(ValueError, match=r"^dt: .*bwd_decay_factor"):
+        correctness.refuse_unsafe_inputs(factored, drawn)
+    growing = _no_softplus(A=torch.full((S.nheads,), 0.5), dt=0.1 * torch.rand(1, S.seqlen, S.nheads))
+    impls.ssd_forward(**growing, backend=factored, check_values=True)
+
+
 def test_decay_factor_accepts_negative_raw_dt_under_softplus():
     from impls import validate
 
