@@ -13,8 +13,8 @@
   without records (issue 44): the study run's rows decide the set finally.
   exp_fold reads log2(dt), which a negative dt (the contract allows one without softplus or a clamp at zero) has not:
   a call whose dt may be negative (`FOLD_REFUSAL`: dt_softplus off and no dt_limit clamping at or above zero) runs
-  "best_sm90_no_fold", the same set without exp_fold and bwd_decay_factor (not measured as a whole: exp2_ftz alone −3.6 %, the C·Bᵀ
-  switches alone −2.4 % at S1, results/2026-12-07-h100-switches-backward-first/switches_s1_s3.parquet).
+  "best_sm90_no_fold", the same set without exp_fold and bwd_decay_factor (not measured as a whole: exp2_ftz alone
+  −3.6 %, the C·Bᵀ switches alone −2.4 % at S1, results/2026-12-07-h100-switches-backward-first/switches_s1_s3.parquet).
   The backward's own switches in the set were chosen by backward rows, each arrangement on its own searched records
   at S1 in one run on an H100: bwd_dcb_sources='chunk' (the dcb kernel walks the group's heads once against the whole
   chunk of sources; 3.81 → 3.25 ms, results/2026-12-07-h100-backward-arms-s1/dcb_sources_s1.parquet), then
