@@ -13,7 +13,7 @@
 # folder (the later round with force=true), so its merged Parquet holds every round.
 # Writes $OUT/before/ and $OUT/after/ (each side's gpu_session.sh log and merged Parquet; the tuning archive of the
 # after side only) and $OUT/before_after.md. SSD_GIT_COMMIT names this tree's commit, BEFORE_COMMIT the base's; each
-# sweep gets an equal share of GPU_SESSION_BUDGET_S.
+# sweep gets an equal share of what is left of GPU_SESSION_BUDGET_S when it starts.
 # Both sides are one run group (SSD_RUN_GROUP, made here unless given), each row with its side's round (SSD_ROUND).
 set -uo pipefail
 archive=${1:?usage: scripts/before_after.sh ARCHIVE.tgz [EXPERIMENT]}
@@ -24,13 +24,19 @@ case "$rounds" in 1) order="before after" ;; 2) order="before after after before
   *) echo "before_after.sh: ROUNDS must be 1 or 2, got $rounds" >&2; exit 2 ;; esac
 OUT=${OUT:-results/scratch/gpu}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-share=$(( ${GPU_SESSION_BUDGET_S:-560} / (2 * rounds) ))
+budget=${GPU_SESSION_BUDGET_S:-560}
+started=$(date +%s)
+left_sweeps=$(( 2 * rounds ))
 base=$(mktemp -d "${TMPDIR:-/tmp}/before-XXXXXX")
 tar -xzf "$archive" -C "$base" || { echo "before_after.sh: cannot unpack $archive" >&2; exit 2; }
 roots=$(mktemp -d "${TMPDIR:-/tmp}/before-after-sweeps-XXXXXX")
 group=${SSD_RUN_GROUP:-before-after-$(date -u +%Y-%m-%dT%H-%M-%SZ)-$$}
 declare -A seen=()
 for side in $order; do
+  # each sweep gets an equal share of what is left, so that time a warm sweep leaves over goes to the next (the first
+  # sweeps of a cold machine spend theirs compiling)
+  share=$(( (budget - ($(date +%s) - started)) / left_sweeps ))
+  left_sweeps=$(( left_sweeps - 1 ))
   extra=""
   [ -n "${seen[$side]:-}" ] && extra="force=true"   # the side's second round: measure again beside the first
   seen[$side]=$(( ${seen[$side]:-0} + 1 ))
