@@ -126,8 +126,8 @@ def _noop_status(arch: str, reason: str) -> str:
 def ablation_table(results, backend: str, stage: str = "forward", noop_switches=None) -> pd.DataFrame:
     """One row per (shape, dtype, GPU, switch) of `backend` at `stage`; see the module docstring."""
     w = one_run(results if "label" in getattr(results, "columns", []) else wide(results), f"ablation table ({backend})")
-    rows = timed(w)
-    rows = rows[(rows["backend"] == backend) & (rows["stage"] == stage)]
+    rows = timed(w, stages=(stage,))
+    rows = rows[rows["backend"] == backend]
     out = []
     for (shape_name, dtype, gpu, arch), g in rows.groupby(
             ["shape_name", "dtype", rows["gpu_name"].fillna(rows["device_name"]), "arch"], sort=False):

@@ -228,12 +228,15 @@ def gpu_key(w: pd.DataFrame) -> pd.Series:
     return key.fillna("unknown")
 
 
-def timed(w: pd.DataFrame, ok_only: bool = True, workload: str = "ssd") -> pd.DataFrame:
-    """Rows of one workload's timed stages (with a median_ms; the SSD's: TIMED_STAGES, another's: every stage but
-    the ceilings), of points that passed (status ok) unless ok_only is False. Rows from before schema version 5
-    are the SSD's."""
+def timed(w: pd.DataFrame, ok_only: bool = True, workload: str = "ssd", stages=None) -> pd.DataFrame:
+    """Rows of one workload's timed stages (with a median_ms; the SSD's: TIMED_STAGES, or `stages` where given, such
+    as the backward's; another workload's: every stage but the ceilings), of points that passed (status ok) unless
+    ok_only is False. Rows from before schema version 5 are the SSD's."""
     of_workload = _column(w, "workload").fillna("ssd") == workload
-    stages = w["stage"].isin(TIMED_STAGES) if workload == "ssd" else ~w["stage"].isin(("ceiling", "point"))
+    if workload == "ssd":
+        stages = w["stage"].isin(TIMED_STAGES if stages is None else tuple(stages))
+    else:
+        stages = ~w["stage"].isin(("ceiling", "point"))
     sel = of_workload & stages & w["median_ms"].notna()
     if ok_only:
         sel &= w["status"] == "ok"
