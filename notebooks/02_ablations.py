@@ -21,6 +21,8 @@ import os
 # a results folder, or "wandb:<entity>/<project>[/<group>]", holding one run.
 RESULTS = os.environ.get("SSD_RESULTS", "index:ablate_cutile_v13_v17")
 BASELINE = "mamba_ssm"
+# the backward's arms, one run (its own rows: a table reads one run)
+BACKWARD = os.environ.get("SSD_BACKWARD_RESULTS", "index:backward_v13_h100")
 
 # %%
 import pandas as pd
@@ -44,3 +46,14 @@ display(Markdown(table(printable(abl))))
 
 # %%
 figures.ablation_bars(abl, source)
+
+# %% [markdown]
+# ## The backward
+# The same table at stage `backward` (`torch.autograd.grad` through `impls.ssd`, given dy) from the backward's arms,
+# one run; a switch the run did not vary reads "not measured".
+
+# %%
+wb = start(BACKWARD)
+arms = sorted(wb.loc[wb["ablation"].fillna("none") != "none", "backend"].unique())
+bwd = pd.concat([analysis.ablation_table(wb, b, stage="backward") for b in arms], ignore_index=True)
+display(Markdown(table(printable(bwd[bwd["status"] != "not measured"]))))
