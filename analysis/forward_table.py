@@ -27,11 +27,11 @@ import pandas as pd
 
 from analysis.load import RUN_COLUMNS, TIMED_STAGES, one_run, repo_root, run_keys, runs, timed, wide
 from analysis.markdown import check_generated, emit, table, table_parser
+from harness.cost_model import BACKWARD_STAGES
 
 COMMAND = "python -m analysis.forward_table"
 KERNELS = "kernels"  # --stage: every kernel:<name> stage of the timed backwards (harness/measure_time.py kernel_rows)
 KERNEL_STAGE = "kernel:"  # harness/timing.py KERNEL_STAGE (not imported: the analysis runs without torch)
-BACKWARD_STAGES = ("backward", "forward_backward")
 
 
 def cell(row) -> str:

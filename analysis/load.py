@@ -234,10 +234,10 @@ def timed(w: pd.DataFrame, ok_only: bool = True, workload: str = "ssd", stages=N
     ok_only is False. Rows from before schema version 5 are the SSD's."""
     of_workload = _column(w, "workload").fillna("ssd") == workload
     if workload == "ssd":
-        stages = w["stage"].isin(TIMED_STAGES if stages is None else tuple(stages))
+        of_stage = w["stage"].isin(TIMED_STAGES if stages is None else tuple(stages))
     else:
-        stages = ~w["stage"].isin(("ceiling", "point"))
-    sel = of_workload & stages & w["median_ms"].notna()
+        of_stage = ~w["stage"].isin(("ceiling", "point"))
+    sel = of_workload & of_stage & w["median_ms"].notna()
     if ok_only:
         sel &= w["status"] == "ok"
     return w[sel]

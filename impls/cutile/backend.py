@@ -23,7 +23,7 @@ def _stage(name: str):
     return importlib.import_module(f"impls.cutile.{name}")
 
 
-def fold_refusal(dt_softplus: bool, dt_limit, needs: str = "exp_fold reads log2(dt)") -> str | None:
+def fold_refusal(dt_softplus: bool, dt_limit, needs: str) -> str | None:
     """Why dt may be negative in a call with these options (what `needs` names cannot take it), or None where its
     processing makes it non-negative (impls/validate.py processing_makes_dt_non_negative)."""
     if check.processing_makes_dt_non_negative(dt_softplus, dt_limit):
