@@ -8,6 +8,8 @@
 # after the first with force=true, so each round is a run of its own: its own run_id), merged into
 # $OUT/<experiment>.parquet; one log, $OUT/session.log. Each sweep gets what is left of GPU_SESSION_BUDGET_S; a cut-off
 # run keeps what it measured. ARMS (default: all): the arms to run, by their 1-based order in ARMS_FILE, e.g. ARMS=1,2,4.
+# FIRST_ROUND (default 1): the number of this invocation's first round, to continue a run group in a later call on the
+# same warm machine (SSD_RUN_GROUP given again, e.g. round 1 in one call, FIRST_ROUND=2 ROUNDS=2 in the next).
 # Every arm of every round is one run group (SSD_RUN_GROUP, made here unless given) and each row records its round
 # (SSD_ROUND): the analysis reads the rounds of one run together and refuses rows of several runs in one table.
 set -uo pipefail
@@ -15,6 +17,8 @@ arms_file=${1:?usage: scripts/rounds.sh ARMS_FILE [EXPERIMENT]}
 exp=${2:-headline}
 rounds=${ROUNDS:-3}
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "rounds.sh: ROUNDS must be a positive integer, got $rounds" >&2; exit 2; }
+first=${FIRST_ROUND:-1}
+[[ "$first" =~ ^[1-9][0-9]*$ ]] || { echo "rounds.sh: FIRST_ROUND must be a positive integer, got $first" >&2; exit 2; }
 [ -f "$arms_file" ] && [ -r "$arms_file" ] || { echo "rounds.sh: cannot read $arms_file" >&2; exit 2; }
 mapfile -t arms < <(tr -d '\r' < "$arms_file" | grep -v '^[[:space:]]*\(#\|$\)')
 [ "${#arms[@]}" -gt 0 ] || { echo "rounds.sh: no arm in $arms_file" >&2; exit 2; }
@@ -34,9 +38,9 @@ budget=${GPU_SESSION_BUDGET_S:-560}
 start=$(date +%s)
 root=${SWEEP_ROOT:-$(mktemp -d "${TMPDIR:-/tmp}/rounds-XXXXXX")}
 group=${SSD_RUN_GROUP:-rounds-$(date -u +%Y-%m-%dT%H-%M-%SZ)-$$}
-echo "== rounds.sh: $rounds rounds x ${#arms[@]} arms of $exp, SWEEP_ROOT=$root SSD_RUN_GROUP=$group" \
-  | tee -a "$OUT/session.log"
-for ((r = 1; r <= rounds; r++)); do
+echo "== rounds.sh: rounds $first..$((first + rounds - 1)) x ${#arms[@]} arms of $exp, SWEEP_ROOT=$root" \
+  "SSD_RUN_GROUP=$group" | tee -a "$OUT/session.log"
+for ((r = first; r < first + rounds; r++)); do
   extra=""
   [ "$r" -gt 1 ] && extra="force=true"
   for arm in "${arms[@]}"; do

@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "rounds.sh"
 
 
-def rounds(tmp_path: Path, arms: str | None, rounds_env: str = "2", budget: str = "400", pick: str | None = None):
+def rounds(tmp_path: Path, arms: str | None, rounds_env: str = "2", budget: str = "400", pick: str | None = None,
+           first: str | None = None, group: str | None = None):
     arms_file = tmp_path / "arms.txt"
     if arms is not None:  # None: no such file
         arms_file.write_text(arms)
@@ -24,8 +25,14 @@ def rounds(tmp_path: Path, arms: str | None, rounds_env: str = "2", budget: str 
                TMPDIR=str(tmp_path), SSD_TUNING_DIR=str(tmp_path / "tuning"), GPU_SESSION_BUDGET_S=budget,
                ROUNDS=rounds_env)
     env.pop("ARMS", None)
+    env.pop("FIRST_ROUND", None)
     if pick is not None:
         env["ARMS"] = pick
+    if first is not None:
+        env["FIRST_ROUND"] = first
+    env.pop("SSD_RUN_GROUP", None)
+    if group is not None:
+        env["SSD_RUN_GROUP"] = group
     (tmp_path / "tuning").mkdir(exist_ok=True)
     return subprocess.run(["bash", str(SCRIPT), str(arms_file), "cpu"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
@@ -65,6 +72,18 @@ def test_arms_picks_some_arms_in_the_given_order(tmp_path):
     assert pd.read_parquet(tmp_path / "out" / "cpu.parquet")["config_hash"].nunique() == 2
 
 
+def test_first_round_continues_a_run_group(tmp_path):
+    """FIRST_ROUND=2 ROUNDS=1 under a given run group: the rows say round 2 of that group (a later call on the same
+    machine continues the rounds of an earlier one)."""
+    common = (f"bench.cpu_warmup=0 bench.cpu_reps=1 bench.stages=[forward] logger.dir={tmp_path} "
+              f"hydra.sweep.dir={tmp_path}/multirun")
+    done = rounds(tmp_path, f"backend=reference {common}\n", rounds_env="1", first="2", group="group-of-two-calls")
+    assert done.returncode == 0, done.stderr[-3000:]
+    merged = pd.read_parquet(tmp_path / "out" / "cpu.parquet")
+    assert set(merged["round"]) == {2} and set(merged["run_group"]) == {"group-of-two-calls"}
+    assert "rounds 2..2" in (tmp_path / "out" / "session.log").read_text()
+
+
 @pytest.mark.parametrize("pick", ["0", "4", "1,x", "1,,2"], ids=["zero", "past-the-end", "not-a-number", "empty"])
 def test_arms_outside_the_file_refused(tmp_path, pick):
     done = rounds(tmp_path, "backend=reference\nbackend=reference\nbackend=reference\n", pick=pick)
@@ -75,11 +94,13 @@ def test_arms_outside_the_file_refused(tmp_path, pick):
 @pytest.mark.parametrize("arms, rounds_env, message", [
     ("backend=reference\n", "0", "ROUNDS"),
     ("backend=reference\n", "two", "ROUNDS"),
+    ("backend=reference\n", "first:0", "FIRST_ROUND"),
     ("# only a comment\n\n", "2", "no arm"),
     (None, "2", "cannot read"),
-], ids=["zero-rounds", "rounds-not-a-number", "no-arm", "no-arms-file"])
+], ids=["zero-rounds", "rounds-not-a-number", "first-round-zero", "no-arm", "no-arms-file"])
 def test_refused_before_anything_runs(tmp_path, arms, rounds_env, message):
-    done = rounds(tmp_path, arms, rounds_env)
+    first = rounds_env.removeprefix("first:") if rounds_env.startswith("first:") else None
+    done = rounds(tmp_path, arms, "2" if first else rounds_env, first=first)
     assert done.returncode == 2 and message in done.stderr
     assert not (tmp_path / "out" / "cpu.parquet").exists()
 
