@@ -121,9 +121,8 @@ def non_increasing_decay(impl: Backend) -> str:
 def needs_non_negative_dt(impl: Backend) -> str:
     """Why the backend's kernels need dt >= 0 after processing ("" where none does): compute_out's exponent fold
     (switch exp_fold) or the backward's factored decays (switch bwd_decay_factor)."""
-    switches = impl.switches
-    return "; ".join(why for name, why in (("exp_fold", check.EXP_FOLD), ("bwd_decay_factor", check.BWD_DECAY_FACTOR))
-                     if getattr(switches, name, False))
+    return "; ".join(why for name, (why, _) in check.NEEDS_NON_NEGATIVE_DT.items()
+                     if getattr(impl.switches, name, False))
 
 
 def seq_idx_from_cu_seqlens(cu_seqlens: torch.Tensor, seqlen: int) -> torch.Tensor:

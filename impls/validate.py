@@ -202,6 +202,12 @@ def decay_factor_inputs(A, dt, dt_bias, dt_softplus: bool, dt_limit, why: str = 
 EXP_FOLD = "switch exp_fold (q = dA_cumsum·log2(e) − log2(dt) has no value for a negative dt)"
 BWD_DECAY_FACTOR = ("switch bwd_decay_factor (the backward's decays below the diagonal as a product of two factors, "
                     "which a dt changing sign inside a chunk can take to inf · 0)")
+# The switches whose kernels need dt >= 0 after processing, each with what the value check says (above) and what a
+# backend's refusal of a call whose dt may be negative says (impls/cutile/backend.py input_refusal); one table for both
+NEEDS_NON_NEGATIVE_DT = {
+    "exp_fold": (EXP_FOLD, "exp_fold reads log2(dt)"),
+    "bwd_decay_factor": (BWD_DECAY_FACTOR, "bwd_decay_factor factors the backward's decays at a pivot"),
+}
 
 
 def non_negative_processed_dt(dt, why: str = EXP_FOLD) -> None:

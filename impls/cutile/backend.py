@@ -79,9 +79,7 @@ class CutileBackend(InnerChunked, Backend):
         sm_90's defaults then run their next arrangement, the same set without either (impls/cutile/defaults.py).
         compute_out called on its own is given a processed dt whose sign the call cannot see without reading it, so
         exp_fold refuses it too."""
-        needs = [text for on, text in ((self.switches.exp_fold, "exp_fold reads log2(dt)"),
-                                       (self.switches.bwd_decay_factor,
-                                        "bwd_decay_factor factors the backward's decays at a pivot")) if on]
+        needs = [text for name, (_, text) in check.NEEDS_NON_NEGATIVE_DT.items() if getattr(self.switches, name)]
         if not needs:
             return None
         if entry == "ssd_forward":
