@@ -16,13 +16,13 @@ import pyarrow.parquet as pq
 
 from impls.declaration import version_columns
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # Columns added after version 1, with the version that added them: files written before read them as null.
 # Version 4 leaves `tf32` null (it was a config flag, not what ran): `precision` says what each stage ran.
 ADDED_IN = {"slurm_job_id": 2, "inputs_drawn_on": 3, "v_vllm": 4, "precision": 4, "code_key": 4, "note": 4, "gate": 4,
             "run_group": 5, "round": 5, "workload": 5, "direction": 5, "tile_protocol": 5,
             "d_model": 6, "expand": 6, "d_conv": 6, "n_layer": 7, "vocab_size": 7, "glue": 7,
-            "compile": 8}
+            "compile": 8, "autocast": 9}
 
 # The v_<key> columns: those of schema version 4 (every committed file has them, so they stay) and then any other
 # package a backend declares (impls/<name>/__init__.py PACKAGES, impls/declaration.py), read as null from files
@@ -96,6 +96,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
                        "mamba2_lm)"),
     "compile": ("string", "the torch.compile mode the language model's call ran under (workload mamba2_lm option "
                           "compile: default | max-autotune-no-cudagraphs); null: eager, and before version 8"),
+    "autocast": ("boolean", "the language model in mixed precision: float32 parameters, its forward under "
+                            "torch.autocast in the row's dtype (workload mamba2_lm option autocast); null before "
+                            "version 9 and for other workloads"),
     "problem_name": ("string", "problem preset name"),
     "problem": ("string", "JSON: impls.problem.Problem fields"),
     "dtype": ("string", "input dtype"),

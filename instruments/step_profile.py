@@ -122,11 +122,19 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int = 
 
 def lm_step(backend: str, shape_name: str, direction: str, *, seqlen: int | None = None, batch: int | None = None,
             n_layer: int | None = None, dtype: str = "bfloat16", device: str | None = None, seed: int = 0,
-            glue: str = "torch", compile: str | None = None):
+            glue: str = "torch", compile: str | None = None, autocast: bool = False):
     """A model of the shape's sizes (conf/shape/<name>.yaml) on `backend` and a zero-argument call of one step of
     `direction`, as the mamba2_lm workload builds and times them (harness/workloads/mamba2_lm.py: its options
-    `glue` and `compile`, checked as it checks them)."""
-    from harness.workloads.mamba2_lm import ADAMW, OPTIONS, adamw_step, compiled, lm_config
+    `glue`, `compile` and `autocast`, checked as it checks them)."""
+    from harness.workloads.mamba2_lm import (
+        ADAMW,
+        OPTIONS,
+        adamw_step,
+        compiled,
+        lm_config,
+        parameter_dtype,
+        precision_context,
+    )
     from impls.cli import load_shape
     from impls.problem import Problem
     from models.mamba2_lm import Mamba2LM
@@ -136,21 +144,26 @@ def lm_step(backend: str, shape_name: str, direction: str, *, seqlen: int | None
     shape = load_shape(shape_name)
     shape = dataclasses.replace(shape, **{k: v for k, v in (("seqlen", seqlen), ("batch", batch)) if v is not None})
     problem = Problem(shape, dtype=dtype)
-    options = {**OPTIONS, "n_layer": n_layer, "glue": glue, "compile": compile}
+    options = {**OPTIONS, "n_layer": n_layer, "glue": glue, "compile": compile, "autocast": autocast}
     config = lm_config(problem, options)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(seed)
-    model = compiled(Mamba2LM(config, backend, device=str(dev), dtype=problem.torch_dtype, glue=glue), options)
+    model = compiled(Mamba2LM(config, backend, device=str(dev), dtype=parameter_dtype(problem, options), glue=glue),
+                     options)
     ids = torch.randint(0, config.vocab_size, (shape.batch, shape.seqlen), device=dev)
+
+    def precision():
+        return precision_context(model, problem.torch_dtype, autocast)
+
     if direction == "forward":
         def step():
-            with torch.inference_mode():
+            with torch.inference_mode(), precision():
                 return model(ids)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
 
         def step():
-            adamw_step(model, ids, optimizer)
+            adamw_step(model, ids, optimizer, precision)
     return step, dev, shape
 
 
@@ -166,6 +179,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--glue", default="torch", help="the conv's and norm's form (models/glue.py)")
     parser.add_argument("--compile", default=None, help="a torch.compile mode for the model's call (default: eager)")
+    parser.add_argument("--autocast", action="store_true",
+                        help="mixed precision: float32 parameters, the forward under torch.autocast in --dtype")
     parser.add_argument("--out", default=None, help=f"a Parquet file for the rows, its name ending {SUFFIX}")
     args = parser.parse_args(argv)
     if args.out and not args.out.endswith(SUFFIX):
@@ -175,12 +190,14 @@ def main(argv=None) -> int:
     for backend in args.backends.split(","):
         for direction in args.directions.split(","):
             step, dev, shape = lm_step(backend, args.shape, direction, seqlen=args.seqlen, batch=args.batch,
-                                       n_layer=args.n_layer, dtype=args.dtype, glue=args.glue, compile=args.compile)
+                                       n_layer=args.n_layer, dtype=args.dtype, glue=args.glue, compile=args.compile,
+                                       autocast=args.autocast)
             result = profile_step(step, dev, steps=args.steps)
             row = {"backend": backend, "direction": direction, "shape": args.shape, "dtype": args.dtype,
                    **{f: getattr(shape, f) for f in ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate",
                                                      "chunk_size")},
-                   "n_layer": args.n_layer, "glue": args.glue, "compile": args.compile, **asdict(result)}
+                   "n_layer": args.n_layer, "glue": args.glue, "compile": args.compile, "autocast": args.autocast,
+                   **asdict(result)}
             print(", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                   flush=True)
             rows.append(row)

@@ -110,6 +110,10 @@ def _accepts(problem: Problem) -> str | None:
     return None
 
 
+def _accepts_options(problem: Problem, options: Mapping) -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Workload:
     """One workload, as the pipeline iterates over it.
@@ -122,8 +126,9 @@ class Workload:
       bench.reference asks for (`references`: the kinds it has; auto takes the first that fits).
     - `outputs`: the gate's outputs (forward and gradients) by name, with their blocks; another is judged whole.
     - `shape`, `options` (its own settings, conf/workload/<name>.yaml `options`, with their defaults), `refuses`
-      (why it cannot run a problem of the config, or None), `directions`, `backward`, `steps` (a `Step` per
-      direction of STEPPED it declares).
+      (why it cannot run a problem of the config, or None), `options_refuse(problem, options)` (why its options
+      cannot take the problem, e.g. its dtype: a ValueError's text naming the option, or None), `directions`,
+      `backward`, `steps` (a `Step` per direction of STEPPED it declares).
     - `tokens(problem)`: the tokens one call processes (a language model's batch·seqlen), where it counts them:
       every timed stage's rows then carry tokens_per_s.
     - `arrange(backend, inputs)`: the backend that runs these inputs (an arrangement, checked values);
@@ -145,6 +150,7 @@ class Workload:
     shape: ShapeSchema = ShapeSchema()
     options: Mapping[str, Any] = field(default_factory=dict)
     refuses: Callable[[Problem], str | None] = _accepts
+    options_refuse: Callable[[Problem, Mapping], str | None] = _accepts_options
     backward: Backward | None = None
     arrange: Callable[[Any, Any], Any] = _same_backend
     precision: Callable[[Any, torch.dtype, torch.device], dict[str, str]] | None = None
@@ -203,6 +209,9 @@ class Workload:
             raise ValueError(f"bench.reference: workload {self.name!r} has auto or {self.references}, got "
                              f"{reference!r}")
         self.shape.check(problem.shape, options)
+        why = self.options_refuse(problem, options)
+        if why:
+            raise ValueError(why)
         step = self.steps.get(direction)
         why = step.refuses(problem, options) if step is not None and step.refuses is not None else None
         if why:

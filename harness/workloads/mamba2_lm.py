@@ -14,6 +14,8 @@ rest relative to its share of the model's gradient norm (`_check_gradients`)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +38,11 @@ DEFAULT_N_LAYER = 2  # a sweep's model: two blocks show the residual stream and 
 DEFAULT_VOCAB_SIZE = 512
 PRESET_VOCAB_SIZE = 50277  # the released models' (GPT-NeoX's tokenizer), as models.mamba2_lm.preset has it
 OPTIONS = {"size": None, "n_layer": None, "vocab_size": None, "glue": "torch", "expand": 2, "d_conv": 4,
-           "gate_tokens": None, "compile": None}
+           "gate_tokens": None, "compile": None, "autocast": False}
+# Mixed precision (option autocast): the parameters, their gradients and AdamW's moments in float32 (the master
+# weights), the model's forward under torch.autocast in the problem's dtype (its matrix products and the SSD's inputs
+# in it), the backward outside it, as torch.autocast asks; the gate's tolerance is the problem dtype's
+AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 # torch.compile modes the model may run under (option compile). "reduce-overhead" is left out: it captures CUDA
 # graphs, which the timing's own graph replay (bench.cuda_graph) measures apart, and the training step's optimizer
 # is outside the compiled call.
@@ -50,10 +56,16 @@ ADAMW = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 
 @dataclass(frozen=True)
 class LMInputs:
-    """The model (parameters drawn from the seed, its SSDs on the backend) and its token ids (batch, seqlen)."""
+    """The model (parameters drawn from the seed, its SSDs on the backend), its token ids (batch, seqlen), and the
+    dtype its forward runs under torch.autocast in (None: none, the parameters' own)."""
 
     model: Mamba2LM
     input_ids: torch.Tensor
+    autocast: torch.dtype | None = None
+
+    def precision(self) -> contextlib.AbstractContextManager:
+        """The forward's context (option autocast)."""
+        return precision_context(self.model, self.autocast, self.autocast is not None)
 
 
 def _positive_int(options: dict, name: str, default: int) -> int:
@@ -90,6 +102,7 @@ def _check_shape(shape: Shape, options: dict) -> None:
     lm_config(Problem(shape), options)
     gate_tokens(shape, options)
     compile_mode(options)
+    autocast(options)
 
 
 def compile_mode(options: dict) -> str | None:
@@ -99,6 +112,38 @@ def compile_mode(options: dict) -> str | None:
         raise ValueError(f"workload.options.compile: expected null (eager) or one of {list(COMPILE_MODES)}, "
                          f"got {mode!r}")
     return mode
+
+
+def autocast(options: dict) -> bool:
+    """Whether the model runs in mixed precision (option autocast); ValueError naming the option."""
+    value = options["autocast"]
+    if not isinstance(value, bool):
+        raise ValueError(f"workload.options.autocast: expected true or false, got {value!r}")
+    return value
+
+
+def autocast_refuses(problem: Problem, options: dict) -> str | None:
+    """Why option autocast cannot take the problem's dtype (None: it can, or it is off)."""
+    if autocast(options) and problem.torch_dtype not in AUTOCAST_DTYPES:
+        return (f"workload.options.autocast: runs the forward in the problem's dtype over float32 parameters, which "
+                f"needs dtype bfloat16 or float16, got {problem.dtype}")
+    return None
+
+
+def parameter_dtype(problem: Problem, options: dict) -> torch.dtype:
+    """The parameters' dtype: float32 under autocast (the master weights), else the problem's; ValueError naming
+    workload.options.autocast where the problem's dtype is not one autocast runs in."""
+    why = autocast_refuses(problem, options)
+    if why:
+        raise ValueError(why)
+    return torch.float32 if autocast(options) else problem.torch_dtype
+
+
+def precision_context(model: Mamba2LM, dtype: torch.dtype, on: bool) -> contextlib.AbstractContextManager:
+    """The forward's context: torch.autocast on the model's device in `dtype` where `on`, else nothing."""
+    if not on:
+        return contextlib.nullcontext()
+    return torch.autocast(model.embedding.weight.device.type, dtype=dtype)
 
 
 def compiled(model: Mamba2LM, options: dict) -> Mamba2LM:
@@ -146,7 +191,7 @@ def _columns(shape: Shape, options: dict) -> dict:
     config = lm_config(Problem(shape), options)
     return {"d_model": config.d_model, "expand": options["expand"], "d_conv": options["d_conv"],
             "n_layer": config.n_layer, "vocab_size": config.vocab_size, "glue": options["glue"],
-            "compile": compile_mode(options)}
+            "compile": compile_mode(options), "autocast": autocast(options)}
 
 
 def _inputs(point, backend) -> LMInputs:
@@ -154,19 +199,20 @@ def _inputs(point, backend) -> LMInputs:
     s = point.problem.shape
     with torch.random.fork_rng(devices=[]):  # parameters drawn on the CPU: one seed, the same on every machine
         torch.manual_seed(point.seed)
-        model = Mamba2LM(config, backend, device="cpu", dtype=point.problem.torch_dtype,
+        model = Mamba2LM(config, backend, device="cpu", dtype=parameter_dtype(point.problem, point.workload_options),
                          glue=point.workload_options["glue"])
     gen = torch.Generator().manual_seed(point.seed + 1)
     ids = torch.randint(0, config.vocab_size, (s.batch, s.seqlen), generator=gen)
-    return LMInputs(compiled(model.to(point.device), point.workload_options), ids.to(point.device))
+    mixed = point.problem.torch_dtype if autocast(point.workload_options) else None
+    return LMInputs(compiled(model.to(point.device), point.workload_options), ids.to(point.device), mixed)
 
 
 def _arguments(inputs: LMInputs) -> dict:
-    return {"model": inputs.model, "input_ids": inputs.input_ids}
+    return {"model": inputs.model, "input_ids": inputs.input_ids, "precision": inputs.precision}
 
 
 def _forward(backend, kw: dict, got: dict) -> tuple:
-    with torch.inference_mode():
+    with torch.inference_mode(), kw["precision"]():
         return (kw["model"](kw["input_ids"]),)
 
 
@@ -199,7 +245,8 @@ def _leaves(kw: dict) -> dict[str, torch.Tensor]:
 
 
 def _loss(backend, kw: dict, leaves: dict) -> dict:
-    return {"loss": kw["model"].loss(kw["input_ids"])}
+    with kw["precision"]():
+        return {"loss": kw["model"].loss(kw["input_ids"])}
 
 
 def _incoming(inputs: LMInputs, seed: int) -> dict[str, torch.Tensor]:
@@ -231,12 +278,16 @@ def float64_gradients(model: Mamba2LM, input_ids: torch.Tensor) -> tuple[dict[st
     return {name: p.grad for name, p in params.items()}, twin
 
 
-def same_precision_gradients(model: Mamba2LM, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+def same_precision_gradients(model: Mamba2LM, input_ids: torch.Tensor,
+                             autocast_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The loss's gradients of a copy of `model` in its own dtype and glue with every layer's SSD on the reference
-    backend (torch autograd through the chunked stages in that dtype): what a computation of the model's precision
-    achieves, parameter name -> gradient (float64)."""
+    backend (torch autograd through the chunked stages in that dtype; its forward under torch.autocast in
+    `autocast_dtype` where given, as the model's runs): what a computation of the model's precision achieves,
+    parameter name -> gradient (float64)."""
     twin = reference_twin(model, model.dtype, model.layers[0].mixer.glue.NAME)
-    twin.loss(input_ids).backward()
+    with precision_context(twin, autocast_dtype, autocast_dtype is not None):
+        loss = twin.loss(input_ids)
+    loss.backward()
     return {f"d{name}": p.grad.to(torch.float64) for name, p in twin.named_parameters()}
 
 
@@ -283,14 +334,14 @@ def _check_gradients(plan) -> dict[str, dict]:
     nearer its float64 value than a zero gradient is and within SAME_PRECISION_K × the error a copy of the model
     with the reference SSD in the same dtype makes of it (`share_judge`, `same_precision_gradients`)."""
     workload, inputs = plan.workload, plan.inputs
-    inputs = LMInputs(inputs.model, gate_ids(plan))
+    inputs = LMInputs(inputs.model, gate_ids(plan), inputs.autocast)
     kw = workload.arguments(inputs)
     grads_in = _incoming(inputs, plan.point.seed)
     truth = _reference_gradients(inputs, grads_in)
     leaves = _leaves(kw)
     with poisoned_allocations():
         got = autograd_gradients(_loss(plan.backend, kw, leaves), leaves, grads_in)
-    same = same_precision_gradients(inputs.model, inputs.input_ids)
+    same = same_precision_gradients(inputs.model, inputs.input_ids, inputs.autocast)
     tol = _tolerance(inputs.model, plan.dtype, plan.point.device)
     total = sum(g.square().sum() for g in truth.values()).sqrt().item()
     count = sum(g.numel() for g in truth.values())
@@ -307,10 +358,14 @@ def _check_gradients(plan) -> dict[str, dict]:
     return report
 
 
-def adamw_step(model: Mamba2LM, input_ids: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
-    """One training step: the loss's gradients (set afresh), then the optimizer's step."""
+def adamw_step(model: Mamba2LM, input_ids: torch.Tensor, optimizer: torch.optim.Optimizer,
+               precision: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> None:
+    """One training step: the loss's gradients (set afresh; its forward in `precision`'s context, the backward
+    outside it), then the optimizer's step."""
     optimizer.zero_grad(set_to_none=True)
-    model.loss(input_ids).backward()
+    with precision():
+        loss = model.loss(input_ids)
+    loss.backward()
     optimizer.step()
 
 
@@ -318,7 +373,7 @@ def _step_calls(backend, inputs: LMInputs, seed: int) -> dict:
     """train_step: one forward, backward and AdamW step; repeated calls go on training (the optimizer's state
     carried over), as a training loop's steps do."""
     optimizer = torch.optim.AdamW(inputs.model.parameters(), **ADAMW)
-    return {"train_step": lambda: adamw_step(inputs.model, inputs.input_ids, optimizer)}
+    return {"train_step": lambda: adamw_step(inputs.model, inputs.input_ids, optimizer, inputs.precision)}
 
 
 def _check_step(plan) -> dict[str, dict]:
@@ -327,7 +382,7 @@ def _check_step(plan) -> dict[str, dict]:
     model, ids = plan.inputs.model, gate_ids(plan)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     try:
-        adamw_step(model, ids, torch.optim.AdamW(model.parameters(), **ADAMW))
+        adamw_step(model, ids, torch.optim.AdamW(model.parameters(), **ADAMW), plan.inputs.precision)
         after = {name: p.detach().clone() for name, p in model.named_parameters()}
     finally:
         with torch.no_grad():
@@ -359,6 +414,10 @@ def _step_refuses(problem: Problem, options: dict) -> str | None:
         return (f"workload.options.gate_tokens: direction train_step needs >= 2 tokens to gate its loss's gradients "
                 f"on, got {n}")
     if problem.torch_dtype == torch.float16:
+        if autocast(options):
+            return ("dtype: direction train_step under workload.options.autocast in float16 needs a gradient scaler "
+                    "(torch.amp.GradScaler: float16 gradients underflow unscaled), which its step does not run; use "
+                    "bfloat16")
         return f"dtype: direction train_step cannot take {FLOAT16_ADAMW}"
     return None
 
@@ -379,6 +438,7 @@ MAMBA2_LM = register(Workload(
     shape=ShapeSchema(check=_check_shape, columns=_columns),
     options=OPTIONS,
     refuses=layer_refuses,
+    options_refuse=autocast_refuses,
     backward=Backward(leaves=_leaves, call=_loss, incoming=_incoming, reference=_reference_gradients,
                       check=_check_gradients),
     precision=_precision,

@@ -62,9 +62,9 @@ def _one_update_skipped(monkeypatch):
     """A train step that leaves layers.0.norm.weight as it was."""
     step = lm_workload.adamw_step
 
-    def skipping(model, ids, optimizer):
+    def skipping(model, ids, optimizer, *precision):
         kept = model.layers[0].norm.weight.detach().clone()
-        step(model, ids, optimizer)
+        step(model, ids, optimizer, *precision)
         with torch.no_grad():
             model.layers[0].norm.weight.copy_(kept)
 
@@ -155,6 +155,10 @@ def test_a_gradient_below_its_share_is_held_to_what_its_precision_achieves(scale
     pytest.param({"gate_tokens": 97}, r"^workload.options.gate_tokens", id="gate_tokens-past-seqlen"),
     pytest.param({"compile": "reduce-overhead"}, r"^workload.options.compile: expected null \(eager\) or one of",
                  id="compile-mode-unknown"),
+    pytest.param({"autocast": "bfloat16"}, r"^workload.options.autocast: expected true or false",
+                 id="autocast-not-bool"),
+    pytest.param({"autocast": True}, r"^workload.options.autocast: .*needs dtype bfloat16 or float16, got float32",
+                 id="autocast-over-float32"),
 ])
 def test_bad_options_are_refused_naming_the_option(options, named):
     with pytest.raises(ValueError, match=named):
@@ -185,6 +189,8 @@ def test_the_prefix_gate_judges_the_first_rows_prefix_and_says_so(plant, directi
                  id="gate_tokens-1"),
     pytest.param(TINY, "float16", {}, r"^dtype: direction train_step cannot take float16 parameters: .*eps \(1e-8\)",
                  id="float16-adamw"),
+    pytest.param(TINY, "float16", {"autocast": True}, r"^dtype: direction train_step under workload.options.autocast "
+                 r"in float16 needs a gradient scaler", id="float16-autocast-unscaled"),
 ])
 def test_a_training_step_that_cannot_be_right_is_refused_naming_the_setting(shape, dtype, options, named):
     """One token has no next token: the loss would be 0/0 and its gradients zero on both sides of the gate, a gate
@@ -257,3 +263,33 @@ def test_a_compiled_model_is_gated_and_timed_compiled_and_its_rows_say_so():
     df = rows.frame()
     assert set(df["compile"]) == {"default"}
     assert (df.query("metric == 'ok'")["value"] == 1).all()
+
+
+@pytest.mark.parametrize("direction", ["forward", "train_step"])
+def test_mixed_precision_keeps_float32_parameters_and_runs_the_ssd_in_the_problems_dtype(direction, monkeypatch):
+    """Option autocast: the parameters (and after a step, AdamW's moments) in float32, the SSD called with bfloat16
+    inputs under torch.autocast, the gate at bfloat16's tolerance, the rows saying autocast; the same point without
+    it trains bfloat16 parameters."""
+    import impls
+
+    seen = []
+    ssd = impls.ssd
+
+    def spying(*args, **kwargs):
+        seen.append(kwargs["x"].dtype)
+        return ssd(*args, **kwargs)
+
+    monkeypatch.setattr(impls, "ssd", spying)
+    bf16 = Problem(TINY, dtype="bfloat16")
+    point = plan.point("reference", bf16, workload="mamba2_lm", direction=direction, bench=QUICK,
+                       workload_options={"autocast": True})
+    built = plan.build(point)
+    assert {p.dtype for p in built.inputs.model.parameters()} == {torch.float32}
+    rows = bench.measure(point)
+    assert rows.status == "ok", rows.error
+    df = rows.frame()
+    assert set(df["autocast"]) == {True} and set(df["dtype"]) == {"bfloat16"}
+    assert seen and set(seen) == {torch.bfloat16}
+    assert df.query("metric == 'ok' and stage != 'point'")["gate"].notna().all()
+    plain = _measure(direction, bf16)
+    assert plain.status == "ok" and set(plain.frame()["autocast"]) == {False}
