@@ -153,7 +153,7 @@ def lm_step(backend: str, shape_name: str, direction: str, *, seqlen: int | None
     ids = torch.randint(0, config.vocab_size, (shape.batch, shape.seqlen), device=dev)
 
     def precision():
-        return precision_context(model, problem.torch_dtype, autocast)
+        return precision_context(model, problem.torch_dtype if autocast else None)
 
     if direction == "forward":
         def step():

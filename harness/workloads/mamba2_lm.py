@@ -65,7 +65,7 @@ class LMInputs:
 
     def precision(self) -> contextlib.AbstractContextManager:
         """The forward's context (option autocast)."""
-        return precision_context(self.model, self.autocast, self.autocast is not None)
+        return precision_context(self.model, self.autocast)
 
 
 def _positive_int(options: dict, name: str, default: int) -> int:
@@ -139,9 +139,9 @@ def parameter_dtype(problem: Problem, options: dict) -> torch.dtype:
     return torch.float32 if autocast(options) else problem.torch_dtype
 
 
-def precision_context(model: Mamba2LM, dtype: torch.dtype, on: bool) -> contextlib.AbstractContextManager:
-    """The forward's context: torch.autocast on the model's device in `dtype` where `on`, else nothing."""
-    if not on:
+def precision_context(model: Mamba2LM, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """The forward's context: torch.autocast on the model's device in `dtype`, or nothing where None."""
+    if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(model.embedding.weight.device.type, dtype=dtype)
 
@@ -285,7 +285,7 @@ def same_precision_gradients(model: Mamba2LM, input_ids: torch.Tensor,
     `autocast_dtype` where given, as the model's runs): what a computation of the model's precision achieves,
     parameter name -> gradient (float64)."""
     twin = reference_twin(model, model.dtype, model.layers[0].mixer.glue.NAME)
-    with precision_context(twin, autocast_dtype, autocast_dtype is not None):
+    with precision_context(twin, autocast_dtype):
         loss = twin.loss(input_ids)
     loss.backward()
     return {f"d{name}": p.grad.to(torch.float64) for name, p in twin.named_parameters()}

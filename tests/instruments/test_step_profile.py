@@ -41,9 +41,11 @@ def test_split_on_the_host_clock_takes_the_step_ranges_as_the_whole():
     assert got.total_ms == pytest.approx(1.0) and got.share == pytest.approx(0.25)
 
 
-@pytest.mark.parametrize("direction", ["forward", "train_step"])
-def test_a_tiny_step_on_the_cpu_has_an_ssd_share_between_zero_and_one(direction):
-    step, device, _ = lm_step("reference", "tiny", direction, dtype="float32", n_layer=1, device="cpu")
+@pytest.mark.parametrize("direction, dtype, autocast", [("forward", "float32", False), ("train_step", "float32", False),
+                                                       ("train_step", "bfloat16", True)],
+                         ids=["forward", "train_step", "train_step-autocast"])
+def test_a_tiny_step_on_the_cpu_has_an_ssd_share_between_zero_and_one(direction, dtype, autocast):
+    step, device, _ = lm_step("reference", "tiny", direction, dtype=dtype, n_layer=1, device="cpu", autocast=autocast)
     got = profile_step(step, device, steps=1, warmup=1)
     assert got.clock == "host" and 0.0 < got.share < 1.0
     assert (got.ssd_backward_ms > 0.0) == (direction == "train_step")
@@ -56,6 +58,8 @@ def test_bad_arguments_name_themselves():
         lm_step("reference", "no_such_shape", "forward")
     with pytest.raises(ValueError, match="^workload.options.compile"):
         lm_step("reference", "tiny", "forward", compile="fastest")
+    with pytest.raises(ValueError, match="^workload.options.autocast"):
+        lm_step("reference", "tiny", "forward", dtype="float32", autocast=True)
     with pytest.raises(ValueError, match="share"):
         predicted_speedup(1.5, 2.0)
     with pytest.raises(ValueError, match="ssd_speedup"):
