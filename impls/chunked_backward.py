@@ -116,6 +116,14 @@ def sum_partials(parts: torch.Tensor, ngroups: int, extra: torch.Tensor | None, 
     return total.to(dtype)
 
 
+def source_widths(chunk: int, block: int) -> int:
+    """How many source widths (block, 2·block, … chunk) the dcb kernel's 'chunk' arrangement holds a head walk for
+    (both languages): row tile i reads the smallest that holds its sources 0 … (i + 1)·block − 1 (the level whose
+    row tiles are 2^(level-1) … 2^level − 1, tile 0 at level 0), so none forms the products of the sources after its
+    rows."""
+    return (chunk // block).bit_length()
+
+
 def cast(grad: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | None:
     """A gradient in its input's dtype (None where either is absent)."""
     return None if grad is None or like is None else grad.to(like.dtype)

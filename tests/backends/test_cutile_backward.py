@@ -556,14 +556,28 @@ def test_bwd_dcb_sources_chunk_passes_the_gate_under_emulation(monkeypatch, prob
 
 @needs_cuobjdump
 def test_bwd_dcb_sources_chunk_compiles_for_sm90_without_spills():
-    """S1 in bf16 at the fallback's 32-row tiles (two warpgroups): fewer instructions than 'tiles' and no local-memory
-    spill, also at ngroups 8 with every optional input."""
+    """S1 in bf16 at the fallback's 32-row tiles (two warpgroups): no local-memory spill, also at ngroups 8 with every
+    optional input; no more registers than 'tiles'. The build holds one head walk per source width (32, 64, 128 and
+    256 sources: impls/chunked_backward.py source_widths), so its static instruction count is no measure of what a
+    program issues."""
     tiles = _facts(tune.DCB)
     chunk = _facts(tune.DCB, switches=CutileSwitches(bwd_dcb_sources="chunk"))
     everything = _facts(tune.DCB, switches=CutileSwitches(bwd_dcb_sources="chunk"), dims={"ngroups": 8},
                         optional=EVERYTHING)
-    assert chunk["instructions"] < tiles["instructions"], (tiles, chunk)
+    assert chunk["registers"] <= tiles["registers"], (tiles, chunk)
     assert chunk["LDL"] + chunk["STL"] + everything["LDL"] + everything["STL"] == 0, (chunk, everything)
+
+
+@pytest.mark.parametrize("chunk, block, levels", [(256, 64, 3), (256, 32, 4), (128, 64, 2), (64, 64, 1), (32, 8, 3)])
+def test_bwd_dcb_sources_chunk_row_tiles_read_up_to_their_causal_width(chunk, block, levels):
+    """Row tile i reads the smallest width of BT·2^level that holds its sources 0 … (i + 1)·BT − 1."""
+    from impls.chunked_backward import source_widths
+
+    assert source_widths(chunk, block) == levels
+    for i in range(chunk // block):
+        level = next(lv for lv in range(levels) if (1 << lv) > i >= ((1 << lv) >> 1))
+        width = block << level
+        assert (i + 1) * block <= width <= chunk and (level == 0 or i * block >= width // 2)
 
 
 # --- switch bwd_decay_factor: the decays of the row tiles below the diagonal as an outer product ------------------

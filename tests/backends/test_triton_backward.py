@@ -242,13 +242,16 @@ DCB_SOURCES_CASES = [
     pytest.param(Problem(Shape(1, 72, 4, 16, 1, 16, 32), dtype="float32"), 4, {}, id="headline-short-last-chunk"),
     pytest.param(RICH, 2, {}, id="z-Dchannel-init-seq_idx-g2"),
     pytest.param(RICH, 2, {"bwd_group_split": 2, "bwd_atomics": True}, id="group-split-2-atomics-z-seq_idx-g2"),
+    # chunk 64 over 16-row tiles: row tiles 0, 1 and 2–3 read the chunk's first 16, 32 and 64 sources
+    pytest.param(Problem(Shape(1, 136, 4, 16, 1, 16, 64), dtype="float32"), 3, {}, id="three-source-widths"),
 ]
 
 
 @pytest.mark.parametrize("problem, seed, switches", DCB_SOURCES_CASES)
 def test_bwd_dcb_sources_chunk_keeps_the_gradients_in_the_gate(problem, seed, switches):
-    """Row tiles of 16 against chunks of 32 sources: the products above the diagonal masked, a short last chunk,
-    seq_idx's other sequences masked, the entering states' term in the same head walk, the heads split."""
+    """Row tiles of 16 against chunks of 32 (and 64) sources, each against the sources up to its causal width: the
+    products above the diagonal masked, a short last chunk, seq_idx's other sequences masked, the entering states'
+    term in the same head walk, the heads split."""
     assert_gate(get_backend("triton", bwd_dcb_sources="chunk", **switches), problem, seed)
 
 

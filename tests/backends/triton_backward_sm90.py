@@ -16,6 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from impls.chunked_backward import source_widths
 from impls.triton.backward import tune
 from impls.triton.backward.chunk import bwd_chunk_kernel
 from impls.triton.backward.cumsum import bwd_cumsum_kernel
@@ -67,7 +68,8 @@ def variants(dtype: str):
     one = {"SPLIT": 1, "ATOMIC": False}  # switch bwd_group_split 1
     dcb = {**common, **dots, "CHUNK": CHUNK, "BLOCK_L": fb[tune.DCB]["block_rows"],
            "BLOCK_S": fb[tune.DCB]["block_sources"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE, "HAS_Z": True,
-           "LOOP_STAGES": fb[tune.DCB]["num_stages"], "WHOLE": False, "ENTER_TERM": False}
+           "LOOP_STAGES": fb[tune.DCB]["num_stages"], "WHOLE": False, "ENTER_TERM": False,
+           "WIDTHS": source_widths(CHUNK, fb[tune.DCB]["block_rows"])}
     db = {**common, **dots, "CHUNK": CHUNK, "BLOCK_S": fb[tune.DB]["block_sources"],
           "BLOCK_L": fb[tune.DB]["block_rows"], "BLOCK_P": HEADDIM, "BLOCK_N": DSTATE}
     yield bwd_dcb_kernel, {**dcb, **one}, fb[tune.DCB]

@@ -15,7 +15,7 @@ import math
 import cuda.tile as ct
 import torch
 
-from impls.chunked_backward import group_output, sum_partials
+from impls.chunked_backward import group_output, source_widths, sum_partials
 from impls.cutile.backward.common import (
     Hints,
     add_rows,
@@ -41,11 +41,13 @@ def bwd_dcb_kernel(x, B, dt, dA, seq, states, dy, z, dG, dC, C, terms, seqlen, h
                    HAS_SEQ: ct.Constant[bool], HAS_Z: ct.Constant[bool], TRANS: ct.Constant[bool],
                    TF32: ct.Constant[bool], EXP2: ct.Constant[bool], TMA: ct.Constant[bool], LAT: ct.Constant[int],
                    SPLIT: ct.Constant[int], ATOMIC: ct.Constant[bool], FTZ: ct.Constant[bool],
-                   WHOLE: ct.Constant[bool], ENTER_TERM: ct.Constant[bool]):
+                   WHOLE: ct.Constant[bool], ENTER_TERM: ct.Constant[bool], WIDTHS: ct.Constant[int]):
     """dG (b, nchunks, g·SPLIT, chunk, chunk) fp32, tiles (row tile i, source tile j ≤ i) of BT × BT; dC in C's dtype
     (SPLIT 1), its fp32 partials (b, seqlen, g·SPLIT, dstate), or one fp32 buffer added into (ATOMIC). ENTER_TERM
     (switch bwd_entry_term='dcb'): dΛ's entering-state term of every head of the share at the row tile's positions,
-    stored in terms (b, h, nchunks, 1, chunk) fp32 (a store, not an addition: a search runs the kernel many times)."""
+    stored in terms (b, h, nchunks, 1, chunk) fp32 (a store, not an addition: a search runs the kernel many times).
+    WIDTHS (WHOLE only): log2(CHUNK / BT) + 1, the source widths BT, 2·BT, … CHUNK a row tile may read
+    (impls/chunked_backward.py source_widths)."""
     k = Hints(TMA, LAT, EXP2, TF32, FTZ)
     # one flat grid axis: row tile fastest, then the group's share of heads (SPLIT of them), group, chunk, batch
     pid = ct.bid(0)
@@ -54,9 +56,13 @@ def bwd_dcb_kernel(x, B, dt, dA, seq, states, dy, z, dG, dC, C, terms, seqlen, h
     c, b = (pid // (tiles * ngroups)) % nchunks, pid // (tiles * ngroups * nchunks)
     chunk_len = chunk_length(seqlen, c, CHUNK)
     if i * BT < chunk_len:
-        if WHOLE:  # switch bwd_dcb_sources='chunk'
-            _row_block(x, B, dt, dA, seq, states, dy, z, dG, dC, C, terms, seqlen, heads_per_group, b, c, gp, i,
-                       chunk_len, CHUNK, BT, BP, BN, HAS_SEQ, HAS_Z, TRANS, SPLIT, ATOMIC, ENTER_TERM, k)
+        if WHOLE:  # switch bwd_dcb_sources='chunk': the sources up to the row tile's causal width
+            for level in ct.static_iter(range(WIDTHS)):
+                # row tiles 2^(level-1) … 2^level − 1 (tile 0 at level 0) read the first BT·2^level sources
+                if (i < (1 << level)) & (i >= ((1 << level) >> 1)):
+                    _row_block(x, B, dt, dA, seq, states, dy, z, dG, dC, C, terms, seqlen, heads_per_group, b, c, gp,
+                               i, chunk_len, CHUNK, BT << level, BT, BP, BN, HAS_SEQ, HAS_Z, TRANS, SPLIT, ATOMIC,
+                               ENTER_TERM, k)
         else:
             _row_tile(x, B, dt, dA, seq, states, dy, z, dG, dC, C, terms, seqlen, heads_per_group, b, c, gp, i,
                       chunk_len, CHUNK, BT, BP, BN, HAS_SEQ, HAS_Z, TRANS, SPLIT, ATOMIC, ENTER_TERM, k)
@@ -139,38 +145,40 @@ def _store_dc(dC, acc, b, lb, positions, g, gp, BT, BN, ATOMIC, k):
 
 
 def _row_block(x, B, dt, dA, seq, states, dy, z, dG, dC, C, terms, seqlen, heads_per_group, b, c, gp, i, chunk_len,
-               CHUNK, BT, BP, BN, HAS_SEQ, HAS_Z, TRANS, SPLIT, ATOMIC, ENTER_TERM, k):
-    """Switch bwd_dcb_sources='chunk': the row tile against the whole chunk of sources, one (BT × chunk) product per
-    head (dŷ_l · x_cᵀ) and, in the same head loop, the entering states' term; then dG's row block stored whole (zero
-    above the diagonal) and dC's sources' term as one MMA with the chunk's B."""
+               CHUNK, W, BT, BP, BN, HAS_SEQ, HAS_Z, TRANS, SPLIT, ATOMIC, ENTER_TERM, k):
+    """Switch bwd_dcb_sources='chunk': the row tile against the chunk's first W sources (W ≥ its last row + 1: every
+    source it depends on), one (BT × W) product per head (dŷ_l · x_cᵀ) and, in the same head loop, the entering
+    states' term; then dG's row block stored for those W sources (zero above the diagonal; the sources past W, which
+    the dB kernel's causal mask never reads, left as they are) and dC's sources' term as one MMA with their B."""
     lb = c * (CHUNK // BT) + i
+    cb = c * (CHUNK // W)  # the chunk's first W positions, in W-row blocks
     offs_l = i * BT + ct.arange(BT, dtype=ct.int32)
-    offs_c = ct.arange(CHUNK, dtype=ct.int32)
+    offs_c = ct.arange(W, dtype=ct.int32)
     mask_l = offs_l < chunk_len
     mask_c = offs_c < chunk_len
-    keep = ((offs_l.reshape((BT, 1)) >= offs_c.reshape((1, CHUNK))) & mask_l.reshape((BT, 1))
-            & mask_c.reshape((1, CHUNK)))
+    keep = ((offs_l.reshape((BT, 1)) >= offs_c.reshape((1, W))) & mask_l.reshape((BT, 1))
+            & mask_c.reshape((1, W)))
     enter = mask_l
     if HAS_SEQ:
         seq_l = ct.load(seq, (b, lb), (1, BT), padding_mode=ZERO, allow_tma=k.tma()).reshape((BT,))
-        seq_c = ct.load(seq, (b, c), (1, CHUNK), padding_mode=ZERO, allow_tma=k.tma()).reshape((1, CHUNK))
+        seq_c = ct.load(seq, (b, cb), (1, W), padding_mode=ZERO, allow_tma=k.tma()).reshape((1, W))
         keep = keep & (seq_l.reshape((BT, 1)) == seq_c)
         s_prev = ct.gather(seq, (b, c * CHUNK - 1), mask=c > 0, padding_value=0)
         enter = enter & (seq_l == s_prev)
     g, lo, hi = head_share(gp, heads_per_group, SPLIT)
     h0 = g * heads_per_group
-    dGt = ct.zeros((BT, CHUNK), ct.float32)
+    dGt = ct.zeros((BT, W), ct.float32)
     acc = ct.zeros((BT, BN), ct.float32)
     C_l = _entering_rows(C, b, lb, g, BT, BN, ENTER_TERM, k)
     for hh in range(lo, hi):
         h = h0 + hh
-        dt_c = ct.where(mask_c, per_position(dt, b, h, c, 0, CHUNK, k), 0.0)
-        part, dyh_l, dA_l = _head_part(x, dy, z, dA, b, c, h, lb, i, c, 0, dt_c, keep, BT, CHUNK, BP, HAS_Z, k)
+        dt_c = ct.where(mask_c, per_position(dt, b, h, c, 0, W, k), 0.0)
+        part, dyh_l, dA_l = _head_part(x, dy, z, dA, b, c, h, lb, i, cb, 0, dt_c, keep, BT, W, BP, HAS_Z, k)
         dGt = dGt + part
         acc = _states_term(states, acc, dyh_l, dA_l, enter, b, c, h, i, BT, BP, BN, TRANS, x.dtype, k, C_l, terms,
                            ENTER_TERM)
-    ct.store(dG, (b, c, gp, i, 0), dGt.reshape((1, 1, 1, BT, CHUNK)))
-    acc = k.mma(dGt.astype(x.dtype), rows(B, b, c, g, 0, CHUNK, BN, k), acc)
+    ct.store(dG, (b, c, gp, i, 0), dGt.reshape((1, 1, 1, BT, W)))
+    acc = k.mma(dGt.astype(x.dtype), rows(B, b, cb, g, 0, W, BN, k), acc)
     _store_dc(dC, acc, b, lb, c * CHUNK + offs_l, g, gp, BT, BN, ATOMIC, k)
 
 
@@ -186,7 +194,8 @@ def make_call(arrays, dims, chunk_size: int, flags: dict, transposed: bool, tf32
     bt, bp, bn = blocks(chunk_size, headdim, dstate, config)
     args = (*arrays, seqlen, nheads // ngroups, chunk_size, bt, bp, bn, bool(flags["seq"]), bool(flags["z"]),
             bool(transposed), bool(tf32), sw.exp2, sw.tma, 4 if sw.latency_hints else 0, sw.bwd_group_split,
-            sw.bwd_atomics, sw.bwd_exp2_ftz, sw.bwd_dcb_sources == "chunk", sw.bwd_entry_term == "dcb")
+            sw.bwd_atomics, sw.bwd_exp2_ftz, sw.bwd_dcb_sources == "chunk", sw.bwd_entry_term == "dcb",
+            source_widths(chunk_size, bt))
     grid = ((chunk_size // bt) * ngroups * sw.bwd_group_split * math.ceil(seqlen / chunk_size) * batch, 1, 1)
     return kernel_call(bwd_dcb_kernel, grid, args, config, sw.opt_level)
 

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from impls.chunked_backward import group_output, sum_partials
+from impls.chunked_backward import group_output, source_widths, sum_partials
 from impls.triton import launcher
 from impls.triton.backward.common import decay, gated_dy, log_decay, rows, sequence_ends, split_program
 from impls.triton.clamp import pow2_at_least_16
@@ -46,6 +46,46 @@ def _entering_term(out, C_l, S, dyh_l, scale, mask_l, DOT_PRECISION: tl.constexp
 
 
 @triton.jit
+def _row_block(
+    acc, x_c, dy_c, z_c, dA_b, dt_b, st_c, G_c, B_c, seq_b, C_l, enter_c,
+    h0, lo, hi, start64, chunk_len, offs_l, offs_p, offs_n, mask_l, mask_p, mask_n, seq_l, enter,
+    s_x_h, s_x_l, s_x_p, s_dy_h, s_dy_l, s_dy_p, s_z_h, s_z_l, s_z_p, s_dA_h, s_dA_l, s_dt_h, s_dt_l,
+    s_seq_l, s_st_h, s_st_p, s_st_n, s_G_l, s_G_s, s_B_l, s_B_n, s_en_h,
+    W: tl.constexpr, BLOCK_L: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, EXP2: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, LOOP_STAGES: tl.constexpr, ENTER_TERM: tl.constexpr,
+):
+    """Switch bwd_dcb_sources='chunk': the row tile against the chunk's first W sources (W ≥ its last row + 1: every
+    source it depends on), one (rows × W) product per head and, in the same head walk, the entering states' term;
+    dG's row block stored for those W sources (zero above the diagonal; the sources past W, which the dB kernel's
+    causal mask never reads, left as they are); -> acc + dC's sources' term, one MMA with their B."""
+    dtype = x_c.dtype.element_ty
+    offs_c = tl.arange(0, W)
+    mask_c = offs_c < chunk_len
+    keep = (offs_l[:, None] >= offs_c[None, :]) & mask_l[:, None] & mask_c[None, :]
+    if HAS_SEQ:
+        seq_c = tl.load(seq_b + (start64 + offs_c) * s_seq_l, mask=mask_c, other=0)
+        keep = keep & (seq_l[:, None] == seq_c[None, :])
+    dG = tl.zeros((BLOCK_L, W), dtype=tl.float32)
+    for hh in tl.range(lo, hi, num_stages=LOOP_STAGES):
+        part, dyh_l, dA_l = _head_scores(
+            x_c, dy_c, z_c, dA_b, dt_b, h0 + hh, offs_l, offs_c, offs_p, mask_l, mask_c, mask_p, keep, s_x_h, s_x_l,
+            s_x_p, s_dy_h, s_dy_l, s_dy_p, s_z_h, s_z_l, s_z_p, s_dA_h, s_dA_l, s_dt_h, s_dt_l, HAS_Z, EXP2,
+            DOT_PRECISION, dtype)
+        dG += part
+        # the entering states' term in the same walk
+        h = h0 + hh
+        scale = tl.where(enter, decay(dA_l, EXP2), 0.0)
+        S = tl.load(st_c + h * s_st_h + offs_p[:, None] * s_st_p + offs_n[None, :] * s_st_n,
+                    mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)
+        acc = tl.dot((dyh_l * scale[:, None]).to(dtype), S, acc, input_precision=DOT_PRECISION)
+        if ENTER_TERM:
+            _entering_term(enter_c + h * s_en_h, C_l, S, dyh_l, scale, mask_l, DOT_PRECISION)
+    tl.store(G_c + offs_l[:, None] * s_G_l + offs_c[None, :] * s_G_s, dG)
+    B_w = rows(B_c, offs_c, offs_n, mask_c, mask_n, s_B_l, s_B_n).to(dtype)
+    return tl.dot(dG.to(dtype), B_w, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def bwd_dcb_kernel(
     x_ptr, B_ptr, dt_ptr, dA_ptr, seq_ptr, st_ptr, dy_ptr, z_ptr, dG_ptr, dC_ptr, C_ptr, enter_ptr,
     seqlen, ngroups, nchunks, headdim, dstate, heads_per_group,
@@ -64,7 +104,7 @@ def bwd_dcb_kernel(
     CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr, HAS_SEQ: tl.constexpr, HAS_Z: tl.constexpr, EXP2: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, ATOMIC: tl.constexpr, LOOP_STAGES: tl.constexpr,
-    WHOLE: tl.constexpr, ENTER_TERM: tl.constexpr,
+    WHOLE: tl.constexpr, ENTER_TERM: tl.constexpr, WIDTHS: tl.constexpr,
 ):
     # flat grid: row tile fastest, then the group's share of heads (SPLIT of them), group, chunk, batch
     TILES: tl.constexpr = CHUNK // BLOCK_L
@@ -99,32 +139,16 @@ def bwd_dcb_kernel(
     # (without ENTER_TERM nothing reads C_l, and the compiler drops its load)
     C_l = rows(C_ptr + b * s_C_b + start64 * s_C_l + g * s_C_g, offs_l, offs_n, mask_l, mask_n, s_C_l, s_C_n).to(dtype)
     enter_c = enter_ptr + b * s_en_b + c64 * s_en_c + offs_l
-    if WHOLE:  # switch bwd_dcb_sources='chunk': the row tile against the whole chunk of sources, one product a head
-        offs_c = tl.arange(0, CHUNK)
-        mask_c = offs_c < chunk_len
-        keep = (offs_l[:, None] >= offs_c[None, :]) & mask_l[:, None] & mask_c[None, :]
-        if HAS_SEQ:
-            seq_c = tl.load(seq_b + (start64 + offs_c) * s_seq_l, mask=mask_c, other=0)
-            keep = keep & (seq_l[:, None] == seq_c[None, :])
-        dG = tl.zeros((BLOCK_L, CHUNK), dtype=tl.float32)
-        for hh in tl.range(lo, hi, num_stages=LOOP_STAGES):
-            part, dyh_l, dA_l = _head_scores(
-                x_c, dy_c, z_c, dA_b, dt_b, h0 + hh, offs_l, offs_c, offs_p, mask_l, mask_c, mask_p, keep, s_x_h, s_x_l,
-                s_x_p, s_dy_h, s_dy_l, s_dy_p, s_z_h, s_z_l, s_z_p, s_dA_h, s_dA_l, s_dt_h, s_dt_l, HAS_Z, EXP2,
-                DOT_PRECISION, dtype)
-            dG += part
-            # the entering states' term in the same walk
-            h = h0 + hh
-            scale = tl.where(enter, decay(dA_l, EXP2), 0.0)
-            S = tl.load(st_ptr + b * s_st_b + c64 * s_st_c + h * s_st_h + offs_p[:, None] * s_st_p
-                        + offs_n[None, :] * s_st_n, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(dtype)
-            acc = tl.dot((dyh_l * scale[:, None]).to(dtype), S, acc, input_precision=DOT_PRECISION)
-            if ENTER_TERM:
-                _entering_term(enter_c + h * s_en_h, C_l, S, dyh_l, scale, mask_l, DOT_PRECISION)
-        # the row block whole (zeros above the diagonal): the dB kernel reads the causal part of what is here
-        tl.store(G_c + offs_l[:, None] * s_G_l + offs_c[None, :] * s_G_s, dG)
-        B_all = rows(B_c, offs_c, offs_n, mask_c, mask_n, s_B_l, s_B_n).to(dtype)
-        acc = tl.dot(dG.to(dtype), B_all, acc, input_precision=DOT_PRECISION)
+    if WHOLE:  # switch bwd_dcb_sources='chunk': the row tile against the sources up to its causal width
+        for level in tl.static_range(WIDTHS):
+            # row tiles 2^(level-1) … 2^level − 1 (tile 0 at level 0) read the chunk's first BLOCK_L·2^level sources
+            if (t < (1 << level)) & (t >= ((1 << level) >> 1)):
+                acc = _row_block(
+                    acc, x_c, dy_c, z_c, dA_b, dt_b, st_ptr + b * s_st_b + c64 * s_st_c, G_c, B_c, seq_b, C_l, enter_c,
+                    h0, lo, hi, start64, chunk_len, offs_l, offs_p, offs_n, mask_l, mask_p, mask_n, seq_l, enter,
+                    s_x_h, s_x_l, s_x_p, s_dy_h, s_dy_l, s_dy_p, s_z_h, s_z_l, s_z_p, s_dA_h, s_dA_l, s_dt_h, s_dt_l,
+                    s_seq_l, s_st_h, s_st_p, s_st_n, s_G_l, s_G_s, s_B_l, s_B_n, s_en_h,
+                    BLOCK_L * (1 << level), BLOCK_L, HAS_SEQ, HAS_Z, EXP2, DOT_PRECISION, LOOP_STAGES, ENTER_TERM)
     else:
         for s0 in range(0, tl.minimum(l0 + BLOCK_L, chunk_len), BLOCK_S):
             offs_s = s0 + tl.arange(0, BLOCK_S)
@@ -190,7 +214,7 @@ def dcb_grads(x, B, C, dt, dA_cumsum, seq_idx, states, dy, z, *, config, switche
         CHUNK=chunk, BLOCK_L=block_l, BLOCK_S=config["block_sources"], BLOCK_P=pow2_at_least_16(headdim),
         BLOCK_N=pow2_at_least_16(dstate), HAS_SEQ=seq_idx is not None, HAS_Z=z is not None, EXP2=switches.exp2,
         DOT_PRECISION=dot_precision, SPLIT=split, ATOMIC=switches.bwd_atomics, LOOP_STAGES=config["num_stages"],
-        WHOLE=switches.bwd_dcb_sources == "chunk", ENTER_TERM=entering,
+        WHOLE=switches.bwd_dcb_sources == "chunk", ENTER_TERM=entering, WIDTHS=source_widths(chunk, block_l),
         num_warps=config["num_warps"], num_stages=config["num_stages"], path=switches.launch_path,
     )
     return sum_partials(dC, ngroups, None, C.dtype), dG, terms
