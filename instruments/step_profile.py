@@ -129,11 +129,12 @@ def lm_step(backend: str, shape_name: str, direction: str, *, seqlen: int | None
     from harness.workloads.mamba2_lm import (
         ADAMW,
         OPTIONS,
+        LMInputs,
         adamw_step,
+        autocast_dtype,
         compiled,
         lm_config,
         parameter_dtype,
-        precision_context,
     )
     from impls.cli import load_shape
     from impls.problem import Problem
@@ -151,19 +152,16 @@ def lm_step(backend: str, shape_name: str, direction: str, *, seqlen: int | None
     model = compiled(Mamba2LM(config, backend, device=str(dev), dtype=parameter_dtype(problem, options), glue=glue),
                      options)
     ids = torch.randint(0, config.vocab_size, (shape.batch, shape.seqlen), device=dev)
-
-    def precision():
-        return precision_context(model, problem.torch_dtype if autocast else None)
-
+    inputs = LMInputs(model, ids, autocast_dtype(problem, options))
     if direction == "forward":
         def step():
-            with torch.inference_mode(), precision():
+            with torch.inference_mode(), inputs.precision():
                 return model(ids)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
 
         def step():
-            adamw_step(model, ids, optimizer, precision)
+            adamw_step(model, ids, optimizer, inputs.precision)
     return step, dev, shape
 
 

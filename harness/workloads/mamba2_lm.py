@@ -130,13 +130,18 @@ def autocast_refuses(problem: Problem, options: dict) -> str | None:
     return None
 
 
-def parameter_dtype(problem: Problem, options: dict) -> torch.dtype:
-    """The parameters' dtype: float32 under autocast (the master weights), else the problem's; ValueError naming
-    workload.options.autocast where the problem's dtype is not one autocast runs in."""
+def autocast_dtype(problem: Problem, options: dict) -> torch.dtype | None:
+    """The dtype the model's forward runs under torch.autocast in: the problem's under option autocast, else None;
+    ValueError naming workload.options.autocast where the problem's dtype is not one autocast runs in."""
     why = autocast_refuses(problem, options)
     if why:
         raise ValueError(why)
-    return torch.float32 if autocast(options) else problem.torch_dtype
+    return problem.torch_dtype if autocast(options) else None
+
+
+def parameter_dtype(problem: Problem, options: dict) -> torch.dtype:
+    """The parameters' dtype: float32 under autocast (the master weights), else the problem's."""
+    return problem.torch_dtype if autocast_dtype(problem, options) is None else torch.float32
 
 
 def precision_context(model: Mamba2LM, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -203,8 +208,8 @@ def _inputs(point, backend) -> LMInputs:
                          glue=point.workload_options["glue"])
     gen = torch.Generator().manual_seed(point.seed + 1)
     ids = torch.randint(0, config.vocab_size, (s.batch, s.seqlen), generator=gen)
-    mixed = point.problem.torch_dtype if autocast(point.workload_options) else None
-    return LMInputs(compiled(model.to(point.device), point.workload_options), ids.to(point.device), mixed)
+    return LMInputs(compiled(model.to(point.device), point.workload_options), ids.to(point.device),
+                    autocast_dtype(point.problem, point.workload_options))
 
 
 def _arguments(inputs: LMInputs) -> dict:
